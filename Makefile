@@ -1,0 +1,41 @@
+# The two commands of the README: `make run` and `make test`.
+BUILD ?= build
+JOBS ?= 2
+CMAKE_FLAGS ?=
+
+.PHONY: all deps configure build run test unit integration bench clean format
+
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+$(BUILD)/build.ninja:
+	@cmake -S . -B $(BUILD) -G Ninja $(CMAKE_FLAGS)
+
+configure: deps $(BUILD)/build.ninja
+
+build: configure
+	@cmake --build $(BUILD) -j $(JOBS)
+
+# Runs the quickstart: until the training job exists, a two-process control-plane demo.
+run: build
+	@$(BUILD)/bin/troupe demo control
+
+test: build
+	@cd $(BUILD) && ctest -j $(JOBS) --output-on-failure --timeout 600
+
+unit: build
+	@cd $(BUILD) && ctest -j $(JOBS) -L unit --output-on-failure
+
+integration: build
+	@cd $(BUILD) && ctest -L integration --output-on-failure
+
+bench: build
+	@$(BUILD)/bin/troupe bench control
+
+format:
+	@git ls-files '*.h' '*.cpp' | xargs clang-format -i
+
+clean:
+	@rm -rf $(BUILD)

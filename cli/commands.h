@@ -1,0 +1,17 @@
+// The subcommands of `troupe`. Each returns the process exit code; bad arguments throw
+// std::invalid_argument (main prints it and exits 2).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "actors/bridge.h"
+#include "cli/args.h"
+
+namespace troupe::cli {
+
+int run_node(const std::vector<std::string>& args);
+int run_demo_control(const std::vector<std::string>& args);
+actors::BridgeConfig bridge_config_from(const Args& args);
+
+}  // namespace troupe::cli

@@ -1,0 +1,68 @@
+// troupe: the command. A thin layer over the libraries; see `troupe help`.
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <ucp/api/ucp.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bench/bench.h"
+#include "cli/commands.h"
+#include "comm/cuda_info.h"
+#include "comm/error.h"
+
+namespace {
+
+const char* kUsage = R"(troupe: actor-based elastic training
+
+usage:
+  troupe version                    versions of Troupe and its libraries, CUDA devices
+  troupe demo control               two-process control-plane demo (what `make run` shows)
+  troupe node [options]             a control-plane node with echo and sink services
+      --listen HOST:PORT  --connect HOST:PORT  --rejoin  --job-id ID  --token T | --token-file F
+      --heartbeat-interval-ms N  --failure-timeout-ms N  --generation G  --spin-us N
+  troupe bench control [--json] [--round-trips N] [--messages N]
+                                    control-plane round trip and message rate, next to raw UCX
+)";
+
+int version() {
+  unsigned major = 0, minor = 0, release = 0;
+  ucp_get_version(&major, &minor, &release);
+  std::printf("troupe 0.1.0\nUCX %u.%u.%u\nCAF 0.17\n%s\n", major, minor, release,
+              troupe::comm::cuda_summary().c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Logs go to stderr; stdout is for results and machine-readable lines.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("troupe"));
+  std::vector<std::string> words(argv + 1, argv + argc);
+  if (words.empty() || words[0] == "help" || words[0] == "--help" || words[0] == "-h") {
+    std::fputs(kUsage, words.empty() ? stderr : stdout);
+    return words.empty() ? 2 : 0;
+  }
+  std::string cmd = words[0];
+  std::vector<std::string> rest(words.begin() + 1, words.end());
+  try {
+    if (cmd == "version") return version();
+    if (cmd == "node") return troupe::cli::run_node(rest);
+    if (cmd == "demo" && !rest.empty() && rest[0] == "control")
+      return troupe::cli::run_demo_control({rest.begin() + 1, rest.end()});
+    if (cmd == "bench" && !rest.empty() && rest[0] == "control")
+      return troupe::bench::run_control_bench({rest.begin() + 1, rest.end()});
+    if (cmd == "bench" && !rest.empty() && rest[0] == "raw-ucx-server")
+      return troupe::bench::run_raw_ucx_server({rest.begin() + 1, rest.end()});
+    std::fprintf(stderr, "troupe: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
+    return 2;
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "troupe %s: %s\n", cmd.c_str(), e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "troupe %s: error: %s\n", cmd.c_str(), e.what());
+    return 1;
+  }
+}

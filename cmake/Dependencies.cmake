@@ -1,0 +1,48 @@
+# Finds every dependency and gives each one target (see ../shared/DEPENDENCIES.md).
+find_package(Threads REQUIRED)
+
+# CAF 0.17 ships no CMake config and no .pc file.
+find_path(CAF_INCLUDE_DIR caf/all.hpp)
+find_library(CAF_CORE_LIBRARY caf_core)
+if(NOT CAF_INCLUDE_DIR OR NOT CAF_CORE_LIBRARY)
+  message(FATAL_ERROR "CAF (libcaf-dev) not found: run scripts/install-deps.sh")
+endif()
+add_library(CAF::core UNKNOWN IMPORTED)
+set_target_properties(CAF::core PROPERTIES
+  IMPORTED_LOCATION ${CAF_CORE_LIBRARY}
+  INTERFACE_INCLUDE_DIRECTORIES ${CAF_INCLUDE_DIR}
+  INTERFACE_LINK_LIBRARIES Threads::Threads)
+
+find_package(ucx CONFIG REQUIRED)
+find_package(CapnProto CONFIG REQUIRED)
+find_package(spdlog CONFIG REQUIRED)
+find_package(tomlplusplus CONFIG REQUIRED)
+
+set(BLA_VENDOR OpenBLAS)
+find_package(BLAS REQUIRED)
+find_path(OPENBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas openblas-pthread)
+
+# CUDA and NCCL: host code only for now (no .cu files), so find_package(CUDAToolkit) is enough
+# and configure stays fast; kernels will add enable_language(CUDA) with architecture 90.
+set(TROUPE_HAVE_CUDA OFF)
+if(NOT TROUPE_WITH_CUDA STREQUAL "OFF")
+  find_package(CUDAToolkit QUIET)
+  if(CUDAToolkit_FOUND)
+    find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/lib/x86_64-linux-gnu)
+    find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/include)
+  endif()
+  if(CUDAToolkit_FOUND AND NCCL_LIBRARY AND NCCL_INCLUDE_DIR)
+    add_library(NCCL::nccl UNKNOWN IMPORTED)
+    set_target_properties(NCCL::nccl PROPERTIES
+      IMPORTED_LOCATION ${NCCL_LIBRARY}
+      INTERFACE_INCLUDE_DIRECTORIES ${NCCL_INCLUDE_DIR})
+    set(TROUPE_HAVE_CUDA ON)
+    message(STATUS "troupe: CUDA ${CUDAToolkit_VERSION} and NCCL found: building the CUDA/NCCL code")
+  elseif(TROUPE_WITH_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "TROUPE_WITH_CUDA=ON but the CUDA toolkit or NCCL was not found")
+  else()
+    message(STATUS "troupe: CUDA toolkit or NCCL not found: skipping the CUDA/NCCL code (CPU only)")
+  endif()
+else()
+  message(STATUS "troupe: TROUPE_WITH_CUDA=OFF: skipping the CUDA/NCCL code (CPU only)")
+endif()

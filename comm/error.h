@@ -1,0 +1,44 @@
+// Errors of the communication layer, named by what the caller should do.
+//
+//   peer_lost      a peer died or its link broke: abort and rebuild (the transport's state
+//                  toward that peer is unknown)
+//   timed_out      a deadline passed (a hung or stopped peer, or a slow network)
+//   aborted        the operation was cancelled by a local abort()
+//   invalid_input  a frame, file or argument was malformed: tell the user, drop the input
+//   io             the local system failed (UCX, sockets, files)
+//   internal       an enforce failure: a bug in Troupe
+//
+// Thread-safety: Error is an immutable value; copy it freely.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace troupe::comm {
+
+enum class Errc { ok = 0, peer_lost, timed_out, aborted, invalid_input, io, internal };
+
+const char* errc_name(Errc code);
+
+class Error : public std::runtime_error {
+ public:
+  Error(Errc code, const std::string& message)
+      : std::runtime_error(std::string(errc_name(code)) + ": " + message), code_(code) {}
+  Errc code() const { return code_; }
+
+ private:
+  Errc code_;
+};
+
+// Throws Error(code, message) with the source location appended.
+[[noreturn]] void fail(Errc code, const std::string& message, const char* file, int line);
+
+}  // namespace troupe::comm
+
+#define TROUPE_FAIL(code, msg) ::troupe::comm::fail((code), (msg), __FILE__, __LINE__)
+
+// An enforce: a condition that only a bug in Troupe can break.
+#define TROUPE_ENFORCE(cond, msg)                                                         \
+  do {                                                                                     \
+    if (!(cond)) TROUPE_FAIL(::troupe::comm::Errc::internal, std::string(#cond ": ") + (msg)); \
+  } while (0)

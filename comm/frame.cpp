@@ -1,0 +1,123 @@
+#include "comm/frame.h"
+
+#include <kj/exception.h>
+
+namespace troupe::comm {
+namespace {
+
+capnp::ReaderOptions reader_options(const FrameLimits& limits) {
+  capnp::ReaderOptions options;
+  options.traversalLimitInWords = limits.traversal_limit_words;
+  options.nestingLimit = limits.nesting_limit;
+  return options;
+}
+
+bool equal_bytes(capnp::Data::Reader data, const std::string& s) {
+  return data.size() == s.size() &&
+         (s.empty() || std::memcmp(data.begin(), s.data(), s.size()) == 0);
+}
+
+}  // namespace
+
+const char* reject_name(Reject r) {
+  switch (r) {
+    case Reject::malformed: return "malformed";
+    case Reject::oversized: return "oversized";
+    case Reject::wrong_job: return "wrong_job";
+    case Reject::stale: return "stale_generation";
+    case Reject::spoofed: return "spoofed_source";
+    case Reject::unknown_kind: return "unknown_kind";
+    case Reject::count_: break;
+  }
+  return "unknown";
+}
+
+DecodedFrame::DecodedFrame(Buffer bytes, const capnp::ReaderOptions& options)
+    : bytes_(std::move(bytes)),
+      reader_(kj::ArrayPtr<const capnp::word>(reinterpret_cast<const capnp::word*>(bytes_.data()),
+                                              bytes_.size() / sizeof(capnp::word)),
+              options),
+      root_(reader_.getRoot<proto::Envelope>()) {
+  // Traverse once so that a malformed pointer anywhere throws here, not in an actor later.
+  (void)root_.totalSize();
+}
+
+FrameValidator::FrameValidator(std::string job_id, std::string token, FrameLimits limits)
+    : job_id_(std::move(job_id)), token_(std::move(token)), limits_(limits) {}
+
+Rejection FrameValidator::reject(Reject r, std::string detail) const {
+  counters_[size_t(r)].fetch_add(1);
+  return Rejection{r, std::move(detail)};
+}
+
+std::variant<std::shared_ptr<const DecodedFrame>, Rejection> FrameValidator::decode(
+    Buffer frame, uint64_t from) const {
+  const size_t n = frame.size();
+  if (n == 0) return reject(Reject::malformed, "empty frame");
+  if (n > limits_.max_bytes) {
+    return reject(Reject::oversized, std::to_string(n) + " bytes, cap " +
+                                         std::to_string(limits_.max_bytes));
+  }
+  if (n % sizeof(capnp::word) != 0) {
+    return reject(Reject::malformed, std::to_string(n) + " bytes is not a whole number of words");
+  }
+  std::shared_ptr<const DecodedFrame> decoded;
+  try {
+    decoded = std::make_shared<const DecodedFrame>(std::move(frame), reader_options(limits_));
+  } catch (const kj::Exception& e) {
+    return reject(Reject::malformed, std::string("not a valid envelope: ") + e.getDescription().cStr());
+  } catch (const std::exception& e) {
+    return reject(Reject::malformed, std::string("not a valid envelope: ") + e.what());
+  }
+  auto env = decoded->envelope();
+  if (from != 0 && env.getSrcNode() != from) {
+    return reject(Reject::spoofed, "srcNode does not match the sending node");
+  }
+  if (env.getJobId() != job_id_.c_str() || !equal_bytes(env.getToken(), token_)) {
+    return reject(Reject::wrong_job, "job id or token does not match job '" + job_id_ + "'");
+  }
+  uint64_t current = generation_.load();
+  if (env.getGeneration() != 0 && env.getGeneration() < current) {
+    return reject(Reject::stale, "generation " + std::to_string(env.getGeneration()) +
+                                     " is older than " + std::to_string(current));
+  }
+  switch (env.getBody().which()) {
+    case proto::Envelope::Body::HEARTBEAT:
+    case proto::Envelope::Body::ECHO:
+    case proto::Envelope::Body::ERROR:
+    case proto::Envelope::Body::FENCED:
+    case proto::Envelope::Body::STATS_REQUEST:
+    case proto::Envelope::Body::STATS:
+      break;
+    default:
+      return reject(Reject::unknown_kind,
+                    "message kind " + std::to_string(int(env.getBody().which())));
+  }
+  accepted_.fetch_add(1);
+  return decoded;
+}
+
+Buffer encode(capnp::MessageBuilder& message) {
+  auto segments = message.getSegmentsForOutput();
+  size_t words = capnp::computeSerializedSizeInWords(segments);
+  Buffer out(words * sizeof(capnp::word));
+  kj::ArrayPtr<capnp::word> dst(reinterpret_cast<capnp::word*>(out.data()), words);
+  // Write the segment table and segments straight into the aligned buffer.
+  kj::ArrayOutputStream stream(dst.asBytes());
+  capnp::writeMessage(stream, segments);
+  return out;
+}
+
+void set_header(proto::Envelope::Builder envelope, const EnvelopeHeader& h) {
+  envelope.setJobId(h.job_id);
+  envelope.setToken(capnp::Data::Reader(reinterpret_cast<const kj::byte*>(h.token.data()),
+                                        h.token.size()));
+  envelope.setGeneration(h.generation);
+  envelope.setSrcNode(h.src_node);
+  envelope.setSrcActor(h.src_actor);
+  envelope.setDstActor(h.dst_actor);
+  envelope.setRequestId(h.request_id);
+  envelope.setIsReply(h.is_reply);
+}
+
+}  // namespace troupe::comm

@@ -1,0 +1,144 @@
+#include "coordinator/process.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+extern char** environ;
+
+namespace troupe::coordinator {
+
+using Clock = std::chrono::steady_clock;
+
+ChildProcess::ChildProcess(const Options& options) {
+  if (options.argv.empty()) throw std::runtime_error("ChildProcess: empty argv");
+  int pipefd[2] = {-1, -1};
+  if (options.stdout_path.empty() && pipe2(pipefd, O_CLOEXEC) != 0) {
+    throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+  }
+  // Everything the child needs is prepared before fork (no allocation after it).
+  std::vector<char*> argv;
+  for (auto& a : options.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e; ++e) env_strings.emplace_back(*e);
+  for (auto& e : options.env) env_strings.push_back(e);
+  std::vector<char*> envp;
+  for (auto& e : env_strings) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+
+  pid_ = fork();
+  if (pid_ < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+  if (pid_ == 0) {
+    setpgid(0, 0);
+    if (options.stdout_path.empty()) {
+      dup2(pipefd[1], STDOUT_FILENO);
+    } else {
+      int fd = open(options.stdout_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (fd >= 0) dup2(fd, STDOUT_FILENO);
+    }
+    if (!options.stderr_path.empty()) {
+      int fd = open(options.stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (fd >= 0) dup2(fd, STDERR_FILENO);
+    }
+    execve(argv[0], argv.data(), envp.data());
+    _exit(127);
+  }
+  setpgid(pid_, pid_);  // also from the parent, so the group exists before we signal it
+  if (pipefd[1] >= 0) close(pipefd[1]);
+  stdout_fd_ = pipefd[0];
+}
+
+ChildProcess::ChildProcess(ChildProcess&& other) noexcept
+    : pid_(other.pid_), stdout_fd_(other.stdout_fd_), reaped_(other.reaped_),
+      pending_(std::move(other.pending_)) {
+  other.pid_ = -1;
+  other.stdout_fd_ = -1;
+}
+
+ChildProcess::~ChildProcess() {
+  kill_and_reap();
+  if (stdout_fd_ >= 0) close(stdout_fd_);
+}
+
+bool ChildProcess::signal(int sig) {
+  if (!running()) return false;
+  return ::kill(-pid_, sig) == 0 || ::kill(pid_, sig) == 0;
+}
+
+void ChildProcess::kill_and_reap() {
+  if (!running()) return;
+  ::kill(-pid_, SIGKILL);
+  ::kill(pid_, SIGKILL);
+  int status = 0;
+  while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+  }
+  reaped_ = true;
+}
+
+std::optional<int> ChildProcess::wait(std::chrono::milliseconds timeout) {
+  if (pid_ <= 0) return std::nullopt;
+  auto deadline = Clock::now() + timeout;
+  while (true) {
+    int status = 0;
+    pid_t r = waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      reaped_ = true;
+      return status;
+    }
+    if (r < 0 && errno != EINTR) return std::nullopt;
+    if (Clock::now() >= deadline) return std::nullopt;
+    usleep(2000);
+  }
+}
+
+std::optional<std::string> ChildProcess::read_line(std::chrono::milliseconds timeout) {
+  if (stdout_fd_ < 0) return std::nullopt;
+  auto deadline = Clock::now() + timeout;
+  while (true) {
+    auto nl = pending_.find('\n');
+    if (nl != std::string::npos) {
+      std::string line = pending_.substr(0, nl);
+      pending_.erase(0, nl + 1);
+      return line;
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) return std::nullopt;
+    pollfd pfd{stdout_fd_, POLLIN, 0};
+    int rc = poll(&pfd, 1, static_cast<int>(left.count()));
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc <= 0) return std::nullopt;
+    char buf[4096];
+    ssize_t n = ::read(stdout_fd_, buf, sizeof buf);
+    if (n <= 0) return std::nullopt;
+    pending_.append(buf, static_cast<size_t>(n));
+  }
+}
+
+std::optional<std::string> ChildProcess::wait_for_line(const std::string& prefix,
+                                                       std::chrono::milliseconds timeout) {
+  auto deadline = Clock::now() + timeout;
+  while (true) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) return std::nullopt;
+    auto line = read_line(left);
+    if (!line) return std::nullopt;
+    if (line->rfind(prefix, 0) == 0) return line;
+  }
+}
+
+std::string self_executable() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) throw std::runtime_error("cannot read /proc/self/exe");
+  buf[n] = '\0';
+  return buf;
+}
+
+}  // namespace troupe::coordinator

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Troupe needs to build and test. Idempotent: when every package
+# is already present it only runs `dpkg -s` (well under a second, no network).
+# Usage: scripts/install-deps.sh [--peers]   (--peers adds the benchmark peers: PyTorch, OpenMPI)
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libcaf-dev libucx-dev ucx-utils
+  capnproto libcapnp-dev
+  libspdlog-dev libtomlplusplus-dev
+  libopenblas-dev
+  libgtest-dev libgmock-dev
+  base-files   # /usr/share/common-licenses/GPL-3, the quickstart's text
+)
+if [[ "${1:-}" == "--peers" ]]; then
+  packages+=(python3-torch openmpi-bin libopenmpi-dev hyperfine)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [[ ${#missing[@]} -eq 0 ]]; then
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}" >&2
+if [[ $(id -u) -ne 0 ]]; then
+  if command -v sudo >/dev/null 2>&1; then SUDO=sudo; else
+    echo "install-deps: missing packages (${missing[*]}) and not root; install them with apt-get as root" >&2
+    exit 1
+  fi
+else
+  SUDO=
+fi
+export DEBIAN_FRONTEND=noninteractive
+if ! $SUDO apt-get update -qq; then
+  echo "install-deps: apt-get update failed; cannot install ${missing[*]}" >&2
+  exit 1
+fi
+if ! $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; then
+  echo "install-deps: apt-get install failed for: ${missing[*]}" >&2
+  exit 1
+fi
+echo "install-deps: done" >&2
