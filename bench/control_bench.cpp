@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <future>
 #include <numeric>
+#include <thread>
 
 #include "actors/bridge.h"
 #include "actors/services.h"
@@ -25,41 +26,47 @@ struct TroupeResult {
   double messages_per_s = 0;
 };
 
+using next_atom = caf::atom_constant<caf::atom("next")>;
+
 // An actor that does `n` sequential echo requests to a remote actor through the bridge.
-void rtt_actor(caf::event_based_actor* self, caf::actor bridge, actors::RemoteAddress dst, int n,
-               int payload, std::shared_ptr<std::promise<std::vector<double>>> done) {
+caf::behavior rtt_actor(caf::event_based_actor* self, caf::actor bridge, actors::RemoteAddress dst,
+                        int n, int payload, std::shared_ptr<std::promise<std::vector<double>>> done) {
   auto samples = std::make_shared<std::vector<double>>();
   auto buf = std::make_shared<std::vector<char>>(payload, 'x');
-  auto step = std::make_shared<std::function<void()>>();
-  *step = [=] {
-    if (static_cast<int>(samples->size()) == n) {
-      done->set_value(*samples);
-      self->quit();
-      return;
-    }
-    auto t = Clock::now();
-    self->request(bridge, std::chrono::seconds(5), actors::request_atom::value, dst,
-                  actors::make_echo(samples->size(), buf->data(), buf->size()), uint32_t(5000))
-        .then(
-            [=](actors::ControlMessage&) {
-              samples->push_back(std::chrono::duration<double, std::micro>(Clock::now() - t).count());
-              (*step)();
-            },
-            [=](caf::error& e) {
-              done->set_exception(std::make_exception_ptr(std::runtime_error(to_string(e))));
-              self->quit();
-            });
+  self->send(self, next_atom::value);
+  return {
+      [=](next_atom) {
+        if (static_cast<int>(samples->size()) == n) {
+          done->set_value(*samples);
+          self->quit();
+          return;
+        }
+        auto t = Clock::now();
+        self->request(bridge, std::chrono::seconds(5), actors::request_atom::value, dst,
+                      actors::make_echo(samples->size(), buf->data(), buf->size()), uint32_t(5000))
+            .then(
+                [=](actors::ControlMessage&) {
+                  samples->push_back(
+                      std::chrono::duration<double, std::micro>(Clock::now() - t).count());
+                  self->send(self, next_atom::value);
+                },
+                [=](caf::error& e) {
+                  done->set_exception(std::make_exception_ptr(std::runtime_error(to_string(e))));
+                  self->quit();
+                });
+      },
   };
-  (*step)();
 }
 
-TroupeResult troupe_run(const std::string& address, int round_trips, int messages, int payload) {
+TroupeResult troupe_run(const std::string& address, int round_trips, int messages, int payload,
+                        int spin_us) {
   caf::actor_system_config cfg;
   actors::configure_system(cfg);
   caf::actor_system system{cfg};
   actors::BridgeConfig bc;
   bc.job_id = "bench";
   bc.token = "bench-token";
+  bc.transport.spin_us = spin_us;
   auto bridge = actors::spawn_bridge(system, bc);
   caf::scoped_actor self{system};
   uint64_t peer = 0;
@@ -100,6 +107,7 @@ TroupeResult troupe_run(const std::string& address, int round_trips, int message
   });
   uint64_t got = 0;
   while ((got = count() - before) < uint64_t(messages) && Clock::now() - t0 < std::chrono::seconds(60)) {
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
   }
   out.messages_per_s = got / std::chrono::duration<double>(Clock::now() - t0).count();
   caf::anon_send_exit(bridge, caf::exit_reason::user_shutdown);
@@ -119,7 +127,8 @@ Summary summarize(std::vector<double> s) {
 }
 
 int run_control_bench(const std::vector<std::string>& words) {
-  cli::Args args(words, {"round-trips", "messages", "payload-bytes"}, {"json"});
+  cli::Args args(words, {"round-trips", "messages", "payload-bytes", "spin-us"}, {"json"});
+  int spin_us = static_cast<int>(args.get_int("spin-us", comm::TransportOptions{}.spin_us));
   int round_trips = static_cast<int>(args.get_int("round-trips", 5000));
   int messages = static_cast<int>(args.get_int("messages", 200000));
   int payload = static_cast<int>(args.get_int("payload-bytes", 8));
@@ -138,10 +147,11 @@ int run_control_bench(const std::vector<std::string>& words) {
   TroupeResult tr;
   {
     coordinator::ChildProcess node({{exe, "node", "--listen", "127.0.0.1:0", "--job-id", "bench",
-                                     "--token", "bench-token"}, "", "", {}});
+                                     "--token", "bench-token", "--spin-us", std::to_string(spin_us)},
+                                    "", "", {}});
     auto line = node.wait_for_line("node ", std::chrono::seconds(10));
     if (!line) throw std::runtime_error("the troupe node did not start");
-    tr = troupe_run(line->substr(line->rfind(' ') + 1), round_trips, messages, payload);
+    tr = troupe_run(line->substr(line->rfind(' ') + 1), round_trips, messages, payload, spin_us);
     node.signal(SIGTERM);
     node.wait(std::chrono::seconds(2));
   }

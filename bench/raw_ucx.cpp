@@ -64,17 +64,24 @@ std::string lane_transports(ucp_ep_h ep) {
   ucp_ep_print_info(ep, f);
   fclose(f);
   std::string text(buf, len);
+  if (getenv("TROUPE_DEBUG_LANES")) fputs(text.c_str(), stderr);
   free(buf);
-  // Lines look like "#   lane[0]:  3:sysv/memory.0 md[2] ..."; collect the tl/dev names.
+  // Lines look like "#   lane[1]:  3:sysv/memory.0 md[2] -> ... am am_bw#0": collect the
+  // transport/device of each lane that carries active messages or bulk data.
   std::string out;
   size_t pos = 0;
   while ((pos = text.find("lane[", pos)) != std::string::npos) {
-    size_t colon = text.find(':', text.find(':', pos) + 1);
-    size_t end = text.find_first_of(" \n", colon + 1);
-    if (colon == std::string::npos || end == std::string::npos) break;
-    std::string tl = text.substr(colon + 1, end - colon - 1);
-    if (out.find(tl) == std::string::npos) out += (out.empty() ? "" : ",") + tl;
-    pos = end;
+    size_t eol = text.find('\n', pos);
+    std::string line = text.substr(pos, eol - pos);
+    pos = eol;
+    size_t start = line.find(':');
+    if (start == std::string::npos || line.find(" cm ") != std::string::npos) continue;
+    size_t tl_begin = line.find(':', start + 1);
+    if (tl_begin == std::string::npos) continue;
+    size_t tl_end = line.find(' ', tl_begin);
+    std::string tl = line.substr(tl_begin + 1, tl_end - tl_begin - 1);
+    std::string role = line.find(" am ") != std::string::npos ? "(am)" : "";
+    out += (out.empty() ? "" : ",") + tl + role;
   }
   return out;
 }

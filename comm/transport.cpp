@@ -188,6 +188,7 @@ struct Transport::Impl {
       worked |= start_rndv_receives();
       worked |= close_pending();
       check_connect_deadlines();
+      if (worked) handler->after_progress();
       auto now = Clock::now();
       if (worked) {
         last_active = now;

@@ -62,6 +62,9 @@ class TransportHandler {
   virtual void on_frame(NodeId from, Buffer frame) = 0;
   virtual void on_peer_connected(NodeId node) {}
   virtual void on_peer_lost(NodeId node, Errc why, const std::string& reason) = 0;
+  // Called on the progress thread after each round of progress that did work, outside any UCX
+  // callback: where deferred work (actors made runnable by on_frame) can run.
+  virtual void after_progress() {}
 };
 
 class Transport {

@@ -13,7 +13,8 @@ UcxContext::UcxContext(const UcxContextOptions& options) {
   // With UCP_ERR_HANDLING_MODE_PEER, UCX 1.13 skips shared-memory transports unless the mm
   // transports are told to support error handling. An explicit UCX_MM_ERROR_HANDLING wins.
   if (options.shared_memory && std::getenv("UCX_MM_ERROR_HANDLING") == nullptr) {
-    (void)ucp_config_modify(config, "MM_ERROR_HANDLING", "y");
+    ucs_status_t st = ucp_config_modify(config, "MM_ERROR_HANDLING", "y");
+    if (st != UCS_OK) std::fprintf(stderr, "troupe: UCX has no MM_ERROR_HANDLING setting (%s): shared memory may be unused\n", ucs_status_string(st));
   }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
