@@ -361,6 +361,10 @@ class Front : public caf::monitorable_actor {
   void request(caf::strong_actor_ptr sender, caf::message_id mid, const RemoteAddress& dst,
                ControlMessage& msg, std::chrono::milliseconds timeout, caf::execution_unit* host) {
     Shared::Pending p{std::move(sender), mid, dst.node, Clock::now() + timeout};
+    if (dst.node == shared_->self && dst.actor == kBridgeActorId) {  // this bridge's own stats
+      back_->enqueue(caf::make_mailbox_element(std::move(p.sender), mid, {}, stats_atom::value), host);
+      return;
+    }
     if (dst.node == shared_->self) {  // in-process: the local actor answers the requester itself
       auto a = shared_->registered(dst.actor);
       if (!a) {
@@ -543,6 +547,7 @@ class Back : public caf::event_based_actor {
     return ControlMessage::build([&](proto::Envelope::Builder e) {
       auto s = e.initBody().initStats();
       s.setFramesReceived(c.frames_received);
+      s.setFramesSent(c.frames_sent);
       s.setFramesAccepted(v.accepted());
       s.setRejectedMalformed(v.rejected(comm::Reject::malformed) + v.rejected(comm::Reject::unknown_kind) +
                              v.rejected(comm::Reject::spoofed));

@@ -23,18 +23,15 @@ class SupervisorActor : public caf::event_based_actor {
     for (size_t i = 0; i < specs_.size(); ++i) start(i);
     return {
         [this](child_atom, const std::string& name) -> caf::result<caf::actor> {
-          for (auto& [addr, index] : running_)
-            if (specs_[index].name == name) return caf::actor_cast<caf::actor>(addr);
+          for (auto& [addr, child] : running_)
+            if (specs_[child.index].name == name) return child.handle;
           return caf::make_error(caf::sec::invalid_argument, "no child named " + name);
         },
     };
   }
 
   void on_exit() override {
-    for (auto& [addr, index] : running_) {
-      auto child = caf::actor_cast<caf::actor>(addr);
-      if (child) caf::anon_send_exit(child, caf::exit_reason::user_shutdown);
-    }
+    for (auto& [addr, child] : running_) caf::anon_send_exit(child.handle, caf::exit_reason::user_shutdown);
     running_.clear();
   }
 
@@ -42,13 +39,13 @@ class SupervisorActor : public caf::event_based_actor {
   void start(size_t index) {
     auto child = specs_[index].start(system());
     monitor(child);
-    running_.emplace(child.address(), index);
+    running_.emplace(child.address(), Running{child, index});
   }
 
   void on_child_down(const caf::down_msg& dm) {
     auto it = running_.find(dm.source);
     if (it == running_.end()) return;
-    size_t index = it->second;
+    size_t index = it->second.index;
     running_.erase(it);
     if (!dm.reason || dm.reason == caf::exit_reason::normal) return;  // finished
     const std::string& name = specs_[index].name;
@@ -70,7 +67,11 @@ class SupervisorActor : public caf::event_based_actor {
   std::vector<ChildSpec> specs_;
   caf::actor observer_;
   RestartIntensity intensity_;
-  std::unordered_map<caf::actor_addr, size_t> running_;
+  struct Running {
+    caf::actor handle;  // strong: a supervised child lives while its supervisor does
+    size_t index;
+  };
+  std::unordered_map<caf::actor_addr, Running> running_;
   std::unordered_map<std::string, int> restarts_;
 };
 

@@ -23,6 +23,7 @@ usage:
   troupe node [options]             a control-plane node with echo and sink services
       --listen HOST:PORT  --connect HOST:PORT  --rejoin  --job-id ID  --token T | --token-file F
       --heartbeat-interval-ms N  --failure-timeout-ms N  --generation G  --spin-us N
+      --max-frame-bytes N
   troupe bench control [--json] [--round-trips N] [--messages N]
                                     control-plane round trip and message rate, next to raw UCX
 )";

@@ -50,6 +50,8 @@ actors::BridgeConfig bridge_config_from(const Args& args) {
   bc.heartbeat_interval = std::chrono::milliseconds(args.get_int("heartbeat-interval-ms", 200));
   bc.failure_timeout = std::chrono::milliseconds(args.get_int("failure-timeout-ms", 2000));
   bc.transport.spin_us = static_cast<int>(args.get_int("spin-us", bc.transport.spin_us));
+  bc.transport.max_frame_bytes =
+      static_cast<size_t>(args.get_int("max-frame-bytes", int64_t(bc.transport.max_frame_bytes)));
   if (bc.heartbeat_interval.count() <= 0 || bc.failure_timeout <= bc.heartbeat_interval) {
     throw std::invalid_argument(
         "--failure-timeout-ms must be larger than --heartbeat-interval-ms (and both positive)");
@@ -60,7 +62,7 @@ actors::BridgeConfig bridge_config_from(const Args& args) {
 int run_node(const std::vector<std::string>& words) {
   Args args(words,
             {"listen", "connect", "job-id", "token", "token-file", "heartbeat-interval-ms",
-             "failure-timeout-ms", "generation", "spin-us"},
+             "failure-timeout-ms", "generation", "spin-us", "max-frame-bytes"},
             {"rejoin"});
   auto bc = bridge_config_from(args);
   signal(SIGTERM, on_signal);

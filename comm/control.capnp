@@ -55,4 +55,5 @@ struct Stats {
   rejectedFenced @6 :UInt64;      # from a fenced node
   rejectedNoActor @7 :UInt64;     # destination actor unknown
   rejectedTransport @8 :UInt64;   # refused by the transport (bad header, unknown peer, fenced)
+  framesSent @9 :UInt64;          # frames handed to UCX by this process
 }

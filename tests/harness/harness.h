@@ -1,0 +1,52 @@
+// The multi-process test harness: starts `troupe` processes in their own process groups, reads
+// their event lines with deadlines, signals them by PID, and always ends them (RAII), printing
+// the tail of their logs when the test failed.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "coordinator/process.h"
+
+namespace troupe::testing {
+
+// A fresh directory under the system temp dir, removed at the end unless the test failed.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// A `troupe node` child process.
+class NodeProcess {
+ public:
+  NodeProcess(const TempDir& dir, const std::string& name, std::vector<std::string> extra_args);
+  ~NodeProcess();
+
+  uint64_t node_id() const { return node_id_; }
+  const std::string& address() const { return address_; }
+  pid_t pid() const { return process_.pid(); }
+  bool signal(int sig) { return process_.signal(sig); }
+  // The next stdout line starting with prefix, within timeout.
+  std::optional<std::string> wait_for_line(const std::string& prefix, std::chrono::milliseconds timeout) {
+    return process_.wait_for_line(prefix, timeout);
+  }
+  bool alive();
+
+ private:
+  coordinator::ChildProcess process_;
+  std::string name_;
+  std::string log_path_;
+  uint64_t node_id_ = 0;
+  std::string address_;
+};
+
+std::string troupe_binary();
+
+}  // namespace troupe::testing

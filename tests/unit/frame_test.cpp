@@ -1,0 +1,129 @@
+// Every way a control-plane frame can be bad is rejected, named and counted; a good one passes.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "comm/frame.h"
+
+namespace troupe::comm {
+namespace {
+
+Buffer make_frame(const EnvelopeHeader& h, size_t payload_bytes = 16) {
+  capnp::MallocMessageBuilder b;
+  auto env = b.initRoot<proto::Envelope>();
+  set_header(env, h);
+  auto echo = env.initBody().initEcho();
+  echo.setSequence(42);
+  std::vector<kj::byte> payload(payload_bytes, 7);
+  echo.setPayload(capnp::Data::Reader(payload.data(), payload.size()));
+  echo.setNote("hi");
+  return encode(b);
+}
+
+EnvelopeHeader good_header() {
+  EnvelopeHeader h;
+  h.job_id = "job";
+  h.token = "secret";
+  h.generation = 3;
+  h.src_node = 99;
+  h.dst_actor = 1;
+  return h;
+}
+
+class FrameTest : public ::testing::Test {
+ protected:
+  FrameValidator v{"job", "secret", FrameLimits{1 << 16, 1 << 14, 16}};
+
+  Reject rejected(Buffer frame, uint64_t from = 99) {
+    auto r = v.decode(std::move(frame), from);
+    EXPECT_TRUE(std::holds_alternative<Rejection>(r)) << "frame was accepted";
+    if (!std::holds_alternative<Rejection>(r)) return Reject::count_;
+    EXPECT_FALSE(std::get<Rejection>(r).detail.empty());
+    return std::get<Rejection>(r).reason;
+  }
+};
+
+TEST_F(FrameTest, GoodFrameRoundTrips) {
+  v.set_generation(3);
+  auto r = v.decode(make_frame(good_header()), 99);
+  ASSERT_TRUE(std::holds_alternative<std::shared_ptr<const DecodedFrame>>(r));
+  auto env = std::get<std::shared_ptr<const DecodedFrame>>(r)->envelope();
+  EXPECT_EQ(env.getGeneration(), 3u);
+  EXPECT_EQ(env.getBody().getEcho().getSequence(), 42u);
+  EXPECT_EQ(std::string(env.getBody().getEcho().getNote().cStr()), "hi");
+  EXPECT_EQ(v.accepted(), 1u);
+}
+
+TEST_F(FrameTest, EmptyFrameIsMalformed) { EXPECT_EQ(rejected(Buffer()), Reject::malformed); }
+
+TEST_F(FrameTest, PartialWordIsMalformed) {
+  Buffer good = make_frame(good_header());
+  EXPECT_EQ(rejected(Buffer::copy_of(good.data(), good.size() - 3)), Reject::malformed);
+}
+
+TEST_F(FrameTest, EveryTruncationIsRejected) {
+  Buffer good = make_frame(good_header());
+  for (size_t n = 8; n < good.size(); n += 8) {
+    EXPECT_EQ(rejected(Buffer::copy_of(good.data(), n)), Reject::malformed) << "prefix " << n;
+  }
+  EXPECT_EQ(v.rejected(Reject::malformed), good.size() / 8 - 1);
+}
+
+TEST_F(FrameTest, RandomBytesNeverCrashAndAreRejected) {
+  std::mt19937_64 rng(12345);
+  int accepted = 0;
+  for (int i = 0; i < 2000; ++i) {
+    size_t words = 1 + rng() % 64;
+    Buffer b(words * 8);
+    for (size_t j = 0; j < b.size(); ++j) b.data()[j] = static_cast<uint8_t>(rng());
+    auto r = v.decode(std::move(b), 99);
+    accepted += std::holds_alternative<std::shared_ptr<const DecodedFrame>>(r);
+  }
+  EXPECT_EQ(accepted, 0);
+}
+
+TEST_F(FrameTest, OversizedIsRejectedBeforeParsing) {
+  EXPECT_EQ(rejected(make_frame(good_header(), 70000)), Reject::oversized);
+}
+
+TEST_F(FrameTest, TraversalLimitStopsAmplification) {
+  // Within the byte cap, but a reader that traverses it would read more words than allowed.
+  FrameValidator tight("job", "secret", FrameLimits{1 << 16, 64, 16});
+  auto r = tight.decode(make_frame(good_header(), 4096), 99);
+  ASSERT_TRUE(std::holds_alternative<Rejection>(r));
+  EXPECT_EQ(std::get<Rejection>(r).reason, Reject::malformed);
+}
+
+TEST_F(FrameTest, WrongTokenAndWrongJobAreRejected) {
+  auto h = good_header();
+  h.token = "guess";
+  EXPECT_EQ(rejected(make_frame(h)), Reject::wrong_job);
+  h = good_header();
+  h.job_id = "other-job";
+  EXPECT_EQ(rejected(make_frame(h)), Reject::wrong_job);
+  EXPECT_EQ(v.rejected(Reject::wrong_job), 2u);
+}
+
+TEST_F(FrameTest, StaleGenerationIsRejected) {
+  v.set_generation(5);
+  auto h = good_header();
+  h.generation = 4;
+  EXPECT_EQ(rejected(make_frame(h)), Reject::stale);
+  h.generation = 0;  // not generation-scoped (a join): accepted
+  EXPECT_TRUE(std::holds_alternative<std::shared_ptr<const DecodedFrame>>(v.decode(make_frame(h), 99)));
+  h.generation = 6;  // newer: accepted (the receiver learns of it through the membership actor)
+  EXPECT_TRUE(std::holds_alternative<std::shared_ptr<const DecodedFrame>>(v.decode(make_frame(h), 99)));
+}
+
+TEST_F(FrameTest, SpoofedSourceIsRejected) {
+  EXPECT_EQ(rejected(make_frame(good_header()), /*from=*/100), Reject::spoofed);
+}
+
+TEST(FrameEncode, FramesAreWordAlignedAndWholeWords) {
+  Buffer b = make_frame(good_header(), 5);
+  EXPECT_EQ(b.size() % 8, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % Buffer::kAlignment, 0u);
+}
+
+}  // namespace
+}  // namespace troupe::comm
