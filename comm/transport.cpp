@@ -183,12 +183,17 @@ struct Transport::Impl {
     auto last_active = Clock::now();
     const auto spin = std::chrono::microseconds(options.spin_us);
     while (!stopping.load()) {
+      // One progress call a round (each polls the tcp interface with a syscall); the sends
+      // that the handler's deferred work queues go out in the same round.
       bool worked = drain_ops();
-      while (ucp_worker_progress(worker.get()) != 0) worked = true;
+      worked |= ucp_worker_progress(worker.get()) != 0;
       worked |= start_rndv_receives();
+      if (worked) {
+        handler->after_progress();
+        drain_ops();
+      }
       worked |= close_pending();
       check_connect_deadlines();
-      if (worked) handler->after_progress();
       auto now = Clock::now();
       if (worked) {
         last_active = now;
