@@ -1,0 +1,287 @@
+#include "models/blocks.h"
+
+#include <cmath>
+#include <cstring>
+#include <tuple>
+#include <stdexcept>
+
+#include "models/kernels.h"
+#include "models/random.h"
+
+namespace troupe::models {
+namespace k = kernels;
+namespace {
+
+void fill_normal(Tensor& t, Rng& rng, double stddev) {
+  float* p = t.data();
+  for (size_t i = 0; i < t.numel(); ++i) p[i] = float(rng.normal() * stddev);
+}
+void fill_uniform(Tensor& t, Rng& rng, double bound) {
+  float* p = t.data();
+  for (size_t i = 0; i < t.numel(); ++i) p[i] = float((rng.uniform() * 2 - 1) * bound);
+}
+void fill_const(Tensor& t, float v) {
+  float* p = t.data();
+  for (size_t i = 0; i < t.numel(); ++i) p[i] = v;
+}
+// A cached activation buffer, reallocated only when its shape changes.
+void ensure(Tensor& t, std::vector<size_t> shape) {
+  if (!t.defined() || t.shape() != shape) t = Tensor(std::move(shape));
+}
+
+class LinearBlock : public Block {
+ public:
+  LinearBlock(size_t in, size_t out, bool relu) : in_(in), out_(out), relu_(relu) {
+    allocate(in * out + out);
+    Carver c{this};
+    std::tie(w_, dw_) = c.take({out, in});
+    std::tie(b_, db_) = c.take({out});
+  }
+  std::string kind() const override { return relu_ ? "linear_relu" : "linear"; }
+  double flops_per_sample() const override { return 3.0 * 2.0 * double(in_) * double(out_); }
+  void init(uint64_t seed, size_t index) override {
+    // PyTorch's default for nn.Linear: U(-1/sqrt(in), 1/sqrt(in)) for weight and bias.
+    Rng rng(mix(seed, index, 0x11));
+    double bound = 1.0 / std::sqrt(double(in_));
+    fill_uniform(w_, rng, bound);
+    fill_uniform(b_, rng, bound);
+  }
+  Tensor forward(const Tensor& x, size_t B) override {
+    if (x.numel() != B * in_) throw std::invalid_argument("linear block: input is not (B, " + std::to_string(in_) + ")");
+    x_ = x;
+    B_ = B;
+    ensure(pre_, {B, out_});
+    k::linear_forward(pre_.data(), x.data(), w_.data(), b_.data(), B, in_, out_);
+    if (!relu_) return pre_;
+    ensure(out_act_, {B, out_});
+    k::relu_forward(out_act_.data(), pre_.data(), B * out_);
+    return out_act_;
+  }
+  Tensor backward(const Tensor& dy) override {
+    const Tensor* dpre = &dy;
+    if (relu_) {
+      ensure(dpre_, {B_, out_});
+      dpre_.zero();
+      k::relu_backward(dpre_.data(), dy.data(), pre_.data(), B_ * out_);
+      dpre = &dpre_;
+    }
+    Tensor dx({B_, in_});
+    k::linear_backward(dx.data(), dw_.data(), db_.data(), dpre->data(), x_.data(), w_.data(), B_, in_, out_);
+    return dx;
+  }
+
+ private:
+  size_t in_, out_;
+  bool relu_;
+  Tensor w_, dw_, b_, db_;
+  Tensor x_, pre_, out_act_, dpre_;
+  size_t B_ = 0;
+};
+
+class EmbeddingBlock : public Block {
+ public:
+  EmbeddingBlock(size_t vocab, size_t context, size_t C) : V_(vocab), T_(context), C_(C) {
+    allocate(vocab * C + context * C);
+    Carver c{this};
+    std::tie(wte_, dwte_) = c.take({vocab, C});
+    std::tie(wpe_, dwpe_) = c.take({context, C});
+  }
+  std::string kind() const override { return "embedding"; }
+  double flops_per_sample() const override { return 2.0 * double(T_) * double(C_); }
+  void init(uint64_t seed, size_t index) override {
+    Rng rng(mix(seed, index, 0x22));
+    fill_normal(wte_, rng, 0.02);
+    fill_normal(wpe_, rng, 0.01);
+  }
+  Tensor forward(const Tensor& x, size_t B) override {
+    size_t T = x.numel() / B;
+    if (x.numel() != B * T || T == 0 || T > T_) {
+      throw std::invalid_argument("embedding block: input is not (B, T<=" + std::to_string(T_) + ") token ids");
+    }
+    tokens_.resize(B * T);
+    const float* ids = x.data();
+    for (size_t i = 0; i < B * T; ++i) {
+      if (!(ids[i] >= 0) || ids[i] >= float(V_) || ids[i] != std::floor(ids[i])) {
+        throw std::invalid_argument("embedding block: token id " + std::to_string(ids[i]) +
+                                    " outside the vocabulary of " + std::to_string(V_));
+      }
+      tokens_[i] = int32_t(ids[i]);
+    }
+    B_ = B;
+    Tcur_ = T;
+    ensure(out_, {B, T, C_});
+    k::embedding_forward(out_.data(), tokens_.data(), wte_.data(), wpe_.data(), B, T, C_);
+    return out_;
+  }
+  Tensor backward(const Tensor& dy) override {
+    k::embedding_backward(dwte_.data(), dwpe_.data(), dy.data(), tokens_.data(), B_, Tcur_, C_);
+    return Tensor();
+  }
+  Tensor& wte() { return wte_; }
+  Tensor& dwte() { return dwte_; }
+
+ private:
+  size_t V_, T_, C_;
+  Tensor wte_, dwte_, wpe_, dwpe_;
+  std::vector<int32_t> tokens_;
+  Tensor out_;
+  size_t B_ = 0, Tcur_ = 0;
+};
+
+class TransformerBlock : public Block {
+ public:
+  TransformerBlock(size_t context, size_t C, size_t NH, size_t layers)
+      : T_(context), C_(C), NH_(NH), layers_(layers) {
+    if (C % NH != 0) throw std::invalid_argument("d_model must be divisible by heads");
+    allocate(2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + 4 * C * C + 4 * C + 4 * C * C + C);
+    Carver c{this};
+    std::tie(ln1w_, dln1w_) = c.take({C});
+    std::tie(ln1b_, dln1b_) = c.take({C});
+    std::tie(qkvw_, dqkvw_) = c.take({3 * C, C});
+    std::tie(qkvb_, dqkvb_) = c.take({3 * C});
+    std::tie(projw_, dprojw_) = c.take({C, C});
+    std::tie(projb_, dprojb_) = c.take({C});
+    std::tie(ln2w_, dln2w_) = c.take({C});
+    std::tie(ln2b_, dln2b_) = c.take({C});
+    std::tie(fcw_, dfcw_) = c.take({4 * C, C});
+    std::tie(fcb_, dfcb_) = c.take({4 * C});
+    std::tie(fcprojw_, dfcprojw_) = c.take({C, 4 * C});
+    std::tie(fcprojb_, dfcprojb_) = c.take({C});
+  }
+  std::string kind() const override { return "transformer"; }
+  double flops_per_sample() const override {
+    double T = double(T_), C = double(C_);
+    double fwd = 2.0 * T * 12.0 * C * C + 4.0 * T * T * C;
+    return 3.0 * fwd;
+  }
+  void init(uint64_t seed, size_t index) override {
+    Rng rng(mix(seed, index, 0x33));
+    fill_const(ln1w_, 1.0f);
+    fill_const(ln2w_, 1.0f);
+    fill_normal(qkvw_, rng, 0.02);
+    fill_normal(fcw_, rng, 0.02);
+    // Residual projections scaled down by depth (GPT-2).
+    double resid = 0.02 / std::sqrt(2.0 * double(layers_));
+    fill_normal(projw_, rng, resid);
+    fill_normal(fcprojw_, rng, resid);
+  }
+  Tensor forward(const Tensor& x, size_t B) override {
+    size_t N = x.numel() / C_;
+    size_t T = N / B;
+    if (x.numel() != B * T * C_ || T == 0 || T > T_) throw std::invalid_argument("transformer block: input is not (B, T, C)");
+    B_ = B;
+    Tc_ = T;
+    const size_t C = C_;
+    x_ = x;
+    ensure(ln1_, {N, C}); ensure(ln1m_, {N}); ensure(ln1r_, {N});
+    ensure(qkv_, {N, 3 * C}); ensure(att_, {B, NH_, T, T}); ensure(atty_, {N, C});
+    ensure(proj_, {N, C}); ensure(x2_, {N, C});
+    ensure(ln2_, {N, C}); ensure(ln2m_, {N}); ensure(ln2r_, {N});
+    ensure(fch_, {N, 4 * C}); ensure(fchg_, {N, 4 * C}); ensure(fcproj_, {N, C}); ensure(out_, {N, C});
+    k::layernorm_forward(ln1_.data(), ln1m_.data(), ln1r_.data(), x.data(), ln1w_.data(), ln1b_.data(), N, C);
+    k::linear_forward(qkv_.data(), ln1_.data(), qkvw_.data(), qkvb_.data(), N, C, 3 * C);
+    k::attention_forward(atty_.data(), att_.data(), qkv_.data(), B, T, C, NH_);
+    k::linear_forward(proj_.data(), atty_.data(), projw_.data(), projb_.data(), N, C, C);
+    k::residual_forward(x2_.data(), x.data(), proj_.data(), N * C);
+    k::layernorm_forward(ln2_.data(), ln2m_.data(), ln2r_.data(), x2_.data(), ln2w_.data(), ln2b_.data(), N, C);
+    k::linear_forward(fch_.data(), ln2_.data(), fcw_.data(), fcb_.data(), N, C, 4 * C);
+    k::gelu_forward(fchg_.data(), fch_.data(), N * 4 * C);
+    k::linear_forward(fcproj_.data(), fchg_.data(), fcprojw_.data(), fcprojb_.data(), N, 4 * C, C);
+    k::residual_forward(out_.data(), x2_.data(), fcproj_.data(), N * C);
+    return out_;
+  }
+  Tensor backward(const Tensor& dy) override {
+    const size_t C = C_, N = B_ * Tc_;
+    // Scratch gradients, zeroed: the kernels accumulate.
+    Tensor dx({N, C}), dx2({N, C}), dfchg({N, 4 * C}), dfch({N, 4 * C}), dln2({N, C}), datty({N, C}),
+        dqkv({N, 3 * C}), dln1({N, C});
+    // out = x2 + fcproj: both get dy (fcproj's through the linear below)
+    std::memcpy(dx2.data(), dy.data(), N * C * sizeof(float));
+    k::linear_backward(dfchg.data(), dfcprojw_.data(), dfcprojb_.data(), dy.data(), fchg_.data(), fcprojw_.data(), N, 4 * C, C);
+    k::gelu_backward(dfch.data(), dfchg.data(), fch_.data(), N * 4 * C);
+    k::linear_backward(dln2.data(), dfcw_.data(), dfcb_.data(), dfch.data(), ln2_.data(), fcw_.data(), N, C, 4 * C);
+    k::layernorm_backward(dx2.data(), dln2w_.data(), dln2b_.data(), dln2.data(), x2_.data(), ln2w_.data(), ln2m_.data(), ln2r_.data(), N, C);
+    // x2 = x + proj
+    std::memcpy(dx.data(), dx2.data(), N * C * sizeof(float));
+    k::linear_backward(datty.data(), dprojw_.data(), dprojb_.data(), dx2.data(), atty_.data(), projw_.data(), N, C, C);
+    k::attention_backward(dqkv.data(), datty.data(), qkv_.data(), att_.data(), B_, Tc_, C, NH_);
+    k::linear_backward(dln1.data(), dqkvw_.data(), dqkvb_.data(), dqkv.data(), ln1_.data(), qkvw_.data(), N, C, 3 * C);
+    k::layernorm_backward(dx.data(), dln1w_.data(), dln1b_.data(), dln1.data(), x_.data(), ln1w_.data(), ln1m_.data(), ln1r_.data(), N, C);
+    return dx;
+  }
+
+ private:
+  size_t T_, C_, NH_, layers_;
+  Tensor ln1w_, dln1w_, ln1b_, dln1b_, qkvw_, dqkvw_, qkvb_, dqkvb_, projw_, dprojw_, projb_, dprojb_;
+  Tensor ln2w_, dln2w_, ln2b_, dln2b_, fcw_, dfcw_, fcb_, dfcb_, fcprojw_, dfcprojw_, fcprojb_, dfcprojb_;
+  Tensor x_, ln1_, ln1m_, ln1r_, qkv_, att_, atty_, proj_, x2_, ln2_, ln2m_, ln2r_, fch_, fchg_, fcproj_, out_;
+  size_t B_ = 0, Tc_ = 0;
+};
+
+class HeadBlock : public Block {
+ public:
+  HeadBlock(size_t vocab, size_t context, size_t C, EmbeddingBlock* tie)
+      : V_(vocab), T_(context), C_(C), tied_(tie != nullptr) {
+    allocate(2 * C + (tie ? 0 : vocab * C));
+    Carver c{this};
+    std::tie(lnw_, dlnw_) = c.take({C});
+    std::tie(lnb_, dlnb_) = c.take({C});
+    if (tie) {
+      w_ = tie->wte();
+      dw_ = tie->dwte();
+    } else {
+      std::tie(w_, dw_) = c.take({vocab, C});
+    }
+  }
+  std::string kind() const override { return tied_ ? "head_tied" : "head"; }
+  double flops_per_sample() const override { return 3.0 * 2.0 * double(T_) * double(C_) * double(V_); }
+  void init(uint64_t seed, size_t index) override {
+    Rng rng(mix(seed, index, 0x44));
+    fill_const(lnw_, 1.0f);
+    if (!tied_) fill_normal(w_, rng, 0.02);
+  }
+  Tensor forward(const Tensor& x, size_t B) override {
+    N_ = x.numel() / C_;
+    if (x.numel() != N_ * C_ || N_ % B != 0) throw std::invalid_argument("head block: input is not (B, T, C)");
+    x_ = x;
+    ensure(ln_, {N_, C_}); ensure(m_, {N_}); ensure(r_, {N_}); ensure(logits_, {N_, V_});
+    k::layernorm_forward(ln_.data(), m_.data(), r_.data(), x.data(), lnw_.data(), lnb_.data(), N_, C_);
+    k::linear_forward(logits_.data(), ln_.data(), w_.data(), static_cast<const float*>(nullptr), N_, C_, V_);
+    return logits_;
+  }
+  Tensor backward(const Tensor& dy) override {
+    Tensor dln({N_, C_}), dx({N_, C_});
+    k::linear_backward(dln.data(), dw_.data(), static_cast<float*>(nullptr), dy.data(), ln_.data(), w_.data(), N_, C_, V_);
+    k::layernorm_backward(dx.data(), dlnw_.data(), dlnb_.data(), dln.data(), x_.data(), lnw_.data(), m_.data(), r_.data(), N_, C_);
+    return dx;
+  }
+
+ private:
+  size_t V_, T_, C_;
+  bool tied_;
+  Tensor lnw_, dlnw_, lnb_, dlnb_, w_, dw_;
+  Tensor x_, ln_, m_, r_, logits_;
+  size_t N_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Block> make_linear_block(size_t in, size_t out, bool relu) {
+  return std::make_unique<LinearBlock>(in, out, relu);
+}
+std::unique_ptr<Block> make_embedding_block(size_t vocab, size_t context, size_t d_model) {
+  return std::make_unique<EmbeddingBlock>(vocab, context, d_model);
+}
+std::unique_ptr<Block> make_transformer_block(size_t context, size_t d_model, size_t heads, size_t layers) {
+  return std::make_unique<TransformerBlock>(context, d_model, heads, layers);
+}
+std::unique_ptr<Block> make_head_block(size_t vocab, size_t context, size_t d_model, Block* tie_to) {
+  EmbeddingBlock* tie = nullptr;
+  if (tie_to) {
+    tie = dynamic_cast<EmbeddingBlock*>(tie_to);
+    if (!tie) throw std::invalid_argument("a tied head needs the embedding block");
+  }
+  return std::make_unique<HeadBlock>(vocab, context, d_model, tie);
+}
+
+}  // namespace troupe::models

@@ -1,0 +1,67 @@
+// Blocks: the unit a model is made of, a pipeline stage is a range of, and a worker moves whole.
+// Each block owns its parameters and gradients as one flat buffer (a stage reduces its gradients
+// in few large calls), reports its parameter count and its forward+backward FLOPs per sample,
+// and initialises as a pure function of (seed, block index).
+//
+// forward() caches what backward() needs, for one micro-batch at a time. backward() ADDS into
+// the gradient buffer (gradient accumulation over micro-batches is free) and returns the
+// gradient of the block's input (undefined for the first block).
+//
+// Activations between blocks are float tensors: (B, D) features for the MLP; (B, T) token ids
+// (exact in float) into the GPT's embedding, then (B, T, C).
+//
+// Thread-safety: none; one block belongs to one worker thread.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "models/tensor.h"
+
+namespace troupe::models {
+
+class Block {
+ public:
+  virtual ~Block() = default;
+  virtual std::string kind() const = 0;
+  virtual double flops_per_sample() const = 0;  // forward + backward
+  virtual void init(uint64_t seed, size_t index) = 0;
+  virtual Tensor forward(const Tensor& x, size_t B) = 0;
+  virtual Tensor backward(const Tensor& dy) = 0;
+
+  size_t param_count() const { return params_.numel(); }
+  Tensor& params() { return params_; }
+  Tensor& grads() { return grads_; }
+  const Tensor& params() const { return params_; }
+
+ protected:
+  void allocate(size_t n) {
+    params_ = Tensor({n});
+    grads_ = Tensor({n});
+  }
+  // Carves consecutive views out of the flat parameter and gradient buffers.
+  struct Carver {
+    Block* b;
+    size_t at = 0;
+    std::pair<Tensor, Tensor> take(std::vector<size_t> shape) {
+      size_t n = 1;
+      for (size_t d : shape) n *= d;
+      auto out = std::make_pair(b->params_.view(at, shape), b->grads_.view(at, shape));
+      at += n;
+      return out;
+    }
+  };
+
+  Tensor params_, grads_;
+};
+
+// Fully connected layer with optional ReLU: (B, in) -> (B, out).
+std::unique_ptr<Block> make_linear_block(size_t in, size_t out, bool relu);
+
+// GPT pieces. The head's lm_head weight is its own unless tie_to (the embedding block) is given,
+// in which case it reads the embedding's token table and adds into its gradient.
+std::unique_ptr<Block> make_embedding_block(size_t vocab, size_t context, size_t d_model);
+std::unique_ptr<Block> make_transformer_block(size_t context, size_t d_model, size_t heads, size_t layers);
+std::unique_ptr<Block> make_head_block(size_t vocab, size_t context, size_t d_model, Block* tie_to);
+
+}  // namespace troupe::models

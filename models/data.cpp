@@ -1,0 +1,89 @@
+#include "models/data.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "models/random.h"
+
+namespace troupe::models {
+
+SyntheticClassification::SyntheticClassification(uint64_t seed, size_t samples, size_t dim, size_t classes,
+                                                 double separation, double noise)
+    : seed_(seed), samples_(samples), dim_(dim), classes_(classes), noise_(noise) {
+  if (samples == 0 || dim == 0 || classes < 2) {
+    throw std::invalid_argument("synthetic data needs samples > 0, dim > 0 and at least 2 classes");
+  }
+  Rng rng(mix(seed, 0xc1a55));
+  centroids_.resize(classes * dim);
+  for (auto& c : centroids_) c = float(rng.normal() * separation);
+}
+
+void SyntheticClassification::fill(size_t index, float* input, int32_t* targets) const {
+  Rng rng(mix(seed_, 0x5a3b1e, index));
+  size_t cls = rng.below(classes_);
+  const float* c = centroids_.data() + cls * dim_;
+  for (size_t j = 0; j < dim_; ++j) input[j] = c[j] + float(rng.normal() * noise_);
+  targets[0] = int32_t(cls);
+}
+
+CharText::CharText(const std::string& path, size_t context) : context_(context) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::invalid_argument("text data file '" + path + "' cannot be opened");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string raw = ss.str();
+  if (raw.empty()) throw std::invalid_argument("text data file '" + path + "' is empty");
+  if (context == 0) throw std::invalid_argument("model.context is zero");
+  if (raw.size() <= context + 1) {
+    throw std::invalid_argument("text data file '" + path + "' has " + std::to_string(raw.size()) +
+                                " characters, fewer than the context + 1 (" + std::to_string(context + 1) + ")");
+  }
+  bool seen[256] = {};
+  for (unsigned char ch : raw) seen[ch] = true;
+  int index[256];
+  for (int c = 0; c < 256; ++c) {
+    if (seen[c]) {
+      index[c] = int(vocab_.size());
+      vocab_.push_back(char(c));
+    }
+  }
+  text_.reserve(raw.size());
+  for (unsigned char ch : raw) text_.push_back(index[ch]);
+}
+
+void CharText::fill(size_t index, float* input, int32_t* targets) const {
+  for (size_t t = 0; t < context_; ++t) {
+    input[t] = float(text_[index + t]);
+    targets[t] = text_[index + t + 1];
+  }
+}
+
+void GlobalSampler::build(uint64_t epoch) {
+  perm_.resize(n_);
+  for (size_t i = 0; i < n_; ++i) perm_[i] = uint32_t(i);
+  Rng rng(mix(seed_, 0xe90c, epoch));
+  for (size_t i = n_; i > 1; --i) std::swap(perm_[i - 1], perm_[rng.below(i)]);
+  epoch_ = epoch;
+}
+
+size_t GlobalSampler::sample_at(uint64_t position) {
+  uint64_t epoch = position / n_;
+  if (epoch != epoch_) build(epoch);
+  return perm_[position % n_];
+}
+
+Batch make_batch(const Dataset& data, GlobalSampler& sampler, uint64_t begin, uint64_t end) {
+  Batch b;
+  b.size = size_t(end - begin);
+  size_t w = data.input_width(), k = data.targets_per_sample();
+  b.inputs = Tensor({b.size, w});
+  b.targets.resize(b.size * k);
+  for (size_t i = 0; i < b.size; ++i) {
+    data.fill(sampler.sample_at(begin + i), b.inputs.data() + i * w, b.targets.data() + i * k);
+  }
+  return b;
+}
+
+}  // namespace troupe::models

@@ -1,0 +1,290 @@
+#include "models/kernels.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace troupe::models::kernels {
+namespace {
+
+inline void gemm(bool ta, bool tb, size_t M, size_t N, size_t K, float alpha, const float* A, size_t lda,
+                 const float* B, size_t ldb, float beta, float* C, size_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N),
+              int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+}
+inline void gemm(bool ta, bool tb, size_t M, size_t N, size_t K, double alpha, const double* A, size_t lda,
+                 const double* B, size_t ldb, double beta, double* C, size_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N),
+              int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+}
+
+constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2/pi)
+constexpr double kLayerNormEps = 1e-5;
+
+}  // namespace
+
+template <typename T>
+void linear_forward(T* out, const T* inp, const T* weight, const T* bias, size_t N, size_t C, size_t OC) {
+  gemm(false, true, N, OC, C, T(1), inp, C, weight, C, T(0), out, OC);
+  if (bias) {
+    for (size_t n = 0; n < N; ++n) {
+      T* row = out + n * OC;
+      for (size_t o = 0; o < OC; ++o) row[o] += bias[o];
+    }
+  }
+}
+
+template <typename T>
+void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                     size_t N, size_t C, size_t OC) {
+  if (dinp) gemm(false, false, N, C, OC, T(1), dout, OC, weight, C, T(1), dinp, C);
+  gemm(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C);
+  if (dbias) {
+    for (size_t n = 0; n < N; ++n) {
+      const T* row = dout + n * OC;
+      for (size_t o = 0; o < OC; ++o) dbias[o] += row[o];
+    }
+  }
+}
+
+template <typename T>
+void relu_forward(T* out, const T* inp, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = inp[i] > T(0) ? inp[i] : T(0);
+}
+
+template <typename T>
+void relu_backward(T* dinp, const T* dout, const T* inp, size_t n) {
+  for (size_t i = 0; i < n; ++i) dinp[i] += inp[i] > T(0) ? dout[i] : T(0);
+}
+
+template <typename T>
+void gelu_forward(T* out, const T* inp, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    T x = inp[i];
+    T cube = T(0.044715) * x * x * x;
+    out[i] = T(0.5) * x * (T(1) + std::tanh(T(kGeluScale) * (x + cube)));
+  }
+}
+
+template <typename T>
+void gelu_backward(T* dinp, const T* dout, const T* inp, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    T x = inp[i];
+    T cube = T(0.044715) * x * x * x;
+    T arg = T(kGeluScale) * (x + cube);
+    T th = std::tanh(arg);
+    T sech2 = T(1) - th * th;
+    T local = T(0.5) * (T(1) + th) + x * T(0.5) * sech2 * T(kGeluScale) * (T(1) + T(3 * 0.044715) * x * x);
+    dinp[i] += local * dout[i];
+  }
+}
+
+template <typename T>
+void residual_forward(T* out, const T* a, const T* b, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+template <typename T>
+void residual_backward(T* da, T* db, const T* dout, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    da[i] += dout[i];
+    db[i] += dout[i];
+  }
+}
+
+template <typename T>
+void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
+                       size_t N, size_t C) {
+  for (size_t n = 0; n < N; ++n) {
+    const T* x = inp + n * C;
+    T m = 0;
+    for (size_t i = 0; i < C; ++i) m += x[i];
+    m /= T(C);
+    T v = 0;
+    for (size_t i = 0; i < C; ++i) v += (x[i] - m) * (x[i] - m);
+    v /= T(C);
+    T s = T(1) / std::sqrt(v + T(kLayerNormEps));
+    T* y = out + n * C;
+    for (size_t i = 0; i < C; ++i) y[i] = (x[i] - m) * s * weight[i] + bias[i];
+    mean[n] = m;
+    rstd[n] = s;
+  }
+}
+
+template <typename T>
+void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
+                        const T* weight, const T* mean, const T* rstd, size_t N, size_t C) {
+  for (size_t n = 0; n < N; ++n) {
+    const T* dy = dout + n * C;
+    const T* x = inp + n * C;
+    T* dx = dinp + n * C;
+    T m = mean[n], s = rstd[n];
+    T dnorm_mean = 0, dnorm_norm_mean = 0;
+    for (size_t i = 0; i < C; ++i) {
+      T norm = (x[i] - m) * s;
+      T dnorm = weight[i] * dy[i];
+      dnorm_mean += dnorm;
+      dnorm_norm_mean += dnorm * norm;
+    }
+    dnorm_mean /= T(C);
+    dnorm_norm_mean /= T(C);
+    for (size_t i = 0; i < C; ++i) {
+      T norm = (x[i] - m) * s;
+      T dnorm = weight[i] * dy[i];
+      dbias[i] += dy[i];
+      dweight[i] += norm * dy[i];
+      dx[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+    }
+  }
+}
+
+template <typename T>
+void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, size_t B, size_t T_,
+                       size_t C) {
+  for (size_t b = 0; b < B; ++b) {
+    for (size_t t = 0; t < T_; ++t) {
+      T* o = out + (b * T_ + t) * C;
+      const T* we = wte + size_t(tokens[b * T_ + t]) * C;
+      const T* pe = wpe + t * C;
+      for (size_t i = 0; i < C; ++i) o[i] = we[i] + pe[i];
+    }
+  }
+}
+
+template <typename T>
+void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, size_t B, size_t T_,
+                        size_t C) {
+  for (size_t b = 0; b < B; ++b) {
+    for (size_t t = 0; t < T_; ++t) {
+      const T* d = dout + (b * T_ + t) * C;
+      T* dwe = dwte + size_t(tokens[b * T_ + t]) * C;
+      T* dpe = dwpe + t * C;
+      for (size_t i = 0; i < C; ++i) {
+        dwe[i] += d[i];
+        dpe[i] += d[i];
+      }
+    }
+  }
+}
+
+template <typename T>
+void attention_forward(T* out, T* att, const T* qkv, size_t B, size_t T_, size_t C, size_t NH) {
+  const size_t hs = C / NH, C3 = 3 * C;
+  const T scale = T(1) / std::sqrt(T(hs));
+  for (size_t b = 0; b < B; ++b) {
+    for (size_t h = 0; h < NH; ++h) {
+      const T* q = qkv + b * T_ * C3 + h * hs;
+      const T* k = q + C;
+      const T* v = q + 2 * C;
+      T* a = att + (b * NH + h) * T_ * T_;
+      gemm(false, true, T_, T_, hs, scale, q, C3, k, C3, T(0), a, T_);
+      for (size_t t = 0; t < T_; ++t) {
+        T* row = a + t * T_;
+        T mx = row[0];
+        for (size_t j = 1; j <= t; ++j) mx = std::max(mx, row[j]);
+        T sum = 0;
+        for (size_t j = 0; j <= t; ++j) {
+          row[j] = std::exp(row[j] - mx);
+          sum += row[j];
+        }
+        T inv = T(1) / sum;
+        for (size_t j = 0; j <= t; ++j) row[j] *= inv;
+        for (size_t j = t + 1; j < T_; ++j) row[j] = T(0);  // causal mask
+      }
+      gemm(false, false, T_, hs, T_, T(1), a, T_, v, C3, T(0), out + b * T_ * C + h * hs, C);
+    }
+  }
+}
+
+template <typename T>
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, size_t B, size_t T_,
+                        size_t C, size_t NH) {
+  const size_t hs = C / NH, C3 = 3 * C;
+  const T scale = T(1) / std::sqrt(T(hs));
+  std::vector<T> datt(T_ * T_), dpre(T_ * T_);
+  for (size_t b = 0; b < B; ++b) {
+    for (size_t h = 0; h < NH; ++h) {
+      const T* q = qkv + b * T_ * C3 + h * hs;
+      const T* k = q + C;
+      const T* v = q + 2 * C;
+      T* dq = dqkv + b * T_ * C3 + h * hs;
+      T* dk = dq + C;
+      T* dv = dq + 2 * C;
+      const T* a = att + (b * NH + h) * T_ * T_;
+      const T* dy = dout + b * T_ * C + h * hs;
+      gemm(false, true, T_, T_, hs, T(1), dy, C, v, C3, T(0), datt.data(), T_);
+      gemm(true, false, T_, hs, T_, T(1), a, T_, dy, C, T(1), dv, C3);
+      for (size_t t = 0; t < T_; ++t) {
+        const T* arow = a + t * T_;
+        const T* drow = datt.data() + t * T_;
+        T* prow = dpre.data() + t * T_;
+        T dot = 0;
+        for (size_t j = 0; j <= t; ++j) dot += arow[j] * drow[j];
+        for (size_t j = 0; j <= t; ++j) prow[j] = arow[j] * (drow[j] - dot);
+        for (size_t j = t + 1; j < T_; ++j) prow[j] = T(0);
+      }
+      gemm(false, false, T_, hs, T_, scale, dpre.data(), T_, k, C3, T(1), dq, C3);
+      gemm(true, false, T_, hs, T_, scale, dpre.data(), T_, q, C3, T(1), dk, C3);
+    }
+  }
+}
+
+template <typename T>
+double softmax_cross_entropy(T* dlogits, const T* logits, const int32_t* targets, size_t N, size_t V,
+                             double scale, size_t* correct) {
+  double total = 0;
+  size_t right = 0;
+  for (size_t n = 0; n < N; ++n) {
+    const T* row = logits + n * V;
+    T* drow = dlogits + n * V;
+    size_t argmax = 0;
+    T mx = row[0];
+    for (size_t i = 1; i < V; ++i) {
+      if (row[i] > mx) {
+        mx = row[i];
+        argmax = i;
+      }
+    }
+    double sum = 0;
+    for (size_t i = 0; i < V; ++i) {
+      T e = std::exp(row[i] - mx);
+      drow[i] = e;
+      sum += e;
+    }
+    size_t target = size_t(targets[n]);
+    double loss = -(double(row[target]) - double(mx) - std::log(sum));
+    total += loss * scale;
+    T inv = T(1.0 / sum);
+    for (size_t i = 0; i < V; ++i) drow[i] = T(drow[i] * inv * scale);
+    drow[target] -= T(scale);
+    right += argmax == target;
+  }
+  if (correct) *correct += right;
+  return total;
+}
+
+#define TROUPE_INSTANTIATE(T)                                                                          \
+  template void linear_forward<T>(T*, const T*, const T*, const T*, size_t, size_t, size_t);          \
+  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, size_t, size_t, size_t); \
+  template void relu_forward<T>(T*, const T*, size_t);                                                \
+  template void relu_backward<T>(T*, const T*, const T*, size_t);                                     \
+  template void gelu_forward<T>(T*, const T*, size_t);                                                \
+  template void gelu_backward<T>(T*, const T*, const T*, size_t);                                     \
+  template void residual_forward<T>(T*, const T*, const T*, size_t);                                  \
+  template void residual_backward<T>(T*, T*, const T*, size_t);                                       \
+  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, size_t, size_t);      \
+  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*,  \
+                                      size_t, size_t);                                                \
+  template void embedding_forward<T>(T*, const int32_t*, const T*, const T*, size_t, size_t, size_t); \
+  template void embedding_backward<T>(T*, T*, const T*, const int32_t*, size_t, size_t, size_t);      \
+  template void attention_forward<T>(T*, T*, const T*, size_t, size_t, size_t, size_t);               \
+  template void attention_backward<T>(T*, const T*, const T*, const T*, size_t, size_t, size_t,       \
+                                      size_t);                                                        \
+  template double softmax_cross_entropy<T>(T*, const T*, const int32_t*, size_t, size_t, double, size_t*);
+
+TROUPE_INSTANTIATE(float)
+TROUPE_INSTANTIATE(double)
+
+}  // namespace troupe::models::kernels

@@ -1,0 +1,67 @@
+// Models as a sequence of blocks, and the training step that reads top to bottom:
+// forward, loss, backward (over micro-batches), [reduce — the distributed layer's job], update.
+//
+// models/ knows nothing of distribution: a worker runs forward_backward on its share of the
+// global batch with loss_scale = 1 / global_batch, so its loss and gradients are its share of
+// the global mean, and shares of different ranks simply add up.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/blocks.h"
+
+namespace troupe::models {
+
+struct ModelSpec {
+  std::string kind = "mlp";               // mlp | gpt
+  std::vector<size_t> mlp_sizes{784, 1024, 1024, 10};  // input, hidden..., classes
+  size_t vocab = 0;                       // gpt: from the data set
+  size_t context = 64;
+  size_t d_model = 128;
+  size_t heads = 4;
+  size_t layers = 4;
+  bool tied_head = false;
+};
+
+// A micro-batch: inputs (B, D) features or (B, T) token ids; targets (B) classes or (B*T) tokens.
+struct Batch {
+  Tensor inputs;
+  std::vector<int32_t> targets;
+  size_t size = 0;  // B
+};
+
+struct ForwardResult {
+  double loss = 0;     // sum over rows of loss * loss_scale
+  size_t rows = 0;     // rows scored (B for classification, B*T for tokens)
+  size_t correct = 0;  // rows whose argmax is the target
+};
+
+class Model {
+ public:
+  // Validates the spec; throws std::invalid_argument with a message naming the bad field.
+  explicit Model(const ModelSpec& spec);
+
+  const ModelSpec& spec() const { return spec_; }
+  size_t num_blocks() const { return blocks_.size(); }
+  Block& block(size_t i) { return *blocks_.at(i); }
+  size_t param_count() const;
+  double flops_per_sample() const;
+
+  void init(uint64_t seed);  // block i from (seed, i): the same whatever the layout
+  void zero_grads();
+  // Forward and backward of one micro-batch through all blocks; gradients accumulate.
+  ForwardResult forward_backward(const Batch& batch, double loss_scale);
+  ForwardResult evaluate(const Batch& batch);
+
+ private:
+  ModelSpec spec_;
+  std::vector<std::unique_ptr<Block>> blocks_;
+  Tensor dlogits_;
+};
+
+// Intra-op threads for the BLAS (process-wide; default 1 per worker: several share a machine).
+void set_compute_threads(int threads);
+
+}  // namespace troupe::models

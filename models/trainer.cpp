@@ -1,0 +1,52 @@
+#include "models/trainer.h"
+
+#include <cmath>
+#include <stdexcept>
+
+namespace troupe::models {
+
+Trainer::Trainer(Model& model, Optimizer& opt, const Dataset& data, uint64_t seed, size_t global_batch,
+                 size_t micro_batch)
+    : model_(model), opt_(opt), data_(data), sampler_(seed, data.size()),
+      global_batch_(global_batch), micro_batch_(micro_batch) {
+  if (global_batch == 0) throw std::invalid_argument("batch.global is zero");
+  if (micro_batch == 0) throw std::invalid_argument("batch.micro is zero");
+}
+
+StepStats Trainer::forward_backward(uint64_t step, uint64_t begin, uint64_t end) {
+  StepStats s;
+  model_.zero_grads();
+  const uint64_t base = step * global_batch_;
+  size_t rows = 0, correct = 0;
+  for (uint64_t at = begin; at < end; at += micro_batch_) {
+    uint64_t stop = std::min<uint64_t>(end, at + micro_batch_);
+    Batch b = make_batch(data_, sampler_, base + at, base + stop);
+    auto r = model_.forward_backward(b, 1.0 / double(global_batch_ * data_.targets_per_sample()));
+    s.loss += r.loss;
+    rows += r.rows;
+    correct += r.correct;
+  }
+  s.samples = size_t(end - begin);
+  s.accuracy = rows ? double(correct) / double(rows) : 0;
+  return s;
+}
+
+void Trainer::apply(uint64_t step, double total_grad_norm_sq, StepStats& stats) {
+  double scale = clip_factor(total_grad_norm_sq, opt_.spec().clip_norm);
+  for (size_t b = 0; b < model_.num_blocks(); ++b) {
+    auto& blk = model_.block(b);
+    opt_.update(b, blk.params(), blk.grads(), step, scale);
+  }
+  stats.grad_norm = std::sqrt(total_grad_norm_sq);
+  stats.lr = opt_.lr_at(step);
+}
+
+StepStats Trainer::step(uint64_t step) {
+  StepStats s = forward_backward(step, 0, global_batch_);
+  double norm_sq = 0;
+  for (size_t b = 0; b < model_.num_blocks(); ++b) norm_sq += grad_norm_sq(model_.block(b).grads());
+  apply(step, norm_sq, s);
+  return s;
+}
+
+}  // namespace troupe::models

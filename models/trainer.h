@@ -1,0 +1,44 @@
+// The training step, top to bottom: zero grads; forward + backward over micro-batches of this
+// worker's share of the global batch; [reduce: the distributed layer]; clip; update.
+#pragma once
+
+#include <functional>
+
+#include "models/data.h"
+#include "models/model.h"
+#include "models/optim.h"
+
+namespace troupe::models {
+
+struct StepStats {
+  double loss = 0;      // mean loss over the global batch (this worker's share if not reduced)
+  double accuracy = 0;  // over the rows this worker scored
+  double grad_norm = 0;
+  double lr = 0;
+  size_t samples = 0;
+};
+
+class Trainer {
+ public:
+  Trainer(Model& model, Optimizer& opt, const Dataset& data, uint64_t seed, size_t global_batch,
+          size_t micro_batch);
+
+  // Forward and backward for global positions [begin, end) of the step (a rank's share), with
+  // loss weights 1/global_batch. Gradients accumulate into the blocks.
+  StepStats forward_backward(uint64_t step, uint64_t begin, uint64_t end);
+  // Clip (with the total squared norm over all blocks of all workers) and update every block.
+  void apply(uint64_t step, double total_grad_norm_sq, StepStats& stats);
+  // A whole step on one worker.
+  StepStats step(uint64_t step);
+
+  size_t global_batch() const { return global_batch_; }
+
+ private:
+  Model& model_;
+  Optimizer& opt_;
+  const Dataset& data_;
+  GlobalSampler sampler_;
+  size_t global_batch_, micro_batch_;
+};
+
+}  // namespace troupe::models

@@ -1,0 +1,151 @@
+// Models: bad input is refused clearly; block state round trips; determinism.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "models/data.h"
+#include "models/state.h"
+#include "models/trainer.h"
+
+namespace troupe::models {
+namespace {
+
+ModelSpec tiny_gpt(size_t vocab) {
+  ModelSpec s;
+  s.kind = "gpt";
+  s.vocab = vocab;
+  s.context = 16;
+  s.d_model = 32;
+  s.heads = 4;
+  s.layers = 2;
+  return s;
+}
+
+TEST(ModelInput, ZeroSizesAndUnknownKindsAreRefused) {
+  ModelSpec s;
+  s.mlp_sizes = {784, 0, 10};
+  EXPECT_THROW({ Model m(s); }, std::invalid_argument);
+  s.kind = "rnn";
+  EXPECT_THROW({ Model m(s); }, std::invalid_argument);
+  auto g = tiny_gpt(10);
+  g.layers = 0;
+  EXPECT_THROW({ Model m(g); }, std::invalid_argument);
+  g = tiny_gpt(10);
+  g.heads = 3;  // 32 is not divisible by 3
+  EXPECT_THROW({ Model m(g); }, std::invalid_argument);
+}
+
+TEST(DataInput, MissingOrEmptyOrShortTextFilesAreRefused) {
+  EXPECT_THROW(CharText("/nonexistent/troupe.txt", 16), std::invalid_argument);
+  std::string path = ::testing::TempDir() + "troupe_empty.txt";
+  { std::ofstream(path).flush(); }
+  try {
+    CharText t(path, 16);
+    FAIL() << "an empty file was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("empty"), std::string::npos) << e.what();
+  }
+  { std::ofstream(path) << "short"; }
+  EXPECT_THROW(CharText(path, 16), std::invalid_argument);
+  std::remove(path.c_str());
+}
+
+TEST(DataInput, OutOfVocabularyTokensAreRefused) {
+  Model m(tiny_gpt(10));
+  m.init(1);
+  Batch b;
+  b.size = 1;
+  b.inputs = Tensor({1, 16});
+  b.inputs.data()[3] = 12;
+  b.targets.assign(16, 0);
+  EXPECT_THROW(m.forward_backward(b, 1.0), std::invalid_argument);
+}
+
+TEST(Sampler, PositionsMapToTheSameSampleWhateverTheSplit) {
+  GlobalSampler a(42, 1000), b(42, 1000);
+  std::vector<size_t> whole;
+  for (uint64_t p = 0; p < 2500; ++p) whole.push_back(a.sample_at(p));
+  // Another sampler visiting the positions in another order (as ranks would) agrees.
+  for (uint64_t p = 2500; p-- > 0;) EXPECT_EQ(b.sample_at(p), whole[p]);
+  // Each epoch is a permutation.
+  std::vector<int> seen(1000, 0);
+  for (size_t i = 0; i < 1000; ++i) seen[whole[i]]++;
+  for (int c : seen) EXPECT_EQ(c, 1);
+  // A different seed gives a different order.
+  GlobalSampler c(43, 1000);
+  int same = 0;
+  for (uint64_t p = 0; p < 1000; ++p) same += c.sample_at(p) == whole[p];
+  EXPECT_LT(same, 20);
+}
+
+TEST(Init, IsAPureFunctionOfSeedAndBlockIndex) {
+  Model a(tiny_gpt(12)), b(tiny_gpt(12));
+  a.init(5);
+  b.init(5);
+  for (size_t i = 0; i < a.num_blocks(); ++i) {
+    ASSERT_EQ(0, std::memcmp(a.block(i).params().data(), b.block(i).params().data(),
+                             a.block(i).param_count() * sizeof(float)));
+  }
+  // Block 1 alone (as a pipeline stage would build it) gets the same parameters.
+  auto blk = make_transformer_block(16, 32, 4, 2);
+  blk->init(5, 1);
+  EXPECT_EQ(0, std::memcmp(blk->params().data(), a.block(1).params().data(), blk->param_count() * sizeof(float)));
+}
+
+TEST(State, MismatchedOrTruncatedStateIsRefusedAndChangesNothing) {
+  Model m(tiny_gpt(12));
+  m.init(1);
+  std::vector<size_t> counts;
+  for (size_t i = 0; i < m.num_blocks(); ++i) counts.push_back(m.block(i).param_count());
+  Optimizer opt(OptimizerSpec{}, counts);
+  auto bytes = save_block_state(m.block(1), 1, opt, BlockState{7, 700});
+  std::vector<float> before(m.block(0).params().data(), m.block(0).params().data() + m.block(0).param_count());
+  EXPECT_THROW(load_block_state(bytes, m.block(0), 0, opt), std::invalid_argument);  // wrong kind
+  EXPECT_THROW(load_block_state(bytes, m.block(m.num_blocks() - 1), 1, opt), std::invalid_argument);  // head
+  EXPECT_THROW(load_block_state(bytes, m.block(1), 2, opt), std::invalid_argument);  // wrong index
+  auto cut = bytes;
+  cut.resize(cut.size() - 5);
+  EXPECT_THROW(load_block_state(cut, m.block(1), 1, opt), std::invalid_argument);
+  EXPECT_THROW(load_block_state({}, m.block(1), 1, opt), std::invalid_argument);
+  auto bad = bytes;
+  bad[8] = 99;  // version
+  EXPECT_THROW(load_block_state(bad, m.block(1), 1, opt), std::invalid_argument);
+  EXPECT_EQ(0, std::memcmp(before.data(), m.block(0).params().data(), before.size() * sizeof(float)));
+  auto s = load_block_state(bytes, m.block(1), 1, opt);
+  EXPECT_EQ(s.step, 7u);
+  EXPECT_EQ(s.cursor, 700u);
+}
+
+TEST(Schedule, WarmupThenCosine) {
+  OptimizerSpec s;
+  s.lr = 1.0;
+  s.warmup_steps = 10;
+  s.decay_steps = 100;
+  s.min_lr_ratio = 0.1;
+  Optimizer o(s, {1});
+  EXPECT_DOUBLE_EQ(o.lr_at(0), 0.1);
+  EXPECT_DOUBLE_EQ(o.lr_at(9), 1.0);
+  EXPECT_DOUBLE_EQ(o.lr_at(10), 1.0);
+  EXPECT_NEAR(o.lr_at(60), 0.55, 1e-12);
+  EXPECT_NEAR(o.lr_at(110), 0.1, 1e-12);
+  EXPECT_NEAR(o.lr_at(1000), 0.1, 1e-12);
+}
+
+TEST(Clip, GlobalNormFromPartialSums) {
+  // Two "workers" with two blocks each: the clip factor from the summed partial norms equals
+  // the one from all gradients together.
+  Tensor g1({3}), g2({2});
+  float a[3] = {3, 0, 0}, b[2] = {0, 4};
+  std::memcpy(g1.data(), a, sizeof a);
+  std::memcpy(g2.data(), b, sizeof b);
+  double total = grad_norm_sq(g1) + grad_norm_sq(g2);
+  EXPECT_DOUBLE_EQ(total, 25.0);
+  EXPECT_NEAR(clip_factor(total, 1.0), 0.2, 1e-6);
+  EXPECT_DOUBLE_EQ(clip_factor(total, 10.0), 1.0);
+  EXPECT_DOUBLE_EQ(clip_factor(total, 0.0), 1.0);
+}
+
+}  // namespace
+}  // namespace troupe::models
