@@ -26,6 +26,8 @@ usage:
       --max-frame-bytes N
   troupe bench control [--json] [--round-trips N] [--messages N]
                                     control-plane round trip and message rate, next to raw UCX
+  troupe bench model [--model mlp|gpt] [--threads T] [--steps N] [--json] [--curve]
+                                    single-process training throughput of the reference models
 )";
 
 int version() {
@@ -55,6 +57,8 @@ int main(int argc, char** argv) {
       return troupe::cli::run_demo_control({rest.begin() + 1, rest.end()});
     if (cmd == "bench" && !rest.empty() && rest[0] == "control")
       return troupe::bench::run_control_bench({rest.begin() + 1, rest.end()});
+    if (cmd == "bench" && !rest.empty() && rest[0] == "model")
+      return troupe::bench::run_model_bench({rest.begin() + 1, rest.end()});
     if (cmd == "bench" && !rest.empty() && rest[0] == "raw-ucx-server")
       return troupe::bench::run_raw_ucx_server({rest.begin() + 1, rest.end()});
     std::fprintf(stderr, "troupe: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);

@@ -28,6 +28,12 @@ void fill_const(Tensor& t, float v) {
 void ensure(Tensor& t, std::vector<size_t> shape) {
   if (!t.defined() || t.shape() != shape) t = Tensor(std::move(shape));
 }
+// A cached gradient buffer, zeroed (the kernels accumulate into it).
+Tensor& zeroed(Tensor& t, std::vector<size_t> shape) {
+  ensure(t, std::move(shape));
+  t.zero();
+  return t;
+}
 
 class LinearBlock : public Block {
  public:
@@ -61,11 +67,18 @@ class LinearBlock : public Block {
     const Tensor* dpre = &dy;
     if (relu_) {
       ensure(dpre_, {B_, out_});
-      dpre_.zero();
-      k::relu_backward(dpre_.data(), dy.data(), pre_.data(), B_ * out_);
+      float* d = dpre_.data();
+      const float* g = dy.data();
+      const float* pre = pre_.data();
+      for (size_t i = 0; i < B_ * out_; ++i) d[i] = pre[i] > 0.0f ? g[i] : 0.0f;
       dpre = &dpre_;
     }
-    Tensor dx({B_, in_});
+    if (!needs_input_grad_) {
+      k::linear_backward(static_cast<float*>(nullptr), dw_.data(), db_.data(), dpre->data(), x_.data(), w_.data(),
+                         B_, in_, out_);
+      return Tensor();
+    }
+    Tensor& dx = zeroed(dx_, {B_, in_});
     k::linear_backward(dx.data(), dw_.data(), db_.data(), dpre->data(), x_.data(), w_.data(), B_, in_, out_);
     return dx;
   }
@@ -74,7 +87,7 @@ class LinearBlock : public Block {
   size_t in_, out_;
   bool relu_;
   Tensor w_, dw_, b_, db_;
-  Tensor x_, pre_, out_act_, dpre_;
+  Tensor x_, pre_, out_act_, dpre_, dx_;
   size_t B_ = 0;
 };
 
@@ -193,8 +206,14 @@ class TransformerBlock : public Block {
   Tensor backward(const Tensor& dy) override {
     const size_t C = C_, N = B_ * Tc_;
     // Scratch gradients, zeroed: the kernels accumulate.
-    Tensor dx({N, C}), dx2({N, C}), dfchg({N, 4 * C}), dfch({N, 4 * C}), dln2({N, C}), datty({N, C}),
-        dqkv({N, 3 * C}), dln1({N, C});
+    Tensor& dx = zeroed(g_dx_, {N, C});
+    Tensor& dx2 = zeroed(g_dx2_, {N, C});
+    Tensor& dfchg = zeroed(g_dfchg_, {N, 4 * C});
+    Tensor& dfch = zeroed(g_dfch_, {N, 4 * C});
+    Tensor& dln2 = zeroed(g_dln2_, {N, C});
+    Tensor& datty = zeroed(g_datty_, {N, C});
+    Tensor& dqkv = zeroed(g_dqkv_, {N, 3 * C});
+    Tensor& dln1 = zeroed(g_dln1_, {N, C});
     // out = x2 + fcproj: both get dy (fcproj's through the linear below)
     std::memcpy(dx2.data(), dy.data(), N * C * sizeof(float));
     k::linear_backward(dfchg.data(), dfcprojw_.data(), dfcprojb_.data(), dy.data(), fchg_.data(), fcprojw_.data(), N, 4 * C, C);
@@ -215,6 +234,7 @@ class TransformerBlock : public Block {
   Tensor ln1w_, dln1w_, ln1b_, dln1b_, qkvw_, dqkvw_, qkvb_, dqkvb_, projw_, dprojw_, projb_, dprojb_;
   Tensor ln2w_, dln2w_, ln2b_, dln2b_, fcw_, dfcw_, fcb_, dfcb_, fcprojw_, dfcprojw_, fcprojb_, dfcprojb_;
   Tensor x_, ln1_, ln1m_, ln1r_, qkv_, att_, atty_, proj_, x2_, ln2_, ln2m_, ln2r_, fch_, fchg_, fcproj_, out_;
+  Tensor g_dx_, g_dx2_, g_dfchg_, g_dfch_, g_dln2_, g_datty_, g_dqkv_, g_dln1_;
   size_t B_ = 0, Tc_ = 0;
 };
 
@@ -250,7 +270,8 @@ class HeadBlock : public Block {
     return logits_;
   }
   Tensor backward(const Tensor& dy) override {
-    Tensor dln({N_, C_}), dx({N_, C_});
+    Tensor& dln = zeroed(dln_, {N_, C_});
+    Tensor& dx = zeroed(dx_, {N_, C_});
     k::linear_backward(dln.data(), dw_.data(), static_cast<float*>(nullptr), dy.data(), ln_.data(), w_.data(), N_, C_, V_);
     k::layernorm_backward(dx.data(), dlnw_.data(), dlnb_.data(), dln.data(), x_.data(), lnw_.data(), m_.data(), r_.data(), N_, C_);
     return dx;
@@ -260,7 +281,7 @@ class HeadBlock : public Block {
   size_t V_, T_, C_;
   bool tied_;
   Tensor lnw_, dlnw_, lnb_, dlnb_, w_, dw_;
-  Tensor x_, ln_, m_, r_, logits_;
+  Tensor x_, ln_, m_, r_, logits_, dln_, dx_;
   size_t N_ = 0;
 };
 

@@ -30,6 +30,8 @@ class Block {
   virtual Tensor backward(const Tensor& dy) = 0;
 
   size_t param_count() const { return params_.numel(); }
+  // The first block of a model has no one to pass its input's gradient to: skip computing it.
+  void set_needs_input_grad(bool needed) { needs_input_grad_ = needed; }
   Tensor& params() { return params_; }
   Tensor& grads() { return grads_; }
   const Tensor& params() const { return params_; }
@@ -53,6 +55,7 @@ class Block {
   };
 
   Tensor params_, grads_;
+  bool needs_input_grad_ = true;
 };
 
 // Fully connected layer with optional ReLU: (B, in) -> (B, out).

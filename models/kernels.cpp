@@ -23,6 +23,29 @@ inline void gemm(bool ta, bool tb, size_t M, size_t N, size_t K, double alpha, c
 constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2/pi)
 constexpr double kLayerNormEps = 1e-5;
 
+// tanh for the GELU's hot loops. double: the libm function (the gradient tests). float: through
+// an exp written so the compiler vectorises the loop (libm's tanhf is a scalar call and took
+// 30% of a GPT step). exp: 2^n * e^r with |r| <= ln2/2, degree-6 polynomial: relative error
+// below 2e-7 on the range used; inputs are clamped where tanh is +-1 in float anyway.
+inline float exp_approx(float x) {
+  x = x < -87.0f ? -87.0f : (x > 87.0f ? 87.0f : x);
+  float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+  float r = x - n * 0.693145751953125f - n * 1.42860682030941723212e-6f;
+  float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.16666667163372039794921875f +
+            r * (0.041666667908430099487304688f + r * (0.0083333337679505348205566406f +
+            r * 0.0013888889225199818611145020f)))));
+  int32_t bits = (int32_t(n) + 127) << 23;
+  float scale;
+  __builtin_memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+inline float tanh_fast(float x) {
+  float c = x > 9.0f ? 9.0f : (x < -9.0f ? -9.0f : x);
+  float e = exp_approx(2.0f * c);
+  return (e - 1.0f) / (e + 1.0f);
+}
+inline double tanh_fast(double x) { return std::tanh(x); }
+
 }  // namespace
 
 template <typename T>
@@ -56,7 +79,7 @@ void relu_forward(T* out, const T* inp, size_t n) {
 
 template <typename T>
 void relu_backward(T* dinp, const T* dout, const T* inp, size_t n) {
-  for (size_t i = 0; i < n; ++i) dinp[i] += inp[i] > T(0) ? dout[i] : T(0);
+  for (size_t i = 0; i < n; ++i) dinp[i] += dout[i] * T(inp[i] > T(0));
 }
 
 template <typename T>
@@ -64,7 +87,7 @@ void gelu_forward(T* out, const T* inp, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     T x = inp[i];
     T cube = T(0.044715) * x * x * x;
-    out[i] = T(0.5) * x * (T(1) + std::tanh(T(kGeluScale) * (x + cube)));
+    out[i] = T(0.5) * x * (T(1) + tanh_fast(T(kGeluScale) * (x + cube)));
   }
 }
 
@@ -74,7 +97,7 @@ void gelu_backward(T* dinp, const T* dout, const T* inp, size_t n) {
     T x = inp[i];
     T cube = T(0.044715) * x * x * x;
     T arg = T(kGeluScale) * (x + cube);
-    T th = std::tanh(arg);
+    T th = tanh_fast(arg);
     T sech2 = T(1) - th * th;
     T local = T(0.5) * (T(1) + th) + x * T(0.5) * sech2 * T(kGeluScale) * (T(1) + T(3 * 0.044715) * x * x);
     dinp[i] += local * dout[i];

@@ -35,6 +35,7 @@ Model::Model(const ModelSpec& spec) : spec_(spec) {
   } else {
     throw std::invalid_argument("model.kind '" + spec.kind + "' is not mlp or gpt");
   }
+  blocks_.front()->set_needs_input_grad(false);
 }
 
 size_t Model::param_count() const {

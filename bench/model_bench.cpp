@@ -1,0 +1,101 @@
+// `troupe bench model`: single-process training throughput of the two reference models, the
+// same ones bench/peers/torch_models.py builds in PyTorch:
+//   mlp: 784-1024-1024-10 (ReLU) on the synthetic set, batch 256, SGD  -> samples/s
+//   gpt: 4 layers, d_model 128, 4 heads, context 64, GPL-3 text, batch 32, AdamW -> tokens/s
+#include <chrono>
+#include <cstdio>
+
+#include "bench/bench.h"
+#include "cli/args.h"
+#include "models/data.h"
+#include "models/trainer.h"
+
+namespace troupe::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Setup {
+  models::ModelSpec spec;
+  std::unique_ptr<models::Dataset> data;
+  models::OptimizerSpec opt;
+  size_t batch = 0;
+  size_t tokens_per_sample = 1;
+};
+
+Setup preset(const std::string& name, const std::string& text_path) {
+  Setup s;
+  if (name == "mlp") {
+    s.spec.kind = "mlp";
+    s.spec.mlp_sizes = {784, 1024, 1024, 10};
+    s.data = std::make_unique<models::SyntheticClassification>(1, 60000, 784, 10);
+    s.opt.kind = "sgd";
+    s.opt.lr = 0.01;
+    s.batch = 256;
+  } else if (name == "gpt") {
+    auto text = std::make_unique<models::CharText>(text_path, 64);
+    s.spec.kind = "gpt";
+    s.spec.vocab = text->vocab();
+    s.spec.context = 64;
+    s.spec.d_model = 128;
+    s.spec.heads = 4;
+    s.spec.layers = 4;
+    s.data = std::move(text);
+    s.opt.kind = "adamw";
+    s.opt.lr = 1e-3;
+    s.opt.weight_decay = 0.01;
+    s.batch = 32;
+    s.tokens_per_sample = 64;
+  } else {
+    throw std::invalid_argument("--model must be mlp or gpt, got '" + name + "'");
+  }
+  return s;
+}
+
+}  // namespace
+
+int run_model_bench(const std::vector<std::string>& words) {
+  cli::Args args(words, {"model", "steps", "warmup", "threads", "data-path", "seed"}, {"json", "curve"});
+  std::string name = args.get("model", "gpt");
+  int steps = int(args.get_int("steps", 50));
+  int warmup = int(args.get_int("warmup", 5));
+  int threads = int(args.get_int("threads", 1));
+  if (steps <= 0 || warmup < 0 || threads <= 0) throw std::invalid_argument("--steps, --threads must be positive");
+  models::set_compute_threads(threads);
+  Setup s = preset(name, args.get("data-path", models::kDefaultTextPath));
+  models::Model model(s.spec);
+  model.init(uint64_t(args.get_int("seed", 0)));
+  std::vector<size_t> counts;
+  for (size_t i = 0; i < model.num_blocks(); ++i) counts.push_back(model.block(i).param_count());
+  models::Optimizer opt(s.opt, counts);
+  models::Trainer trainer(model, opt, *s.data, 1234, s.batch, s.batch);
+  Clock::time_point t0;
+  double first_loss = 0, last_loss = 0;
+  for (int i = 0; i < warmup + steps; ++i) {
+    if (i == warmup) t0 = Clock::now();
+    auto st = trainer.step(uint64_t(i));
+    if (i == 0) first_loss = st.loss;
+    last_loss = st.loss;
+    if (args.has("curve") && (i % 20 == 0 || i + 1 == warmup + steps))
+      std::fprintf(stderr, "step %d loss %.4f\n", i, st.loss);
+  }
+  double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  double samples_per_s = double(steps) * double(s.batch) / secs;
+  double tokens_per_s = samples_per_s * double(s.tokens_per_sample);
+  double gflops = model.flops_per_sample() * samples_per_s / 1e9;
+  if (args.has("json")) {
+    std::printf("{\"bench\":\"model\",\"impl\":\"troupe\",\"model\":\"%s\",\"threads\":%d,\"batch\":%zu,"
+                "\"params\":%zu,\"steps\":%d,\"samples_per_s\":%.1f,\"tokens_per_s\":%.1f,\"gflops\":%.2f,"
+                "\"first_loss\":%.4f,\"last_loss\":%.4f}\n",
+                name.c_str(), threads, s.batch, model.param_count(), steps, samples_per_s,
+                tokens_per_s, gflops, first_loss, last_loss);
+  } else {
+    std::printf("%s: %zu parameters, batch %zu, %d threads, %d steps\n", name.c_str(), model.param_count(),
+                s.batch, threads, steps);
+    std::printf("  %.1f samples/s, %.1f tokens/s, %.2f GFLOP/s; loss %.4f -> %.4f\n", samples_per_s,
+                tokens_per_s, gflops, first_loss, last_loss);
+  }
+  return 0;
+}
+
+}  // namespace troupe::bench
