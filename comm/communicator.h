@@ -1,0 +1,77 @@
+// The data plane: collectives for one generation of a job's members.
+//
+// A Communicator is built from a member list (rank -> address) that the caller supplies (the
+// control plane carries it) and belongs to one generation: the generation is part of every
+// message's tag, so traffic of an older generation can never be mistaken for the current one.
+// Operations are collective and blocking (the calling thread drives the progress, as in gloo);
+// each either completes or throws comm::Error within its deadline:
+//   peer_lost  a member died or its link broke      -> abort, rebuild with the survivors
+//   timed_out  no progress before the deadline       -> (a stopped or hung member) abort, rebuild
+//   aborted    abort() was called (from any thread)
+//   invalid_input  bad arguments (unknown type, sizes that do not match)
+// After any of these the communicator is broken: every later call throws the same error. It
+// must be destroyed (never "fixed"); a new one is built for the next generation.
+//
+// Element types are runtime values (gloo style). Buffers may alias (in place) or not.
+//
+// Thread-safety: one thread calls the operations; abort() may be called from any thread.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "comm/error.h"
+
+namespace troupe::comm {
+
+enum class DataType : uint8_t { f32, f64, bf16, f16 };
+enum class ReduceOp : uint8_t { sum, avg };
+
+size_t element_size(DataType t);
+const char* dtype_name(DataType t);
+
+enum class Algorithm : uint8_t {
+  automatic,           // by size: recursive doubling for small buffers, ring for large
+  ring,                // reduce-scatter + allgather around a ring, chunked and pipelined
+  recursive_doubling,  // log2(n) exchanges of the whole buffer (latency-optimal)
+};
+
+struct CollectiveOptions {
+  Algorithm algorithm = Algorithm::automatic;
+  std::chrono::milliseconds timeout{0};  // 0: the communicator's default
+  uint32_t tag = 0;                      // to tell apart concurrent uses by the caller (low 8 bits)
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual uint64_t generation() const = 0;
+
+  // out = op over ranks of in. in == out (or in == nullptr) is in place.
+  virtual void allreduce(const void* in, void* out, size_t count, DataType type, ReduceOp op,
+                         const CollectiveOptions& options = {}) = 0;
+  // buf of root is copied into buf of every rank.
+  virtual void broadcast(void* buf, size_t count, DataType type, int root,
+                         const CollectiveOptions& options = {}) = 0;
+  // out (size * count elements) = concatenation of every rank's in (count elements), by rank.
+  virtual void allgather(const void* in, void* out, size_t count, DataType type,
+                         const CollectiveOptions& options = {}) = 0;
+  // out (count elements) = op over ranks of in's slice [rank*count, (rank+1)*count).
+  virtual void reduce_scatter(const void* in, void* out, size_t count, DataType type, ReduceOp op,
+                              const CollectiveOptions& options = {}) = 0;
+  // Point to point (pipeline stages, state transfer). tag: the caller's (18 bits).
+  virtual void send(const void* buf, size_t bytes, int peer, uint32_t tag,
+                    const CollectiveOptions& options = {}) = 0;
+  virtual void recv(void* buf, size_t bytes, int peer, uint32_t tag,
+                    const CollectiveOptions& options = {}) = 0;
+  virtual void barrier(const CollectiveOptions& options = {}) = 0;
+
+  // Fails every pending and later operation with Errc::aborted. Any thread, any time.
+  virtual void abort() = 0;
+};
+
+}  // namespace troupe::comm

@@ -1,0 +1,15 @@
+// Element-wise reductions for the collectives, written so the compiler vectorises them.
+#pragma once
+
+#include <cstddef>
+
+#include "comm/communicator.h"
+
+namespace troupe::comm {
+
+// acc[i] += in[i] for count elements of type t (bf16/f16 accumulate in float, round once).
+void reduce_sum(void* acc, const void* in, size_t count, DataType t);
+// buf[i] /= divisor
+void scale_down(void* buf, size_t count, DataType t, int divisor);
+
+}  // namespace troupe::comm

@@ -1,0 +1,66 @@
+// The UCX backend of the Communicator (CPU memory): tagged messages between the workers of one
+// generation, over shared memory (sysv/posix, cma zero-copy for rendezvous) or tcp.
+//
+// Building one is two steps, because every member must know every other's address first:
+//   UcxCommunicator c(generation, options);   // a fresh UCX worker
+//   publish(c.address());                     // the caller's business (control plane, files)
+//   c.connect(rank, addresses_by_rank);        // endpoints to everyone, then a barrier
+//
+// Algorithms: allreduce by recursive doubling (small buffers: log2 n exchanges) or a ring
+// (reduce-scatter + allgather, each step chunked into segment_bytes messages, with a window of
+// chunks in flight so that reducing one chunk overlaps receiving the next). Every element is
+// reduced by exactly one rank, or in the same order everywhere, so all ranks end bitwise equal.
+//
+// Failure: endpoints use peer error handling; a dead member fails the operation with peer_lost
+// at once; no progress for `timeout` fails it with timed_out. On any failure the outstanding
+// receives are cancelled and the endpoints closed before the call returns, so no late message
+// can write into the caller's buffers.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+
+namespace troupe::comm {
+
+struct UcxCommOptions {
+  std::chrono::milliseconds timeout{30000};  // no progress for this long: timed_out
+  size_t segment_bytes = 1u << 20;           // ring chunk size
+  size_t window = 4;                         // ring chunks in flight per step
+  size_t small_bytes = 32u << 10;            // automatic: below this, recursive doubling
+  bool shared_memory = true;
+};
+
+class UcxCommunicator : public Communicator {
+ public:
+  UcxCommunicator(uint64_t generation, const UcxCommOptions& options = {});
+  ~UcxCommunicator() override;
+
+  // This member's address (hex of the UCX worker address), to hand to the others.
+  std::string address() const;
+  // Connects to every member (addresses by rank; this rank's entry is its own) and waits at a
+  // barrier for all of them, up to timeout.
+  void connect(int rank, const std::vector<std::string>& addresses, std::chrono::milliseconds timeout);
+
+  int rank() const override;
+  int size() const override;
+  uint64_t generation() const override;
+  void allreduce(const void* in, void* out, size_t count, DataType type, ReduceOp op,
+                 const CollectiveOptions& options = {}) override;
+  void broadcast(void* buf, size_t count, DataType type, int root, const CollectiveOptions& options = {}) override;
+  void allgather(const void* in, void* out, size_t count, DataType type, const CollectiveOptions& options = {}) override;
+  void reduce_scatter(const void* in, void* out, size_t count, DataType type, ReduceOp op,
+                      const CollectiveOptions& options = {}) override;
+  void send(const void* buf, size_t bytes, int peer, uint32_t tag, const CollectiveOptions& options = {}) override;
+  void recv(void* buf, size_t bytes, int peer, uint32_t tag, const CollectiveOptions& options = {}) override;
+  void barrier(const CollectiveOptions& options = {}) override;
+  void abort() override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace troupe::comm

@@ -1,0 +1,188 @@
+// Collectives over the UCX backend, expected results in closed form from rank-dependent inputs.
+// Sweep: world sizes {1,2,3,5,8} x element counts {0,1,7,1023,65537,3*2^20+5} x in place / out of
+// place x every algorithm, with a tiny segment size to force chunking. Ranks are threads here;
+// the multi-process tests (comm_process_test) run the same code between processes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "comm/reduce.h"
+#include "tests/harness/world.h"
+
+namespace troupe {
+namespace {
+
+using comm::Algorithm;
+using comm::DataType;
+using comm::ReduceOp;
+
+// Rank r's element i. Small integers: every partial sum is exact in f32 (and bf16/f16 below).
+inline double value(int rank, size_t i) { return double(rank + 1) * double(i % 5 + 1); }
+inline double expected_sum(int n, size_t i) { return double(i % 5 + 1) * n * (n + 1) / 2.0; }
+
+const size_t kCounts[] = {0, 1, 7, 1023, 65537, 3 * (size_t(1) << 20) + 5};
+
+comm::UcxCommOptions chunky(size_t count) {
+  comm::UcxCommOptions o;
+  o.timeout = std::chrono::seconds(60);
+  // Tiny segments force chunking; for the largest count a moderate one keeps the test short.
+  o.segment_bytes = count > 100000 ? 64 * 1024 : 256;
+  o.window = 3;
+  return o;
+}
+
+void check_allreduce_f32(comm::UcxCommunicator& c, size_t count, Algorithm algo, bool in_place, ReduceOp op) {
+  const int n = c.size(), r = c.rank();
+  std::vector<float> in(count), out(count, -1.0f);
+  for (size_t i = 0; i < count; ++i) in[i] = float(value(r, i));
+  comm::CollectiveOptions o;
+  o.algorithm = algo;
+  if (in_place) {
+    c.allreduce(in.data(), in.data(), count, DataType::f32, op, o);
+    out = in;
+  } else {
+    c.allreduce(in.data(), out.data(), count, DataType::f32, op, o);
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(in[i], float(value(r, i))) << "input modified";
+  }
+  for (size_t i = 0; i < count; ++i) {
+    double want = expected_sum(n, i) / (op == ReduceOp::avg ? n : 1);
+    ASSERT_NEAR(out[i], want, 1e-6 * want) << "rank " << r << " of " << n << ", element " << i << " of " << count;
+  }
+}
+
+class Sweep : public ::testing::TestWithParam<int> {};
+
+TEST_P(Sweep, AllreduceEveryCountAlgorithmAndPlacement) {
+  const int n = GetParam();
+  for (size_t count : kCounts) {
+    testing::run_world(n, chunky(count), [&](comm::UcxCommunicator& c) {
+      for (Algorithm a : {Algorithm::ring, Algorithm::recursive_doubling, Algorithm::automatic}) {
+        if (a == Algorithm::recursive_doubling && count > 100000 && n > 3) continue;  // slow, same code path
+        for (bool in_place : {true, false}) check_allreduce_f32(c, count, a, in_place, ReduceOp::sum);
+      }
+      check_allreduce_f32(c, count, Algorithm::automatic, false, ReduceOp::avg);
+    });
+  }
+}
+
+TEST_P(Sweep, BroadcastAllgatherReduceScatterBarrier) {
+  const int n = GetParam();
+  for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(1023), size_t(65537)}) {
+    testing::run_world(n, chunky(count), [&](comm::UcxCommunicator& c) {
+      const int r = c.rank();
+      for (int root = 0; root < n; ++root) {
+        std::vector<double> buf(count);
+        for (size_t i = 0; i < count; ++i) buf[i] = r == root ? value(root, i) : -1;
+        c.broadcast(buf.data(), count, DataType::f64, root);
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(buf[i], value(root, i)) << "root " << root;
+      }
+      std::vector<float> mine(count), all(count * n, -1);
+      for (size_t i = 0; i < count; ++i) mine[i] = float(value(r, i));
+      c.allgather(mine.data(), all.data(), count, DataType::f32);
+      for (int q = 0; q < n; ++q)
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(all[q * count + i], float(value(q, i)));
+      std::vector<float> full(count * n), part(count, -1);
+      for (size_t i = 0; i < count * n; ++i) full[i] = float(value(r, i));
+      c.reduce_scatter(full.data(), part.data(), count, DataType::f32, ReduceOp::sum);
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(part[i], float(expected_sum(n, r * count + i)));
+      c.barrier();
+    });
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, Sweep, ::testing::Values(1, 2, 3, 5, 8));
+
+TEST(Collectives, HalfPrecisionTypesAndDoubles) {
+  testing::run_world(3, chunky(1000), [&](comm::UcxCommunicator& c) {
+    const int n = c.size(), r = c.rank();
+    const size_t count = 1000;
+    std::vector<double> d(count);
+    for (size_t i = 0; i < count; ++i) d[i] = value(r, i) / 3.0;
+    c.allreduce(d.data(), d.data(), count, DataType::f64, ReduceOp::sum);
+    for (size_t i = 0; i < count; ++i) ASSERT_NEAR(d[i], expected_sum(n, i) / 3.0, 1e-12);
+    std::vector<_Float16> h(count);
+    for (size_t i = 0; i < count; ++i) h[i] = _Float16(value(r, i));
+    c.allreduce(h.data(), h.data(), count, DataType::f16, ReduceOp::sum);
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(float(h[i]), float(expected_sum(n, i)));
+    std::vector<uint16_t> b(count);
+    for (size_t i = 0; i < count; ++i) {
+      float f = float(value(r, i));
+      uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      b[i] = uint16_t(bits >> 16);  // exact: small integers
+    }
+    c.allreduce(b.data(), b.data(), count, DataType::bf16, ReduceOp::avg);
+    for (size_t i = 0; i < count; ++i) {
+      uint32_t bits = uint32_t(b[i]) << 16;
+      float f;
+      std::memcpy(&f, &bits, 4);
+      ASSERT_EQ(f, float(expected_sum(n, i) / n));
+    }
+  });
+}
+
+TEST(Collectives, AllRanksEndBitwiseEqualOnInexactData) {
+  for (Algorithm a : {Algorithm::ring, Algorithm::recursive_doubling}) {
+    std::vector<std::vector<float>> results(5);
+    testing::run_world(5, chunky(5000), [&](comm::UcxCommunicator& c) {
+      std::vector<float> x(5000);
+      for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i * 7 + c.rank() * 13)) * 1e-3f + 1.0f / (c.rank() + 3);
+      comm::CollectiveOptions o;
+      o.algorithm = a;
+      c.allreduce(x.data(), x.data(), x.size(), DataType::f32, ReduceOp::sum, o);
+      results[c.rank()] = x;
+    });
+    for (int r = 1; r < 5; ++r) ASSERT_EQ(0, std::memcmp(results[0].data(), results[r].data(), 5000 * 4));
+  }
+}
+
+TEST(Collectives, PointToPointInOrder) {
+  testing::run_world(2, {}, [&](comm::UcxCommunicator& c) {
+    std::vector<int> buf(1000);
+    for (int round = 0; round < 20; ++round) {
+      if (c.rank() == 0) {
+        for (size_t i = 0; i < buf.size(); ++i) buf[i] = round * 1000 + int(i);
+        c.send(buf.data(), buf.size() * 4, 1, 7);
+      } else {
+        c.recv(buf.data(), buf.size() * 4, 0, 7);
+        for (size_t i = 0; i < buf.size(); ++i) ASSERT_EQ(buf[i], round * 1000 + int(i));
+      }
+    }
+  });
+}
+
+TEST(Collectives, AbortFromAnotherThreadFailsPendingAndLaterCalls) {
+  comm::UcxCommOptions o;
+  o.timeout = std::chrono::seconds(30);
+  comm::UcxCommunicator a(1, o), b(1, o);
+  std::vector<std::string> addrs{a.address(), b.address()};
+  std::thread tb([&] { b.connect(1, addrs, std::chrono::seconds(10)); });
+  a.connect(0, addrs, std::chrono::seconds(10));
+  tb.join();
+  // Rank 0 waits for a message rank 1 never sends; another thread aborts it.
+  std::thread killer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    a.abort();
+  });
+  int x = 0;
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    a.recv(&x, 4, 1, 3);
+    FAIL() << "recv returned";
+  } catch (const comm::Error& e) {
+    EXPECT_EQ(e.code(), comm::Errc::aborted) << e.what();
+  }
+  killer.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_THROW(a.barrier(), comm::Error);
+}
+
+TEST(Collectives, BadArgumentsAreRefused) {
+  comm::UcxCommunicator a(1, {});
+  EXPECT_THROW(a.connect(3, {a.address()}, std::chrono::seconds(1)), comm::Error);
+  EXPECT_THROW(a.connect(0, {"zz"}, std::chrono::seconds(1)), comm::Error);
+}
+
+}  // namespace
+}  // namespace troupe
