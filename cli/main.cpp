@@ -26,6 +26,8 @@ usage:
       --max-frame-bytes N
   troupe bench control [--json] [--round-trips N] [--messages N]
                                     control-plane round trip and message rate, next to raw UCX
+  troupe bench allreduce [--workers N]... [--sizes 4K,1M,64M] [--json]
+                                    UCX allreduce between processes: time and bus bandwidth
   troupe bench model [--model mlp|gpt] [--threads T] [--steps N] [--json] [--curve]
                                     single-process training throughput of the reference models
 )";
@@ -57,6 +59,10 @@ int main(int argc, char** argv) {
       return troupe::cli::run_demo_control({rest.begin() + 1, rest.end()});
     if (cmd == "bench" && !rest.empty() && rest[0] == "control")
       return troupe::bench::run_control_bench({rest.begin() + 1, rest.end()});
+    if (cmd == "bench" && !rest.empty() && rest[0] == "allreduce")
+      return troupe::bench::run_allreduce_bench({rest.begin() + 1, rest.end()});
+    if (cmd == "bench" && !rest.empty() && rest[0] == "allreduce-worker")
+      return troupe::bench::run_allreduce_worker({rest.begin() + 1, rest.end()});
     if (cmd == "bench" && !rest.empty() && rest[0] == "model")
       return troupe::bench::run_model_bench({rest.begin() + 1, rest.end()});
     if (cmd == "bench" && !rest.empty() && rest[0] == "raw-ucx-server")

@@ -13,6 +13,8 @@
 // must be destroyed (never "fixed"); a new one is built for the next generation.
 //
 // Element types are runtime values (gloo style). Buffers may alias (in place) or not.
+// Leaving: a member that exits right after a collective may leave another still waiting for
+// the acknowledgement of a send to it (which then fails with peer_lost). End with barrier().
 //
 // Thread-safety: one thread calls the operations; abort() may be called from any thread.
 #pragma once

@@ -16,6 +16,10 @@ UcxContext::UcxContext(const UcxContextOptions& options) {
     ucs_status_t st = ucp_config_modify(config, "MM_ERROR_HANDLING", "y");
     if (st != UCS_OK) std::fprintf(stderr, "troupe: UCX has no MM_ERROR_HANDLING setting (%s): shared memory may be unused\n", ucs_status_string(st));
   }
+  if (!options.keepalive_interval.empty() && std::getenv("UCX_KEEPALIVE_INTERVAL") == nullptr) {
+    TROUPE_UCS_CHECK(ucp_config_modify(config, "KEEPALIVE_INTERVAL", options.keepalive_interval.c_str()));
+    TROUPE_UCS_CHECK(ucp_config_modify(config, "KEEPALIVE_NUM_EPS", "inf"));
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP | (options.tag ? UCP_FEATURE_TAG : 0);

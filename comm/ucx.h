@@ -27,6 +27,9 @@ namespace troupe::comm {
 struct UcxContextOptions {
   bool shared_memory = true;  // let sysv/posix carry messages even with peer error handling
   bool tag = true;            // tag matching, used by the data plane
+  // UCX's keepalive round (empty: UCX's default, 20 s). Shared-memory endpoints learn of a dead
+  // peer only from keepalive, so the data plane sets it well below its failure timeout.
+  std::string keepalive_interval;
 };
 
 class UcxContext {

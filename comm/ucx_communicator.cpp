@@ -1,6 +1,10 @@
 #include "comm/ucx_communicator.h"
 
 #include <sched.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
 
 #include <algorithm>
 #include <atomic>
@@ -53,6 +57,23 @@ std::vector<uint8_t> from_hex(const std::string& s) {
   return out;
 }
 
+std::string host_name() {
+  char buf[256] = {};
+  gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+// Whether a process on this host is gone (exited, or a zombie waiting to be reaped).
+bool process_gone(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  if (!in) return true;
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto close = stat.rfind(')');
+  if (close == std::string::npos || close + 2 >= stat.size()) return false;
+  char state = stat[close + 2];
+  return state == 'Z' || state == 'X';
+}
+
 }  // namespace
 
 struct UcxCommunicator::Impl {
@@ -72,6 +93,10 @@ struct UcxCommunicator::Impl {
   int my_rank = 0, n = 1;
   std::vector<ucp_ep_h> eps;
   std::vector<std::unique_ptr<EpArg>> ep_args;
+  // Members on this host, by pid: over shared memory UCX learns of a dead peer only through
+  // keepalive (slow), so an idle wait also checks whether those processes still exist.
+  std::vector<int> local_pids;  // by rank; 0 if remote or this process
+  Clock::time_point last_liveness_check{};
   std::atomic<bool> aborted{false};
   std::atomic<int> lost_rank{-1};
   std::string lost_reason;
@@ -87,7 +112,17 @@ struct UcxCommunicator::Impl {
   void* notice_req = nullptr;
 
   Impl(uint64_t g, const UcxCommOptions& o)
-      : gen(g), opt(o), ctx(UcxContextOptions{o.shared_memory, true}), worker(ctx, false) {}
+      : gen(g), opt(o), ctx(context_options(o)), worker(ctx, false) {}
+
+  static UcxContextOptions context_options(const UcxCommOptions& o) {
+    UcxContextOptions c;
+    c.shared_memory = o.shared_memory;
+    c.tag = true;
+    // A dead member must surface as peer_lost well within the failure timeout.
+    auto ka = std::max<int64_t>(20, o.timeout.count() / 10);
+    c.keepalive_interval = std::to_string(ka) + "ms";
+    return c;
+  }
 
   ~Impl() {
     if (notice_req) {
@@ -157,7 +192,9 @@ struct UcxCommunicator::Impl {
       if (r && !UCS_PTR_IS_ERR(r)) closing.push_back(r);
       ep = nullptr;
     }
-    auto deadline = Clock::now() + std::chrono::seconds(2);
+    // Bounded: an endpoint to a dead or stopped peer may never finish closing; a request still
+    // in flight is released by UCX when it completes.
+    auto deadline = Clock::now() + std::chrono::milliseconds(200);
     for (void* r : closing) {
       while (ucp_request_check_status(r) == UCS_INPROGRESS && Clock::now() < deadline) ucp_worker_progress(worker.get());
       ucp_request_free(r);
@@ -240,6 +277,16 @@ struct UcxCommunicator::Impl {
         continue;
       }
       if (++idle % 64 == 0) {
+        auto now = Clock::now();
+        if (now - last_progress > std::chrono::milliseconds(20) && now - last_liveness_check > std::chrono::milliseconds(20)) {
+          last_liveness_check = now;
+          for (int r = 0; r < int(local_pids.size()); ++r) {
+            if (local_pids[r] > 0 && process_gone(local_pids[r])) {
+              int expected = -1;
+              if (lost_rank.compare_exchange_strong(expected, r)) lost_reason = "process " + std::to_string(local_pids[r]) + " is gone";
+            }
+          }
+        }
         if (Clock::now() - last_progress > idle_timeout) {
           fail(Errc::timed_out, "no progress for " + std::to_string(idle_timeout.count()) +
                                     " ms (a member is stopped, hung or unreachable)", reqs);
@@ -258,7 +305,7 @@ struct UcxCommunicator::Impl {
       if (r.handle && r.is_recv) ucp_request_cancel(worker.get(), r.handle);
     if (tell_others) send_notices(code);
     close_endpoints();
-    auto deadline = Clock::now() + std::chrono::seconds(2);
+    auto deadline = Clock::now() + std::chrono::milliseconds(200);
     for (auto& r : outstanding) {
       if (!r.handle) continue;
       while (ucp_request_check_status(r.handle) == UCS_INPROGRESS && Clock::now() < deadline)
@@ -400,7 +447,7 @@ struct UcxCommunicator::Impl {
   // Rethrows the current failure after draining the given requests (fail() already broke the
   // communicator and closed the endpoints, so they complete).
   [[noreturn]] void fail_pending(std::vector<Req>& reqs) {
-    auto deadline = Clock::now() + std::chrono::seconds(2);
+    auto deadline = Clock::now() + std::chrono::milliseconds(200);
     for (auto& r : reqs) {
       if (!r.handle) continue;
       while (ucp_request_check_status(r.handle) == UCS_INPROGRESS && Clock::now() < deadline)
@@ -423,7 +470,7 @@ std::string UcxCommunicator::address() const {
   TROUPE_UCS_CHECK(ucp_worker_get_address(impl_->worker.get(), &addr, &len));
   std::string hex = to_hex(addr, len);
   ucp_worker_release_address(impl_->worker.get(), addr);
-  return hex;
+  return std::to_string(getpid()) + "@" + host_name() + "@" + hex;
 }
 
 void UcxCommunicator::connect(int rank, const std::vector<std::string>& addresses, std::chrono::milliseconds timeout) {
@@ -436,8 +483,17 @@ void UcxCommunicator::connect(int rank, const std::vector<std::string>& addresse
   m.my_rank = rank;
   m.n = int(addresses.size());
   m.eps.assign(m.n, nullptr);
+  const std::string me = host_name();
+  m.local_pids.assign(m.n, 0);
   for (int r = 0; r < m.n; ++r) {
-    auto bytes = from_hex(addresses[r]);
+    // "PID@HOST@HEX"
+    auto a = addresses[r].find('@'), b = addresses[r].find('@', a == std::string::npos ? 0 : a + 1);
+    if (a == std::string::npos || b == std::string::npos) {
+      TROUPE_FAIL(Errc::invalid_input, "member address " + std::to_string(r) + " is not PID@HOST@UCX-ADDRESS");
+    }
+    int pid = std::atoi(addresses[r].substr(0, a).c_str());
+    if (addresses[r].substr(a + 1, b - a - 1) == me && pid != getpid()) m.local_pids[r] = pid;
+    auto bytes = from_hex(addresses[r].substr(b + 1));
     m.ep_args.push_back(std::make_unique<Impl::EpArg>(Impl::EpArg{&m, r}));
     ucp_ep_params_t p{};
     p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |

@@ -182,6 +182,7 @@ TEST(Collectives, BadArgumentsAreRefused) {
   comm::UcxCommunicator a(1, {});
   EXPECT_THROW(a.connect(3, {a.address()}, std::chrono::seconds(1)), comm::Error);
   EXPECT_THROW(a.connect(0, {"zz"}, std::chrono::seconds(1)), comm::Error);
+  EXPECT_THROW(a.connect(0, {"1@host@zz"}, std::chrono::seconds(1)), comm::Error);
 }
 
 }  // namespace

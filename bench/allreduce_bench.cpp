@@ -1,0 +1,254 @@
+// `troupe bench allreduce`: time and bus bandwidth (nccl-tests: 2(n-1)/n * bytes / time) of the
+// UCX backend's allreduce between real processes on this host, and the single-core memcpy
+// bandwidth as the limit. The peers (OpenMPI, PyTorch gloo) run from bench/compare_allreduce.sh
+// in the same session.
+//
+// `troupe bench allreduce-worker` is one rank (started by the benchmark and the failure tests).
+#include <signal.h>
+#include <sys/time.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "bench/bench.h"
+#include "bench/rendezvous.h"
+#include "cli/args.h"
+#include "comm/buffer.h"
+#include "comm/ucx_communicator.h"
+#include "coordinator/process.h"
+
+namespace troupe::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+uint64_t unix_ms() {
+  timeval tv;
+  gettimeofday(&tv, nullptr);
+  return uint64_t(tv.tv_sec) * 1000 + tv.tv_usec / 1000;
+}
+
+size_t parse_size(const std::string& s) {
+  size_t used = 0;
+  double v = std::stod(s, &used);
+  std::string unit = s.substr(used);
+  double mul = 1;
+  if (unit == "K" || unit == "KiB") mul = 1024;
+  else if (unit == "M" || unit == "MiB") mul = 1024.0 * 1024;
+  else if (unit == "G" || unit == "GiB") mul = 1024.0 * 1024 * 1024;
+  else if (!unit.empty() && unit != "B") throw std::invalid_argument("bad size '" + s + "' (use 4K, 1M, 64M)");
+  return size_t(v * mul);
+}
+
+std::vector<size_t> parse_sizes(const std::string& list) {
+  std::vector<size_t> out;
+  std::stringstream ss(list);
+  for (std::string item; std::getline(ss, item, ',');) out.push_back(parse_size(item));
+  return out;
+}
+
+std::string human(size_t bytes) {
+  if (bytes >= (1u << 20) && bytes % (1u << 20) == 0) return std::to_string(bytes >> 20) + "M";
+  if (bytes >= 1024 && bytes % 1024 == 0) return std::to_string(bytes >> 10) + "K";
+  return std::to_string(bytes);
+}
+
+double memcpy_gbps() {
+  const size_t n = 256u << 20;
+  comm::Buffer a(n), b(n);
+  std::memset(a.data(), 1, n);
+  std::memset(b.data(), 2, n);
+  std::vector<double> t;
+  for (int i = 0; i < 5; ++i) {
+    auto t0 = Clock::now();
+    std::memcpy(b.data(), a.data(), n);
+    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return 2.0 * n / t[2] / 1e9;  // counting reads and writes
+}
+
+}  // namespace
+
+int run_allreduce_worker(const std::vector<std::string>& words) {
+  cli::Args args(words, {"dir", "rank", "world", "sizes", "mode", "count", "timeout-ms", "min-seconds"}, {});
+  std::string dir = args.get("dir");
+  int rank = int(args.get_int("rank", -1)), world = int(args.get_int("world", 0));
+  if (dir.empty() || rank < 0 || world <= 0 || rank >= world) throw std::invalid_argument("need --dir, --rank, --world");
+  comm::UcxCommOptions opt;
+  opt.timeout = std::chrono::milliseconds(args.get_int("timeout-ms", 30000));
+  auto comm = std::make_unique<comm::UcxCommunicator>(1, opt);
+  auto addrs = file_rendezvous(dir, "gen1", rank, world, comm->address(), std::chrono::seconds(30));
+  comm->connect(rank, addrs, std::chrono::seconds(30));
+  std::string mode = args.get("mode", "bench");
+
+  if (mode == "bench") {
+    double min_seconds = std::stod(args.get("min-seconds", "0.3"));
+    for (size_t bytes : parse_sizes(args.get("sizes", "4K,1M,64M"))) {
+      size_t count = std::max<size_t>(1, bytes / 4);
+      comm::Buffer buf(count * 4);
+      std::memset(buf.data(), 0, count * 4);
+      auto* f = reinterpret_cast<float*>(buf.data());
+      comm->allreduce(f, f, count, comm::DataType::f32, comm::ReduceOp::sum);  // warm-up
+      // Iterations so that one trial takes about min_seconds (agreed: rank 0's estimate).
+      comm->barrier();
+      auto t0 = Clock::now();
+      comm->allreduce(f, f, count, comm::DataType::f32, comm::ReduceOp::sum);
+      double est = std::chrono::duration<double>(Clock::now() - t0).count();
+      double iters_d = std::max(1.0, std::min(10000.0, min_seconds / std::max(est, 1e-7)));
+      comm->broadcast(&iters_d, 1, comm::DataType::f64, 0);
+      int iters = int(iters_d);
+      std::vector<double> trials;
+      for (int trial = 0; trial < 3; ++trial) {
+        comm->barrier();
+        auto start = Clock::now();
+        for (int i = 0; i < iters; ++i) comm->allreduce(f, f, count, comm::DataType::f32, comm::ReduceOp::sum);
+        double per_op = std::chrono::duration<double>(Clock::now() - start).count() / iters;
+        comm->allreduce(&per_op, &per_op, 1, comm::DataType::f64, comm::ReduceOp::avg);
+        trials.push_back(per_op);
+      }
+      std::sort(trials.begin(), trials.end());
+      double t = trials[1];
+      if (rank == 0) {
+        double busbw = 2.0 * (world - 1) / world * double(count * 4) / t / 1e9;
+        std::printf("{\"bench\":\"allreduce\",\"impl\":\"troupe_ucx\",\"workers\":%d,\"bytes\":%zu,\"size\":\"%s\","
+                    "\"time_us\":%.2f,\"busbw_gbps\":%.3f,\"iters\":%d}\n",
+                    world, count * 4, human(count * 4).c_str(), t * 1e6, busbw, iters);
+        std::fflush(stdout);
+      }
+    }
+    comm->barrier();
+    return 0;
+  }
+
+  if (mode == "check") {
+    // Multi-process correctness: closed-form results for every count and algorithm.
+    const size_t counts[] = {0, 1, 7, 1023, 65537, 3 * (size_t(1) << 20) + 5};
+    for (size_t count : counts) {
+      for (auto algo : {comm::Algorithm::ring, comm::Algorithm::recursive_doubling}) {
+        for (bool in_place : {true, false}) {
+          std::vector<float> in(count), out(count, -1);
+          for (size_t i = 0; i < count; ++i) in[i] = float((rank + 1) * (i % 5 + 1));
+          comm::CollectiveOptions o;
+          o.algorithm = algo;
+          comm->allreduce(in.data(), in_place ? in.data() : out.data(), count, comm::DataType::f32, comm::ReduceOp::sum, o);
+          const float* got = in_place ? in.data() : out.data();
+          for (size_t i = 0; i < count; ++i) {
+            if (got[i] != float((i % 5 + 1) * world * (world + 1) / 2)) {
+              std::printf("check failed: count %zu element %zu got %f\n", count, i, got[i]);
+              return 4;
+            }
+          }
+        }
+      }
+    }
+    // Leave only when everyone is done: a rank that exits while another still waits for the
+    // acknowledgement of its last send would fail that rank with peer_lost.
+    comm->barrier();
+    std::printf("check ok rank %d\n", rank);
+    return 0;
+  }
+
+  if (mode == "loop") {
+    // Failure tests: allreduce until something fails; then rebuild with the survivors the test
+    // names in DIR/gen2.members (old ranks, in new-rank order) and check one allreduce.
+    size_t count = size_t(args.get_int("count", 16 << 20));
+    std::vector<float> buf(count);
+    for (int iter = 1;; ++iter) {
+      for (size_t i = 0; i < count; i += 4096) buf[i] = 1.0f;
+      try {
+        comm->allreduce(buf.data(), buf.data(), count, comm::DataType::f32, comm::ReduceOp::sum);
+      } catch (const comm::Error& e) {
+        std::printf("error %s at %llu: %s\n", comm::errc_name(e.code()), (unsigned long long)unix_ms(), e.what());
+        std::fflush(stdout);
+        break;
+      }
+      std::printf("iter %d\n", iter);
+      std::fflush(stdout);
+    }
+    comm.reset();  // the broken generation goes away
+    std::vector<int> members;
+    auto deadline = Clock::now() + std::chrono::seconds(60);
+    while (members.empty()) {
+      std::ifstream in(dir + "/gen2.members");
+      for (int r; in >> r;) members.push_back(r);
+      if (members.empty()) {
+        if (Clock::now() > deadline) return 3;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+    int new_rank = int(std::find(members.begin(), members.end(), rank) - members.begin());
+    if (new_rank >= int(members.size())) return 0;  // not a member of the next generation
+    auto next = std::make_unique<comm::UcxCommunicator>(2, opt);
+    auto addrs2 = file_rendezvous(dir, "gen2", new_rank, int(members.size()), next->address(), std::chrono::seconds(30));
+    next->connect(new_rank, addrs2, std::chrono::seconds(30));
+    const size_t check = 1 << 20;
+    std::vector<float> x(check);
+    for (size_t i = 0; i < check; ++i) x[i] = float((new_rank + 1) * (i % 7 + 1));
+    next->allreduce(x.data(), x.data(), check, comm::DataType::f32, comm::ReduceOp::sum);
+    int n = int(members.size());
+    for (size_t i = 0; i < check; ++i) {
+      if (x[i] != float((i % 7 + 1) * n * (n + 1) / 2)) {
+        std::printf("gen2 wrong at %zu\n", i);
+        return 4;
+      }
+    }
+    next->barrier();
+    std::printf("gen2 ok world %d rank %d\n", n, new_rank);
+    std::fflush(stdout);
+    return 0;
+  }
+  throw std::invalid_argument("--mode must be bench or loop");
+}
+
+int run_allreduce_bench(const std::vector<std::string>& words) {
+  cli::Args args(words, {"workers", "sizes", "min-seconds"}, {"json"});
+  std::string sizes = args.get("sizes", "4K,64K,1M,16M,64M,256M");
+  bool json = args.has("json");
+  std::vector<int> worlds;
+  for (auto& w : args.all("workers")) worlds.push_back(std::stoi(w));
+  if (worlds.empty()) worlds = {2, 4};
+  std::string exe = coordinator::self_executable();
+  double copy = memcpy_gbps();
+  if (json) {
+    std::printf("{\"bench\":\"memcpy\",\"impl\":\"memcpy\",\"busbw_gbps\":%.3f,\"note\":\"one core, reads+writes\"}\n", copy);
+  } else {
+    std::printf("single-core memcpy: %.2f GB/s (reads + writes)\n", copy);
+    std::printf("%8s %8s %12s %12s\n", "workers", "size", "time us", "busbw GB/s");
+  }
+  for (int world : worlds) {
+    auto dir = std::filesystem::temp_directory_path() / ("troupe-bench-" + std::to_string(getpid()) + "-" + std::to_string(world));
+    std::filesystem::create_directories(dir);
+    std::vector<std::unique_ptr<coordinator::ChildProcess>> ranks;
+    for (int r = 0; r < world; ++r) {
+      ranks.push_back(std::make_unique<coordinator::ChildProcess>(coordinator::ChildProcess::Options{
+          {exe, "bench", "allreduce-worker", "--dir", dir.string(), "--rank", std::to_string(r), "--world",
+           std::to_string(world), "--sizes", sizes, "--min-seconds", args.get("min-seconds", "0.3")},
+          "", "", {}}));
+    }
+    while (auto line = ranks[0]->read_line(std::chrono::seconds(600))) {
+      if (json) {
+        std::printf("%s\n", line->c_str());
+      } else {
+        auto field = [&](const std::string& key) {
+          auto at = line->find("\"" + key + "\":");
+          if (at == std::string::npos) return std::string();
+          at += key.size() + 3;
+          auto end = line->find_first_of(",}", at);
+          std::string v = line->substr(at, end - at);
+          v.erase(std::remove(v.begin(), v.end(), '"'), v.end());
+          return v;
+        };
+        std::printf("%8d %8s %12s %12s\n", world, field("size").c_str(), field("time_us").c_str(), field("busbw_gbps").c_str());
+      }
+      std::fflush(stdout);
+    }
+    for (auto& r : ranks) r->wait(std::chrono::seconds(10));
+    std::filesystem::remove_all(dir);
+  }
+  return 0;
+}
+
+}  // namespace troupe::bench

@@ -1,0 +1,94 @@
+// The UCX backend between real processes: correctness, and failures that fail fast. SIGKILL one
+// of 4 ranks in the middle of a 64 MiB allreduce: every survivor's call returns peer_lost within
+// the failure timeout. SIGSTOP one: timed_out. Then the survivors build a new communicator of 3
+// (the next generation) and an allreduce on it is correct.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/time.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "coordinator/process.h"
+#include "tests/harness/harness.h"
+
+namespace troupe {
+namespace {
+
+using namespace std::chrono_literals;
+
+uint64_t unix_ms() {
+  timeval tv;
+  gettimeofday(&tv, nullptr);
+  return uint64_t(tv.tv_sec) * 1000 + tv.tv_usec / 1000;
+}
+
+struct Ranks {
+  testing::TempDir dir;
+  std::vector<std::unique_ptr<coordinator::ChildProcess>> procs;
+
+  Ranks(int world, std::vector<std::string> extra) {
+    for (int r = 0; r < world; ++r) {
+      std::vector<std::string> argv{testing::troupe_binary(), "bench", "allreduce-worker", "--dir", dir.path(),
+                                    "--rank", std::to_string(r), "--world", std::to_string(world)};
+      argv.insert(argv.end(), extra.begin(), extra.end());
+      procs.push_back(std::make_unique<coordinator::ChildProcess>(coordinator::ChildProcess::Options{
+          argv, "", dir.path() + "/rank" + std::to_string(r) + ".log", {}}));
+    }
+  }
+};
+
+TEST(CommProcesses, AllreduceIsCorrectBetweenProcesses) {
+  for (int world : {2, 3}) {
+    Ranks ranks(world, {"--mode", "check"});
+    for (int r = 0; r < world; ++r) {
+      auto line = ranks.procs[r]->wait_for_line("check", 120s);
+      ASSERT_TRUE(line) << "rank " << r << " of " << world << " gave no result";
+      EXPECT_EQ(line->rfind("check ok", 0), 0u) << *line;
+      auto status = ranks.procs[r]->wait(30s);
+      ASSERT_TRUE(status);
+      EXPECT_EQ(WEXITSTATUS(*status), 0);
+    }
+  }
+}
+
+void failure_scenario(int sig, const char* expected_code, std::chrono::milliseconds timeout) {
+  const int world = 4, victim = 3;
+  Ranks ranks(world, {"--mode", "loop", "--count", std::to_string(16 << 20), "--timeout-ms",
+                      std::to_string(timeout.count())});
+  for (int r = 0; r < world; ++r) ASSERT_TRUE(ranks.procs[r]->wait_for_line("iter 2", 60s)) << "rank " << r;
+  uint64_t t_signal = unix_ms();
+  ASSERT_TRUE(ranks.procs[victim]->signal(sig));
+  for (int r = 0; r < victim; ++r) {
+    auto line = ranks.procs[r]->wait_for_line("error", timeout + 10s);
+    ASSERT_TRUE(line) << "rank " << r << " did not fail";
+    std::istringstream in(*line);
+    std::string word, code, at;
+    uint64_t when = 0;
+    in >> word >> code >> at >> when;
+    double ms = double(when) - double(t_signal);
+    std::printf("rank %d: %s after %.0f ms (%s)\n", r, code.c_str(), ms, line->c_str());
+    EXPECT_EQ(code, expected_code) << *line;
+    EXPECT_LT(ms, double(timeout.count()) + 1500.0) << "failure timeout " << timeout.count() << " ms";
+  }
+  {
+    std::ofstream members(ranks.dir.path() + "/gen2.members");
+    members << "0 1 2\n";
+  }
+  for (int r = 0; r < victim; ++r) {
+    auto line = ranks.procs[r]->wait_for_line("gen2", 60s);
+    ASSERT_TRUE(line) << "rank " << r << " did not rebuild";
+    EXPECT_EQ(line->rfind("gen2 ok world 3", 0), 0u) << *line;
+  }
+}
+
+TEST(CommProcesses, SigkillOfOneOfFourFailsEverySurvivorWithPeerLostThenThreeRebuild) {
+  failure_scenario(SIGKILL, "peer_lost", 3000ms);
+}
+
+TEST(CommProcesses, SigstopOfOneOfFourFailsEverySurvivorWithTimedOutThenThreeRebuild) {
+  failure_scenario(SIGSTOP, "timed_out", 2000ms);
+}
+
+}  // namespace
+}  // namespace troupe
