@@ -73,12 +73,15 @@ double memcpy_gbps() {
 }  // namespace
 
 int run_allreduce_worker(const std::vector<std::string>& words) {
-  cli::Args args(words, {"dir", "rank", "world", "sizes", "mode", "count", "timeout-ms", "min-seconds"}, {});
+  cli::Args args(words, {"dir", "rank", "world", "sizes", "mode", "count", "timeout-ms", "min-seconds",
+                         "segment-bytes", "window"}, {});
   std::string dir = args.get("dir");
   int rank = int(args.get_int("rank", -1)), world = int(args.get_int("world", 0));
   if (dir.empty() || rank < 0 || world <= 0 || rank >= world) throw std::invalid_argument("need --dir, --rank, --world");
   comm::UcxCommOptions opt;
   opt.timeout = std::chrono::milliseconds(args.get_int("timeout-ms", 30000));
+  opt.segment_bytes = size_t(args.get_int("segment-bytes", int64_t(opt.segment_bytes)));
+  opt.window = size_t(args.get_int("window", int64_t(opt.window)));
   auto comm = std::make_unique<comm::UcxCommunicator>(1, opt);
   auto addrs = file_rendezvous(dir, "gen1", rank, world, comm->address(), std::chrono::seconds(30));
   comm->connect(rank, addrs, std::chrono::seconds(30));
@@ -204,9 +207,12 @@ int run_allreduce_worker(const std::vector<std::string>& words) {
 }
 
 int run_allreduce_bench(const std::vector<std::string>& words) {
-  cli::Args args(words, {"workers", "sizes", "min-seconds"}, {"json"});
+  cli::Args args(words, {"workers", "sizes", "min-seconds", "segment-bytes", "window", "backend"}, {"json"});
   std::string sizes = args.get("sizes", "4K,64K,1M,16M,64M,256M");
   bool json = args.has("json");
+  std::string backend = args.get("backend", "ucx");
+  if (backend == "nccl") return run_nccl_allreduce_bench(parse_sizes(sizes), json);
+  if (backend != "ucx") throw std::invalid_argument("--backend must be ucx or nccl");
   std::vector<int> worlds;
   for (auto& w : args.all("workers")) worlds.push_back(std::stoi(w));
   if (worlds.empty()) worlds = {2, 4};
@@ -225,7 +231,9 @@ int run_allreduce_bench(const std::vector<std::string>& words) {
     for (int r = 0; r < world; ++r) {
       ranks.push_back(std::make_unique<coordinator::ChildProcess>(coordinator::ChildProcess::Options{
           {exe, "bench", "allreduce-worker", "--dir", dir.string(), "--rank", std::to_string(r), "--world",
-           std::to_string(world), "--sizes", sizes, "--min-seconds", args.get("min-seconds", "0.3")},
+           std::to_string(world), "--sizes", sizes, "--min-seconds", args.get("min-seconds", "0.3"),
+           "--segment-bytes", args.get("segment-bytes", std::to_string(comm::UcxCommOptions{}.segment_bytes)),
+           "--window", args.get("window", std::to_string(comm::UcxCommOptions{}.window))},
           "", "", {}}));
     }
     while (auto line = ranks[0]->read_line(std::chrono::seconds(600))) {

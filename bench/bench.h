@@ -13,6 +13,7 @@ int run_raw_ucx_server(const std::vector<std::string>& args);
 int run_model_bench(const std::vector<std::string>& args);
 int run_allreduce_bench(const std::vector<std::string>& args);
 int run_allreduce_worker(const std::vector<std::string>& args);
+int run_nccl_allreduce_bench(const std::vector<size_t>& sizes, bool json);
 
 struct Summary {
   double p50 = 0, p99 = 0, mean = 0;

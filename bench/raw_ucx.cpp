@@ -57,6 +57,13 @@ void set_handler(ucp_worker_h w, unsigned id, ucp_am_recv_callback_t cb, void* a
 
 std::atomic<bool> g_stop{false};
 
+comm::UcxContextOptions raw_context_options() {
+  comm::UcxContextOptions o;
+  o.shared_memory = true;
+  o.tag = false;
+  return o;
+}
+
 std::string lane_transports(ucp_ep_h ep) {
   char* buf = nullptr;
   size_t len = 0;
@@ -90,13 +97,12 @@ std::string lane_transports(ucp_ep_h ep) {
 
 int run_raw_ucx_server(const std::vector<std::string>& args) {
   signal(SIGTERM, [](int) { g_stop.store(true); });
-  comm::UcxContext ctx(comm::UcxContextOptions{true, false});
+  comm::UcxContext ctx(raw_context_options());
   comm::UcxWorker worker(ctx, false);
   ServerState st;
   st.worker = worker.get();
   set_handler(worker.get(), kPing,
               [](void* arg, const void*, size_t, void* data, size_t n, const ucp_am_recv_param_t* p) {
-                auto* s = static_cast<ServerState*>(arg);
                 ucs_status_ptr_t r = am_send(p->reply_ep, kPong, data, n);
                 if (r != nullptr && !UCS_PTR_IS_ERR(r)) ucp_request_free(r);  // eager: data copied
                 return UCS_OK;
@@ -141,7 +147,7 @@ RawUcxResult raw_ucx_client(const std::string& address, int round_trips, int mes
     uint64_t count = 0;
     bool count_ready = false;
   } st;
-  comm::UcxContext ctx(comm::UcxContextOptions{true, false});
+  comm::UcxContext ctx(raw_context_options());
   comm::UcxWorker worker(ctx, false);
   set_handler(worker.get(), kPong,
               [](void* arg, const void*, size_t, void*, size_t, const ucp_am_recv_param_t*) {

@@ -26,8 +26,8 @@ usage:
       --max-frame-bytes N
   troupe bench control [--json] [--round-trips N] [--messages N]
                                     control-plane round trip and message rate, next to raw UCX
-  troupe bench allreduce [--workers N]... [--sizes 4K,1M,64M] [--json]
-                                    UCX allreduce between processes: time and bus bandwidth
+  troupe bench allreduce [--workers N]... [--sizes 4K,1M,64M] [--backend ucx|nccl] [--json]
+                                    allreduce between processes (ucx) or GPUs (nccl): time, bus bandwidth
   troupe bench model [--model mlp|gpt] [--threads T] [--steps N] [--json] [--curve]
                                     single-process training throughput of the reference models
 )";

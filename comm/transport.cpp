@@ -131,11 +131,18 @@ struct Transport::Impl {
 
   std::thread thread;
 
+  static UcxContextOptions context_options(const TransportOptions& o) {
+    UcxContextOptions c;
+    c.shared_memory = o.shared_memory;
+    c.tag = false;
+    return c;
+  }
+
   Impl(const TransportOptions& opts, TransportHandler* h)
       : options(opts),
         handler(h),
         self(opts.node_id ? opts.node_id : random_node_id()),
-        context(UcxContextOptions{opts.shared_memory, true}),
+        context(context_options(opts)),
         worker(context, /*thread_multi=*/false) {
     ucp_am_handler_param_t am{};
     am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |

@@ -27,7 +27,7 @@ namespace troupe::comm {
 
 struct UcxCommOptions {
   std::chrono::milliseconds timeout{30000};  // no progress for this long: timed_out
-  size_t segment_bytes = 1u << 20;           // ring chunk size
+  size_t segment_bytes = 256u << 10;         // ring chunk size (256 KiB measured best here)
   size_t window = 4;                         // ring chunks in flight per step
   size_t small_bytes = 32u << 10;            // automatic: below this, recursive doubling
   bool shared_memory = true;

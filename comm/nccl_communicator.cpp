@@ -1,0 +1,208 @@
+#include "comm/nccl_communicator.h"
+
+#ifdef TROUPE_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#endif
+
+#include <atomic>
+#include <cstring>
+#include <sched.h>
+
+namespace troupe::comm {
+
+#ifndef TROUPE_HAVE_CUDA
+
+std::string nccl_unique_id() { TROUPE_FAIL(Errc::io, "this build has no CUDA/NCCL support"); }
+
+std::unique_ptr<Communicator> make_nccl_communicator(uint64_t, int, int, const std::string&, const NcclOptions&) {
+  TROUPE_FAIL(Errc::io, "this build has no CUDA/NCCL support (configure with TROUPE_WITH_CUDA)");
+}
+
+#else
+
+// The one wrapping layer over CUDA's and NCCL's status codes.
+#define TROUPE_CUDA_CHECK(expr)                                                                    \
+  do {                                                                                             \
+    cudaError_t troupe_err_ = (expr);                                                              \
+    if (troupe_err_ != cudaSuccess)                                                                \
+      TROUPE_FAIL(::troupe::comm::Errc::io, std::string(#expr) + ": " + cudaGetErrorString(troupe_err_)); \
+  } while (0)
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+ncclDataType_t nccl_type(DataType t) {
+  switch (t) {
+    case DataType::f32: return ncclFloat32;
+    case DataType::f64: return ncclFloat64;
+    case DataType::bf16: return ncclBfloat16;
+    case DataType::f16: return ncclFloat16;
+  }
+  TROUPE_FAIL(Errc::invalid_input, "unknown element type");
+}
+
+std::string to_hex(const void* p, size_t n) {
+  static const char* d = "0123456789abcdef";
+  std::string s;
+  for (size_t i = 0; i < n; ++i) {
+    uint8_t b = static_cast<const uint8_t*>(p)[i];
+    s.push_back(d[b >> 4]);
+    s.push_back(d[b & 15]);
+  }
+  return s;
+}
+
+ncclUniqueId from_hex(const std::string& s) {
+  ncclUniqueId id;
+  if (s.size() != 2 * sizeof(id.internal)) TROUPE_FAIL(Errc::invalid_input, "an NCCL unique id has 256 hex digits");
+  for (size_t i = 0; i < sizeof(id.internal); ++i) {
+    auto nib = [&](char c) -> int {
+      if (c >= '0' && c <= '9') return c - '0';
+      if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+      TROUPE_FAIL(Errc::invalid_input, "the NCCL unique id is not hex");
+    };
+    id.internal[i] = char(nib(s[2 * i]) << 4 | nib(s[2 * i + 1]));
+  }
+  return id;
+}
+
+class NcclCommunicator : public Communicator {
+ public:
+  NcclCommunicator(uint64_t gen, int rank, int size, const ncclUniqueId& id, const NcclOptions& o)
+      : gen_(gen), rank_(rank), size_(size), opt_(o) {
+    TROUPE_CUDA_CHECK(cudaSetDevice(o.device));
+    TROUPE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // init and operations return at once; we poll with deadlines
+    ncclResult_t r = ncclCommInitRankConfig(&comm_, size, id, rank, &config);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      cudaStreamDestroy(stream_);
+      TROUPE_FAIL(Errc::io, std::string("ncclCommInitRankConfig: ") + ncclGetErrorString(r));
+    }
+    poll_comm("init", Clock::now() + o.timeout);
+  }
+
+  ~NcclCommunicator() override {
+    if (comm_) {
+      // A healthy communicator could be destroyed, but one whose peers died would hang in
+      // ncclCommDestroy; abort is always safe.
+      ncclCommAbort(comm_);
+    }
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  uint64_t generation() const override { return gen_; }
+
+  void allreduce(const void* in, void* out, size_t count, DataType t, ReduceOp op, const CollectiveOptions& o) override {
+    run("allreduce", o, [&] {
+      return ncclAllReduce(in ? in : out, out, count, nccl_type(t), op == ReduceOp::avg ? ncclAvg : ncclSum, comm_, stream_);
+    });
+  }
+  void broadcast(void* buf, size_t count, DataType t, int root, const CollectiveOptions& o) override {
+    run("broadcast", o, [&] { return ncclBroadcast(buf, buf, count, nccl_type(t), root, comm_, stream_); });
+  }
+  void allgather(const void* in, void* out, size_t count, DataType t, const CollectiveOptions& o) override {
+    run("allgather", o, [&] { return ncclAllGather(in, out, count, nccl_type(t), comm_, stream_); });
+  }
+  void reduce_scatter(const void* in, void* out, size_t count, DataType t, ReduceOp op, const CollectiveOptions& o) override {
+    run("reduce_scatter", o, [&] {
+      return ncclReduceScatter(in, out, count, nccl_type(t), op == ReduceOp::avg ? ncclAvg : ncclSum, comm_, stream_);
+    });
+  }
+  void send(const void* buf, size_t bytes, int peer, uint32_t, const CollectiveOptions& o) override {
+    run("send", o, [&] { return ncclSend(buf, bytes, ncclUint8, peer, comm_, stream_); });
+  }
+  void recv(void* buf, size_t bytes, int peer, uint32_t, const CollectiveOptions& o) override {
+    run("recv", o, [&] { return ncclRecv(buf, bytes, ncclUint8, peer, comm_, stream_); });
+  }
+  void barrier(const CollectiveOptions& o) override {
+    if (!scratch_) TROUPE_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
+    allreduce(scratch_, scratch_, 1, DataType::f32, ReduceOp::sum, o);
+  }
+  void abort() override { aborted_.store(true); }
+
+ private:
+  template <typename Enqueue>
+  void run(const char* what, const CollectiveOptions& o, Enqueue enqueue) {
+    if (broken_) throw *broken_;
+    if (aborted_.load()) fail(Errc::aborted, std::string(what) + ": the communicator was aborted");
+    auto deadline = Clock::now() + (o.timeout.count() > 0 ? o.timeout : opt_.timeout);
+    ncclResult_t r = enqueue();
+    if (r != ncclSuccess && r != ncclInProgress) fail(Errc::io, std::string(what) + ": " + ncclGetErrorString(r));
+    poll_comm(what, deadline);
+    // Poll the stream: never a blocking synchronise that a dead peer could hang.
+    while (true) {
+      cudaError_t e = cudaStreamQuery(stream_);
+      if (e == cudaSuccess) return;
+      if (e != cudaErrorNotReady) fail(Errc::io, std::string(what) + ": " + cudaGetErrorString(e));
+      check(what, deadline);
+      sched_yield();
+    }
+  }
+
+  // Waits for the communicator's pending state (init, or an enqueue) to settle.
+  void poll_comm(const char* what, Clock::time_point deadline) {
+    while (true) {
+      ncclResult_t state = ncclInProgress;
+      ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+      if (r != ncclSuccess) fail(Errc::io, std::string(what) + ": ncclCommGetAsyncError: " + ncclGetErrorString(r));
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) fail(Errc::peer_lost, std::string(what) + ": " + ncclGetErrorString(state));
+      check(what, deadline);
+      sched_yield();
+    }
+  }
+
+  void check(const char* what, Clock::time_point deadline) {
+    if (aborted_.load()) fail(Errc::aborted, std::string(what) + ": the communicator was aborted");
+    ncclResult_t state = ncclSuccess;
+    if (ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state != ncclSuccess && state != ncclInProgress) {
+      fail(Errc::peer_lost, std::string(what) + ": " + ncclGetErrorString(state));
+    }
+    if (Clock::now() > deadline) fail(Errc::timed_out, std::string(what) + ": no completion before the deadline");
+  }
+
+  [[noreturn]] void fail(Errc code, const std::string& why) {
+    if (comm_) {
+      ncclCommAbort(comm_);
+      comm_ = nullptr;
+    }
+    broken_ = std::make_unique<Error>(code, why + " (NCCL, generation " + std::to_string(gen_) + ", rank " +
+                                                std::to_string(rank_) + ")");
+    throw *broken_;
+  }
+
+  uint64_t gen_;
+  int rank_, size_;
+  NcclOptions opt_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  void* scratch_ = nullptr;
+  std::atomic<bool> aborted_{false};
+  std::unique_ptr<Error> broken_;
+};
+
+}  // namespace
+
+std::string nccl_unique_id() {
+  ncclUniqueId id;
+  ncclResult_t r = ncclGetUniqueId(&id);
+  if (r != ncclSuccess) TROUPE_FAIL(Errc::io, std::string("ncclGetUniqueId: ") + ncclGetErrorString(r));
+  return to_hex(id.internal, sizeof(id.internal));
+}
+
+std::unique_ptr<Communicator> make_nccl_communicator(uint64_t generation, int rank, int size,
+                                                     const std::string& unique_id_hex, const NcclOptions& options) {
+  if (size <= 0 || rank < 0 || rank >= size) {
+    TROUPE_FAIL(Errc::invalid_input, "rank " + std::to_string(rank) + " of " + std::to_string(size));
+  }
+  return std::make_unique<NcclCommunicator>(generation, rank, size, from_hex(unique_id_hex), options);
+}
+
+#endif
+
+}  // namespace troupe::comm

@@ -1,0 +1,88 @@
+// The NCCL backend on a real GPU (ctest label gpu). Without a CUDA device every test skips and
+// says why. World size 1: init, allreduce, abort, re-init at the next generation; with two or
+// more devices, a two-rank allreduce across devices (ranks as threads).
+#include <gtest/gtest.h>
+#include <cuda_runtime_api.h>
+
+#include <thread>
+
+#include "comm/cuda_info.h"
+#include "comm/nccl_communicator.h"
+
+namespace troupe::comm {
+namespace {
+
+#define SKIP_WITHOUT_GPU(n)                                                                   \
+  if (cuda_device_count() < (n))                                                              \
+  GTEST_SKIP() << "needs " << (n) << " CUDA device(s); this machine has " << cuda_device_count() \
+               << " (" << cuda_summary() << ")"
+
+std::vector<float> run_allreduce(Communicator& c, const std::vector<float>& host, ReduceOp op) {
+  float* dev = nullptr;
+  EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&dev), host.size() * sizeof(float)), cudaSuccess);
+  cudaMemcpy(dev, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice);
+  c.allreduce(dev, dev, host.size(), DataType::f32, op);
+  std::vector<float> out(host.size());
+  cudaMemcpy(out.data(), dev, host.size() * sizeof(float), cudaMemcpyDeviceToHost);
+  cudaFree(dev);
+  return out;
+}
+
+TEST(Nccl, UniqueIdWorksWithoutAGpu) {
+  if (!built_with_cuda()) GTEST_SKIP() << "built without CUDA";
+  auto a = nccl_unique_id(), b = nccl_unique_id();
+  EXPECT_EQ(a.size(), 256u);
+  EXPECT_NE(a, b);
+}
+
+TEST(Nccl, InitAllreduceAbortReinit) {
+  SKIP_WITHOUT_GPU(1);
+  auto c = make_nccl_communicator(1, 0, 1, nccl_unique_id());
+  std::vector<float> x(1 << 20);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(i % 13);
+  auto y = run_allreduce(*c, x, ReduceOp::sum);
+  EXPECT_EQ(y, x);  // one rank: the sum is the input
+  c->abort();
+  EXPECT_THROW(c->barrier(), Error);
+  c.reset();
+  // The next generation: a fresh communicator works.
+  auto d = make_nccl_communicator(2, 0, 1, nccl_unique_id());
+  auto z = run_allreduce(*d, x, ReduceOp::avg);
+  EXPECT_EQ(z, x);
+}
+
+TEST(Nccl, InitWithAMissingMemberTimesOut) {
+  SKIP_WITHOUT_GPU(1);
+  NcclOptions o;
+  o.timeout = std::chrono::milliseconds(3000);
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    auto c = make_nccl_communicator(1, 0, 2, nccl_unique_id(), o);  // rank 1 never comes
+    FAIL() << "init with a missing member succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::timed_out) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15));
+}
+
+TEST(Nccl, TwoDevicesAllreduce) {
+  SKIP_WITHOUT_GPU(2);
+  std::string id = nccl_unique_id();
+  std::vector<std::vector<float>> results(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      NcclOptions o;
+      o.device = r;
+      auto c = make_nccl_communicator(1, r, 2, id, o);
+      std::vector<float> x(4096, float(r + 1));
+      results[r] = run_allreduce(*c, x, ReduceOp::sum);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& res : results)
+    for (float v : res) ASSERT_EQ(v, 3.0f);
+}
+
+}  // namespace
+}  // namespace troupe::comm
