@@ -1,0 +1,76 @@
+// The job's configuration: a TOML file (docs/config.md lists every key with its default and
+// unit) plus `--set table.key=value` overrides. Only the coordinator reads TOML; workers get the
+// job spec as a Cap'n Proto message.
+//
+// Errors name the file, line and column and say what to do: a syntax error; an unknown table or
+// key (with the nearest valid key); a value of the wrong type or out of range; a missing data
+// file. They are thrown as ConfigError.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace troupe::coordinator {
+
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct JobConfig {
+  // [job]
+  std::string name = "troupe-job";
+  int64_t seed = 0;
+  int64_t steps = 100;
+  std::string run_dir;  // empty: runs/<name>-<time>
+  // [model]
+  std::string model_kind = "mlp";
+  std::vector<int64_t> hidden{256};  // mlp hidden sizes
+  int64_t inputs = 784;              // mlp input width (synthetic data)
+  int64_t classes = 10;              // mlp outputs (synthetic data)
+  int64_t layers = 4, d_model = 128, heads = 4, context = 64;
+  bool tied_head = false;
+  // [data]
+  std::string data_kind = "synthetic";
+  std::string data_path = "/usr/share/common-licenses/GPL-3";
+  int64_t samples = 20000;  // synthetic samples per epoch
+  bool ledger = false;
+  // [batch]
+  int64_t global_batch = 64, micro_batch = 64;
+  // [optimizer]
+  std::string optimizer = "adamw";
+  double lr = 1e-3, momentum = 0.9, weight_decay = 0.0, clip_norm = 0.0;
+  int64_t warmup_steps = 0, decay_steps = 0;
+  // [parallel]
+  std::string backend = "auto";
+  int64_t pipeline_stages = 1;
+  int64_t threads_per_worker = 1;
+  // [cluster]
+  std::string launcher = "local";
+  int64_t agents = 2, devices_per_agent = 1;
+  std::string listen = "127.0.0.1:0";
+  // [elastic]
+  int64_t min_workers = 1, max_workers = 0;
+  int64_t heartbeat_interval_ms = 200, failure_timeout_ms = 3000, max_restarts = 3, rejoin_timeout_ms = 30000;
+  // [checkpoint]
+  std::string checkpoint_dir;
+  int64_t checkpoint_every_steps = 0;
+  // [logging]
+  std::string log_level = "info";
+  bool progress = true;
+
+  int64_t workers() const { return agents * devices_per_agent; }
+};
+
+// Loads path, applies overrides ("table.key=value", value in TOML syntax; a bare word is taken
+// as a string), validates. Throws ConfigError.
+JobConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Parses TOML text (source names the origin in messages).
+JobConfig parse_config(const std::string& text, const std::string& source,
+                       const std::vector<std::string>& overrides = {});
+// The effective configuration as TOML (written to the run directory).
+std::string to_toml(const JobConfig& config);
+
+}  // namespace troupe::coordinator
