@@ -18,9 +18,9 @@ configure: deps $(BUILD)/build.ninja
 build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
-# Runs the quickstart: until the training job exists, a two-process control-plane demo.
+# Runs the quickstart: a GPT on the GPL-3 text, data parallel over 2 local agents.
 run: build
-	@$(BUILD)/bin/troupe demo control
+	@$(BUILD)/bin/troupe run configs/quickstart.toml
 
 test: build
 	@cd $(BUILD) && ctest -j $(JOBS) --output-on-failure --timeout 600

@@ -12,6 +12,11 @@ namespace troupe::cli {
 
 int run_node(const std::vector<std::string>& args);
 int run_demo_control(const std::vector<std::string>& args);
+int run_run(const std::vector<std::string>& args);
+int run_coordinator(const std::vector<std::string>& args);
+int run_agent_command(const std::vector<std::string>& args);
+int run_status(const std::vector<std::string>& args);
+int run_stop(const std::vector<std::string>& args);
 actors::BridgeConfig bridge_config_from(const Args& args);
 
 }  // namespace troupe::cli

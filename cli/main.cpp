@@ -18,6 +18,11 @@ namespace {
 const char* kUsage = R"(troupe: actor-based elastic training
 
 usage:
+  troupe run CONFIG.toml [--set table.key=value]...   coordinator + local agents; trains; exits when done
+  troupe coordinator CONFIG.toml [--listen HOST:PORT]  the same, with agents started by hand
+  troupe agent --join HOST:PORT --token-file F [--devices cpu:0,cpu:1]
+  troupe status (--run-dir DIR | --coordinator HOST:PORT --token-file F) [--json]
+  troupe stop   (--run-dir DIR | --coordinator HOST:PORT --token-file F)
   troupe version                    versions of Troupe and its libraries, CUDA devices
   troupe demo control               two-process control-plane demo (what `make run` shows)
   troupe node [options]             a control-plane node with echo and sink services
@@ -55,6 +60,11 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "version") return version();
     if (cmd == "node") return troupe::cli::run_node(rest);
+    if (cmd == "run") return troupe::cli::run_run(rest);
+    if (cmd == "coordinator") return troupe::cli::run_coordinator(rest);
+    if (cmd == "agent") return troupe::cli::run_agent_command(rest);
+    if (cmd == "status") return troupe::cli::run_status(rest);
+    if (cmd == "stop") return troupe::cli::run_stop(rest);
     if (cmd == "demo" && !rest.empty() && rest[0] == "control")
       return troupe::cli::run_demo_control({rest.begin() + 1, rest.end()});
     if (cmd == "bench" && !rest.empty() && rest[0] == "control")

@@ -22,7 +22,123 @@ struct Envelope {
     fenced @11 :Fenced;        # the receiver refuses the sender: rejoin as a new member
     statsRequest @12 :Void;    # asks a process for its control-plane counters
     stats @13 :Stats;          # the answer to statsRequest
+    join @14 :Join;                        # agent -> coordinator (request): admit me
+    jobSpec @15 :JobSpec;                  # coordinator -> agent: the answer to join
+    workerReady @16 :WorkerReady;          # agent -> coordinator: a worker's data-plane address
+    generationStart @17 :GenerationStart;  # coordinator -> agents: members and ranks of a generation
+    stepReport @18 :StepReport;            # worker -> coordinator (one way): a step it applied
+    workerDone @19 :WorkerDone;            # worker -> coordinator (one way): finished, with a checksum
+    shutdown @20 :Shutdown;                # coordinator -> agents: the job is over
+    statusRequest @21 :Void;               # admin -> coordinator (request)
+    status @22 :JobStatus;                 # the answer to statusRequest
+    stopRequest @23 :Void;                 # admin -> coordinator (request): stop after the current step
+    ack @24 :Void;                         # a request was accepted
+    stopAtNextStep @25 :Void;              # coordinator -> agents: stop after the current step
+    workerFailed @26 :WorkerFailed;        # worker -> coordinator (one way): it cannot go on
   }
+}
+
+struct Join {
+  agentName @0 :Text;       # for people and logs
+  pid @1 :UInt32;           # the agent's process id
+  host @2 :Text;            # the agent's host name
+  devices @3 :List(Text);   # devices it offers, e.g. "cpu:0"
+}
+
+struct JobSpec {
+  agentId @0 :UInt32;       # the id the coordinator gives this agent
+  jobName @1 :Text;         # job.name
+  seed @2 :UInt64;          # job.seed
+  steps @3 :UInt64;         # job.steps
+  modelKind @4 :Text;       # model.kind: mlp | gpt
+  hidden @5 :List(Int64);   # model.hidden (mlp)
+  inputs @6 :Int64;         # model.inputs (mlp)
+  classes @7 :Int64;        # model.classes (mlp)
+  layers @8 :Int64;         # model.layers (gpt)
+  dModel @9 :Int64;         # model.d_model (gpt)
+  heads @10 :Int64;         # model.heads (gpt)
+  context @11 :Int64;       # model.context (gpt)
+  tiedHead @12 :Bool;       # model.tied_head
+  dataKind @13 :Text;       # data.kind: synthetic | text
+  dataPath @14 :Text;       # data.path
+  samples @15 :Int64;       # data.samples (synthetic)
+  globalBatch @16 :Int64;   # batch.global
+  microBatch @17 :Int64;    # batch.micro
+  optimizer @18 :Text;      # optimizer.kind
+  lr @19 :Float64;          # optimizer.lr
+  momentum @20 :Float64;    # optimizer.momentum
+  weightDecay @21 :Float64; # optimizer.weight_decay
+  clipNorm @22 :Float64;    # optimizer.clip_norm
+  warmupSteps @23 :Int64;   # optimizer.warmup_steps
+  decaySteps @24 :Int64;    # optimizer.decay_steps
+  threadsPerWorker @25 :Int64;  # parallel.threads_per_worker
+  failureTimeoutMs @26 :Int64;  # elastic.failure_timeout_ms (data-plane deadline)
+}
+
+struct WorkerReady {
+  agentId @0 :UInt32;       # the agent
+  device @1 :UInt32;        # index among the agent's devices
+  address @2 :Text;         # the worker's data-plane address for the coming generation
+}
+
+struct Member {
+  rank @0 :UInt32;          # rank in the generation
+  agentId @1 :UInt32;       # the agent that hosts it
+  device @2 :UInt32;        # device index within the agent
+  address @3 :Text;         # data-plane address
+}
+
+struct GenerationStart {
+  generation @0 :UInt64;    # the new generation
+  startStep @1 :UInt64;     # the first step to run
+  members @2 :List(Member); # by rank
+}
+
+struct StepReport {
+  generation @0 :UInt64;    # the generation it ran in
+  step @1 :UInt64;          # the step
+  rank @2 :UInt32;          # the reporting rank
+  loss @3 :Float64;         # the step's global mean loss (the same on every rank)
+  samples @4 :UInt64;       # samples this rank used
+  positionBegin @5 :UInt64; # first global sample position this rank used
+  positionEnd @6 :UInt64;   # one past the last
+  seconds @7 :Float64;      # wall time of the step on this rank
+  tokens @8 :UInt64;        # tokens this rank used (samples for the mlp)
+}
+
+struct WorkerDone {
+  rank @0 :UInt32;          # the rank
+  generation @1 :UInt64;    # its generation
+  steps @2 :UInt64;         # steps applied in total
+  checksum @3 :UInt64;      # FNV-1a of all its parameters: equal on every member
+}
+
+struct Shutdown {
+  reason @0 :Text;          # why
+  exitCode @1 :Int32;       # what the agent should exit with
+}
+
+struct MemberStatus {
+  rank @0 :UInt32;          # rank in the current generation
+  agentId @1 :UInt32;       # agent id
+  pid @2 :UInt32;           # agent process id
+  host @3 :Text;            # agent host
+  device @4 :Text;          # the device
+}
+
+struct JobStatus {
+  jobName @0 :Text;                 # job.name
+  state @1 :Text;                   # starting | running | stopping | finished | failed
+  generation @2 :UInt64;            # current generation
+  step @3 :UInt64;                  # last committed step + 1
+  steps @4 :UInt64;                 # job.steps
+  members @5 :List(MemberStatus);   # by rank
+  lastLoss @6 :Float64;             # loss of the last committed step
+}
+
+struct WorkerFailed {
+  rank @0 :UInt32;          # the rank (or agent-local device index before ranks exist)
+  reason @1 :Text;          # what went wrong
 }
 
 struct Heartbeat {

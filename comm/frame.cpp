@@ -88,6 +88,19 @@ std::variant<std::shared_ptr<const DecodedFrame>, Rejection> FrameValidator::dec
     case proto::Envelope::Body::FENCED:
     case proto::Envelope::Body::STATS_REQUEST:
     case proto::Envelope::Body::STATS:
+    case proto::Envelope::Body::JOIN:
+    case proto::Envelope::Body::JOB_SPEC:
+    case proto::Envelope::Body::WORKER_READY:
+    case proto::Envelope::Body::GENERATION_START:
+    case proto::Envelope::Body::STEP_REPORT:
+    case proto::Envelope::Body::WORKER_DONE:
+    case proto::Envelope::Body::SHUTDOWN:
+    case proto::Envelope::Body::STATUS_REQUEST:
+    case proto::Envelope::Body::STATUS:
+    case proto::Envelope::Body::STOP_REQUEST:
+    case proto::Envelope::Body::ACK:
+    case proto::Envelope::Body::STOP_AT_NEXT_STEP:
+    case proto::Envelope::Body::WORKER_FAILED:
       break;
     default:
       return reject(Reject::unknown_kind,

@@ -1,0 +1,281 @@
+// `troupe run`, `troupe coordinator`, `troupe agent`, `troupe status`, `troupe stop`.
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+
+#include "actors/bridge.h"
+#include "actors/services.h"
+#include "cli/commands.h"
+#include "coordinator/config.h"
+#include "coordinator/events.h"
+#include "coordinator/job.h"
+#include "coordinator/process.h"
+#include "workers/agent.h"
+
+namespace troupe::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
+
+std::string default_run_dir(const std::string& name) {
+  std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", std::localtime(&t));
+  return "runs/" + name + "-" + buf + "-" + std::to_string(getpid());
+}
+
+std::string eta(double seconds) {
+  if (!(seconds >= 0) || seconds > 1e7) return "--:--";
+  int s = int(seconds);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%02d:%02d", s / 60, s % 60);
+  return buf;
+}
+
+// Runs a job: the coordinator here, agents spawned locally (launcher local) or started by hand.
+int run_job(const std::vector<std::string>& words, bool spawn_agents) {
+  Args args(words, {"set", "listen"}, {});
+  if (args.positional().size() != 1) throw std::invalid_argument("expected one CONFIG.toml");
+  coordinator::JobConfig cfg;
+  try {
+    cfg = coordinator::load_config(args.positional()[0], args.all("set"));
+  } catch (const coordinator::ConfigError& e) {
+    std::fprintf(stderr, "troupe: %s\n", e.what());
+    return 2;
+  }
+  if (args.has("listen")) cfg.listen = args.get("listen");
+  if (!spawn_agents) cfg.launcher = "external";
+  std::string dir = cfg.run_dir.empty() ? default_run_dir(cfg.name) : cfg.run_dir;
+  fs::create_directories(dir);
+  { std::ofstream(dir + "/config.toml") << coordinator::to_toml(cfg); }
+  std::string token = coordinator::new_token();
+  coordinator::write_token_file(dir + "/job.token", cfg.name, token);
+  auto log = spdlog::basic_logger_mt("coordinator", dir + "/coordinator.log");
+  log->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [job " + cfg.name + "] [coordinator] [%l] %v");
+  log->flush_on(spdlog::level::info);
+  spdlog::set_default_logger(log);
+
+  caf::actor_system_config sys_cfg;
+  actors::configure_system(sys_cfg);
+  sys_cfg.add_message_type<coordinator::JobProgress>("troupe_job_progress");
+  sys_cfg.add_message_type<coordinator::JobFinished>("troupe_job_finished");
+  caf::actor_system system{sys_cfg};
+  actors::BridgeConfig bc;
+  auto [host, port] = comm::split_host_port(cfg.listen);
+  bc.transport.listen_host = host;
+  bc.transport.listen_port = port;
+  bc.job_id = cfg.name;
+  bc.token = token;
+  bc.heartbeat_interval = std::chrono::milliseconds(cfg.heartbeat_interval_ms);
+  bc.failure_timeout = std::chrono::milliseconds(cfg.failure_timeout_ms);
+  auto bridge = actors::spawn_bridge(system, bc);
+  caf::scoped_actor self{system};
+  auto coord = coordinator::spawn_coordinator(system, bridge, cfg, dir, self);
+  std::string address;
+  self->request(bridge, std::chrono::seconds(5), actors::info_atom::value)
+      .receive([&](uint64_t, std::string& a) { address = a; }, [](caf::error&) {});
+  { std::ofstream(dir + "/coordinator.addr") << address << "\n"; }
+
+  const bool tty = isatty(STDOUT_FILENO) && cfg.progress;
+  std::printf("troupe: job '%s', %lld worker(s), %lld steps; run directory %s\n", cfg.name.c_str(),
+              (long long)cfg.workers(), (long long)cfg.steps, dir.c_str());
+  if (!spawn_agents) std::printf("troupe: coordinator at %s; agents join with: troupe agent --join %s --token-file %s/job.token\n",
+                                 address.c_str(), address.c_str(), dir.c_str());
+  std::fflush(stdout);
+
+  std::vector<std::unique_ptr<coordinator::ChildProcess>> agents;
+  if (spawn_agents && cfg.launcher == "local") {
+    std::string devices;
+    for (int d = 0; d < cfg.devices_per_agent; ++d) devices += (d ? ",cpu:" : "cpu:") + std::to_string(d);
+    for (int i = 0; i < cfg.agents; ++i) {
+      std::string logf = dir + "/agent-" + std::to_string(i) + ".log";
+      agents.push_back(std::make_unique<coordinator::ChildProcess>(coordinator::ChildProcess::Options{
+          {coordinator::self_executable(), "agent", "--join", address, "--token-file", dir + "/job.token", "--devices",
+           devices, "--name", "agent-" + std::to_string(i), "--heartbeat-interval-ms",
+           std::to_string(cfg.heartbeat_interval_ms), "--failure-timeout-ms", std::to_string(cfg.failure_timeout_ms)},
+          logf, logf, {}}));
+    }
+  }
+
+  int exit_code = 1;
+  std::string reason;
+  bool done = false;
+  auto t0 = Clock::now();
+  uint64_t every = std::max<uint64_t>(1, uint64_t(cfg.steps) / 20);
+  coordinator::JobProgress last;
+  while (!done) {
+    self->receive(
+        [&](coordinator::JobProgress& p) {
+          last = p;
+          double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+          double left = p.step ? elapsed / p.step * (p.steps - p.step) : -1;
+          if (tty) {
+            std::printf("\r  step %llu/%llu  loss %.4f  %.0f samples/s  %.0f tokens/s  ETA %s   ",
+                        (unsigned long long)p.step, (unsigned long long)p.steps, p.loss, p.samples_per_s,
+                        p.tokens_per_s, eta(left).c_str());
+            std::fflush(stdout);
+          } else if (p.step % every == 0 || p.step == p.steps) {
+            std::printf("step %llu/%llu loss %.4f samples/s %.0f tokens/s %.0f world %llu\n", (unsigned long long)p.step,
+                        (unsigned long long)p.steps, p.loss, p.samples_per_s, p.tokens_per_s,
+                        (unsigned long long)p.world_size);
+            std::fflush(stdout);
+          }
+        },
+        [&](coordinator::JobFinished& f) {
+          exit_code = f.exit_code;
+          reason = f.reason;
+          done = true;
+        },
+        caf::after(std::chrono::seconds(1)) >> [] {});
+  }
+  if (tty) std::printf("\n");
+  for (auto& a : agents) {
+    if (!a->wait(std::chrono::seconds(10))) a->kill_and_reap();
+  }
+  caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(bridge, caf::exit_reason::user_shutdown);
+  if (exit_code == 0) {
+    std::printf("troupe: job '%s' finished: %llu steps, loss %.4f (%s)\n", cfg.name.c_str(), (unsigned long long)last.step,
+                last.loss, dir.c_str());
+  } else {
+    std::fprintf(stderr, "troupe: job '%s' failed: %s (see %s)\n", cfg.name.c_str(), reason.c_str(), dir.c_str());
+  }
+  return exit_code;
+}
+
+// The address and token of a running job: --run-dir DIR, or --coordinator HOST:PORT --token-file F.
+struct JobRef {
+  std::string address, job_id, token;
+};
+JobRef job_ref(const Args& args) {
+  JobRef r;
+  std::string token_file;
+  if (args.has("run-dir")) {
+    std::string dir = args.get("run-dir");
+    std::ifstream in(dir + "/coordinator.addr");
+    if (!(in >> r.address)) throw std::invalid_argument("no coordinator.addr in " + dir + " (is a job running there?)");
+    token_file = dir + "/job.token";
+  } else {
+    r.address = args.get("coordinator");
+    token_file = args.get("token-file");
+    if (r.address.empty() || token_file.empty()) {
+      throw std::invalid_argument("name the job with --run-dir DIR, or --coordinator HOST:PORT --token-file F");
+    }
+  }
+  std::tie(r.job_id, r.token) = workers::read_token_file(token_file);
+  return r;
+}
+
+// One request to a running job's coordinator; returns the reply or exits with a message.
+int admin_request(const Args& args, const std::function<void(proto::Envelope::Builder)>& body,
+                  const std::function<int(actors::ControlMessage&)>& on_reply) {
+  JobRef ref = job_ref(args);
+  caf::actor_system_config cfg;
+  actors::configure_system(cfg);
+  caf::actor_system system{cfg};
+  actors::BridgeConfig bc;
+  bc.job_id = ref.job_id;
+  bc.token = ref.token;
+  auto bridge = actors::spawn_bridge(system, bc);
+  caf::scoped_actor self{system};
+  int rc = 1;
+  uint64_t node = 0;
+  std::string error;
+  self->request(bridge, std::chrono::seconds(10), actors::connect_atom::value, ref.address)
+      .receive([&](uint64_t n) { node = n; }, [&](caf::error& e) { error = system.render(e); });
+  if (error.empty()) {
+    self->request(bridge, std::chrono::seconds(10), actors::request_atom::value,
+                  actors::RemoteAddress{node, actors::kCoordinatorActorId}, actors::ControlMessage::build(body), uint32_t(5000))
+        .receive([&](actors::ControlMessage& r) { rc = on_reply(r); }, [&](caf::error& e) { error = system.render(e); });
+  }
+  caf::anon_send_exit(bridge, caf::exit_reason::user_shutdown);
+  if (!error.empty()) {
+    std::fprintf(stderr, "troupe: cannot reach the job at %s: %s\n", ref.address.c_str(),
+                 error.find("timed_out") != std::string::npos
+                     ? (error + " (a wrong token is refused without an answer; check the token file)").c_str()
+                     : error.c_str());
+    return 1;
+  }
+  return rc;
+}
+
+}  // namespace
+
+int run_run(const std::vector<std::string>& words) { return run_job(words, true); }
+int run_coordinator(const std::vector<std::string>& words) { return run_job(words, false); }
+
+int run_agent_command(const std::vector<std::string>& words) {
+  Args args(words, {"join", "token-file", "devices", "name", "heartbeat-interval-ms", "failure-timeout-ms"}, {});
+  workers::AgentOptions o;
+  o.join = args.get("join");
+  if (o.join.empty() || !args.has("token-file")) throw std::invalid_argument("needs --join HOST:PORT and --token-file F");
+  std::tie(o.job_id, o.token) = workers::read_token_file(args.get("token-file"));
+  if (args.has("devices")) {
+    o.devices.clear();
+    std::stringstream ss(args.get("devices"));
+    for (std::string d; std::getline(ss, d, ',');) {
+      if (d.rfind("cpu:", 0) != 0) throw std::invalid_argument("device '" + d + "': only cpu:N devices are supported by this build's agent");
+      o.devices.push_back(d);
+    }
+  }
+  o.name = args.get("name");
+  o.heartbeat_interval = std::chrono::milliseconds(args.get_int("heartbeat-interval-ms", 200));
+  o.failure_timeout = std::chrono::milliseconds(args.get_int("failure-timeout-ms", 3000));
+  spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [job " + o.job_id + "] [" + (o.name.empty() ? "agent" : o.name) + "] [%l] %v");
+  return workers::run_agent(o);
+}
+
+int run_status(const std::vector<std::string>& words) {
+  Args args(words, {"run-dir", "coordinator", "token-file"}, {"json"});
+  bool json = args.has("json");
+  return admin_request(
+      args, [](proto::Envelope::Builder e) { e.initBody().setStatusRequest(); },
+      [&](actors::ControlMessage& r) {
+        auto body = r.envelope().getBody();
+        if (!body.isStatus()) {
+          std::fprintf(stderr, "troupe status: unexpected answer\n");
+          return 1;
+        }
+        auto s = body.getStatus();
+        if (json) {
+          std::string members = "[";
+          for (auto m : s.getMembers()) {
+            members += (members.size() > 1 ? "," : "") +
+                       coordinator::Json().integer("rank", m.getRank()).integer("agent", m.getAgentId())
+                           .integer("pid", m.getPid()).str("host", m.getHost()).str("device", m.getDevice()).text();
+          }
+          members += "]";
+          std::printf("%s\n", coordinator::Json().str("job", s.getJobName().cStr()).str("state", s.getState().cStr())
+                                  .integer("generation", long(s.getGeneration())).integer("step", long(s.getStep()))
+                                  .integer("steps", long(s.getSteps())).num("loss", s.getLastLoss()).raw("members", members)
+                                  .text().c_str());
+        } else {
+          std::printf("job %s: %s, generation %llu, step %llu/%llu, loss %.4f\n", s.getJobName().cStr(), s.getState().cStr(),
+                      (unsigned long long)s.getGeneration(), (unsigned long long)s.getStep(),
+                      (unsigned long long)s.getSteps(), s.getLastLoss());
+          std::printf("%6s %6s %8s %-20s %s\n", "rank", "agent", "pid", "host", "device");
+          for (auto m : s.getMembers())
+            std::printf("%6u %6u %8u %-20s %s\n", m.getRank(), m.getAgentId(), m.getPid(), m.getHost().cStr(), m.getDevice().cStr());
+        }
+        return 0;
+      });
+}
+
+int run_stop(const std::vector<std::string>& words) {
+  Args args(words, {"run-dir", "coordinator", "token-file"}, {});
+  return admin_request(
+      args, [](proto::Envelope::Builder e) { e.initBody().setStopRequest(); },
+      [](actors::ControlMessage& r) {
+        if (!r.envelope().getBody().isAck()) return 1;
+        std::printf("troupe: stop requested; the job stops after the current step\n");
+        return 0;
+      });
+}
+
+}  // namespace troupe::cli

@@ -1,0 +1,300 @@
+#include "coordinator/job.h"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <random>
+
+#include "actors/bridge.h"
+#include "actors/services.h"
+#include "coordinator/events.h"
+
+namespace troupe::coordinator {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using actors::ControlMessage;
+using timeout_atom = caf::atom_constant<caf::atom("jtimeout")>;
+
+ControlMessage ack() {
+  return ControlMessage::build([](proto::Envelope::Builder e) { e.initBody().setAck(); });
+}
+
+class Coordinator : public caf::event_based_actor {
+ public:
+  Coordinator(caf::actor_config& cfg, caf::actor bridge, JobConfig config, std::string run_dir, caf::actor observer)
+      : caf::event_based_actor(cfg), bridge_(std::move(bridge)), cfg_(std::move(config)), dir_(std::move(run_dir)),
+        observer_(std::move(observer)), log_(dir_, cfg_.ledger) {}
+
+  caf::behavior make_behavior() override {
+    log_.event("job_started", Json().str("job", cfg_.name).integer("steps", cfg_.steps).integer("workers", cfg_.workers()));
+    delayed_send(this, std::chrono::seconds(120), timeout_atom::value);
+    return {
+        [this](ControlMessage& m) -> ControlMessage { return on_message(m); },
+        [this](actors::NodeDown& d) { on_node_down(d); },
+        [this](actors::NodeUp&) {},
+        [this](timeout_atom) {
+          if (generation_ == 0 && !finished_) {
+            fail("only " + std::to_string(ready_.size()) + " of " + std::to_string(cfg_.workers()) +
+                 " workers became ready within 120 s");
+          }
+        },
+    };
+  }
+
+ private:
+  struct Agent {
+    uint32_t id;
+    uint64_t node;
+    std::string name, host;
+    uint32_t pid;
+    std::vector<std::string> devices;
+  };
+  struct Ready {
+    uint32_t agent, device;
+    std::string address;
+  };
+  struct StepAcc {
+    uint32_t reports = 0;
+    double loss = 0, seconds = 0;
+    uint64_t samples = 0, tokens = 0;
+  };
+
+  ControlMessage on_message(ControlMessage& m) {
+    auto env = m.envelope();
+    auto body = env.getBody();
+    switch (body.which()) {
+      case proto::Envelope::Body::JOIN: return on_join(env.getSrcNode(), body.getJoin());
+      case proto::Envelope::Body::WORKER_READY: on_ready(body.getWorkerReady()); break;
+      case proto::Envelope::Body::STEP_REPORT: on_step(body.getStepReport()); break;
+      case proto::Envelope::Body::WORKER_DONE: on_done(body.getWorkerDone()); break;
+      case proto::Envelope::Body::WORKER_FAILED:
+        fail("worker " + std::to_string(body.getWorkerFailed().getRank()) + " failed: " +
+             std::string(body.getWorkerFailed().getReason().cStr()));
+        break;
+      case proto::Envelope::Body::STATUS_REQUEST: return status();
+      case proto::Envelope::Body::STOP_REQUEST: return stop();
+      default: return actors::make_error_reply("invalid_input", "the coordinator does not take this message");
+    }
+    return ack();
+  }
+
+  ControlMessage on_join(uint64_t node, proto::Join::Reader j) {
+    if (generation_ != 0 || finished_) {
+      return actors::make_error_reply("refused", "the job is already running; joining a running job needs elasticity");
+    }
+    if (int64_t(agents_.size()) >= cfg_.agents) {
+      return actors::make_error_reply("refused", "the job already has its " + std::to_string(cfg_.agents) + " agents");
+    }
+    Agent a{uint32_t(agents_.size()), node, j.getAgentName(), j.getHost(), j.getPid(), {}};
+    for (auto d : j.getDevices()) a.devices.push_back(d);
+    agents_.push_back(a);
+    send(bridge_, actors::monitor_atom::value, node);
+    log_.event("member_joined", Json().integer("member", a.id).str("name", a.name).str("host", a.host)
+                                    .integer("pid", a.pid).integer("devices", long(a.devices.size())));
+    spdlog::info("agent {} joined: {} (pid {}, {} device(s))", a.id, a.name, a.pid, a.devices.size());
+    return ControlMessage::build([&](proto::Envelope::Builder e) {
+      auto s = e.initBody().initJobSpec();
+      s.setAgentId(a.id);
+      s.setJobName(cfg_.name);
+      s.setSeed(uint64_t(cfg_.seed));
+      s.setSteps(uint64_t(cfg_.steps));
+      s.setModelKind(cfg_.model_kind);
+      auto h = s.initHidden(unsigned(cfg_.hidden.size()));
+      for (unsigned i = 0; i < cfg_.hidden.size(); ++i) h.set(i, cfg_.hidden[i]);
+      s.setInputs(cfg_.inputs);
+      s.setClasses(cfg_.classes);
+      s.setLayers(cfg_.layers);
+      s.setDModel(cfg_.d_model);
+      s.setHeads(cfg_.heads);
+      s.setContext(cfg_.context);
+      s.setTiedHead(cfg_.tied_head);
+      s.setDataKind(cfg_.data_kind);
+      s.setDataPath(cfg_.data_path);
+      s.setSamples(cfg_.samples);
+      s.setGlobalBatch(cfg_.global_batch);
+      s.setMicroBatch(cfg_.micro_batch);
+      s.setOptimizer(cfg_.optimizer);
+      s.setLr(cfg_.lr);
+      s.setMomentum(cfg_.momentum);
+      s.setWeightDecay(cfg_.weight_decay);
+      s.setClipNorm(cfg_.clip_norm);
+      s.setWarmupSteps(cfg_.warmup_steps);
+      s.setDecaySteps(cfg_.decay_steps);
+      s.setThreadsPerWorker(cfg_.threads_per_worker);
+      s.setFailureTimeoutMs(cfg_.failure_timeout_ms);
+    });
+  }
+
+  void on_ready(proto::WorkerReady::Reader r) {
+    if (generation_ != 0) return;
+    ready_.push_back({r.getAgentId(), r.getDevice(), r.getAddress()});
+    if (int64_t(ready_.size()) < cfg_.workers()) return;
+    std::sort(ready_.begin(), ready_.end(), [](const Ready& a, const Ready& b) {
+      return std::tie(a.agent, a.device) < std::tie(b.agent, b.device);
+    });
+    generation_ = 1;
+    t_start_ = Clock::now();
+    auto msg = ControlMessage::build([&](proto::Envelope::Builder e) {
+      auto g = e.initBody().initGenerationStart();
+      g.setGeneration(generation_);
+      g.setStartStep(0);
+      auto ms = g.initMembers(unsigned(ready_.size()));
+      for (unsigned i = 0; i < ready_.size(); ++i) {
+        ms[i].setRank(i);
+        ms[i].setAgentId(ready_[i].agent);
+        ms[i].setDevice(ready_[i].device);
+        ms[i].setAddress(ready_[i].address);
+      }
+    });
+    for (auto& a : agents_) send(bridge_, actors::send_atom::value, actors::RemoteAddress{a.node, actors::kAgentActorId}, msg);
+    log_.event("generation_started", Json().integer("generation", long(generation_)).integer("world_size", long(ready_.size()))
+                                         .integer("step", 0));
+  }
+
+  void on_step(proto::StepReport::Reader r) {
+    if (cfg_.ledger) {
+      log_.ledger(Json().integer("step", long(r.getStep())).integer("generation", long(r.getGeneration()))
+                      .integer("member", r.getRank())
+                      .raw("positions", "[[" + std::to_string(r.getPositionBegin()) + "," + std::to_string(r.getPositionEnd()) + "]]"));
+    }
+    auto& acc = steps_[r.getStep()];
+    acc.reports++;
+    acc.loss = r.getLoss();
+    acc.samples += r.getSamples();
+    acc.tokens += r.getTokens();
+    acc.seconds = std::max(acc.seconds, r.getSeconds());
+    if (acc.reports < ready_.size()) return;
+    uint64_t step = r.getStep();
+    committed_ = step + 1;
+    last_loss_ = acc.loss;
+    double sps = acc.samples / std::max(acc.seconds, 1e-9), tps = acc.tokens / std::max(acc.seconds, 1e-9);
+    log_.event("step_committed", Json().integer("step", long(step)).num("loss", acc.loss).integer("samples", long(acc.samples))
+                                     .integer("generation", long(generation_)).integer("world_size", long(ready_.size())));
+    log_.metric(Json().integer("step", long(step)).num("loss", acc.loss).num("step_seconds", acc.seconds)
+                    .num("samples_per_s", sps).num("tokens_per_s", tps).integer("world_size", long(ready_.size())));
+    steps_.erase(step);
+    if (observer_) send(observer_, JobProgress{committed_, uint64_t(cfg_.steps), acc.loss, sps, tps, generation_, ready_.size()});
+  }
+
+  void on_done(proto::WorkerDone::Reader d) {
+    checksums_[d.getRank()] = d.getChecksum();
+    if (checksums_.size() < ready_.size()) return;
+    bool identical = true;
+    std::string list = "[";
+    for (auto& [rank, sum] : checksums_) {
+      identical = identical && sum == checksums_.begin()->second;
+      list += (list.size() > 1 ? "," : "") + std::string("\"") + fmt::format("{:016x}", sum) + "\"";
+    }
+    list += "]";
+    log_.event("job_finished", Json().integer("steps", long(committed_)).num("loss", last_loss_).str("state", stopping_ ? "stopped" : "completed")
+                                   .raw("checksums", list).boolean("identical_parameters", identical)
+                                   .num("seconds", std::chrono::duration<double>(Clock::now() - t_start_).count()));
+    finish(identical ? 0 : 1, identical ? "" : "members ended with different parameters");
+  }
+
+  void on_node_down(const actors::NodeDown& d) {
+    if (finished_) return;
+    for (auto& a : agents_) {
+      if (a.node != d.node) continue;
+      log_.event("member_failed", Json().integer("member", a.id).str("name", a.name).str("reason", d.code + ": " + d.reason));
+      fail("agent " + std::to_string(a.id) + " (" + a.name + ") was lost: " + d.code + ": " + d.reason);
+      return;
+    }
+  }
+
+  ControlMessage status() {
+    return ControlMessage::build([&](proto::Envelope::Builder e) {
+      auto s = e.initBody().initStatus();
+      s.setJobName(cfg_.name);
+      s.setState(finished_ ? "finished" : stopping_ ? "stopping" : generation_ ? "running" : "starting");
+      s.setGeneration(generation_);
+      s.setStep(committed_);
+      s.setSteps(uint64_t(cfg_.steps));
+      s.setLastLoss(last_loss_);
+      auto ms = s.initMembers(unsigned(ready_.size()));
+      for (unsigned i = 0; i < ready_.size(); ++i) {
+        const Agent& a = agents_.at(ready_[i].agent);
+        ms[i].setRank(i);
+        ms[i].setAgentId(a.id);
+        ms[i].setPid(a.pid);
+        ms[i].setHost(a.host);
+        ms[i].setDevice(ready_[i].device < a.devices.size() ? a.devices[ready_[i].device] : "?");
+      }
+    });
+  }
+
+  ControlMessage stop() {
+    if (!stopping_ && !finished_) {
+      stopping_ = true;
+      log_.event("stop_requested", Json().integer("step", long(committed_)));
+      auto msg = ControlMessage::build([](proto::Envelope::Builder e) { e.initBody().setStopAtNextStep(); });
+      for (auto& a : agents_) send(bridge_, actors::send_atom::value, actors::RemoteAddress{a.node, actors::kAgentActorId}, msg);
+    }
+    return ack();
+  }
+
+  void fail(const std::string& reason) {
+    if (finished_) return;
+    log_.event("job_failed", Json().str("reason", reason).integer("step", long(committed_)));
+    finish(1, reason);
+  }
+
+  void finish(int code, const std::string& reason) {
+    finished_ = true;
+    auto msg = ControlMessage::build([&](proto::Envelope::Builder e) {
+      auto s = e.initBody().initShutdown();
+      s.setReason(reason.empty() ? "the job is finished" : reason);
+      s.setExitCode(code);
+    });
+    for (auto& a : agents_) send(bridge_, actors::send_atom::value, actors::RemoteAddress{a.node, actors::kAgentActorId}, msg);
+    if (observer_) send(observer_, JobFinished{code, reason});
+  }
+
+  caf::actor bridge_;
+  JobConfig cfg_;
+  std::string dir_;
+  caf::actor observer_;
+  RunLog log_;
+  std::vector<Agent> agents_;
+  std::vector<Ready> ready_;
+  std::map<uint64_t, StepAcc> steps_;
+  std::map<uint32_t, uint64_t> checksums_;
+  uint64_t generation_ = 0, committed_ = 0;
+  double last_loss_ = 0;
+  bool stopping_ = false, finished_ = false;
+  Clock::time_point t_start_ = Clock::now();
+};
+
+}  // namespace
+
+caf::actor spawn_coordinator(caf::actor_system& system, caf::actor bridge, const JobConfig& config,
+                             const std::string& run_dir, caf::actor observer) {
+  auto c = system.spawn<Coordinator, caf::detached>(bridge, config, run_dir, observer);
+  caf::anon_send(bridge, actors::register_atom::value, actors::kCoordinatorActorId, c);
+  return c;
+}
+
+std::string new_token() {
+  std::random_device rd;
+  std::string t;
+  for (int i = 0; i < 4; ++i) t += fmt::format("{:016x}", (uint64_t(rd()) << 32) ^ rd());
+  return t;
+}
+
+void write_token_file(const std::string& path, const std::string& job_id, const std::string& token) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (fd < 0) throw std::runtime_error("cannot write the token file " + path);
+  std::string line = job_id + " " + token + "\n";
+  bool ok = ::write(fd, line.data(), line.size()) == ssize_t(line.size());
+  ::fchmod(fd, 0600);
+  ::close(fd);
+  if (!ok) throw std::runtime_error("cannot write the token file " + path);
+}
+
+}  // namespace troupe::coordinator

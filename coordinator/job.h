@@ -1,0 +1,52 @@
+// The job's coordinator: admits agents (job token checked by the bridge), hands them the job
+// spec (workers never read TOML), waits for every worker's data-plane address, starts the
+// generation with ranks, collects step reports into events.jsonl / metrics.jsonl / ledger.jsonl,
+// and ends the job when every worker is done (or fails it with a reason when one is lost).
+//
+// It is a CAF actor registered with the bridge as kCoordinatorActorId; the `troupe run` and
+// `troupe coordinator` commands and embedding programs (examples/embed) start it with
+// spawn_coordinator and receive JobProgress / JobFinished in an observer actor of their own.
+#pragma once
+
+#include <caf/all.hpp>
+
+#include <string>
+
+#include "coordinator/config.h"
+
+namespace troupe::coordinator {
+
+struct JobProgress {
+  uint64_t step = 0;    // committed steps so far
+  uint64_t steps = 0;   // job.steps
+  double loss = 0;      // of the last committed step
+  double samples_per_s = 0;
+  double tokens_per_s = 0;
+  uint64_t generation = 0;
+  uint64_t world_size = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, JobProgress& x) {
+  return f(caf::meta::type_name("job_progress"), x.step, x.steps, x.loss, x.samples_per_s, x.tokens_per_s,
+           x.generation, x.world_size);
+}
+
+struct JobFinished {
+  int exit_code = 0;
+  std::string reason;  // one line
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, JobFinished& x) {
+  return f(caf::meta::type_name("job_finished"), x.exit_code, x.reason);
+}
+
+// Spawns the coordinator (detached) and registers it with the bridge. The run directory must
+// exist. observer gets JobProgress after each committed step and one JobFinished.
+caf::actor spawn_coordinator(caf::actor_system& system, caf::actor bridge, const JobConfig& config,
+                             const std::string& run_dir, caf::actor observer);
+
+// Writes `token` for job_id to DIR/job.token readable only by its owner.
+void write_token_file(const std::string& path, const std::string& job_id, const std::string& token);
+std::string new_token();
+
+}  // namespace troupe::coordinator

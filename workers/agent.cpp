@@ -1,0 +1,261 @@
+#include "workers/agent.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "actors/bridge.h"
+#include "actors/services.h"
+#include "comm/ucx_communicator.h"
+#include "workers/worker.h"
+
+namespace troupe::workers {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using actors::ControlMessage;
+
+struct Member {
+  uint32_t rank, agent_id, device;
+  std::string address;
+};
+
+// What the agent actor learns from the coordinator, for the worker threads and main.
+struct AgentState {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t generation = 0, start_step = 0;
+  std::vector<Member> members;
+  std::atomic<bool> stop{false};
+  bool shutdown = false;
+  int exit_code = 0;
+  std::string reason;
+
+  void finish(int code, const std::string& why) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (shutdown) return;
+    shutdown = true;
+    exit_code = code;
+    reason = why;
+    stop.store(true);
+    cv.notify_all();
+  }
+};
+
+WorkerSpec spec_from(proto::JobSpec::Reader s) {
+  WorkerSpec w;
+  w.job_name = s.getJobName();
+  w.seed = s.getSeed();
+  w.steps = s.getSteps();
+  w.model.kind = s.getModelKind();
+  if (w.model.kind == "mlp") {
+    w.model.mlp_sizes = {size_t(s.getInputs())};
+    for (int64_t h : s.getHidden()) w.model.mlp_sizes.push_back(size_t(h));
+    w.model.mlp_sizes.push_back(size_t(s.getClasses()));
+  }
+  w.model.layers = size_t(s.getLayers());
+  w.model.d_model = size_t(s.getDModel());
+  w.model.heads = size_t(s.getHeads());
+  w.model.context = size_t(s.getContext());
+  w.model.tied_head = s.getTiedHead();
+  w.data_kind = s.getDataKind();
+  w.data_path = s.getDataPath();
+  w.samples = s.getSamples();
+  w.global_batch = s.getGlobalBatch();
+  w.micro_batch = s.getMicroBatch();
+  w.optimizer.kind = s.getOptimizer();
+  w.optimizer.lr = s.getLr();
+  w.optimizer.momentum = s.getMomentum();
+  w.optimizer.weight_decay = s.getWeightDecay();
+  w.optimizer.clip_norm = s.getClipNorm();
+  w.optimizer.warmup_steps = size_t(s.getWarmupSteps());
+  w.optimizer.decay_steps = size_t(s.getDecaySteps());
+  w.threads = int(s.getThreadsPerWorker());
+  w.failure_timeout_ms = s.getFailureTimeoutMs();
+  return w;
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+}  // namespace
+
+std::pair<std::string, std::string> read_token_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::invalid_argument("cannot read the token file '" + path + "'");
+  std::string job, token;
+  in >> job >> token;
+  if (job.empty() || token.empty()) throw std::invalid_argument("the token file '" + path + "' is not 'JOB_ID TOKEN'");
+  return {job, token};
+}
+
+int run_agent(const AgentOptions& o) {
+  caf::actor_system_config cfg;
+  actors::configure_system(cfg);
+  caf::actor_system system{cfg};
+  actors::BridgeConfig bc;
+  bc.job_id = o.job_id;
+  bc.token = o.token;
+  bc.heartbeat_interval = o.heartbeat_interval;
+  bc.failure_timeout = o.failure_timeout;
+  auto bridge = actors::spawn_bridge(system, bc);
+  caf::scoped_actor self{system};
+  auto state = std::make_shared<AgentState>();
+  const std::string name = o.name.empty() ? host_name() + ":" + std::to_string(getpid()) : o.name;
+
+  // The agent actor: the coordinator's pushes.
+  auto agent = system.spawn([state](caf::event_based_actor*) -> caf::behavior {
+    return {[state](ControlMessage& m) -> ControlMessage {
+      auto body = m.envelope().getBody();
+      if (body.isGenerationStart()) {
+        auto g = body.getGenerationStart();
+        std::lock_guard<std::mutex> lock(state->mu);
+        state->generation = g.getGeneration();
+        state->start_step = g.getStartStep();
+        state->members.clear();
+        for (auto mem : g.getMembers())
+          state->members.push_back({mem.getRank(), mem.getAgentId(), mem.getDevice(), mem.getAddress()});
+        state->cv.notify_all();
+      } else if (body.isStopAtNextStep()) {
+        state->stop.store(true);
+      } else if (body.isShutdown()) {
+        state->finish(body.getShutdown().getExitCode(), body.getShutdown().getReason());
+      }
+      return ControlMessage::build([](proto::Envelope::Builder e) { e.initBody().setAck(); });
+    }};
+  });
+  self->send(bridge, actors::register_atom::value, actors::kAgentActorId, agent);
+
+  auto stop_all = [&](int code) {
+    caf::anon_send_exit(agent, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(bridge, caf::exit_reason::user_shutdown);
+    return code;
+  };
+
+  uint64_t coord = 0;
+  std::string error;
+  self->request(bridge, std::chrono::seconds(30), actors::connect_atom::value, o.join)
+      .receive([&](uint64_t n) { coord = n; }, [&](caf::error& e) { error = system.render(e); });
+  if (!error.empty()) {
+    std::fprintf(stderr, "troupe agent: cannot reach the coordinator at %s: %s\n", o.join.c_str(), error.c_str());
+    return stop_all(1);
+  }
+  self->send(bridge, actors::monitor_atom::value, coord);
+  actors::RemoteAddress to_coord{coord, actors::kCoordinatorActorId};
+
+  // Join.
+  auto join = ControlMessage::build([&](proto::Envelope::Builder e) {
+    auto j = e.initBody().initJoin();
+    j.setAgentName(name);
+    j.setPid(uint32_t(getpid()));
+    j.setHost(host_name());
+    auto d = j.initDevices(unsigned(o.devices.size()));
+    for (unsigned i = 0; i < o.devices.size(); ++i) d.set(i, o.devices[i]);
+  });
+  ControlMessage spec_msg;
+  self->request(bridge, std::chrono::seconds(35), actors::request_atom::value, to_coord, join, uint32_t(30000))
+      .receive([&](ControlMessage& r) { spec_msg = r; }, [&](caf::error& e) { error = system.render(e); });
+  if (error.empty() && !spec_msg.envelope().getBody().isJobSpec()) error = "the coordinator answered without a job spec";
+  if (!error.empty()) {
+    std::fprintf(stderr, "troupe agent: join refused: %s\n", error.c_str());
+    return stop_all(1);
+  }
+  WorkerSpec spec = spec_from(spec_msg.envelope().getBody().getJobSpec());
+  const uint32_t agent_id = spec_msg.envelope().getBody().getJobSpec().getAgentId();
+  spdlog::info("agent {} joined job '{}' as agent {} with {} device(s)", name, spec.job_name, agent_id, o.devices.size());
+
+  // One worker per device, each on its own thread.
+  std::vector<std::thread> threads;
+  for (uint32_t dev = 0; dev < o.devices.size(); ++dev) {
+    threads.emplace_back([&, dev] {
+      auto send = [&](ControlMessage m) { caf::anon_send(bridge, actors::send_atom::value, to_coord, std::move(m)); };
+      int rank = -1;
+      try {
+        Worker worker(spec);
+        comm::UcxCommOptions co;
+        co.timeout = std::chrono::milliseconds(spec.failure_timeout_ms);
+        comm::UcxCommunicator comm(1, co);
+        send(ControlMessage::build([&](proto::Envelope::Builder e) {
+          auto w = e.initBody().initWorkerReady();
+          w.setAgentId(agent_id);
+          w.setDevice(dev);
+          w.setAddress(comm.address());
+        }));
+        std::vector<Member> members;
+        uint64_t gen = 0, start = 0;
+        {
+          std::unique_lock<std::mutex> lock(state->mu);
+          state->cv.wait_for(lock, std::chrono::seconds(120), [&] { return state->generation > 0 || state->shutdown; });
+          if (state->shutdown || state->generation == 0) return;
+          members = state->members;
+          gen = state->generation;
+          start = state->start_step;
+        }
+        std::vector<std::string> addresses(members.size());
+        for (auto& m : members) {
+          addresses[m.rank] = m.address;
+          if (m.agent_id == agent_id && m.device == dev) rank = int(m.rank);
+        }
+        if (rank < 0) throw std::runtime_error("this worker is not in generation " + std::to_string(gen));
+        comm.connect(rank, addresses, std::chrono::milliseconds(std::max<int64_t>(10000, spec.failure_timeout_ms)));
+        auto result = worker.run(
+            comm, start,
+            [&](const StepInfo& s) {
+              send(ControlMessage::build([&](proto::Envelope::Builder e) {
+                auto r = e.initBody().initStepReport();
+                r.setGeneration(gen);
+                r.setStep(s.step);
+                r.setRank(uint32_t(rank));
+                r.setLoss(s.loss);
+                r.setSamples(s.samples);
+                r.setTokens(s.tokens);
+                r.setPositionBegin(s.position_begin);
+                r.setPositionEnd(s.position_end);
+                r.setSeconds(s.seconds);
+              }));
+            },
+            [&] { return state->stop.load(); });
+        send(ControlMessage::build([&](proto::Envelope::Builder e) {
+          auto d = e.initBody().initWorkerDone();
+          d.setRank(uint32_t(rank));
+          d.setGeneration(gen);
+          d.setSteps(result.next_step);
+          d.setChecksum(worker.checksum());
+        }));
+      } catch (const std::exception& ex) {
+        spdlog::error("worker {} (rank {}) failed: {}", dev, rank, ex.what());
+        send(ControlMessage::build([&](proto::Envelope::Builder e) {
+          auto f = e.initBody().initWorkerFailed();
+          f.setRank(rank < 0 ? dev : uint32_t(rank));
+          f.setReason(ex.what());
+        }));
+      }
+    });
+  }
+
+  // Wait for the coordinator's shutdown, or its loss.
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(state->mu);
+      if (state->shutdown) break;
+    }
+    self->receive(
+        [&](actors::NodeDown& d) {
+          if (d.node == coord) state->finish(1, "the coordinator was lost (" + d.code + ": " + d.reason + ")");
+        },
+        caf::after(std::chrono::milliseconds(100)) >> [] {});
+  }
+  for (auto& t : threads) t.join();
+  int code = state->exit_code;
+  if (code != 0) std::fprintf(stderr, "troupe agent: %s\n", state->reason.c_str());
+  return stop_all(code);
+}
+
+}  // namespace troupe::workers

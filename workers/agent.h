@@ -1,0 +1,28 @@
+// The agent: one per host. It joins the coordinator (presenting the job token), receives the job
+// spec, runs one worker per device on the worker's own thread, and follows the coordinator's
+// generations until told to shut down. Exits non-zero with a one-line reason when the job cannot
+// go on (coordinator lost, refused, a worker failed).
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace troupe::workers {
+
+struct AgentOptions {
+  std::string join;                         // coordinator HOST:PORT
+  std::string job_id;                       // from the token file
+  std::string token;                        // from the token file
+  std::vector<std::string> devices{"cpu:0"};
+  std::string name;                         // for logs; default: host:pid
+  std::chrono::milliseconds heartbeat_interval{200};
+  std::chrono::milliseconds failure_timeout{3000};
+};
+
+int run_agent(const AgentOptions& options);
+
+// Reads a token file ("JOB_ID TOKEN"); throws std::invalid_argument naming the file.
+std::pair<std::string, std::string> read_token_file(const std::string& path);
+
+}  // namespace troupe::workers

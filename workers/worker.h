@@ -1,0 +1,67 @@
+// A worker trains its share of every step on one device: forward and backward over its global
+// sample positions, an allreduce of each block's gradient buffer (one call per block: few large
+// calls), an allreduce of the step's loss and stop vote, then the same clipped update on every
+// rank. Knows nothing of actors; the agent runs it on its own thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "models/data.h"
+#include "models/trainer.h"
+
+namespace troupe::workers {
+
+struct WorkerSpec {
+  std::string job_name;
+  uint64_t seed = 0, steps = 0;
+  models::ModelSpec model;
+  std::string data_kind = "synthetic", data_path;
+  int64_t samples = 20000;
+  int64_t global_batch = 64, micro_batch = 64;
+  models::OptimizerSpec optimizer;
+  int threads = 1;
+  int64_t failure_timeout_ms = 3000;
+};
+
+// The half-open range of a step's global positions that rank r of n uses (uneven splits allowed).
+std::pair<uint64_t, uint64_t> share_of(uint64_t global_batch, int rank, int size);
+
+struct StepInfo {
+  uint64_t step = 0;
+  double loss = 0;  // global mean loss of the step
+  uint64_t position_begin = 0, position_end = 0;
+  uint64_t samples = 0, tokens = 0;
+  double seconds = 0;
+};
+
+struct TrainResult {
+  uint64_t next_step = 0;
+  bool stopped = false;  // a stop was voted
+};
+
+class Worker {
+ public:
+  // Builds the model (initialised from the seed), optimizer and data. Throws std::invalid_argument.
+  explicit Worker(const WorkerSpec& spec);
+
+  // Runs steps [start, spec.steps) with the members of comm; stops early after a step in which any
+  // rank's stop_requested() was true. Throws comm::Error when the data plane fails.
+  TrainResult run(comm::Communicator& comm, uint64_t start, const std::function<void(const StepInfo&)>& on_step,
+                  const std::function<bool()>& stop_requested);
+
+  uint64_t checksum() const;  // FNV-1a over all parameters
+
+ private:
+  WorkerSpec spec_;
+  std::unique_ptr<models::Dataset> data_;
+  std::unique_ptr<models::Model> model_;
+  std::unique_ptr<models::Optimizer> opt_;
+  std::unique_ptr<models::Trainer> trainer_;
+};
+
+}  // namespace troupe::workers
