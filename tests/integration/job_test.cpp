@@ -1,0 +1,225 @@
+// The job end to end, as a user runs it: `troupe run CONFIG` with local agents (real processes),
+// the run directory's logs, equivalence across world sizes, config errors, status and stop.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "coordinator/process.h"
+#include "tests/harness/harness.h"
+
+namespace troupe {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string field(const std::string& line, const std::string& key) {
+  auto at = line.find("\"" + key + "\":");
+  if (at == std::string::npos) return "";
+  at += key.size() + 3;
+  if (line[at] == '"') return line.substr(at + 1, line.find('"', at + 1) - at - 1);
+  auto end = line.find_first_of(",}", at);
+  return line.substr(at, end - at);
+}
+
+std::vector<std::string> lines_of(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> out;
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+
+std::string write_config(const testing::TempDir& dir, const std::string& name, const std::string& text) {
+  std::string path = dir.path() + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+const char* kMlp = R"([job]
+name = "equiv"
+seed = 3
+steps = 30
+[model]
+kind = "mlp"
+inputs = 64
+hidden = [64]
+classes = 10
+[data]
+kind = "synthetic"
+samples = 4096
+ledger = true
+[batch]
+global = 48
+micro = 8
+[optimizer]
+kind = "adamw"
+lr = 0.003
+clip_norm = 1.0
+)";
+
+struct RunResult {
+  int exit_code = -1;
+  std::string run_dir, output;
+};
+
+RunResult troupe_run(const testing::TempDir& dir, const std::string& config, std::vector<std::string> sets,
+               std::chrono::seconds timeout = 300s) {
+  static int n = 0;
+  RunResult r;
+  r.run_dir = dir.path() + "/run" + std::to_string(n++);
+  std::vector<std::string> argv{testing::troupe_binary(), "run", config, "--set", "job.run_dir=\"" + r.run_dir + "\""};
+  for (auto& s : sets) {
+    argv.push_back("--set");
+    argv.push_back(s);
+  }
+  std::string out = r.run_dir + ".out";
+  coordinator::ChildProcess p({argv, out, out, {}});
+  auto status = p.wait(timeout);
+  if (status && WIFEXITED(*status)) r.exit_code = WEXITSTATUS(*status);
+  std::ifstream in(out);
+  r.output.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return r;
+}
+
+std::vector<double> losses(const std::string& run_dir) {
+  std::vector<double> out;
+  for (auto& l : lines_of(run_dir + "/events.jsonl"))
+    if (field(l, "event") == "step_committed") out.push_back(std::stod(field(l, "loss")));
+  return out;
+}
+
+// Every committed step used exactly its global batch: positions [s*B, (s+1)*B), each once.
+void check_ledger(const std::string& run_dir, int steps, int B) {
+  std::map<long, std::vector<std::pair<long, long>>> by_step;
+  for (auto& l : lines_of(run_dir + "/ledger.jsonl")) {
+    long step = std::stol(field(l, "step"));
+    auto p = l.find("\"positions\":[[");
+    ASSERT_NE(p, std::string::npos) << l;
+    long a = 0, b = 0;
+    ASSERT_EQ(std::sscanf(l.c_str() + p + 14, "%ld,%ld", &a, &b), 2) << l;
+    by_step[step].push_back({a, b});
+  }
+  ASSERT_EQ(int(by_step.size()), steps);
+  for (auto& [step, ranges] : by_step) {
+    std::sort(ranges.begin(), ranges.end());
+    long at = step * B;
+    for (auto& [a, b] : ranges) {
+      ASSERT_EQ(a, at) << "step " << step << ": a gap or an overlap";
+      at = b;
+    }
+    ASSERT_EQ(at, (step + 1) * B) << "step " << step;
+  }
+}
+
+TEST(Job, SameLossesAtWorldSizesOneToFour) {
+  testing::TempDir dir;
+  std::string config = write_config(dir, "mlp.toml", kMlp);
+  std::vector<double> reference;
+  for (int world : {1, 2, 3, 4}) {
+    RunResult r = troupe_run(dir, config, {"cluster.agents=" + std::to_string(world)});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    auto l = losses(r.run_dir);
+    ASSERT_EQ(l.size(), 30u) << r.output;
+    auto events = lines_of(r.run_dir + "/events.jsonl");
+    ASSERT_EQ(field(events.back(), "event"), "job_finished");
+    EXPECT_EQ(field(events.back(), "identical_parameters"), "true") << events.back();
+    check_ledger(r.run_dir, 30, 48);
+    if (world == 1) {
+      reference = l;
+      EXPECT_LT(l.back(), 0.85 * l.front()) << "the loss did not fall";
+      continue;
+    }
+    for (size_t i = 0; i < l.size(); ++i) {
+      EXPECT_NEAR(l[i], reference[i], 1e-4 * std::abs(reference[i])) << "world " << world << ", step " << i;
+    }
+    std::printf("world %d: step 29 loss %.6f vs %.6f at world 1\n", world, l.back(), reference.back());
+  }
+}
+
+TEST(Job, QuickstartRunsAndItsLossFalls) {
+  testing::TempDir dir;
+  RunResult r = troupe_run(dir, std::string(TROUPE_SOURCE_DIR) + "/configs/quickstart.toml", {"job.steps=40"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto l = losses(r.run_dir);
+  ASSERT_EQ(l.size(), 40u);
+  double first = (l[0] + l[1] + l[2]) / 3, last = (l[37] + l[38] + l[39]) / 3;
+  std::printf("quickstart: loss %.3f -> %.3f over 40 steps\n", first, last);
+  EXPECT_LT(last, first - 1.0);
+  EXPECT_NE(r.output.find("finished: 40 steps"), std::string::npos) << r.output;
+  for (const char* f : {"config.toml", "coordinator.addr", "metrics.jsonl", "job.token", "agent-0.log", "agent-1.log"})
+    EXPECT_TRUE(std::ifstream(r.run_dir + "/" + f).good()) << f;
+}
+
+TEST(Job, BadConfigsExitNonZeroWithTheReasonAndStartNothing) {
+  testing::TempDir dir;
+  struct Case {
+    const char* text;
+    const char* expect;
+  } cases[] = {
+      {"[job]\nsteps = \n", "syntax error"},
+      {"[job]\nstpes = 3\n", "unknown key job.stpes; did you mean job.steps?"},
+      {"[batch]\nglobal = 2.5\n", "batch.global must be an integer"},
+      {"[optimizer]\nlr = 0.0\n", "optimizer.lr = 0 is out of range"},
+      {"[model]\nkind = \"gpt\"\n[data]\nkind = \"text\"\npath = \"/nonexistent/text.txt\"\n", "does not exist"},
+  };
+  int i = 0;
+  for (auto& c : cases) {
+    std::string config = write_config(dir, "bad" + std::to_string(i++) + ".toml", c.text);
+    RunResult r = troupe_run(dir, config, {}, 30s);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find(c.expect), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(config), std::string::npos) << "the message names the file: " << r.output;
+    EXPECT_FALSE(std::ifstream(r.run_dir + "/events.jsonl").good()) << "a job was started";
+  }
+}
+
+TEST(Job, StatusAndStopAgainstARunningJob) {
+  testing::TempDir dir;
+  std::string config = write_config(dir, "long.toml", kMlp);
+  std::string run_dir = dir.path() + "/long";
+  std::string out = dir.path() + "/long.out";
+  coordinator::ChildProcess run({{testing::troupe_binary(), "run", config, "--set", "job.steps=1000000", "--set",
+                                  "job.run_dir=\"" + run_dir + "\"", "--set", "cluster.agents=2"},
+                                 out, out, {}});
+  // Wait for a few committed steps.
+  auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (losses(run_dir).size() < 5) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the job made no progress";
+    std::this_thread::sleep_for(50ms);
+  }
+  auto status_out = dir.path() + "/status.out";
+  coordinator::ChildProcess status({{testing::troupe_binary(), "status", "--run-dir", run_dir, "--json"}, status_out, status_out, {}});
+  auto st = status.wait(30s);
+  ASSERT_TRUE(st && WIFEXITED(*st) && WEXITSTATUS(*st) == 0);
+  std::string json = lines_of(status_out).at(0);
+  EXPECT_EQ(field(json, "state"), "running") << json;
+  EXPECT_EQ(field(json, "generation"), "1") << json;
+  EXPECT_NE(json.find("\"rank\":1"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"pid\":"), std::string::npos) << json;
+
+  // A wrong token is refused.
+  std::ofstream(dir.path() + "/wrong.token") << "equiv not-the-token\n";
+  std::string addr = lines_of(run_dir + "/coordinator.addr").at(0);
+  coordinator::ChildProcess bad({{testing::troupe_binary(), "status", "--coordinator", addr, "--token-file", dir.path() + "/wrong.token"},
+                                 dir.path() + "/bad.out", dir.path() + "/bad.out", {}});
+  auto bst = bad.wait(60s);
+  ASSERT_TRUE(bst && WIFEXITED(*bst));
+  EXPECT_NE(WEXITSTATUS(*bst), 0);
+
+  coordinator::ChildProcess stop({{testing::troupe_binary(), "stop", "--run-dir", run_dir}, "", "", {}});
+  auto sst = stop.wait(30s);
+  ASSERT_TRUE(sst && WIFEXITED(*sst) && WEXITSTATUS(*sst) == 0);
+  auto rst = run.wait(60s);
+  ASSERT_TRUE(rst) << "the job did not stop";
+  EXPECT_EQ(WEXITSTATUS(*rst), 0);
+  auto events = lines_of(run_dir + "/events.jsonl");
+  EXPECT_EQ(field(events.back(), "event"), "job_finished");
+  EXPECT_EQ(field(events.back(), "state"), "stopped");
+  EXPECT_EQ(field(events.back(), "identical_parameters"), "true");
+}
+
+}  // namespace
+}  // namespace troupe
