@@ -483,6 +483,9 @@ class Back : public caf::event_based_actor {
     shared_->fail_pending(0, ControlErrc::peer_lost, "the bridge stopped");
     for (auto& [id, rp] : connects_) rp.deliver(make_control_error(ControlErrc::refused, "the bridge stopped"));
     connects_.clear();
+    // Watchers and observers may hold the bridge themselves: drop them, or neither goes away.
+    watchers_.clear();
+    observers_.clear();
     std::lock_guard<std::mutex> lock(shared_->mu);
     shared_->registry.clear();
     shared_->awaited.clear();

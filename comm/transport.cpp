@@ -229,7 +229,11 @@ struct Transport::Impl {
   }
 
   void shutdown() {
-    // Fail connects in flight, then close every endpoint (flush with a short deadline).
+    // Send what was queued before the stop, then fail connects in flight and close every
+    // endpoint: flushing first (so a last message, e.g. a shutdown, arrives), forcing after 1 s.
+    drain_ops();
+    for (int i = 0; i < 100 && ucp_worker_progress(worker.get()) != 0; ++i) {
+    }
     for (auto& [ep, peer] : peers) {
       if (peer->connect_done) {
         fail_connect(peer.get(), Errc::aborted,
@@ -237,11 +241,11 @@ struct Transport::Impl {
       }
       if (peer->state != PeerState::closing) to_close.push_back(peer.get());
     }
-    close_pending(/*force=*/true);
+    close_pending(/*force=*/false);
     auto deadline = Clock::now() + std::chrono::seconds(1);
     while (!closing.empty() && Clock::now() < deadline) {
       ucp_worker_progress(worker.get());
-      close_pending(true);
+      close_pending(false);
     }
     for (auto& [peer, req] : closing) ucp_request_free(req);
     closing.clear();

@@ -31,6 +31,12 @@ class Coordinator : public caf::event_based_actor {
       : caf::event_based_actor(cfg), bridge_(std::move(bridge)), cfg_(std::move(config)), dir_(std::move(run_dir)),
         observer_(std::move(observer)), log_(dir_, cfg_.ledger) {}
 
+  void on_exit() override {
+    // The bridge and the observer may refer back to this actor: release them.
+    bridge_ = caf::actor();
+    observer_ = caf::actor();
+  }
+
   caf::behavior make_behavior() override {
     log_.event("job_started", Json().str("job", cfg_.name).integer("steps", cfg_.steps).integer("workers", cfg_.workers()));
     delayed_send(this, std::chrono::seconds(120), timeout_atom::value);
