@@ -193,6 +193,7 @@ class Handler : public comm::TransportHandler {
     auto result = shared_->validator.decode(std::move(frame), from);
     if (auto* rej = std::get_if<comm::Rejection>(&result)) {
       log_rejection(from, *rej);
+      refuse(from, *rej);
       return;
     }
     ControlMessage msg(std::get<std::shared_ptr<const comm::DecodedFrame>>(std::move(result)));
@@ -233,7 +234,8 @@ class Handler : public comm::TransportHandler {
     }
     if (env.getBody().isError()) {
       auto err = env.getBody().getError();
-      auto code = std::string(err.getCode().cStr()) == "no_actor" ? ControlErrc::no_actor : ControlErrc::remote;
+      std::string c = err.getCode().cStr();
+      auto code = c == "no_actor" ? ControlErrc::no_actor : c == "refused" ? ControlErrc::refused : ControlErrc::remote;
       Shared::respond(p, caf::make_message(make_control_error(code, err.getMessage().cStr())), &unit_);
     } else {
       Shared::respond(p, caf::make_message(std::move(msg)), &unit_);
@@ -268,6 +270,22 @@ class Handler : public comm::TransportHandler {
     dst->enqueue(caf::make_mailbox_element(shared_->reply_port, caf::make_message_id(local), {},
                                            std::move(msg)),
                  &unit_);
+  }
+
+  // A request refused for its job, token or generation gets an answer saying so (with the
+  // sender's own job id and token echoed, which it will accept): a clear message, not a timeout.
+  void refuse(comm::NodeId from, const comm::Rejection& rej) {
+    if (!rej.frame) return;
+    auto env = rej.frame->envelope();
+    if (env.getRequestId() == 0 || env.getIsReply()) return;
+    auto reply = make_error_reply("refused", rej.reason == comm::Reject::wrong_job
+                                                 ? "refused: wrong job id or token for this job"
+                                                 : "refused: " + rej.detail + "; rejoin the current generation");
+    comm::EnvelopeHeader h = shared_->header(env.getSrcActor(), env.getRequestId(), true, env.getDstActor());
+    h.job_id = env.getJobId().cStr();
+    h.token.assign(reinterpret_cast<const char*>(env.getToken().begin()), env.getToken().size());
+    h.generation = 0;
+    if (auto t = shared_->transport()) t->send(from, reply.encode(h));
   }
 
   void log_rejection(comm::NodeId from, const comm::Rejection& rej) {

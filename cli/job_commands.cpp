@@ -196,10 +196,7 @@ int admin_request(const Args& args, const std::function<void(proto::Envelope::Bu
   }
   caf::anon_send_exit(bridge, caf::exit_reason::user_shutdown);
   if (!error.empty()) {
-    std::fprintf(stderr, "troupe: cannot reach the job at %s: %s\n", ref.address.c_str(),
-                 error.find("timed_out") != std::string::npos
-                     ? (error + " (a wrong token is refused without an answer; check the token file)").c_str()
-                     : error.c_str());
+    std::fprintf(stderr, "troupe: the job at %s did not answer: %s\n", ref.address.c_str(), error.c_str());
     return 1;
   }
   return rc;

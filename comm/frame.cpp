@@ -45,9 +45,9 @@ DecodedFrame::DecodedFrame(Buffer bytes, const capnp::ReaderOptions& options)
 FrameValidator::FrameValidator(std::string job_id, std::string token, FrameLimits limits)
     : job_id_(std::move(job_id)), token_(std::move(token)), limits_(limits) {}
 
-Rejection FrameValidator::reject(Reject r, std::string detail) const {
+Rejection FrameValidator::reject(Reject r, std::string detail, std::shared_ptr<const DecodedFrame> frame) const {
   counters_[size_t(r)].fetch_add(1);
-  return Rejection{r, std::move(detail)};
+  return Rejection{r, std::move(detail), std::move(frame)};
 }
 
 std::variant<std::shared_ptr<const DecodedFrame>, Rejection> FrameValidator::decode(
@@ -74,12 +74,12 @@ std::variant<std::shared_ptr<const DecodedFrame>, Rejection> FrameValidator::dec
     return reject(Reject::spoofed, "srcNode does not match the sending node");
   }
   if (env.getJobId() != job_id_.c_str() || !equal_bytes(env.getToken(), token_)) {
-    return reject(Reject::wrong_job, "job id or token does not match job '" + job_id_ + "'");
+    return reject(Reject::wrong_job, "job id or token does not match job '" + job_id_ + "'", decoded);
   }
   uint64_t current = generation_.load();
   if (env.getGeneration() != 0 && env.getGeneration() < current) {
-    return reject(Reject::stale, "generation " + std::to_string(env.getGeneration()) +
-                                     " is older than " + std::to_string(current));
+    return reject(Reject::stale, "generation " + std::to_string(env.getGeneration()) + " is older than " +
+                                     std::to_string(current), decoded);
   }
   switch (env.getBody().which()) {
     case proto::Envelope::Body::HEARTBEAT:

@@ -51,6 +51,9 @@ class DecodedFrame {
 struct Rejection {
   Reject reason;
   std::string detail;
+  // For wrong_job and stale: the envelope itself (well-formed), so the receiver can tell the
+  // sender why it is refused instead of leaving it to time out.
+  std::shared_ptr<const DecodedFrame> frame;
 };
 
 struct FrameLimits {
@@ -75,7 +78,7 @@ class FrameValidator {
   uint64_t accepted() const { return accepted_.load(); }
 
  private:
-  Rejection reject(Reject r, std::string detail) const;
+  Rejection reject(Reject r, std::string detail, std::shared_ptr<const DecodedFrame> frame = nullptr) const;
 
   std::string job_id_;
   std::string token_;

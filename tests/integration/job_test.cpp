@@ -244,6 +244,9 @@ TEST(Job, StatusAndStopAgainstARunningJob) {
   auto bst = bad.wait(60s);
   ASSERT_TRUE(bst && WIFEXITED(*bst));
   EXPECT_NE(WEXITSTATUS(*bst), 0);
+  auto bad_out = lines_of(dir.path() + "/bad.out");
+  ASSERT_FALSE(bad_out.empty());
+  EXPECT_NE(bad_out.back().find("wrong job id or token"), std::string::npos) << bad_out.back();
 
   coordinator::ChildProcess stop({{testing::troupe_binary(), "stop", "--run-dir", run_dir}, "", "", {}});
   auto sst = stop.wait(30s);
