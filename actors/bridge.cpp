@@ -42,7 +42,8 @@ std::string hex(uint64_t node) { return fmt::format("{:016x}", node); }
 struct Shared {
   explicit Shared(const BridgeConfig& c)
       : config(c),
-        validator(c.job_id, c.token, comm::FrameLimits{c.transport.max_frame_bytes, 4u << 20, 16}) {}
+        validator(c.job_id, c.token, comm::FrameLimits{c.transport.max_frame_bytes, 4u << 20, 16}) {
+  }
 
   struct Pending {  // a local actor's request to another node
     caf::strong_actor_ptr sender;
@@ -60,7 +61,7 @@ struct Shared {
   const BridgeConfig config;
   comm::FrameValidator validator;
   uint64_t self = 0;
-  caf::actor_addr back;            // weak: the transport must not keep Back alive
+  caf::actor_addr back;  // weak: the transport must not keep Back alive
   caf::strong_actor_ptr reply_port;
 
   std::mutex mu;
@@ -106,8 +107,8 @@ struct Shared {
   // Answers a waiting requester (on any thread; host: the caller's execution unit, if any).
   static void respond(const Pending& p, caf::message content, caf::execution_unit* host = nullptr) {
     if (p.sender) {
-      p.sender->enqueue(caf::make_mailbox_element(nullptr, p.mid.response_id(), {}, std::move(content)),
-                        host);
+      p.sender->enqueue(
+          caf::make_mailbox_element(nullptr, p.mid.response_id(), {}, std::move(content)), host);
     }
   }
 
@@ -140,7 +141,10 @@ struct Shared {
         }
       }
       for (auto it = awaited.begin(); it != awaited.end();) {
-        if (now > it->second.deadline) it = awaited.erase(it); else ++it;
+        if (now > it->second.deadline)
+          it = awaited.erase(it);
+        else
+          ++it;
       }
     }
     for (auto& p : expired)
@@ -212,7 +216,8 @@ class Handler : public comm::TransportHandler {
   }
 
   void on_peer_connected(comm::NodeId node) override {
-    if (auto back = caf::actor_cast<caf::actor>(shared_->back)) caf::anon_send(back, up_atom::value, node);
+    if (auto back = caf::actor_cast<caf::actor>(shared_->back))
+      caf::anon_send(back, up_atom::value, node);
   }
 
   void on_peer_lost(comm::NodeId node, comm::Errc why, const std::string& reason) override {
@@ -235,8 +240,11 @@ class Handler : public comm::TransportHandler {
     if (env.getBody().isError()) {
       auto err = env.getBody().getError();
       std::string c = err.getCode().cStr();
-      auto code = c == "no_actor" ? ControlErrc::no_actor : c == "refused" ? ControlErrc::refused : ControlErrc::remote;
-      Shared::respond(p, caf::make_message(make_control_error(code, err.getMessage().cStr())), &unit_);
+      auto code = c == "no_actor"  ? ControlErrc::no_actor
+                  : c == "refused" ? ControlErrc::refused
+                                   : ControlErrc::remote;
+      Shared::respond(p, caf::make_message(make_control_error(code, err.getMessage().cStr())),
+                      &unit_);
     } else {
       Shared::respond(p, caf::make_message(std::move(msg)), &unit_);
     }
@@ -250,22 +258,24 @@ class Handler : public comm::TransportHandler {
     if (!dst) {
       shared_->rejected_no_actor.fetch_add(1);
       if (request_id != 0) {
-        auto reply = make_error_reply("no_actor", "no actor " + std::to_string(dst_actor) +
-                                                      " at node " + hex(shared_->self));
+        auto reply = make_error_reply(
+            "no_actor", "no actor " + std::to_string(dst_actor) + " at node " + hex(shared_->self));
         shared_->send(from, reply, shared_->header(env.getSrcActor(), request_id, true, 0));
       }
       return;
     }
     if (request_id == 0) {
-      dst->enqueue(caf::make_mailbox_element(nullptr, caf::make_message_id(), {}, std::move(msg)), &unit_);
+      dst->enqueue(caf::make_mailbox_element(nullptr, caf::make_message_id(), {}, std::move(msg)),
+                   &unit_);
       return;
     }
     uint64_t local;
     {
       std::lock_guard<std::mutex> lock(shared_->mu);
       local = ++shared_->next_awaited;
-      shared_->awaited.emplace(local, Shared::Awaited{from, request_id, dst_actor,
-                                                      Clock::now() + shared_->config.failure_timeout * 4});
+      shared_->awaited.emplace(local,
+                               Shared::Awaited{from, request_id, dst_actor,
+                                               Clock::now() + shared_->config.failure_timeout * 4});
     }
     dst->enqueue(caf::make_mailbox_element(shared_->reply_port, caf::make_message_id(local), {},
                                            std::move(msg)),
@@ -278,10 +288,12 @@ class Handler : public comm::TransportHandler {
     if (!rej.frame) return;
     auto env = rej.frame->envelope();
     if (env.getRequestId() == 0 || env.getIsReply()) return;
-    auto reply = make_error_reply("refused", rej.reason == comm::Reject::wrong_job
-                                                 ? "refused: wrong job id or token for this job"
-                                                 : "refused: " + rej.detail + "; rejoin the current generation");
-    comm::EnvelopeHeader h = shared_->header(env.getSrcActor(), env.getRequestId(), true, env.getDstActor());
+    auto reply = make_error_reply(
+        "refused", rej.reason == comm::Reject::wrong_job
+                       ? "refused: wrong job id or token for this job"
+                       : "refused: " + rej.detail + "; rejoin the current generation");
+    comm::EnvelopeHeader h =
+        shared_->header(env.getSrcActor(), env.getRequestId(), true, env.getDstActor());
     h.job_id = env.getJobId().cStr();
     h.token.assign(reinterpret_cast<const char*>(env.getToken().begin()), env.getToken().size());
     h.generation = 0;
@@ -380,7 +392,8 @@ class Front : public caf::monitorable_actor {
                ControlMessage& msg, std::chrono::milliseconds timeout, caf::execution_unit* host) {
     Shared::Pending p{std::move(sender), mid, dst.node, Clock::now() + timeout};
     if (dst.node == shared_->self && dst.actor == kBridgeActorId) {  // this bridge's own stats
-      back_->enqueue(caf::make_mailbox_element(std::move(p.sender), mid, {}, stats_atom::value), host);
+      back_->enqueue(caf::make_mailbox_element(std::move(p.sender), mid, {}, stats_atom::value),
+                     host);
       return;
     }
     if (dst.node == shared_->self) {  // in-process: the local actor answers the requester itself
@@ -396,8 +409,9 @@ class Front : public caf::monitorable_actor {
     }
     auto t = shared_->transport();
     if (!t || !t->is_connected(dst.node)) {
-      Shared::respond(p, caf::make_message(make_control_error(
-                             ControlErrc::peer_lost, "node " + hex(dst.node) + " is not connected")));
+      Shared::respond(
+          p, caf::make_message(make_control_error(ControlErrc::peer_lost,
+                                                  "node " + hex(dst.node) + " is not connected")));
       return;
     }
     uint64_t id;
@@ -416,7 +430,9 @@ class Front : public caf::monitorable_actor {
 class Back : public caf::event_based_actor {
  public:
   Back(caf::actor_config& cfg, std::shared_ptr<Shared> shared)
-      : caf::event_based_actor(cfg), shared_(std::move(shared)), detector_(shared_->config.failure_timeout) {}
+      : caf::event_based_actor(cfg),
+        shared_(std::move(shared)),
+        detector_(shared_->config.failure_timeout) {}
 
   caf::behavior make_behavior() override {
     set_down_handler([this](caf::down_msg& dm) { on_down(dm); });
@@ -438,7 +454,8 @@ class Back : public caf::event_based_actor {
           connects_.emplace(id, rp);
           caf::actor_addr weak = address();
           shared_->transport()->connect_async(
-              addr, shared_->config.connect_timeout, [weak, id](comm::NodeId node, std::exception_ptr err) {
+              addr, shared_->config.connect_timeout,
+              [weak, id](comm::NodeId node, std::exception_ptr err) {
                 std::string what;
                 if (err) {
                   try {
@@ -475,7 +492,8 @@ class Back : public caf::event_based_actor {
           if (auto who = caf::actor_cast<caf::actor>(current_sender())) observers_.push_back(who);
         },
         [this](disconnect_atom, uint64_t node) {
-          shared_->transport()->disconnect(node, comm::Errc::peer_lost, "disconnected by request", true);
+          shared_->transport()->disconnect(node, comm::Errc::peer_lost, "disconnected by request",
+                                           true);
         },
         [this](stats_atom) -> ControlMessage { return stats_message(); },
         [this](heard_atom, uint64_t node) { detector_.heard(node, Clock::now()); },
@@ -499,7 +517,8 @@ class Back : public caf::event_based_actor {
     // Stop the progress thread first; then nothing else touches the shared state.
     std::atomic_store(&shared_->transport_, std::shared_ptr<comm::Transport>());
     shared_->fail_pending(0, ControlErrc::peer_lost, "the bridge stopped");
-    for (auto& [id, rp] : connects_) rp.deliver(make_control_error(ControlErrc::refused, "the bridge stopped"));
+    for (auto& [id, rp] : connects_)
+      rp.deliver(make_control_error(ControlErrc::refused, "the bridge stopped"));
     connects_.clear();
     // Watchers and observers may hold the bridge themselves: drop them, or neither goes away.
     watchers_.clear();
@@ -533,8 +552,8 @@ class Back : public caf::event_based_actor {
       shared_->send(node, hb, shared_->header(kBridgeActorId, 0, false, kBridgeActorId));
     }
     for (auto& exp : detector_.expire(now)) {
-      std::string reason = "missed heartbeats: silent for " + std::to_string(exp.silent_for.count()) +
-                           " ms (failure timeout " +
+      std::string reason = "missed heartbeats: silent for " +
+                           std::to_string(exp.silent_for.count()) + " ms (failure timeout " +
                            std::to_string(shared_->config.failure_timeout.count()) + " ms)";
       t->disconnect(exp.node, comm::Errc::timed_out, reason, /*fence=*/true);
     }
@@ -557,7 +576,10 @@ class Back : public caf::event_based_actor {
   void on_down(const caf::down_msg& dm) {
     std::lock_guard<std::mutex> lock(shared_->mu);
     for (auto it = shared_->registry.begin(); it != shared_->registry.end();) {
-      if (it->second.address() == dm.source) it = shared_->registry.erase(it); else ++it;
+      if (it->second.address() == dm.source)
+        it = shared_->registry.erase(it);
+      else
+        ++it;
     }
   }
 
@@ -570,7 +592,8 @@ class Back : public caf::event_based_actor {
       s.setFramesReceived(c.frames_received);
       s.setFramesSent(c.frames_sent);
       s.setFramesAccepted(v.accepted());
-      s.setRejectedMalformed(v.rejected(comm::Reject::malformed) + v.rejected(comm::Reject::unknown_kind) +
+      s.setRejectedMalformed(v.rejected(comm::Reject::malformed) +
+                             v.rejected(comm::Reject::unknown_kind) +
                              v.rejected(comm::Reject::spoofed));
       s.setRejectedOversized(v.rejected(comm::Reject::oversized) + c.rejected_oversized);
       s.setRejectedWrongJob(v.rejected(comm::Reject::wrong_job));
@@ -595,7 +618,9 @@ class Back : public caf::event_based_actor {
 struct TransportWithHandler {
   std::unique_ptr<Handler> handler;
   std::unique_ptr<comm::Transport> transport;
-  ~TransportWithHandler() { transport.reset(); }  // joins the progress thread before the handler goes
+  ~TransportWithHandler() {
+    transport.reset();
+  }  // joins the progress thread before the handler goes
 };
 
 }  // namespace
@@ -608,13 +633,14 @@ void add_control_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<RemoteAddress>("troupe_remote_address");
   cfg.add_message_type<NodeDown>("troupe_node_down");
   cfg.add_message_type<NodeUp>("troupe_node_up");
-  cfg.add_error_category(caf::atom("troupe"), [](uint8_t code, caf::atom_value, const caf::message& ctx) {
-    const char* names[] = {"", "peer_lost", "timed_out", "no_actor", "remote", "refused"};
-    std::string out = "troupe.";
-    out += code < 6 ? names[code] : "unknown";
-    if (ctx.match_elements<std::string>()) out += ": " + ctx.get_as<std::string>(0);
-    return out;
-  });
+  cfg.add_error_category(
+      caf::atom("troupe"), [](uint8_t code, caf::atom_value, const caf::message& ctx) {
+        const char* names[] = {"", "peer_lost", "timed_out", "no_actor", "remote", "refused"};
+        std::string out = "troupe.";
+        out += code < 6 ? names[code] : "unknown";
+        if (ctx.match_elements<std::string>()) out += ": " + ctx.get_as<std::string>(0);
+        return out;
+      });
 }
 
 void configure_system(caf::actor_system_config& cfg, size_t max_threads) {
@@ -641,9 +667,10 @@ caf::actor spawn_bridge(caf::actor_system& system, const BridgeConfig& config) {
   }
   shared->self = owner->transport->node_id();
   // The aliasing constructor: the transport pointer keeps its handler alive with it.
-  std::atomic_store(&shared->transport_, std::shared_ptr<comm::Transport>(owner, owner->transport.get()));
+  std::atomic_store(&shared->transport_,
+                    std::shared_ptr<comm::Transport>(owner, owner->transport.get()));
   return caf::make_actor<Front, caf::actor>(system.next_actor_id(), system.node(), &system, cfg,
-                                           shared, back);
+                                            shared, back);
 }
 
 }  // namespace troupe::actors

@@ -25,7 +25,6 @@
 #pragma once
 
 #include <caf/all.hpp>
-
 #include <chrono>
 #include <string>
 

@@ -17,8 +17,7 @@ class FailureDetector {
  public:
   using Clock = std::chrono::steady_clock;
 
-  explicit FailureDetector(std::chrono::milliseconds failure_timeout)
-      : timeout_(failure_timeout) {}
+  explicit FailureDetector(std::chrono::milliseconds failure_timeout) : timeout_(failure_timeout) {}
 
   // Starts watching node as if heard at now (a new node gets a full timeout of grace).
   void watch(uint64_t node, Clock::time_point now) { last_heard_[node] = now; }

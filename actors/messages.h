@@ -3,7 +3,6 @@
 #pragma once
 
 #include <caf/all.hpp>
-
 #include <cstdint>
 #include <string>
 
@@ -55,11 +54,11 @@ using disconnect_atom = caf::atom_constant<caf::atom("disconn")>;
 
 // Errors of the control plane, category atom("troupe").
 enum class ControlErrc : uint8_t {
-  peer_lost = 1,   // the node was lost before the reply came
-  timed_out = 2,   // no reply within the deadline
-  no_actor = 3,    // the destination actor is not registered at that node
-  remote = 4,      // the remote actor answered with an error
-  refused = 5,     // connect refused (fenced, wrong job) or failed
+  peer_lost = 1,  // the node was lost before the reply came
+  timed_out = 2,  // no reply within the deadline
+  no_actor = 3,   // the destination actor is not registered at that node
+  remote = 4,     // the remote actor answered with an error
+  refused = 5,    // connect refused (fenced, wrong job) or failed
 };
 caf::error make_control_error(ControlErrc code, const std::string& context);
 

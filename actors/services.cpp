@@ -8,7 +8,8 @@ caf::actor spawn_echo(caf::actor_system& system) {
   return system.spawn([](caf::event_based_actor*) -> caf::behavior {
     return {[](ControlMessage& m) -> ControlMessage {
       auto body = m.envelope().getBody();
-      if (!body.isEcho()) return make_error_reply("invalid_input", "the echo actor only answers echo");
+      if (!body.isEcho())
+        return make_error_reply("invalid_input", "the echo actor only answers echo");
       auto e = body.getEcho();
       return make_echo(e.getSequence(), e.getPayload().begin(), e.getPayload().size(),
                        e.getNote().cStr());

@@ -9,8 +9,9 @@ namespace troupe::actors {
 
 constexpr uint64_t kEchoActorId = 1;
 constexpr uint64_t kSinkActorId = 2;
-constexpr uint64_t kCoordinatorActorId = 10;  // the job's coordinator (in `troupe run`/`coordinator`)
-constexpr uint64_t kAgentActorId = 20;        // an agent's node supervisor
+constexpr uint64_t kCoordinatorActorId =
+    10;                                 // the job's coordinator (in `troupe run`/`coordinator`)
+constexpr uint64_t kAgentActorId = 20;  // an agent's node supervisor
 
 caf::actor spawn_echo(caf::actor_system& system);
 caf::actor spawn_sink(caf::actor_system& system);

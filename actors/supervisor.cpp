@@ -31,7 +31,8 @@ class SupervisorActor : public caf::event_based_actor {
   }
 
   void on_exit() override {
-    for (auto& [addr, child] : running_) caf::anon_send_exit(child.handle, caf::exit_reason::user_shutdown);
+    for (auto& [addr, child] : running_)
+      caf::anon_send_exit(child.handle, caf::exit_reason::user_shutdown);
     running_.clear();
   }
 
@@ -54,8 +55,10 @@ class SupervisorActor : public caf::event_based_actor {
       spdlog::error("supervisor: child '{}' failed ({}); restart intensity exceeded, escalating",
                     name, why);
       quit(caf::error(1, caf::atom("troupe_sup"),
-                      caf::make_message("child '" + name + "' failed more than the restart "
-                                        "intensity allows; last failure: " + why)));
+                      caf::make_message("child '" + name +
+                                        "' failed more than the restart "
+                                        "intensity allows; last failure: " +
+                                        why)));
       return;
     }
     int count = ++restarts_[name];

@@ -9,7 +9,6 @@
 #pragma once
 
 #include <caf/all.hpp>
-
 #include <chrono>
 #include <functional>
 #include <string>

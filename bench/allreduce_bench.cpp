@@ -35,10 +35,14 @@ size_t parse_size(const std::string& s) {
   double v = std::stod(s, &used);
   std::string unit = s.substr(used);
   double mul = 1;
-  if (unit == "K" || unit == "KiB") mul = 1024;
-  else if (unit == "M" || unit == "MiB") mul = 1024.0 * 1024;
-  else if (unit == "G" || unit == "GiB") mul = 1024.0 * 1024 * 1024;
-  else if (!unit.empty() && unit != "B") throw std::invalid_argument("bad size '" + s + "' (use 4K, 1M, 64M)");
+  if (unit == "K" || unit == "KiB")
+    mul = 1024;
+  else if (unit == "M" || unit == "MiB")
+    mul = 1024.0 * 1024;
+  else if (unit == "G" || unit == "GiB")
+    mul = 1024.0 * 1024 * 1024;
+  else if (!unit.empty() && unit != "B")
+    throw std::invalid_argument("bad size '" + s + "' (use 4K, 1M, 64M)");
   return size_t(v * mul);
 }
 
@@ -73,11 +77,14 @@ double memcpy_gbps() {
 }  // namespace
 
 int run_allreduce_worker(const std::vector<std::string>& words) {
-  cli::Args args(words, {"dir", "rank", "world", "sizes", "mode", "count", "timeout-ms", "min-seconds",
-                         "segment-bytes", "window"}, {});
+  cli::Args args(words,
+                 {"dir", "rank", "world", "sizes", "mode", "count", "timeout-ms", "min-seconds",
+                  "segment-bytes", "window"},
+                 {});
   std::string dir = args.get("dir");
   int rank = int(args.get_int("rank", -1)), world = int(args.get_int("world", 0));
-  if (dir.empty() || rank < 0 || world <= 0 || rank >= world) throw std::invalid_argument("need --dir, --rank, --world");
+  if (dir.empty() || rank < 0 || world <= 0 || rank >= world)
+    throw std::invalid_argument("need --dir, --rank, --world");
   comm::UcxCommOptions opt;
   opt.timeout = std::chrono::milliseconds(args.get_int("timeout-ms", 30000));
   opt.segment_bytes = size_t(args.get_int("segment-bytes", int64_t(opt.segment_bytes)));
@@ -107,7 +114,8 @@ int run_allreduce_worker(const std::vector<std::string>& words) {
       for (int trial = 0; trial < 3; ++trial) {
         comm->barrier();
         auto start = Clock::now();
-        for (int i = 0; i < iters; ++i) comm->allreduce(f, f, count, comm::DataType::f32, comm::ReduceOp::sum);
+        for (int i = 0; i < iters; ++i)
+          comm->allreduce(f, f, count, comm::DataType::f32, comm::ReduceOp::sum);
         double per_op = std::chrono::duration<double>(Clock::now() - start).count() / iters;
         comm->allreduce(&per_op, &per_op, 1, comm::DataType::f64, comm::ReduceOp::avg);
         trials.push_back(per_op);
@@ -116,9 +124,11 @@ int run_allreduce_worker(const std::vector<std::string>& words) {
       double t = trials[1];
       if (rank == 0) {
         double busbw = 2.0 * (world - 1) / world * double(count * 4) / t / 1e9;
-        std::printf("{\"bench\":\"allreduce\",\"impl\":\"troupe_ucx\",\"workers\":%d,\"bytes\":%zu,\"size\":\"%s\","
-                    "\"time_us\":%.2f,\"busbw_gbps\":%.3f,\"iters\":%d}\n",
-                    world, count * 4, human(count * 4).c_str(), t * 1e6, busbw, iters);
+        std::printf(
+            "{\"bench\":\"allreduce\",\"impl\":\"troupe_ucx\",\"workers\":%d,\"bytes\":%zu,"
+            "\"size\":\"%s\","
+            "\"time_us\":%.2f,\"busbw_gbps\":%.3f,\"iters\":%d}\n",
+            world, count * 4, human(count * 4).c_str(), t * 1e6, busbw, iters);
         std::fflush(stdout);
       }
     }
@@ -136,7 +146,8 @@ int run_allreduce_worker(const std::vector<std::string>& words) {
           for (size_t i = 0; i < count; ++i) in[i] = float((rank + 1) * (i % 5 + 1));
           comm::CollectiveOptions o;
           o.algorithm = algo;
-          comm->allreduce(in.data(), in_place ? in.data() : out.data(), count, comm::DataType::f32, comm::ReduceOp::sum, o);
+          comm->allreduce(in.data(), in_place ? in.data() : out.data(), count, comm::DataType::f32,
+                          comm::ReduceOp::sum, o);
           const float* got = in_place ? in.data() : out.data();
           for (size_t i = 0; i < count; ++i) {
             if (got[i] != float((i % 5 + 1) * world * (world + 1) / 2)) {
@@ -164,7 +175,8 @@ int run_allreduce_worker(const std::vector<std::string>& words) {
       try {
         comm->allreduce(buf.data(), buf.data(), count, comm::DataType::f32, comm::ReduceOp::sum);
       } catch (const comm::Error& e) {
-        std::printf("error %s at %llu: %s\n", comm::errc_name(e.code()), (unsigned long long)unix_ms(), e.what());
+        std::printf("error %s at %llu: %s\n", comm::errc_name(e.code()),
+                    (unsigned long long)unix_ms(), e.what());
         std::fflush(stdout);
         break;
       }
@@ -185,7 +197,8 @@ int run_allreduce_worker(const std::vector<std::string>& words) {
     int new_rank = int(std::find(members.begin(), members.end(), rank) - members.begin());
     if (new_rank >= int(members.size())) return 0;  // not a member of the next generation
     auto next = std::make_unique<comm::UcxCommunicator>(2, opt);
-    auto addrs2 = file_rendezvous(dir, "gen2", new_rank, int(members.size()), next->address(), std::chrono::seconds(30));
+    auto addrs2 = file_rendezvous(dir, "gen2", new_rank, int(members.size()), next->address(),
+                                  std::chrono::seconds(30));
     next->connect(new_rank, addrs2, std::chrono::seconds(30));
     const size_t check = 1 << 20;
     std::vector<float> x(check);
@@ -207,7 +220,8 @@ int run_allreduce_worker(const std::vector<std::string>& words) {
 }
 
 int run_allreduce_bench(const std::vector<std::string>& words) {
-  cli::Args args(words, {"workers", "sizes", "min-seconds", "segment-bytes", "window", "backend"}, {"json"});
+  cli::Args args(words, {"workers", "sizes", "min-seconds", "segment-bytes", "window", "backend"},
+                 {"json"});
   std::string sizes = args.get("sizes", "4K,64K,1M,16M,64M,256M");
   bool json = args.has("json");
   std::string backend = args.get("backend", "ucx");
@@ -219,22 +233,30 @@ int run_allreduce_bench(const std::vector<std::string>& words) {
   std::string exe = coordinator::self_executable();
   double copy = memcpy_gbps();
   if (json) {
-    std::printf("{\"bench\":\"memcpy\",\"impl\":\"memcpy\",\"busbw_gbps\":%.3f,\"note\":\"one core, reads+writes\"}\n", copy);
+    std::printf(
+        "{\"bench\":\"memcpy\",\"impl\":\"memcpy\",\"busbw_gbps\":%.3f,\"note\":\"one core, "
+        "reads+writes\"}\n",
+        copy);
   } else {
     std::printf("single-core memcpy: %.2f GB/s (reads + writes)\n", copy);
     std::printf("%8s %8s %12s %12s\n", "workers", "size", "time us", "busbw GB/s");
   }
   for (int world : worlds) {
-    auto dir = std::filesystem::temp_directory_path() / ("troupe-bench-" + std::to_string(getpid()) + "-" + std::to_string(world));
+    auto dir = std::filesystem::temp_directory_path() /
+               ("troupe-bench-" + std::to_string(getpid()) + "-" + std::to_string(world));
     std::filesystem::create_directories(dir);
     std::vector<std::unique_ptr<coordinator::ChildProcess>> ranks;
     for (int r = 0; r < world; ++r) {
-      ranks.push_back(std::make_unique<coordinator::ChildProcess>(coordinator::ChildProcess::Options{
-          {exe, "bench", "allreduce-worker", "--dir", dir.string(), "--rank", std::to_string(r), "--world",
-           std::to_string(world), "--sizes", sizes, "--min-seconds", args.get("min-seconds", "0.3"),
-           "--segment-bytes", args.get("segment-bytes", std::to_string(comm::UcxCommOptions{}.segment_bytes)),
-           "--window", args.get("window", std::to_string(comm::UcxCommOptions{}.window))},
-          "", "", {}}));
+      ranks.push_back(
+          std::make_unique<coordinator::ChildProcess>(coordinator::ChildProcess::Options{
+              {exe, "bench", "allreduce-worker", "--dir", dir.string(), "--rank", std::to_string(r),
+               "--world", std::to_string(world), "--sizes", sizes, "--min-seconds",
+               args.get("min-seconds", "0.3"), "--segment-bytes",
+               args.get("segment-bytes", std::to_string(comm::UcxCommOptions{}.segment_bytes)),
+               "--window", args.get("window", std::to_string(comm::UcxCommOptions{}.window))},
+              "",
+              "",
+              {}}));
     }
     while (auto line = ranks[0]->read_line(std::chrono::seconds(600))) {
       if (json) {
@@ -249,7 +271,8 @@ int run_allreduce_bench(const std::vector<std::string>& words) {
           v.erase(std::remove(v.begin(), v.end(), '"'), v.end());
           return v;
         };
-        std::printf("%8d %8s %12s %12s\n", world, field("size").c_str(), field("time_us").c_str(), field("busbw_gbps").c_str());
+        std::printf("%8d %8s %12s %12s\n", world, field("size").c_str(), field("time_us").c_str(),
+                    field("busbw_gbps").c_str());
       }
       std::fflush(stdout);
     }

@@ -30,7 +30,8 @@ using next_atom = caf::atom_constant<caf::atom("next")>;
 
 // An actor that does `n` sequential echo requests to a remote actor through the bridge.
 caf::behavior rtt_actor(caf::event_based_actor* self, caf::actor bridge, actors::RemoteAddress dst,
-                        int n, int payload, std::shared_ptr<std::promise<std::vector<double>>> done) {
+                        int n, int payload,
+                        std::shared_ptr<std::promise<std::vector<double>>> done) {
   auto samples = std::make_shared<std::vector<double>>();
   auto buf = std::make_shared<std::vector<char>>(payload, 'x');
   self->send(self, next_atom::value);
@@ -79,7 +80,8 @@ TroupeResult troupe_run(const std::string& address, int round_trips, int message
   auto run_rtt = [&](int n) {
     auto done = std::make_shared<std::promise<std::vector<double>>>();
     auto fut = done->get_future();
-    system.spawn(rtt_actor, bridge, actors::RemoteAddress{peer, actors::kEchoActorId}, n, payload, done);
+    system.spawn(rtt_actor, bridge, actors::RemoteAddress{peer, actors::kEchoActorId}, n, payload,
+                 done);
     if (fut.wait_for(std::chrono::seconds(60)) != std::future_status::ready)
       throw std::runtime_error("round trips did not finish in 60 s");
     return fut.get();
@@ -95,8 +97,9 @@ TroupeResult troupe_run(const std::string& address, int round_trips, int message
     uint64_t c = 0;
     self->request(bridge, std::chrono::seconds(5), actors::request_atom::value, sink,
                   actors::make_echo(0, nullptr, 0), uint32_t(5000))
-        .receive([&](actors::ControlMessage& r) { c = r.envelope().getBody().getEcho().getSequence(); },
-                 [&](caf::error& e) { throw std::runtime_error(system.render(e)); });
+        .receive(
+            [&](actors::ControlMessage& r) { c = r.envelope().getBody().getEcho().getSequence(); },
+            [&](caf::error& e) { throw std::runtime_error(system.render(e)); });
     return c;
   };
   uint64_t before = count();
@@ -106,7 +109,8 @@ TroupeResult troupe_run(const std::string& address, int round_trips, int message
       s->send(bridge, actors::send_atom::value, sink, actors::make_echo(i, buf.data(), buf.size()));
   });
   uint64_t got = 0;
-  while ((got = count() - before) < uint64_t(messages) && Clock::now() - t0 < std::chrono::seconds(60)) {
+  while ((got = count() - before) < uint64_t(messages) &&
+         Clock::now() - t0 < std::chrono::seconds(60)) {
     std::this_thread::sleep_for(std::chrono::microseconds(500));
   }
   out.messages_per_s = got / std::chrono::duration<double>(Clock::now() - t0).count();
@@ -146,9 +150,12 @@ int run_control_bench(const std::vector<std::string>& words) {
   }
   TroupeResult tr;
   {
-    coordinator::ChildProcess node({{exe, "node", "--listen", "127.0.0.1:0", "--job-id", "bench",
-                                     "--token", "bench-token", "--spin-us", std::to_string(spin_us)},
-                                    "", "", {}});
+    coordinator::ChildProcess node(
+        {{exe, "node", "--listen", "127.0.0.1:0", "--job-id", "bench", "--token", "bench-token",
+          "--spin-us", std::to_string(spin_us)},
+         "",
+         "",
+         {}});
     auto line = node.wait_for_line("node ", std::chrono::seconds(10));
     if (!line) throw std::runtime_error("the troupe node did not start");
     tr = troupe_run(line->substr(line->rfind(' ') + 1), round_trips, messages, payload, spin_us);
@@ -157,20 +164,25 @@ int run_control_bench(const std::vector<std::string>& words) {
   }
   Summary r = summarize(raw.rtt_us), t = summarize(tr.rtt_us);
   if (json) {
-    std::printf("{\"bench\":\"control\",\"impl\":\"raw_ucx_am\",\"transports\":\"%s\",\"payload_bytes\":%d,"
-                "\"rtt_p50_us\":%.2f,\"rtt_p99_us\":%.2f,\"messages_per_s\":%.0f}\n",
-                raw.transports.c_str(), payload, r.p50, r.p99, raw.messages_per_s);
-    std::printf("{\"bench\":\"control\",\"impl\":\"troupe_actors\",\"payload_bytes\":%d,"
-                "\"rtt_p50_us\":%.2f,\"rtt_p99_us\":%.2f,\"messages_per_s\":%.0f,"
-                "\"rtt_p50_ratio_vs_raw\":%.2f}\n",
-                payload, t.p50, t.p99, tr.messages_per_s, t.p50 / r.p50);
+    std::printf(
+        "{\"bench\":\"control\",\"impl\":\"raw_ucx_am\",\"transports\":\"%s\",\"payload_bytes\":%d,"
+        "\"rtt_p50_us\":%.2f,\"rtt_p99_us\":%.2f,\"messages_per_s\":%.0f}\n",
+        raw.transports.c_str(), payload, r.p50, r.p99, raw.messages_per_s);
+    std::printf(
+        "{\"bench\":\"control\",\"impl\":\"troupe_actors\",\"payload_bytes\":%d,"
+        "\"rtt_p50_us\":%.2f,\"rtt_p99_us\":%.2f,\"messages_per_s\":%.0f,"
+        "\"rtt_p50_ratio_vs_raw\":%.2f}\n",
+        payload, t.p50, t.p99, tr.messages_per_s, t.p50 / r.p50);
   } else {
-    std::printf("control plane between two processes on loopback, %d-byte payload, %d round trips,"
-                " %d one-way messages\nraw UCX lanes: %s\n\n",
-                payload, round_trips, messages, raw.transports.c_str());
+    std::printf(
+        "control plane between two processes on loopback, %d-byte payload, %d round trips,"
+        " %d one-way messages\nraw UCX lanes: %s\n\n",
+        payload, round_trips, messages, raw.transports.c_str());
     std::printf("%-28s %12s %12s %14s\n", "", "rtt p50 us", "rtt p99 us", "one-way msg/s");
-    std::printf("%-28s %12.2f %12.2f %14.0f\n", "raw UCX active messages", r.p50, r.p99, raw.messages_per_s);
-    std::printf("%-28s %12.2f %12.2f %14.0f\n", "troupe actor to actor", t.p50, t.p99, tr.messages_per_s);
+    std::printf("%-28s %12.2f %12.2f %14.0f\n", "raw UCX active messages", r.p50, r.p99,
+                raw.messages_per_s);
+    std::printf("%-28s %12.2f %12.2f %14.0f\n", "troupe actor to actor", t.p50, t.p99,
+                tr.messages_per_s);
     std::printf("%-28s %12.1fx %11.1fx %13.2fx\n", "troupe / raw", t.p50 / r.p50, t.p99 / r.p99,
                 tr.messages_per_s / raw.messages_per_s);
   }

@@ -55,12 +55,14 @@ Setup preset(const std::string& name, const std::string& text_path) {
 }  // namespace
 
 int run_model_bench(const std::vector<std::string>& words) {
-  cli::Args args(words, {"model", "steps", "warmup", "threads", "data-path", "seed"}, {"json", "curve"});
+  cli::Args args(words, {"model", "steps", "warmup", "threads", "data-path", "seed"},
+                 {"json", "curve"});
   std::string name = args.get("model", "gpt");
   int steps = int(args.get_int("steps", 50));
   int warmup = int(args.get_int("warmup", 5));
   int threads = int(args.get_int("threads", 1));
-  if (steps <= 0 || warmup < 0 || threads <= 0) throw std::invalid_argument("--steps, --threads must be positive");
+  if (steps <= 0 || warmup < 0 || threads <= 0)
+    throw std::invalid_argument("--steps, --threads must be positive");
   models::set_compute_threads(threads);
   Setup s = preset(name, args.get("data-path", models::kDefaultTextPath));
   models::Model model(s.spec);
@@ -84,14 +86,15 @@ int run_model_bench(const std::vector<std::string>& words) {
   double tokens_per_s = samples_per_s * double(s.tokens_per_sample);
   double gflops = model.flops_per_sample() * samples_per_s / 1e9;
   if (args.has("json")) {
-    std::printf("{\"bench\":\"model\",\"impl\":\"troupe\",\"model\":\"%s\",\"threads\":%d,\"batch\":%zu,"
-                "\"params\":%zu,\"steps\":%d,\"samples_per_s\":%.1f,\"tokens_per_s\":%.1f,\"gflops\":%.2f,"
-                "\"first_loss\":%.4f,\"last_loss\":%.4f}\n",
-                name.c_str(), threads, s.batch, model.param_count(), steps, samples_per_s,
-                tokens_per_s, gflops, first_loss, last_loss);
+    std::printf(
+        "{\"bench\":\"model\",\"impl\":\"troupe\",\"model\":\"%s\",\"threads\":%d,\"batch\":%zu,"
+        "\"params\":%zu,\"steps\":%d,\"samples_per_s\":%.1f,\"tokens_per_s\":%.1f,\"gflops\":%.2f,"
+        "\"first_loss\":%.4f,\"last_loss\":%.4f}\n",
+        name.c_str(), threads, s.batch, model.param_count(), steps, samples_per_s, tokens_per_s,
+        gflops, first_loss, last_loss);
   } else {
-    std::printf("%s: %zu parameters, batch %zu, %d threads, %d steps\n", name.c_str(), model.param_count(),
-                s.batch, threads, steps);
+    std::printf("%s: %zu parameters, batch %zu, %d threads, %d steps\n", name.c_str(),
+                model.param_count(), s.batch, threads, steps);
     std::printf("  %.1f samples/s, %.1f tokens/s, %.2f GFLOP/s; loss %.4f -> %.4f\n", samples_per_s,
                 tokens_per_s, gflops, first_loss, last_loss);
   }

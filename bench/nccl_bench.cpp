@@ -28,7 +28,7 @@ int run_nccl_allreduce_bench(const std::vector<size_t>& sizes, bool json) {
     return 1;
   }
   std::string id = comm::nccl_unique_id();
-  std::vector<std::vector<double>> times(n);
+  std::vector<std::vector<double> > times(n);
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
@@ -40,25 +40,32 @@ int run_nccl_allreduce_bench(const std::vector<size_t>& sizes, bool json) {
         void* buf = nullptr;
         cudaMalloc(&buf, count * 4);
         cudaMemset(buf, 0, count * 4);
-        for (int i = 0; i < 5; ++i) c->allreduce(buf, buf, count, comm::DataType::f32, comm::ReduceOp::sum);
+        for (int i = 0; i < 5; ++i)
+          c->allreduce(buf, buf, count, comm::DataType::f32, comm::ReduceOp::sum);
         c->barrier();
         int iters = bytes <= (1 << 20) ? 200 : bytes <= (64 << 20) ? 50 : 10;
         auto t0 = Clock::now();
-        for (int i = 0; i < iters; ++i) c->allreduce(buf, buf, count, comm::DataType::f32, comm::ReduceOp::sum);
+        for (int i = 0; i < iters; ++i)
+          c->allreduce(buf, buf, count, comm::DataType::f32, comm::ReduceOp::sum);
         times[r].push_back(std::chrono::duration<double>(Clock::now() - t0).count() / iters);
         cudaFree(buf);
       }
     });
   }
   for (auto& t : threads) t.join();
-  if (!json) std::printf("%8s %12s %12s %12s %12s\n", "gpus", "bytes", "time us", "algbw GB/s", "busbw GB/s");
+  if (!json)
+    std::printf("%8s %12s %12s %12s %12s\n", "gpus", "bytes", "time us", "algbw GB/s",
+                "busbw GB/s");
   for (size_t i = 0; i < sizes.size(); ++i) {
     double t = times[0][i];
     size_t bytes = std::max<size_t>(1, sizes[i] / 4) * 4;
     double algbw = bytes / t / 1e9, busbw = 2.0 * (n - 1) / n * algbw;
     if (json) {
-      std::printf("{\"bench\":\"allreduce\",\"impl\":\"troupe_nccl\",\"workers\":%d,\"bytes\":%zu,\"time_us\":%.2f,"
-                  "\"algbw_gbps\":%.2f,\"busbw_gbps\":%.2f}\n", n, bytes, t * 1e6, algbw, busbw);
+      std::printf(
+          "{\"bench\":\"allreduce\",\"impl\":\"troupe_nccl\",\"workers\":%d,\"bytes\":%zu,\"time_"
+          "us\":%.2f,"
+          "\"algbw_gbps\":%.2f,\"busbw_gbps\":%.2f}\n",
+          n, bytes, t * 1e6, algbw, busbw);
     } else {
       std::printf("%8d %12zu %12.2f %12.2f %12.2f\n", n, bytes, t * 1e6, algbw, busbw);
     }

@@ -13,8 +13,10 @@ int main(int argc, char** argv) {
   std::string list = "4096,65536,1048576,16777216,67108864,268435456";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--json") json = true;
-    else if (a == "--sizes" && i + 1 < argc) list = argv[++i];
+    if (a == "--json")
+      json = true;
+    else if (a == "--sizes" && i + 1 < argc)
+      list = argv[++i];
     else {
       std::fprintf(stderr, "usage: troupe_nccl_bench [--json] [--sizes BYTES,BYTES,...]\n");
       return 2;

@@ -101,38 +101,40 @@ int run_raw_ucx_server(const std::vector<std::string>& args) {
   comm::UcxWorker worker(ctx, false);
   ServerState st;
   st.worker = worker.get();
-  set_handler(worker.get(), kPing,
-              [](void* arg, const void*, size_t, void* data, size_t n, const ucp_am_recv_param_t* p) {
-                ucs_status_ptr_t r = am_send(p->reply_ep, kPong, data, n);
-                if (r != nullptr && !UCS_PTR_IS_ERR(r)) ucp_request_free(r);  // eager: data copied
-                return UCS_OK;
-              },
-              &st);
-  set_handler(worker.get(), kOneWay,
-              [](void* arg, const void*, size_t, void*, size_t, const ucp_am_recv_param_t*) {
-                ++static_cast<ServerState*>(arg)->one_way;
-                return UCS_OK;
-              },
-              &st);
-  set_handler(worker.get(), kCountQuery,
-              [](void* arg, const void*, size_t, void*, size_t, const ucp_am_recv_param_t* p) {
-                auto* s = static_cast<ServerState*>(arg);
-                static uint64_t reply;
-                reply = s->one_way;
-                ucs_status_ptr_t r = am_send(p->reply_ep, kCountReply, &reply, sizeof reply);
-                if (r != nullptr && !UCS_PTR_IS_ERR(r)) ucp_request_free(r);
-                return UCS_OK;
-              },
-              &st);
-  ucp_listener_conn_handler_t conn{
-      [](ucp_conn_request_h req, void* arg) {
-        auto* s = static_cast<ServerState*>(arg);
-        ucp_ep_params_t params = peer_params();
-        params.field_mask |= UCP_EP_PARAM_FIELD_CONN_REQUEST;
-        params.conn_request = req;
-        ucp_ep_create(s->worker, &params, &s->ep);
+  set_handler(
+      worker.get(), kPing,
+      [](void* arg, const void*, size_t, void* data, size_t n, const ucp_am_recv_param_t* p) {
+        ucs_status_ptr_t r = am_send(p->reply_ep, kPong, data, n);
+        if (r != nullptr && !UCS_PTR_IS_ERR(r)) ucp_request_free(r);  // eager: data copied
+        return UCS_OK;
       },
-      &st};
+      &st);
+  set_handler(
+      worker.get(), kOneWay,
+      [](void* arg, const void*, size_t, void*, size_t, const ucp_am_recv_param_t*) {
+        ++static_cast<ServerState*>(arg)->one_way;
+        return UCS_OK;
+      },
+      &st);
+  set_handler(
+      worker.get(), kCountQuery,
+      [](void* arg, const void*, size_t, void*, size_t, const ucp_am_recv_param_t* p) {
+        auto* s = static_cast<ServerState*>(arg);
+        static uint64_t reply;
+        reply = s->one_way;
+        ucs_status_ptr_t r = am_send(p->reply_ep, kCountReply, &reply, sizeof reply);
+        if (r != nullptr && !UCS_PTR_IS_ERR(r)) ucp_request_free(r);
+        return UCS_OK;
+      },
+      &st);
+  ucp_listener_conn_handler_t conn{[](ucp_conn_request_h req, void* arg) {
+                                     auto* s = static_cast<ServerState*>(arg);
+                                     ucp_ep_params_t params = peer_params();
+                                     params.field_mask |= UCP_EP_PARAM_FIELD_CONN_REQUEST;
+                                     params.conn_request = req;
+                                     ucp_ep_create(s->worker, &params, &s->ep);
+                                   },
+                                   &st};
   comm::UcxListener listener(worker, "127.0.0.1", 0, conn);
   std::printf("raw listening 127.0.0.1:%u\n", listener.port());
   std::fflush(stdout);
@@ -149,20 +151,22 @@ RawUcxResult raw_ucx_client(const std::string& address, int round_trips, int mes
   } st;
   comm::UcxContext ctx(raw_context_options());
   comm::UcxWorker worker(ctx, false);
-  set_handler(worker.get(), kPong,
-              [](void* arg, const void*, size_t, void*, size_t, const ucp_am_recv_param_t*) {
-                static_cast<ClientState*>(arg)->pong = true;
-                return UCS_OK;
-              },
-              &st);
-  set_handler(worker.get(), kCountReply,
-              [](void* arg, const void*, size_t, void* data, size_t n, const ucp_am_recv_param_t*) {
-                auto* s = static_cast<ClientState*>(arg);
-                std::memcpy(&s->count, data, sizeof s->count);
-                s->count_ready = true;
-                return UCS_OK;
-              },
-              &st);
+  set_handler(
+      worker.get(), kPong,
+      [](void* arg, const void*, size_t, void*, size_t, const ucp_am_recv_param_t*) {
+        static_cast<ClientState*>(arg)->pong = true;
+        return UCS_OK;
+      },
+      &st);
+  set_handler(
+      worker.get(), kCountReply,
+      [](void* arg, const void*, size_t, void* data, size_t n, const ucp_am_recv_param_t*) {
+        auto* s = static_cast<ClientState*>(arg);
+        std::memcpy(&s->count, data, sizeof s->count);
+        s->count_ready = true;
+        return UCS_OK;
+      },
+      &st);
   auto [host, port] = comm::split_host_port(address);
   comm::SockAddr sa = comm::resolve(host, port);
   ucp_ep_params_t params = peer_params();

@@ -3,6 +3,8 @@
 // addresses over the control plane instead.
 #pragma once
 
+#include <unistd.h>
+
 #include <chrono>
 #include <fstream>
 #include <sstream>
@@ -11,19 +13,18 @@
 #include <thread>
 #include <vector>
 
-#include <unistd.h>
-
 namespace troupe::bench {
 
-inline std::vector<std::string> file_rendezvous(const std::string& dir, const std::string& prefix, int rank,
-                                                int world, const std::string& address,
+inline std::vector<std::string> file_rendezvous(const std::string& dir, const std::string& prefix,
+                                                int rank, int world, const std::string& address,
                                                 std::chrono::milliseconds timeout) {
   std::string path = dir + "/" + prefix + "." + std::to_string(rank);
   {
     std::ofstream out(path + ".tmp");
     out << address;
   }
-  if (::rename((path + ".tmp").c_str(), path.c_str()) != 0) throw std::runtime_error("cannot write " + path);
+  if (::rename((path + ".tmp").c_str(), path.c_str()) != 0)
+    throw std::runtime_error("cannot write " + path);
   std::vector<std::string> all(world);
   auto deadline = std::chrono::steady_clock::now() + timeout;
   for (int r = 0; r < world; ++r) {
@@ -37,7 +38,8 @@ inline std::vector<std::string> file_rendezvous(const std::string& dir, const st
         if (!all[r].empty()) break;
       }
       if (std::chrono::steady_clock::now() > deadline) {
-        throw std::runtime_error("rendezvous: rank " + std::to_string(r) + " did not show up in " + dir);
+        throw std::runtime_error("rendezvous: rank " + std::to_string(r) + " did not show up in " +
+                                 dir);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }

@@ -24,9 +24,11 @@ double ms_since(Clock::time_point t) {
 
 int run_demo_control(const std::vector<std::string>& words) {
   Args args(words, {}, {});
-  coordinator::ChildProcess peer({{coordinator::self_executable(), "node", "--listen", "127.0.0.1:0",
-                                   "--job-id", "demo", "--token", "demo-token"},
-                                  "", "", {}});
+  coordinator::ChildProcess peer({{coordinator::self_executable(), "node", "--listen",
+                                   "127.0.0.1:0", "--job-id", "demo", "--token", "demo-token"},
+                                  "",
+                                  "",
+                                  {}});
   std::printf("started a peer process: troupe node (pid %d)\n", peer.pid());
   auto line = peer.wait_for_line("node ", std::chrono::seconds(10));
   if (!line) {
@@ -67,7 +69,8 @@ int run_demo_control(const std::vector<std::string>& words) {
         .receive(
             [&](actors::ControlMessage& reply) {
               auto e = reply.envelope().getBody().getEcho();
-              std::string back(reinterpret_cast<const char*>(e.getPayload().begin()), e.getPayload().size());
+              std::string back(reinterpret_cast<const char*>(e.getPayload().begin()),
+                               e.getPayload().size());
               std::printf("echo %llu: sent '%s', got '%s' back in %.0f us\n",
                           static_cast<unsigned long long>(i), text.c_str(), back.c_str(),
                           ms_since(t) * 1000);
@@ -82,19 +85,24 @@ int run_demo_control(const std::vector<std::string>& words) {
   const uint64_t n = 1000;
   t0 = Clock::now();
   for (uint64_t i = 0; i < n; ++i) {
-    self->send(bridge, actors::send_atom::value, actors::RemoteAddress{peer_node, actors::kSinkActorId},
+    self->send(bridge, actors::send_atom::value,
+               actors::RemoteAddress{peer_node, actors::kSinkActorId},
                actors::make_echo(i, nullptr, 0));
   }
   uint64_t counted = 0;
   while (ok && counted < n && ms_since(t0) < 10000) {
     self->request(bridge, std::chrono::seconds(5), actors::request_atom::value,
-                  actors::RemoteAddress{peer_node, actors::kSinkActorId}, actors::make_echo(0, nullptr, 0),
-                  uint32_t(5000))
-        .receive([&](actors::ControlMessage& r) { counted = r.envelope().getBody().getEcho().getSequence(); },
-                 [&](caf::error& e) { ok = false; });
+                  actors::RemoteAddress{peer_node, actors::kSinkActorId},
+                  actors::make_echo(0, nullptr, 0), uint32_t(5000))
+        .receive(
+            [&](actors::ControlMessage& r) {
+              counted = r.envelope().getBody().getEcho().getSequence();
+            },
+            [&](caf::error& e) { ok = false; });
   }
   std::printf("sent %llu one-way messages; the peer's sink counted %llu in %.1f ms\n",
-              static_cast<unsigned long long>(n), static_cast<unsigned long long>(counted), ms_since(t0));
+              static_cast<unsigned long long>(n), static_cast<unsigned long long>(counted),
+              ms_since(t0));
   ok = ok && counted == n;
 
   self->send(bridge, actors::monitor_atom::value, peer_node);
@@ -103,12 +111,14 @@ int run_demo_control(const std::vector<std::string>& words) {
   peer.signal(SIGKILL);
   self->receive(
       [&](actors::NodeDown& d) {
-        std::printf("peer lost after %.1f ms: %s: %s\n", ms_since(t0), d.code.c_str(), d.reason.c_str());
+        std::printf("peer lost after %.1f ms: %s: %s\n", ms_since(t0), d.code.c_str(),
+                    d.reason.c_str());
       },
-      caf::after(std::chrono::seconds(5)) >> [&] {
-        std::printf("FAILED: the peer's death was not reported within 5 s\n");
-        ok = false;
-      });
+      caf::after(std::chrono::seconds(5)) >>
+          [&] {
+            std::printf("FAILED: the peer's death was not reported within 5 s\n");
+            ok = false;
+          });
   caf::anon_send_exit(bridge, caf::exit_reason::user_shutdown);
   std::printf(ok ? "control-plane demo: OK\n" : "control-plane demo: FAILED\n");
   return ok ? 0 : 1;

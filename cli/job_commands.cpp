@@ -85,21 +85,29 @@ int run_job(const std::vector<std::string>& words, bool spawn_agents) {
   const bool tty = isatty(STDOUT_FILENO) && cfg.progress;
   std::printf("troupe: job '%s', %lld worker(s), %lld steps; run directory %s\n", cfg.name.c_str(),
               (long long)cfg.workers(), (long long)cfg.steps, dir.c_str());
-  if (!spawn_agents) std::printf("troupe: coordinator at %s; agents join with: troupe agent --join %s --token-file %s/job.token\n",
-                                 address.c_str(), address.c_str(), dir.c_str());
+  if (!spawn_agents)
+    std::printf(
+        "troupe: coordinator at %s; agents join with: troupe agent --join %s --token-file "
+        "%s/job.token\n",
+        address.c_str(), address.c_str(), dir.c_str());
   std::fflush(stdout);
 
   std::vector<std::unique_ptr<coordinator::ChildProcess>> agents;
   if (spawn_agents && cfg.launcher == "local") {
     std::string devices;
-    for (int d = 0; d < cfg.devices_per_agent; ++d) devices += (d ? ",cpu:" : "cpu:") + std::to_string(d);
+    for (int d = 0; d < cfg.devices_per_agent; ++d)
+      devices += (d ? ",cpu:" : "cpu:") + std::to_string(d);
     for (int i = 0; i < cfg.agents; ++i) {
       std::string logf = dir + "/agent-" + std::to_string(i) + ".log";
-      agents.push_back(std::make_unique<coordinator::ChildProcess>(coordinator::ChildProcess::Options{
-          {coordinator::self_executable(), "agent", "--join", address, "--token-file", dir + "/job.token", "--devices",
-           devices, "--name", "agent-" + std::to_string(i), "--heartbeat-interval-ms",
-           std::to_string(cfg.heartbeat_interval_ms), "--failure-timeout-ms", std::to_string(cfg.failure_timeout_ms)},
-          logf, logf, {}}));
+      agents.push_back(
+          std::make_unique<coordinator::ChildProcess>(coordinator::ChildProcess::Options{
+              {coordinator::self_executable(), "agent", "--join", address, "--token-file",
+               dir + "/job.token", "--devices", devices, "--name", "agent-" + std::to_string(i),
+               "--heartbeat-interval-ms", std::to_string(cfg.heartbeat_interval_ms),
+               "--failure-timeout-ms", std::to_string(cfg.failure_timeout_ms)},
+              logf,
+              logf,
+              {}}));
     }
   }
 
@@ -117,13 +125,13 @@ int run_job(const std::vector<std::string>& words, bool spawn_agents) {
           double left = p.step ? elapsed / p.step * (p.steps - p.step) : -1;
           if (tty) {
             std::printf("\r  step %llu/%llu  loss %.4f  %.0f samples/s  %.0f tokens/s  ETA %s   ",
-                        (unsigned long long)p.step, (unsigned long long)p.steps, p.loss, p.samples_per_s,
-                        p.tokens_per_s, eta(left).c_str());
+                        (unsigned long long)p.step, (unsigned long long)p.steps, p.loss,
+                        p.samples_per_s, p.tokens_per_s, eta(left).c_str());
             std::fflush(stdout);
           } else if (p.step % every == 0 || p.step == p.steps) {
-            std::printf("step %llu/%llu loss %.4f samples/s %.0f tokens/s %.0f world %llu\n", (unsigned long long)p.step,
-                        (unsigned long long)p.steps, p.loss, p.samples_per_s, p.tokens_per_s,
-                        (unsigned long long)p.world_size);
+            std::printf("step %llu/%llu loss %.4f samples/s %.0f tokens/s %.0f world %llu\n",
+                        (unsigned long long)p.step, (unsigned long long)p.steps, p.loss,
+                        p.samples_per_s, p.tokens_per_s, (unsigned long long)p.world_size);
             std::fflush(stdout);
           }
         },
@@ -141,10 +149,11 @@ int run_job(const std::vector<std::string>& words, bool spawn_agents) {
   caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(bridge, caf::exit_reason::user_shutdown);
   if (exit_code == 0) {
-    std::printf("troupe: job '%s' finished: %llu steps, loss %.4f (%s)\n", cfg.name.c_str(), (unsigned long long)last.step,
-                last.loss, dir.c_str());
+    std::printf("troupe: job '%s' finished: %llu steps, loss %.4f (%s)\n", cfg.name.c_str(),
+                (unsigned long long)last.step, last.loss, dir.c_str());
   } else {
-    std::fprintf(stderr, "troupe: job '%s' failed: %s (see %s)\n", cfg.name.c_str(), reason.c_str(), dir.c_str());
+    std::fprintf(stderr, "troupe: job '%s' failed: %s (see %s)\n", cfg.name.c_str(), reason.c_str(),
+                 dir.c_str());
   }
   return exit_code;
 }
@@ -159,13 +168,15 @@ JobRef job_ref(const Args& args) {
   if (args.has("run-dir")) {
     std::string dir = args.get("run-dir");
     std::ifstream in(dir + "/coordinator.addr");
-    if (!(in >> r.address)) throw std::invalid_argument("no coordinator.addr in " + dir + " (is a job running there?)");
+    if (!(in >> r.address))
+      throw std::invalid_argument("no coordinator.addr in " + dir + " (is a job running there?)");
     token_file = dir + "/job.token";
   } else {
     r.address = args.get("coordinator");
     token_file = args.get("token-file");
     if (r.address.empty() || token_file.empty()) {
-      throw std::invalid_argument("name the job with --run-dir DIR, or --coordinator HOST:PORT --token-file F");
+      throw std::invalid_argument(
+          "name the job with --run-dir DIR, or --coordinator HOST:PORT --token-file F");
     }
   }
   std::tie(r.job_id, r.token) = workers::read_token_file(token_file);
@@ -191,12 +202,15 @@ int admin_request(const Args& args, const std::function<void(proto::Envelope::Bu
       .receive([&](uint64_t n) { node = n; }, [&](caf::error& e) { error = system.render(e); });
   if (error.empty()) {
     self->request(bridge, std::chrono::seconds(10), actors::request_atom::value,
-                  actors::RemoteAddress{node, actors::kCoordinatorActorId}, actors::ControlMessage::build(body), uint32_t(5000))
-        .receive([&](actors::ControlMessage& r) { rc = on_reply(r); }, [&](caf::error& e) { error = system.render(e); });
+                  actors::RemoteAddress{node, actors::kCoordinatorActorId},
+                  actors::ControlMessage::build(body), uint32_t(5000))
+        .receive([&](actors::ControlMessage& r) { rc = on_reply(r); },
+                 [&](caf::error& e) { error = system.render(e); });
   }
   caf::anon_send_exit(bridge, caf::exit_reason::user_shutdown);
   if (!error.empty()) {
-    std::fprintf(stderr, "troupe: the job at %s did not answer: %s\n", ref.address.c_str(), error.c_str());
+    std::fprintf(stderr, "troupe: the job at %s did not answer: %s\n", ref.address.c_str(),
+                 error.c_str());
     return 1;
   }
   return rc;
@@ -208,23 +222,29 @@ int run_run(const std::vector<std::string>& words) { return run_job(words, true)
 int run_coordinator(const std::vector<std::string>& words) { return run_job(words, false); }
 
 int run_agent_command(const std::vector<std::string>& words) {
-  Args args(words, {"join", "token-file", "devices", "name", "heartbeat-interval-ms", "failure-timeout-ms"}, {});
+  Args args(
+      words,
+      {"join", "token-file", "devices", "name", "heartbeat-interval-ms", "failure-timeout-ms"}, {});
   workers::AgentOptions o;
   o.join = args.get("join");
-  if (o.join.empty() || !args.has("token-file")) throw std::invalid_argument("needs --join HOST:PORT and --token-file F");
+  if (o.join.empty() || !args.has("token-file"))
+    throw std::invalid_argument("needs --join HOST:PORT and --token-file F");
   std::tie(o.job_id, o.token) = workers::read_token_file(args.get("token-file"));
   if (args.has("devices")) {
     o.devices.clear();
     std::stringstream ss(args.get("devices"));
     for (std::string d; std::getline(ss, d, ',');) {
-      if (d.rfind("cpu:", 0) != 0) throw std::invalid_argument("device '" + d + "': only cpu:N devices are supported by this build's agent");
+      if (d.rfind("cpu:", 0) != 0)
+        throw std::invalid_argument("device '" + d +
+                                    "': only cpu:N devices are supported by this build's agent");
       o.devices.push_back(d);
     }
   }
   o.name = args.get("name");
   o.heartbeat_interval = std::chrono::milliseconds(args.get_int("heartbeat-interval-ms", 200));
   o.failure_timeout = std::chrono::milliseconds(args.get_int("failure-timeout-ms", 3000));
-  spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [job " + o.job_id + "] [" + (o.name.empty() ? "agent" : o.name) + "] [%l] %v");
+  spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [job " + o.job_id + "] [" +
+                      (o.name.empty() ? "agent" : o.name) + "] [%l] %v");
   return workers::run_agent(o);
 }
 
@@ -243,22 +263,34 @@ int run_status(const std::vector<std::string>& words) {
         if (json) {
           std::string members = "[";
           for (auto m : s.getMembers()) {
-            members += (members.size() > 1 ? "," : "") +
-                       coordinator::Json().integer("rank", m.getRank()).integer("agent", m.getAgentId())
-                           .integer("pid", m.getPid()).str("host", m.getHost()).str("device", m.getDevice()).text();
+            members += (members.size() > 1 ? "," : "") + coordinator::Json()
+                                                             .integer("rank", m.getRank())
+                                                             .integer("agent", m.getAgentId())
+                                                             .integer("pid", m.getPid())
+                                                             .str("host", m.getHost())
+                                                             .str("device", m.getDevice())
+                                                             .text();
           }
           members += "]";
-          std::printf("%s\n", coordinator::Json().str("job", s.getJobName().cStr()).str("state", s.getState().cStr())
-                                  .integer("generation", long(s.getGeneration())).integer("step", long(s.getStep()))
-                                  .integer("steps", long(s.getSteps())).num("loss", s.getLastLoss()).raw("members", members)
-                                  .text().c_str());
+          std::printf("%s\n", coordinator::Json()
+                                  .str("job", s.getJobName().cStr())
+                                  .str("state", s.getState().cStr())
+                                  .integer("generation", long(s.getGeneration()))
+                                  .integer("step", long(s.getStep()))
+                                  .integer("steps", long(s.getSteps()))
+                                  .num("loss", s.getLastLoss())
+                                  .raw("members", members)
+                                  .text()
+                                  .c_str());
         } else {
-          std::printf("job %s: %s, generation %llu, step %llu/%llu, loss %.4f\n", s.getJobName().cStr(), s.getState().cStr(),
+          std::printf("job %s: %s, generation %llu, step %llu/%llu, loss %.4f\n",
+                      s.getJobName().cStr(), s.getState().cStr(),
                       (unsigned long long)s.getGeneration(), (unsigned long long)s.getStep(),
                       (unsigned long long)s.getSteps(), s.getLastLoss());
           std::printf("%6s %6s %8s %-20s %s\n", "rank", "agent", "pid", "host", "device");
           for (auto m : s.getMembers())
-            std::printf("%6u %6u %8u %-20s %s\n", m.getRank(), m.getAgentId(), m.getPid(), m.getHost().cStr(), m.getDevice().cStr());
+            std::printf("%6u %6u %8u %-20s %s\n", m.getRank(), m.getAgentId(), m.getPid(),
+                        m.getHost().cStr(), m.getDevice().cStr());
         }
         return 0;
       });

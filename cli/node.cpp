@@ -7,12 +7,11 @@
 //   node_down <id> <code> <reason>
 //   rejoined <id>  |  rejoin refused: <reason>
 #include <signal.h>
+#include <spdlog/fmt/fmt.h>
 
 #include <atomic>
 #include <cstdio>
 #include <fstream>
-
-#include <spdlog/fmt/fmt.h>
 
 #include "actors/bridge.h"
 #include "actors/services.h"
@@ -73,16 +72,22 @@ int run_node(const std::vector<std::string>& words) {
   caf::actor_system system{cfg};
   auto bridge = actors::spawn_bridge(system, bc);
   caf::scoped_actor self{system};
-  caf::anon_send(bridge, actors::register_atom::value, actors::kEchoActorId, actors::spawn_echo(system));
-  caf::anon_send(bridge, actors::register_atom::value, actors::kSinkActorId, actors::spawn_sink(system));
+  caf::anon_send(bridge, actors::register_atom::value, actors::kEchoActorId,
+                 actors::spawn_echo(system));
+  caf::anon_send(bridge, actors::register_atom::value, actors::kSinkActorId,
+                 actors::spawn_sink(system));
   if (args.has("generation")) {
     caf::anon_send(bridge, actors::generation_atom::value, uint64_t(args.get_int("generation", 0)));
   }
   std::string address;
   uint64_t node_id = 0;
   self->request(bridge, std::chrono::seconds(5), actors::info_atom::value)
-      .receive([&](uint64_t id, std::string& addr) { node_id = id; address = addr; },
-               [&](caf::error& e) { throw std::runtime_error(system.render(e)); });
+      .receive(
+          [&](uint64_t id, std::string& addr) {
+            node_id = id;
+            address = addr;
+          },
+          [&](caf::error& e) { throw std::runtime_error(system.render(e)); });
   say("node " + hex(node_id) + " listening " + address);
 
   auto connect = [&](const std::string& target) -> std::pair<uint64_t, std::string> {
@@ -107,17 +112,19 @@ int run_node(const std::vector<std::string>& words) {
 
   bool rejoined = false;
   while (!g_stop.load()) {
-    self->receive(
-        [&](actors::NodeUp&) {},
-        [&](actors::NodeDown& d) {
-          say("node_down " + hex(d.node) + " " + d.code + " " + d.reason);
-          if (args.has("rejoin") && !target.empty() && !rejoined) {
-            rejoined = true;
-            auto [peer, error] = connect(target);
-            if (error.empty()) say("rejoined " + hex(peer)); else say("rejoin refused: " + error);
-          }
-        },
-        caf::after(std::chrono::milliseconds(100)) >> [] {});
+    self->receive([&](actors::NodeUp&) {},
+                  [&](actors::NodeDown& d) {
+                    say("node_down " + hex(d.node) + " " + d.code + " " + d.reason);
+                    if (args.has("rejoin") && !target.empty() && !rejoined) {
+                      rejoined = true;
+                      auto [peer, error] = connect(target);
+                      if (error.empty())
+                        say("rejoined " + hex(peer));
+                      else
+                        say("rejoin refused: " + error);
+                    }
+                  },
+                  caf::after(std::chrono::milliseconds(100)) >> [] {});
   }
   caf::anon_send_exit(bridge, caf::exit_reason::user_shutdown);
   return 0;

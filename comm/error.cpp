@@ -4,13 +4,20 @@ namespace troupe::comm {
 
 const char* errc_name(Errc code) {
   switch (code) {
-    case Errc::ok: return "ok";
-    case Errc::peer_lost: return "peer_lost";
-    case Errc::timed_out: return "timed_out";
-    case Errc::aborted: return "aborted";
-    case Errc::invalid_input: return "invalid_input";
-    case Errc::io: return "io";
-    case Errc::internal: return "internal";
+    case Errc::ok:
+      return "ok";
+    case Errc::peer_lost:
+      return "peer_lost";
+    case Errc::timed_out:
+      return "timed_out";
+    case Errc::aborted:
+      return "aborted";
+    case Errc::invalid_input:
+      return "invalid_input";
+    case Errc::io:
+      return "io";
+    case Errc::internal:
+      return "internal";
   }
   return "unknown";
 }

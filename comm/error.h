@@ -38,7 +38,7 @@ class Error : public std::runtime_error {
 #define TROUPE_FAIL(code, msg) ::troupe::comm::fail((code), (msg), __FILE__, __LINE__)
 
 // An enforce: a condition that only a bug in Troupe can break.
-#define TROUPE_ENFORCE(cond, msg)                                                         \
-  do {                                                                                     \
+#define TROUPE_ENFORCE(cond, msg)                                                              \
+  do {                                                                                         \
     if (!(cond)) TROUPE_FAIL(::troupe::comm::Errc::internal, std::string(#cond ": ") + (msg)); \
   } while (0)

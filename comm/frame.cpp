@@ -21,13 +21,20 @@ bool equal_bytes(capnp::Data::Reader data, const std::string& s) {
 
 const char* reject_name(Reject r) {
   switch (r) {
-    case Reject::malformed: return "malformed";
-    case Reject::oversized: return "oversized";
-    case Reject::wrong_job: return "wrong_job";
-    case Reject::stale: return "stale_generation";
-    case Reject::spoofed: return "spoofed_source";
-    case Reject::unknown_kind: return "unknown_kind";
-    case Reject::count_: break;
+    case Reject::malformed:
+      return "malformed";
+    case Reject::oversized:
+      return "oversized";
+    case Reject::wrong_job:
+      return "wrong_job";
+    case Reject::stale:
+      return "stale_generation";
+    case Reject::spoofed:
+      return "spoofed_source";
+    case Reject::unknown_kind:
+      return "unknown_kind";
+    case Reject::count_:
+      break;
   }
   return "unknown";
 }
@@ -45,7 +52,8 @@ DecodedFrame::DecodedFrame(Buffer bytes, const capnp::ReaderOptions& options)
 FrameValidator::FrameValidator(std::string job_id, std::string token, FrameLimits limits)
     : job_id_(std::move(job_id)), token_(std::move(token)), limits_(limits) {}
 
-Rejection FrameValidator::reject(Reject r, std::string detail, std::shared_ptr<const DecodedFrame> frame) const {
+Rejection FrameValidator::reject(Reject r, std::string detail,
+                                 std::shared_ptr<const DecodedFrame> frame) const {
   counters_[size_t(r)].fetch_add(1);
   return Rejection{r, std::move(detail), std::move(frame)};
 }
@@ -55,8 +63,8 @@ std::variant<std::shared_ptr<const DecodedFrame>, Rejection> FrameValidator::dec
   const size_t n = frame.size();
   if (n == 0) return reject(Reject::malformed, "empty frame");
   if (n > limits_.max_bytes) {
-    return reject(Reject::oversized, std::to_string(n) + " bytes, cap " +
-                                         std::to_string(limits_.max_bytes));
+    return reject(Reject::oversized,
+                  std::to_string(n) + " bytes, cap " + std::to_string(limits_.max_bytes));
   }
   if (n % sizeof(capnp::word) != 0) {
     return reject(Reject::malformed, std::to_string(n) + " bytes is not a whole number of words");
@@ -65,7 +73,8 @@ std::variant<std::shared_ptr<const DecodedFrame>, Rejection> FrameValidator::dec
   try {
     decoded = std::make_shared<const DecodedFrame>(std::move(frame), reader_options(limits_));
   } catch (const kj::Exception& e) {
-    return reject(Reject::malformed, std::string("not a valid envelope: ") + e.getDescription().cStr());
+    return reject(Reject::malformed,
+                  std::string("not a valid envelope: ") + e.getDescription().cStr());
   } catch (const std::exception& e) {
     return reject(Reject::malformed, std::string("not a valid envelope: ") + e.what());
   }
@@ -74,12 +83,15 @@ std::variant<std::shared_ptr<const DecodedFrame>, Rejection> FrameValidator::dec
     return reject(Reject::spoofed, "srcNode does not match the sending node");
   }
   if (env.getJobId() != job_id_.c_str() || !equal_bytes(env.getToken(), token_)) {
-    return reject(Reject::wrong_job, "job id or token does not match job '" + job_id_ + "'", decoded);
+    return reject(Reject::wrong_job, "job id or token does not match job '" + job_id_ + "'",
+                  decoded);
   }
   uint64_t current = generation_.load();
   if (env.getGeneration() != 0 && env.getGeneration() < current) {
-    return reject(Reject::stale, "generation " + std::to_string(env.getGeneration()) + " is older than " +
-                                     std::to_string(current), decoded);
+    return reject(Reject::stale,
+                  "generation " + std::to_string(env.getGeneration()) + " is older than " +
+                      std::to_string(current),
+                  decoded);
   }
   switch (env.getBody().which()) {
     case proto::Envelope::Body::HEARTBEAT:
@@ -123,8 +135,8 @@ Buffer encode(capnp::MessageBuilder& message) {
 
 void set_header(proto::Envelope::Builder envelope, const EnvelopeHeader& h) {
   envelope.setJobId(h.job_id);
-  envelope.setToken(capnp::Data::Reader(reinterpret_cast<const kj::byte*>(h.token.data()),
-                                        h.token.size()));
+  envelope.setToken(
+      capnp::Data::Reader(reinterpret_cast<const kj::byte*>(h.token.data()), h.token.size()));
   envelope.setGeneration(h.generation);
   envelope.setSrcNode(h.src_node);
   envelope.setSrcActor(h.src_actor);

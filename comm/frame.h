@@ -78,7 +78,8 @@ class FrameValidator {
   uint64_t accepted() const { return accepted_.load(); }
 
  private:
-  Rejection reject(Reject r, std::string detail, std::shared_ptr<const DecodedFrame> frame = nullptr) const;
+  Rejection reject(Reject r, std::string detail,
+                   std::shared_ptr<const DecodedFrame> frame = nullptr) const;
 
   std::string job_id_;
   std::string token_;

@@ -5,9 +5,10 @@
 #include <nccl.h>
 #endif
 
+#include <sched.h>
+
 #include <atomic>
 #include <cstring>
-#include <sched.h>
 
 namespace troupe::comm {
 
@@ -15,18 +16,20 @@ namespace troupe::comm {
 
 std::string nccl_unique_id() { TROUPE_FAIL(Errc::io, "this build has no CUDA/NCCL support"); }
 
-std::unique_ptr<Communicator> make_nccl_communicator(uint64_t, int, int, const std::string&, const NcclOptions&) {
+std::unique_ptr<Communicator> make_nccl_communicator(uint64_t, int, int, const std::string&,
+                                                     const NcclOptions&) {
   TROUPE_FAIL(Errc::io, "this build has no CUDA/NCCL support (configure with TROUPE_WITH_CUDA)");
 }
 
 #else
 
 // The one wrapping layer over CUDA's and NCCL's status codes.
-#define TROUPE_CUDA_CHECK(expr)                                                                    \
-  do {                                                                                             \
-    cudaError_t troupe_err_ = (expr);                                                              \
-    if (troupe_err_ != cudaSuccess)                                                                \
-      TROUPE_FAIL(::troupe::comm::Errc::io, std::string(#expr) + ": " + cudaGetErrorString(troupe_err_)); \
+#define TROUPE_CUDA_CHECK(expr)                                                 \
+  do {                                                                          \
+    cudaError_t troupe_err_ = (expr);                                           \
+    if (troupe_err_ != cudaSuccess)                                             \
+      TROUPE_FAIL(::troupe::comm::Errc::io,                                     \
+                  std::string(#expr) + ": " + cudaGetErrorString(troupe_err_)); \
   } while (0)
 
 namespace {
@@ -35,10 +38,14 @@ using Clock = std::chrono::steady_clock;
 
 ncclDataType_t nccl_type(DataType t) {
   switch (t) {
-    case DataType::f32: return ncclFloat32;
-    case DataType::f64: return ncclFloat64;
-    case DataType::bf16: return ncclBfloat16;
-    case DataType::f16: return ncclFloat16;
+    case DataType::f32:
+      return ncclFloat32;
+    case DataType::f64:
+      return ncclFloat64;
+    case DataType::bf16:
+      return ncclBfloat16;
+    case DataType::f16:
+      return ncclFloat16;
   }
   TROUPE_FAIL(Errc::invalid_input, "unknown element type");
 }
@@ -56,7 +63,8 @@ std::string to_hex(const void* p, size_t n) {
 
 ncclUniqueId from_hex(const std::string& s) {
   ncclUniqueId id;
-  if (s.size() != 2 * sizeof(id.internal)) TROUPE_FAIL(Errc::invalid_input, "an NCCL unique id has 256 hex digits");
+  if (s.size() != 2 * sizeof(id.internal))
+    TROUPE_FAIL(Errc::invalid_input, "an NCCL unique id has 256 hex digits");
   for (size_t i = 0; i < sizeof(id.internal); ++i) {
     auto nib = [&](char c) -> int {
       if (c >= '0' && c <= '9') return c - '0';
@@ -97,23 +105,32 @@ class NcclCommunicator : public Communicator {
   int size() const override { return size_; }
   uint64_t generation() const override { return gen_; }
 
-  void allreduce(const void* in, void* out, size_t count, DataType t, ReduceOp op, const CollectiveOptions& o) override {
+  void allreduce(const void* in, void* out, size_t count, DataType t, ReduceOp op,
+                 const CollectiveOptions& o) override {
     run("allreduce", o, [&] {
-      return ncclAllReduce(in ? in : out, out, count, nccl_type(t), op == ReduceOp::avg ? ncclAvg : ncclSum, comm_, stream_);
+      return ncclAllReduce(in ? in : out, out, count, nccl_type(t),
+                           op == ReduceOp::avg ? ncclAvg : ncclSum, comm_, stream_);
     });
   }
-  void broadcast(void* buf, size_t count, DataType t, int root, const CollectiveOptions& o) override {
-    run("broadcast", o, [&] { return ncclBroadcast(buf, buf, count, nccl_type(t), root, comm_, stream_); });
+  void broadcast(void* buf, size_t count, DataType t, int root,
+                 const CollectiveOptions& o) override {
+    run("broadcast", o,
+        [&] { return ncclBroadcast(buf, buf, count, nccl_type(t), root, comm_, stream_); });
   }
-  void allgather(const void* in, void* out, size_t count, DataType t, const CollectiveOptions& o) override {
-    run("allgather", o, [&] { return ncclAllGather(in, out, count, nccl_type(t), comm_, stream_); });
+  void allgather(const void* in, void* out, size_t count, DataType t,
+                 const CollectiveOptions& o) override {
+    run("allgather", o,
+        [&] { return ncclAllGather(in, out, count, nccl_type(t), comm_, stream_); });
   }
-  void reduce_scatter(const void* in, void* out, size_t count, DataType t, ReduceOp op, const CollectiveOptions& o) override {
+  void reduce_scatter(const void* in, void* out, size_t count, DataType t, ReduceOp op,
+                      const CollectiveOptions& o) override {
     run("reduce_scatter", o, [&] {
-      return ncclReduceScatter(in, out, count, nccl_type(t), op == ReduceOp::avg ? ncclAvg : ncclSum, comm_, stream_);
+      return ncclReduceScatter(in, out, count, nccl_type(t),
+                               op == ReduceOp::avg ? ncclAvg : ncclSum, comm_, stream_);
     });
   }
-  void send(const void* buf, size_t bytes, int peer, uint32_t, const CollectiveOptions& o) override {
+  void send(const void* buf, size_t bytes, int peer, uint32_t,
+            const CollectiveOptions& o) override {
     run("send", o, [&] { return ncclSend(buf, bytes, ncclUint8, peer, comm_, stream_); });
   }
   void recv(void* buf, size_t bytes, int peer, uint32_t, const CollectiveOptions& o) override {
@@ -132,7 +149,8 @@ class NcclCommunicator : public Communicator {
     if (aborted_.load()) fail(Errc::aborted, std::string(what) + ": the communicator was aborted");
     auto deadline = Clock::now() + (o.timeout.count() > 0 ? o.timeout : opt_.timeout);
     ncclResult_t r = enqueue();
-    if (r != ncclSuccess && r != ncclInProgress) fail(Errc::io, std::string(what) + ": " + ncclGetErrorString(r));
+    if (r != ncclSuccess && r != ncclInProgress)
+      fail(Errc::io, std::string(what) + ": " + ncclGetErrorString(r));
     poll_comm(what, deadline);
     // Poll the stream: never a blocking synchronise that a dead peer could hang.
     while (true) {
@@ -149,9 +167,11 @@ class NcclCommunicator : public Communicator {
     while (true) {
       ncclResult_t state = ncclInProgress;
       ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
-      if (r != ncclSuccess) fail(Errc::io, std::string(what) + ": ncclCommGetAsyncError: " + ncclGetErrorString(r));
+      if (r != ncclSuccess)
+        fail(Errc::io, std::string(what) + ": ncclCommGetAsyncError: " + ncclGetErrorString(r));
       if (state == ncclSuccess) return;
-      if (state != ncclInProgress) fail(Errc::peer_lost, std::string(what) + ": " + ncclGetErrorString(state));
+      if (state != ncclInProgress)
+        fail(Errc::peer_lost, std::string(what) + ": " + ncclGetErrorString(state));
       check(what, deadline);
       sched_yield();
     }
@@ -160,10 +180,12 @@ class NcclCommunicator : public Communicator {
   void check(const char* what, Clock::time_point deadline) {
     if (aborted_.load()) fail(Errc::aborted, std::string(what) + ": the communicator was aborted");
     ncclResult_t state = ncclSuccess;
-    if (ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state != ncclSuccess && state != ncclInProgress) {
+    if (ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state != ncclSuccess &&
+        state != ncclInProgress) {
       fail(Errc::peer_lost, std::string(what) + ": " + ncclGetErrorString(state));
     }
-    if (Clock::now() > deadline) fail(Errc::timed_out, std::string(what) + ": no completion before the deadline");
+    if (Clock::now() > deadline)
+      fail(Errc::timed_out, std::string(what) + ": no completion before the deadline");
   }
 
   [[noreturn]] void fail(Errc code, const std::string& why) {
@@ -171,8 +193,8 @@ class NcclCommunicator : public Communicator {
       ncclCommAbort(comm_);
       comm_ = nullptr;
     }
-    broken_ = std::make_unique<Error>(code, why + " (NCCL, generation " + std::to_string(gen_) + ", rank " +
-                                                std::to_string(rank_) + ")");
+    broken_ = std::make_unique<Error>(code, why + " (NCCL, generation " + std::to_string(gen_) +
+                                                ", rank " + std::to_string(rank_) + ")");
     throw *broken_;
   }
 
@@ -191,16 +213,20 @@ class NcclCommunicator : public Communicator {
 std::string nccl_unique_id() {
   ncclUniqueId id;
   ncclResult_t r = ncclGetUniqueId(&id);
-  if (r != ncclSuccess) TROUPE_FAIL(Errc::io, std::string("ncclGetUniqueId: ") + ncclGetErrorString(r));
+  if (r != ncclSuccess)
+    TROUPE_FAIL(Errc::io, std::string("ncclGetUniqueId: ") + ncclGetErrorString(r));
   return to_hex(id.internal, sizeof(id.internal));
 }
 
 std::unique_ptr<Communicator> make_nccl_communicator(uint64_t generation, int rank, int size,
-                                                     const std::string& unique_id_hex, const NcclOptions& options) {
+                                                     const std::string& unique_id_hex,
+                                                     const NcclOptions& options) {
   if (size <= 0 || rank < 0 || rank >= size) {
-    TROUPE_FAIL(Errc::invalid_input, "rank " + std::to_string(rank) + " of " + std::to_string(size));
+    TROUPE_FAIL(Errc::invalid_input,
+                "rank " + std::to_string(rank) + " of " + std::to_string(size));
   }
-  return std::make_unique<NcclCommunicator>(generation, rank, size, from_hex(unique_id_hex), options);
+  return std::make_unique<NcclCommunicator>(generation, rank, size, from_hex(unique_id_hex),
+                                            options);
 }
 
 #endif

@@ -15,7 +15,8 @@ inline float bf16_to_float(uint16_t v) {
 inline uint16_t float_to_bf16(float f) {  // round to nearest even
   uint32_t bits;
   std::memcpy(&bits, &f, sizeof bits);
-  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x7fffffu)) return uint16_t((bits >> 16) | 0x40);  // NaN
+  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x7fffffu))
+    return uint16_t((bits >> 16) | 0x40);  // NaN
   bits += 0x7fffu + ((bits >> 16) & 1u);
   return uint16_t(bits >> 16);
 }
@@ -29,33 +30,48 @@ void add(T* __restrict acc, const T* __restrict in, size_t n) {
 
 size_t element_size(DataType t) {
   switch (t) {
-    case DataType::f32: return 4;
-    case DataType::f64: return 8;
-    case DataType::bf16: return 2;
-    case DataType::f16: return 2;
+    case DataType::f32:
+      return 4;
+    case DataType::f64:
+      return 8;
+    case DataType::bf16:
+      return 2;
+    case DataType::f16:
+      return 2;
   }
   return 0;
 }
 
 const char* dtype_name(DataType t) {
   switch (t) {
-    case DataType::f32: return "f32";
-    case DataType::f64: return "f64";
-    case DataType::bf16: return "bf16";
-    case DataType::f16: return "f16";
+    case DataType::f32:
+      return "f32";
+    case DataType::f64:
+      return "f64";
+    case DataType::bf16:
+      return "bf16";
+    case DataType::f16:
+      return "f16";
   }
   return "?";
 }
 
 void reduce_sum(void* acc, const void* in, size_t n, DataType t) {
   switch (t) {
-    case DataType::f32: add(static_cast<float*>(acc), static_cast<const float*>(in), n); break;
-    case DataType::f64: add(static_cast<double*>(acc), static_cast<const double*>(in), n); break;
-    case DataType::f16: add(static_cast<_Float16*>(acc), static_cast<const _Float16*>(in), n); break;
+    case DataType::f32:
+      add(static_cast<float*>(acc), static_cast<const float*>(in), n);
+      break;
+    case DataType::f64:
+      add(static_cast<double*>(acc), static_cast<const double*>(in), n);
+      break;
+    case DataType::f16:
+      add(static_cast<_Float16*>(acc), static_cast<const _Float16*>(in), n);
+      break;
     case DataType::bf16: {
       auto* a = static_cast<uint16_t*>(acc);
       auto* b = static_cast<const uint16_t*>(in);
-      for (size_t i = 0; i < n; ++i) a[i] = float_to_bf16(bf16_to_float(a[i]) + bf16_to_float(b[i]));
+      for (size_t i = 0; i < n; ++i)
+        a[i] = float_to_bf16(bf16_to_float(a[i]) + bf16_to_float(b[i]));
       break;
     }
   }

@@ -38,7 +38,8 @@ using Clock = std::chrono::steady_clock;
 
 NodeId random_node_id() {
   std::random_device rd;
-  std::mt19937_64 gen((uint64_t(rd()) << 32) ^ rd() ^ uint64_t(Clock::now().time_since_epoch().count()));
+  std::mt19937_64 gen((uint64_t(rd()) << 32) ^ rd() ^
+                      uint64_t(Clock::now().time_since_epoch().count()));
   NodeId id = 0;
   while (id == 0) id = gen();
   return id;
@@ -118,8 +119,8 @@ struct Transport::Impl {
   mutable std::mutex live_mu;
   std::unordered_set<NodeId> live;
   std::atomic<uint64_t> frames_sent{0}, frames_received{0}, bytes_sent{0}, bytes_received{0},
-      rejected_bad_header{0}, rejected_oversized{0}, rejected_unknown_peer{0},
-      rejected_fenced{0}, send_failures{0};
+      rejected_bad_header{0}, rejected_oversized{0}, rejected_unknown_peer{0}, rejected_fenced{0},
+      send_failures{0};
 
   // Progress thread only.
   std::unordered_map<ucp_ep_h, std::unique_ptr<Peer>> peers;
@@ -153,7 +154,8 @@ struct Transport::Impl {
     TROUPE_UCS_CHECK(ucp_worker_set_am_recv_handler(worker.get(), &am));
     if (options.listen) {
       ucp_listener_conn_handler_t conn{&Impl::conn_callback, this};
-      listener = std::make_unique<UcxListener>(worker, options.listen_host, options.listen_port, conn);
+      listener =
+          std::make_unique<UcxListener>(worker, options.listen_host, options.listen_port, conn);
       address = options.listen_host + ":" + std::to_string(listener->port());
     }
     ucx_fd = worker.event_fd();
@@ -341,10 +343,11 @@ struct Transport::Impl {
   }
 
   bool am_send(Peer* peer, Kind kind, uint32_t magic, Buffer frame) {
-    auto* ctx = new SendCtx{this, AmHeader{magic, kVersion, uint16_t(kind), self}, std::move(frame)};
+    auto* ctx =
+        new SendCtx{this, AmHeader{magic, kVersion, uint16_t(kind), self}, std::move(frame)};
     ucp_request_param_t param{};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                         UCP_OP_ATTR_FIELD_FLAGS;
+    param.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
     param.cb.send = &Impl::send_callback;
     param.user_data = ctx;
     param.flags = UCP_AM_SEND_FLAG_REPLY;
@@ -460,8 +463,8 @@ struct Transport::Impl {
     return it == peers.end() ? nullptr : it->second.get();
   }
 
-  static ucs_status_t am_callback(void* arg, const void* header, size_t header_length,
-                                  void* data, size_t length, const ucp_am_recv_param_t* param) {
+  static ucs_status_t am_callback(void* arg, const void* header, size_t header_length, void* data,
+                                  size_t length, const ucp_am_recv_param_t* param) {
     return static_cast<Impl*>(arg)->on_am(header, header_length, data, length, param);
   }
 
@@ -483,11 +486,17 @@ struct Transport::Impl {
       return UCS_OK;
     }
     switch (Kind(header.kind)) {
-      case Kind::hello: return on_hello(peer, header.node);
-      case Kind::hello_ack: return on_hello_answer(peer, header.node, true);
-      case Kind::hello_nack: return on_hello_answer(peer, header.node, false);
-      case Kind::frame: break;
-      default: rejected_bad_header.fetch_add(1); return UCS_OK;
+      case Kind::hello:
+        return on_hello(peer, header.node);
+      case Kind::hello_ack:
+        return on_hello_answer(peer, header.node, true);
+      case Kind::hello_nack:
+        return on_hello_answer(peer, header.node, false);
+      case Kind::frame:
+        break;
+      default:
+        rejected_bad_header.fetch_add(1);
+        return UCS_OK;
     }
     if (fenced.count(header.node)) {
       rejected_fenced.fetch_add(1);
@@ -625,7 +634,10 @@ NodeId Transport::connect(const std::string& host_port, std::chrono::millisecond
   auto promise = std::make_shared<std::promise<NodeId>>();
   auto future = promise->get_future();
   connect_async(host_port, timeout, [promise](NodeId node, std::exception_ptr error) {
-    if (error) promise->set_exception(error); else promise->set_value(node);
+    if (error)
+      promise->set_exception(error);
+    else
+      promise->set_value(node);
   });
   // The progress thread enforces the deadline; the slack only guards against a stuck thread.
   if (future.wait_for(timeout + std::chrono::seconds(2)) != std::future_status::ready) {

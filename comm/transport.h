@@ -35,7 +35,7 @@ struct TransportOptions {
   std::string listen_host = "127.0.0.1";
   uint16_t listen_port = 0;  // 0: any free port; address() reports the real one
   bool listen = true;
-  NodeId node_id = 0;        // 0: a random id
+  NodeId node_id = 0;  // 0: a random id
   size_t max_frame_bytes = 16u << 20;
   bool shared_memory = true;  // sysv/posix between processes on one host (UCX_MM_ERROR_HANDLING)
   int spin_us = 50;           // busy-poll this long after activity before sleeping on the fd

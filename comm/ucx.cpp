@@ -14,10 +14,15 @@ UcxContext::UcxContext(const UcxContextOptions& options) {
   // transports are told to support error handling. An explicit UCX_MM_ERROR_HANDLING wins.
   if (options.shared_memory && std::getenv("UCX_MM_ERROR_HANDLING") == nullptr) {
     ucs_status_t st = ucp_config_modify(config, "MM_ERROR_HANDLING", "y");
-    if (st != UCS_OK) std::fprintf(stderr, "troupe: UCX has no MM_ERROR_HANDLING setting (%s): shared memory may be unused\n", ucs_status_string(st));
+    if (st != UCS_OK)
+      std::fprintf(
+          stderr,
+          "troupe: UCX has no MM_ERROR_HANDLING setting (%s): shared memory may be unused\n",
+          ucs_status_string(st));
   }
   if (!options.keepalive_interval.empty() && std::getenv("UCX_KEEPALIVE_INTERVAL") == nullptr) {
-    TROUPE_UCS_CHECK(ucp_config_modify(config, "KEEPALIVE_INTERVAL", options.keepalive_interval.c_str()));
+    TROUPE_UCS_CHECK(
+        ucp_config_modify(config, "KEEPALIVE_INTERVAL", options.keepalive_interval.c_str()));
     TROUPE_UCS_CHECK(ucp_config_modify(config, "KEEPALIVE_NUM_EPS", "inf"));
   }
   ucp_params_t params{};

@@ -16,11 +16,11 @@
 namespace troupe::comm {
 
 // Turns a UCX status into an Error(io) naming the call, file and line.
-#define TROUPE_UCS_CHECK(expr)                                                         \
-  do {                                                                                  \
-    ucs_status_t troupe_status_ = (expr);                                               \
-    if (troupe_status_ != UCS_OK)                                                       \
-      TROUPE_FAIL(::troupe::comm::Errc::io,                                             \
+#define TROUPE_UCS_CHECK(expr)                                                           \
+  do {                                                                                   \
+    ucs_status_t troupe_status_ = (expr);                                                \
+    if (troupe_status_ != UCS_OK)                                                        \
+      TROUPE_FAIL(::troupe::comm::Errc::io,                                              \
                   std::string(#expr) + " failed: " + ucs_status_string(troupe_status_)); \
   } while (0)
 

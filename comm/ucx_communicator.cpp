@@ -3,13 +3,12 @@
 #include <sched.h>
 #include <unistd.h>
 
-#include <fstream>
-#include <sstream>
-
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <fstream>
 #include <optional>
+#include <sstream>
 
 #include "comm/buffer.h"
 #include "comm/reduce.h"
@@ -28,7 +27,8 @@ constexpr uint64_t kCollective = 0, kPointToPoint = 1, kNotice = 2;
 constexpr uint64_t kAnySourceMask = ~(uint64_t(0xFFF) << 20);
 
 uint64_t make_tag(uint64_t gen, uint64_t kind, uint64_t seq, uint64_t src, uint64_t slot) {
-  return (gen & 0xFFF) << 52 | (kind & 0x3) << 50 | (seq & 0x3FFFF) << 32 | (src & 0xFFF) << 20 | (slot & 0xFFFFF);
+  return (gen & 0xFFF) << 52 | (kind & 0x3) << 50 | (seq & 0x3FFFF) << 32 | (src & 0xFFF) << 20 |
+         (slot & 0xFFFFF);
 }
 
 std::string to_hex(const void* data, size_t n) {
@@ -164,21 +164,26 @@ struct UcxCommunicator::Impl {
     }
     auto deadline = Clock::now() + std::chrono::milliseconds(100);
     for (void* q : sent) {
-      while (ucp_request_check_status(q) == UCS_INPROGRESS && Clock::now() < deadline) ucp_worker_progress(worker.get());
+      while (ucp_request_check_status(q) == UCS_INPROGRESS && Clock::now() < deadline)
+        ucp_worker_progress(worker.get());
       if (ucp_request_check_status(q) == UCS_INPROGRESS) ucp_request_cancel(worker.get(), q);
     }
     for (void* q : sent) {
       auto until = Clock::now() + std::chrono::milliseconds(50);
-      while (ucp_request_check_status(q) == UCS_INPROGRESS && Clock::now() < until) ucp_worker_progress(worker.get());
+      while (ucp_request_check_status(q) == UCS_INPROGRESS && Clock::now() < until)
+        ucp_worker_progress(worker.get());
       ucp_request_free(q);
     }
   }
 
   [[noreturn]] void fail_from_notice(std::vector<Req>& reqs) {
     Errc code = Errc(notice_in.code);
-    if (code != Errc::peer_lost && code != Errc::timed_out && code != Errc::aborted) code = Errc::peer_lost;
-    fail(code, std::string(errc_name(code)) + " reported by rank " + std::to_string(notice_in.origin) +
-                   ", which gave up first", reqs, /*tell_others=*/false);
+    if (code != Errc::peer_lost && code != Errc::timed_out && code != Errc::aborted)
+      code = Errc::peer_lost;
+    fail(code,
+         std::string(errc_name(code)) + " reported by rank " + std::to_string(notice_in.origin) +
+             ", which gave up first",
+         reqs, /*tell_others=*/false);
   }
 
   void close_endpoints() {
@@ -196,7 +201,8 @@ struct UcxCommunicator::Impl {
     // in flight is released by UCX when it completes.
     auto deadline = Clock::now() + std::chrono::milliseconds(200);
     for (void* r : closing) {
-      while (ucp_request_check_status(r) == UCS_INPROGRESS && Clock::now() < deadline) ucp_worker_progress(worker.get());
+      while (ucp_request_check_status(r) == UCS_INPROGRESS && Clock::now() < deadline)
+        ucp_worker_progress(worker.get());
       ucp_request_free(r);
     }
   }
@@ -222,7 +228,10 @@ struct UcxCommunicator::Impl {
     ucp_request_param_t p{};
     ucs_status_ptr_t r = ucp_tag_send_nbx(eps[peer], buf, bytes, tag, &p);
     if (UCS_PTR_IS_ERR(r)) {
-      fail(Errc::peer_lost, "send to rank " + std::to_string(peer) + " failed: " + ucs_status_string(UCS_PTR_STATUS(r)), {});
+      fail(Errc::peer_lost,
+           "send to rank " + std::to_string(peer) +
+               " failed: " + ucs_status_string(UCS_PTR_STATUS(r)),
+           {});
     }
     return Req{r, false};
   }
@@ -230,12 +239,14 @@ struct UcxCommunicator::Impl {
   Req irecv(void* buf, size_t bytes, uint64_t tag) {
     ucp_request_param_t p{};
     ucs_status_ptr_t r = ucp_tag_recv_nbx(worker.get(), buf, bytes, tag, ~uint64_t(0), &p);
-    if (UCS_PTR_IS_ERR(r)) fail(Errc::io, std::string("receive failed: ") + ucs_status_string(UCS_PTR_STATUS(r)), {});
+    if (UCS_PTR_IS_ERR(r))
+      fail(Errc::io, std::string("receive failed: ") + ucs_status_string(UCS_PTR_STATUS(r)), {});
     return Req{r, true};
   }
 
   // Waits until every request in reqs[from, to) completes; the others stay outstanding.
-  void wait(std::vector<Req>& reqs, size_t from, size_t to, std::chrono::milliseconds idle_timeout) {
+  void wait(std::vector<Req>& reqs, size_t from, size_t to,
+            std::chrono::milliseconds idle_timeout) {
     auto last_progress = Clock::now();
     unsigned idle = 0;
     while (true) {
@@ -253,8 +264,9 @@ struct UcxCommunicator::Impl {
         last_progress = Clock::now();
         if (st != UCS_OK) {
           int lost = lost_rank.load();
-          fail(Errc::peer_lost, lost >= 0 ? "rank " + std::to_string(lost) + " lost: " + lost_reason
-                                          : std::string("transfer failed: ") + ucs_status_string(st),
+          fail(Errc::peer_lost,
+               lost >= 0 ? "rank " + std::to_string(lost) + " lost: " + lost_reason
+                         : std::string("transfer failed: ") + ucs_status_string(st),
                reqs);
         }
       }
@@ -278,29 +290,36 @@ struct UcxCommunicator::Impl {
       }
       if (++idle % 64 == 0) {
         auto now = Clock::now();
-        if (now - last_progress > std::chrono::milliseconds(20) && now - last_liveness_check > std::chrono::milliseconds(20)) {
+        if (now - last_progress > std::chrono::milliseconds(20) &&
+            now - last_liveness_check > std::chrono::milliseconds(20)) {
           last_liveness_check = now;
           for (int r = 0; r < int(local_pids.size()); ++r) {
             if (local_pids[r] > 0 && process_gone(local_pids[r])) {
               int expected = -1;
-              if (lost_rank.compare_exchange_strong(expected, r)) lost_reason = "process " + std::to_string(local_pids[r]) + " is gone";
+              if (lost_rank.compare_exchange_strong(expected, r))
+                lost_reason = "process " + std::to_string(local_pids[r]) + " is gone";
             }
           }
         }
         if (Clock::now() - last_progress > idle_timeout) {
-          fail(Errc::timed_out, "no progress for " + std::to_string(idle_timeout.count()) +
-                                    " ms (a member is stopped, hung or unreachable)", reqs);
+          fail(Errc::timed_out,
+               "no progress for " + std::to_string(idle_timeout.count()) +
+                   " ms (a member is stopped, hung or unreachable)",
+               reqs);
         }
         sched_yield();  // several ranks may share a core
       }
     }
   }
 
-  void wait_all(std::vector<Req>& reqs, std::chrono::milliseconds t) { wait(reqs, 0, reqs.size(), t); }
+  void wait_all(std::vector<Req>& reqs, std::chrono::milliseconds t) {
+    wait(reqs, 0, reqs.size(), t);
+  }
 
   // Breaks the communicator: cancel outstanding receives, close every endpoint (which completes
   // outstanding sends), drain, then throw. Nothing can touch the caller's buffers afterwards.
-  [[noreturn]] void fail(Errc code, const std::string& why, std::vector<Req> outstanding, bool tell_others = true) {
+  [[noreturn]] void fail(Errc code, const std::string& why, std::vector<Req> outstanding,
+                         bool tell_others = true) {
     for (auto& r : outstanding)
       if (r.handle && r.is_recv) ucp_request_cancel(worker.get(), r.handle);
     if (tell_others) send_notices(code);
@@ -313,7 +332,8 @@ struct UcxCommunicator::Impl {
       ucp_request_free(r.handle);
       r.handle = nullptr;
     }
-    broken = Error(code, why + " (generation " + std::to_string(gen) + ", rank " + std::to_string(my_rank) + ")");
+    broken = Error(code, why + " (generation " + std::to_string(gen) + ", rank " +
+                             std::to_string(my_rank) + ")");
     throw *broken;
   }
 
@@ -324,7 +344,8 @@ struct UcxCommunicator::Impl {
 
   // ---- algorithms ----------------------------------------------------------------------
 
-  void allreduce_rd(uint8_t* buf, size_t count, DataType t, uint64_t s, std::chrono::milliseconds to) {
+  void allreduce_rd(uint8_t* buf, size_t count, DataType t, uint64_t s,
+                    std::chrono::milliseconds to) {
     const size_t bytes = count * element_size(t);
     int p2 = 1;
     while (p2 * 2 <= n) p2 *= 2;
@@ -423,8 +444,8 @@ struct UcxCommunicator::Impl {
   }
 
   // Ring allgather of segments: at step k rank r sends segment (r-k+off), receives (r-k-1+off).
-  void ring_allgather(uint8_t* buf, const Segments& sg, size_t es, int off, uint64_t s, uint64_t phase,
-                      std::chrono::milliseconds to) {
+  void ring_allgather(uint8_t* buf, const Segments& sg, size_t es, int off, uint64_t s,
+                      uint64_t phase, std::chrono::milliseconds to) {
     const int next = mod(my_rank + 1), prev = mod(my_rank - 1);
     const size_t chunk = std::max<size_t>(1, opt.segment_bytes / es);
     for (int step = 0; step < n - 1; ++step) {
@@ -432,13 +453,15 @@ struct UcxCommunicator::Impl {
       std::vector<Req> reqs;
       for (size_t at = 0, c = 0; at < sg.count[recv_seg]; at += chunk, ++c) {
         size_t len = std::min(chunk, sg.count[recv_seg] - at);
-        reqs.push_back(irecv(buf + (sg.offset[recv_seg] + at) * es, len * es,
-                             make_tag(gen, kCollective, s, prev, phase + (uint64_t(step) << 12) + c)));
+        reqs.push_back(
+            irecv(buf + (sg.offset[recv_seg] + at) * es, len * es,
+                  make_tag(gen, kCollective, s, prev, phase + (uint64_t(step) << 12) + c)));
       }
       for (size_t at = 0, c = 0; at < sg.count[send_seg]; at += chunk, ++c) {
         size_t len = std::min(chunk, sg.count[send_seg] - at);
-        reqs.push_back(isend(next, buf + (sg.offset[send_seg] + at) * es, len * es,
-                             make_tag(gen, kCollective, s, my_rank, phase + (uint64_t(step) << 12) + c)));
+        reqs.push_back(
+            isend(next, buf + (sg.offset[send_seg] + at) * es, len * es,
+                  make_tag(gen, kCollective, s, my_rank, phase + (uint64_t(step) << 12) + c)));
       }
       wait_all(reqs, to);
     }
@@ -473,10 +496,12 @@ std::string UcxCommunicator::address() const {
   return std::to_string(getpid()) + "@" + host_name() + "@" + hex;
 }
 
-void UcxCommunicator::connect(int rank, const std::vector<std::string>& addresses, std::chrono::milliseconds timeout) {
+void UcxCommunicator::connect(int rank, const std::vector<std::string>& addresses,
+                              std::chrono::milliseconds timeout) {
   Impl& m = *impl_;
   if (addresses.empty() || rank < 0 || size_t(rank) >= addresses.size()) {
-    TROUPE_FAIL(Errc::invalid_input, "rank " + std::to_string(rank) + " is not in a member list of " +
+    TROUPE_FAIL(Errc::invalid_input, "rank " + std::to_string(rank) +
+                                         " is not in a member list of " +
                                          std::to_string(addresses.size()));
   }
   if (addresses.size() > 4095) TROUPE_FAIL(Errc::invalid_input, "at most 4095 members");
@@ -489,7 +514,8 @@ void UcxCommunicator::connect(int rank, const std::vector<std::string>& addresse
     // "PID@HOST@HEX"
     auto a = addresses[r].find('@'), b = addresses[r].find('@', a == std::string::npos ? 0 : a + 1);
     if (a == std::string::npos || b == std::string::npos) {
-      TROUPE_FAIL(Errc::invalid_input, "member address " + std::to_string(r) + " is not PID@HOST@UCX-ADDRESS");
+      TROUPE_FAIL(Errc::invalid_input,
+                  "member address " + std::to_string(r) + " is not PID@HOST@UCX-ADDRESS");
     }
     int pid = std::atoi(addresses[r].substr(0, a).c_str());
     if (addresses[r].substr(a + 1, b - a - 1) == me && pid != getpid()) m.local_pids[r] = pid;
@@ -504,7 +530,8 @@ void UcxCommunicator::connect(int rank, const std::vector<std::string>& addresse
     p.err_handler.arg = m.ep_args.back().get();
     ucs_status_t st = ucp_ep_create(m.worker.get(), &p, &m.eps[r]);
     if (st != UCS_OK) {
-      TROUPE_FAIL(Errc::peer_lost, "cannot reach rank " + std::to_string(r) + ": " + ucs_status_string(st));
+      TROUPE_FAIL(Errc::peer_lost,
+                  "cannot reach rank " + std::to_string(r) + ": " + ucs_status_string(st));
     }
   }
   m.post_notice_recv();
@@ -530,7 +557,9 @@ void UcxCommunicator::allreduce(const void* in, void* out, size_t count, DataTyp
   if (m.n == 1 || count == 0) return;
   auto to = m.timeout(options);
   Algorithm a = options.algorithm;
-  if (a == Algorithm::automatic) a = bytes < m.opt.small_bytes || count < size_t(m.n) ? Algorithm::recursive_doubling : Algorithm::ring;
+  if (a == Algorithm::automatic)
+    a = bytes < m.opt.small_bytes || count < size_t(m.n) ? Algorithm::recursive_doubling
+                                                         : Algorithm::ring;
   if (a == Algorithm::recursive_doubling) {
     m.allreduce_rd(buf, count, type, s, to);
   } else {
@@ -541,10 +570,12 @@ void UcxCommunicator::allreduce(const void* in, void* out, size_t count, DataTyp
   if (op == ReduceOp::avg) scale_down(buf, count, type, m.n);
 }
 
-void UcxCommunicator::broadcast(void* buf, size_t count, DataType type, int root, const CollectiveOptions& options) {
+void UcxCommunicator::broadcast(void* buf, size_t count, DataType type, int root,
+                                const CollectiveOptions& options) {
   Impl& m = *impl_;
   m.check_usable();
-  if (root < 0 || root >= m.n) TROUPE_FAIL(Errc::invalid_input, "broadcast root " + std::to_string(root) + " is not a rank");
+  if (root < 0 || root >= m.n)
+    TROUPE_FAIL(Errc::invalid_input, "broadcast root " + std::to_string(root) + " is not a rank");
   const uint64_t s = ++m.seq;
   const size_t bytes = count * element_size(type);
   if (m.n == 1 || bytes == 0) return;
@@ -565,19 +596,23 @@ void UcxCommunicator::broadcast(void* buf, size_t count, DataType type, int root
   }
   mask >>= 1;
   while (mask > 0) {
-    if (vr + mask < m.n) reqs.push_back(m.isend(real(vr + mask), buf, bytes, make_tag(m.gen, kCollective, s, m.my_rank, 0)));
+    if (vr + mask < m.n)
+      reqs.push_back(
+          m.isend(real(vr + mask), buf, bytes, make_tag(m.gen, kCollective, s, m.my_rank, 0)));
     mask >>= 1;
   }
   m.wait_all(reqs, to);
 }
 
-void UcxCommunicator::allgather(const void* in, void* out, size_t count, DataType type, const CollectiveOptions& options) {
+void UcxCommunicator::allgather(const void* in, void* out, size_t count, DataType type,
+                                const CollectiveOptions& options) {
   Impl& m = *impl_;
   m.check_usable();
   const uint64_t s = ++m.seq;
   const size_t es = element_size(type);
   auto* buf = static_cast<uint8_t*>(out);
-  if (in && in != buf + m.my_rank * count * es && count) std::memcpy(buf + m.my_rank * count * es, in, count * es);
+  if (in && in != buf + m.my_rank * count * es && count)
+    std::memcpy(buf + m.my_rank * count * es, in, count * es);
   if (m.n == 1 || count == 0) return;
   Impl::Segments sg;
   for (int i = 0; i < m.n; ++i) {
@@ -587,8 +622,8 @@ void UcxCommunicator::allgather(const void* in, void* out, size_t count, DataTyp
   m.ring_allgather(buf, sg, es, 0, s, 0, m.timeout(options));
 }
 
-void UcxCommunicator::reduce_scatter(const void* in, void* out, size_t count, DataType type, ReduceOp op,
-                                     const CollectiveOptions& options) {
+void UcxCommunicator::reduce_scatter(const void* in, void* out, size_t count, DataType type,
+                                     ReduceOp op, const CollectiveOptions& options) {
   Impl& m = *impl_;
   m.check_usable();
   const uint64_t s = ++m.seq;
@@ -611,18 +646,23 @@ void UcxCommunicator::reduce_scatter(const void* in, void* out, size_t count, Da
   if (op == ReduceOp::avg) scale_down(out, count, type, m.n);
 }
 
-void UcxCommunicator::send(const void* buf, size_t bytes, int peer, uint32_t tag, const CollectiveOptions& options) {
+void UcxCommunicator::send(const void* buf, size_t bytes, int peer, uint32_t tag,
+                           const CollectiveOptions& options) {
   Impl& m = *impl_;
   m.check_usable();
-  if (peer < 0 || peer >= m.n || peer == m.my_rank) TROUPE_FAIL(Errc::invalid_input, "send to rank " + std::to_string(peer));
-  std::vector<Impl::Req> reqs{m.isend(peer, buf, bytes, make_tag(m.gen, kPointToPoint, tag, m.my_rank, 0))};
+  if (peer < 0 || peer >= m.n || peer == m.my_rank)
+    TROUPE_FAIL(Errc::invalid_input, "send to rank " + std::to_string(peer));
+  std::vector<Impl::Req> reqs{
+      m.isend(peer, buf, bytes, make_tag(m.gen, kPointToPoint, tag, m.my_rank, 0))};
   m.wait_all(reqs, m.timeout(options));
 }
 
-void UcxCommunicator::recv(void* buf, size_t bytes, int peer, uint32_t tag, const CollectiveOptions& options) {
+void UcxCommunicator::recv(void* buf, size_t bytes, int peer, uint32_t tag,
+                           const CollectiveOptions& options) {
   Impl& m = *impl_;
   m.check_usable();
-  if (peer < 0 || peer >= m.n || peer == m.my_rank) TROUPE_FAIL(Errc::invalid_input, "recv from rank " + std::to_string(peer));
+  if (peer < 0 || peer >= m.n || peer == m.my_rank)
+    TROUPE_FAIL(Errc::invalid_input, "recv from rank " + std::to_string(peer));
   std::vector<Impl::Req> reqs{m.irecv(buf, bytes, make_tag(m.gen, kPointToPoint, tag, peer, 0))};
   m.wait_all(reqs, m.timeout(options));
 }
@@ -638,8 +678,10 @@ void UcxCommunicator::barrier(const CollectiveOptions& options) {
   uint64_t round = 0;
   for (int dist = 1; dist < m.n; dist <<= 1, ++round) {
     std::vector<Impl::Req> reqs;
-    reqs.push_back(m.irecv(&in_byte, 1, make_tag(m.gen, kCollective, s, m.mod(m.my_rank - dist), round)));
-    reqs.push_back(m.isend(m.mod(m.my_rank + dist), &out_byte, 1, make_tag(m.gen, kCollective, s, m.my_rank, round)));
+    reqs.push_back(
+        m.irecv(&in_byte, 1, make_tag(m.gen, kCollective, s, m.mod(m.my_rank - dist), round)));
+    reqs.push_back(m.isend(m.mod(m.my_rank + dist), &out_byte, 1,
+                           make_tag(m.gen, kCollective, s, m.my_rank, round)));
     m.wait_all(reqs, to);
   }
 }

@@ -42,19 +42,24 @@ class UcxCommunicator : public Communicator {
   std::string address() const;
   // Connects to every member (addresses by rank; this rank's entry is its own) and waits at a
   // barrier for all of them, up to timeout.
-  void connect(int rank, const std::vector<std::string>& addresses, std::chrono::milliseconds timeout);
+  void connect(int rank, const std::vector<std::string>& addresses,
+               std::chrono::milliseconds timeout);
 
   int rank() const override;
   int size() const override;
   uint64_t generation() const override;
   void allreduce(const void* in, void* out, size_t count, DataType type, ReduceOp op,
                  const CollectiveOptions& options = {}) override;
-  void broadcast(void* buf, size_t count, DataType type, int root, const CollectiveOptions& options = {}) override;
-  void allgather(const void* in, void* out, size_t count, DataType type, const CollectiveOptions& options = {}) override;
+  void broadcast(void* buf, size_t count, DataType type, int root,
+                 const CollectiveOptions& options = {}) override;
+  void allgather(const void* in, void* out, size_t count, DataType type,
+                 const CollectiveOptions& options = {}) override;
   void reduce_scatter(const void* in, void* out, size_t count, DataType type, ReduceOp op,
                       const CollectiveOptions& options = {}) override;
-  void send(const void* buf, size_t bytes, int peer, uint32_t tag, const CollectiveOptions& options = {}) override;
-  void recv(void* buf, size_t bytes, int peer, uint32_t tag, const CollectiveOptions& options = {}) override;
+  void send(const void* buf, size_t bytes, int peer, uint32_t tag,
+            const CollectiveOptions& options = {}) override;
+  void recv(void* buf, size_t bytes, int peer, uint32_t tag,
+            const CollectiveOptions& options = {}) override;
   void barrier(const CollectiveOptions& options = {}) override;
   void abort() override;
 

@@ -32,33 +32,49 @@ std::vector<Field> fields_of(JobConfig& c) {
   };
   auto B = [](const char* t, const char* k, bool* p) { return Field{t, k, Kind::boolean, p}; };
   return {
-      S("job", "name", &c.name), I("job", "seed", &c.seed, 0, 9e18), I("job", "steps", &c.steps, 1, 1e12),
+      S("job", "name", &c.name),
+      I("job", "seed", &c.seed, 0, 9e18),
+      I("job", "steps", &c.steps, 1, 1e12),
       S("job", "run_dir", &c.run_dir),
       S("model", "kind", &c.model_kind, {"mlp", "gpt"}),
       Field{"model", "hidden", Kind::int_array, &c.hidden, 1, 1e7, {}},
-      I("model", "inputs", &c.inputs, 1, 1e7), I("model", "classes", &c.classes, 2, 1e7),
-      I("model", "layers", &c.layers, 1, 1000), I("model", "d_model", &c.d_model, 1, 1e6),
-      I("model", "heads", &c.heads, 1, 1024), I("model", "context", &c.context, 1, 1e6),
+      I("model", "inputs", &c.inputs, 1, 1e7),
+      I("model", "classes", &c.classes, 2, 1e7),
+      I("model", "layers", &c.layers, 1, 1000),
+      I("model", "d_model", &c.d_model, 1, 1e6),
+      I("model", "heads", &c.heads, 1, 1024),
+      I("model", "context", &c.context, 1, 1e6),
       B("model", "tied_head", &c.tied_head),
-      S("data", "kind", &c.data_kind, {"synthetic", "text"}), S("data", "path", &c.data_path),
-      I("data", "samples", &c.samples, 1, 1e12), B("data", "ledger", &c.ledger),
-      I("batch", "global", &c.global_batch, 1, 1e9), I("batch", "micro", &c.micro_batch, 1, 1e9),
-      S("optimizer", "kind", &c.optimizer, {"sgd", "adamw"}), R("optimizer", "lr", &c.lr, 1e-12, 1e3),
-      R("optimizer", "momentum", &c.momentum, 0, 1), R("optimizer", "weight_decay", &c.weight_decay, 0, 10),
-      R("optimizer", "clip_norm", &c.clip_norm, 0, 1e9), I("optimizer", "warmup_steps", &c.warmup_steps, 0, 1e12),
+      S("data", "kind", &c.data_kind, {"synthetic", "text"}),
+      S("data", "path", &c.data_path),
+      I("data", "samples", &c.samples, 1, 1e12),
+      B("data", "ledger", &c.ledger),
+      I("batch", "global", &c.global_batch, 1, 1e9),
+      I("batch", "micro", &c.micro_batch, 1, 1e9),
+      S("optimizer", "kind", &c.optimizer, {"sgd", "adamw"}),
+      R("optimizer", "lr", &c.lr, 1e-12, 1e3),
+      R("optimizer", "momentum", &c.momentum, 0, 1),
+      R("optimizer", "weight_decay", &c.weight_decay, 0, 10),
+      R("optimizer", "clip_norm", &c.clip_norm, 0, 1e9),
+      I("optimizer", "warmup_steps", &c.warmup_steps, 0, 1e12),
       I("optimizer", "decay_steps", &c.decay_steps, 0, 1e12),
       S("parallel", "backend", &c.backend, {"auto", "ucx", "nccl"}),
       I("parallel", "pipeline_stages", &c.pipeline_stages, 1, 1),
       I("parallel", "threads_per_worker", &c.threads_per_worker, 1, 256),
-      S("cluster", "launcher", &c.launcher, {"local", "external"}), I("cluster", "agents", &c.agents, 1, 4096),
-      I("cluster", "devices_per_agent", &c.devices_per_agent, 1, 64), S("cluster", "listen", &c.listen),
-      I("elastic", "min_workers", &c.min_workers, 1, 1e6), I("elastic", "max_workers", &c.max_workers, 0, 1e6),
+      S("cluster", "launcher", &c.launcher, {"local", "external"}),
+      I("cluster", "agents", &c.agents, 1, 4096),
+      I("cluster", "devices_per_agent", &c.devices_per_agent, 1, 64),
+      S("cluster", "listen", &c.listen),
+      I("elastic", "min_workers", &c.min_workers, 1, 1e6),
+      I("elastic", "max_workers", &c.max_workers, 0, 1e6),
       I("elastic", "heartbeat_interval_ms", &c.heartbeat_interval_ms, 10, 600000),
       I("elastic", "failure_timeout_ms", &c.failure_timeout_ms, 50, 3600000),
       I("elastic", "max_restarts", &c.max_restarts, 0, 1000),
       I("elastic", "rejoin_timeout_ms", &c.rejoin_timeout_ms, 0, 86400000),
-      S("checkpoint", "dir", &c.checkpoint_dir), I("checkpoint", "every_steps", &c.checkpoint_every_steps, 0, 1e12),
-      S("logging", "level", &c.log_level, {"debug", "info", "warn", "error"}), B("logging", "progress", &c.progress),
+      S("checkpoint", "dir", &c.checkpoint_dir),
+      I("checkpoint", "every_steps", &c.checkpoint_every_steps, 0, 1e12),
+      S("logging", "level", &c.log_level, {"debug", "info", "warn", "error"}),
+      B("logging", "progress", &c.progress),
   };
 }
 
@@ -68,7 +84,8 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   for (size_t i = 1; i <= a.size(); ++i) {
     cur[0] = i;
     for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      cur[j] =
+          std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
     std::swap(prev, cur);
   }
   return prev[b.size()];
@@ -95,11 +112,16 @@ std::string where(const std::string& source, const toml::node& n) {
 
 const char* kind_name(Kind k) {
   switch (k) {
-    case Kind::integer: return "an integer";
-    case Kind::real: return "a number";
-    case Kind::string: return "a string";
-    case Kind::boolean: return "true or false";
-    case Kind::int_array: return "an array of integers";
+    case Kind::integer:
+      return "an integer";
+    case Kind::real:
+      return "a number";
+    case Kind::string:
+      return "a string";
+    case Kind::boolean:
+      return "true or false";
+    case Kind::int_array:
+      return "an array of integers";
   }
   return "?";
 }
@@ -109,7 +131,8 @@ void assign(const Field& f, const toml::node& n, const std::string& source) {
   auto range = [&](double v) {
     if (v < f.min || v > f.max) {
       std::ostringstream msg;
-      msg << at << ": " << name << " = " << v << " is out of range [" << f.min << ", " << f.max << "]";
+      msg << at << ": " << name << " = " << v << " is out of range [" << f.min << ", " << f.max
+          << "]";
       throw ConfigError(msg.str());
     }
   };
@@ -135,7 +158,8 @@ void assign(const Field& f, const toml::node& n, const std::string& source) {
     case Kind::string: {
       if (!n.is_string()) throw wrong();
       std::string v = *n.value<std::string>();
-      if (!f.choices.empty() && std::find(f.choices.begin(), f.choices.end(), v) == f.choices.end()) {
+      if (!f.choices.empty() &&
+          std::find(f.choices.begin(), f.choices.end(), v) == f.choices.end()) {
         std::string list;
         for (auto& c : f.choices) list += (list.empty() ? "" : ", ") + c;
         throw ConfigError(at + ": " + name + " = \"" + v + "\" is not one of: " + list);
@@ -150,10 +174,12 @@ void assign(const Field& f, const toml::node& n, const std::string& source) {
     }
     case Kind::int_array: {
       auto* arr = n.as_array();
-      if (!arr || arr->empty()) throw ConfigError(at + ": " + name + " must be a non-empty array of integers");
+      if (!arr || arr->empty())
+        throw ConfigError(at + ": " + name + " must be a non-empty array of integers");
       std::vector<int64_t> out;
       for (auto& e : *arr) {
-        if (!e.is_integer()) throw ConfigError(where(source, e) + ": " + name + " must hold integers only");
+        if (!e.is_integer())
+          throw ConfigError(where(source, e) + ": " + name + " must hold integers only");
         int64_t v = *e.value<int64_t>();
         range(double(v));
         out.push_back(v);
@@ -170,7 +196,8 @@ void apply_override(toml::table& root, const std::string& ov) {
   if (eq == std::string::npos || dot == std::string::npos || dot > eq) {
     throw ConfigError("--set " + ov + ": expected table.key=value");
   }
-  std::string table = ov.substr(0, dot), key = ov.substr(dot + 1, eq - dot - 1), value = ov.substr(eq + 1);
+  std::string table = ov.substr(0, dot), key = ov.substr(dot + 1, eq - dot - 1),
+              value = ov.substr(eq + 1);
   toml::table parsed;
   try {
     parsed = toml::parse(std::string_view("v = " + value));
@@ -185,28 +212,40 @@ void apply_override(toml::table& root, const std::string& ov) {
 
 void validate(const JobConfig& c, const std::string& source) {
   auto fail = [&](const std::string& m) { throw ConfigError(source + ": " + m); };
-  if (c.micro_batch > c.global_batch) fail("batch.micro (" + std::to_string(c.micro_batch) + ") exceeds batch.global (" + std::to_string(c.global_batch) + ")");
-  if (c.global_batch < c.workers()) fail("batch.global (" + std::to_string(c.global_batch) + ") is smaller than the number of workers (" + std::to_string(c.workers()) + ")");
-  if (c.model_kind == "gpt" && c.d_model % c.heads != 0) fail("model.d_model must be divisible by model.heads");
-  if (c.model_kind == "gpt" && c.data_kind != "text") fail("model.kind = \"gpt\" needs data.kind = \"text\"");
-  if (c.model_kind == "mlp" && c.data_kind != "synthetic") fail("model.kind = \"mlp\" needs data.kind = \"synthetic\"");
-  if (c.failure_timeout_ms <= c.heartbeat_interval_ms) fail("elastic.failure_timeout_ms must be larger than elastic.heartbeat_interval_ms");
+  if (c.micro_batch > c.global_batch)
+    fail("batch.micro (" + std::to_string(c.micro_batch) + ") exceeds batch.global (" +
+         std::to_string(c.global_batch) + ")");
+  if (c.global_batch < c.workers())
+    fail("batch.global (" + std::to_string(c.global_batch) +
+         ") is smaller than the number of workers (" + std::to_string(c.workers()) + ")");
+  if (c.model_kind == "gpt" && c.d_model % c.heads != 0)
+    fail("model.d_model must be divisible by model.heads");
+  if (c.model_kind == "gpt" && c.data_kind != "text")
+    fail("model.kind = \"gpt\" needs data.kind = \"text\"");
+  if (c.model_kind == "mlp" && c.data_kind != "synthetic")
+    fail("model.kind = \"mlp\" needs data.kind = \"synthetic\"");
+  if (c.failure_timeout_ms <= c.heartbeat_interval_ms)
+    fail("elastic.failure_timeout_ms must be larger than elastic.heartbeat_interval_ms");
   if (c.data_kind == "text") {
     std::ifstream in(c.data_path);
-    if (!in) fail("data.path: the data file '" + c.data_path + "' does not exist or cannot be read");
-    if (in.peek() == std::ifstream::traits_type::eof()) fail("data.path: the data file '" + c.data_path + "' is empty");
+    if (!in)
+      fail("data.path: the data file '" + c.data_path + "' does not exist or cannot be read");
+    if (in.peek() == std::ifstream::traits_type::eof())
+      fail("data.path: the data file '" + c.data_path + "' is empty");
   }
 }
 
 }  // namespace
 
-JobConfig parse_config(const std::string& text, const std::string& source, const std::vector<std::string>& overrides) {
+JobConfig parse_config(const std::string& text, const std::string& source,
+                       const std::vector<std::string>& overrides) {
   toml::table root;
   try {
     root = toml::parse(std::string_view(text), source);
   } catch (const toml::parse_error& e) {
     const auto& s = e.source();
-    throw ConfigError(source + ":" + std::to_string(s.begin.line) + ":" + std::to_string(s.begin.column) +
+    throw ConfigError(source + ":" + std::to_string(s.begin.line) + ":" +
+                      std::to_string(s.begin.column) +
                       ": syntax error: " + std::string(e.description()));
   }
   for (auto& ov : overrides) apply_override(root, ov);
@@ -226,14 +265,16 @@ JobConfig parse_config(const std::string& text, const std::string& source, const
     if (!t) throw ConfigError(where(source, tnode) + ": '" + tname + "' must be a table");
     for (auto& [kkey, knode] : *t) {
       std::string kname(kkey.str());
-      auto it = std::find_if(fields.begin(), fields.end(), [&](const Field& f) { return f.table == tname && f.key == kname; });
+      auto it = std::find_if(fields.begin(), fields.end(),
+                             [&](const Field& f) { return f.table == tname && f.key == kname; });
       if (it == fields.end()) {
         std::vector<std::string> keys;
         for (auto& f : fields)
           if (f.table == tname) keys.push_back(f.key);
         std::string hint = nearest(kname, keys);
         const auto& ks = kkey.source();
-        std::string at = ks.begin ? source + ":" + std::to_string(ks.begin.line) + ":" + std::to_string(ks.begin.column)
+        std::string at = ks.begin ? source + ":" + std::to_string(ks.begin.line) + ":" +
+                                        std::to_string(ks.begin.column)
                                   : where(source, knode);
         throw ConfigError(at + ": unknown key " + tname + "." + kname +
                           (hint.empty() ? "" : "; did you mean " + tname + "." + hint + "?"));
@@ -260,10 +301,18 @@ std::string to_toml(const JobConfig& config) {
     if (!root.contains(f.table)) root.insert(f.table, toml::table{});
     auto* t = root[f.table].as_table();
     switch (f.kind) {
-      case Kind::integer: t->insert(f.key, *static_cast<int64_t*>(f.target)); break;
-      case Kind::real: t->insert(f.key, *static_cast<double*>(f.target)); break;
-      case Kind::string: t->insert(f.key, *static_cast<std::string*>(f.target)); break;
-      case Kind::boolean: t->insert(f.key, *static_cast<bool*>(f.target)); break;
+      case Kind::integer:
+        t->insert(f.key, *static_cast<int64_t*>(f.target));
+        break;
+      case Kind::real:
+        t->insert(f.key, *static_cast<double*>(f.target));
+        break;
+      case Kind::string:
+        t->insert(f.key, *static_cast<std::string*>(f.target));
+        break;
+      case Kind::boolean:
+        t->insert(f.key, *static_cast<bool*>(f.target));
+        break;
       case Kind::int_array: {
         toml::array a;
         for (int64_t v : *static_cast<std::vector<int64_t>*>(f.target)) a.push_back(v);
@@ -273,7 +322,8 @@ std::string to_toml(const JobConfig& config) {
     }
   }
   std::ostringstream out;
-  out << "# The effective configuration of this run (defaults and --set overrides applied).\n" << root << "\n";
+  out << "# The effective configuration of this run (defaults and --set overrides applied).\n"
+      << root << "\n";
   return out.str();
 }
 

@@ -53,7 +53,8 @@ struct JobConfig {
   std::string listen = "127.0.0.1:0";
   // [elastic]
   int64_t min_workers = 1, max_workers = 0;
-  int64_t heartbeat_interval_ms = 200, failure_timeout_ms = 3000, max_restarts = 3, rejoin_timeout_ms = 30000;
+  int64_t heartbeat_interval_ms = 200, failure_timeout_ms = 3000, max_restarts = 3,
+          rejoin_timeout_ms = 30000;
   // [checkpoint]
   std::string checkpoint_dir;
   int64_t checkpoint_every_steps = 0;

@@ -11,10 +11,18 @@ std::string json_escape(const std::string& s) {
   std::string out;
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];
@@ -74,7 +82,8 @@ RunLog::RunLog(const std::string& dir, bool ledger) {
   events_ = std::fopen((dir + "/events.jsonl").c_str(), "a");
   metrics_ = std::fopen((dir + "/metrics.jsonl").c_str(), "a");
   if (ledger) ledger_ = std::fopen((dir + "/ledger.jsonl").c_str(), "a");
-  if (!events_ || !metrics_ || (ledger && !ledger_)) throw std::runtime_error("cannot write the run logs in " + dir);
+  if (!events_ || !metrics_ || (ledger && !ledger_))
+    throw std::runtime_error("cannot write the run logs in " + dir);
 }
 
 RunLog::~RunLog() {
@@ -88,8 +97,6 @@ void write_line(std::FILE* f, const std::string& line) {
   std::fflush(f);
 }
 }  // namespace
-
-
 
 // {"ts":..., <head>, <fields>}
 std::string with_ts(const std::string& head, const Json& fields) {

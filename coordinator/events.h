@@ -35,8 +35,8 @@ class RunLog {
   RunLog& operator=(const RunLog&) = delete;
 
   void event(const std::string& name, Json fields);  // adds ts and event
-  void metric(Json fields);                           // adds ts
-  void ledger(Json fields);                           // no-op without data.ledger
+  void metric(Json fields);                          // adds ts
+  void ledger(Json fields);                          // no-op without data.ledger
 
  private:
   std::FILE* events_ = nullptr;

@@ -27,9 +27,14 @@ ControlMessage ack() {
 
 class Coordinator : public caf::event_based_actor {
  public:
-  Coordinator(caf::actor_config& cfg, caf::actor bridge, JobConfig config, std::string run_dir, caf::actor observer)
-      : caf::event_based_actor(cfg), bridge_(std::move(bridge)), cfg_(std::move(config)), dir_(std::move(run_dir)),
-        observer_(std::move(observer)), log_(dir_, cfg_.ledger) {}
+  Coordinator(caf::actor_config& cfg, caf::actor bridge, JobConfig config, std::string run_dir,
+              caf::actor observer)
+      : caf::event_based_actor(cfg),
+        bridge_(std::move(bridge)),
+        cfg_(std::move(config)),
+        dir_(std::move(run_dir)),
+        observer_(std::move(observer)),
+        log_(dir_, cfg_.ledger) {}
 
   void on_exit() override {
     // The bridge and the observer may refer back to this actor: release them.
@@ -38,7 +43,10 @@ class Coordinator : public caf::event_based_actor {
   }
 
   caf::behavior make_behavior() override {
-    log_.event("job_started", Json().str("job", cfg_.name).integer("steps", cfg_.steps).integer("workers", cfg_.workers()));
+    log_.event("job_started", Json()
+                                  .str("job", cfg_.name)
+                                  .integer("steps", cfg_.steps)
+                                  .integer("workers", cfg_.workers()));
     delayed_send(this, std::chrono::seconds(120), timeout_atom::value);
     return {
         [this](ControlMessage& m) -> ControlMessage { return on_message(m); },
@@ -75,35 +83,53 @@ class Coordinator : public caf::event_based_actor {
     auto env = m.envelope();
     auto body = env.getBody();
     switch (body.which()) {
-      case proto::Envelope::Body::JOIN: return on_join(env.getSrcNode(), body.getJoin());
-      case proto::Envelope::Body::WORKER_READY: on_ready(body.getWorkerReady()); break;
-      case proto::Envelope::Body::STEP_REPORT: on_step(body.getStepReport()); break;
-      case proto::Envelope::Body::WORKER_DONE: on_done(body.getWorkerDone()); break;
-      case proto::Envelope::Body::WORKER_FAILED:
-        fail("worker " + std::to_string(body.getWorkerFailed().getRank()) + " failed: " +
-             std::string(body.getWorkerFailed().getReason().cStr()));
+      case proto::Envelope::Body::JOIN:
+        return on_join(env.getSrcNode(), body.getJoin());
+      case proto::Envelope::Body::WORKER_READY:
+        on_ready(body.getWorkerReady());
         break;
-      case proto::Envelope::Body::STATUS_REQUEST: return status();
-      case proto::Envelope::Body::STOP_REQUEST: return stop();
-      default: return actors::make_error_reply("invalid_input", "the coordinator does not take this message");
+      case proto::Envelope::Body::STEP_REPORT:
+        on_step(body.getStepReport());
+        break;
+      case proto::Envelope::Body::WORKER_DONE:
+        on_done(body.getWorkerDone());
+        break;
+      case proto::Envelope::Body::WORKER_FAILED:
+        fail("worker " + std::to_string(body.getWorkerFailed().getRank()) +
+             " failed: " + std::string(body.getWorkerFailed().getReason().cStr()));
+        break;
+      case proto::Envelope::Body::STATUS_REQUEST:
+        return status();
+      case proto::Envelope::Body::STOP_REQUEST:
+        return stop();
+      default:
+        return actors::make_error_reply("invalid_input",
+                                        "the coordinator does not take this message");
     }
     return ack();
   }
 
   ControlMessage on_join(uint64_t node, proto::Join::Reader j) {
     if (generation_ != 0 || finished_) {
-      return actors::make_error_reply("refused", "the job is already running; joining a running job needs elasticity");
+      return actors::make_error_reply(
+          "refused", "the job is already running; joining a running job needs elasticity");
     }
     if (int64_t(agents_.size()) >= cfg_.agents) {
-      return actors::make_error_reply("refused", "the job already has its " + std::to_string(cfg_.agents) + " agents");
+      return actors::make_error_reply(
+          "refused", "the job already has its " + std::to_string(cfg_.agents) + " agents");
     }
     Agent a{uint32_t(agents_.size()), node, j.getAgentName(), j.getHost(), j.getPid(), {}};
     for (auto d : j.getDevices()) a.devices.push_back(d);
     agents_.push_back(a);
     send(bridge_, actors::monitor_atom::value, node);
-    log_.event("member_joined", Json().integer("member", a.id).str("name", a.name).str("host", a.host)
-                                    .integer("pid", a.pid).integer("devices", long(a.devices.size())));
-    spdlog::info("agent {} joined: {} (pid {}, {} device(s))", a.id, a.name, a.pid, a.devices.size());
+    log_.event("member_joined", Json()
+                                    .integer("member", a.id)
+                                    .str("name", a.name)
+                                    .str("host", a.host)
+                                    .integer("pid", a.pid)
+                                    .integer("devices", long(a.devices.size())));
+    spdlog::info("agent {} joined: {} (pid {}, {} device(s))", a.id, a.name, a.pid,
+                 a.devices.size());
     return ControlMessage::build([&](proto::Envelope::Builder e) {
       auto s = e.initBody().initJobSpec();
       s.setAgentId(a.id);
@@ -158,16 +184,23 @@ class Coordinator : public caf::event_based_actor {
         ms[i].setAddress(ready_[i].address);
       }
     });
-    for (auto& a : agents_) send(bridge_, actors::send_atom::value, actors::RemoteAddress{a.node, actors::kAgentActorId}, msg);
-    log_.event("generation_started", Json().integer("generation", long(generation_)).integer("world_size", long(ready_.size()))
+    for (auto& a : agents_)
+      send(bridge_, actors::send_atom::value, actors::RemoteAddress{a.node, actors::kAgentActorId},
+           msg);
+    log_.event("generation_started", Json()
+                                         .integer("generation", long(generation_))
+                                         .integer("world_size", long(ready_.size()))
                                          .integer("step", 0));
   }
 
   void on_step(proto::StepReport::Reader r) {
     if (cfg_.ledger) {
-      log_.ledger(Json().integer("step", long(r.getStep())).integer("generation", long(r.getGeneration()))
+      log_.ledger(Json()
+                      .integer("step", long(r.getStep()))
+                      .integer("generation", long(r.getGeneration()))
                       .integer("member", r.getRank())
-                      .raw("positions", "[[" + std::to_string(r.getPositionBegin()) + "," + std::to_string(r.getPositionEnd()) + "]]"));
+                      .raw("positions", "[[" + std::to_string(r.getPositionBegin()) + "," +
+                                            std::to_string(r.getPositionEnd()) + "]]"));
     }
     auto& acc = steps_[r.getStep()];
     acc.reports++;
@@ -179,13 +212,25 @@ class Coordinator : public caf::event_based_actor {
     uint64_t step = r.getStep();
     committed_ = step + 1;
     last_loss_ = acc.loss;
-    double sps = acc.samples / std::max(acc.seconds, 1e-9), tps = acc.tokens / std::max(acc.seconds, 1e-9);
-    log_.event("step_committed", Json().integer("step", long(step)).num("loss", acc.loss).integer("samples", long(acc.samples))
-                                     .integer("generation", long(generation_)).integer("world_size", long(ready_.size())));
-    log_.metric(Json().integer("step", long(step)).num("loss", acc.loss).num("step_seconds", acc.seconds)
-                    .num("samples_per_s", sps).num("tokens_per_s", tps).integer("world_size", long(ready_.size())));
+    double sps = acc.samples / std::max(acc.seconds, 1e-9),
+           tps = acc.tokens / std::max(acc.seconds, 1e-9);
+    log_.event("step_committed", Json()
+                                     .integer("step", long(step))
+                                     .num("loss", acc.loss)
+                                     .integer("samples", long(acc.samples))
+                                     .integer("generation", long(generation_))
+                                     .integer("world_size", long(ready_.size())));
+    log_.metric(Json()
+                    .integer("step", long(step))
+                    .num("loss", acc.loss)
+                    .num("step_seconds", acc.seconds)
+                    .num("samples_per_s", sps)
+                    .num("tokens_per_s", tps)
+                    .integer("world_size", long(ready_.size())));
     steps_.erase(step);
-    if (observer_) send(observer_, JobProgress{committed_, uint64_t(cfg_.steps), acc.loss, sps, tps, generation_, ready_.size()});
+    if (observer_)
+      send(observer_, JobProgress{committed_, uint64_t(cfg_.steps), acc.loss, sps, tps, generation_,
+                                  ready_.size()});
   }
 
   void on_done(proto::WorkerDone::Reader d) {
@@ -198,9 +243,14 @@ class Coordinator : public caf::event_based_actor {
       list += (list.size() > 1 ? "," : "") + std::string("\"") + fmt::format("{:016x}", sum) + "\"";
     }
     list += "]";
-    log_.event("job_finished", Json().integer("steps", long(committed_)).num("loss", last_loss_).str("state", stopping_ ? "stopped" : "completed")
-                                   .raw("checksums", list).boolean("identical_parameters", identical)
-                                   .num("seconds", std::chrono::duration<double>(Clock::now() - t_start_).count()));
+    log_.event("job_finished",
+               Json()
+                   .integer("steps", long(committed_))
+                   .num("loss", last_loss_)
+                   .str("state", stopping_ ? "stopped" : "completed")
+                   .raw("checksums", list)
+                   .boolean("identical_parameters", identical)
+                   .num("seconds", std::chrono::duration<double>(Clock::now() - t_start_).count()));
     finish(identical ? 0 : 1, identical ? "" : "members ended with different parameters");
   }
 
@@ -208,8 +258,12 @@ class Coordinator : public caf::event_based_actor {
     if (finished_) return;
     for (auto& a : agents_) {
       if (a.node != d.node) continue;
-      log_.event("member_failed", Json().integer("member", a.id).str("name", a.name).str("reason", d.code + ": " + d.reason));
-      fail("agent " + std::to_string(a.id) + " (" + a.name + ") was lost: " + d.code + ": " + d.reason);
+      log_.event("member_failed", Json()
+                                      .integer("member", a.id)
+                                      .str("name", a.name)
+                                      .str("reason", d.code + ": " + d.reason));
+      fail("agent " + std::to_string(a.id) + " (" + a.name + ") was lost: " + d.code + ": " +
+           d.reason);
       return;
     }
   }
@@ -218,7 +272,10 @@ class Coordinator : public caf::event_based_actor {
     return ControlMessage::build([&](proto::Envelope::Builder e) {
       auto s = e.initBody().initStatus();
       s.setJobName(cfg_.name);
-      s.setState(finished_ ? "finished" : stopping_ ? "stopping" : generation_ ? "running" : "starting");
+      s.setState(finished_     ? "finished"
+                 : stopping_   ? "stopping"
+                 : generation_ ? "running"
+                               : "starting");
       s.setGeneration(generation_);
       s.setStep(committed_);
       s.setSteps(uint64_t(cfg_.steps));
@@ -239,8 +296,11 @@ class Coordinator : public caf::event_based_actor {
     if (!stopping_ && !finished_) {
       stopping_ = true;
       log_.event("stop_requested", Json().integer("step", long(committed_)));
-      auto msg = ControlMessage::build([](proto::Envelope::Builder e) { e.initBody().setStopAtNextStep(); });
-      for (auto& a : agents_) send(bridge_, actors::send_atom::value, actors::RemoteAddress{a.node, actors::kAgentActorId}, msg);
+      auto msg = ControlMessage::build(
+          [](proto::Envelope::Builder e) { e.initBody().setStopAtNextStep(); });
+      for (auto& a : agents_)
+        send(bridge_, actors::send_atom::value,
+             actors::RemoteAddress{a.node, actors::kAgentActorId}, msg);
     }
     return ack();
   }
@@ -258,7 +318,9 @@ class Coordinator : public caf::event_based_actor {
       s.setReason(reason.empty() ? "the job is finished" : reason);
       s.setExitCode(code);
     });
-    for (auto& a : agents_) send(bridge_, actors::send_atom::value, actors::RemoteAddress{a.node, actors::kAgentActorId}, msg);
+    for (auto& a : agents_)
+      send(bridge_, actors::send_atom::value, actors::RemoteAddress{a.node, actors::kAgentActorId},
+           msg);
     if (observer_) send(observer_, JobFinished{code, reason});
   }
 
@@ -293,7 +355,8 @@ std::string new_token() {
   return t;
 }
 
-void write_token_file(const std::string& path, const std::string& job_id, const std::string& token) {
+void write_token_file(const std::string& path, const std::string& job_id,
+                      const std::string& token) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
   if (fd < 0) throw std::runtime_error("cannot write the token file " + path);
   std::string line = job_id + " " + token + "\n";

@@ -9,7 +9,6 @@
 #pragma once
 
 #include <caf/all.hpp>
-
 #include <string>
 
 #include "coordinator/config.h"
@@ -17,9 +16,9 @@
 namespace troupe::coordinator {
 
 struct JobProgress {
-  uint64_t step = 0;    // committed steps so far
-  uint64_t steps = 0;   // job.steps
-  double loss = 0;      // of the last committed step
+  uint64_t step = 0;   // committed steps so far
+  uint64_t steps = 0;  // job.steps
+  double loss = 0;     // of the last committed step
   double samples_per_s = 0;
   double tokens_per_s = 0;
   uint64_t generation = 0;
@@ -27,8 +26,8 @@ struct JobProgress {
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, JobProgress& x) {
-  return f(caf::meta::type_name("job_progress"), x.step, x.steps, x.loss, x.samples_per_s, x.tokens_per_s,
-           x.generation, x.world_size);
+  return f(caf::meta::type_name("job_progress"), x.step, x.steps, x.loss, x.samples_per_s,
+           x.tokens_per_s, x.generation, x.world_size);
 }
 
 struct JobFinished {

@@ -61,7 +61,9 @@ ChildProcess::ChildProcess(const Options& options) {
 }
 
 ChildProcess::ChildProcess(ChildProcess&& other) noexcept
-    : pid_(other.pid_), stdout_fd_(other.stdout_fd_), reaped_(other.reaped_),
+    : pid_(other.pid_),
+      stdout_fd_(other.stdout_fd_),
+      reaped_(other.reaped_),
       pending_(std::move(other.pending_)) {
   other.pid_ = -1;
   other.stdout_fd_ = -1;

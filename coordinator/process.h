@@ -35,7 +35,8 @@ class ChildProcess {
   // Reads one line of the child's stdout pipe; nullopt at EOF or past the deadline.
   std::optional<std::string> read_line(std::chrono::milliseconds timeout);
   // Reads lines until one starts with prefix; returns it, or nullopt.
-  std::optional<std::string> wait_for_line(const std::string& prefix, std::chrono::milliseconds timeout);
+  std::optional<std::string> wait_for_line(const std::string& prefix,
+                                           std::chrono::milliseconds timeout);
 
   // Waits for exit up to timeout; returns the exit status as from waitpid (or nullopt).
   std::optional<int> wait(std::chrono::milliseconds timeout);

@@ -2,8 +2,8 @@
 
 #include <cmath>
 #include <cstring>
-#include <tuple>
 #include <stdexcept>
+#include <tuple>
 
 #include "models/kernels.h"
 #include "models/random.h"
@@ -53,7 +53,8 @@ class LinearBlock : public Block {
     fill_uniform(b_, rng, bound);
   }
   Tensor forward(const Tensor& x, size_t B) override {
-    if (x.numel() != B * in_) throw std::invalid_argument("linear block: input is not (B, " + std::to_string(in_) + ")");
+    if (x.numel() != B * in_)
+      throw std::invalid_argument("linear block: input is not (B, " + std::to_string(in_) + ")");
     x_ = x;
     B_ = B;
     ensure(pre_, {B, out_});
@@ -74,12 +75,13 @@ class LinearBlock : public Block {
       dpre = &dpre_;
     }
     if (!needs_input_grad_) {
-      k::linear_backward(static_cast<float*>(nullptr), dw_.data(), db_.data(), dpre->data(), x_.data(), w_.data(),
-                         B_, in_, out_);
+      k::linear_backward(static_cast<float*>(nullptr), dw_.data(), db_.data(), dpre->data(),
+                         x_.data(), w_.data(), B_, in_, out_);
       return Tensor();
     }
     Tensor& dx = zeroed(dx_, {B_, in_});
-    k::linear_backward(dx.data(), dw_.data(), db_.data(), dpre->data(), x_.data(), w_.data(), B_, in_, out_);
+    k::linear_backward(dx.data(), dw_.data(), db_.data(), dpre->data(), x_.data(), w_.data(), B_,
+                       in_, out_);
     return dx;
   }
 
@@ -109,7 +111,8 @@ class EmbeddingBlock : public Block {
   Tensor forward(const Tensor& x, size_t B) override {
     size_t T = x.numel() / B;
     if (x.numel() != B * T || T == 0 || T > T_) {
-      throw std::invalid_argument("embedding block: input is not (B, T<=" + std::to_string(T_) + ") token ids");
+      throw std::invalid_argument("embedding block: input is not (B, T<=" + std::to_string(T_) +
+                                  ") token ids");
     }
     tokens_.resize(B * T);
     const float* ids = x.data();
@@ -181,22 +184,35 @@ class TransformerBlock : public Block {
   Tensor forward(const Tensor& x, size_t B) override {
     size_t N = x.numel() / C_;
     size_t T = N / B;
-    if (x.numel() != B * T * C_ || T == 0 || T > T_) throw std::invalid_argument("transformer block: input is not (B, T, C)");
+    if (x.numel() != B * T * C_ || T == 0 || T > T_)
+      throw std::invalid_argument("transformer block: input is not (B, T, C)");
     B_ = B;
     Tc_ = T;
     const size_t C = C_;
     x_ = x;
-    ensure(ln1_, {N, C}); ensure(ln1m_, {N}); ensure(ln1r_, {N});
-    ensure(qkv_, {N, 3 * C}); ensure(att_, {B, NH_, T, T}); ensure(atty_, {N, C});
-    ensure(proj_, {N, C}); ensure(x2_, {N, C});
-    ensure(ln2_, {N, C}); ensure(ln2m_, {N}); ensure(ln2r_, {N});
-    ensure(fch_, {N, 4 * C}); ensure(fchg_, {N, 4 * C}); ensure(fcproj_, {N, C}); ensure(out_, {N, C});
-    k::layernorm_forward(ln1_.data(), ln1m_.data(), ln1r_.data(), x.data(), ln1w_.data(), ln1b_.data(), N, C);
+    ensure(ln1_, {N, C});
+    ensure(ln1m_, {N});
+    ensure(ln1r_, {N});
+    ensure(qkv_, {N, 3 * C});
+    ensure(att_, {B, NH_, T, T});
+    ensure(atty_, {N, C});
+    ensure(proj_, {N, C});
+    ensure(x2_, {N, C});
+    ensure(ln2_, {N, C});
+    ensure(ln2m_, {N});
+    ensure(ln2r_, {N});
+    ensure(fch_, {N, 4 * C});
+    ensure(fchg_, {N, 4 * C});
+    ensure(fcproj_, {N, C});
+    ensure(out_, {N, C});
+    k::layernorm_forward(ln1_.data(), ln1m_.data(), ln1r_.data(), x.data(), ln1w_.data(),
+                         ln1b_.data(), N, C);
     k::linear_forward(qkv_.data(), ln1_.data(), qkvw_.data(), qkvb_.data(), N, C, 3 * C);
     k::attention_forward(atty_.data(), att_.data(), qkv_.data(), B, T, C, NH_);
     k::linear_forward(proj_.data(), atty_.data(), projw_.data(), projb_.data(), N, C, C);
     k::residual_forward(x2_.data(), x.data(), proj_.data(), N * C);
-    k::layernorm_forward(ln2_.data(), ln2m_.data(), ln2r_.data(), x2_.data(), ln2w_.data(), ln2b_.data(), N, C);
+    k::layernorm_forward(ln2_.data(), ln2m_.data(), ln2r_.data(), x2_.data(), ln2w_.data(),
+                         ln2b_.data(), N, C);
     k::linear_forward(fch_.data(), ln2_.data(), fcw_.data(), fcb_.data(), N, C, 4 * C);
     k::gelu_forward(fchg_.data(), fch_.data(), N * 4 * C);
     k::linear_forward(fcproj_.data(), fchg_.data(), fcprojw_.data(), fcprojb_.data(), N, 4 * C, C);
@@ -216,24 +232,33 @@ class TransformerBlock : public Block {
     Tensor& dln1 = zeroed(g_dln1_, {N, C});
     // out = x2 + fcproj: both get dy (fcproj's through the linear below)
     std::memcpy(dx2.data(), dy.data(), N * C * sizeof(float));
-    k::linear_backward(dfchg.data(), dfcprojw_.data(), dfcprojb_.data(), dy.data(), fchg_.data(), fcprojw_.data(), N, 4 * C, C);
+    k::linear_backward(dfchg.data(), dfcprojw_.data(), dfcprojb_.data(), dy.data(), fchg_.data(),
+                       fcprojw_.data(), N, 4 * C, C);
     k::gelu_backward(dfch.data(), dfchg.data(), fch_.data(), N * 4 * C);
-    k::linear_backward(dln2.data(), dfcw_.data(), dfcb_.data(), dfch.data(), ln2_.data(), fcw_.data(), N, C, 4 * C);
-    k::layernorm_backward(dx2.data(), dln2w_.data(), dln2b_.data(), dln2.data(), x2_.data(), ln2w_.data(), ln2m_.data(), ln2r_.data(), N, C);
+    k::linear_backward(dln2.data(), dfcw_.data(), dfcb_.data(), dfch.data(), ln2_.data(),
+                       fcw_.data(), N, C, 4 * C);
+    k::layernorm_backward(dx2.data(), dln2w_.data(), dln2b_.data(), dln2.data(), x2_.data(),
+                          ln2w_.data(), ln2m_.data(), ln2r_.data(), N, C);
     // x2 = x + proj
     std::memcpy(dx.data(), dx2.data(), N * C * sizeof(float));
-    k::linear_backward(datty.data(), dprojw_.data(), dprojb_.data(), dx2.data(), atty_.data(), projw_.data(), N, C, C);
+    k::linear_backward(datty.data(), dprojw_.data(), dprojb_.data(), dx2.data(), atty_.data(),
+                       projw_.data(), N, C, C);
     k::attention_backward(dqkv.data(), datty.data(), qkv_.data(), att_.data(), B_, Tc_, C, NH_);
-    k::linear_backward(dln1.data(), dqkvw_.data(), dqkvb_.data(), dqkv.data(), ln1_.data(), qkvw_.data(), N, C, 3 * C);
-    k::layernorm_backward(dx.data(), dln1w_.data(), dln1b_.data(), dln1.data(), x_.data(), ln1w_.data(), ln1m_.data(), ln1r_.data(), N, C);
+    k::linear_backward(dln1.data(), dqkvw_.data(), dqkvb_.data(), dqkv.data(), ln1_.data(),
+                       qkvw_.data(), N, C, 3 * C);
+    k::layernorm_backward(dx.data(), dln1w_.data(), dln1b_.data(), dln1.data(), x_.data(),
+                          ln1w_.data(), ln1m_.data(), ln1r_.data(), N, C);
     return dx;
   }
 
  private:
   size_t T_, C_, NH_, layers_;
-  Tensor ln1w_, dln1w_, ln1b_, dln1b_, qkvw_, dqkvw_, qkvb_, dqkvb_, projw_, dprojw_, projb_, dprojb_;
-  Tensor ln2w_, dln2w_, ln2b_, dln2b_, fcw_, dfcw_, fcb_, dfcb_, fcprojw_, dfcprojw_, fcprojb_, dfcprojb_;
-  Tensor x_, ln1_, ln1m_, ln1r_, qkv_, att_, atty_, proj_, x2_, ln2_, ln2m_, ln2r_, fch_, fchg_, fcproj_, out_;
+  Tensor ln1w_, dln1w_, ln1b_, dln1b_, qkvw_, dqkvw_, qkvb_, dqkvb_, projw_, dprojw_, projb_,
+      dprojb_;
+  Tensor ln2w_, dln2w_, ln2b_, dln2b_, fcw_, dfcw_, fcb_, dfcb_, fcprojw_, dfcprojw_, fcprojb_,
+      dfcprojb_;
+  Tensor x_, ln1_, ln1m_, ln1r_, qkv_, att_, atty_, proj_, x2_, ln2_, ln2m_, ln2r_, fch_, fchg_,
+      fcproj_, out_;
   Tensor g_dx_, g_dx2_, g_dfchg_, g_dfch_, g_dln2_, g_datty_, g_dqkv_, g_dln1_;
   size_t B_ = 0, Tc_ = 0;
 };
@@ -254,7 +279,9 @@ class HeadBlock : public Block {
     }
   }
   std::string kind() const override { return tied_ ? "head_tied" : "head"; }
-  double flops_per_sample() const override { return 3.0 * 2.0 * double(T_) * double(C_) * double(V_); }
+  double flops_per_sample() const override {
+    return 3.0 * 2.0 * double(T_) * double(C_) * double(V_);
+  }
   void init(uint64_t seed, size_t index) override {
     Rng rng(mix(seed, index, 0x44));
     fill_const(lnw_, 1.0f);
@@ -262,18 +289,26 @@ class HeadBlock : public Block {
   }
   Tensor forward(const Tensor& x, size_t B) override {
     N_ = x.numel() / C_;
-    if (x.numel() != N_ * C_ || N_ % B != 0) throw std::invalid_argument("head block: input is not (B, T, C)");
+    if (x.numel() != N_ * C_ || N_ % B != 0)
+      throw std::invalid_argument("head block: input is not (B, T, C)");
     x_ = x;
-    ensure(ln_, {N_, C_}); ensure(m_, {N_}); ensure(r_, {N_}); ensure(logits_, {N_, V_});
-    k::layernorm_forward(ln_.data(), m_.data(), r_.data(), x.data(), lnw_.data(), lnb_.data(), N_, C_);
-    k::linear_forward(logits_.data(), ln_.data(), w_.data(), static_cast<const float*>(nullptr), N_, C_, V_);
+    ensure(ln_, {N_, C_});
+    ensure(m_, {N_});
+    ensure(r_, {N_});
+    ensure(logits_, {N_, V_});
+    k::layernorm_forward(ln_.data(), m_.data(), r_.data(), x.data(), lnw_.data(), lnb_.data(), N_,
+                         C_);
+    k::linear_forward(logits_.data(), ln_.data(), w_.data(), static_cast<const float*>(nullptr), N_,
+                      C_, V_);
     return logits_;
   }
   Tensor backward(const Tensor& dy) override {
     Tensor& dln = zeroed(dln_, {N_, C_});
     Tensor& dx = zeroed(dx_, {N_, C_});
-    k::linear_backward(dln.data(), dw_.data(), static_cast<float*>(nullptr), dy.data(), ln_.data(), w_.data(), N_, C_, V_);
-    k::layernorm_backward(dx.data(), dlnw_.data(), dlnb_.data(), dln.data(), x_.data(), lnw_.data(), m_.data(), r_.data(), N_, C_);
+    k::linear_backward(dln.data(), dw_.data(), static_cast<float*>(nullptr), dy.data(), ln_.data(),
+                       w_.data(), N_, C_, V_);
+    k::layernorm_backward(dx.data(), dlnw_.data(), dlnb_.data(), dln.data(), x_.data(), lnw_.data(),
+                          m_.data(), r_.data(), N_, C_);
     return dx;
   }
 
@@ -293,10 +328,12 @@ std::unique_ptr<Block> make_linear_block(size_t in, size_t out, bool relu) {
 std::unique_ptr<Block> make_embedding_block(size_t vocab, size_t context, size_t d_model) {
   return std::make_unique<EmbeddingBlock>(vocab, context, d_model);
 }
-std::unique_ptr<Block> make_transformer_block(size_t context, size_t d_model, size_t heads, size_t layers) {
+std::unique_ptr<Block> make_transformer_block(size_t context, size_t d_model, size_t heads,
+                                              size_t layers) {
   return std::make_unique<TransformerBlock>(context, d_model, heads, layers);
 }
-std::unique_ptr<Block> make_head_block(size_t vocab, size_t context, size_t d_model, Block* tie_to) {
+std::unique_ptr<Block> make_head_block(size_t vocab, size_t context, size_t d_model,
+                                       Block* tie_to) {
   EmbeddingBlock* tie = nullptr;
   if (tie_to) {
     tie = dynamic_cast<EmbeddingBlock*>(tie_to);

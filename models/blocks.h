@@ -64,7 +64,8 @@ std::unique_ptr<Block> make_linear_block(size_t in, size_t out, bool relu);
 // GPT pieces. The head's lm_head weight is its own unless tie_to (the embedding block) is given,
 // in which case it reads the embedding's token table and adds into its gradient.
 std::unique_ptr<Block> make_embedding_block(size_t vocab, size_t context, size_t d_model);
-std::unique_ptr<Block> make_transformer_block(size_t context, size_t d_model, size_t heads, size_t layers);
+std::unique_ptr<Block> make_transformer_block(size_t context, size_t d_model, size_t heads,
+                                              size_t layers);
 std::unique_ptr<Block> make_head_block(size_t vocab, size_t context, size_t d_model, Block* tie_to);
 
 }  // namespace troupe::models

@@ -10,8 +10,8 @@
 
 namespace troupe::models {
 
-SyntheticClassification::SyntheticClassification(uint64_t seed, size_t samples, size_t dim, size_t classes,
-                                                 double separation, double noise)
+SyntheticClassification::SyntheticClassification(uint64_t seed, size_t samples, size_t dim,
+                                                 size_t classes, double separation, double noise)
     : seed_(seed), samples_(samples), dim_(dim), classes_(classes), noise_(noise) {
   if (samples == 0 || dim == 0 || classes < 2) {
     throw std::invalid_argument("synthetic data needs samples > 0, dim > 0 and at least 2 classes");
@@ -30,7 +30,8 @@ void SyntheticClassification::fill(size_t index, float* input, int32_t* targets)
   const float scale = float(noise_ * std::sqrt(3.0) / 65536.0), shift = 2.0f * 65536.0f;
   for (size_t j = 0; j < dim_; ++j) {
     uint64_t r = rng.next();
-    float sum = float(r & 0xffff) + float((r >> 16) & 0xffff) + float((r >> 32) & 0xffff) + float(r >> 48);
+    float sum =
+        float(r & 0xffff) + float((r >> 16) & 0xffff) + float((r >> 32) & 0xffff) + float(r >> 48);
     input[j] = c[j] + (sum - shift) * scale;
   }
   targets[0] = int32_t(cls);
@@ -46,7 +47,8 @@ CharText::CharText(const std::string& path, size_t context) : context_(context) 
   if (context == 0) throw std::invalid_argument("model.context is zero");
   if (raw.size() <= context + 1) {
     throw std::invalid_argument("text data file '" + path + "' has " + std::to_string(raw.size()) +
-                                " characters, fewer than the context + 1 (" + std::to_string(context + 1) + ")");
+                                " characters, fewer than the context + 1 (" +
+                                std::to_string(context + 1) + ")");
   }
   bool seen[256] = {};
   for (unsigned char ch : raw) seen[ch] = true;

@@ -9,15 +9,15 @@
 namespace troupe::models::kernels {
 namespace {
 
-inline void gemm(bool ta, bool tb, size_t M, size_t N, size_t K, float alpha, const float* A, size_t lda,
-                 const float* B, size_t ldb, float beta, float* C, size_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N),
-              int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+inline void gemm(bool ta, bool tb, size_t M, size_t N, size_t K, float alpha, const float* A,
+                 size_t lda, const float* B, size_t ldb, float beta, float* C, size_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M),
+              int(N), int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
 }
-inline void gemm(bool ta, bool tb, size_t M, size_t N, size_t K, double alpha, const double* A, size_t lda,
-                 const double* B, size_t ldb, double beta, double* C, size_t ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N),
-              int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+inline void gemm(bool ta, bool tb, size_t M, size_t N, size_t K, double alpha, const double* A,
+                 size_t lda, const double* B, size_t ldb, double beta, double* C, size_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M),
+              int(N), int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
 }
 
 constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2/pi)
@@ -32,8 +32,9 @@ inline float exp_approx(float x) {
   float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
   float r = x - n * 0.693145751953125f - n * 1.42860682030941723212e-6f;
   float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.16666667163372039794921875f +
-            r * (0.041666667908430099487304688f + r * (0.0083333337679505348205566406f +
-            r * 0.0013888889225199818611145020f)))));
+                                                r * (0.041666667908430099487304688f +
+                                                     r * (0.0083333337679505348205566406f +
+                                                          r * 0.0013888889225199818611145020f)))));
   int32_t bits = (int32_t(n) + 127) << 23;
   float scale;
   __builtin_memcpy(&scale, &bits, sizeof scale);
@@ -49,7 +50,8 @@ inline double tanh_fast(double x) { return std::tanh(x); }
 }  // namespace
 
 template <typename T>
-void linear_forward(T* out, const T* inp, const T* weight, const T* bias, size_t N, size_t C, size_t OC) {
+void linear_forward(T* out, const T* inp, const T* weight, const T* bias, size_t N, size_t C,
+                    size_t OC) {
   gemm(false, true, N, OC, C, T(1), inp, C, weight, C, T(0), out, OC);
   if (bias) {
     for (size_t n = 0; n < N; ++n) {
@@ -99,7 +101,8 @@ void gelu_backward(T* dinp, const T* dout, const T* inp, size_t n) {
     T arg = T(kGeluScale) * (x + cube);
     T th = tanh_fast(arg);
     T sech2 = T(1) - th * th;
-    T local = T(0.5) * (T(1) + th) + x * T(0.5) * sech2 * T(kGeluScale) * (T(1) + T(3 * 0.044715) * x * x);
+    T local = T(0.5) * (T(1) + th) +
+              x * T(0.5) * sech2 * T(kGeluScale) * (T(1) + T(3 * 0.044715) * x * x);
     dinp[i] += local * dout[i];
   }
 }
@@ -137,8 +140,8 @@ void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, 
 }
 
 template <typename T>
-void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
-                        const T* weight, const T* mean, const T* rstd, size_t N, size_t C) {
+void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                        const T* mean, const T* rstd, size_t N, size_t C) {
   for (size_t n = 0; n < N; ++n) {
     const T* dy = dout + n * C;
     const T* x = inp + n * C;
@@ -164,8 +167,8 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
 }
 
 template <typename T>
-void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, size_t B, size_t T_,
-                       size_t C) {
+void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, size_t B,
+                       size_t T_, size_t C) {
   for (size_t b = 0; b < B; ++b) {
     for (size_t t = 0; t < T_; ++t) {
       T* o = out + (b * T_ + t) * C;
@@ -255,8 +258,8 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, size
 }
 
 template <typename T>
-double softmax_cross_entropy(T* dlogits, const T* logits, const int32_t* targets, size_t N, size_t V,
-                             double scale, size_t* correct) {
+double softmax_cross_entropy(T* dlogits, const T* logits, const int32_t* targets, size_t N,
+                             size_t V, double scale, size_t* correct) {
   double total = 0;
   size_t right = 0;
   for (size_t n = 0; n < N; ++n) {
@@ -288,24 +291,27 @@ double softmax_cross_entropy(T* dlogits, const T* logits, const int32_t* targets
   return total;
 }
 
-#define TROUPE_INSTANTIATE(T)                                                                          \
-  template void linear_forward<T>(T*, const T*, const T*, const T*, size_t, size_t, size_t);          \
-  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, size_t, size_t, size_t); \
-  template void relu_forward<T>(T*, const T*, size_t);                                                \
-  template void relu_backward<T>(T*, const T*, const T*, size_t);                                     \
-  template void gelu_forward<T>(T*, const T*, size_t);                                                \
-  template void gelu_backward<T>(T*, const T*, const T*, size_t);                                     \
-  template void residual_forward<T>(T*, const T*, const T*, size_t);                                  \
-  template void residual_backward<T>(T*, T*, const T*, size_t);                                       \
-  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, size_t, size_t);      \
-  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*,  \
-                                      size_t, size_t);                                                \
-  template void embedding_forward<T>(T*, const int32_t*, const T*, const T*, size_t, size_t, size_t); \
-  template void embedding_backward<T>(T*, T*, const T*, const int32_t*, size_t, size_t, size_t);      \
-  template void attention_forward<T>(T*, T*, const T*, size_t, size_t, size_t, size_t);               \
-  template void attention_backward<T>(T*, const T*, const T*, const T*, size_t, size_t, size_t,       \
-                                      size_t);                                                        \
-  template double softmax_cross_entropy<T>(T*, const T*, const int32_t*, size_t, size_t, double, size_t*);
+#define TROUPE_INSTANTIATE(T)                                                                    \
+  template void linear_forward<T>(T*, const T*, const T*, const T*, size_t, size_t, size_t);     \
+  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, size_t, size_t,     \
+                                   size_t);                                                      \
+  template void relu_forward<T>(T*, const T*, size_t);                                           \
+  template void relu_backward<T>(T*, const T*, const T*, size_t);                                \
+  template void gelu_forward<T>(T*, const T*, size_t);                                           \
+  template void gelu_backward<T>(T*, const T*, const T*, size_t);                                \
+  template void residual_forward<T>(T*, const T*, const T*, size_t);                             \
+  template void residual_backward<T>(T*, T*, const T*, size_t);                                  \
+  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, size_t, size_t);  \
+  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,        \
+                                      const T*, size_t, size_t);                                 \
+  template void embedding_forward<T>(T*, const int32_t*, const T*, const T*, size_t, size_t,     \
+                                     size_t);                                                    \
+  template void embedding_backward<T>(T*, T*, const T*, const int32_t*, size_t, size_t, size_t); \
+  template void attention_forward<T>(T*, T*, const T*, size_t, size_t, size_t, size_t);          \
+  template void attention_backward<T>(T*, const T*, const T*, const T*, size_t, size_t, size_t,  \
+                                      size_t);                                                   \
+  template double softmax_cross_entropy<T>(T*, const T*, const int32_t*, size_t, size_t, double, \
+                                           size_t*);
 
 TROUPE_INSTANTIATE(float)
 TROUPE_INSTANTIATE(double)

@@ -15,7 +15,8 @@ namespace troupe::models::kernels {
 
 // out(N,OC) = inp(N,C) @ weight(OC,C)^T + bias(OC)   (bias may be null)
 template <typename T>
-void linear_forward(T* out, const T* inp, const T* weight, const T* bias, size_t N, size_t C, size_t OC);
+void linear_forward(T* out, const T* inp, const T* weight, const T* bias, size_t N, size_t C,
+                    size_t OC);
 template <typename T>
 void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                      size_t N, size_t C, size_t OC);
@@ -43,13 +44,13 @@ template <typename T>
 void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
                        size_t N, size_t C);
 template <typename T>
-void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
-                        const T* weight, const T* mean, const T* rstd, size_t N, size_t C);
+void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                        const T* mean, const T* rstd, size_t N, size_t C);
 
 // out(B,T,C) = wte[tokens] + wpe[t]
 template <typename T>
-void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, size_t B, size_t T_,
-                       size_t C);
+void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, size_t B,
+                       size_t T_, size_t C);
 template <typename T>
 void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, size_t B, size_t T_,
                         size_t C);
@@ -67,7 +68,7 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, size
 // micro-batches and of ranks add up. Returns sum of scaled losses; writes dlogits (overwrite).
 // correct (optional): count of rows whose argmax equals the target.
 template <typename T>
-double softmax_cross_entropy(T* dlogits, const T* logits, const int32_t* targets, size_t N, size_t V,
-                             double scale, size_t* correct = nullptr);
+double softmax_cross_entropy(T* dlogits, const T* logits, const int32_t* targets, size_t N,
+                             size_t V, double scale, size_t* correct = nullptr);
 
 }  // namespace troupe::models::kernels

@@ -12,9 +12,11 @@ namespace troupe::models {
 
 Model::Model(const ModelSpec& spec) : spec_(spec) {
   if (spec.kind == "mlp") {
-    if (spec.mlp_sizes.size() < 2) throw std::invalid_argument("model.mlp sizes need an input and an output size");
+    if (spec.mlp_sizes.size() < 2)
+      throw std::invalid_argument("model.mlp sizes need an input and an output size");
     for (size_t i = 0; i < spec.mlp_sizes.size(); ++i) {
-      if (spec.mlp_sizes[i] == 0) throw std::invalid_argument("model size " + std::to_string(i) + " is zero");
+      if (spec.mlp_sizes[i] == 0)
+        throw std::invalid_argument("model size " + std::to_string(i) + " is zero");
     }
     for (size_t i = 0; i + 1 < spec.mlp_sizes.size(); ++i) {
       bool last = i + 2 == spec.mlp_sizes.size();
@@ -26,10 +28,12 @@ Model::Model(const ModelSpec& spec) : spec_(spec) {
     if (spec.d_model == 0) throw std::invalid_argument("model.d_model is zero");
     if (spec.heads == 0) throw std::invalid_argument("model.heads is zero");
     if (spec.layers == 0) throw std::invalid_argument("model.layers is zero");
-    if (spec.d_model % spec.heads != 0) throw std::invalid_argument("model.d_model must be divisible by model.heads");
+    if (spec.d_model % spec.heads != 0)
+      throw std::invalid_argument("model.d_model must be divisible by model.heads");
     blocks_.push_back(make_embedding_block(spec.vocab, spec.context, spec.d_model));
     for (size_t l = 0; l < spec.layers; ++l)
-      blocks_.push_back(make_transformer_block(spec.context, spec.d_model, spec.heads, spec.layers));
+      blocks_.push_back(
+          make_transformer_block(spec.context, spec.d_model, spec.heads, spec.layers));
     blocks_.push_back(make_head_block(spec.vocab, spec.context, spec.d_model,
                                       spec.tied_head ? blocks_.front().get() : nullptr));
   } else {
@@ -62,13 +66,14 @@ ForwardResult Model::forward_backward(const Batch& batch, double loss_scale) {
   Tensor x = batch.inputs;
   for (auto& b : blocks_) x = b->forward(x, batch.size);
   size_t rows = batch.targets.size();
-  if (rows == 0 || x.numel() % rows != 0) throw std::invalid_argument("targets do not match the model's output");
+  if (rows == 0 || x.numel() % rows != 0)
+    throw std::invalid_argument("targets do not match the model's output");
   size_t classes = x.numel() / rows;
   if (!dlogits_.defined() || dlogits_.numel() != x.numel()) dlogits_ = Tensor({rows, classes});
   ForwardResult r;
   r.rows = rows;
-  r.loss = kernels::softmax_cross_entropy(dlogits_.data(), x.data(), batch.targets.data(), rows, classes,
-                                          loss_scale, &r.correct);
+  r.loss = kernels::softmax_cross_entropy(dlogits_.data(), x.data(), batch.targets.data(), rows,
+                                          classes, loss_scale, &r.correct);
   Tensor d = dlogits_;
   for (size_t i = blocks_.size(); i-- > 0;) d = blocks_[i]->backward(d);
   return r;
@@ -82,8 +87,8 @@ ForwardResult Model::evaluate(const Batch& batch) {
   Tensor scratch({rows, classes});
   ForwardResult r;
   r.rows = rows;
-  r.loss = kernels::softmax_cross_entropy(scratch.data(), x.data(), batch.targets.data(), rows, classes,
-                                          1.0 / double(rows), &r.correct);
+  r.loss = kernels::softmax_cross_entropy(scratch.data(), x.data(), batch.targets.data(), rows,
+                                          classes, 1.0 / double(rows), &r.correct);
   return r;
 }
 

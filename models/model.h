@@ -15,9 +15,9 @@
 namespace troupe::models {
 
 struct ModelSpec {
-  std::string kind = "mlp";               // mlp | gpt
+  std::string kind = "mlp";                            // mlp | gpt
   std::vector<size_t> mlp_sizes{784, 1024, 1024, 10};  // input, hidden..., classes
-  size_t vocab = 0;                       // gpt: from the data set
+  size_t vocab = 0;                                    // gpt: from the data set
   size_t context = 64;
   size_t d_model = 128;
   size_t heads = 4;

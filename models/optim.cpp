@@ -28,7 +28,8 @@ double Optimizer::lr_at(uint64_t step) const {
   return min_lr + 0.5 * (1 + std::cos(M_PI * progress)) * (lr - min_lr);
 }
 
-void Optimizer::update(size_t b, Tensor& params, const Tensor& grads, uint64_t step, double grad_scale) {
+void Optimizer::update(size_t b, Tensor& params, const Tensor& grads, uint64_t step,
+                       double grad_scale) {
   const size_t n = params.numel();
   float* p = params.data();
   const float* g = grads.data();

@@ -14,12 +14,12 @@ namespace troupe::models {
 struct OptimizerSpec {
   std::string kind = "adamw";  // sgd | adamw
   double lr = 1e-3;
-  double momentum = 0.9;       // sgd
+  double momentum = 0.9;                          // sgd
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adamw
   double weight_decay = 0.0;
-  double clip_norm = 0.0;      // 0: no clipping
+  double clip_norm = 0.0;  // 0: no clipping
   size_t warmup_steps = 0;
-  size_t decay_steps = 0;      // 0: constant after warmup; else cosine down to min_lr_ratio * lr
+  size_t decay_steps = 0;  // 0: constant after warmup; else cosine down to min_lr_ratio * lr
   double min_lr_ratio = 0.1;
 };
 

@@ -14,7 +14,9 @@ inline uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-inline uint64_t mix(uint64_t a, uint64_t b) { return splitmix64(a ^ splitmix64(b + 0x632be59bd9b4e019ull)); }
+inline uint64_t mix(uint64_t a, uint64_t b) {
+  return splitmix64(a ^ splitmix64(b + 0x632be59bd9b4e019ull));
+}
 inline uint64_t mix(uint64_t a, uint64_t b, uint64_t c) { return mix(mix(a, b), c); }
 
 class Rng {

@@ -18,9 +18,11 @@ struct BlockState {
   uint64_t cursor = 0;  // the next global sample position
 };
 
-std::vector<uint8_t> save_block_state(Block& block, size_t index, Optimizer& opt, const BlockState& s);
+std::vector<uint8_t> save_block_state(Block& block, size_t index, Optimizer& opt,
+                                      const BlockState& s);
 // Restores into block and opt; throws std::invalid_argument naming the mismatch (magic, version,
 // kind, index, size, truncation). On a throw, nothing was modified.
-BlockState load_block_state(const std::vector<uint8_t>& bytes, Block& block, size_t index, Optimizer& opt);
+BlockState load_block_state(const std::vector<uint8_t>& bytes, Block& block, size_t index,
+                            Optimizer& opt);
 
 }  // namespace troupe::models

@@ -73,7 +73,9 @@ class TensorT {
   }
   Device device() const { return device_; }
   bool defined() const { return storage_ != nullptr; }
-  void zero() { if (storage_) std::memset(data(), 0, numel() * sizeof(T)); }
+  void zero() {
+    if (storage_) std::memset(data(), 0, numel() * sizeof(T));
+  }
 
  private:
   std::shared_ptr<AlignedBuffer<T>> storage_;

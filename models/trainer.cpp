@@ -5,10 +5,14 @@
 
 namespace troupe::models {
 
-Trainer::Trainer(Model& model, Optimizer& opt, const Dataset& data, uint64_t seed, size_t global_batch,
-                 size_t micro_batch)
-    : model_(model), opt_(opt), data_(data), sampler_(seed, data.size()),
-      global_batch_(global_batch), micro_batch_(micro_batch) {
+Trainer::Trainer(Model& model, Optimizer& opt, const Dataset& data, uint64_t seed,
+                 size_t global_batch, size_t micro_batch)
+    : model_(model),
+      opt_(opt),
+      data_(data),
+      sampler_(seed, data.size()),
+      global_batch_(global_batch),
+      micro_batch_(micro_batch) {
   if (global_batch == 0) throw std::invalid_argument("batch.global is zero");
   if (micro_batch == 0) throw std::invalid_argument("batch.micro is zero");
 }

@@ -92,7 +92,8 @@ std::pair<std::string, std::string> read_token_file(const std::string& path) {
   if (!in) throw std::invalid_argument("cannot read the token file '" + path + "'");
   std::string job, token;
   in >> job >> token;
-  if (job.empty() || token.empty()) throw std::invalid_argument("the token file '" + path + "' is not 'JOB_ID TOKEN'");
+  if (job.empty() || token.empty())
+    throw std::invalid_argument("the token file '" + path + "' is not 'JOB_ID TOKEN'");
   return {job, token};
 }
 
@@ -121,7 +122,8 @@ int run_agent(const AgentOptions& o) {
         state->start_step = g.getStartStep();
         state->members.clear();
         for (auto mem : g.getMembers())
-          state->members.push_back({mem.getRank(), mem.getAgentId(), mem.getDevice(), mem.getAddress()});
+          state->members.push_back(
+              {mem.getRank(), mem.getAgentId(), mem.getDevice(), mem.getAddress()});
         state->cv.notify_all();
       } else if (body.isStopAtNextStep()) {
         state->stop.store(true);
@@ -144,7 +146,8 @@ int run_agent(const AgentOptions& o) {
   self->request(bridge, std::chrono::seconds(30), actors::connect_atom::value, o.join)
       .receive([&](uint64_t n) { coord = n; }, [&](caf::error& e) { error = system.render(e); });
   if (!error.empty()) {
-    std::fprintf(stderr, "troupe agent: cannot reach the coordinator at %s: %s\n", o.join.c_str(), error.c_str());
+    std::fprintf(stderr, "troupe agent: cannot reach the coordinator at %s: %s\n", o.join.c_str(),
+                 error.c_str());
     return stop_all(1);
   }
   self->send(bridge, actors::monitor_atom::value, coord);
@@ -160,22 +163,28 @@ int run_agent(const AgentOptions& o) {
     for (unsigned i = 0; i < o.devices.size(); ++i) d.set(i, o.devices[i]);
   });
   ControlMessage spec_msg;
-  self->request(bridge, std::chrono::seconds(35), actors::request_atom::value, to_coord, join, uint32_t(30000))
-      .receive([&](ControlMessage& r) { spec_msg = r; }, [&](caf::error& e) { error = system.render(e); });
-  if (error.empty() && !spec_msg.envelope().getBody().isJobSpec()) error = "the coordinator answered without a job spec";
+  self->request(bridge, std::chrono::seconds(35), actors::request_atom::value, to_coord, join,
+                uint32_t(30000))
+      .receive([&](ControlMessage& r) { spec_msg = r; },
+               [&](caf::error& e) { error = system.render(e); });
+  if (error.empty() && !spec_msg.envelope().getBody().isJobSpec())
+    error = "the coordinator answered without a job spec";
   if (!error.empty()) {
     std::fprintf(stderr, "troupe agent: join refused: %s\n", error.c_str());
     return stop_all(1);
   }
   WorkerSpec spec = spec_from(spec_msg.envelope().getBody().getJobSpec());
   const uint32_t agent_id = spec_msg.envelope().getBody().getJobSpec().getAgentId();
-  spdlog::info("agent {} joined job '{}' as agent {} with {} device(s)", name, spec.job_name, agent_id, o.devices.size());
+  spdlog::info("agent {} joined job '{}' as agent {} with {} device(s)", name, spec.job_name,
+               agent_id, o.devices.size());
 
   // One worker per device, each on its own thread.
   std::vector<std::thread> threads;
   for (uint32_t dev = 0; dev < o.devices.size(); ++dev) {
     threads.emplace_back([&, dev] {
-      auto send = [&](ControlMessage m) { caf::anon_send(bridge, actors::send_atom::value, to_coord, std::move(m)); };
+      auto send = [&](ControlMessage m) {
+        caf::anon_send(bridge, actors::send_atom::value, to_coord, std::move(m));
+      };
       int rank = -1;
       try {
         Worker worker(spec);
@@ -192,7 +201,8 @@ int run_agent(const AgentOptions& o) {
         uint64_t gen = 0, start = 0;
         {
           std::unique_lock<std::mutex> lock(state->mu);
-          state->cv.wait_for(lock, std::chrono::seconds(120), [&] { return state->generation > 0 || state->shutdown; });
+          state->cv.wait_for(lock, std::chrono::seconds(120),
+                             [&] { return state->generation > 0 || state->shutdown; });
           if (state->shutdown || state->generation == 0) return;
           members = state->members;
           gen = state->generation;
@@ -203,8 +213,10 @@ int run_agent(const AgentOptions& o) {
           addresses[m.rank] = m.address;
           if (m.agent_id == agent_id && m.device == dev) rank = int(m.rank);
         }
-        if (rank < 0) throw std::runtime_error("this worker is not in generation " + std::to_string(gen));
-        comm.connect(rank, addresses, std::chrono::milliseconds(std::max<int64_t>(10000, spec.failure_timeout_ms)));
+        if (rank < 0)
+          throw std::runtime_error("this worker is not in generation " + std::to_string(gen));
+        comm.connect(rank, addresses,
+                     std::chrono::milliseconds(std::max<int64_t>(10000, spec.failure_timeout_ms)));
         auto result = worker.run(
             comm, start,
             [&](const StepInfo& s) {
@@ -248,7 +260,8 @@ int run_agent(const AgentOptions& o) {
     }
     self->receive(
         [&](actors::NodeDown& d) {
-          if (d.node == coord) state->finish(1, "the coordinator was lost (" + d.code + ": " + d.reason + ")");
+          if (d.node == coord)
+            state->finish(1, "the coordinator was lost (" + d.code + ": " + d.reason + ")");
         },
         caf::after(std::chrono::milliseconds(100)) >> [] {});
   }

@@ -11,11 +11,11 @@
 namespace troupe::workers {
 
 struct AgentOptions {
-  std::string join;                         // coordinator HOST:PORT
-  std::string job_id;                       // from the token file
-  std::string token;                        // from the token file
+  std::string join;    // coordinator HOST:PORT
+  std::string job_id;  // from the token file
+  std::string token;   // from the token file
   std::vector<std::string> devices{"cpu:0"};
-  std::string name;                         // for logs; default: host:pid
+  std::string name;  // for logs; default: host:pid
   std::chrono::milliseconds heartbeat_interval{200};
   std::chrono::milliseconds failure_timeout{3000};
 };

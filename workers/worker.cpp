@@ -20,19 +20,21 @@ Worker::Worker(const WorkerSpec& spec) : spec_(spec) {
     data_ = std::move(text);
   } else {
     if (m.mlp_sizes.size() < 2) throw std::invalid_argument("the mlp needs inputs and classes");
-    data_ = std::make_unique<models::SyntheticClassification>(spec.seed, size_t(spec.samples), m.mlp_sizes.front(),
-                                                              m.mlp_sizes.back());
+    data_ = std::make_unique<models::SyntheticClassification>(
+        spec.seed, size_t(spec.samples), m.mlp_sizes.front(), m.mlp_sizes.back());
   }
   model_ = std::make_unique<models::Model>(m);
   model_->init(spec.seed);
   std::vector<size_t> counts;
-  for (size_t i = 0; i < model_->num_blocks(); ++i) counts.push_back(model_->block(i).param_count());
+  for (size_t i = 0; i < model_->num_blocks(); ++i)
+    counts.push_back(model_->block(i).param_count());
   opt_ = std::make_unique<models::Optimizer>(spec.optimizer, counts);
-  trainer_ = std::make_unique<models::Trainer>(*model_, *opt_, *data_, spec.seed, size_t(spec.global_batch),
-                                               size_t(spec.micro_batch));
+  trainer_ = std::make_unique<models::Trainer>(*model_, *opt_, *data_, spec.seed,
+                                               size_t(spec.global_batch), size_t(spec.micro_batch));
 }
 
-TrainResult Worker::run(comm::Communicator& comm, uint64_t start, const std::function<void(const StepInfo&)>& on_step,
+TrainResult Worker::run(comm::Communicator& comm, uint64_t start,
+                        const std::function<void(const StepInfo&)>& on_step,
                         const std::function<bool()>& stop_requested) {
   TrainResult result{start, false};
   const uint64_t B = uint64_t(spec_.global_batch);
@@ -50,7 +52,8 @@ TrainResult Worker::run(comm::Communicator& comm, uint64_t start, const std::fun
     comm.allreduce(control, control, 2, comm::DataType::f64, comm::ReduceOp::sum);
     // Update: the same clipped step everywhere (the gradients are identical after the sum).
     double norm_sq = 0;
-    for (size_t b = 0; b < model_->num_blocks(); ++b) norm_sq += models::grad_norm_sq(model_->block(b).grads());
+    for (size_t b = 0; b < model_->num_blocks(); ++b)
+      norm_sq += models::grad_norm_sq(model_->block(b).grads());
     trainer_->apply(step, norm_sq, stats);
     StepInfo info;
     info.step = step;

@@ -51,7 +51,8 @@ class Worker {
 
   // Runs steps [start, spec.steps) with the members of comm; stops early after a step in which any
   // rank's stop_requested() was true. Throws comm::Error when the data plane fails.
-  TrainResult run(comm::Communicator& comm, uint64_t start, const std::function<void(const StepInfo&)>& on_step,
+  TrainResult run(comm::Communicator& comm, uint64_t start,
+                  const std::function<void(const StepInfo&)>& on_step,
                   const std::function<bool()>& stop_requested);
 
   uint64_t checksum() const;  // FNV-1a over all parameters

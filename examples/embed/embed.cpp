@@ -8,12 +8,12 @@
 // Expected output: one line per committed step ("my actor saw step 3: loss 2.1...") and, at the
 // end, "embedded job finished: 20 steps, loss fell from X to Y". Exits non-zero if the job failed
 // or the loss did not fall.
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <future>
 #include <thread>
-
-#include <unistd.h>
 
 #include "actors/bridge.h"
 #include "coordinator/config.h"
@@ -23,13 +23,14 @@
 using namespace troupe;
 
 // The user's actor: it just collects the losses and reports when the job ends.
-caf::behavior watcher(caf::event_based_actor* self, std::shared_ptr<std::promise<std::pair<int, std::vector<double>>>> done) {
+caf::behavior watcher(caf::event_based_actor* self,
+                      std::shared_ptr<std::promise<std::pair<int, std::vector<double>>>> done) {
   auto losses = std::make_shared<std::vector<double>>();
   return {
       [=](coordinator::JobProgress& p) {
         losses->push_back(p.loss);
-        std::printf("my actor saw step %llu: loss %.4f (world size %llu)\n", (unsigned long long)p.step, p.loss,
-                    (unsigned long long)p.world_size);
+        std::printf("my actor saw step %llu: loss %.4f (world size %llu)\n",
+                    (unsigned long long)p.step, p.loss, (unsigned long long)p.world_size);
       },
       [=](coordinator::JobFinished& f) {
         done->set_value({f.exit_code, *losses});
@@ -41,10 +42,13 @@ caf::behavior watcher(caf::event_based_actor* self, std::shared_ptr<std::promise
 int main() {
   // The job: a small MLP, 2 workers, 20 steps. Any config key can be set here.
   coordinator::JobConfig cfg = coordinator::parse_config(
-      "[job]\nname = \"embedded\"\nsteps = 20\n[model]\ninputs = 64\nhidden = [64]\n[batch]\nglobal = 32\nmicro = 16\n"
+      "[job]\nname = \"embedded\"\nsteps = 20\n[model]\ninputs = 64\nhidden = "
+      "[64]\n[batch]\nglobal = 32\nmicro = 16\n"
       "[optimizer]\nlr = 0.003\n[cluster]\nagents = 2\nlauncher = \"external\"\n",
       "embedded config");
-  std::string run_dir = (std::filesystem::temp_directory_path() / ("troupe-embed-" + std::to_string(getpid()))).string();
+  std::string run_dir =
+      (std::filesystem::temp_directory_path() / ("troupe-embed-" + std::to_string(getpid())))
+          .string();
   std::filesystem::create_directories(run_dir);
 
   caf::actor_system_config sys_cfg;
@@ -91,6 +95,7 @@ int main() {
     std::printf("embedded job FAILED (exit %d, %zu steps)\n", code, losses.size());
     return 1;
   }
-  std::printf("embedded job finished: %zu steps, loss fell from %.4f to %.4f\n", losses.size(), losses.front(), losses.back());
+  std::printf("embedded job finished: %zu steps, loss fell from %.4f to %.4f\n", losses.size(),
+              losses.front(), losses.back());
   return 0;
 }

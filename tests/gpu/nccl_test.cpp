@@ -1,8 +1,8 @@
 // The NCCL backend on a real GPU (ctest label gpu). Without a CUDA device every test skips and
 // says why. World size 1: init, allreduce, abort, re-init at the next generation; with two or
 // more devices, a two-rank allreduce across devices (ranks as threads).
-#include <gtest/gtest.h>
 #include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
 
 #include <thread>
 
@@ -12,8 +12,8 @@
 namespace troupe::comm {
 namespace {
 
-#define SKIP_WITHOUT_GPU(n)                                                                   \
-  if (cuda_device_count() < (n))                                                              \
+#define SKIP_WITHOUT_GPU(n)                                                                      \
+  if (cuda_device_count() < (n))                                                                 \
   GTEST_SKIP() << "needs " << (n) << " CUDA device(s); this machine has " << cuda_device_count() \
                << " (" << cuda_summary() << ")"
 

@@ -47,8 +47,10 @@ coordinator::ChildProcess::Options node_options(const TempDir& dir, const std::s
 
 }  // namespace
 
-NodeProcess::NodeProcess(const TempDir& dir, const std::string& name, std::vector<std::string> extra)
-    : process_(node_options(dir, name, std::move(extra))), name_(name),
+NodeProcess::NodeProcess(const TempDir& dir, const std::string& name,
+                         std::vector<std::string> extra)
+    : process_(node_options(dir, name, std::move(extra))),
+      name_(name),
       log_path_(dir.path() + "/" + name + ".log") {
   auto line = process_.wait_for_line("node ", std::chrono::seconds(15));
   if (!line) throw std::runtime_error(name + ": troupe node did not report its address");
@@ -64,7 +66,8 @@ NodeProcess::~NodeProcess() {
     std::ifstream in(log_path_);
     std::vector<std::string> lines;
     for (std::string l; std::getline(in, l);) lines.push_back(l);
-    std::fprintf(stderr, "[harness] last lines of %s's log (%s):\n", name_.c_str(), log_path_.c_str());
+    std::fprintf(stderr, "[harness] last lines of %s's log (%s):\n", name_.c_str(),
+                 log_path_.c_str());
     for (size_t i = lines.size() > 20 ? lines.size() - 20 : 0; i < lines.size(); ++i)
       std::fprintf(stderr, "  %s\n", lines[i].c_str());
   }

@@ -34,7 +34,8 @@ class NodeProcess {
   pid_t pid() const { return process_.pid(); }
   bool signal(int sig) { return process_.signal(sig); }
   // The next stdout line starting with prefix, within timeout.
-  std::optional<std::string> wait_for_line(const std::string& prefix, std::chrono::milliseconds timeout) {
+  std::optional<std::string> wait_for_line(const std::string& prefix,
+                                           std::chrono::milliseconds timeout) {
     return process_.wait_for_line(prefix, timeout);
   }
   bool alive();

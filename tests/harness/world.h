@@ -14,7 +14,8 @@
 namespace troupe::testing {
 
 inline void run_world(int n, const comm::UcxCommOptions& options,
-                      const std::function<void(comm::UcxCommunicator&)>& body, uint64_t generation = 1) {
+                      const std::function<void(comm::UcxCommunicator&)>& body,
+                      uint64_t generation = 1) {
   std::vector<std::unique_ptr<comm::UcxCommunicator>> comms;
   std::vector<std::string> addresses;
   for (int r = 0; r < n; ++r) {

@@ -32,7 +32,8 @@ comm::UcxCommOptions chunky(size_t count) {
   return o;
 }
 
-void check_allreduce_f32(comm::UcxCommunicator& c, size_t count, Algorithm algo, bool in_place, ReduceOp op) {
+void check_allreduce_f32(comm::UcxCommunicator& c, size_t count, Algorithm algo, bool in_place,
+                         ReduceOp op) {
   const int n = c.size(), r = c.rank();
   std::vector<float> in(count), out(count, -1.0f);
   for (size_t i = 0; i < count; ++i) in[i] = float(value(r, i));
@@ -47,7 +48,8 @@ void check_allreduce_f32(comm::UcxCommunicator& c, size_t count, Algorithm algo,
   }
   for (size_t i = 0; i < count; ++i) {
     double want = expected_sum(n, i) / (op == ReduceOp::avg ? n : 1);
-    ASSERT_NEAR(out[i], want, 1e-6 * want) << "rank " << r << " of " << n << ", element " << i << " of " << count;
+    ASSERT_NEAR(out[i], want, 1e-6 * want)
+        << "rank " << r << " of " << n << ", element " << i << " of " << count;
   }
 }
 
@@ -58,8 +60,10 @@ TEST_P(Sweep, AllreduceEveryCountAlgorithmAndPlacement) {
   for (size_t count : kCounts) {
     testing::run_world(n, chunky(count), [&](comm::UcxCommunicator& c) {
       for (Algorithm a : {Algorithm::ring, Algorithm::recursive_doubling, Algorithm::automatic}) {
-        if (a == Algorithm::recursive_doubling && count > 100000 && n > 3) continue;  // slow, same code path
-        for (bool in_place : {true, false}) check_allreduce_f32(c, count, a, in_place, ReduceOp::sum);
+        if (a == Algorithm::recursive_doubling && count > 100000 && n > 3)
+          continue;  // slow, same code path
+        for (bool in_place : {true, false})
+          check_allreduce_f32(c, count, a, in_place, ReduceOp::sum);
       }
       check_allreduce_f32(c, count, Algorithm::automatic, false, ReduceOp::avg);
     });
@@ -127,13 +131,15 @@ TEST(Collectives, AllRanksEndBitwiseEqualOnInexactData) {
     std::vector<std::vector<float>> results(5);
     testing::run_world(5, chunky(5000), [&](comm::UcxCommunicator& c) {
       std::vector<float> x(5000);
-      for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i * 7 + c.rank() * 13)) * 1e-3f + 1.0f / (c.rank() + 3);
+      for (size_t i = 0; i < x.size(); ++i)
+        x[i] = std::sin(float(i * 7 + c.rank() * 13)) * 1e-3f + 1.0f / (c.rank() + 3);
       comm::CollectiveOptions o;
       o.algorithm = a;
       c.allreduce(x.data(), x.data(), x.size(), DataType::f32, ReduceOp::sum, o);
       results[c.rank()] = x;
     });
-    for (int r = 1; r < 5; ++r) ASSERT_EQ(0, std::memcmp(results[0].data(), results[r].data(), 5000 * 4));
+    for (int r = 1; r < 5; ++r)
+      ASSERT_EQ(0, std::memcmp(results[0].data(), results[r].data(), 5000 * 4));
   }
 }
 

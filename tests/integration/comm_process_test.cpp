@@ -29,11 +29,13 @@ struct Ranks {
 
   Ranks(int world, std::vector<std::string> extra) {
     for (int r = 0; r < world; ++r) {
-      std::vector<std::string> argv{testing::troupe_binary(), "bench", "allreduce-worker", "--dir", dir.path(),
-                                    "--rank", std::to_string(r), "--world", std::to_string(world)};
+      std::vector<std::string> argv{
+          testing::troupe_binary(), "bench",   "allreduce-worker",   "--dir", dir.path(), "--rank",
+          std::to_string(r),        "--world", std::to_string(world)};
       argv.insert(argv.end(), extra.begin(), extra.end());
-      procs.push_back(std::make_unique<coordinator::ChildProcess>(coordinator::ChildProcess::Options{
-          argv, "", dir.path() + "/rank" + std::to_string(r) + ".log", {}}));
+      procs.push_back(
+          std::make_unique<coordinator::ChildProcess>(coordinator::ChildProcess::Options{
+              argv, "", dir.path() + "/rank" + std::to_string(r) + ".log", {}}));
     }
   }
 };
@@ -56,7 +58,8 @@ void failure_scenario(int sig, const char* expected_code, std::chrono::milliseco
   const int world = 4, victim = 3;
   Ranks ranks(world, {"--mode", "loop", "--count", std::to_string(16 << 20), "--timeout-ms",
                       std::to_string(timeout.count())});
-  for (int r = 0; r < world; ++r) ASSERT_TRUE(ranks.procs[r]->wait_for_line("iter 2", 60s)) << "rank " << r;
+  for (int r = 0; r < world; ++r)
+    ASSERT_TRUE(ranks.procs[r]->wait_for_line("iter 2", 60s)) << "rank " << r;
   uint64_t t_signal = unix_ms();
   ASSERT_TRUE(ranks.procs[victim]->signal(sig));
   for (int r = 0; r < victim; ++r) {
@@ -69,7 +72,8 @@ void failure_scenario(int sig, const char* expected_code, std::chrono::milliseco
     double ms = double(when) - double(t_signal);
     std::printf("rank %d: %s after %.0f ms (%s)\n", r, code.c_str(), ms, line->c_str());
     EXPECT_EQ(code, expected_code) << *line;
-    EXPECT_LT(ms, double(timeout.count()) + 1500.0) << "failure timeout " << timeout.count() << " ms";
+    EXPECT_LT(ms, double(timeout.count()) + 1500.0)
+        << "failure timeout " << timeout.count() << " ms";
   }
   {
     std::ofstream members(ranks.dir.path() + "/gen2.members");

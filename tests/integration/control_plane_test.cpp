@@ -44,22 +44,30 @@ class ControlPlane : public ::testing::Test {
     system_.reset();
   }
 
-  void start_bridge(std::chrono::milliseconds heartbeat = 200ms, std::chrono::milliseconds timeout = 2000ms) {
+  void start_bridge(std::chrono::milliseconds heartbeat = 200ms,
+                    std::chrono::milliseconds timeout = 2000ms) {
     actors::BridgeConfig bc;
     bc.job_id = kJob;
     bc.token = kToken;
     bc.heartbeat_interval = heartbeat;
     bc.failure_timeout = timeout;
     bridge_ = actors::spawn_bridge(*system_, bc);
-    (*self_)->request(bridge_, 5s, actors::info_atom::value)
-        .receive([&](uint64_t id, std::string& addr) { node_ = id; address_ = addr; },
-                 [&](caf::error& e) { FAIL() << system_->render(e); });
+    (*self_)
+        ->request(bridge_, 5s, actors::info_atom::value)
+        .receive(
+            [&](uint64_t id, std::string& addr) {
+              node_ = id;
+              address_ = addr;
+            },
+            [&](caf::error& e) { FAIL() << system_->render(e); });
   }
 
   uint64_t connect(const std::string& addr) {
     uint64_t peer = 0;
-    (*self_)->request(bridge_, 10s, actors::connect_atom::value, addr)
-        .receive([&](uint64_t n) { peer = n; }, [&](caf::error& e) { ADD_FAILURE() << system_->render(e); });
+    (*self_)
+        ->request(bridge_, 10s, actors::connect_atom::value, addr)
+        .receive([&](uint64_t n) { peer = n; },
+                 [&](caf::error& e) { ADD_FAILURE() << system_->render(e); });
     return peer;
   }
 
@@ -67,15 +75,18 @@ class ControlPlane : public ::testing::Test {
   std::variant<ControlMessage, std::string> request(RemoteAddress dst, ControlMessage msg,
                                                     uint32_t timeout_ms = 5000) {
     std::variant<ControlMessage, std::string> out = std::string("no answer");
-    (*self_)->request(bridge_, std::chrono::milliseconds(timeout_ms + 1000), actors::request_atom::value, dst,
-                      std::move(msg), timeout_ms)
-        .receive([&](ControlMessage& r) { out = r; }, [&](caf::error& e) { out = system_->render(e); });
+    (*self_)
+        ->request(bridge_, std::chrono::milliseconds(timeout_ms + 1000),
+                  actors::request_atom::value, dst, std::move(msg), timeout_ms)
+        .receive([&](ControlMessage& r) { out = r; },
+                 [&](caf::error& e) { out = system_->render(e); });
     return out;
   }
 
   proto::Stats::Reader stats_of(uint64_t node, ControlMessage& holder) {
-    auto r = request({node, actors::kBridgeActorId},
-                     ControlMessage::build([](proto::Envelope::Builder e) { e.initBody().setStatsRequest(); }));
+    auto r = request(
+        {node, actors::kBridgeActorId},
+        ControlMessage::build([](proto::Envelope::Builder e) { e.initBody().setStatsRequest(); }));
     EXPECT_TRUE(std::holds_alternative<ControlMessage>(r)) << std::get<std::string>(r);
     holder = std::get<ControlMessage>(r);
     return holder.envelope().getBody().getStats();
@@ -98,19 +109,23 @@ TEST_F(ControlPlane, RequestResponseBetweenActorsInTwoProcesses) {
 
   for (uint64_t i = 1; i <= 20; ++i) {
     std::string text = "ping " + std::to_string(i);
-    auto r = request({peer_node, actors::kEchoActorId}, actors::make_echo(i, text.data(), text.size(), "n"));
+    auto r = request({peer_node, actors::kEchoActorId},
+                     actors::make_echo(i, text.data(), text.size(), "n"));
     ASSERT_TRUE(std::holds_alternative<ControlMessage>(r)) << std::get<std::string>(r);
     auto env = std::get<ControlMessage>(r).envelope();
     EXPECT_TRUE(env.getIsReply());
     EXPECT_EQ(env.getSrcNode(), peer_node);
     auto e = env.getBody().getEcho();
     EXPECT_EQ(e.getSequence(), i);
-    EXPECT_EQ(std::string(reinterpret_cast<const char*>(e.getPayload().begin()), e.getPayload().size()), text);
+    EXPECT_EQ(
+        std::string(reinterpret_cast<const char*>(e.getPayload().begin()), e.getPayload().size()),
+        text);
   }
 
   // One-way messages arrive, all of them.
   for (uint64_t i = 0; i < 500; ++i)
-    (*self_)->send(bridge_, actors::send_atom::value, RemoteAddress{peer_node, actors::kSinkActorId},
+    (*self_)->send(bridge_, actors::send_atom::value,
+                   RemoteAddress{peer_node, actors::kSinkActorId},
                    actors::make_echo(i, nullptr, 0));
   uint64_t counted = 0;
   auto deadline = Clock::now() + 10s;
@@ -124,22 +139,26 @@ TEST_F(ControlPlane, RequestResponseBetweenActorsInTwoProcesses) {
   // A request to an actor that does not exist there is an error, not a hang.
   auto r = request({peer_node, 777}, actors::make_echo(1, nullptr, 0));
   ASSERT_TRUE(std::holds_alternative<std::string>(r));
-  EXPECT_NE(std::get<std::string>(r).find("no_actor"), std::string::npos) << std::get<std::string>(r);
+  EXPECT_NE(std::get<std::string>(r).find("no_actor"), std::string::npos)
+      << std::get<std::string>(r);
 }
 
 TEST_F(ControlPlane, InProcessMessagesNeverTouchUcx) {
   start_bridge();
-  (*self_)->send(bridge_, actors::register_atom::value, actors::kEchoActorId, actors::spawn_echo(*system_));
+  (*self_)->send(bridge_, actors::register_atom::value, actors::kEchoActorId,
+                 actors::spawn_echo(*system_));
   ControlMessage before_holder, after_holder;
-  (*self_)->request(bridge_, 5s, actors::stats_atom::value).receive([&](ControlMessage& m) { before_holder = m; },
-                                                                   [&](caf::error&) {});
+  (*self_)
+      ->request(bridge_, 5s, actors::stats_atom::value)
+      .receive([&](ControlMessage& m) { before_holder = m; }, [&](caf::error&) {});
   for (uint64_t i = 0; i < 50; ++i) {
     auto r = request({node_, actors::kEchoActorId}, actors::make_echo(i, "x", 1));
     ASSERT_TRUE(std::holds_alternative<ControlMessage>(r)) << std::get<std::string>(r);
     EXPECT_EQ(std::get<ControlMessage>(r).envelope().getBody().getEcho().getSequence(), i);
   }
-  (*self_)->request(bridge_, 5s, actors::stats_atom::value).receive([&](ControlMessage& m) { after_holder = m; },
-                                                                   [&](caf::error&) {});
+  (*self_)
+      ->request(bridge_, 5s, actors::stats_atom::value)
+      .receive([&](ControlMessage& m) { after_holder = m; }, [&](caf::error&) {});
   auto b = before_holder.envelope().getBody().getStats();
   auto a = after_holder.envelope().getBody().getStats();
   EXPECT_EQ(a.getFramesSent(), b.getFramesSent());
@@ -153,15 +172,16 @@ TEST_F(ControlPlane, SigkillOfThePeerFiresTheMonitorWithin500ms) {
   uint64_t peer_node = connect(peer.address());
   (*self_)->send(bridge_, actors::monitor_atom::value, peer_node);
   // Make sure the monitor is registered before the kill.
-  ASSERT_TRUE(std::holds_alternative<ControlMessage>(request({peer_node, actors::kEchoActorId},
-                                                             actors::make_echo(1, nullptr, 0))));
+  ASSERT_TRUE(std::holds_alternative<ControlMessage>(
+      request({peer_node, actors::kEchoActorId}, actors::make_echo(1, nullptr, 0))));
   auto t0 = Clock::now();
   ASSERT_TRUE(peer.signal(SIGKILL));
   bool fired = false;
   (*self_)->receive(
       [&](actors::NodeDown& d) {
         double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-        std::printf("SIGKILL -> node down in %.1f ms (%s: %s)\n", ms, d.code.c_str(), d.reason.c_str());
+        std::printf("SIGKILL -> node down in %.1f ms (%s: %s)\n", ms, d.code.c_str(),
+                    d.reason.c_str());
         EXPECT_EQ(d.node, peer_node);
         EXPECT_EQ(d.code, "peer_lost");
         EXPECT_LT(ms, 500.0);
@@ -172,7 +192,8 @@ TEST_F(ControlPlane, SigkillOfThePeerFiresTheMonitorWithin500ms) {
   // Requests to the dead node fail at once.
   auto r = request({peer_node, actors::kEchoActorId}, actors::make_echo(2, nullptr, 0));
   ASSERT_TRUE(std::holds_alternative<std::string>(r));
-  EXPECT_NE(std::get<std::string>(r).find("peer_lost"), std::string::npos) << std::get<std::string>(r);
+  EXPECT_NE(std::get<std::string>(r).find("peer_lost"), std::string::npos)
+      << std::get<std::string>(r);
 }
 
 TEST_F(ControlPlane, SigstopIsDetectedByHeartbeatsAndTheWokenPeerIsFenced) {
@@ -196,7 +217,8 @@ TEST_F(ControlPlane, SigstopIsDetectedByHeartbeatsAndTheWokenPeerIsFenced) {
   (*self_)->receive(
       [&](actors::NodeDown& d) {
         double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-        std::printf("SIGSTOP -> node down in %.1f ms (%s: %s)\n", ms, d.code.c_str(), d.reason.c_str());
+        std::printf("SIGSTOP -> node down in %.1f ms (%s: %s)\n", ms, d.code.c_str(),
+                    d.reason.c_str());
         EXPECT_EQ(d.node, peer_node);
         EXPECT_EQ(d.code, "timed_out");
         EXPECT_GE(ms, timeout.count() * 0.9);
@@ -216,7 +238,8 @@ TEST_F(ControlPlane, SigstopIsDetectedByHeartbeatsAndTheWokenPeerIsFenced) {
   EXPECT_NE(rejoin->find("fenced"), std::string::npos) << *rejoin;
   // And it was never accepted back here.
   bool came_back = false;
-  (*self_)->receive([&](actors::NodeUp& u) { came_back = u.node == peer_node; }, caf::after(500ms) >> [] {});
+  (*self_)->receive([&](actors::NodeUp& u) { came_back = u.node == peer_node; },
+                    caf::after(500ms) >> [] {});
   EXPECT_FALSE(came_back);
   ControlMessage holder;
   auto st = stats_of(node_, holder);
@@ -235,7 +258,8 @@ struct RawClient : comm::TransportHandler {
 };
 
 comm::Buffer envelope_frame(uint64_t src, const std::string& job, const std::string& token,
-                            uint64_t generation, uint64_t dst_actor, uint64_t request_id, bool stats) {
+                            uint64_t generation, uint64_t dst_actor, uint64_t request_id,
+                            bool stats) {
   capnp::MallocMessageBuilder b;
   auto env = b.initRoot<proto::Envelope>();
   comm::EnvelopeHeader h;
@@ -246,14 +270,18 @@ comm::Buffer envelope_frame(uint64_t src, const std::string& job, const std::str
   h.dst_actor = dst_actor;
   h.request_id = request_id;
   comm::set_header(env, h);
-  if (stats) env.initBody().setStatsRequest(); else env.initBody().initEcho().setSequence(1);
+  if (stats)
+    env.initBody().setStatsRequest();
+  else
+    env.initBody().initEcho().setSequence(1);
   return comm::encode(b);
 }
 
 TEST_F(ControlPlane, BadFramesAreRefusedCountedAndTheNodeKeepsServing) {
   TempDir dir;
-  NodeProcess peer(dir, "peer", node_args({"--generation", "5", "--max-frame-bytes", "65536",
-                                           "--failure-timeout-ms", "30000"}));
+  NodeProcess peer(dir, "peer",
+                   node_args({"--generation", "5", "--max-frame-bytes", "65536",
+                              "--failure-timeout-ms", "30000"}));
   start_bridge();
   uint64_t peer_node = connect(peer.address());
 
@@ -269,12 +297,13 @@ TEST_F(ControlPlane, BadFramesAreRefusedCountedAndTheNodeKeepsServing) {
   }
   comm::Buffer good = envelope_frame(t.node_id(), kJob, kToken, 5, actors::kEchoActorId, 0, false);
   t.send(peer_node, comm::Buffer::copy_of(good.data(), good.size() / 2 / 8 * 8));  // truncated
-  t.send(peer_node, comm::Buffer(100000));                                           // oversized
+  t.send(peer_node, comm::Buffer(100000));                                         // oversized
   t.send(peer_node, envelope_frame(t.node_id(), kJob, "wrong-token", 5, 1, 0, false));
   t.send(peer_node, envelope_frame(t.node_id(), "wrong-job", kToken, 5, 1, 0, false));
-  t.send(peer_node, envelope_frame(t.node_id(), kJob, kToken, 3, 1, 0, false));  // stale
+  t.send(peer_node, envelope_frame(t.node_id(), kJob, kToken, 3, 1, 0, false));      // stale
   t.send(peer_node, envelope_frame(t.node_id() + 1, kJob, kToken, 5, 1, 0, false));  // spoofed
-  t.send_with_magic_for_test(peer_node, envelope_frame(t.node_id(), kJob, kToken, 5, 1, 0, false), 0xdeadbeef);
+  t.send_with_magic_for_test(peer_node, envelope_frame(t.node_id(), kJob, kToken, 5, 1, 0, false),
+                             0xdeadbeef);
 
   // Everyone else is still served.
   for (uint64_t i = 0; i < 10; ++i) {
@@ -299,11 +328,13 @@ TEST_F(ControlPlane, BadFramesAreRefusedCountedAndTheNodeKeepsServing) {
   comm::FrameValidator v(kJob, kToken);
   auto decoded = v.decode(std::move(reply), 0);
   ASSERT_TRUE(std::holds_alternative<std::shared_ptr<const comm::DecodedFrame>>(decoded));
-  auto st = std::get<std::shared_ptr<const comm::DecodedFrame>>(decoded)->envelope().getBody().getStats();
-  std::printf("rejected: malformed %llu, oversized %llu, wrong job %llu, stale %llu, transport %llu\n",
-              (unsigned long long)st.getRejectedMalformed(), (unsigned long long)st.getRejectedOversized(),
-              (unsigned long long)st.getRejectedWrongJob(), (unsigned long long)st.getRejectedStale(),
-              (unsigned long long)st.getRejectedTransport());
+  auto st =
+      std::get<std::shared_ptr<const comm::DecodedFrame>>(decoded)->envelope().getBody().getStats();
+  std::printf(
+      "rejected: malformed %llu, oversized %llu, wrong job %llu, stale %llu, transport %llu\n",
+      (unsigned long long)st.getRejectedMalformed(), (unsigned long long)st.getRejectedOversized(),
+      (unsigned long long)st.getRejectedWrongJob(), (unsigned long long)st.getRejectedStale(),
+      (unsigned long long)st.getRejectedTransport());
   EXPECT_GE(st.getRejectedMalformed(), uint64_t(random_frames) + 1 + 1);  // + truncated + spoofed
   EXPECT_EQ(st.getRejectedOversized(), 1u);
   EXPECT_EQ(st.getRejectedWrongJob(), 2u);
@@ -316,7 +347,8 @@ TEST_F(ControlPlane, ConnectToNothingFailsWithinTheDeadline) {
   start_bridge();
   auto t0 = Clock::now();
   std::string error;
-  (*self_)->request(bridge_, 20s, actors::connect_atom::value, std::string("127.0.0.1:1"))
+  (*self_)
+      ->request(bridge_, 20s, actors::connect_atom::value, std::string("127.0.0.1:1"))
       .receive([&](uint64_t) {}, [&](caf::error& e) { error = system_->render(e); });
   EXPECT_FALSE(error.empty());
   EXPECT_LT(Clock::now() - t0, 10s);

@@ -32,7 +32,8 @@ std::vector<std::string> lines_of(const std::string& path) {
   return out;
 }
 
-std::string write_config(const testing::TempDir& dir, const std::string& name, const std::string& text) {
+std::string write_config(const testing::TempDir& dir, const std::string& name,
+                         const std::string& text) {
   std::string path = dir.path() + "/" + name;
   std::ofstream(path) << text;
   return path;
@@ -65,12 +66,13 @@ struct RunResult {
   std::string run_dir, output;
 };
 
-RunResult troupe_run(const testing::TempDir& dir, const std::string& config, std::vector<std::string> sets,
-               std::chrono::seconds timeout = 300s) {
+RunResult troupe_run(const testing::TempDir& dir, const std::string& config,
+                     std::vector<std::string> sets, std::chrono::seconds timeout = 300s) {
   static int n = 0;
   RunResult r;
   r.run_dir = dir.path() + "/run" + std::to_string(n++);
-  std::vector<std::string> argv{testing::troupe_binary(), "run", config, "--set", "job.run_dir=\"" + r.run_dir + "\""};
+  std::vector<std::string> argv{testing::troupe_binary(), "run", config, "--set",
+                                "job.run_dir=\"" + r.run_dir + "\""};
   for (auto& s : sets) {
     argv.push_back("--set");
     argv.push_back(s);
@@ -133,15 +135,18 @@ TEST(Job, SameLossesAtWorldSizesOneToFour) {
       continue;
     }
     for (size_t i = 0; i < l.size(); ++i) {
-      EXPECT_NEAR(l[i], reference[i], 1e-4 * std::abs(reference[i])) << "world " << world << ", step " << i;
+      EXPECT_NEAR(l[i], reference[i], 1e-4 * std::abs(reference[i]))
+          << "world " << world << ", step " << i;
     }
-    std::printf("world %d: step 29 loss %.6f vs %.6f at world 1\n", world, l.back(), reference.back());
+    std::printf("world %d: step 29 loss %.6f vs %.6f at world 1\n", world, l.back(),
+                reference.back());
   }
 }
 
 TEST(Job, QuickstartRunsAndItsLossFalls) {
   testing::TempDir dir;
-  RunResult r = troupe_run(dir, std::string(TROUPE_SOURCE_DIR) + "/configs/quickstart.toml", {"job.steps=40"});
+  RunResult r = troupe_run(dir, std::string(TROUPE_SOURCE_DIR) + "/configs/quickstart.toml",
+                           {"job.steps=40"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto l = losses(r.run_dir);
   ASSERT_EQ(l.size(), 40u);
@@ -149,7 +154,8 @@ TEST(Job, QuickstartRunsAndItsLossFalls) {
   std::printf("quickstart: loss %.3f -> %.3f over 40 steps\n", first, last);
   EXPECT_LT(last, first - 1.0);
   EXPECT_NE(r.output.find("finished: 40 steps"), std::string::npos) << r.output;
-  for (const char* f : {"config.toml", "coordinator.addr", "metrics.jsonl", "job.token", "agent-0.log", "agent-1.log"})
+  for (const char* f : {"config.toml", "coordinator.addr", "metrics.jsonl", "job.token",
+                        "agent-0.log", "agent-1.log"})
     EXPECT_TRUE(std::ifstream(r.run_dir + "/" + f).good()) << f;
 }
 
@@ -163,7 +169,8 @@ TEST(Job, BadConfigsExitNonZeroWithTheReasonAndStartNothing) {
       {"[job]\nstpes = 3\n", "unknown key job.stpes; did you mean job.steps?"},
       {"[batch]\nglobal = 2.5\n", "batch.global must be an integer"},
       {"[optimizer]\nlr = 0.0\n", "optimizer.lr = 0 is out of range"},
-      {"[model]\nkind = \"gpt\"\n[data]\nkind = \"text\"\npath = \"/nonexistent/text.txt\"\n", "does not exist"},
+      {"[model]\nkind = \"gpt\"\n[data]\nkind = \"text\"\npath = \"/nonexistent/text.txt\"\n",
+       "does not exist"},
   };
   int i = 0;
   for (auto& c : cases) {
@@ -171,7 +178,8 @@ TEST(Job, BadConfigsExitNonZeroWithTheReasonAndStartNothing) {
     RunResult r = troupe_run(dir, config, {}, 30s);
     EXPECT_EQ(r.exit_code, 2) << r.output;
     EXPECT_NE(r.output.find(c.expect), std::string::npos) << r.output;
-    EXPECT_NE(r.output.find(config), std::string::npos) << "the message names the file: " << r.output;
+    EXPECT_NE(r.output.find(config), std::string::npos)
+        << "the message names the file: " << r.output;
     EXPECT_FALSE(std::ifstream(r.run_dir + "/events.jsonl").good()) << "a job was started";
   }
 }
@@ -181,9 +189,12 @@ TEST(Job, CoordinatorAndAgentsStartedByHand) {
   std::string config = write_config(dir, "mlp.toml", kMlp);
   std::string run_dir = dir.path() + "/byhand";
   std::string out = dir.path() + "/coordinator.out";
-  coordinator::ChildProcess coord({{testing::troupe_binary(), "coordinator", config, "--listen", "127.0.0.1:0", "--set",
-                                    "job.run_dir=\"" + run_dir + "\"", "--set", "cluster.agents=2"},
-                                   out, out, {}});
+  coordinator::ChildProcess coord(
+      {{testing::troupe_binary(), "coordinator", config, "--listen", "127.0.0.1:0", "--set",
+        "job.run_dir=\"" + run_dir + "\"", "--set", "cluster.agents=2"},
+       out,
+       out,
+       {}});
   auto deadline = std::chrono::steady_clock::now() + 30s;
   while (lines_of(run_dir + "/coordinator.addr").empty()) {
     ASSERT_LT(std::chrono::steady_clock::now(), deadline);
@@ -191,15 +202,21 @@ TEST(Job, CoordinatorAndAgentsStartedByHand) {
   }
   std::string addr = lines_of(run_dir + "/coordinator.addr").at(0);
   // Without the token: refused.
-  coordinator::ChildProcess intruder({{testing::troupe_binary(), "agent", "--join", addr, "--token-file", "/nonexistent/token"},
-                                      dir.path() + "/intruder.out", dir.path() + "/intruder.out", {}});
+  coordinator::ChildProcess intruder(
+      {{testing::troupe_binary(), "agent", "--join", addr, "--token-file", "/nonexistent/token"},
+       dir.path() + "/intruder.out",
+       dir.path() + "/intruder.out",
+       {}});
   auto ist = intruder.wait(30s);
   ASSERT_TRUE(ist && WIFEXITED(*ist));
   EXPECT_NE(WEXITSTATUS(*ist), 0);
   std::vector<std::unique_ptr<coordinator::ChildProcess>> agents;
   for (int i = 0; i < 2; ++i) {
     agents.push_back(std::make_unique<coordinator::ChildProcess>(coordinator::ChildProcess::Options{
-        {testing::troupe_binary(), "agent", "--join", addr, "--token-file", run_dir + "/job.token"}, "", "", {}}));
+        {testing::troupe_binary(), "agent", "--join", addr, "--token-file", run_dir + "/job.token"},
+        "",
+        "",
+        {}}));
   }
   auto cst = coord.wait(120s);
   ASSERT_TRUE(cst && WIFEXITED(*cst));
@@ -217,9 +234,12 @@ TEST(Job, StatusAndStopAgainstARunningJob) {
   std::string config = write_config(dir, "long.toml", kMlp);
   std::string run_dir = dir.path() + "/long";
   std::string out = dir.path() + "/long.out";
-  coordinator::ChildProcess run({{testing::troupe_binary(), "run", config, "--set", "job.steps=1000000", "--set",
-                                  "job.run_dir=\"" + run_dir + "\"", "--set", "cluster.agents=2"},
-                                 out, out, {}});
+  coordinator::ChildProcess run(
+      {{testing::troupe_binary(), "run", config, "--set", "job.steps=1000000", "--set",
+        "job.run_dir=\"" + run_dir + "\"", "--set", "cluster.agents=2"},
+       out,
+       out,
+       {}});
   // Wait for a few committed steps.
   auto deadline = std::chrono::steady_clock::now() + 60s;
   while (losses(run_dir).size() < 5) {
@@ -227,7 +247,11 @@ TEST(Job, StatusAndStopAgainstARunningJob) {
     std::this_thread::sleep_for(50ms);
   }
   auto status_out = dir.path() + "/status.out";
-  coordinator::ChildProcess status({{testing::troupe_binary(), "status", "--run-dir", run_dir, "--json"}, status_out, status_out, {}});
+  coordinator::ChildProcess status(
+      {{testing::troupe_binary(), "status", "--run-dir", run_dir, "--json"},
+       status_out,
+       status_out,
+       {}});
   auto st = status.wait(30s);
   ASSERT_TRUE(st && WIFEXITED(*st) && WEXITSTATUS(*st) == 0);
   std::string json = lines_of(status_out).at(0);
@@ -239,8 +263,11 @@ TEST(Job, StatusAndStopAgainstARunningJob) {
   // A wrong token is refused.
   std::ofstream(dir.path() + "/wrong.token") << "equiv not-the-token\n";
   std::string addr = lines_of(run_dir + "/coordinator.addr").at(0);
-  coordinator::ChildProcess bad({{testing::troupe_binary(), "status", "--coordinator", addr, "--token-file", dir.path() + "/wrong.token"},
-                                 dir.path() + "/bad.out", dir.path() + "/bad.out", {}});
+  coordinator::ChildProcess bad({{testing::troupe_binary(), "status", "--coordinator", addr,
+                                  "--token-file", dir.path() + "/wrong.token"},
+                                 dir.path() + "/bad.out",
+                                 dir.path() + "/bad.out",
+                                 {}});
   auto bst = bad.wait(60s);
   ASSERT_TRUE(bst && WIFEXITED(*bst));
   EXPECT_NE(WEXITSTATUS(*bst), 0);
@@ -248,7 +275,8 @@ TEST(Job, StatusAndStopAgainstARunningJob) {
   ASSERT_FALSE(bad_out.empty());
   EXPECT_NE(bad_out.back().find("wrong job id or token"), std::string::npos) << bad_out.back();
 
-  coordinator::ChildProcess stop({{testing::troupe_binary(), "stop", "--run-dir", run_dir}, "", "", {}});
+  coordinator::ChildProcess stop(
+      {{testing::troupe_binary(), "stop", "--run-dir", run_dir}, "", "", {}});
   auto sst = stop.wait(30s);
   ASSERT_TRUE(sst && WIFEXITED(*sst) && WEXITSTATUS(*sst) == 0);
   auto rst = run.wait(60s);

@@ -1,9 +1,10 @@
 // Supervision: a child that keeps crashing is restarted N times, then the failure escalates to
 // the supervisor's parent; a child that exits normally is not restarted.
+#include "actors/supervisor.h"
+
 #include <gtest/gtest.h>
 
 #include "actors/messages.h"
-#include "actors/supervisor.h"
 
 namespace troupe::actors {
 namespace {
@@ -37,7 +38,8 @@ struct SupervisorTest : ::testing::Test {
   caf::actor child_of(const caf::actor& sup) {
     caf::actor out;
     self->request(sup, 5s, child_atom::value, std::string("fragile"))
-        .receive([&](caf::actor& a) { out = a; }, [&](caf::error& e) { ADD_FAILURE() << system.render(e); });
+        .receive([&](caf::actor& a) { out = a; },
+                 [&](caf::error& e) { ADD_FAILURE() << system.render(e); });
     return out;
   }
   caf::actor_system system;
@@ -45,7 +47,8 @@ struct SupervisorTest : ::testing::Test {
 };
 
 TEST_F(SupervisorTest, RestartsUpToTheIntensityThenEscalates) {
-  std::vector<ChildSpec> children{{"fragile", [](caf::actor_system& s) { return s.spawn(fragile); }}};
+  std::vector<ChildSpec> children{
+      {"fragile", [](caf::actor_system& s) { return s.spawn(fragile); }}};
   auto sup = spawn_supervisor(system, children, SupervisorOptions{3, 10000ms}, self);
   self->monitor(sup);
   for (int i = 1; i <= 3; ++i) {
@@ -63,8 +66,8 @@ TEST_F(SupervisorTest, RestartsUpToTheIntensityThenEscalates) {
     ASSERT_TRUE(restarted) << "restart " << i;
     // The restarted child serves.
     std::string answer;
-    self->request(child_of(sup), 5s, ping_atom::value).receive([&](std::string& s) { answer = s; },
-                                                                [](caf::error&) {});
+    self->request(child_of(sup), 5s, ping_atom::value)
+        .receive([&](std::string& s) { answer = s; }, [](caf::error&) {});
     EXPECT_EQ(answer, "pong");
   }
   self->send(child_of(sup), crash_atom::value);
@@ -81,7 +84,8 @@ TEST_F(SupervisorTest, RestartsUpToTheIntensityThenEscalates) {
 }
 
 TEST_F(SupervisorTest, ANormalExitIsNotRestarted) {
-  std::vector<ChildSpec> children{{"fragile", [](caf::actor_system& s) { return s.spawn(fragile); }}};
+  std::vector<ChildSpec> children{
+      {"fragile", [](caf::actor_system& s) { return s.spawn(fragile); }}};
   auto sup = spawn_supervisor(system, children, SupervisorOptions{3, 10000ms}, self);
   auto child = child_of(sup);
   self->monitor(child);

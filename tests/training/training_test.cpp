@@ -81,7 +81,8 @@ ModelSpec small_gpt(size_t vocab) {
   return s;
 }
 
-std::vector<double> run_losses(int steps, uint64_t first_step = 0, Model* model = nullptr, Optimizer* opt = nullptr) {
+std::vector<double> run_losses(int steps, uint64_t first_step = 0, Model* model = nullptr,
+                               Optimizer* opt = nullptr) {
   CharText text(kDefaultTextPath, 32);
   std::unique_ptr<Model> own_m;
   std::unique_ptr<Optimizer> own_o;
@@ -101,7 +102,8 @@ std::vector<double> run_losses(int steps, uint64_t first_step = 0, Model* model 
 TEST(Training, SameSeedGivesBitwiseIdenticalLosses) {
   auto a = run_losses(20), b = run_losses(20);
   ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(std::memcmp(&a[i], &b[i], sizeof(double)), 0) << "step " << i;
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_EQ(std::memcmp(&a[i], &b[i], sizeof(double)), 0) << "step " << i;
 }
 
 TEST(Training, SaveRestoreContinueIsBitwiseTheSameAsNotStopping) {
@@ -113,7 +115,8 @@ TEST(Training, SaveRestoreContinueIsBitwiseTheSameAsNotStopping) {
   Optimizer o1(OptimizerSpec{}, counts_of(m1));
   auto first = run_losses(10, 0, &m1, &o1);
   std::vector<std::vector<uint8_t>> saved;
-  for (size_t i = 0; i < m1.num_blocks(); ++i) saved.push_back(save_block_state(m1.block(i), i, o1, BlockState{10, 80}));
+  for (size_t i = 0; i < m1.num_blocks(); ++i)
+    saved.push_back(save_block_state(m1.block(i), i, o1, BlockState{10, 80}));
 
   Model m2(small_gpt(text.vocab()));
   m2.init(12345);  // different: everything must come from the saved state
@@ -143,7 +146,8 @@ TEST(Training, MicroBatchesAccumulateToTheSameGradientAsOneBatch) {
   for (size_t i = 0; i < a.num_blocks(); ++i) {
     const float* ga = a.block(i).grads().data();
     const float* gb = b.block(i).grads().data();
-    for (size_t j = 0; j < a.block(i).param_count(); ++j) ASSERT_NEAR(ga[j], gb[j], 1e-5f + 1e-4f * std::abs(ga[j]));
+    for (size_t j = 0; j < a.block(i).param_count(); ++j)
+      ASSERT_NEAR(ga[j], gb[j], 1e-5f + 1e-4f * std::abs(ga[j]));
   }
 }
 

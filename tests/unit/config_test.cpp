@@ -1,8 +1,8 @@
 // Config files: every kind of mistake is refused with a message naming the file, line and what
 // to do; --set overrides any key; the effective config round-trips.
-#include <gtest/gtest.h>
-
 #include "coordinator/config.h"
+
+#include <gtest/gtest.h>
 
 namespace troupe::coordinator {
 namespace {
@@ -18,14 +18,34 @@ TEST(Config, BadFilesAreRefusedWithFileLineAndReason) {
   const Bad cases[] = {
       {"syntax", "[job]\nsteps = = 3\n", {}, "job.toml:2:"},
       {"syntax names it", "[job\n", {}, "syntax error"},
-      {"unknown key with the nearest", "[job]\nstesp = 10\n", {}, "job.toml:2:1: unknown key job.stesp; did you mean job.steps?"},
-      {"unknown table", "[optimiser]\nlr = 0.1\n", {}, "unknown table [optimiser]; did you mean [optimizer]?"},
-      {"wrong type", "[batch]\nglobal = \"lots\"\n", {}, "job.toml:2:10: batch.global must be an integer"},
-      {"out of range", "[optimizer]\nlr = -1.0\n", {}, "job.toml:2:6: optimizer.lr = -1 is out of range"},
-      {"bad choice", "[model]\nkind = \"rnn\"\n", {}, "model.kind = \"rnn\" is not one of: mlp, gpt"},
-      {"missing data file", "[model]\nkind = \"gpt\"\n[data]\nkind = \"text\"\npath = \"/nonexistent/corpus.txt\"\n", {},
+      {"unknown key with the nearest",
+       "[job]\nstesp = 10\n",
+       {},
+       "job.toml:2:1: unknown key job.stesp; did you mean job.steps?"},
+      {"unknown table",
+       "[optimiser]\nlr = 0.1\n",
+       {},
+       "unknown table [optimiser]; did you mean [optimizer]?"},
+      {"wrong type",
+       "[batch]\nglobal = \"lots\"\n",
+       {},
+       "job.toml:2:10: batch.global must be an integer"},
+      {"out of range",
+       "[optimizer]\nlr = -1.0\n",
+       {},
+       "job.toml:2:6: optimizer.lr = -1 is out of range"},
+      {"bad choice",
+       "[model]\nkind = \"rnn\"\n",
+       {},
+       "model.kind = \"rnn\" is not one of: mlp, gpt"},
+      {"missing data file",
+       "[model]\nkind = \"gpt\"\n[data]\nkind = \"text\"\npath = \"/nonexistent/corpus.txt\"\n",
+       {},
        "the data file '/nonexistent/corpus.txt' does not exist"},
-      {"micro above global", "[batch]\nglobal = 8\nmicro = 16\n", {}, "batch.micro (16) exceeds batch.global (8)"},
+      {"micro above global",
+       "[batch]\nglobal = 8\nmicro = 16\n",
+       {},
+       "batch.micro (16) exceeds batch.global (8)"},
       {"bad override", "", {"batch.global=zero"}, "batch.global must be an integer"},
       {"override without a table", "", {"steps=3"}, "expected table.key=value"},
   };
@@ -34,7 +54,8 @@ TEST(Config, BadFilesAreRefusedWithFileLineAndReason) {
       parse_config(c.text, "job.toml", c.overrides);
       ADD_FAILURE() << c.what << ": accepted";
     } catch (const ConfigError& e) {
-      EXPECT_NE(std::string(e.what()).find(c.expect), std::string::npos) << c.what << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find(c.expect), std::string::npos)
+          << c.what << ": " << e.what();
     }
   }
 }

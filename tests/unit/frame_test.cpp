@@ -1,9 +1,9 @@
 // Every way a control-plane frame can be bad is rejected, named and counted; a good one passes.
+#include "comm/frame.h"
+
 #include <gtest/gtest.h>
 
 #include <random>
-
-#include "comm/frame.h"
 
 namespace troupe::comm {
 namespace {
@@ -110,9 +110,11 @@ TEST_F(FrameTest, StaleGenerationIsRejected) {
   h.generation = 4;
   EXPECT_EQ(rejected(make_frame(h)), Reject::stale);
   h.generation = 0;  // not generation-scoped (a join): accepted
-  EXPECT_TRUE(std::holds_alternative<std::shared_ptr<const DecodedFrame>>(v.decode(make_frame(h), 99)));
+  EXPECT_TRUE(
+      std::holds_alternative<std::shared_ptr<const DecodedFrame>>(v.decode(make_frame(h), 99)));
   h.generation = 6;  // newer: accepted (the receiver learns of it through the membership actor)
-  EXPECT_TRUE(std::holds_alternative<std::shared_ptr<const DecodedFrame>>(v.decode(make_frame(h), 99)));
+  EXPECT_TRUE(
+      std::holds_alternative<std::shared_ptr<const DecodedFrame>>(v.decode(make_frame(h), 99)));
 }
 
 TEST_F(FrameTest, SpoofedSourceIsRejected) {

@@ -91,7 +91,8 @@ TEST(Init, IsAPureFunctionOfSeedAndBlockIndex) {
   // Block 1 alone (as a pipeline stage would build it) gets the same parameters.
   auto blk = make_transformer_block(16, 32, 4, 2);
   blk->init(5, 1);
-  EXPECT_EQ(0, std::memcmp(blk->params().data(), a.block(1).params().data(), blk->param_count() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(blk->params().data(), a.block(1).params().data(),
+                           blk->param_count() * sizeof(float)));
 }
 
 TEST(State, MismatchedOrTruncatedStateIsRefusedAndChangesNothing) {
@@ -101,9 +102,11 @@ TEST(State, MismatchedOrTruncatedStateIsRefusedAndChangesNothing) {
   for (size_t i = 0; i < m.num_blocks(); ++i) counts.push_back(m.block(i).param_count());
   Optimizer opt(OptimizerSpec{}, counts);
   auto bytes = save_block_state(m.block(1), 1, opt, BlockState{7, 700});
-  std::vector<float> before(m.block(0).params().data(), m.block(0).params().data() + m.block(0).param_count());
+  std::vector<float> before(m.block(0).params().data(),
+                            m.block(0).params().data() + m.block(0).param_count());
   EXPECT_THROW(load_block_state(bytes, m.block(0), 0, opt), std::invalid_argument);  // wrong kind
-  EXPECT_THROW(load_block_state(bytes, m.block(m.num_blocks() - 1), 1, opt), std::invalid_argument);  // head
+  EXPECT_THROW(load_block_state(bytes, m.block(m.num_blocks() - 1), 1, opt),
+               std::invalid_argument);                                               // head
   EXPECT_THROW(load_block_state(bytes, m.block(1), 2, opt), std::invalid_argument);  // wrong index
   auto cut = bytes;
   cut.resize(cut.size() - 5);
@@ -112,7 +115,8 @@ TEST(State, MismatchedOrTruncatedStateIsRefusedAndChangesNothing) {
   auto bad = bytes;
   bad[8] = 99;  // version
   EXPECT_THROW(load_block_state(bad, m.block(1), 1, opt), std::invalid_argument);
-  EXPECT_EQ(0, std::memcmp(before.data(), m.block(0).params().data(), before.size() * sizeof(float)));
+  EXPECT_EQ(0,
+            std::memcmp(before.data(), m.block(0).params().data(), before.size() * sizeof(float)));
   auto s = load_block_state(bytes, m.block(1), 1, opt);
   EXPECT_EQ(s.step, 7u);
   EXPECT_EQ(s.cursor, 700u);
