@@ -1,5 +1,7 @@
 #include "comm/nccl_communicator.h"
 
+#include "comm/hex.h"
+
 #ifdef TROUPE_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -50,29 +52,11 @@ ncclDataType_t nccl_type(DataType t) {
   TROUPE_FAIL(Errc::invalid_input, "unknown element type");
 }
 
-std::string to_hex(const void* p, size_t n) {
-  static const char* d = "0123456789abcdef";
-  std::string s;
-  for (size_t i = 0; i < n; ++i) {
-    uint8_t b = static_cast<const uint8_t*>(p)[i];
-    s.push_back(d[b >> 4]);
-    s.push_back(d[b & 15]);
-  }
-  return s;
-}
-
-ncclUniqueId from_hex(const std::string& s) {
+ncclUniqueId id_from_hex(const std::string& s) {
   ncclUniqueId id;
-  if (s.size() != 2 * sizeof(id.internal))
-    TROUPE_FAIL(Errc::invalid_input, "an NCCL unique id has 256 hex digits");
-  for (size_t i = 0; i < sizeof(id.internal); ++i) {
-    auto nib = [&](char c) -> int {
-      if (c >= '0' && c <= '9') return c - '0';
-      if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-      TROUPE_FAIL(Errc::invalid_input, "the NCCL unique id is not hex");
-    };
-    id.internal[i] = char(nib(s[2 * i]) << 4 | nib(s[2 * i + 1]));
-  }
+  auto bytes = from_hex(s);
+  if (bytes.size() != sizeof(id.internal)) TROUPE_FAIL(Errc::invalid_input, "an NCCL unique id has 256 hex digits");
+  std::memcpy(id.internal, bytes.data(), bytes.size());
   return id;
 }
 
@@ -225,7 +209,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(uint64_t generation, int ra
     TROUPE_FAIL(Errc::invalid_input,
                 "rank " + std::to_string(rank) + " of " + std::to_string(size));
   }
-  return std::make_unique<NcclCommunicator>(generation, rank, size, from_hex(unique_id_hex),
+  return std::make_unique<NcclCommunicator>(generation, rank, size, id_from_hex(unique_id_hex),
                                             options);
 }
 

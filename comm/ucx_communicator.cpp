@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "comm/buffer.h"
+#include "comm/hex.h"
 #include "comm/reduce.h"
 #include "comm/ucx.h"
 
@@ -29,32 +30,6 @@ constexpr uint64_t kAnySourceMask = ~(uint64_t(0xFFF) << 20);
 uint64_t make_tag(uint64_t gen, uint64_t kind, uint64_t seq, uint64_t src, uint64_t slot) {
   return (gen & 0xFFF) << 52 | (kind & 0x3) << 50 | (seq & 0x3FFFF) << 32 | (src & 0xFFF) << 20 |
          (slot & 0xFFFFF);
-}
-
-std::string to_hex(const void* data, size_t n) {
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  out.reserve(2 * n);
-  auto* p = static_cast<const uint8_t*>(data);
-  for (size_t i = 0; i < n; ++i) {
-    out.push_back(digits[p[i] >> 4]);
-    out.push_back(digits[p[i] & 15]);
-  }
-  return out;
-}
-
-std::vector<uint8_t> from_hex(const std::string& s) {
-  if (s.size() % 2) TROUPE_FAIL(Errc::invalid_input, "address has an odd number of hex digits");
-  std::vector<uint8_t> out(s.size() / 2);
-  for (size_t i = 0; i < out.size(); ++i) {
-    auto nib = [&](char c) -> int {
-      if (c >= '0' && c <= '9') return c - '0';
-      if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-      TROUPE_FAIL(Errc::invalid_input, "address is not hex");
-    };
-    out[i] = uint8_t(nib(s[2 * i]) << 4 | nib(s[2 * i + 1]));
-  }
-  return out;
 }
 
 std::string host_name() {
