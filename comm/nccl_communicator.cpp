@@ -55,7 +55,8 @@ ncclDataType_t nccl_type(DataType t) {
 ncclUniqueId id_from_hex(const std::string& s) {
   ncclUniqueId id;
   auto bytes = from_hex(s);
-  if (bytes.size() != sizeof(id.internal)) TROUPE_FAIL(Errc::invalid_input, "an NCCL unique id has 256 hex digits");
+  if (bytes.size() != sizeof(id.internal))
+    TROUPE_FAIL(Errc::invalid_input, "an NCCL unique id has 256 hex digits");
   std::memcpy(id.internal, bytes.data(), bytes.size());
   return id;
 }

@@ -3,13 +3,9 @@
 #include <chrono>
 #include <stdexcept>
 
-namespace troupe::workers {
+#include "elastic/membership.h"
 
-std::pair<uint64_t, uint64_t> share_of(uint64_t B, int rank, int size) {
-  uint64_t n = uint64_t(size), r = uint64_t(rank), base = B / n, rem = B % n;
-  uint64_t begin = r * base + std::min(r, rem);
-  return {begin, begin + base + (r < rem ? 1 : 0)};
-}
+namespace troupe::workers {
 
 Worker::Worker(const WorkerSpec& spec) : spec_(spec) {
   models::set_compute_threads(spec.threads);
@@ -38,7 +34,8 @@ TrainResult Worker::run(comm::Communicator& comm, uint64_t start,
                         const std::function<bool()>& stop_requested) {
   TrainResult result{start, false};
   const uint64_t B = uint64_t(spec_.global_batch);
-  const auto [begin, end] = share_of(B, comm.rank(), comm.size());
+  const elastic::Share share = elastic::data_share(B, uint32_t(comm.rank()), uint32_t(comm.size()));
+  const uint64_t begin = share.begin, end = share.end;
   for (uint64_t step = start; step < spec_.steps; ++step) {
     auto t0 = std::chrono::steady_clock::now();
     // Forward + backward over this rank's positions (weights 1/B: shares add up).

@@ -28,9 +28,6 @@ struct WorkerSpec {
   int64_t failure_timeout_ms = 3000;
 };
 
-// The half-open range of a step's global positions that rank r of n uses (uneven splits allowed).
-std::pair<uint64_t, uint64_t> share_of(uint64_t global_batch, int rank, int size);
-
 struct StepInfo {
   uint64_t step = 0;
   double loss = 0;  // global mean loss of the step
