@@ -1,6 +1,7 @@
 // The job end to end, as a user runs it: `troupe run CONFIG` with local agents (real processes),
 // the run directory's logs, equivalence across world sizes, config errors, status and stop.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <cmath>
 #include <fstream>
@@ -227,6 +228,51 @@ TEST(Job, CoordinatorAndAgentsStartedByHand) {
     EXPECT_EQ(WEXITSTATUS(*st), 0);
   }
   EXPECT_EQ(losses(run_dir).size(), 30u);
+}
+
+TEST(Job, ALostAgentFailsTheJobFastWithTheReasonAndLeavesNothingRunning) {
+  // Until elasticity lands, losing a member ends the job: quickly, with a clear reason, never a
+  // hang.
+  testing::TempDir dir;
+  std::string config = write_config(dir, "kill.toml", kMlp);
+  std::string run_dir = dir.path() + "/kill";
+  std::string out = dir.path() + "/kill.out";
+  coordinator::ChildProcess run(
+      {{testing::troupe_binary(), "run", config, "--set", "job.steps=1000000", "--set",
+        "job.run_dir=\"" + run_dir + "\"", "--set", "cluster.agents=3"},
+       out,
+       out,
+       {}});
+  auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (losses(run_dir).size() < 5) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the job made no progress";
+    std::this_thread::sleep_for(50ms);
+  }
+  auto status_out = dir.path() + "/status.out";
+  coordinator::ChildProcess status(
+      {{testing::troupe_binary(), "status", "--run-dir", run_dir, "--json"},
+       status_out,
+       status_out,
+       {}});
+  ASSERT_TRUE(status.wait(30s));
+  std::string json = lines_of(status_out).at(0);
+  std::vector<int> pids;
+  for (size_t at = 0; (at = json.find("\"pid\":", at)) != std::string::npos; at += 6)
+    pids.push_back(std::atoi(json.c_str() + at + 6));
+  ASSERT_EQ(pids.size(), 3u) << json;
+  auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(::kill(pids[1], SIGKILL), 0);
+  auto st = run.wait(30s);
+  ASSERT_TRUE(st) << "troupe run hung after losing an agent";
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("troupe run exited %.2f s after SIGKILL of an agent\n", secs);
+  EXPECT_EQ(WEXITSTATUS(*st), 1);
+  auto output = lines_of(out);
+  ASSERT_FALSE(output.empty());
+  EXPECT_NE(output.back().find("was lost"), std::string::npos) << output.back();
+  auto events = lines_of(run_dir + "/events.jsonl");
+  EXPECT_EQ(field(events.back(), "event"), "job_failed");
+  for (int pid : pids) EXPECT_NE(::kill(pid, 0), 0) << "agent " << pid << " is still running";
 }
 
 TEST(Job, StatusAndStopAgainstARunningJob) {
