@@ -3,7 +3,7 @@
 # and PyTorch DDP over gloo, on the MLP 784-1024-1024-10 with a global batch of 512, at 1 and 2
 # workers x 1 thread, RUNS rounds alternating; medians of samples/s (wall clock between the
 # first and last timed committed steps). Needs python3-torch (scripts/install-deps.sh --peers).
-# Usage: bench/compare_dp.sh [RUNS] [STEPS]
+# Usage: bench/compare_dp.sh [RUNS] [STEPS]      (OVERLAP=true: parallel.overlap_reduce)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${1:-3}
@@ -16,7 +16,7 @@ for ((r = 0; r < RUNS; r++)); do
     dir=$tmp/run-$r-$w
     "$TROUPE" run configs/mlp_synthetic.toml --set "job.run_dir=\"$dir\"" --set job.steps=$STEPS \
       --set model.hidden=[1024,1024] --set batch.global=512 --set batch.micro=512 --set cluster.agents=$w \
-      --set optimizer.lr=0.01 >/dev/null
+      --set optimizer.lr=0.01 --set parallel.overlap_reduce=${OVERLAP:-false} >/dev/null
     /usr/bin/python3 - "$dir/events.jsonl" "$w" >>"$out" <<'PY'
 import json, sys
 ev = [json.loads(l) for l in open(sys.argv[1])]

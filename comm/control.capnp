@@ -73,6 +73,7 @@ struct JobSpec {
   decaySteps @24 :Int64;    # optimizer.decay_steps
   threadsPerWorker @25 :Int64;  # parallel.threads_per_worker
   failureTimeoutMs @26 :Int64;  # elastic.failure_timeout_ms (data-plane deadline)
+  overlapReduce @27 :Bool;      # parallel.overlap_reduce
 }
 
 struct WorkerReady {

@@ -61,6 +61,7 @@ std::vector<Field> fields_of(JobConfig& c) {
       S("parallel", "backend", &c.backend, {"auto", "ucx", "nccl"}),
       I("parallel", "pipeline_stages", &c.pipeline_stages, 1, 1),
       I("parallel", "threads_per_worker", &c.threads_per_worker, 1, 256),
+      B("parallel", "overlap_reduce", &c.overlap_reduce),
       S("cluster", "launcher", &c.launcher, {"local", "external"}),
       I("cluster", "agents", &c.agents, 1, 4096),
       I("cluster", "devices_per_agent", &c.devices_per_agent, 1, 64),

@@ -47,6 +47,7 @@ struct JobConfig {
   std::string backend = "auto";
   int64_t pipeline_stages = 1;
   int64_t threads_per_worker = 1;
+  bool overlap_reduce = false;
   // [cluster]
   std::string launcher = "local";
   int64_t agents = 2, devices_per_agent = 1;

@@ -160,6 +160,7 @@ class Coordinator : public caf::event_based_actor {
       s.setDecaySteps(cfg_.decay_steps);
       s.setThreadsPerWorker(cfg_.threads_per_worker);
       s.setFailureTimeoutMs(cfg_.failure_timeout_ms);
+      s.setOverlapReduce(cfg_.overlap_reduce);
     });
   }
 

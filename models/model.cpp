@@ -62,7 +62,8 @@ void Model::zero_grads() {
   for (auto& b : blocks_) b->grads().zero();
 }
 
-ForwardResult Model::forward_backward(const Batch& batch, double loss_scale) {
+ForwardResult Model::forward_backward(const Batch& batch, double loss_scale,
+                                      const std::function<void(size_t)>& block_done) {
   Tensor x = batch.inputs;
   for (auto& b : blocks_) x = b->forward(x, batch.size);
   size_t rows = batch.targets.size();
@@ -75,7 +76,10 @@ ForwardResult Model::forward_backward(const Batch& batch, double loss_scale) {
   r.loss = kernels::softmax_cross_entropy(dlogits_.data(), x.data(), batch.targets.data(), rows,
                                           classes, loss_scale, &r.correct);
   Tensor d = dlogits_;
-  for (size_t i = blocks_.size(); i-- > 0;) d = blocks_[i]->backward(d);
+  for (size_t i = blocks_.size(); i-- > 0;) {
+    d = blocks_[i]->backward(d);
+    if (block_done) block_done(i);
+  }
   return r;
 }
 

@@ -6,6 +6,7 @@
 // the global mean, and shares of different ranks simply add up.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,7 +53,10 @@ class Model {
   void init(uint64_t seed);  // block i from (seed, i): the same whatever the layout
   void zero_grads();
   // Forward and backward of one micro-batch through all blocks; gradients accumulate.
-  ForwardResult forward_backward(const Batch& batch, double loss_scale);
+  // block_done(i), if given, runs right after block i's backward (in reverse order): its gradient
+  // is final for this micro-batch, and the caller may start reducing it while the rest goes on.
+  ForwardResult forward_backward(const Batch& batch, double loss_scale,
+                                 const std::function<void(size_t)>& block_done = nullptr);
   ForwardResult evaluate(const Batch& batch);
 
  private:

@@ -17,7 +17,8 @@ Trainer::Trainer(Model& model, Optimizer& opt, const Dataset& data, uint64_t see
   if (micro_batch == 0) throw std::invalid_argument("batch.micro is zero");
 }
 
-StepStats Trainer::forward_backward(uint64_t step, uint64_t begin, uint64_t end) {
+StepStats Trainer::forward_backward(uint64_t step, uint64_t begin, uint64_t end,
+                                    const std::function<void(size_t)>& block_done) {
   StepStats s;
   model_.zero_grads();
   const uint64_t base = step * global_batch_;
@@ -25,7 +26,9 @@ StepStats Trainer::forward_backward(uint64_t step, uint64_t begin, uint64_t end)
   for (uint64_t at = begin; at < end; at += micro_batch_) {
     uint64_t stop = std::min<uint64_t>(end, at + micro_batch_);
     Batch b = make_batch(data_, sampler_, base + at, base + stop);
-    auto r = model_.forward_backward(b, 1.0 / double(global_batch_ * data_.targets_per_sample()));
+    const bool last = stop == end;
+    auto r = model_.forward_backward(b, 1.0 / double(global_batch_ * data_.targets_per_sample()),
+                                     last ? block_done : nullptr);
     s.loss += r.loss;
     rows += r.rows;
     correct += r.correct;

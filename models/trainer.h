@@ -25,7 +25,10 @@ class Trainer {
 
   // Forward and backward for global positions [begin, end) of the step (a rank's share), with
   // loss weights 1/global_batch. Gradients accumulate into the blocks.
-  StepStats forward_backward(uint64_t step, uint64_t begin, uint64_t end);
+  // block_done: as Model::forward_backward, on the last micro-batch only (when gradients are
+  // final).
+  StepStats forward_backward(uint64_t step, uint64_t begin, uint64_t end,
+                             const std::function<void(size_t)>& block_done = nullptr);
   // Clip (with the total squared norm over all blocks of all workers) and update every block.
   void apply(uint64_t step, double total_grad_norm_sq, StepStats& stats);
   // A whole step on one worker.

@@ -76,6 +76,7 @@ WorkerSpec spec_from(proto::JobSpec::Reader s) {
   w.optimizer.decay_steps = size_t(s.getDecaySteps());
   w.threads = int(s.getThreadsPerWorker());
   w.failure_timeout_ms = s.getFailureTimeoutMs();
+  w.overlap_reduce = s.getOverlapReduce();
   return w;
 }
 

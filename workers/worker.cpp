@@ -1,11 +1,71 @@
 #include "workers/worker.h"
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
 #include <stdexcept>
+#include <thread>
 
 #include "elastic/membership.h"
 
 namespace troupe::workers {
+namespace {
+
+// Runs reductions on its own thread, in the order pushed. The communicator is used by one
+// thread at a time: the reducer during the backward pass, the worker after finish().
+class Reducer {
+ public:
+  explicit Reducer(std::function<void(size_t)> reduce) : reduce_(std::move(reduce)) {
+    thread_ = std::thread([this] { loop(); });
+  }
+  ~Reducer() {
+    if (thread_.joinable()) {
+      push(kStop);
+      thread_.join();
+    }
+  }
+  void push(size_t block) {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(block);
+    cv_.notify_one();
+  }
+  // Waits for every pushed reduction; rethrows the first failure.
+  void finish() {
+    push(kStop);
+    thread_.join();
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  static constexpr size_t kStop = SIZE_MAX;
+  void loop() {
+    while (true) {
+      size_t b;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return !queue_.empty(); });
+        b = queue_.front();
+        queue_.pop_front();
+      }
+      if (b == kStop) return;
+      if (error_) continue;  // after a failure, drain without reducing
+      try {
+        reduce_(b);
+      } catch (...) {
+        error_ = std::current_exception();
+      }
+    }
+  }
+  std::function<void(size_t)> reduce_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<size_t> queue_;
+  std::exception_ptr error_;
+  std::thread thread_;
+};
+
+}  // namespace
 
 Worker::Worker(const WorkerSpec& spec) : spec_(spec) {
   models::set_compute_threads(spec.threads);
@@ -36,14 +96,24 @@ TrainResult Worker::run(comm::Communicator& comm, uint64_t start,
   const uint64_t B = uint64_t(spec_.global_batch);
   const elastic::Share share = elastic::data_share(B, uint32_t(comm.rank()), uint32_t(comm.size()));
   const uint64_t begin = share.begin, end = share.end;
+  auto reduce_block = [&](size_t b) {
+    auto& g = model_->block(b).grads();
+    comm.allreduce(g.data(), g.data(), g.numel(), comm::DataType::f32, comm::ReduceOp::sum);
+  };
   for (uint64_t step = start; step < spec_.steps; ++step) {
     auto t0 = std::chrono::steady_clock::now();
-    // Forward + backward over this rank's positions (weights 1/B: shares add up).
-    models::StepStats stats = trainer_->forward_backward(step, begin, end);
-    // Reduce: one allreduce per block's flat gradient buffer.
-    for (size_t b = 0; b < model_->num_blocks(); ++b) {
-      auto& g = model_->block(b).grads();
-      comm.allreduce(g.data(), g.data(), g.numel(), comm::DataType::f32, comm::ReduceOp::sum);
+    models::StepStats stats;
+    if (spec_.overlap_reduce) {
+      // Forward + backward; each block's gradient is reduced on the reducer thread as soon as
+      // its backward is done (blocks in reverse order, the same order on every rank).
+      Reducer reducer(reduce_block);
+      stats = trainer_->forward_backward(step, begin, end, [&](size_t b) { reducer.push(b); });
+      reducer.finish();
+    } else {
+      // Forward + backward over this rank's positions (weights 1/B: shares add up), then one
+      // allreduce per block's flat gradient buffer.
+      stats = trainer_->forward_backward(step, begin, end);
+      for (size_t b = model_->num_blocks(); b-- > 0;) reduce_block(b);
     }
     double control[2] = {stats.loss, stop_requested() ? 1.0 : 0.0};
     comm.allreduce(control, control, 2, comm::DataType::f64, comm::ReduceOp::sum);

@@ -26,6 +26,9 @@ struct WorkerSpec {
   models::OptimizerSpec optimizer;
   int threads = 1;
   int64_t failure_timeout_ms = 3000;
+  // Reduce each block's gradient on a second thread as soon as its backward is done, overlapping
+  // the reduction with the rest of the backward pass. Off by default: see docs/performance.md.
+  bool overlap_reduce = false;
 };
 
 struct StepInfo {

@@ -142,6 +142,14 @@ TEST(Job, SameLossesAtWorldSizesOneToFour) {
     std::printf("world %d: step 29 loss %.6f vs %.6f at world 1\n", world, l.back(),
                 reference.back());
   }
+  // The same with the gradient reduction overlapped with the backward pass.
+  RunResult r = troupe_run(dir, config, {"cluster.agents=3", "parallel.overlap_reduce=true"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto l = losses(r.run_dir);
+  ASSERT_EQ(l.size(), reference.size());
+  for (size_t i = 0; i < l.size(); ++i)
+    EXPECT_NEAR(l[i], reference[i], 1e-4 * std::abs(reference[i])) << "overlap, step " << i;
+  check_ledger(r.run_dir, 30, 50);
 }
 
 TEST(Job, QuickstartRunsAndItsLossFalls) {
