@@ -80,6 +80,8 @@ struct WorkerReady {
   agentId @0 :UInt32;       # the agent
   device @1 :UInt32;        # index among the agent's devices
   address @2 :Text;         # the worker's data-plane address for the coming generation
+  generation @3 :UInt64;    # the generation this address is for
+  appliedStep @4 :UInt64;   # steps this worker has applied (the next step it would run)
 }
 
 struct Member {
@@ -93,6 +95,7 @@ struct GenerationStart {
   generation @0 :UInt64;    # the new generation
   startStep @1 :UInt64;     # the first step to run
   members @2 :List(Member); # by rank
+  stateSource @3 :UInt32;   # the rank whose parameters and optimizer state everyone takes
 }
 
 struct StepReport {

@@ -13,6 +13,7 @@
 #include "actors/bridge.h"
 #include "actors/services.h"
 #include "coordinator/events.h"
+#include "elastic/membership.h"
 
 namespace troupe::coordinator {
 namespace {
@@ -54,8 +55,8 @@ class Coordinator : public caf::event_based_actor {
         [this](actors::NodeUp&) {},
         [this](timeout_atom) {
           if (generation_ == 0 && !finished_) {
-            fail("only " + std::to_string(ready_.size()) + " of " + std::to_string(cfg_.workers()) +
-                 " workers became ready within 120 s");
+            fail("only " + std::to_string(pending_.size()) + " of " +
+                 std::to_string(cfg_.workers()) + " workers became ready within 120 s");
           }
         },
     };
@@ -68,13 +69,16 @@ class Coordinator : public caf::event_based_actor {
     std::string name, host;
     uint32_t pid;
     std::vector<std::string> devices;
+    bool alive = true;
   };
   struct Ready {
     uint32_t agent, device;
     std::string address;
+    uint64_t applied = 0;  // steps this worker had applied when it published
   };
   struct StepAcc {
     uint32_t reports = 0;
+    std::vector<uint32_t> reported;  // ranks
     double loss = 0, seconds = 0;
     uint64_t samples = 0, tokens = 0;
   };
@@ -118,7 +122,7 @@ class Coordinator : public caf::event_based_actor {
       return actors::make_error_reply(
           "refused", "the job already has its " + std::to_string(cfg_.agents) + " agents");
     }
-    Agent a{uint32_t(agents_.size()), node, j.getAgentName(), j.getHost(), j.getPid(), {}};
+    Agent a{uint32_t(agents_.size()), node, j.getAgentName(), j.getHost(), j.getPid(), {}, true};
     for (auto d : j.getDevices()) a.devices.push_back(d);
     agents_.push_back(a);
     send(bridge_, actors::monitor_atom::value, node);
@@ -164,37 +168,83 @@ class Coordinator : public caf::event_based_actor {
     });
   }
 
+  // A worker's address for generation g+1 (g: the current one, 0 before the first).
   void on_ready(proto::WorkerReady::Reader r) {
-    if (generation_ != 0) return;
-    ready_.push_back({r.getAgentId(), r.getDevice(), r.getAddress()});
-    if (int64_t(ready_.size()) < cfg_.workers()) return;
-    std::sort(ready_.begin(), ready_.end(), [](const Ready& a, const Ready& b) {
+    if (finished_ || r.getGeneration() != generation_ + 1) return;  // stale
+    pending_[{r.getAgentId(), r.getDevice()}] =
+        Ready{r.getAgentId(), r.getDevice(), r.getAddress(), r.getAppliedStep()};
+    check_start();
+  }
+
+  size_t alive_workers() const {
+    size_t n = 0;
+    for (auto& a : agents_)
+      if (a.alive) n += a.devices.size();
+    return n;
+  }
+
+  // Starts generation g+1 once every worker of every live agent has published its address.
+  void check_start() {
+    if (finished_) return;
+    if (generation_ == 0 && int64_t(pending_.size()) < cfg_.workers()) return;
+    if (generation_ > 0 && pending_.size() < alive_workers()) return;
+    std::vector<Ready> next;
+    for (auto& [key, r] : pending_)
+      if (agents_.at(r.agent).alive) next.push_back(r);
+    if (generation_ > 0 && next.size() < size_t(std::max<int64_t>(1, cfg_.min_workers))) {
+      fail("only " + std::to_string(next.size()) +
+           " worker(s) left, fewer than elastic.min_workers = " + std::to_string(cfg_.min_workers));
+      return;
+    }
+    std::sort(next.begin(), next.end(), [](const Ready& a, const Ready& b) {
       return std::tie(a.agent, a.device) < std::tie(b.agent, b.device);
     });
-    generation_ = 1;
-    t_start_ = Clock::now();
+    // The state source: the newest applied step (lowest rank on ties). The step that was in
+    // flight is redone unless the source applied it, in which case it was fully reduced with
+    // the old members and is committed now.
+    uint64_t start = 0;
+    uint32_t source = 0;
+    for (uint32_t i = 0; i < next.size(); ++i) {
+      if (next[i].applied > start) {
+        start = next[i].applied;
+        source = i;
+      }
+    }
+    for (uint64_t step = committed_; step < start; ++step) commit(step, /*recovered=*/true);
+    for (auto it = steps_.begin(); it != steps_.end();)
+      it = it->first < start ? steps_.erase(it) : ++it;
+    members_ = next;
+    pending_.clear();
+    ++generation_;
+    if (generation_ == 1) t_start_ = Clock::now();
     auto msg = ControlMessage::build([&](proto::Envelope::Builder e) {
       auto g = e.initBody().initGenerationStart();
       g.setGeneration(generation_);
-      g.setStartStep(0);
-      auto ms = g.initMembers(unsigned(ready_.size()));
-      for (unsigned i = 0; i < ready_.size(); ++i) {
+      g.setStartStep(start);
+      g.setStateSource(source);
+      auto ms = g.initMembers(unsigned(members_.size()));
+      for (unsigned i = 0; i < members_.size(); ++i) {
         ms[i].setRank(i);
-        ms[i].setAgentId(ready_[i].agent);
-        ms[i].setDevice(ready_[i].device);
-        ms[i].setAddress(ready_[i].address);
+        ms[i].setAgentId(members_[i].agent);
+        ms[i].setDevice(members_[i].device);
+        ms[i].setAddress(members_[i].address);
       }
     });
     for (auto& a : agents_)
-      send(bridge_, actors::send_atom::value, actors::RemoteAddress{a.node, actors::kAgentActorId},
-           msg);
+      if (a.alive)
+        send(bridge_, actors::send_atom::value,
+             actors::RemoteAddress{a.node, actors::kAgentActorId}, msg);
     log_.event("generation_started", Json()
                                          .integer("generation", long(generation_))
-                                         .integer("world_size", long(ready_.size()))
-                                         .integer("step", 0));
+                                         .integer("world_size", long(members_.size()))
+                                         .integer("step", long(start))
+                                         .integer("state_source", source));
+    spdlog::info("generation {} started: {} worker(s) from step {}", generation_, members_.size(),
+                 start);
   }
 
   void on_step(proto::StepReport::Reader r) {
+    if (r.getGeneration() != generation_) return;  // a late report of an older generation
     if (cfg_.ledger) {
       log_.ledger(Json()
                       .integer("step", long(r.getStep()))
@@ -205,12 +255,34 @@ class Coordinator : public caf::event_based_actor {
     }
     auto& acc = steps_[r.getStep()];
     acc.reports++;
+    acc.reported.push_back(r.getRank());
     acc.loss = r.getLoss();
     acc.samples += r.getSamples();
     acc.tokens += r.getTokens();
     acc.seconds = std::max(acc.seconds, r.getSeconds());
-    if (acc.reports < ready_.size()) return;
-    uint64_t step = r.getStep();
+    if (acc.reports < members_.size()) return;
+    commit(r.getStep(), false);
+  }
+
+  // Commits a step. recovered: applied by the state source of a generation change but not
+  // reported by every member of the old one (the lost one among them): its ledger lines are
+  // written from the old members' shares, which took part in the reduction.
+  void commit(uint64_t step, bool recovered) {
+    StepAcc acc = steps_[step];
+    if (recovered && cfg_.ledger) {
+      const uint64_t B = uint64_t(cfg_.global_batch);
+      for (uint32_t rank = 0; rank < members_.size(); ++rank) {
+        if (std::find(acc.reported.begin(), acc.reported.end(), rank) != acc.reported.end())
+          continue;
+        auto sh = elastic::data_share(B, rank, uint32_t(members_.size()));
+        log_.ledger(Json()
+                        .integer("step", long(step))
+                        .integer("generation", long(generation_))
+                        .integer("member", rank)
+                        .raw("positions", "[[" + std::to_string(step * B + sh.begin) + "," +
+                                              std::to_string(step * B + sh.end) + "]]"));
+      }
+    }
     committed_ = step + 1;
     last_loss_ = acc.loss;
     double sps = acc.samples / std::max(acc.seconds, 1e-9),
@@ -218,25 +290,25 @@ class Coordinator : public caf::event_based_actor {
     log_.event("step_committed", Json()
                                      .integer("step", long(step))
                                      .num("loss", acc.loss)
-                                     .integer("samples", long(acc.samples))
+                                     .integer("samples", long(cfg_.global_batch))
                                      .integer("generation", long(generation_))
-                                     .integer("world_size", long(ready_.size())));
+                                     .integer("world_size", long(members_.size())));
     log_.metric(Json()
                     .integer("step", long(step))
                     .num("loss", acc.loss)
                     .num("step_seconds", acc.seconds)
                     .num("samples_per_s", sps)
                     .num("tokens_per_s", tps)
-                    .integer("world_size", long(ready_.size())));
+                    .integer("world_size", long(members_.size())));
     steps_.erase(step);
     if (observer_)
       send(observer_, JobProgress{committed_, uint64_t(cfg_.steps), acc.loss, sps, tps, generation_,
-                                  ready_.size()});
+                                  members_.size()});
   }
 
   void on_done(proto::WorkerDone::Reader d) {
     checksums_[d.getRank()] = d.getChecksum();
-    if (checksums_.size() < ready_.size()) return;
+    if (checksums_.size() < members_.size()) return;
     bool identical = true;
     std::string list = "[";
     for (auto& [rank, sum] : checksums_) {
@@ -258,13 +330,25 @@ class Coordinator : public caf::event_based_actor {
   void on_node_down(const actors::NodeDown& d) {
     if (finished_) return;
     for (auto& a : agents_) {
-      if (a.node != d.node) continue;
+      if (a.node != d.node || !a.alive) continue;
+      a.alive = false;
       log_.event("member_failed", Json()
                                       .integer("member", a.id)
                                       .str("name", a.name)
                                       .str("reason", d.code + ": " + d.reason));
-      fail("agent " + std::to_string(a.id) + " (" + a.name + ") was lost: " + d.code + ": " +
-           d.reason);
+      std::string why = "agent " + std::to_string(a.id) + " (" + a.name + ") was lost: " + d.code +
+                        ": " + d.reason;
+      if (generation_ == 0) {
+        fail(why + " before training started");
+        return;
+      }
+      if (alive_workers() < size_t(std::max<int64_t>(1, cfg_.min_workers))) {
+        fail(why + "; fewer than elastic.min_workers = " + std::to_string(cfg_.min_workers) +
+             " remain");
+        return;
+      }
+      spdlog::warn("{}; the survivors open generation {}", why, generation_ + 1);
+      check_start();  // the survivors' addresses may all be in already
       return;
     }
   }
@@ -281,14 +365,15 @@ class Coordinator : public caf::event_based_actor {
       s.setStep(committed_);
       s.setSteps(uint64_t(cfg_.steps));
       s.setLastLoss(last_loss_);
-      auto ms = s.initMembers(unsigned(ready_.size()));
-      for (unsigned i = 0; i < ready_.size(); ++i) {
-        const Agent& a = agents_.at(ready_[i].agent);
+      auto ms = s.initMembers(unsigned(members_.size()));
+      for (unsigned i = 0; i < members_.size(); ++i) {
+        const Agent& a = agents_.at(members_[i].agent);
         ms[i].setRank(i);
         ms[i].setAgentId(a.id);
         ms[i].setPid(a.pid);
         ms[i].setHost(a.host);
-        ms[i].setDevice(ready_[i].device < a.devices.size() ? a.devices[ready_[i].device] : "?");
+        ms[i].setDevice(members_[i].device < a.devices.size() ? a.devices[members_[i].device]
+                                                              : "?");
       }
     });
   }
@@ -331,7 +416,8 @@ class Coordinator : public caf::event_based_actor {
   caf::actor observer_;
   RunLog log_;
   std::vector<Agent> agents_;
-  std::vector<Ready> ready_;
+  std::vector<Ready> members_;                              // the current generation, by rank
+  std::map<std::pair<uint32_t, uint32_t>, Ready> pending_;  // addresses for the next generation
   std::map<uint64_t, StepAcc> steps_;
   std::map<uint32_t, uint64_t> checksums_;
   uint64_t generation_ = 0, committed_ = 0;

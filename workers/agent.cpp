@@ -29,6 +29,7 @@ struct AgentState {
   std::mutex mu;
   std::condition_variable cv;
   uint64_t generation = 0, start_step = 0;
+  uint32_t state_source = 0;
   std::vector<Member> members;
   std::atomic<bool> stop{false};
   bool shutdown = false;
@@ -121,6 +122,7 @@ int run_agent(const AgentOptions& o) {
         std::lock_guard<std::mutex> lock(state->mu);
         state->generation = g.getGeneration();
         state->start_step = g.getStartStep();
+        state->state_source = g.getStateSource();
         state->members.clear();
         for (auto mem : g.getMembers())
           state->members.push_back(
@@ -179,7 +181,10 @@ int run_agent(const AgentOptions& o) {
   spdlog::info("agent {} joined job '{}' as agent {} with {} device(s)", name, spec.job_name,
                agent_id, o.devices.size());
 
-  // One worker per device, each on its own thread.
+  // One worker per device, each on its own thread. A worker follows the generations: for each
+  // it publishes a fresh data-plane address with the steps it has applied, waits for the
+  // coordinator's member list, takes the state source's state when the membership changed, and
+  // trains until the job ends or a member is lost (then on to the next generation).
   std::vector<std::thread> threads;
   for (uint32_t dev = 0; dev < o.devices.size(); ++dev) {
     threads.emplace_back([&, dev] {
@@ -191,57 +196,74 @@ int run_agent(const AgentOptions& o) {
         Worker worker(spec);
         comm::UcxCommOptions co;
         co.timeout = std::chrono::milliseconds(spec.failure_timeout_ms);
-        comm::UcxCommunicator comm(1, co);
-        send(ControlMessage::build([&](proto::Envelope::Builder e) {
-          auto w = e.initBody().initWorkerReady();
-          w.setAgentId(agent_id);
-          w.setDevice(dev);
-          w.setAddress(comm.address());
-        }));
-        std::vector<Member> members;
-        uint64_t gen = 0, start = 0;
-        {
-          std::unique_lock<std::mutex> lock(state->mu);
-          state->cv.wait_for(lock, std::chrono::seconds(120),
-                             [&] { return state->generation > 0 || state->shutdown; });
-          if (state->shutdown || state->generation == 0) return;
-          members = state->members;
-          gen = state->generation;
-          start = state->start_step;
+        for (uint64_t want = 1;; ++want) {
+          auto comm = std::make_unique<comm::UcxCommunicator>(want, co);
+          send(ControlMessage::build([&](proto::Envelope::Builder e) {
+            auto w = e.initBody().initWorkerReady();
+            w.setAgentId(agent_id);
+            w.setDevice(dev);
+            w.setAddress(comm->address());
+            w.setGeneration(want);
+            w.setAppliedStep(worker.next_step());
+          }));
+          std::vector<Member> members;
+          uint64_t gen = 0, start = 0;
+          uint32_t source = 0;
+          {
+            std::unique_lock<std::mutex> lock(state->mu);
+            state->cv.wait_for(lock, std::chrono::seconds(120),
+                               [&] { return state->generation >= want || state->shutdown; });
+            if (state->shutdown || state->generation < want) return;
+            members = state->members;
+            gen = state->generation;
+            start = state->start_step;
+            source = state->state_source;
+          }
+          std::vector<std::string> addresses(members.size());
+          rank = -1;
+          for (auto& m : members) {
+            addresses[m.rank] = m.address;
+            if (m.agent_id == agent_id && m.device == dev) rank = int(m.rank);
+          }
+          if (rank < 0) return;       // not a member of this generation (a standby): done
+          if (gen != want) continue;  // a newer generation already: publish again for it
+          try {
+            comm->connect(
+                rank, addresses,
+                std::chrono::milliseconds(std::max<int64_t>(10000, spec.failure_timeout_ms)));
+            if (gen > 1) worker.take_state_from(*comm, int(source), start);
+            auto result = worker.run(
+                *comm, start,
+                [&](const StepInfo& s) {
+                  send(ControlMessage::build([&](proto::Envelope::Builder e) {
+                    auto r = e.initBody().initStepReport();
+                    r.setGeneration(gen);
+                    r.setStep(s.step);
+                    r.setRank(uint32_t(rank));
+                    r.setLoss(s.loss);
+                    r.setSamples(s.samples);
+                    r.setTokens(s.tokens);
+                    r.setPositionBegin(s.position_begin);
+                    r.setPositionEnd(s.position_end);
+                    r.setSeconds(s.seconds);
+                  }));
+                },
+                [&] { return state->stop.load(); });
+            send(ControlMessage::build([&](proto::Envelope::Builder e) {
+              auto d = e.initBody().initWorkerDone();
+              d.setRank(uint32_t(rank));
+              d.setGeneration(gen);
+              d.setSteps(result.next_step);
+              d.setChecksum(worker.checksum());
+            }));
+            return;
+          } catch (const comm::Error& e) {
+            if (state->shutdown) return;
+            spdlog::warn("worker {} (rank {}, generation {}): {}; waiting for the next generation",
+                         dev, rank, gen, e.what());
+            // The broken communicator goes; the loop publishes for the next generation.
+          }
         }
-        std::vector<std::string> addresses(members.size());
-        for (auto& m : members) {
-          addresses[m.rank] = m.address;
-          if (m.agent_id == agent_id && m.device == dev) rank = int(m.rank);
-        }
-        if (rank < 0)
-          throw std::runtime_error("this worker is not in generation " + std::to_string(gen));
-        comm.connect(rank, addresses,
-                     std::chrono::milliseconds(std::max<int64_t>(10000, spec.failure_timeout_ms)));
-        auto result = worker.run(
-            comm, start,
-            [&](const StepInfo& s) {
-              send(ControlMessage::build([&](proto::Envelope::Builder e) {
-                auto r = e.initBody().initStepReport();
-                r.setGeneration(gen);
-                r.setStep(s.step);
-                r.setRank(uint32_t(rank));
-                r.setLoss(s.loss);
-                r.setSamples(s.samples);
-                r.setTokens(s.tokens);
-                r.setPositionBegin(s.position_begin);
-                r.setPositionEnd(s.position_end);
-                r.setSeconds(s.seconds);
-              }));
-            },
-            [&] { return state->stop.load(); });
-        send(ControlMessage::build([&](proto::Envelope::Builder e) {
-          auto d = e.initBody().initWorkerDone();
-          d.setRank(uint32_t(rank));
-          d.setGeneration(gen);
-          d.setSteps(result.next_step);
-          d.setChecksum(worker.checksum());
-        }));
       } catch (const std::exception& ex) {
         spdlog::error("worker {} (rank {}) failed: {}", dev, rank, ex.what());
         send(ControlMessage::build([&](proto::Envelope::Builder e) {

@@ -130,6 +130,7 @@ TrainResult Worker::run(comm::Communicator& comm, uint64_t start,
     info.samples = end - begin;
     info.tokens = info.samples * (spec_.data_kind == "text" ? uint64_t(spec_.model.context) : 1);
     info.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    next_step_ = step + 1;
     on_step(info);
     result.next_step = step + 1;
     if (control[1] > 0) {
@@ -139,6 +140,20 @@ TrainResult Worker::run(comm::Communicator& comm, uint64_t start,
   }
   comm.barrier();  // nobody leaves while another still waits on it
   return result;
+}
+
+void Worker::take_state_from(comm::Communicator& comm, int source, uint64_t start_step) {
+  for (size_t b = 0; b < model_->num_blocks(); ++b) {
+    auto& p = model_->block(b).params();
+    comm.broadcast(p.data(), p.numel(), comm::DataType::f32, source);
+    auto& m = opt_->m(b);
+    comm.broadcast(m.data(), m.numel(), comm::DataType::f32, source);
+    if (opt_->has_v()) {
+      auto& v = opt_->v(b);
+      comm.broadcast(v.data(), v.numel(), comm::DataType::f32, source);
+    }
+  }
+  next_step_ = start_step;
 }
 
 uint64_t Worker::checksum() const {

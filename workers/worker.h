@@ -55,7 +55,12 @@ class Worker {
                   const std::function<void(const StepInfo&)>& on_step,
                   const std::function<bool()>& stop_requested);
 
-  uint64_t checksum() const;  // FNV-1a over all parameters
+  uint64_t checksum() const;                         // FNV-1a over all parameters
+  uint64_t next_step() const { return next_step_; }  // steps applied so far
+
+  // After a membership change: every member takes the parameters, optimizer moments and step of
+  // rank `source` (a broadcast per buffer over the new generation's communicator).
+  void take_state_from(comm::Communicator& comm, int source, uint64_t start_step);
 
  private:
   WorkerSpec spec_;
@@ -63,6 +68,7 @@ class Worker {
   std::unique_ptr<models::Model> model_;
   std::unique_ptr<models::Optimizer> opt_;
   std::unique_ptr<models::Trainer> trainer_;
+  uint64_t next_step_ = 0;
 };
 
 }  // namespace troupe::workers
