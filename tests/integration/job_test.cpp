@@ -245,12 +245,12 @@ TEST(Job, ALostAgentFailsTheJobFastWithTheReasonAndLeavesNothingRunning) {
   std::string config = write_config(dir, "kill.toml", kMlp);
   std::string run_dir = dir.path() + "/kill";
   std::string out = dir.path() + "/kill.out";
-  coordinator::ChildProcess run(
-      {{testing::troupe_binary(), "run", config, "--set", "job.steps=1000000", "--set",
-        "job.run_dir=\"" + run_dir + "\"", "--set", "cluster.agents=3"},
-       out,
-       out,
-       {}});
+  coordinator::ChildProcess run({{testing::troupe_binary(), "run", config, "--set",
+                                  "job.steps=1000000", "--set", "job.run_dir=\"" + run_dir + "\"",
+                                  "--set", "cluster.agents=3", "--set", "elastic.min_workers=3"},
+                                 out,
+                                 out,
+                                 {}});
   auto deadline = std::chrono::steady_clock::now() + 60s;
   while (losses(run_dir).size() < 5) {
     ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the job made no progress";
