@@ -66,18 +66,26 @@ struct Job {
   std::unique_ptr<coordinator::ChildProcess> proc;
 };
 
-Job start(const testing::TempDir& dir, const std::string& name, int agents) {
+Job start(const testing::TempDir& dir, const std::string& name, int agents,
+          std::vector<std::string> sets = {}) {
   Job j;
   std::string config = dir.path() + "/" + name + ".toml";
   std::ofstream(config) << kConfig;
   j.run_dir = dir.path() + "/" + name;
   j.out = j.run_dir + ".out";
-  j.proc = std::make_unique<coordinator::ChildProcess>(coordinator::ChildProcess::Options{
-      {testing::troupe_binary(), "run", config, "--set", "job.run_dir=\"" + j.run_dir + "\"",
-       "--set", "cluster.agents=" + std::to_string(agents)},
-      j.out,
-      j.out,
-      {}});
+  std::vector<std::string> argv{testing::troupe_binary(),
+                                "run",
+                                config,
+                                "--set",
+                                "job.run_dir=\"" + j.run_dir + "\"",
+                                "--set",
+                                "cluster.agents=" + std::to_string(agents)};
+  for (auto& s : sets) {
+    argv.push_back("--set");
+    argv.push_back(s);
+  }
+  j.proc = std::make_unique<coordinator::ChildProcess>(
+      coordinator::ChildProcess::Options{argv, j.out, j.out, {}});
   return j;
 }
 
@@ -113,14 +121,14 @@ void check_ledger(const std::string& run_dir, int steps, long B) {
   }
 }
 
-void scenario(int agents, std::vector<int> victims) {
+void scenario(int agents, std::vector<int> victims, int sig = SIGKILL) {
   testing::TempDir dir;
   Job reference = start(dir, "static", 1);
   ASSERT_TRUE(reference.proc->wait(120s));
   auto want = losses(reference.run_dir);
   ASSERT_EQ(want.size(), 2500u);
 
-  Job job = start(dir, "elastic", agents);
+  Job job = start(dir, "elastic", agents, {"elastic.failure_timeout_ms=1500"});
   auto deadline = std::chrono::steady_clock::now() + 60s;
   while (losses(job.run_dir).size() < 200) {
     ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no progress";
@@ -128,7 +136,21 @@ void scenario(int agents, std::vector<int> victims) {
   }
   auto pids = agent_pids(dir, job.run_dir);
   ASSERT_EQ(int(pids.size()), agents);
-  for (int v : victims) ASSERT_EQ(::kill(pids[v], SIGKILL), 0);
+  for (int v : victims) ASSERT_EQ(::kill(pids[v], sig), 0);
+  if (sig == SIGSTOP) {
+    // Wait until the survivors moved on without it, then wake it: it must be refused (fenced)
+    // and must not disturb the new generation.
+    auto until = std::chrono::steady_clock::now() + 30s;
+    while (true) {
+      bool moved = false;
+      for (auto& e : lines_of(job.run_dir + "/events.jsonl"))
+        moved |= field(e, "event") == "generation_started" && field(e, "generation") == "2";
+      if (moved) break;
+      ASSERT_LT(std::chrono::steady_clock::now(), until) << "the stopped agent was not detected";
+      std::this_thread::sleep_for(20ms);
+    }
+    for (int v : victims) ::kill(pids[v], SIGCONT);
+  }
   auto st = job.proc->wait(120s);
   ASSERT_TRUE(st) << "the job did not finish";
   EXPECT_EQ(WEXITSTATUS(*st), 0) << lines_of(job.out).back();
@@ -155,6 +177,7 @@ void scenario(int agents, std::vector<int> victims) {
 
 TEST(Elastic, KillOneOfThreeAgents) { scenario(3, {1}); }
 TEST(Elastic, KillTwoOfFourAgentsAtOnce) { scenario(4, {0, 2}); }
+TEST(Elastic, StoppedAgentIsDetectedByHeartbeatsAndFencedWhenItWakes) { scenario(3, {2}, SIGSTOP); }
 
 }  // namespace
 }  // namespace troupe
