@@ -25,6 +25,9 @@ using Clock = std::chrono::steady_clock;
 // an older generation's member cannot even reach this one. Messages with equal tags from one
 // sender match in order (UCX tag matching is ordered per endpoint), so sequences may wrap.
 constexpr uint64_t kCollective = 0, kPointToPoint = 1, kNotice = 2;
+// How long a failing member waits for its closes and cancelled requests to finish before it
+// releases them to UCX (which frees them when they complete): short, it is on the recovery path.
+constexpr int kDrainMs = 20;
 constexpr uint64_t kAnySourceMask = ~(uint64_t(0xFFF) << 20);
 
 uint64_t make_tag(uint64_t gen, uint64_t kind, uint64_t seq, uint64_t src, uint64_t slot) {
@@ -102,7 +105,7 @@ struct UcxCommunicator::Impl {
   ~Impl() {
     if (notice_req) {
       ucp_request_cancel(worker.get(), notice_req);
-      auto deadline = Clock::now() + std::chrono::milliseconds(200);
+      auto deadline = Clock::now() + std::chrono::milliseconds(kDrainMs);
       while (ucp_request_check_status(notice_req) == UCS_INPROGRESS && Clock::now() < deadline)
         ucp_worker_progress(worker.get());
       ucp_request_free(notice_req);
@@ -137,14 +140,14 @@ struct UcxCommunicator::Impl {
                                             make_tag(gen, kNotice, 0, my_rank, 0), &p);
       if (q && !UCS_PTR_IS_ERR(q)) sent.push_back(q);
     }
-    auto deadline = Clock::now() + std::chrono::milliseconds(100);
+    auto deadline = Clock::now() + std::chrono::milliseconds(kDrainMs);
     for (void* q : sent) {
       while (ucp_request_check_status(q) == UCS_INPROGRESS && Clock::now() < deadline)
         ucp_worker_progress(worker.get());
       if (ucp_request_check_status(q) == UCS_INPROGRESS) ucp_request_cancel(worker.get(), q);
     }
     for (void* q : sent) {
-      auto until = Clock::now() + std::chrono::milliseconds(50);
+      auto until = Clock::now() + std::chrono::milliseconds(kDrainMs);
       while (ucp_request_check_status(q) == UCS_INPROGRESS && Clock::now() < until)
         ucp_worker_progress(worker.get());
       ucp_request_free(q);
@@ -174,7 +177,7 @@ struct UcxCommunicator::Impl {
     }
     // Bounded: an endpoint to a dead or stopped peer may never finish closing; a request still
     // in flight is released by UCX when it completes.
-    auto deadline = Clock::now() + std::chrono::milliseconds(200);
+    auto deadline = Clock::now() + std::chrono::milliseconds(kDrainMs);
     for (void* r : closing) {
       while (ucp_request_check_status(r) == UCS_INPROGRESS && Clock::now() < deadline)
         ucp_worker_progress(worker.get());
@@ -299,7 +302,7 @@ struct UcxCommunicator::Impl {
       if (r.handle && r.is_recv) ucp_request_cancel(worker.get(), r.handle);
     if (tell_others) send_notices(code);
     close_endpoints();
-    auto deadline = Clock::now() + std::chrono::milliseconds(200);
+    auto deadline = Clock::now() + std::chrono::milliseconds(kDrainMs);
     for (auto& r : outstanding) {
       if (!r.handle) continue;
       while (ucp_request_check_status(r.handle) == UCS_INPROGRESS && Clock::now() < deadline)
@@ -445,7 +448,7 @@ struct UcxCommunicator::Impl {
   // Rethrows the current failure after draining the given requests (fail() already broke the
   // communicator and closed the endpoints, so they complete).
   [[noreturn]] void fail_pending(std::vector<Req>& reqs) {
-    auto deadline = Clock::now() + std::chrono::milliseconds(200);
+    auto deadline = Clock::now() + std::chrono::milliseconds(kDrainMs);
     for (auto& r : reqs) {
       if (!r.handle) continue;
       while (ucp_request_check_status(r.handle) == UCS_INPROGRESS && Clock::now() < deadline)
