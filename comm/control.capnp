@@ -35,6 +35,7 @@ struct Envelope {
     ack @24 :Void;                         # a request was accepted
     stopAtNextStep @25 :Void;              # coordinator -> agents: stop after the current step
     workerFailed @26 :WorkerFailed;        # worker -> coordinator (one way): it cannot go on
+    leaveGeneration @27 :UInt64;           # coordinator -> agents: end this generation at the next step boundary (a member joins)
   }
 }
 
@@ -74,6 +75,7 @@ struct JobSpec {
   threadsPerWorker @25 :Int64;  # parallel.threads_per_worker
   failureTimeoutMs @26 :Int64;  # elastic.failure_timeout_ms (data-plane deadline)
   overlapReduce @27 :Bool;      # parallel.overlap_reduce
+  firstGeneration @28 :UInt64;  # the generation this agent's workers first publish for
 }
 
 struct WorkerReady {

@@ -113,6 +113,7 @@ std::variant<std::shared_ptr<const DecodedFrame>, Rejection> FrameValidator::dec
     case proto::Envelope::Body::ACK:
     case proto::Envelope::Body::STOP_AT_NEXT_STEP:
     case proto::Envelope::Body::WORKER_FAILED:
+    case proto::Envelope::Body::LEAVE_GENERATION:
       break;
     default:
       return reject(Reject::unknown_kind,

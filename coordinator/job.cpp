@@ -114,13 +114,15 @@ class Coordinator : public caf::event_based_actor {
   }
 
   ControlMessage on_join(uint64_t node, proto::Join::Reader j) {
-    if (generation_ != 0 || finished_) {
-      return actors::make_error_reply(
-          "refused", "the job is already running; joining a running job needs elasticity");
-    }
-    if (int64_t(agents_.size()) >= cfg_.agents) {
+    if (finished_) return actors::make_error_reply("refused", "the job is finished");
+    if (generation_ == 0 && int64_t(agents_.size()) >= cfg_.agents) {
       return actors::make_error_reply(
           "refused", "the job already has its " + std::to_string(cfg_.agents) + " agents");
+    }
+    const size_t max = cfg_.max_workers > 0 ? size_t(cfg_.max_workers) : SIZE_MAX;
+    if (generation_ > 0 && alive_workers() + j.getDevices().size() > max) {
+      return actors::make_error_reply(
+          "refused", "the job is at elastic.max_workers = " + std::to_string(cfg_.max_workers));
     }
     Agent a{uint32_t(agents_.size()), node, j.getAgentName(), j.getHost(), j.getPid(), {}, true};
     for (auto d : j.getDevices()) a.devices.push_back(d);
@@ -134,6 +136,16 @@ class Coordinator : public caf::event_based_actor {
                                     .integer("devices", long(a.devices.size())));
     spdlog::info("agent {} joined: {} (pid {}, {} device(s))", a.id, a.name, a.pid,
                  a.devices.size());
+    if (generation_ > 0) {
+      // A member joins a running job: the current members end their generation at the next
+      // step boundary and publish for the next one, which takes the joiner in.
+      auto leave = ControlMessage::build(
+          [&](proto::Envelope::Builder e) { e.initBody().setLeaveGeneration(generation_); });
+      for (auto& other : agents_)
+        if (other.alive && other.id != a.id)
+          send(bridge_, actors::send_atom::value,
+               actors::RemoteAddress{other.node, actors::kAgentActorId}, leave);
+    }
     return ControlMessage::build([&](proto::Envelope::Builder e) {
       auto s = e.initBody().initJobSpec();
       s.setAgentId(a.id);
@@ -165,6 +177,7 @@ class Coordinator : public caf::event_based_actor {
       s.setThreadsPerWorker(cfg_.threads_per_worker);
       s.setFailureTimeoutMs(cfg_.failure_timeout_ms);
       s.setOverlapReduce(cfg_.overlap_reduce);
+      s.setFirstGeneration(generation_ + 1);
     });
   }
 

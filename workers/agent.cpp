@@ -30,6 +30,7 @@ struct AgentState {
   std::condition_variable cv;
   uint64_t generation = 0, start_step = 0;
   uint32_t state_source = 0;
+  std::atomic<uint64_t> leave_generation{0};  // end this generation at the next step boundary
   std::vector<Member> members;
   std::atomic<bool> stop{false};
   bool shutdown = false;
@@ -130,6 +131,8 @@ int run_agent(const AgentOptions& o) {
         state->cv.notify_all();
       } else if (body.isStopAtNextStep()) {
         state->stop.store(true);
+      } else if (body.isLeaveGeneration()) {
+        state->leave_generation.store(body.getLeaveGeneration());
       } else if (body.isShutdown()) {
         state->finish(body.getShutdown().getExitCode(), body.getShutdown().getReason());
       }
@@ -178,6 +181,8 @@ int run_agent(const AgentOptions& o) {
   }
   WorkerSpec spec = spec_from(spec_msg.envelope().getBody().getJobSpec());
   const uint32_t agent_id = spec_msg.envelope().getBody().getJobSpec().getAgentId();
+  const uint64_t first_generation =
+      std::max<uint64_t>(1, spec_msg.envelope().getBody().getJobSpec().getFirstGeneration());
   spdlog::info("agent {} joined job '{}' as agent {} with {} device(s)", name, spec.job_name,
                agent_id, o.devices.size());
 
@@ -196,7 +201,7 @@ int run_agent(const AgentOptions& o) {
         Worker worker(spec);
         comm::UcxCommOptions co;
         co.timeout = std::chrono::milliseconds(spec.failure_timeout_ms);
-        for (uint64_t want = 1;; ++want) {
+        for (uint64_t want = first_generation;; ++want) {
           auto comm = std::make_unique<comm::UcxCommunicator>(want, co);
           send(ControlMessage::build([&](proto::Envelope::Builder e) {
             auto w = e.initBody().initWorkerReady();
@@ -248,7 +253,10 @@ int run_agent(const AgentOptions& o) {
                     r.setSeconds(s.seconds);
                   }));
                 },
-                [&] { return state->stop.load(); });
+                [&] { return state->stop.load() || state->leave_generation.load() == gen; });
+            if (result.stopped && !state->stop.load() && state->leave_generation.load() == gen) {
+              continue;  // the membership changes: on to the next generation
+            }
             send(ControlMessage::build([&](proto::Envelope::Builder e) {
               auto d = e.initBody().initWorkerDone();
               d.setRank(uint32_t(rank));

@@ -175,6 +175,47 @@ void scenario(int agents, std::vector<int> victims, int sig = SIGKILL) {
       std::printf("%s\n", e.c_str());
 }
 
+TEST(Elastic, AnAgentJoinsARunningJobAndTakesPartFromTheNextGeneration) {
+  testing::TempDir dir;
+  Job reference = start(dir, "static", 1);
+  ASSERT_TRUE(reference.proc->wait(120s));
+  auto want = losses(reference.run_dir);
+  Job job = start(dir, "grow", 2);
+  auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (losses(job.run_dir).size() < 200) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no progress";
+    std::this_thread::sleep_for(20ms);
+  }
+  std::string addr = lines_of(job.run_dir + "/coordinator.addr").at(0);
+  coordinator::ChildProcess joiner({{testing::troupe_binary(), "agent", "--join", addr,
+                                     "--token-file", job.run_dir + "/job.token"},
+                                    dir.path() + "/joiner.out",
+                                    dir.path() + "/joiner.out",
+                                    {}});
+  auto st = job.proc->wait(120s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 0);
+  auto jst = joiner.wait(30s);
+  ASSERT_TRUE(jst);
+  EXPECT_EQ(WEXITSTATUS(*jst), 0);
+  auto events = lines_of(job.run_dir + "/events.jsonl");
+  bool grew = false;
+  for (auto& e : events) {
+    if (field(e, "event") == "generation_started" && field(e, "world_size") == "3") {
+      grew = true;
+      std::printf("%s\n", e.c_str());
+    }
+  }
+  EXPECT_TRUE(grew) << "the joiner never took part";
+  EXPECT_EQ(field(events.back(), "identical_parameters"), "true") << events.back();
+  EXPECT_NE(events.back().find("\",\""), std::string::npos);
+  auto got = losses(job.run_dir);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], 1e-4 * std::abs(want[i])) << "step " << i;
+  check_ledger(job.run_dir, 2500, 60);
+}
+
 TEST(Elastic, KillOneOfThreeAgents) { scenario(3, {1}); }
 TEST(Elastic, KillTwoOfFourAgentsAtOnce) { scenario(4, {0, 2}); }
 TEST(Elastic, StoppedAgentIsDetectedByHeartbeatsAndFencedWhenItWakes) { scenario(3, {2}, SIGSTOP); }
