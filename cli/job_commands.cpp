@@ -296,6 +296,23 @@ int run_status(const std::vector<std::string>& words) {
       });
 }
 
+int run_drain(const std::vector<std::string>& words) {
+  Args args(words, {"run-dir", "coordinator", "token-file", "agent"}, {});
+  if (!args.has("agent")) throw std::invalid_argument("needs --agent ID (see troupe status)");
+  uint32_t id = uint32_t(args.get_int("agent", 0));
+  return admin_request(
+      args, [&](proto::Envelope::Builder e) { e.initBody().setDrainRequest(id); },
+      [&](actors::ControlMessage& r) {
+        auto body = r.envelope().getBody();
+        if (body.isError()) {
+          std::fprintf(stderr, "troupe drain: %s\n", body.getError().getMessage().cStr());
+          return 1;
+        }
+        std::printf("troupe: agent %u leaves at the next step boundary\n", id);
+        return 0;
+      });
+}
+
 int run_stop(const std::vector<std::string>& words) {
   Args args(words, {"run-dir", "coordinator", "token-file"}, {});
   return admin_request(

@@ -23,6 +23,7 @@ usage:
   troupe agent --join HOST:PORT --token-file F [--devices cpu:0,cpu:1]
   troupe status (--run-dir DIR | --coordinator HOST:PORT --token-file F) [--json]
   troupe stop   (--run-dir DIR | --coordinator HOST:PORT --token-file F)
+  troupe drain  (--run-dir DIR | ...) --agent ID      the agent leaves at the next step boundary
   troupe version                    versions of Troupe and its libraries, CUDA devices
   troupe demo control               two-process control-plane demo (what `make run` shows)
   troupe node [options]             a control-plane node with echo and sink services
@@ -65,6 +66,7 @@ int main(int argc, char** argv) {
     if (cmd == "agent") return troupe::cli::run_agent_command(rest);
     if (cmd == "status") return troupe::cli::run_status(rest);
     if (cmd == "stop") return troupe::cli::run_stop(rest);
+    if (cmd == "drain") return troupe::cli::run_drain(rest);
     if (cmd == "demo" && !rest.empty() && rest[0] == "control")
       return troupe::cli::run_demo_control({rest.begin() + 1, rest.end()});
     if (cmd == "bench" && !rest.empty() && rest[0] == "control")

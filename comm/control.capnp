@@ -35,7 +35,8 @@ struct Envelope {
     ack @24 :Void;                         # a request was accepted
     stopAtNextStep @25 :Void;              # coordinator -> agents: stop after the current step
     workerFailed @26 :WorkerFailed;        # worker -> coordinator (one way): it cannot go on
-    leaveGeneration @27 :UInt64;           # coordinator -> agents: end this generation at the next step boundary (a member joins)
+    leaveGeneration @27 :UInt64;           # coordinator -> agents: end this generation at the next step boundary (a member joins or leaves)
+    drainRequest @28 :UInt32;              # admin -> coordinator (request): this agent leaves at a step boundary
   }
 }
 

@@ -114,6 +114,7 @@ std::variant<std::shared_ptr<const DecodedFrame>, Rejection> FrameValidator::dec
     case proto::Envelope::Body::STOP_AT_NEXT_STEP:
     case proto::Envelope::Body::WORKER_FAILED:
     case proto::Envelope::Body::LEAVE_GENERATION:
+    case proto::Envelope::Body::DRAIN_REQUEST:
       break;
     default:
       return reject(Reject::unknown_kind,

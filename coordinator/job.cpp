@@ -106,6 +106,8 @@ class Coordinator : public caf::event_based_actor {
         return status();
       case proto::Envelope::Body::STOP_REQUEST:
         return stop();
+      case proto::Envelope::Body::DRAIN_REQUEST:
+        return drain(body.getDrainRequest());
       default:
         return actors::make_error_reply("invalid_input",
                                         "the coordinator does not take this message");
@@ -200,7 +202,9 @@ class Coordinator : public caf::event_based_actor {
   void check_start() {
     if (finished_) return;
     if (generation_ == 0 && int64_t(pending_.size()) < cfg_.workers()) return;
-    if (generation_ > 0 && pending_.size() < alive_workers()) return;
+    size_t alive_pending = 0;
+    for (auto& [key, r] : pending_) alive_pending += agents_.at(r.agent).alive ? 1 : 0;
+    if (generation_ > 0 && alive_pending < alive_workers()) return;
     std::vector<Ready> next;
     for (auto& [key, r] : pending_)
       if (agents_.at(r.agent).alive) next.push_back(r);
@@ -254,6 +258,20 @@ class Coordinator : public caf::event_based_actor {
                                          .integer("state_source", source));
     spdlog::info("generation {} started: {} worker(s) from step {}", generation_, members_.size(),
                  start);
+    // Drained agents leave now that the others have moved on without them.
+    for (uint32_t id : draining_) {
+      auto bye = ControlMessage::build([](proto::Envelope::Builder e) {
+        auto s = e.initBody().initShutdown();
+        s.setReason("drained");
+        s.setExitCode(0);
+      });
+      send(bridge_, actors::send_atom::value,
+           actors::RemoteAddress{agents_.at(id).node, actors::kAgentActorId}, bye);
+      log_.event(
+          "member_left",
+          Json().integer("member", id).str("reason", "drained").integer("step", long(start)));
+    }
+    draining_.clear();
   }
 
   void on_step(proto::StepReport::Reader r) {
@@ -404,6 +422,30 @@ class Coordinator : public caf::event_based_actor {
     return ack();
   }
 
+  // An agent leaves at the next step boundary: everyone ends the generation there, the next one
+  // is built without it, then it is told to shut down. Nothing is redone.
+  ControlMessage drain(uint32_t id) {
+    if (finished_ || generation_ == 0)
+      return actors::make_error_reply("refused", "the job is not running");
+    if (id >= agents_.size() || !agents_[id].alive) {
+      return actors::make_error_reply("invalid_input", "no live agent " + std::to_string(id));
+    }
+    if (alive_workers() - agents_[id].devices.size() <
+        size_t(std::max<int64_t>(1, cfg_.min_workers))) {
+      return actors::make_error_reply("refused", "draining agent " + std::to_string(id) +
+                                                     " would leave fewer than elastic.min_workers");
+    }
+    agents_[id].alive = false;
+    draining_.push_back(id);
+    log_.event("drain_requested", Json().integer("member", id).integer("step", long(committed_)));
+    auto leave = ControlMessage::build(
+        [&](proto::Envelope::Builder e) { e.initBody().setLeaveGeneration(generation_); });
+    for (auto& a : agents_)
+      send(bridge_, actors::send_atom::value, actors::RemoteAddress{a.node, actors::kAgentActorId},
+           leave);
+    return ack();
+  }
+
   void fail(const std::string& reason) {
     if (finished_) return;
     log_.event("job_failed", Json().str("reason", reason).integer("step", long(committed_)));
@@ -436,6 +478,7 @@ class Coordinator : public caf::event_based_actor {
   uint64_t generation_ = 0, committed_ = 0;
   double last_loss_ = 0;
   bool stopping_ = false, finished_ = false;
+  std::vector<uint32_t> draining_;
   Clock::time_point t_start_ = Clock::now();
 };
 

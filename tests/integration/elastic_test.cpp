@@ -216,6 +216,47 @@ TEST(Elastic, AnAgentJoinsARunningJobAndTakesPartFromTheNextGeneration) {
   check_ledger(job.run_dir, 2500, 60);
 }
 
+TEST(Elastic, DrainLetsAnAgentLeaveAtAStepBoundaryWithNothingRedone) {
+  testing::TempDir dir;
+  Job reference = start(dir, "static", 1);
+  ASSERT_TRUE(reference.proc->wait(120s));
+  auto want = losses(reference.run_dir);
+  Job job = start(dir, "drain", 3);
+  auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (losses(job.run_dir).size() < 200) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no progress";
+    std::this_thread::sleep_for(20ms);
+  }
+  std::string out = dir.path() + "/drain.out";
+  coordinator::ChildProcess drain(
+      {{testing::troupe_binary(), "drain", "--run-dir", job.run_dir, "--agent", "1"},
+       out,
+       out,
+       {}});
+  auto dst = drain.wait(30s);
+  ASSERT_TRUE(dst);
+  EXPECT_EQ(WEXITSTATUS(*dst), 0) << lines_of(out).back();
+  auto st = job.proc->wait(120s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 0);
+  auto events = lines_of(job.run_dir + "/events.jsonl");
+  uint64_t drained_at = 0, next_start = 0;
+  for (auto& e : events) {
+    if (field(e, "event") == "member_left") drained_at = std::stoull(field(e, "step"));
+    if (field(e, "event") == "generation_started" && field(e, "generation") == "2")
+      next_start = std::stoull(field(e, "step"));
+  }
+  EXPECT_GT(drained_at, 0u);
+  EXPECT_EQ(next_start, drained_at);
+  // Nothing redone: the ledger has each step's batch exactly once, and one line per member.
+  check_ledger(job.run_dir, 2500, 60);
+  EXPECT_EQ(field(events.back(), "identical_parameters"), "true") << events.back();
+  auto got = losses(job.run_dir);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], 1e-4 * std::abs(want[i])) << "step " << i;
+}
+
 TEST(Elastic, KillOneOfThreeAgents) { scenario(3, {1}); }
 TEST(Elastic, KillTwoOfFourAgentsAtOnce) { scenario(4, {0, 2}); }
 TEST(Elastic, StoppedAgentIsDetectedByHeartbeatsAndFencedWhenItWakes) { scenario(3, {2}, SIGSTOP); }
