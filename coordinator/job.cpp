@@ -234,6 +234,8 @@ class Coordinator : public caf::event_based_actor {
     pending_.clear();
     ++generation_;
     if (generation_ == 1) t_start_ = Clock::now();
+    spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [job " + cfg_.name + "] [coordinator] [gen " +
+                        std::to_string(generation_) + "] [%l] %v");
     auto msg = ControlMessage::build([&](proto::Envelope::Builder e) {
       auto g = e.initBody().initGenerationStart();
       g.setGeneration(generation_);

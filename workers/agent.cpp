@@ -30,7 +30,9 @@ struct AgentState {
   std::condition_variable cv;
   uint64_t generation = 0, start_step = 0;
   uint32_t state_source = 0;
-  std::atomic<uint64_t> leave_generation{0};  // end this generation at the next step boundary
+  std::atomic<uint64_t> leave_generation{0};
+  std::string job_id, name;                    // for log lines
+  std::atomic<uint32_t> agent_id{UINT32_MAX};  // end this generation at the next step boundary
   std::vector<Member> members;
   std::atomic<bool> stop{false};
   bool shutdown = false;
@@ -112,7 +114,9 @@ int run_agent(const AgentOptions& o) {
   auto bridge = actors::spawn_bridge(system, bc);
   caf::scoped_actor self{system};
   auto state = std::make_shared<AgentState>();
+  state->job_id = o.job_id;
   const std::string name = o.name.empty() ? host_name() + ":" + std::to_string(getpid()) : o.name;
+  state->name = name;
 
   // The agent actor: the coordinator's pushes.
   auto agent = system.spawn([state](caf::event_based_actor*) -> caf::behavior {
@@ -124,6 +128,14 @@ int run_agent(const AgentOptions& o) {
         state->generation = g.getGeneration();
         state->start_step = g.getStartStep();
         state->state_source = g.getStateSource();
+        // Every log line names the job, the agent, the generation and this agent's ranks.
+        std::string ranks;
+        for (auto mem : g.getMembers())
+          if (mem.getAgentId() == state->agent_id)
+            ranks += (ranks.empty() ? "" : ",") + std::to_string(mem.getRank());
+        spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [job " + state->job_id + "] [" + state->name +
+                            "] [gen " + std::to_string(g.getGeneration()) + " rank " +
+                            (ranks.empty() ? "-" : ranks) + "] [%l] %v");
         state->members.clear();
         for (auto mem : g.getMembers())
           state->members.push_back(
@@ -181,6 +193,7 @@ int run_agent(const AgentOptions& o) {
   }
   WorkerSpec spec = spec_from(spec_msg.envelope().getBody().getJobSpec());
   const uint32_t agent_id = spec_msg.envelope().getBody().getJobSpec().getAgentId();
+  state->agent_id.store(agent_id);
   const uint64_t first_generation =
       std::max<uint64_t>(1, spec_msg.envelope().getBody().getJobSpec().getFirstGeneration());
   spdlog::info("agent {} joined job '{}' as agent {} with {} device(s)", name, spec.job_name,
