@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 namespace troupe::testing {
@@ -70,6 +72,49 @@ NodeProcess::~NodeProcess() {
                  log_path_.c_str());
     for (size_t i = lines.size() > 20 ? lines.size() - 20 : 0; i < lines.size(); ++i)
       std::fprintf(stderr, "  %s\n", lines[i].c_str());
+  }
+}
+
+std::string json_field(const std::string& line, const std::string& key) {
+  auto at = line.find("\"" + key + "\":");
+  if (at == std::string::npos) return "";
+  at += key.size() + 3;
+  if (line[at] == '"') return line.substr(at + 1, line.find('"', at + 1) - at - 1);
+  return line.substr(at, line.find_first_of(",}", at) - at);
+}
+
+std::vector<std::string> lines_of(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> out;
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+
+std::vector<double> committed_losses(const std::string& run_dir) {
+  std::vector<double> out;
+  for (auto& l : lines_of(run_dir + "/events.jsonl"))
+    if (json_field(l, "event") == "step_committed") out.push_back(std::stod(json_field(l, "loss")));
+  return out;
+}
+
+void check_ledger(const std::string& run_dir, int steps, long B) {
+  std::map<long, std::vector<std::pair<long, long>>> by_step;
+  for (auto& l : lines_of(run_dir + "/ledger.jsonl")) {
+    auto p = l.find("\"positions\":[[");
+    ASSERT_NE(p, std::string::npos) << l;
+    long a = 0, b = 0;
+    ASSERT_EQ(std::sscanf(l.c_str() + p + 14, "%ld,%ld", &a, &b), 2) << l;
+    by_step[std::stol(json_field(l, "step"))].push_back({a, b});
+  }
+  ASSERT_EQ(int(by_step.size()), steps);
+  for (auto& [step, ranges] : by_step) {
+    std::sort(ranges.begin(), ranges.end());
+    long at = step * B;
+    for (auto& [a, b] : ranges) {
+      ASSERT_EQ(a, at) << "step " << step << ": a gap or a sample used twice";
+      at = b;
+    }
+    ASSERT_EQ(at, (step + 1) * B) << "step " << step;
   }
 }
 

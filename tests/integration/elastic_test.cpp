@@ -18,28 +18,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::string field(const std::string& line, const std::string& key) {
-  auto at = line.find("\"" + key + "\":");
-  if (at == std::string::npos) return "";
-  at += key.size() + 3;
-  if (line[at] == '"') return line.substr(at + 1, line.find('"', at + 1) - at - 1);
-  return line.substr(at, line.find_first_of(",}", at) - at);
-}
-
-std::vector<std::string> lines_of(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<std::string> out;
-  for (std::string l; std::getline(in, l);) out.push_back(l);
-  return out;
-}
-
-std::vector<double> losses(const std::string& run_dir) {
-  std::vector<double> out;
-  for (auto& l : lines_of(run_dir + "/events.jsonl"))
-    if (field(l, "event") == "step_committed") out.push_back(std::stod(field(l, "loss")));
-  return out;
-}
-
 const char* kConfig = R"([job]
 name = "elastic"
 seed = 5
@@ -94,43 +72,23 @@ std::vector<int> agent_pids(const testing::TempDir& dir, const std::string& run_
   coordinator::ChildProcess status(
       {{testing::troupe_binary(), "status", "--run-dir", run_dir, "--json"}, out, out, {}});
   status.wait(30s);
-  std::string json = lines_of(out).at(0);
+  std::string json = testing::lines_of(out).at(0);
   std::vector<int> pids;
   for (size_t at = 0; (at = json.find("\"pid\":", at)) != std::string::npos; at += 6)
     pids.push_back(std::atoi(json.c_str() + at + 6));
   return pids;
 }
 
-void check_ledger(const std::string& run_dir, int steps, long B) {
-  std::map<long, std::vector<std::pair<long, long>>> by_step;
-  for (auto& l : lines_of(run_dir + "/ledger.jsonl")) {
-    auto p = l.find("\"positions\":[[");
-    long a = 0, b = 0;
-    ASSERT_EQ(std::sscanf(l.c_str() + p + 14, "%ld,%ld", &a, &b), 2) << l;
-    by_step[std::stol(field(l, "step"))].push_back({a, b});
-  }
-  ASSERT_EQ(int(by_step.size()), steps);
-  for (auto& [step, ranges] : by_step) {
-    std::sort(ranges.begin(), ranges.end());
-    long at = step * B;
-    for (auto& [a, b] : ranges) {
-      ASSERT_EQ(a, at) << "step " << step << ": a gap or a sample used twice";
-      at = b;
-    }
-    ASSERT_EQ(at, (step + 1) * B) << "step " << step;
-  }
-}
-
 void scenario(int agents, std::vector<int> victims, int sig = SIGKILL) {
   testing::TempDir dir;
   Job reference = start(dir, "static", 1);
   ASSERT_TRUE(reference.proc->wait(120s));
-  auto want = losses(reference.run_dir);
+  auto want = testing::committed_losses(reference.run_dir);
   ASSERT_EQ(want.size(), 2500u);
 
   Job job = start(dir, "elastic", agents, {"elastic.failure_timeout_ms=1500"});
   auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (losses(job.run_dir).size() < 200) {
+  while (testing::committed_losses(job.run_dir).size() < 200) {
     ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no progress";
     std::this_thread::sleep_for(20ms);
   }
@@ -143,8 +101,9 @@ void scenario(int agents, std::vector<int> victims, int sig = SIGKILL) {
     auto until = std::chrono::steady_clock::now() + 30s;
     while (true) {
       bool moved = false;
-      for (auto& e : lines_of(job.run_dir + "/events.jsonl"))
-        moved |= field(e, "event") == "generation_started" && field(e, "generation") == "2";
+      for (auto& e : testing::lines_of(job.run_dir + "/events.jsonl"))
+        moved |= testing::json_field(e, "event") == "generation_started" &&
+                 testing::json_field(e, "generation") == "2";
       if (moved) break;
       ASSERT_LT(std::chrono::steady_clock::now(), until) << "the stopped agent was not detected";
       std::this_thread::sleep_for(20ms);
@@ -153,25 +112,26 @@ void scenario(int agents, std::vector<int> victims, int sig = SIGKILL) {
   }
   auto st = job.proc->wait(120s);
   ASSERT_TRUE(st) << "the job did not finish";
-  EXPECT_EQ(WEXITSTATUS(*st), 0) << lines_of(job.out).back();
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << testing::lines_of(job.out).back();
 
-  auto events = lines_of(job.run_dir + "/events.jsonl");
+  auto events = testing::lines_of(job.run_dir + "/events.jsonl");
   int failed = 0, generations = 0;
   for (auto& e : events) {
-    failed += field(e, "event") == "member_failed";
-    generations += field(e, "event") == "generation_started";
+    failed += testing::json_field(e, "event") == "member_failed";
+    generations += testing::json_field(e, "event") == "generation_started";
   }
   EXPECT_EQ(failed, int(victims.size()));
   EXPECT_GE(generations, 2);
-  EXPECT_EQ(field(events.back(), "event"), "job_finished");
-  EXPECT_EQ(field(events.back(), "identical_parameters"), "true") << events.back();
-  auto got = losses(job.run_dir);
+  EXPECT_EQ(testing::json_field(events.back(), "event"), "job_finished");
+  EXPECT_EQ(testing::json_field(events.back(), "identical_parameters"), "true") << events.back();
+  auto got = testing::committed_losses(job.run_dir);
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i)
     ASSERT_NEAR(got[i], want[i], 1e-4 * std::abs(want[i])) << "step " << i;
-  check_ledger(job.run_dir, 2500, 60);
+  testing::check_ledger(job.run_dir, 2500, 60);
   for (auto& e : events)
-    if (field(e, "event") == "generation_started" && field(e, "generation") != "1")
+    if (testing::json_field(e, "event") == "generation_started" &&
+        testing::json_field(e, "generation") != "1")
       std::printf("%s\n", e.c_str());
 }
 
@@ -179,14 +139,14 @@ TEST(Elastic, AnAgentJoinsARunningJobAndTakesPartFromTheNextGeneration) {
   testing::TempDir dir;
   Job reference = start(dir, "static", 1);
   ASSERT_TRUE(reference.proc->wait(120s));
-  auto want = losses(reference.run_dir);
+  auto want = testing::committed_losses(reference.run_dir);
   Job job = start(dir, "grow", 2);
   auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (losses(job.run_dir).size() < 200) {
+  while (testing::committed_losses(job.run_dir).size() < 200) {
     ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no progress";
     std::this_thread::sleep_for(20ms);
   }
-  std::string addr = lines_of(job.run_dir + "/coordinator.addr").at(0);
+  std::string addr = testing::lines_of(job.run_dir + "/coordinator.addr").at(0);
   coordinator::ChildProcess joiner({{testing::troupe_binary(), "agent", "--join", addr,
                                      "--token-file", job.run_dir + "/job.token"},
                                     dir.path() + "/joiner.out",
@@ -198,32 +158,33 @@ TEST(Elastic, AnAgentJoinsARunningJobAndTakesPartFromTheNextGeneration) {
   auto jst = joiner.wait(30s);
   ASSERT_TRUE(jst);
   EXPECT_EQ(WEXITSTATUS(*jst), 0);
-  auto events = lines_of(job.run_dir + "/events.jsonl");
+  auto events = testing::lines_of(job.run_dir + "/events.jsonl");
   bool grew = false;
   for (auto& e : events) {
-    if (field(e, "event") == "generation_started" && field(e, "world_size") == "3") {
+    if (testing::json_field(e, "event") == "generation_started" &&
+        testing::json_field(e, "world_size") == "3") {
       grew = true;
       std::printf("%s\n", e.c_str());
     }
   }
   EXPECT_TRUE(grew) << "the joiner never took part";
-  EXPECT_EQ(field(events.back(), "identical_parameters"), "true") << events.back();
+  EXPECT_EQ(testing::json_field(events.back(), "identical_parameters"), "true") << events.back();
   EXPECT_NE(events.back().find("\",\""), std::string::npos);
-  auto got = losses(job.run_dir);
+  auto got = testing::committed_losses(job.run_dir);
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i)
     ASSERT_NEAR(got[i], want[i], 1e-4 * std::abs(want[i])) << "step " << i;
-  check_ledger(job.run_dir, 2500, 60);
+  testing::check_ledger(job.run_dir, 2500, 60);
 }
 
 TEST(Elastic, DrainLetsAnAgentLeaveAtAStepBoundaryWithNothingRedone) {
   testing::TempDir dir;
   Job reference = start(dir, "static", 1);
   ASSERT_TRUE(reference.proc->wait(120s));
-  auto want = losses(reference.run_dir);
+  auto want = testing::committed_losses(reference.run_dir);
   Job job = start(dir, "drain", 3);
   auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (losses(job.run_dir).size() < 200) {
+  while (testing::committed_losses(job.run_dir).size() < 200) {
     ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no progress";
     std::this_thread::sleep_for(20ms);
   }
@@ -235,23 +196,25 @@ TEST(Elastic, DrainLetsAnAgentLeaveAtAStepBoundaryWithNothingRedone) {
        {}});
   auto dst = drain.wait(30s);
   ASSERT_TRUE(dst);
-  EXPECT_EQ(WEXITSTATUS(*dst), 0) << lines_of(out).back();
+  EXPECT_EQ(WEXITSTATUS(*dst), 0) << testing::lines_of(out).back();
   auto st = job.proc->wait(120s);
   ASSERT_TRUE(st);
   EXPECT_EQ(WEXITSTATUS(*st), 0);
-  auto events = lines_of(job.run_dir + "/events.jsonl");
+  auto events = testing::lines_of(job.run_dir + "/events.jsonl");
   uint64_t drained_at = 0, next_start = 0;
   for (auto& e : events) {
-    if (field(e, "event") == "member_left") drained_at = std::stoull(field(e, "step"));
-    if (field(e, "event") == "generation_started" && field(e, "generation") == "2")
-      next_start = std::stoull(field(e, "step"));
+    if (testing::json_field(e, "event") == "member_left")
+      drained_at = std::stoull(testing::json_field(e, "step"));
+    if (testing::json_field(e, "event") == "generation_started" &&
+        testing::json_field(e, "generation") == "2")
+      next_start = std::stoull(testing::json_field(e, "step"));
   }
   EXPECT_GT(drained_at, 0u);
   EXPECT_EQ(next_start, drained_at);
   // Nothing redone: the ledger has each step's batch exactly once, and one line per member.
-  check_ledger(job.run_dir, 2500, 60);
-  EXPECT_EQ(field(events.back(), "identical_parameters"), "true") << events.back();
-  auto got = losses(job.run_dir);
+  testing::check_ledger(job.run_dir, 2500, 60);
+  EXPECT_EQ(testing::json_field(events.back(), "identical_parameters"), "true") << events.back();
+  auto got = testing::committed_losses(job.run_dir);
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i)
     ASSERT_NEAR(got[i], want[i], 1e-4 * std::abs(want[i])) << "step " << i;

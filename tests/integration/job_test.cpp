@@ -17,22 +17,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::string field(const std::string& line, const std::string& key) {
-  auto at = line.find("\"" + key + "\":");
-  if (at == std::string::npos) return "";
-  at += key.size() + 3;
-  if (line[at] == '"') return line.substr(at + 1, line.find('"', at + 1) - at - 1);
-  auto end = line.find_first_of(",}", at);
-  return line.substr(at, end - at);
-}
-
-std::vector<std::string> lines_of(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<std::string> out;
-  for (std::string l; std::getline(in, l);) out.push_back(l);
-  return out;
-}
-
 std::string write_config(const testing::TempDir& dir, const std::string& name,
                          const std::string& text) {
   std::string path = dir.path() + "/" + name;
@@ -87,36 +71,6 @@ RunResult troupe_run(const testing::TempDir& dir, const std::string& config,
   return r;
 }
 
-std::vector<double> losses(const std::string& run_dir) {
-  std::vector<double> out;
-  for (auto& l : lines_of(run_dir + "/events.jsonl"))
-    if (field(l, "event") == "step_committed") out.push_back(std::stod(field(l, "loss")));
-  return out;
-}
-
-// Every committed step used exactly its global batch: positions [s*B, (s+1)*B), each once.
-void check_ledger(const std::string& run_dir, int steps, int B) {
-  std::map<long, std::vector<std::pair<long, long>>> by_step;
-  for (auto& l : lines_of(run_dir + "/ledger.jsonl")) {
-    long step = std::stol(field(l, "step"));
-    auto p = l.find("\"positions\":[[");
-    ASSERT_NE(p, std::string::npos) << l;
-    long a = 0, b = 0;
-    ASSERT_EQ(std::sscanf(l.c_str() + p + 14, "%ld,%ld", &a, &b), 2) << l;
-    by_step[step].push_back({a, b});
-  }
-  ASSERT_EQ(int(by_step.size()), steps);
-  for (auto& [step, ranges] : by_step) {
-    std::sort(ranges.begin(), ranges.end());
-    long at = step * B;
-    for (auto& [a, b] : ranges) {
-      ASSERT_EQ(a, at) << "step " << step << ": a gap or an overlap";
-      at = b;
-    }
-    ASSERT_EQ(at, (step + 1) * B) << "step " << step;
-  }
-}
-
 TEST(Job, SameLossesAtWorldSizesOneToFour) {
   testing::TempDir dir;
   std::string config = write_config(dir, "mlp.toml", kMlp);
@@ -124,12 +78,12 @@ TEST(Job, SameLossesAtWorldSizesOneToFour) {
   for (int world : {1, 2, 3, 4}) {
     RunResult r = troupe_run(dir, config, {"cluster.agents=" + std::to_string(world)});
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    auto l = losses(r.run_dir);
+    auto l = testing::committed_losses(r.run_dir);
     ASSERT_EQ(l.size(), 30u) << r.output;
-    auto events = lines_of(r.run_dir + "/events.jsonl");
-    ASSERT_EQ(field(events.back(), "event"), "job_finished");
-    EXPECT_EQ(field(events.back(), "identical_parameters"), "true") << events.back();
-    check_ledger(r.run_dir, 30, 50);  // 50 over 3 or 4 ranks: uneven shares
+    auto events = testing::lines_of(r.run_dir + "/events.jsonl");
+    ASSERT_EQ(testing::json_field(events.back(), "event"), "job_finished");
+    EXPECT_EQ(testing::json_field(events.back(), "identical_parameters"), "true") << events.back();
+    testing::check_ledger(r.run_dir, 30, 50);  // 50 over 3 or 4 ranks: uneven shares
     if (world == 1) {
       reference = l;
       EXPECT_LT(l.back(), 0.85 * l.front()) << "the loss did not fall";
@@ -145,11 +99,11 @@ TEST(Job, SameLossesAtWorldSizesOneToFour) {
   // The same with the gradient reduction overlapped with the backward pass.
   RunResult r = troupe_run(dir, config, {"cluster.agents=3", "parallel.overlap_reduce=true"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  auto l = losses(r.run_dir);
+  auto l = testing::committed_losses(r.run_dir);
   ASSERT_EQ(l.size(), reference.size());
   for (size_t i = 0; i < l.size(); ++i)
     EXPECT_NEAR(l[i], reference[i], 1e-4 * std::abs(reference[i])) << "overlap, step " << i;
-  check_ledger(r.run_dir, 30, 50);
+  testing::check_ledger(r.run_dir, 30, 50);
 }
 
 TEST(Job, QuickstartRunsAndItsLossFalls) {
@@ -157,7 +111,7 @@ TEST(Job, QuickstartRunsAndItsLossFalls) {
   RunResult r = troupe_run(dir, std::string(TROUPE_SOURCE_DIR) + "/configs/quickstart.toml",
                            {"job.steps=40"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  auto l = losses(r.run_dir);
+  auto l = testing::committed_losses(r.run_dir);
   ASSERT_EQ(l.size(), 40u);
   double first = (l[0] + l[1] + l[2]) / 3, last = (l[37] + l[38] + l[39]) / 3;
   std::printf("quickstart: loss %.3f -> %.3f over 40 steps\n", first, last);
@@ -205,11 +159,11 @@ TEST(Job, CoordinatorAndAgentsStartedByHand) {
        out,
        {}});
   auto deadline = std::chrono::steady_clock::now() + 30s;
-  while (lines_of(run_dir + "/coordinator.addr").empty()) {
+  while (testing::lines_of(run_dir + "/coordinator.addr").empty()) {
     ASSERT_LT(std::chrono::steady_clock::now(), deadline);
     std::this_thread::sleep_for(20ms);
   }
-  std::string addr = lines_of(run_dir + "/coordinator.addr").at(0);
+  std::string addr = testing::lines_of(run_dir + "/coordinator.addr").at(0);
   // Without the token: refused.
   coordinator::ChildProcess intruder(
       {{testing::troupe_binary(), "agent", "--join", addr, "--token-file", "/nonexistent/token"},
@@ -235,7 +189,7 @@ TEST(Job, CoordinatorAndAgentsStartedByHand) {
     ASSERT_TRUE(st && WIFEXITED(*st));
     EXPECT_EQ(WEXITSTATUS(*st), 0);
   }
-  EXPECT_EQ(losses(run_dir).size(), 30u);
+  EXPECT_EQ(testing::committed_losses(run_dir).size(), 30u);
 }
 
 TEST(Job, ALostAgentFailsTheJobFastWithTheReasonAndLeavesNothingRunning) {
@@ -252,7 +206,7 @@ TEST(Job, ALostAgentFailsTheJobFastWithTheReasonAndLeavesNothingRunning) {
                                  out,
                                  {}});
   auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (losses(run_dir).size() < 5) {
+  while (testing::committed_losses(run_dir).size() < 5) {
     ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the job made no progress";
     std::this_thread::sleep_for(50ms);
   }
@@ -263,7 +217,7 @@ TEST(Job, ALostAgentFailsTheJobFastWithTheReasonAndLeavesNothingRunning) {
        status_out,
        {}});
   ASSERT_TRUE(status.wait(30s));
-  std::string json = lines_of(status_out).at(0);
+  std::string json = testing::lines_of(status_out).at(0);
   std::vector<int> pids;
   for (size_t at = 0; (at = json.find("\"pid\":", at)) != std::string::npos; at += 6)
     pids.push_back(std::atoi(json.c_str() + at + 6));
@@ -275,11 +229,11 @@ TEST(Job, ALostAgentFailsTheJobFastWithTheReasonAndLeavesNothingRunning) {
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("troupe run exited %.2f s after SIGKILL of an agent\n", secs);
   EXPECT_EQ(WEXITSTATUS(*st), 1);
-  auto output = lines_of(out);
+  auto output = testing::lines_of(out);
   ASSERT_FALSE(output.empty());
   EXPECT_NE(output.back().find("was lost"), std::string::npos) << output.back();
-  auto events = lines_of(run_dir + "/events.jsonl");
-  EXPECT_EQ(field(events.back(), "event"), "job_failed");
+  auto events = testing::lines_of(run_dir + "/events.jsonl");
+  EXPECT_EQ(testing::json_field(events.back(), "event"), "job_failed");
   for (int pid : pids) EXPECT_NE(::kill(pid, 0), 0) << "agent " << pid << " is still running";
 }
 
@@ -296,7 +250,7 @@ TEST(Job, StatusAndStopAgainstARunningJob) {
        {}});
   // Wait for a few committed steps.
   auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (losses(run_dir).size() < 5) {
+  while (testing::committed_losses(run_dir).size() < 5) {
     ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the job made no progress";
     std::this_thread::sleep_for(50ms);
   }
@@ -308,15 +262,15 @@ TEST(Job, StatusAndStopAgainstARunningJob) {
        {}});
   auto st = status.wait(30s);
   ASSERT_TRUE(st && WIFEXITED(*st) && WEXITSTATUS(*st) == 0);
-  std::string json = lines_of(status_out).at(0);
-  EXPECT_EQ(field(json, "state"), "running") << json;
-  EXPECT_EQ(field(json, "generation"), "1") << json;
+  std::string json = testing::lines_of(status_out).at(0);
+  EXPECT_EQ(testing::json_field(json, "state"), "running") << json;
+  EXPECT_EQ(testing::json_field(json, "generation"), "1") << json;
   EXPECT_NE(json.find("\"rank\":1"), std::string::npos) << json;
   EXPECT_NE(json.find("\"pid\":"), std::string::npos) << json;
 
   // A wrong token is refused.
   std::ofstream(dir.path() + "/wrong.token") << "equiv not-the-token\n";
-  std::string addr = lines_of(run_dir + "/coordinator.addr").at(0);
+  std::string addr = testing::lines_of(run_dir + "/coordinator.addr").at(0);
   coordinator::ChildProcess bad({{testing::troupe_binary(), "status", "--coordinator", addr,
                                   "--token-file", dir.path() + "/wrong.token"},
                                  dir.path() + "/bad.out",
@@ -325,7 +279,7 @@ TEST(Job, StatusAndStopAgainstARunningJob) {
   auto bst = bad.wait(60s);
   ASSERT_TRUE(bst && WIFEXITED(*bst));
   EXPECT_NE(WEXITSTATUS(*bst), 0);
-  auto bad_out = lines_of(dir.path() + "/bad.out");
+  auto bad_out = testing::lines_of(dir.path() + "/bad.out");
   ASSERT_FALSE(bad_out.empty());
   EXPECT_NE(bad_out.back().find("wrong job id or token"), std::string::npos) << bad_out.back();
 
@@ -336,10 +290,10 @@ TEST(Job, StatusAndStopAgainstARunningJob) {
   auto rst = run.wait(60s);
   ASSERT_TRUE(rst) << "the job did not stop";
   EXPECT_EQ(WEXITSTATUS(*rst), 0);
-  auto events = lines_of(run_dir + "/events.jsonl");
-  EXPECT_EQ(field(events.back(), "event"), "job_finished");
-  EXPECT_EQ(field(events.back(), "state"), "stopped");
-  EXPECT_EQ(field(events.back(), "identical_parameters"), "true");
+  auto events = testing::lines_of(run_dir + "/events.jsonl");
+  EXPECT_EQ(testing::json_field(events.back(), "event"), "job_finished");
+  EXPECT_EQ(testing::json_field(events.back(), "state"), "stopped");
+  EXPECT_EQ(testing::json_field(events.back(), "identical_parameters"), "true");
 }
 
 }  // namespace
