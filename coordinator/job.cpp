@@ -21,6 +21,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using actors::ControlMessage;
 using timeout_atom = caf::atom_constant<caf::atom("jtimeout")>;
+using change_atom = caf::atom_constant<caf::atom("jchange")>;
 
 ControlMessage ack() {
   return ControlMessage::build([](proto::Envelope::Builder e) { e.initBody().setAck(); });
@@ -53,6 +54,19 @@ class Coordinator : public caf::event_based_actor {
         [this](ControlMessage& m) -> ControlMessage { return on_message(m); },
         [this](actors::NodeDown& d) { on_node_down(d); },
         [this](actors::NodeUp&) {},
+        [this](change_atom, uint64_t from_generation) {
+          // A membership change must complete: never wait forever for a worker's address.
+          if (finished_ || generation_ != from_generation) return;
+          std::string missing;
+          for (auto& a : agents_) {
+            if (!a.alive) continue;
+            for (uint32_t d = 0; d < a.devices.size(); ++d)
+              if (!pending_.count({a.id, d}))
+                missing += (missing.empty() ? "" : ", ") + a.name + "/" + std::to_string(d);
+          }
+          fail("generation " + std::to_string(generation_ + 1) + " did not form within " +
+               std::to_string(change_deadline().count()) + " ms; no address from: " + missing);
+        },
         [this](timeout_atom) {
           if (generation_ == 0 && !finished_) {
             fail("only " + std::to_string(pending_.size()) + " of " +
@@ -139,6 +153,7 @@ class Coordinator : public caf::event_based_actor {
     spdlog::info("agent {} joined: {} (pid {}, {} device(s))", a.id, a.name, a.pid,
                  a.devices.size());
     if (generation_ > 0) {
+      change_started();
       // A member joins a running job: the current members end their generation at the next
       // step boundary and publish for the next one, which takes the joiner in.
       auto leave = ControlMessage::build(
@@ -381,6 +396,7 @@ class Coordinator : public caf::event_based_actor {
         return;
       }
       spdlog::warn("{}; the survivors open generation {}", why, generation_ + 1);
+      change_started();
       check_start();  // the survivors' addresses may all be in already
       return;
     }
@@ -440,6 +456,7 @@ class Coordinator : public caf::event_based_actor {
     agents_[id].alive = false;
     draining_.push_back(id);
     log_.event("drain_requested", Json().integer("member", id).integer("step", long(committed_)));
+    change_started();
     auto leave = ControlMessage::build(
         [&](proto::Envelope::Builder e) { e.initBody().setLeaveGeneration(generation_); });
     for (auto& a : agents_)
@@ -447,6 +464,12 @@ class Coordinator : public caf::event_based_actor {
            leave);
     return ack();
   }
+
+  std::chrono::milliseconds change_deadline() const {
+    return std::chrono::milliseconds(2 * cfg_.failure_timeout_ms + 30000);
+  }
+  // A membership change began (failure, join, drain): the next generation must form in time.
+  void change_started() { delayed_send(this, change_deadline(), change_atom::value, generation_); }
 
   void fail(const std::string& reason) {
     if (finished_) return;
