@@ -142,9 +142,13 @@ int run_agent(const AgentOptions& o) {
               {mem.getRank(), mem.getAgentId(), mem.getDevice(), mem.getAddress()});
         state->cv.notify_all();
       } else if (body.isStopAtNextStep()) {
+        std::lock_guard<std::mutex> lock(state->mu);
         state->stop.store(true);
+        state->cv.notify_all();
       } else if (body.isLeaveGeneration()) {
+        std::lock_guard<std::mutex> lock(state->mu);
         state->leave_generation.store(body.getLeaveGeneration());
+        state->cv.notify_all();
       } else if (body.isShutdown()) {
         state->finish(body.getShutdown().getExitCode(), body.getShutdown().getReason());
       }
@@ -267,6 +271,16 @@ int run_agent(const AgentOptions& o) {
                   }));
                 },
                 [&] { return state->stop.load() || state->leave_generation.load() == gen; });
+            // The step's vote said stop: another member's agent may have heard why (stop or a
+            // membership change) before this one did. Wait for the reason before acting on it.
+            if (result.stopped) {
+              std::unique_lock<std::mutex> lock(state->mu);
+              state->cv.wait_for(lock, std::chrono::milliseconds(spec.failure_timeout_ms + 5000),
+                                 [&] {
+                                   return state->stop.load() ||
+                                          state->leave_generation.load() == gen || state->shutdown;
+                                 });
+            }
             if (result.stopped && !state->stop.load() && state->leave_generation.load() == gen) {
               continue;  // the membership changes: on to the next generation
             }

@@ -88,7 +88,7 @@ void scenario(int agents, std::vector<int> victims, int sig = SIGKILL) {
 
   Job job = start(dir, "elastic", agents, {"elastic.failure_timeout_ms=1500"});
   auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (testing::committed_losses(job.run_dir).size() < 200) {
+  while (testing::committed_losses(job.run_dir).size() < 20) {
     ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no progress";
     std::this_thread::sleep_for(20ms);
   }
@@ -135,17 +135,14 @@ void scenario(int agents, std::vector<int> victims, int sig = SIGKILL) {
       std::printf("%s\n", e.c_str());
 }
 
-// Disabled in CI: in about 1 run of 30 the job did not finish (seen twice, once unloaded); the
-// coordinator now fails such a change after a deadline, naming the workers that never published.
-// Run it with --gtest_also_run_disabled_tests while fixing that.
-TEST(Elastic, DISABLED_AnAgentJoinsARunningJobAndTakesPartFromTheNextGeneration) {
+TEST(Elastic, AnAgentJoinsARunningJobAndTakesPartFromTheNextGeneration) {
   testing::TempDir dir;
   Job reference = start(dir, "static", 1);
   ASSERT_TRUE(reference.proc->wait(120s));
   auto want = testing::committed_losses(reference.run_dir);
   Job job = start(dir, "grow", 2);
   auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (testing::committed_losses(job.run_dir).size() < 200) {
+  while (testing::committed_losses(job.run_dir).size() < 20) {
     ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no progress";
     std::this_thread::sleep_for(20ms);
   }
@@ -187,7 +184,7 @@ TEST(Elastic, DrainLetsAnAgentLeaveAtAStepBoundaryWithNothingRedone) {
   auto want = testing::committed_losses(reference.run_dir);
   Job job = start(dir, "drain", 3);
   auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (testing::committed_losses(job.run_dir).size() < 200) {
+  while (testing::committed_losses(job.run_dir).size() < 20) {
     ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no progress";
     std::this_thread::sleep_for(20ms);
   }
