@@ -62,9 +62,7 @@ int run_job(const std::vector<std::string>& words, bool spawn_agents) {
   spdlog::set_default_logger(log);
 
   caf::actor_system_config sys_cfg;
-  actors::configure_system(sys_cfg);
-  sys_cfg.add_message_type<coordinator::JobProgress>("troupe_job_progress");
-  sys_cfg.add_message_type<coordinator::JobFinished>("troupe_job_finished");
+  coordinator::configure_job_system(sys_cfg);
   caf::actor_system system{sys_cfg};
   actors::BridgeConfig bc;
   auto [host, port] = comm::split_host_port(cfg.listen);

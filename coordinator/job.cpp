@@ -509,6 +509,12 @@ class Coordinator : public caf::event_based_actor {
 
 }  // namespace
 
+void configure_job_system(caf::actor_system_config& cfg) {
+  actors::configure_system(cfg);
+  cfg.add_message_type<JobProgress>("troupe_job_progress");
+  cfg.add_message_type<JobFinished>("troupe_job_finished");
+}
+
 caf::actor spawn_coordinator(caf::actor_system& system, caf::actor bridge, const JobConfig& config,
                              const std::string& run_dir, caf::actor observer) {
   auto c = system.spawn<Coordinator, caf::detached>(bridge, config, run_dir, observer);

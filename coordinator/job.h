@@ -39,6 +39,10 @@ typename Inspector::result_type inspect(Inspector& f, JobFinished& x) {
   return f(caf::meta::type_name("job_finished"), x.exit_code, x.reason);
 }
 
+// The actor system settings of a process that runs a coordinator: actors::configure_system plus
+// the job's observer messages.
+void configure_job_system(caf::actor_system_config& cfg);
+
 // Spawns the coordinator (detached) and registers it with the bridge. The run directory must
 // exist. observer gets JobProgress after each committed step and one JobFinished.
 caf::actor spawn_coordinator(caf::actor_system& system, caf::actor bridge, const JobConfig& config,

@@ -52,9 +52,7 @@ int main() {
   std::filesystem::create_directories(run_dir);
 
   caf::actor_system_config sys_cfg;
-  actors::configure_system(sys_cfg);
-  sys_cfg.add_message_type<coordinator::JobProgress>("troupe_job_progress");
-  sys_cfg.add_message_type<coordinator::JobFinished>("troupe_job_finished");
+  coordinator::configure_job_system(sys_cfg);
   caf::actor_system system{sys_cfg};
 
   actors::BridgeConfig bc;
