@@ -18,6 +18,7 @@ int run_agent_command(const std::vector<std::string>& args);
 int run_status(const std::vector<std::string>& args);
 int run_stop(const std::vector<std::string>& args);
 int run_drain(const std::vector<std::string>& args);
+int run_scale(const std::vector<std::string>& args);
 actors::BridgeConfig bridge_config_from(const Args& args);
 
 }  // namespace troupe::cli

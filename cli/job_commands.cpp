@@ -90,24 +90,75 @@ int run_job(const std::vector<std::string>& words, bool spawn_agents) {
         address.c_str(), address.c_str(), dir.c_str());
   std::fflush(stdout);
 
-  std::vector<std::unique_ptr<coordinator::ChildProcess>> agents;
-  if (spawn_agents && cfg.launcher == "local") {
-    std::string devices;
-    for (int d = 0; d < cfg.devices_per_agent; ++d)
-      devices += (d ? ",cpu:" : "cpu:") + std::to_string(d);
-    for (int i = 0; i < cfg.agents; ++i) {
-      std::string logf = dir + "/agent-" + std::to_string(i) + ".log";
-      agents.push_back(
-          std::make_unique<coordinator::ChildProcess>(coordinator::ChildProcess::Options{
-              {coordinator::self_executable(), "agent", "--join", address, "--token-file",
-               dir + "/job.token", "--devices", devices, "--name", "agent-" + std::to_string(i),
-               "--heartbeat-interval-ms", std::to_string(cfg.heartbeat_interval_ms),
-               "--failure-timeout-ms", std::to_string(cfg.failure_timeout_ms)},
-              logf,
-              logf,
-              {}}));
-    }
+  // The local launcher: one agent process per slot. An agent that fails (exits non-zero or by a
+  // signal) is restarted with exponential backoff, at most elastic.max_restarts times per slot;
+  // it joins as a new member. `troupe scale` above the current size adds slots.
+  struct Slot {
+    std::unique_ptr<coordinator::ChildProcess> proc;
+    int64_t restarts = 0;
+    bool done = false;  // exited 0 (drained or finished) or gave up
+    Clock::time_point restart_at{};
+    bool restart_pending = false;
+  };
+  std::vector<Slot> slots;
+  const bool launching = spawn_agents && cfg.launcher == "local";
+  std::string devices;
+  for (int d = 0; d < cfg.devices_per_agent; ++d)
+    devices += (d ? ",cpu:" : "cpu:") + std::to_string(d);
+  auto start_agent = [&](size_t i) {
+    std::string logf = dir + "/agent-" + std::to_string(i) + ".log";
+    slots[i].proc = std::make_unique<coordinator::ChildProcess>(coordinator::ChildProcess::Options{
+        {coordinator::self_executable(), "agent", "--join", address, "--token-file",
+         dir + "/job.token", "--devices", devices, "--name", "agent-" + std::to_string(i),
+         "--heartbeat-interval-ms", std::to_string(cfg.heartbeat_interval_ms),
+         "--failure-timeout-ms", std::to_string(cfg.failure_timeout_ms)},
+        logf,
+        logf,
+        {}});
+  };
+  if (launching) {
+    slots.resize(size_t(cfg.agents));
+    for (size_t i = 0; i < slots.size(); ++i) start_agent(i);
   }
+  auto tend_agents = [&] {
+    for (size_t i = 0; i < slots.size(); ++i) {
+      Slot& sl = slots[i];
+      if (sl.done) continue;
+      if (sl.restart_pending) {
+        if (Clock::now() < sl.restart_at) continue;
+        sl.restart_pending = false;
+        start_agent(i);
+        caf::anon_send(coord, coordinator::LauncherEvent{"agent_restarted", int64_t(i), sl.restarts,
+                                                         sl.proc->pid(), ""});
+        continue;
+      }
+      auto st = sl.proc->wait(std::chrono::milliseconds(0));
+      if (!st) continue;
+      if (WIFEXITED(*st) && WEXITSTATUS(*st) == 0) {
+        sl.done = true;
+        continue;
+      }
+      std::string how = WIFSIGNALED(*st) ? "killed by signal " + std::to_string(WTERMSIG(*st))
+                                         : "exited " + std::to_string(WEXITSTATUS(*st));
+      if (sl.restarts >= cfg.max_restarts) {
+        sl.done = true;
+        caf::anon_send(coord,
+                       coordinator::LauncherEvent{"agent_gave_up", int64_t(i), sl.restarts, 0,
+                                                  "agent-" + std::to_string(i) + " " + how + "; " +
+                                                      std::to_string(sl.restarts) +
+                                                      " restart(s) = elastic.max_restarts"});
+        continue;
+      }
+      // Backoff: 100 ms, 200 ms, 400 ms, ... at most 5 s.
+      auto backoff = std::chrono::milliseconds(
+          std::min<int64_t>(5000, 100LL << std::min<int64_t>(sl.restarts, 6)));
+      ++sl.restarts;
+      sl.restart_pending = true;
+      sl.restart_at = Clock::now() + backoff;
+      spdlog::warn("agent-{} {}; restarting it in {} ms ({} of {})", i, how, backoff.count(),
+                   sl.restarts, cfg.max_restarts);
+    }
+  };
 
   int exit_code = 1;
   std::string reason;
@@ -138,11 +189,23 @@ int run_job(const std::vector<std::string>& words, bool spawn_agents) {
           reason = f.reason;
           done = true;
         },
-        caf::after(std::chrono::seconds(1)) >> [] {});
+        [&](coordinator::ScaleAgents& s) {
+          if (!launching) return;
+          for (int64_t k = 0; k < s.count; ++k) {
+            slots.emplace_back();
+            start_agent(slots.size() - 1);
+            caf::anon_send(coord,
+                           coordinator::LauncherEvent{"agent_started", int64_t(slots.size() - 1), 0,
+                                                      slots.back().proc->pid(), "scale"});
+          }
+        },
+        caf::after(std::chrono::milliseconds(50)) >> [] {});
+    if (!done) tend_agents();
   }
   if (tty) std::printf("\n");
-  for (auto& a : agents) {
-    if (!a->wait(std::chrono::seconds(10))) a->kill_and_reap();
+  for (auto& sl : slots) {
+    if (sl.proc && sl.proc->running() && !sl.proc->wait(std::chrono::seconds(10)))
+      sl.proc->kill_and_reap();
   }
   caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(bridge, caf::exit_reason::user_shutdown);
@@ -307,6 +370,25 @@ int run_drain(const std::vector<std::string>& words) {
           return 1;
         }
         std::printf("troupe: agent %u leaves at the next step boundary\n", id);
+        return 0;
+      });
+}
+
+int run_scale(const std::vector<std::string>& words) {
+  Args args(words, {"run-dir", "coordinator", "token-file", "workers"}, {});
+  if (!args.has("workers")) throw std::invalid_argument("needs --workers N");
+  int64_t n = args.get_int("workers", 0);
+  if (n < 1 || n > 1000000) throw std::invalid_argument("--workers must be between 1 and 1000000");
+  return admin_request(
+      args, [&](proto::Envelope::Builder e) { e.initBody().setScaleRequest(uint32_t(n)); },
+      [&](actors::ControlMessage& r) {
+        auto body = r.envelope().getBody();
+        if (body.isError()) {
+          std::fprintf(stderr, "troupe scale: %s\n", body.getError().getMessage().cStr());
+          return 1;
+        }
+        std::printf("troupe: scaling the job to %lld worker(s) at the next step boundary\n",
+                    (long long)n);
         return 0;
       });
 }

@@ -24,6 +24,7 @@ usage:
   troupe status (--run-dir DIR | --coordinator HOST:PORT --token-file F) [--json]
   troupe stop   (--run-dir DIR | --coordinator HOST:PORT --token-file F)
   troupe drain  (--run-dir DIR | ...) --agent ID      the agent leaves at the next step boundary
+  troupe scale  (--run-dir DIR | ...) --workers N     grow (local launcher starts agents) or shrink (drains)
   troupe version                    versions of Troupe and its libraries, CUDA devices
   troupe demo control               two-process control-plane demo (what `make run` shows)
   troupe node [options]             a control-plane node with echo and sink services
@@ -67,6 +68,7 @@ int main(int argc, char** argv) {
     if (cmd == "status") return troupe::cli::run_status(rest);
     if (cmd == "stop") return troupe::cli::run_stop(rest);
     if (cmd == "drain") return troupe::cli::run_drain(rest);
+    if (cmd == "scale") return troupe::cli::run_scale(rest);
     if (cmd == "demo" && !rest.empty() && rest[0] == "control")
       return troupe::cli::run_demo_control({rest.begin() + 1, rest.end()});
     if (cmd == "bench" && !rest.empty() && rest[0] == "control")

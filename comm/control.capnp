@@ -37,6 +37,8 @@ struct Envelope {
     workerFailed @26 :WorkerFailed;        # worker -> coordinator (one way): it cannot go on
     leaveGeneration @27 :UInt64;           # coordinator -> agents: end this generation at the next step boundary (a member joins or leaves)
     drainRequest @28 :UInt32;              # admin -> coordinator (request): this agent leaves at a step boundary
+    scaleRequest @29 :UInt32;              # admin -> coordinator (request): run with this many workers
+    stateReceived @30 :StateReceived;      # worker -> coordinator (one way): it took the state source's state
   }
 }
 
@@ -92,6 +94,7 @@ struct Member {
   agentId @1 :UInt32;       # the agent that hosts it
   device @2 :UInt32;        # device index within the agent
   address @3 :Text;         # data-plane address
+  appliedStep @4 :UInt64;   # steps it had applied when it published (it lacks the state if < startStep)
 }
 
 struct GenerationStart {
@@ -146,6 +149,19 @@ struct JobStatus {
 struct WorkerFailed {
   rank @0 :UInt32;          # the rank (or agent-local device index before ranks exist)
   reason @1 :Text;          # what went wrong
+  agentId @2 :UInt32;       # the agent that hosts it
+  device @3 :UInt32;        # device index within the agent
+  generation @4 :UInt64;    # the generation it failed in (0: before its first)
+  restarting @5 :Bool;      # true: its agent restarts it (it publishes for the next generation)
+}
+
+struct StateReceived {
+  generation @0 :UInt64;    # the generation whose start brought the state
+  rank @1 :UInt32;          # the receiving rank
+  sourceRank @2 :UInt32;    # the state source
+  bytes @3 :UInt64;         # bytes received (parameters and optimizer state)
+  seconds @4 :Float64;      # wall time of the transfer on this rank
+  needed @5 :Bool;          # false when this rank already had the source's step (a no-op copy)
 }
 
 struct Heartbeat {

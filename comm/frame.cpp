@@ -115,6 +115,8 @@ std::variant<std::shared_ptr<const DecodedFrame>, Rejection> FrameValidator::dec
     case proto::Envelope::Body::WORKER_FAILED:
     case proto::Envelope::Body::LEAVE_GENERATION:
     case proto::Envelope::Body::DRAIN_REQUEST:
+    case proto::Envelope::Body::SCALE_REQUEST:
+    case proto::Envelope::Body::STATE_RECEIVED:
       break;
     default:
       return reject(Reject::unknown_kind,

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <set>
 
 #include "actors/bridge.h"
 #include "actors/services.h"
@@ -22,6 +23,7 @@ using Clock = std::chrono::steady_clock;
 using actors::ControlMessage;
 using timeout_atom = caf::atom_constant<caf::atom("jtimeout")>;
 using change_atom = caf::atom_constant<caf::atom("jchange")>;
+using rejoin_atom = caf::atom_constant<caf::atom("jrejoin")>;
 
 ControlMessage ack() {
   return ControlMessage::build([](proto::Envelope::Builder e) { e.initBody().setAck(); });
@@ -57,15 +59,24 @@ class Coordinator : public caf::event_based_actor {
         [this](change_atom, uint64_t from_generation) {
           // A membership change must complete: never wait forever for a worker's address.
           if (finished_ || generation_ != from_generation) return;
+          if (paused_) return;  // a pause has its own deadline (elastic.rejoin_timeout_ms)
           std::string missing;
-          for (auto& a : agents_) {
-            if (!a.alive) continue;
-            for (uint32_t d = 0; d < a.devices.size(); ++d)
-              if (!pending_.count({a.id, d}))
-                missing += (missing.empty() ? "" : ", ") + a.name + "/" + std::to_string(d);
-          }
+          for (uint64_t k : expected_)
+            if (!pending_.count(k))
+              missing += (missing.empty() ? "" : ", ") + agents_.at(agent_of(k)).name + "/" +
+                         std::to_string(device_of(k));
           fail("generation " + std::to_string(generation_ + 1) + " did not form within " +
                std::to_string(change_deadline().count()) + " ms; no address from: " + missing);
+        },
+        [this](rejoin_atom, uint64_t epoch) {
+          // The rejoin timeout of a pause: still too few workers means the job fails.
+          if (!finished_ && paused_ && epoch == pause_epoch_) decide_and_act();
+        },
+        [this](LauncherEvent& e) {
+          Json j;
+          j.integer("slot", e.slot).integer("attempt", e.attempt);
+          if (e.pid) j.integer("pid", e.pid);
+          log_.event(e.event, j.str("detail", e.detail));
         },
         [this](timeout_atom) {
           if (generation_ == 0 && !finished_) {
@@ -83,7 +94,8 @@ class Coordinator : public caf::event_based_actor {
     std::string name, host;
     uint32_t pid;
     std::vector<std::string> devices;
-    bool alive = true;
+    bool alive = true;     // false once lost or drained
+    bool standby = false;  // logged as a standby (above elastic.max_workers)
   };
   struct Ready {
     uint32_t agent, device;
@@ -113,9 +125,20 @@ class Coordinator : public caf::event_based_actor {
         on_done(body.getWorkerDone());
         break;
       case proto::Envelope::Body::WORKER_FAILED:
-        fail("worker " + std::to_string(body.getWorkerFailed().getRank()) +
-             " failed: " + std::string(body.getWorkerFailed().getReason().cStr()));
+        on_worker_failed(body.getWorkerFailed());
         break;
+      case proto::Envelope::Body::STATE_RECEIVED: {
+        auto t = body.getStateReceived();
+        log_.event("state_received", Json()
+                                         .integer("generation", long(t.getGeneration()))
+                                         .integer("rank", t.getRank())
+                                         .integer("source", t.getSourceRank())
+                                         .integer("bytes", long(t.getBytes()))
+                                         .num("seconds", t.getSeconds()));
+        break;
+      }
+      case proto::Envelope::Body::SCALE_REQUEST:
+        return scale(body.getScaleRequest());
       case proto::Envelope::Body::STATUS_REQUEST:
         return status();
       case proto::Envelope::Body::STOP_REQUEST:
@@ -135,11 +158,6 @@ class Coordinator : public caf::event_based_actor {
       return actors::make_error_reply(
           "refused", "the job already has its " + std::to_string(cfg_.agents) + " agents");
     }
-    const size_t max = cfg_.max_workers > 0 ? size_t(cfg_.max_workers) : SIZE_MAX;
-    if (generation_ > 0 && alive_workers() + j.getDevices().size() > max) {
-      return actors::make_error_reply(
-          "refused", "the job is at elastic.max_workers = " + std::to_string(cfg_.max_workers));
-    }
     Agent a{uint32_t(agents_.size()), node, j.getAgentName(), j.getHost(), j.getPid(), {}, true};
     for (auto d : j.getDevices()) a.devices.push_back(d);
     agents_.push_back(a);
@@ -152,17 +170,9 @@ class Coordinator : public caf::event_based_actor {
                                     .integer("devices", long(a.devices.size())));
     spdlog::info("agent {} joined: {} (pid {}, {} device(s))", a.id, a.name, a.pid,
                  a.devices.size());
-    if (generation_ > 0) {
-      change_started();
-      // A member joins a running job: the current members end their generation at the next
-      // step boundary and publish for the next one, which takes the joiner in.
-      auto leave = ControlMessage::build(
-          [&](proto::Envelope::Builder e) { e.initBody().setLeaveGeneration(generation_); });
-      for (auto& other : agents_)
-        if (other.alive && other.id != a.id)
-          send(bridge_, actors::send_atom::value,
-               actors::RemoteAddress{other.node, actors::kAgentActorId}, leave);
-    }
+    // A member joins a running job (or a paused one): a new generation takes it in, or it waits
+    // as a standby above elastic.max_workers.
+    if (generation_ > 0) decide_and_act();
     return ControlMessage::build([&](proto::Envelope::Builder e) {
       auto s = e.initBody().initJobSpec();
       s.setAgentId(a.id);
@@ -198,35 +208,121 @@ class Coordinator : public caf::event_based_actor {
     });
   }
 
+  static uint64_t key_of(uint32_t agent, uint32_t device) { return uint64_t(agent) << 32 | device; }
+  static uint32_t agent_of(uint64_t key) { return uint32_t(key >> 32); }
+  static uint32_t device_of(uint64_t key) { return uint32_t(key); }
+
   // A worker's address for generation g+1 (g: the current one, 0 before the first).
   void on_ready(proto::WorkerReady::Reader r) {
     if (finished_ || r.getGeneration() != generation_ + 1) return;  // stale
-    pending_[{r.getAgentId(), r.getDevice()}] =
+    if (r.getAgentId() >= agents_.size()) return;
+    pending_[key_of(r.getAgentId(), r.getDevice())] =
         Ready{r.getAgentId(), r.getDevice(), r.getAddress(), r.getAppliedStep()};
     check_start();
   }
 
-  size_t alive_workers() const {
-    size_t n = 0;
-    for (auto& a : agents_)
-      if (a.alive) n += a.devices.size();
-    return n;
+  // Workers of live agents that may take part: not lost, not drained, not given up.
+  bool usable(uint64_t key) const {
+    const Agent& a = agents_.at(agent_of(key));
+    return a.alive && !dead_workers_.count(key);
   }
 
-  // Starts generation g+1 once every worker of every live agent has published its address.
+  // What the membership should be now (elastic::decide_membership), and acting on it: a new
+  // generation (the members end the current one at the next step boundary, or have already
+  // left it when one was lost), a pause below elastic.min_workers, or the job's failure when a
+  // pause outlasts elastic.rejoin_timeout_ms. Called after every failure, join, drain, scale
+  // and rejoin timeout.
+  void decide_and_act() {
+    if (finished_ || generation_ == 0) return;
+    elastic::MembershipState st;
+    st.generation = generation_;
+    st.paused = paused_;
+    st.paused_since = paused_since_;
+    std::set<uint64_t> current;
+    for (auto& m : members_) {
+      uint64_t k = key_of(m.agent, m.device);
+      current.insert(k);
+      st.members.push_back({k, usable(k) && !failed_workers_.count(k), m.applied});
+    }
+    for (auto& a : agents_)
+      for (uint32_t d = 0; d < a.devices.size(); ++d) {
+        uint64_t k = key_of(a.id, d);
+        if (usable(k) && (!current.count(k) || failed_workers_.count(k))) st.waiting.push_back(k);
+      }
+    elastic::MembershipOptions opt;
+    opt.min_workers = uint32_t(std::max<int64_t>(1, cfg_.min_workers));
+    opt.max_workers = uint32_t(cfg_.max_workers);
+    opt.rejoin_timeout = std::chrono::milliseconds(cfg_.rejoin_timeout_ms);
+    auto d = elastic::decide_membership(Clock::now(), st, opt);
+    for (uint64_t k : d.standbys) {
+      Agent& a = agents_.at(agent_of(k));
+      if (a.standby) continue;
+      a.standby = true;
+      log_.event("member_standby", Json()
+                                       .integer("member", a.id)
+                                       .str("name", a.name)
+                                       .str("reason", "above elastic.max_workers = " +
+                                                          std::to_string(cfg_.max_workers)));
+    }
+    switch (d.kind) {
+      case elastic::MembershipDecision::Kind::keep:
+        return;
+      case elastic::MembershipDecision::Kind::fail:
+        fail(d.reason + (last_failure_.empty() ? "" : "; last lost: " + last_failure_));
+        return;
+      case elastic::MembershipDecision::Kind::pause:
+        expected_.clear();
+        if (!paused_) {
+          paused_ = true;
+          paused_since_ = Clock::now();
+          ++pause_epoch_;
+          log_.event("job_paused", Json()
+                                       .str("reason", d.reason)
+                                       .integer("step", long(committed_))
+                                       .integer("rejoin_timeout_ms", cfg_.rejoin_timeout_ms));
+          spdlog::warn("job paused at step {}: {}; waiting up to {} ms for workers", committed_,
+                       d.reason, cfg_.rejoin_timeout_ms);
+          delayed_send(this, std::chrono::milliseconds(cfg_.rejoin_timeout_ms + 1),
+                       rejoin_atom::value, pause_epoch_);
+        }
+        return;
+      case elastic::MembershipDecision::Kind::new_generation:
+        break;
+    }
+    std::vector<uint64_t> next = d.members;
+    std::sort(next.begin(), next.end());
+    if (next == expected_) return;  // already under way
+    const bool first = expected_.empty();
+    expected_ = next;
+    for (uint64_t k : next) agents_.at(agent_of(k)).standby = false;
+    spdlog::info("{}", d.reason);
+    // The members still in the current generation end it at the next step boundary and publish
+    // for the next one (those whose communicator broke have already).
+    auto leave = ControlMessage::build(
+        [&](proto::Envelope::Builder e) { e.initBody().setLeaveGeneration(generation_); });
+    for (auto& a : agents_)
+      if (a.alive || std::count(draining_.begin(), draining_.end(), a.id))
+        send(bridge_, actors::send_atom::value,
+             actors::RemoteAddress{a.node, actors::kAgentActorId}, leave);
+    if (first) change_started();
+    check_start();
+  }
+
+  // Starts generation g+1 once every worker it needs has published its address: all workers
+  // before the first generation, then the members decide_and_act chose.
   void check_start() {
     if (finished_) return;
-    if (generation_ == 0 && int64_t(pending_.size()) < cfg_.workers()) return;
-    size_t alive_pending = 0;
-    for (auto& [key, r] : pending_) alive_pending += agents_.at(r.agent).alive ? 1 : 0;
-    if (generation_ > 0 && alive_pending < alive_workers()) return;
     std::vector<Ready> next;
-    for (auto& [key, r] : pending_)
-      if (agents_.at(r.agent).alive) next.push_back(r);
-    if (generation_ > 0 && next.size() < size_t(std::max<int64_t>(1, cfg_.min_workers))) {
-      fail("only " + std::to_string(next.size()) +
-           " worker(s) left, fewer than elastic.min_workers = " + std::to_string(cfg_.min_workers));
-      return;
+    if (generation_ == 0) {
+      if (int64_t(pending_.size()) < cfg_.workers()) return;
+      for (auto& [key, r] : pending_) next.push_back(r);
+    } else {
+      if (expected_.empty()) return;
+      for (uint64_t k : expected_) {
+        auto it = pending_.find(k);
+        if (it == pending_.end()) return;
+        next.push_back(it->second);
+      }
     }
     std::sort(next.begin(), next.end(), [](const Ready& a, const Ready& b) {
       return std::tie(a.agent, a.device) < std::tie(b.agent, b.device);
@@ -247,8 +343,19 @@ class Coordinator : public caf::event_based_actor {
       it = it->first < start ? steps_.erase(it) : ++it;
     members_ = next;
     pending_.clear();
+    expected_.clear();
+    failed_workers_.clear();
     ++generation_;
     if (generation_ == 1) t_start_ = Clock::now();
+    if (paused_) {
+      paused_ = false;
+      log_.event("job_resumed",
+                 Json()
+                     .integer("step", long(start))
+                     .integer("world_size", long(members_.size()))
+                     .num("paused_seconds",
+                          std::chrono::duration<double>(Clock::now() - paused_since_).count()));
+    }
     spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [job " + cfg_.name + "] [coordinator] [gen " +
                         std::to_string(generation_) + "] [%l] %v");
     auto msg = ControlMessage::build([&](proto::Envelope::Builder e) {
@@ -262,33 +369,65 @@ class Coordinator : public caf::event_based_actor {
         ms[i].setAgentId(members_[i].agent);
         ms[i].setDevice(members_[i].device);
         ms[i].setAddress(members_[i].address);
+        ms[i].setAppliedStep(members_[i].applied);
       }
     });
+    // Every live agent hears it, standbys included: they publish again for the next one.
     for (auto& a : agents_)
       if (a.alive)
         send(bridge_, actors::send_atom::value,
              actors::RemoteAddress{a.node, actors::kAgentActorId}, msg);
+    uint32_t lacking = 0;
+    for (auto& m : members_) lacking += m.applied != start;
     log_.event("generation_started", Json()
                                          .integer("generation", long(generation_))
                                          .integer("world_size", long(members_.size()))
                                          .integer("step", long(start))
-                                         .integer("state_source", source));
+                                         .integer("state_source", source)
+                                         .integer("lacking_state", lacking));
     spdlog::info("generation {} started: {} worker(s) from step {}", generation_, members_.size(),
                  start);
     // Drained agents leave now that the others have moved on without them.
-    for (uint32_t id : draining_) {
-      auto bye = ControlMessage::build([](proto::Envelope::Builder e) {
-        auto s = e.initBody().initShutdown();
-        s.setReason("drained");
-        s.setExitCode(0);
-      });
-      send(bridge_, actors::send_atom::value,
-           actors::RemoteAddress{agents_.at(id).node, actors::kAgentActorId}, bye);
-      log_.event(
-          "member_left",
-          Json().integer("member", id).str("reason", "drained").integer("step", long(start)));
-    }
+    for (uint32_t id : draining_) shut_down_drained(id, start);
     draining_.clear();
+  }
+
+  void shut_down_drained(uint32_t id, uint64_t step) {
+    auto bye = ControlMessage::build([](proto::Envelope::Builder e) {
+      auto s = e.initBody().initShutdown();
+      s.setReason("drained");
+      s.setExitCode(0);
+    });
+    send(bridge_, actors::send_atom::value,
+         actors::RemoteAddress{agents_.at(id).node, actors::kAgentActorId}, bye);
+    log_.event("member_left",
+               Json().integer("member", id).str("reason", "drained").integer("step", long(step)));
+  }
+
+  // A worker thread that threw: its agent restarts it (it publishes for the next generation,
+  // fresh, and takes the state there) or gave up on it.
+  void on_worker_failed(proto::WorkerFailed::Reader f) {
+    std::string why = "worker " + std::to_string(f.getAgentId()) + "/" +
+                      std::to_string(f.getDevice()) + " failed: " + f.getReason().cStr();
+    if (generation_ == 0) {
+      fail(why);
+      return;
+    }
+    if (f.getAgentId() >= agents_.size()) return;
+    const uint64_t k = key_of(f.getAgentId(), f.getDevice());
+    log_.event("worker_failed", Json()
+                                    .integer("member", f.getAgentId())
+                                    .integer("device", f.getDevice())
+                                    .integer("generation", long(f.getGeneration()))
+                                    .str("reason", f.getReason().cStr())
+                                    .boolean("restarting", f.getRestarting()));
+    last_failure_ = why;
+    if (f.getRestarting())
+      failed_workers_.insert(k);
+    else
+      dead_workers_.insert(k);
+    spdlog::warn("{}{}", why, f.getRestarting() ? "; its agent restarts it" : "");
+    decide_and_act();
   }
 
   void on_step(proto::StepReport::Reader r) {
@@ -355,6 +494,7 @@ class Coordinator : public caf::event_based_actor {
   }
 
   void on_done(proto::WorkerDone::Reader d) {
+    if (finished_ || d.getGeneration() != generation_) return;  // e.g. a drained member's
     checksums_[d.getRank()] = d.getChecksum();
     if (checksums_.size() < members_.size()) return;
     bool identical = true;
@@ -390,14 +530,9 @@ class Coordinator : public caf::event_based_actor {
         fail(why + " before training started");
         return;
       }
-      if (alive_workers() < size_t(std::max<int64_t>(1, cfg_.min_workers))) {
-        fail(why + "; fewer than elastic.min_workers = " + std::to_string(cfg_.min_workers) +
-             " remain");
-        return;
-      }
-      spdlog::warn("{}; the survivors open generation {}", why, generation_ + 1);
-      change_started();
-      check_start();  // the survivors' addresses may all be in already
+      spdlog::warn("{}", why);
+      last_failure_ = why;
+      decide_and_act();
       return;
     }
   }
@@ -440,28 +575,94 @@ class Coordinator : public caf::event_based_actor {
     return ack();
   }
 
-  // An agent leaves at the next step boundary: everyone ends the generation there, the next one
-  // is built without it, then it is told to shut down. Nothing is redone.
+  size_t usable_workers() const {
+    size_t n = 0;
+    for (auto& a : agents_)
+      for (uint32_t d = 0; d < a.devices.size(); ++d) n += usable(key_of(a.id, d));
+    return n;
+  }
+  bool is_member(uint32_t agent) const {
+    for (auto& m : members_)
+      if (m.agent == agent) return true;
+    return false;
+  }
+
+  // Agents leave at the next step boundary: everyone ends the generation there, the next one is
+  // built without them, then they are told to shut down. Nothing is redone. An agent that is not
+  // a member (a standby) leaves at once.
+  void start_drain(const std::vector<uint32_t>& ids) {
+    for (uint32_t id : ids) {
+      agents_[id].alive = false;
+      log_.event("drain_requested", Json().integer("member", id).integer("step", long(committed_)));
+      if (is_member(id))
+        draining_.push_back(id);
+      else
+        shut_down_drained(id, committed_);
+    }
+    decide_and_act();
+  }
+
   ControlMessage drain(uint32_t id) {
     if (finished_ || generation_ == 0)
       return actors::make_error_reply("refused", "the job is not running");
     if (id >= agents_.size() || !agents_[id].alive) {
       return actors::make_error_reply("invalid_input", "no live agent " + std::to_string(id));
     }
-    if (alive_workers() - agents_[id].devices.size() <
+    if (usable_workers() - agents_[id].devices.size() <
         size_t(std::max<int64_t>(1, cfg_.min_workers))) {
       return actors::make_error_reply("refused", "draining agent " + std::to_string(id) +
                                                      " would leave fewer than elastic.min_workers");
     }
-    agents_[id].alive = false;
-    draining_.push_back(id);
-    log_.event("drain_requested", Json().integer("member", id).integer("step", long(committed_)));
-    change_started();
-    auto leave = ControlMessage::build(
-        [&](proto::Envelope::Builder e) { e.initBody().setLeaveGeneration(generation_); });
-    for (auto& a : agents_)
-      send(bridge_, actors::send_atom::value, actors::RemoteAddress{a.node, actors::kAgentActorId},
-           leave);
+    start_drain({id});
+    return ack();
+  }
+
+  // `troupe scale --workers N`: above the current size the local launcher starts agents (an
+  // external launcher's operator starts them with `troupe agent --join`); below it, agents are
+  // drained, standbys first, then the newest members.
+  ControlMessage scale(uint32_t n) {
+    if (finished_ || generation_ == 0)
+      return actors::make_error_reply("refused", "the job is not running");
+    if (n < uint32_t(std::max<int64_t>(1, cfg_.min_workers)))
+      return actors::make_error_reply("invalid_input", std::to_string(n) +
+                                                           " worker(s) is fewer than "
+                                                           "elastic.min_workers = " +
+                                                           std::to_string(cfg_.min_workers));
+    if (cfg_.max_workers > 0 && n > uint32_t(cfg_.max_workers))
+      return actors::make_error_reply("invalid_input", std::to_string(n) +
+                                                           " worker(s) is more than "
+                                                           "elastic.max_workers = " +
+                                                           std::to_string(cfg_.max_workers));
+    const size_t have = usable_workers();
+    log_.event(
+        "scale_requested",
+        Json().integer("workers", n).integer("from", long(have)).integer("step", long(committed_)));
+    if (n > have) {
+      if (cfg_.launcher != "local")
+        return actors::make_error_reply(
+            "refused", "cluster.launcher is \"" + cfg_.launcher +
+                           "\": add workers with `troupe agent --join` (the job has " +
+                           std::to_string(have) + ")");
+      const int64_t per = std::max<int64_t>(1, cfg_.devices_per_agent);
+      if (observer_) send(observer_, ScaleAgents{(int64_t(n - have) + per - 1) / per});
+      return ack();
+    }
+    // Shrink: standbys first, then members, newest first.
+    std::vector<uint32_t> order;
+    for (auto it = agents_.rbegin(); it != agents_.rend(); ++it)
+      if (it->alive && !is_member(it->id)) order.push_back(it->id);
+    for (auto it = agents_.rbegin(); it != agents_.rend(); ++it)
+      if (it->alive && is_member(it->id)) order.push_back(it->id);
+    std::vector<uint32_t> drain_ids;
+    size_t left = have;
+    for (uint32_t id : order) {
+      if (left <= n) break;
+      size_t w = agents_[id].devices.size();
+      if (left - w < n) continue;  // would go below the target: try a smaller agent
+      drain_ids.push_back(id);
+      left -= w;
+    }
+    if (!drain_ids.empty()) start_drain(drain_ids);
     return ack();
   }
 
@@ -496,14 +697,21 @@ class Coordinator : public caf::event_based_actor {
   caf::actor observer_;
   RunLog log_;
   std::vector<Agent> agents_;
-  std::vector<Ready> members_;                              // the current generation, by rank
-  std::map<std::pair<uint32_t, uint32_t>, Ready> pending_;  // addresses for the next generation
+  std::vector<Ready> members_;         // the current generation, by rank
+  std::map<uint64_t, Ready> pending_;  // addresses for the next generation, by worker key
   std::map<uint64_t, StepAcc> steps_;
   std::map<uint32_t, uint64_t> checksums_;
   uint64_t generation_ = 0, committed_ = 0;
   double last_loss_ = 0;
   bool stopping_ = false, finished_ = false;
   std::vector<uint32_t> draining_;
+  std::vector<uint64_t> expected_;     // the next generation's workers, once decided (sorted)
+  std::set<uint64_t> failed_workers_;  // threw in this generation; restarting (re-admitted)
+  std::set<uint64_t> dead_workers_;    // threw and were not restarted
+  bool paused_ = false;
+  Clock::time_point paused_since_{};
+  uint64_t pause_epoch_ = 0;
+  std::string last_failure_;  // the last failure, for the message if the job fails
   Clock::time_point t_start_ = Clock::now();
 };
 
@@ -513,6 +721,8 @@ void configure_job_system(caf::actor_system_config& cfg) {
   actors::configure_system(cfg);
   cfg.add_message_type<JobProgress>("troupe_job_progress");
   cfg.add_message_type<JobFinished>("troupe_job_finished");
+  cfg.add_message_type<LauncherEvent>("troupe_launcher_event");
+  cfg.add_message_type<ScaleAgents>("troupe_scale_agents");
 }
 
 caf::actor spawn_coordinator(caf::actor_system& system, caf::actor bridge, const JobConfig& config,

@@ -39,6 +39,28 @@ typename Inspector::result_type inspect(Inspector& f, JobFinished& x) {
   return f(caf::meta::type_name("job_finished"), x.exit_code, x.reason);
 }
 
+// The local launcher (the process that runs `troupe run`) -> the coordinator: something happened
+// to an agent process it owns (agent_restarted, agent_gave_up, agent_started), for events.jsonl.
+struct LauncherEvent {
+  std::string event;
+  int64_t slot = 0, attempt = 0, pid = 0;
+  std::string detail;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, LauncherEvent& x) {
+  return f(caf::meta::type_name("launcher_event"), x.event, x.slot, x.attempt, x.pid, x.detail);
+}
+
+// The coordinator -> the observer (the local launcher): start this many more agents
+// (`troupe scale` above the current size).
+struct ScaleAgents {
+  int64_t count = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ScaleAgents& x) {
+  return f(caf::meta::type_name("scale_agents"), x.count);
+}
+
 // The actor system settings of a process that runs a coordinator: actors::configure_system plus
 // the job's observer messages.
 void configure_job_system(caf::actor_system_config& cfg);

@@ -4,11 +4,13 @@
 #include <unistd.h>
 
 #include <condition_variable>
+#include <cstdlib>
 #include <fstream>
 #include <mutex>
 #include <thread>
 
 #include "actors/bridge.h"
+#include "actors/restart_intensity.h"
 #include "actors/services.h"
 #include "comm/ucx_communicator.h"
 #include "workers/worker.h"
@@ -22,6 +24,7 @@ using actors::ControlMessage;
 struct Member {
   uint32_t rank, agent_id, device;
   std::string address;
+  uint64_t applied;  // steps it had applied when it published
 };
 
 // What the agent actor learns from the coordinator, for the worker threads and main.
@@ -138,8 +141,8 @@ int run_agent(const AgentOptions& o) {
                             (ranks.empty() ? "-" : ranks) + "] [%l] %v");
         state->members.clear();
         for (auto mem : g.getMembers())
-          state->members.push_back(
-              {mem.getRank(), mem.getAgentId(), mem.getDevice(), mem.getAddress()});
+          state->members.push_back({mem.getRank(), mem.getAgentId(), mem.getDevice(),
+                                    mem.getAddress(), mem.getAppliedStep()});
         state->cv.notify_all();
       } else if (body.isStopAtNextStep()) {
         std::lock_guard<std::mutex> lock(state->mu);
@@ -203,109 +206,177 @@ int run_agent(const AgentOptions& o) {
   spdlog::info("agent {} joined job '{}' as agent {} with {} device(s)", name, spec.job_name,
                agent_id, o.devices.size());
 
+  // Test-only fault injection (docs/design.md): TROUPE_TEST_THROW_AT_STEP makes device 0's worker
+  // of the agent named TROUPE_TEST_THROW_AGENT throw once; TROUPE_TEST_STATE_DELAY_MS slows
+  // every state transfer this agent's workers send.
+  auto env_int = [](const char* n) -> int64_t {
+    const char* v = std::getenv(n);
+    return v ? std::atoll(v) : 0;
+  };
+  const char* throw_agent = std::getenv("TROUPE_TEST_THROW_AGENT");
+  spec.test_state_delay_ms = env_int("TROUPE_TEST_STATE_DELAY_MS");
+
   // One worker per device, each on its own thread. A worker follows the generations: for each
   // it publishes a fresh data-plane address with the steps it has applied, waits for the
-  // coordinator's member list, takes the state source's state when the membership changed, and
-  // trains until the job ends or a member is lost (then on to the next generation).
+  // coordinator's member list, takes the state source's state when it lacks it, and trains
+  // until the job ends or a member is lost (then on to the next generation). Not a member of a
+  // generation (a standby above elastic.max_workers): it publishes again for the next one.
+  //
+  // The thread is the worker's supervisor: a worker that throws is reported (its communicator
+  // aborted first, so the other members hear it at once) and restarted from scratch, at most
+  // kWorkerRestarts times a minute; it rejoins in the next generation and takes the state there.
+  constexpr int kWorkerRestarts = 3;
   std::vector<std::thread> threads;
   for (uint32_t dev = 0; dev < o.devices.size(); ++dev) {
     threads.emplace_back([&, dev] {
       auto send = [&](ControlMessage m) {
         caf::anon_send(bridge, actors::send_atom::value, to_coord, std::move(m));
       };
-      int rank = -1;
-      try {
-        Worker worker(spec);
-        comm::UcxCommOptions co;
-        co.timeout = std::chrono::milliseconds(spec.failure_timeout_ms);
-        for (uint64_t want = first_generation;; ++want) {
-          auto comm = std::make_unique<comm::UcxCommunicator>(want, co);
-          send(ControlMessage::build([&](proto::Envelope::Builder e) {
-            auto w = e.initBody().initWorkerReady();
-            w.setAgentId(agent_id);
-            w.setDevice(dev);
-            w.setAddress(comm->address());
-            w.setGeneration(want);
-            w.setAppliedStep(worker.next_step());
-          }));
-          std::vector<Member> members;
-          uint64_t gen = 0, start = 0;
-          uint32_t source = 0;
-          {
-            std::unique_lock<std::mutex> lock(state->mu);
-            state->cv.wait_for(lock, std::chrono::seconds(120),
-                               [&] { return state->generation >= want || state->shutdown; });
-            if (state->shutdown || state->generation < want) return;
-            members = state->members;
-            gen = state->generation;
-            start = state->start_step;
-            source = state->state_source;
-          }
-          std::vector<std::string> addresses(members.size());
-          rank = -1;
-          for (auto& m : members) {
-            addresses[m.rank] = m.address;
-            if (m.agent_id == agent_id && m.device == dev) rank = int(m.rank);
-          }
-          if (rank < 0) return;       // not a member of this generation (a standby): done
-          if (gen != want) continue;  // a newer generation already: publish again for it
-          try {
-            comm->connect(
-                rank, addresses,
-                std::chrono::milliseconds(std::max<int64_t>(10000, spec.failure_timeout_ms)));
-            if (gen > 1) worker.take_state_from(*comm, int(source), start);
-            auto result = worker.run(
-                *comm, start,
-                [&](const StepInfo& s) {
-                  send(ControlMessage::build([&](proto::Envelope::Builder e) {
-                    auto r = e.initBody().initStepReport();
-                    r.setGeneration(gen);
-                    r.setStep(s.step);
-                    r.setRank(uint32_t(rank));
-                    r.setLoss(s.loss);
-                    r.setSamples(s.samples);
-                    r.setTokens(s.tokens);
-                    r.setPositionBegin(s.position_begin);
-                    r.setPositionEnd(s.position_end);
-                    r.setSeconds(s.seconds);
-                  }));
-                },
-                [&] { return state->stop.load() || state->leave_generation.load() == gen; });
-            // The step's vote said stop: another member's agent may have heard why (stop or a
-            // membership change) before this one did. Wait for the reason before acting on it.
-            if (result.stopped) {
-              std::unique_lock<std::mutex> lock(state->mu);
-              state->cv.wait_for(lock, std::chrono::milliseconds(spec.failure_timeout_ms + 5000),
-                                 [&] {
-                                   return state->stop.load() ||
-                                          state->leave_generation.load() == gen || state->shutdown;
-                                 });
-            }
-            if (result.stopped && !state->stop.load() && state->leave_generation.load() == gen) {
-              continue;  // the membership changes: on to the next generation
-            }
+      WorkerSpec wspec = spec;
+      if (dev == 0 && throw_agent && name == throw_agent)
+        wspec.test_throw_at_step = uint64_t(env_int("TROUPE_TEST_THROW_AT_STEP"));
+      actors::RestartIntensity intensity(kWorkerRestarts, std::chrono::minutes(1));
+      comm::UcxCommOptions co;
+      co.timeout = std::chrono::milliseconds(spec.failure_timeout_ms);
+      std::unique_ptr<Worker> worker;
+      uint64_t want = first_generation;
+      while (true) {
+        int rank = -1;
+        uint64_t gen = 0;
+        std::unique_ptr<comm::UcxCommunicator> comm;
+        try {
+          if (!worker) worker = std::make_unique<Worker>(wspec);
+          for (;; ++want) {
+            comm = std::make_unique<comm::UcxCommunicator>(want, co);
             send(ControlMessage::build([&](proto::Envelope::Builder e) {
-              auto d = e.initBody().initWorkerDone();
-              d.setRank(uint32_t(rank));
-              d.setGeneration(gen);
-              d.setSteps(result.next_step);
-              d.setChecksum(worker.checksum());
+              auto w = e.initBody().initWorkerReady();
+              w.setAgentId(agent_id);
+              w.setDevice(dev);
+              w.setAddress(comm->address());
+              w.setGeneration(want);
+              w.setAppliedStep(worker->next_step());
             }));
-            return;
-          } catch (const comm::Error& e) {
-            if (state->shutdown) return;
-            spdlog::warn("worker {} (rank {}, generation {}): {}; waiting for the next generation",
-                         dev, rank, gen, e.what());
-            // The broken communicator goes; the loop publishes for the next generation.
+            std::vector<Member> members;
+            uint64_t start = 0;
+            uint32_t source = 0;
+            {
+              // No deadline of its own: the job may pause (below elastic.min_workers) for as
+              // long as the coordinator allows; the coordinator's loss ends the wait (shutdown).
+              std::unique_lock<std::mutex> lock(state->mu);
+              state->cv.wait(lock, [&] { return state->generation >= want || state->shutdown; });
+              if (state->shutdown) return;
+              members = state->members;
+              gen = state->generation;
+              start = state->start_step;
+              source = state->state_source;
+            }
+            std::vector<std::string> addresses(members.size());
+            std::vector<uint64_t> applied(members.size());
+            rank = -1;
+            for (auto& m : members) {
+              addresses[m.rank] = m.address;
+              applied[m.rank] = m.applied;
+              if (m.agent_id == agent_id && m.device == dev) rank = int(m.rank);
+            }
+            if (rank < 0 || gen != want) {
+              // A standby, or a newer generation formed already: publish for the next one.
+              if (rank < 0 && gen == want)
+                spdlog::info("worker {}: standby in generation {}", dev, gen);
+              want = gen;
+              continue;
+            }
+            try {
+              comm->connect(
+                  rank, addresses,
+                  std::chrono::milliseconds(std::max<int64_t>(10000, spec.failure_timeout_ms)));
+              if (gen > 1) {
+                auto t = worker->take_state_from(*comm, int(source), start, applied);
+                if (t.needed)
+                  send(ControlMessage::build([&](proto::Envelope::Builder e) {
+                    auto r = e.initBody().initStateReceived();
+                    r.setGeneration(gen);
+                    r.setRank(uint32_t(rank));
+                    r.setSourceRank(source);
+                    r.setBytes(t.bytes);
+                    r.setSeconds(t.seconds);
+                    r.setNeeded(true);
+                  }));
+              }
+              auto result = worker->run(
+                  *comm, start,
+                  [&](const StepInfo& s) {
+                    send(ControlMessage::build([&](proto::Envelope::Builder e) {
+                      auto r = e.initBody().initStepReport();
+                      r.setGeneration(gen);
+                      r.setStep(s.step);
+                      r.setRank(uint32_t(rank));
+                      r.setLoss(s.loss);
+                      r.setSamples(s.samples);
+                      r.setTokens(s.tokens);
+                      r.setPositionBegin(s.position_begin);
+                      r.setPositionEnd(s.position_end);
+                      r.setSeconds(s.seconds);
+                    }));
+                  },
+                  [&] { return state->stop.load() || state->leave_generation.load() == gen; });
+              // The step's vote said stop: another member's agent may have heard why (stop or
+              // a membership change) before this one did. Wait for the reason before acting.
+              if (result.stopped) {
+                std::unique_lock<std::mutex> lock(state->mu);
+                state->cv.wait_for(
+                    lock, std::chrono::milliseconds(spec.failure_timeout_ms + 5000), [&] {
+                      return state->stop.load() || state->leave_generation.load() == gen ||
+                             state->shutdown;
+                    });
+              }
+              if (state->shutdown) return;  // drained, or the job ended without it
+              if (result.stopped && !state->stop.load() && state->leave_generation.load() == gen) {
+                continue;  // the membership changes: on to the next generation
+              }
+              send(ControlMessage::build([&](proto::Envelope::Builder e) {
+                auto d = e.initBody().initWorkerDone();
+                d.setRank(uint32_t(rank));
+                d.setGeneration(gen);
+                d.setSteps(result.next_step);
+                d.setChecksum(worker->checksum());
+              }));
+              return;
+            } catch (const comm::Error& e) {
+              if (state->shutdown) return;
+              spdlog::warn(
+                  "worker {} (rank {}, generation {}): {}; waiting for the next generation", dev,
+                  rank, gen, e.what());
+              // The broken communicator goes; the loop publishes for the next generation.
+            }
           }
+        } catch (const std::exception& ex) {
+          if (state->shutdown) return;
+          // Tell the other members now (they would otherwise wait out the failure timeout).
+          if (comm) {
+            comm->abort();
+            try {
+              comm->barrier();
+            } catch (const std::exception&) {
+            }
+          }
+          const bool restart = worker && intensity.allow_restart(Clock::now());
+          spdlog::error("worker {} (rank {}) failed: {}{}", dev, rank, ex.what(),
+                        restart ? "; restarting it" : "");
+          send(ControlMessage::build([&](proto::Envelope::Builder e) {
+            auto f = e.initBody().initWorkerFailed();
+            f.setRank(rank < 0 ? dev : uint32_t(rank));
+            f.setReason(ex.what());
+            f.setAgentId(agent_id);
+            f.setDevice(dev);
+            f.setGeneration(gen);
+            f.setRestarting(restart);
+          }));
+          if (!restart) return;
+          worker.reset();
+          wspec.test_throw_at_step = 0;  // an injected fault happens once
+          std::lock_guard<std::mutex> lock(state->mu);
+          want = state->generation + 1;
         }
-      } catch (const std::exception& ex) {
-        spdlog::error("worker {} (rank {}) failed: {}", dev, rank, ex.what());
-        send(ControlMessage::build([&](proto::Envelope::Builder e) {
-          auto f = e.initBody().initWorkerFailed();
-          f.setRank(rank < 0 ? dev : uint32_t(rank));
-          f.setReason(ex.what());
-        }));
       }
     });
   }

@@ -102,6 +102,11 @@ TrainResult Worker::run(comm::Communicator& comm, uint64_t start,
   };
   for (uint64_t step = start; step < spec_.steps; ++step) {
     auto t0 = std::chrono::steady_clock::now();
+    if (spec_.test_throw_at_step > 0 && step + 1 == spec_.test_throw_at_step) {
+      spec_.test_throw_at_step = 0;  // once per worker
+      throw std::runtime_error("injected fault at step " + std::to_string(step) +
+                               " (TROUPE_TEST_THROW_AT_STEP)");
+    }
     models::StepStats stats;
     if (spec_.overlap_reduce) {
       // Forward + backward; each block's gradient is reduced on the reducer thread as soon as
@@ -142,18 +147,40 @@ TrainResult Worker::run(comm::Communicator& comm, uint64_t start,
   return result;
 }
 
-void Worker::take_state_from(comm::Communicator& comm, int source, uint64_t start_step) {
+StateTransfer Worker::take_state_from(comm::Communicator& comm, int source, uint64_t start_step,
+                                      const std::vector<uint64_t>& applied_by_rank) {
+  StateTransfer t;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int me = comm.rank();
+  // Every buffer of the state, in one order known to both sides.
+  std::vector<models::Tensor*> buffers;
   for (size_t b = 0; b < model_->num_blocks(); ++b) {
-    auto& p = model_->block(b).params();
-    comm.broadcast(p.data(), p.numel(), comm::DataType::f32, source);
-    auto& m = opt_->m(b);
-    comm.broadcast(m.data(), m.numel(), comm::DataType::f32, source);
-    if (opt_->has_v()) {
-      auto& v = opt_->v(b);
-      comm.broadcast(v.data(), v.numel(), comm::DataType::f32, source);
+    buffers.push_back(&model_->block(b).params());
+    buffers.push_back(&opt_->m(b));
+    if (opt_->has_v()) buffers.push_back(&opt_->v(b));
+  }
+  auto lacks = [&](int r) { return r != source && applied_by_rank.at(size_t(r)) != start_step; };
+  constexpr uint32_t kStateTag = 0x57a7e;
+  if (me == source) {
+    for (int r = 0; r < comm.size(); ++r) {
+      if (!lacks(r)) continue;
+      for (size_t i = 0; i < buffers.size(); ++i) {
+        comm.send(buffers[i]->data(), buffers[i]->numel() * sizeof(float), r, kStateTag);
+        t.bytes += buffers[i]->numel() * sizeof(float);
+        if (i == 0 && spec_.test_state_delay_ms > 0)
+          std::this_thread::sleep_for(std::chrono::milliseconds(spec_.test_state_delay_ms));
+      }
+    }
+  } else if (lacks(me)) {
+    t.needed = true;
+    for (auto* buf : buffers) {
+      comm.recv(buf->data(), buf->numel() * sizeof(float), source, kStateTag);
+      t.bytes += buf->numel() * sizeof(float);
     }
   }
   next_step_ = start_step;
+  t.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return t;
 }
 
 uint64_t Worker::checksum() const {

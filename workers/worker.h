@@ -29,6 +29,19 @@ struct WorkerSpec {
   // Reduce each block's gradient on a second thread as soon as its backward is done, overlapping
   // the reduction with the rest of the backward pass. Off by default: see docs/performance.md.
   bool overlap_reduce = false;
+  // Test-only fault injection (TROUPE_TEST_* environment variables of the agent; 0 = off):
+  // the state source pauses this long in the middle of each state transfer, and the worker
+  // throws once when it reaches this step (counting from 1), so the tests can kill a source
+  // mid-transfer and exercise a worker that throws.
+  int64_t test_state_delay_ms = 0;
+  uint64_t test_throw_at_step = 0;
+};
+
+// What a state transfer moved, as seen by one rank.
+struct StateTransfer {
+  bool needed = false;  // this rank lacked the source's step (and received it)
+  uint64_t bytes = 0;   // received (or, on the source, sent)
+  double seconds = 0;
 };
 
 struct StepInfo {
@@ -58,9 +71,12 @@ class Worker {
   uint64_t checksum() const;                         // FNV-1a over all parameters
   uint64_t next_step() const { return next_step_; }  // steps applied so far
 
-  // After a membership change: every member takes the parameters, optimizer moments and step of
-  // rank `source` (a broadcast per buffer over the new generation's communicator).
-  void take_state_from(comm::Communicator& comm, int source, uint64_t start_step);
+  // After a membership change: every member that lacks the step `start_step` (its applied step,
+  // applied_by_rank[rank], differs) takes the parameters and optimizer moments of rank `source`
+  // point to point over the new generation's communicator; members at that step already hold
+  // the same state (every member applies the same reduced update) and move nothing.
+  StateTransfer take_state_from(comm::Communicator& comm, int source, uint64_t start_step,
+                                const std::vector<uint64_t>& applied_by_rank);
 
  private:
   WorkerSpec spec_;

@@ -192,19 +192,22 @@ TEST(Job, CoordinatorAndAgentsStartedByHand) {
   EXPECT_EQ(testing::committed_losses(run_dir).size(), 30u);
 }
 
-TEST(Job, ALostAgentFailsTheJobFastWithTheReasonAndLeavesNothingRunning) {
-  // Until elasticity lands, losing a member ends the job: quickly, with a clear reason, never a
-  // hang.
+TEST(Job, BelowMinWorkersWithNobodyReturningTheJobFailsAfterTheRejoinTimeout) {
+  // Losing a member below elastic.min_workers pauses the job; with no restarts and nobody
+  // joining, it fails when elastic.rejoin_timeout_ms runs out: with a clear reason, never a
+  // hang, and nothing left running.
   testing::TempDir dir;
   std::string config = write_config(dir, "kill.toml", kMlp);
   std::string run_dir = dir.path() + "/kill";
   std::string out = dir.path() + "/kill.out";
-  coordinator::ChildProcess run({{testing::troupe_binary(), "run", config, "--set",
-                                  "job.steps=1000000", "--set", "job.run_dir=\"" + run_dir + "\"",
-                                  "--set", "cluster.agents=3", "--set", "elastic.min_workers=3"},
-                                 out,
-                                 out,
-                                 {}});
+  coordinator::ChildProcess run(
+      {{testing::troupe_binary(), "run", config, "--set", "job.steps=1000000", "--set",
+        "job.run_dir=\"" + run_dir + "\"", "--set", "cluster.agents=3", "--set",
+        "elastic.min_workers=3", "--set", "elastic.max_restarts=0", "--set",
+        "elastic.rejoin_timeout_ms=300"},
+       out,
+       out,
+       {}});
   auto deadline = std::chrono::steady_clock::now() + 60s;
   while (testing::committed_losses(run_dir).size() < 5) {
     ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the job made no progress";
@@ -232,7 +235,12 @@ TEST(Job, ALostAgentFailsTheJobFastWithTheReasonAndLeavesNothingRunning) {
   auto output = testing::lines_of(out);
   ASSERT_FALSE(output.empty());
   EXPECT_NE(output.back().find("was lost"), std::string::npos) << output.back();
+  EXPECT_NE(output.back().find("elastic.rejoin_timeout_ms = 300"), std::string::npos)
+      << output.back();
   auto events = testing::lines_of(run_dir + "/events.jsonl");
+  bool paused = false;
+  for (auto& e : events) paused |= testing::json_field(e, "event") == "job_paused";
+  EXPECT_TRUE(paused);
   EXPECT_EQ(testing::json_field(events.back(), "event"), "job_failed");
   for (int pid : pids) EXPECT_NE(::kill(pid, 0), 0) << "agent " << pid << " is still running";
 }
