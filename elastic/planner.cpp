@@ -1,0 +1,337 @@
+#include "elastic/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace troupe::elastic {
+namespace {
+
+constexpr size_t kNoParts = std::numeric_limits<size_t>::max();
+
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+// Part costs are always the left-to-right double sum from the part's first block. Rounded
+// addition is monotone, so a sub-range never costs more than the range that contains it: the
+// greedy below is exact and an optimal partition can always be split further.
+struct Partitioner {
+  const std::vector<double>& cost;
+  const std::vector<uint64_t>& bytes;
+  uint64_t max_bytes;  // 0: no limit
+  std::vector<double> candidates;
+
+  Partitioner(const std::vector<double>& c, const std::vector<uint64_t>& b, uint64_t limit)
+      : cost(c), bytes(b), max_bytes(limit) {
+    // The optimum is the cost of some part: every contiguous range's sum is a candidate.
+    const size_t n = cost.size();
+    candidates.reserve(n * (n + 1) / 2);
+    for (size_t i = 0; i < n; ++i) {
+      double s = 0;
+      for (size_t j = i; j < n; ++j) candidates.push_back(s += cost[j]);
+    }
+    std::sort(candidates.begin(), candidates.end());
+    candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
+  }
+
+  // The end of the longest valid part starting at b (b itself if block b alone is invalid).
+  size_t longest(size_t b, double cap) const {
+    double s = 0;
+    uint64_t by = 0;
+    size_t e = b;
+    for (; e < cost.size(); ++e) {
+      const double next = s + cost[e];
+      if (next > cap) break;
+      if (max_bytes && bytes[e] > max_bytes - by) break;
+      s = next;
+      by += bytes[e];
+    }
+    return e;
+  }
+
+  size_t min_parts(double cap) const {
+    size_t parts = 0;
+    for (size_t b = 0; b < cost.size(); ++parts) {
+      const size_t e = longest(b, cap);
+      if (e == b) return kNoParts;
+      b = e;
+    }
+    return parts;
+  }
+
+  Partition solve(uint32_t parts) const {
+    Partition p;
+    const size_t n = cost.size();
+    if (parts == 0 || parts > n || candidates.empty()) return p;
+    if (min_parts(candidates.back()) > parts) return p;  // the byte limit cannot be met
+    // Smallest candidate cap that fits in `parts` parts (feasibility is monotone in the cap).
+    size_t lo = 0, hi = candidates.size() - 1;
+    while (lo < hi) {
+      const size_t mid = lo + (hi - lo) / 2;
+      if (min_parts(candidates[mid]) <= parts)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    const double cap = candidates[lo];
+    // suffix[b]: fewest parts for blocks [b, n) under cap (greedy). The suffix can be split into
+    // exactly r parts iff suffix[b] <= r <= n - b, since every single block is valid under cap.
+    std::vector<size_t> suffix(n + 1, 0);
+    for (size_t b = n; b-- > 0;) {
+      const size_t e = longest(b, cap);
+      suffix[b] = (e == b || suffix[e] == kNoParts) ? kNoParts : suffix[e] + 1;
+    }
+    // Lexicographically earliest begins: each part ends as early as the rest allows.
+    size_t at = 0;
+    for (uint32_t k = 0; k < parts; ++k) {
+      p.begin.push_back(uint32_t(at));
+      const size_t rest = parts - k - 1;
+      double s = 0;
+      uint64_t by = 0;
+      size_t e = at;
+      size_t chosen = kNoParts;
+      for (; e < n; ++e) {
+        const double next = s + cost[e];
+        if (next > cap || (max_bytes && bytes[e] > max_bytes - by)) break;
+        s = next;
+        by += bytes[e];
+        const size_t end = e + 1;
+        if (rest == 0 ? end == n : (suffix[end] <= rest && rest <= n - end)) {
+          chosen = end;
+          break;
+        }
+      }
+      if (chosen == kNoParts) return Partition{};  // unreachable: the cap was feasible
+      p.max_cost = std::max(p.max_cost, s);
+      at = chosen;
+    }
+    p.ok = true;
+    return p;
+  }
+};
+
+Plan fail(std::string reason) {
+  Plan p;
+  p.reason = std::move(reason);
+  return p;
+}
+
+bool finite_nonneg(double v) { return std::isfinite(v) && v >= 0; }
+
+}  // namespace
+
+Partition partition_blocks(const std::vector<double>& cost, const std::vector<uint64_t>& bytes,
+                           uint32_t parts, uint64_t max_bytes) {
+  if (cost.size() != bytes.size()) return {};
+  for (double c : cost)
+    if (!finite_nonneg(c)) return {};
+  return Partitioner(cost, bytes, max_bytes).solve(parts);
+}
+
+Plan plan_pipeline(uint32_t W, const std::vector<BlockCost>& blocks, const PlanOptions& o) {
+  const size_t n = blocks.size();
+  if (W == 0) return fail("no workers (W = 0)");
+  if (n == 0) return fail("the model has no blocks");
+  if (n > std::numeric_limits<uint32_t>::max()) return fail("too many blocks");
+  if (o.global_batch == 0) return fail("global batch B = 0");
+  if (o.micro_batches == 0) return fail("micro_batches m = 0");
+  if (!finite_nonneg(o.worker_flops_per_s))
+    return fail("worker_flops_per_s = " + num(o.worker_flops_per_s) + " is not >= 0");
+  if (!finite_nonneg(o.allreduce_bytes_per_s))
+    return fail("allreduce_bytes_per_s = " + num(o.allreduce_bytes_per_s) + " is not >= 0");
+
+  bool measured = true;
+  for (const auto& b : blocks) measured = measured && b.measured_s_per_sample > 0;
+  const bool seconds = measured || o.worker_flops_per_s > 0;
+  std::vector<double> cost(n);
+  std::vector<uint64_t> bytes(n);
+  const uint64_t limit = o.max_params_per_worker;
+  uint64_t total_bytes = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const auto& b = blocks[i];
+    const double c = measured                   ? b.measured_s_per_sample
+                     : o.worker_flops_per_s > 0 ? b.flops_per_sample / o.worker_flops_per_s
+                                                : b.flops_per_sample;
+    if (!finite_nonneg(b.flops_per_sample) || !finite_nonneg(b.measured_s_per_sample) ||
+        !finite_nonneg(c))
+      return fail("block " + std::to_string(i) +
+                  " has an invalid cost (flops_per_sample = " + num(b.flops_per_sample) +
+                  ", measured_s_per_sample = " + num(b.measured_s_per_sample) + ")");
+    if (limit && b.param_bytes > limit)
+      return fail("block " + std::to_string(i) + " has " + std::to_string(b.param_bytes) +
+                  " parameter bytes, more than max_params_per_worker = " + std::to_string(limit));
+    cost[i] = c;
+    bytes[i] = b.param_bytes;
+    total_bytes += b.param_bytes;
+  }
+
+  // Fewest stages the byte limit allows, whatever the cost.
+  const Partitioner parts(cost, bytes, limit);
+  const size_t need = parts.min_parts(std::numeric_limits<double>::infinity());
+  const std::string need_text = "the model's " + std::to_string(total_bytes) +
+                                " parameter bytes need at least " + std::to_string(need) +
+                                " stage(s) under max_params_per_worker = " + std::to_string(limit);
+  uint32_t pp_lo = 1, pp_hi = uint32_t(std::min<size_t>(W, n));
+  if (o.pipeline_stages) {
+    const uint32_t N = o.pipeline_stages;
+    if (N > n)
+      return fail("pipeline_stages = " + std::to_string(N) + " but the model has only " +
+                  std::to_string(n) + " block(s)");
+    if (N > W)
+      return fail("pipeline_stages = " + std::to_string(N) + " but only " + std::to_string(W) +
+                  " worker(s)");
+    if (need > N) return fail(need_text + ", but pipeline_stages = " + std::to_string(N));
+    pp_lo = pp_hi = N;
+  } else if (need > pp_hi) {
+    return fail(need_text + ", but only " + std::to_string(W) + " worker(s) and " +
+                std::to_string(n) + " block(s)");
+  }
+
+  const double m = o.micro_batches;
+  const uint64_t B = o.global_batch;
+  const bool comm = seconds && o.allreduce_bytes_per_s > 0;
+  Plan best;
+  for (uint32_t pp = std::max<uint32_t>(pp_lo, uint32_t(need)); pp <= pp_hi; ++pp) {
+    const Partition part = parts.solve(pp);
+    if (!part.ok) continue;  // not reachable for pp >= need; kept as a guard
+    std::vector<double> per_sample(pp, 0);
+    std::vector<uint64_t> stage_bytes(pp, 0);
+    for (uint32_t s = 0; s < pp; ++s) {
+      const size_t end = s + 1 < pp ? part.begin[s + 1] : n;
+      for (size_t i = part.begin[s]; i < end; ++i) {
+        per_sample[s] += cost[i];
+        stage_bytes[s] += bytes[i];
+      }
+    }
+    const uint64_t max_bytes = *std::max_element(stage_bytes.begin(), stage_bytes.end());
+    const uint64_t dp_hi = std::min<uint64_t>(W / pp, B);
+    for (uint64_t dp = dp_hi; dp >= 1; --dp) {
+      const double share = double((B + dp - 1) / dp);
+      const double max_stage = part.max_cost * share;
+      double step = max_stage * (m + pp - 1) / m;
+      if (comm && dp > 1)
+        step += 2.0 * double(dp - 1) / double(dp) * double(max_bytes) / o.allreduce_bytes_per_s;
+      // Strictly better only: ties keep the earlier (smaller pp, then larger dp) layout.
+      if (best.ok && !(step < best.step_cost - 1e-12 * best.step_cost)) continue;
+      best.ok = true;
+      best.dp = uint32_t(dp);
+      best.pp = pp;
+      best.num_blocks = uint32_t(n);
+      best.stage_begin = part.begin;
+      best.step_cost = step;
+      best.max_stage_cost = max_stage;
+      best.bubble = double(pp - 1) / (m + pp - 1);
+      best.cost_in_seconds = seconds;
+      best.stage_cost.assign(pp, 0);
+      for (uint32_t s = 0; s < pp; ++s) best.stage_cost[s] = per_sample[s] * share;
+      best.stage_param_bytes = stage_bytes;
+    }
+  }
+  if (!best.ok) return fail("no layout fits (internal: no partition found)");
+
+  const uint32_t used = best.workers_used();
+  std::string begins;
+  for (uint32_t b : best.stage_begin) begins += (begins.empty() ? "" : ",") + std::to_string(b);
+  const std::string unit = seconds ? " s" : " FLOPs";
+  best.reason = "dp " + std::to_string(best.dp) + " x pp " + std::to_string(best.pp) + " = " +
+                std::to_string(used) + " of " + std::to_string(W) + " worker(s) (" +
+                std::to_string(W - used) + " standby); stages begin at blocks " + begins +
+                "; max stage " + num(best.max_stage_cost) + unit + ", bubble " + num(best.bubble) +
+                ", step " + num(best.step_cost) + unit;
+  return best;
+}
+
+Placement placement_of_rank(const Plan& plan, uint32_t rank) {
+  Placement p;
+  if (!plan.ok || plan.pp == 0 || rank >= plan.workers_used()) return p;
+  p.standby = false;
+  p.stage = rank % plan.pp;
+  p.replica = rank / plan.pp;
+  return p;
+}
+
+uint32_t rank_of(const Plan& plan, uint32_t stage, uint32_t replica) {
+  return replica * plan.pp + stage;
+}
+
+Migration migration(const Plan& from, const std::vector<uint64_t>& from_members, const Plan& to,
+                    const std::vector<uint64_t>& to_members, const std::vector<BlockCost>& blocks) {
+  Migration mig;
+  auto invalid = [&](std::string reason) {
+    mig.reason = std::move(reason);
+    return mig;
+  };
+  if (!from.ok || !to.ok) return invalid("both plans must be ok");
+  if (from.num_blocks != to.num_blocks || from.num_blocks != blocks.size())
+    return invalid("the plans are for different models (" + std::to_string(from.num_blocks) +
+                   " and " + std::to_string(to.num_blocks) + " blocks, " +
+                   std::to_string(blocks.size()) + " given)");
+  if (from_members.size() < from.workers_used() || to_members.size() < to.workers_used())
+    return invalid("fewer members than the plans use (" + std::to_string(from_members.size()) +
+                   " for " + std::to_string(from.workers_used()) + ", " +
+                   std::to_string(to_members.size()) + " for " + std::to_string(to.workers_used()) +
+                   ")");
+  std::unordered_map<uint64_t, uint32_t> old_rank;
+  for (uint32_t r = 0; r < from_members.size(); ++r)
+    if (!old_rank.emplace(from_members[r], r).second)
+      return invalid("member " + std::to_string(from_members[r]) + " appears twice in `from`");
+  std::unordered_set<uint64_t> now(to_members.begin(), to_members.end());
+  if (now.size() != to_members.size()) return invalid("a member appears twice in `to`");
+
+  // Old holders of each block, in old rank order.
+  const uint32_t n = from.num_blocks;
+  std::vector<std::vector<uint32_t>> holders(n);
+  for (uint32_t r = 0; r < from.workers_used(); ++r) {
+    const uint32_t s = placement_of_rank(from, r).stage;
+    for (uint32_t b = from.stage_block_begin(s); b < from.stage_block_end(s); ++b)
+      holders[b].push_back(r);
+  }
+  std::vector<uint64_t> sent(from_members.size(), 0);
+  std::vector<bool> lost(n, false);
+  for (uint32_t r = 0; r < to.workers_used(); ++r) {
+    const uint64_t id = to_members[r];
+    const uint32_t s = placement_of_rank(to, r).stage;
+    auto it = old_rank.find(id);
+    const Placement was = it == old_rank.end() ? Placement{} : placement_of_rank(from, it->second);
+    for (uint32_t b = to.stage_block_begin(s); b < to.stage_block_end(s); ++b) {
+      if (!was.standby && from.stage_block_begin(was.stage) <= b &&
+          b < from.stage_block_end(was.stage))
+        continue;  // already held: nothing moves
+      BlockTransfer t;
+      t.block = b;
+      t.to = id;
+      t.bytes = blocks[b].param_bytes;
+      int src = -1;
+      for (uint32_t h : holders[b]) {
+        if (!now.count(from_members[h])) continue;
+        if (src < 0 || sent[h] < sent[uint32_t(src)]) src = int(h);
+      }
+      if (src < 0) {
+        t.lost = true;
+        lost[b] = true;
+        mig.bytes_lost += t.bytes;
+      } else {
+        t.from = from_members[uint32_t(src)];
+        sent[uint32_t(src)] += t.bytes;
+        mig.bytes_moved += t.bytes;
+      }
+      mig.transfers.push_back(t);
+    }
+  }
+  for (uint32_t b = 0; b < n; ++b)
+    if (lost[b]) mig.lost_blocks.push_back(b);
+  mig.ok = true;
+  mig.reason = std::to_string(mig.transfers.size()) + " block transfer(s), " +
+               std::to_string(mig.bytes_moved) + " bytes moved, " +
+               std::to_string(mig.lost_blocks.size()) + " block(s) lost (" +
+               std::to_string(mig.bytes_lost) + " bytes to restore)";
+  return mig;
+}
+
+}  // namespace troupe::elastic
