@@ -208,13 +208,14 @@ int run_agent(const AgentOptions& o) {
 
   // Test-only fault injection (docs/design.md): TROUPE_TEST_THROW_AT_STEP makes device 0's worker
   // of the agent named TROUPE_TEST_THROW_AGENT throw once; TROUPE_TEST_STATE_DELAY_MS slows
-  // every state transfer this agent's workers send.
+  // every state transfer this agent's workers send; TROUPE_TEST_STEP_DELAY_US paces the steps.
   auto env_int = [](const char* n) -> int64_t {
     const char* v = std::getenv(n);
     return v ? std::atoll(v) : 0;
   };
   const char* throw_agent = std::getenv("TROUPE_TEST_THROW_AGENT");
   spec.test_state_delay_ms = env_int("TROUPE_TEST_STATE_DELAY_MS");
+  spec.test_step_delay_us = env_int("TROUPE_TEST_STEP_DELAY_US");
 
   // One worker per device, each on its own thread. A worker follows the generations: for each
   // it publishes a fresh data-plane address with the steps it has applied, waits for the

@@ -107,6 +107,8 @@ TrainResult Worker::run(comm::Communicator& comm, uint64_t start,
       throw std::runtime_error("injected fault at step " + std::to_string(step) +
                                " (TROUPE_TEST_THROW_AT_STEP)");
     }
+    if (spec_.test_step_delay_us > 0)
+      std::this_thread::sleep_for(std::chrono::microseconds(spec_.test_step_delay_us));
     models::StepStats stats;
     if (spec_.overlap_reduce) {
       // Forward + backward; each block's gradient is reduced on the reducer thread as soon as

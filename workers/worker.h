@@ -30,11 +30,13 @@ struct WorkerSpec {
   // the reduction with the rest of the backward pass. Off by default: see docs/performance.md.
   bool overlap_reduce = false;
   // Test-only fault injection (TROUPE_TEST_* environment variables of the agent; 0 = off):
-  // the state source pauses this long in the middle of each state transfer, and the worker
-  // throws once when it reaches this step (counting from 1), so the tests can kill a source
-  // mid-transfer and exercise a worker that throws.
+  // the state source pauses this long in the middle of each state transfer, the worker throws
+  // once when it reaches this step (counting from 1), and every step takes at least this long,
+  // so the tests can kill a source mid-transfer, exercise a worker that throws, and act between
+  // steps. The numbers computed are unchanged.
   int64_t test_state_delay_ms = 0;
   uint64_t test_throw_at_step = 0;
+  int64_t test_step_delay_us = 0;  // paces every step (the tests' scenarios need time to act)
 };
 
 // What a state transfer moved, as seen by one rank.

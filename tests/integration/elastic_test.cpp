@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <thread>
 
@@ -44,8 +45,12 @@ struct Job {
   std::unique_ptr<coordinator::ChildProcess> proc;
 };
 
+// Every scenario's job paces its steps (TROUPE_TEST_STEP_DELAY_US; the numbers are unchanged) so
+// that the test has time to act between them.
+constexpr const char* kPace = "TROUPE_TEST_STEP_DELAY_US=1000";
+
 Job start(const testing::TempDir& dir, const std::string& name, int agents,
-          std::vector<std::string> sets = {}) {
+          std::vector<std::string> sets = {}, std::vector<std::string> env = {kPace}) {
   Job j;
   std::string config = dir.path() + "/" + name + ".toml";
   std::ofstream(config) << kConfig;
@@ -63,8 +68,57 @@ Job start(const testing::TempDir& dir, const std::string& name, int agents,
     argv.push_back(s);
   }
   j.proc = std::make_unique<coordinator::ChildProcess>(
-      coordinator::ChildProcess::Options{argv, j.out, j.out, {}});
+      coordinator::ChildProcess::Options{argv, j.out, j.out, env});
   return j;
+}
+
+// The losses of a static single-agent run of the same job (the function every elastic run must
+// compute).
+std::vector<double> reference_losses(const testing::TempDir& dir) {
+  Job reference = start(dir, "static", 1, {}, {});
+  EXPECT_TRUE(reference.proc->wait(120s));
+  auto want = testing::committed_losses(reference.run_dir);
+  EXPECT_EQ(want.size(), 2500u);
+  return want;
+}
+
+std::vector<std::string> events_of(const Job& job) {
+  return testing::lines_of(job.run_dir + "/events.jsonl");
+}
+
+int count_events(const Job& job, const std::string& kind) {
+  int n = 0;
+  for (auto& e : events_of(job)) n += testing::json_field(e, "event") == kind;
+  return n;
+}
+
+// Waits for an event matching pred (at most `timeout`); returns it, or "" on timeout.
+std::string wait_event(const Job& job, const std::function<bool(const std::string&)>& pred,
+                       std::chrono::seconds timeout = 60s) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {  // at least one look, even with a zero timeout
+    for (auto& e : events_of(job))
+      if (pred(e)) return e;
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  return "";
+}
+
+std::function<bool(const std::string&)> is(const std::string& kind, const std::string& key = "",
+                                           const std::string& value = "") {
+  return [=](const std::string& e) {
+    return testing::json_field(e, "event") == kind &&
+           (key.empty() || testing::json_field(e, key) == value);
+  };
+}
+
+void wait_steps(const Job& job, size_t steps) {
+  auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (testing::committed_losses(job.run_dir).size() < steps) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no progress";
+    std::this_thread::sleep_for(10ms);
+  }
 }
 
 std::vector<int> agent_pids(const testing::TempDir& dir, const std::string& run_dir) {
@@ -79,150 +133,272 @@ std::vector<int> agent_pids(const testing::TempDir& dir, const std::string& run_
   return pids;
 }
 
+// The pid of the newest incarnation of a locally launched agent ("agent-1"), from its join.
+int pid_of(const Job& job, const std::string& name) {
+  int pid = 0;
+  for (auto& e : events_of(job))
+    if (testing::json_field(e, "event") == "member_joined" &&
+        testing::json_field(e, "name") == name)
+      pid = std::atoi(testing::json_field(e, "pid").c_str());
+  return pid;
+}
+
+int admin(const testing::TempDir& dir, std::vector<std::string> argv) {
+  std::string out = dir.path() + "/admin.out";
+  argv.insert(argv.begin(), testing::troupe_binary());
+  coordinator::ChildProcess p({argv, out, out, {}});
+  auto st = p.wait(30s);
+  EXPECT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << testing::lines_of(out).back();
+  return st ? WEXITSTATUS(*st) : -1;
+}
+
+// What every scenario ends with: the job finishes (exit 0), every member ends with the same
+// parameters, the losses equal the static run's within 1e-4 relative, and the ledger shows every
+// sample of every committed step exactly once.
+void expect_same_function(const Job& job, const std::vector<double>& want) {
+  auto st = job.proc->wait(120s);
+  ASSERT_TRUE(st) << "the job did not finish";
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << testing::lines_of(job.out).back();
+  auto events = events_of(job);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(testing::json_field(events.back(), "event"), "job_finished") << events.back();
+  EXPECT_EQ(testing::json_field(events.back(), "identical_parameters"), "true") << events.back();
+  auto got = testing::committed_losses(job.run_dir);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], 1e-4 * std::abs(want[i])) << "step " << i;
+  testing::check_ledger(job.run_dir, 2500, 60);
+  for (auto& e : events) {
+    auto kind = testing::json_field(e, "event");
+    if (kind != "step_committed" && kind != "job_started") std::printf("%s\n", e.c_str());
+  }
+}
+
 void scenario(int agents, std::vector<int> victims, int sig = SIGKILL) {
   testing::TempDir dir;
-  Job reference = start(dir, "static", 1);
-  ASSERT_TRUE(reference.proc->wait(120s));
-  auto want = testing::committed_losses(reference.run_dir);
-  ASSERT_EQ(want.size(), 2500u);
-
-  Job job = start(dir, "elastic", agents, {"elastic.failure_timeout_ms=1500"});
-  auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (testing::committed_losses(job.run_dir).size() < 20) {
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no progress";
-    std::this_thread::sleep_for(20ms);
-  }
+  auto want = reference_losses(dir);
+  Job job =
+      start(dir, "elastic", agents, {"elastic.failure_timeout_ms=1500", "elastic.max_restarts=0"});
+  wait_steps(job, 20);
   auto pids = agent_pids(dir, job.run_dir);
   ASSERT_EQ(int(pids.size()), agents);
   for (int v : victims) ASSERT_EQ(::kill(pids[v], sig), 0);
   if (sig == SIGSTOP) {
     // Wait until the survivors moved on without it, then wake it: it must be refused (fenced)
     // and must not disturb the new generation.
-    auto until = std::chrono::steady_clock::now() + 30s;
-    while (true) {
-      bool moved = false;
-      for (auto& e : testing::lines_of(job.run_dir + "/events.jsonl"))
-        moved |= testing::json_field(e, "event") == "generation_started" &&
-                 testing::json_field(e, "generation") == "2";
-      if (moved) break;
-      ASSERT_LT(std::chrono::steady_clock::now(), until) << "the stopped agent was not detected";
-      std::this_thread::sleep_for(20ms);
-    }
+    ASSERT_NE(wait_event(job, is("generation_started", "generation", "2"), 30s), "")
+        << "the stopped agent was not detected";
     for (int v : victims) ::kill(pids[v], SIGCONT);
   }
-  auto st = job.proc->wait(120s);
-  ASSERT_TRUE(st) << "the job did not finish";
-  EXPECT_EQ(WEXITSTATUS(*st), 0) << testing::lines_of(job.out).back();
-
-  auto events = testing::lines_of(job.run_dir + "/events.jsonl");
-  int failed = 0, generations = 0;
-  for (auto& e : events) {
-    failed += testing::json_field(e, "event") == "member_failed";
-    generations += testing::json_field(e, "event") == "generation_started";
-  }
-  EXPECT_EQ(failed, int(victims.size()));
-  EXPECT_GE(generations, 2);
-  EXPECT_EQ(testing::json_field(events.back(), "event"), "job_finished");
-  EXPECT_EQ(testing::json_field(events.back(), "identical_parameters"), "true") << events.back();
-  auto got = testing::committed_losses(job.run_dir);
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i)
-    ASSERT_NEAR(got[i], want[i], 1e-4 * std::abs(want[i])) << "step " << i;
-  testing::check_ledger(job.run_dir, 2500, 60);
-  for (auto& e : events)
-    if (testing::json_field(e, "event") == "generation_started" &&
-        testing::json_field(e, "generation") != "1")
-      std::printf("%s\n", e.c_str());
-}
-
-TEST(Elastic, AnAgentJoinsARunningJobAndTakesPartFromTheNextGeneration) {
-  testing::TempDir dir;
-  Job reference = start(dir, "static", 1);
-  ASSERT_TRUE(reference.proc->wait(120s));
-  auto want = testing::committed_losses(reference.run_dir);
-  Job job = start(dir, "grow", 2);
-  auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (testing::committed_losses(job.run_dir).size() < 20) {
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no progress";
-    std::this_thread::sleep_for(20ms);
-  }
-  std::string addr = testing::lines_of(job.run_dir + "/coordinator.addr").at(0);
-  coordinator::ChildProcess joiner({{testing::troupe_binary(), "agent", "--join", addr,
-                                     "--token-file", job.run_dir + "/job.token"},
-                                    dir.path() + "/joiner.out",
-                                    dir.path() + "/joiner.out",
-                                    {}});
-  auto st = job.proc->wait(120s);
-  ASSERT_TRUE(st);
-  EXPECT_EQ(WEXITSTATUS(*st), 0);
-  auto jst = joiner.wait(30s);
-  ASSERT_TRUE(jst);
-  EXPECT_EQ(WEXITSTATUS(*jst), 0);
-  auto events = testing::lines_of(job.run_dir + "/events.jsonl");
-  bool grew = false;
-  for (auto& e : events) {
-    if (testing::json_field(e, "event") == "generation_started" &&
-        testing::json_field(e, "world_size") == "3") {
-      grew = true;
-      std::printf("%s\n", e.c_str());
-    }
-  }
-  EXPECT_TRUE(grew) << "the joiner never took part";
-  EXPECT_EQ(testing::json_field(events.back(), "identical_parameters"), "true") << events.back();
-  EXPECT_NE(events.back().find("\",\""), std::string::npos);
-  auto got = testing::committed_losses(job.run_dir);
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i)
-    ASSERT_NEAR(got[i], want[i], 1e-4 * std::abs(want[i])) << "step " << i;
-  testing::check_ledger(job.run_dir, 2500, 60);
-}
-
-TEST(Elastic, DrainLetsAnAgentLeaveAtAStepBoundaryWithNothingRedone) {
-  testing::TempDir dir;
-  Job reference = start(dir, "static", 1);
-  ASSERT_TRUE(reference.proc->wait(120s));
-  auto want = testing::committed_losses(reference.run_dir);
-  Job job = start(dir, "drain", 3);
-  auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (testing::committed_losses(job.run_dir).size() < 20) {
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no progress";
-    std::this_thread::sleep_for(20ms);
-  }
-  std::string out = dir.path() + "/drain.out";
-  coordinator::ChildProcess drain(
-      {{testing::troupe_binary(), "drain", "--run-dir", job.run_dir, "--agent", "1"},
-       out,
-       out,
-       {}});
-  auto dst = drain.wait(30s);
-  ASSERT_TRUE(dst);
-  EXPECT_EQ(WEXITSTATUS(*dst), 0) << testing::lines_of(out).back();
-  auto st = job.proc->wait(120s);
-  ASSERT_TRUE(st);
-  EXPECT_EQ(WEXITSTATUS(*st), 0);
-  auto events = testing::lines_of(job.run_dir + "/events.jsonl");
-  uint64_t drained_at = 0, next_start = 0;
-  for (auto& e : events) {
-    if (testing::json_field(e, "event") == "member_left")
-      drained_at = std::stoull(testing::json_field(e, "step"));
-    if (testing::json_field(e, "event") == "generation_started" &&
-        testing::json_field(e, "generation") == "2")
-      next_start = std::stoull(testing::json_field(e, "step"));
-  }
-  EXPECT_GT(drained_at, 0u);
-  EXPECT_EQ(next_start, drained_at);
-  // Nothing redone: the ledger has each step's batch exactly once, and one line per member.
-  testing::check_ledger(job.run_dir, 2500, 60);
-  EXPECT_EQ(testing::json_field(events.back(), "identical_parameters"), "true") << events.back();
-  auto got = testing::committed_losses(job.run_dir);
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i)
-    ASSERT_NEAR(got[i], want[i], 1e-4 * std::abs(want[i])) << "step " << i;
+  expect_same_function(job, want);
+  EXPECT_EQ(count_events(job, "member_failed"), int(victims.size()));
+  EXPECT_GE(count_events(job, "generation_started"), 2);
 }
 
 TEST(Elastic, KillOneOfThreeAgents) { scenario(3, {1}); }
 TEST(Elastic, KillTwoOfFourAgentsAtOnce) { scenario(4, {0, 2}); }
 TEST(Elastic, StoppedAgentIsDetectedByHeartbeatsAndFencedWhenItWakes) { scenario(3, {2}, SIGSTOP); }
+
+TEST(Elastic, AnAgentJoinsARunningJobAndTakesPartFromTheNextGeneration) {
+  testing::TempDir dir;
+  auto want = reference_losses(dir);
+  Job job = start(dir, "grow", 2);
+  wait_steps(job, 20);
+  std::string addr = testing::lines_of(job.run_dir + "/coordinator.addr").at(0);
+  coordinator::ChildProcess joiner({{testing::troupe_binary(), "agent", "--join", addr,
+                                     "--token-file", job.run_dir + "/job.token"},
+                                    dir.path() + "/joiner.out",
+                                    dir.path() + "/joiner.out",
+                                    {kPace}});
+  expect_same_function(job, want);
+  auto jst = joiner.wait(30s);
+  ASSERT_TRUE(jst);
+  EXPECT_EQ(WEXITSTATUS(*jst), 0);
+  EXPECT_NE(wait_event(job, is("generation_started", "world_size", "3"), 0s), "")
+      << "the joiner never took part";
+  // The joiner took the state over the data plane; the members that had it moved nothing.
+  EXPECT_EQ(count_events(job, "state_received"), 1);
+}
+
+TEST(Elastic, DrainLetsAnAgentLeaveAtAStepBoundaryWithNothingRedone) {
+  testing::TempDir dir;
+  auto want = reference_losses(dir);
+  Job job = start(dir, "drain", 3);
+  wait_steps(job, 20);
+  admin(dir, {"drain", "--run-dir", job.run_dir, "--agent", "1"});
+  expect_same_function(job, want);
+  uint64_t drained_at = 0, next_start = 0;
+  for (auto& e : events_of(job)) {
+    if (testing::json_field(e, "event") == "member_left")
+      drained_at = std::stoull(testing::json_field(e, "step"));
+    if (is("generation_started", "generation", "2")(e))
+      next_start = std::stoull(testing::json_field(e, "step"));
+  }
+  // Nothing redone: the next generation starts where the drained one left.
+  EXPECT_GT(drained_at, 0u);
+  EXPECT_EQ(next_start, drained_at);
+}
+
+TEST(Elastic, ScaleTwoToFourToOneWithTroupeScale) {
+  testing::TempDir dir;
+  auto want = reference_losses(dir);
+  Job job = start(dir, "scale", 2);
+  wait_steps(job, 20);
+  admin(dir, {"scale", "--run-dir", job.run_dir, "--workers", "4"});
+  ASSERT_NE(wait_event(job, is("generation_started", "world_size", "4")), "") << "never grew to 4";
+  admin(dir, {"scale", "--run-dir", job.run_dir, "--workers", "1"});
+  ASSERT_NE(wait_event(job, is("generation_started", "world_size", "1")), "")
+      << "never shrank to 1";
+  expect_same_function(job, want);
+  EXPECT_EQ(count_events(job, "agent_started"), 2);
+  EXPECT_EQ(count_events(job, "member_left"), 3);
+  EXPECT_EQ(count_events(job, "state_received"), 2);  // the two new agents, nobody else
+}
+
+TEST(Elastic, AWorkerThatThrowsIsRestartedByItsAgentAndReadmitted) {
+  testing::TempDir dir;
+  auto want = reference_losses(dir);
+  Job job = start(dir, "throw", 3, {},
+                  {kPace, "TROUPE_TEST_THROW_AGENT=agent-1", "TROUPE_TEST_THROW_AT_STEP=300"});
+  expect_same_function(job, want);
+  auto failed = wait_event(job, is("worker_failed"), 0s);
+  ASSERT_NE(failed, "");
+  EXPECT_EQ(testing::json_field(failed, "restarting"), "true");
+  EXPECT_EQ(count_events(job, "member_failed"), 0);  // the agent process lived on
+  // Re-admitted: the next generation has all three, and the restarted worker took the state.
+  EXPECT_NE(
+      wait_event(job, is("generation_started", "generation", "2"), 0s).find("\"world_size\":3"),
+      std::string::npos);
+  EXPECT_EQ(count_events(job, "state_received"), 1);
+}
+
+TEST(Elastic, AnAgentThatKeepsDyingIsRestartedUpToMaxRestartsAndTheJobGoesOn) {
+  testing::TempDir dir;
+  auto want = reference_losses(dir);
+  Job job = start(dir, "dying", 3, {"elastic.max_restarts=2"});
+  wait_steps(job, 20);
+  int last = 0;
+  for (int kill = 0; kill < 3; ++kill) {
+    // Wait until a new incarnation of agent-1 is a member: it joined and a generation started
+    // after its join.
+    auto until = std::chrono::steady_clock::now() + 30s;
+    int pid = 0;
+    while (true) {
+      bool member = false;
+      for (auto& e : events_of(job)) {
+        if (is("member_joined", "name", "agent-1")(e)) {
+          pid = std::atoi(testing::json_field(e, "pid").c_str());
+          member = false;
+        }
+        member |= is("generation_started")(e);
+      }
+      if (member && pid != last) break;
+      ASSERT_LT(std::chrono::steady_clock::now(), until) << "agent-1 (" << kill << ") not back";
+      std::this_thread::sleep_for(10ms);
+    }
+    ASSERT_EQ(::kill(pid, SIGKILL), 0);
+    last = pid;
+  }
+  ASSERT_NE(wait_event(job, is("agent_gave_up"), 30s), "");
+  expect_same_function(job, want);
+  EXPECT_EQ(count_events(job, "agent_restarted"), 2);
+  EXPECT_EQ(count_events(job, "agent_gave_up"), 1);
+  EXPECT_EQ(count_events(job, "member_failed"), 3);
+}
+
+TEST(Elastic, BelowMinWorkersTheJobPausesAndResumesWhenAnAgentReturns) {
+  testing::TempDir dir;
+  auto want = reference_losses(dir);
+  Job job = start(dir, "pause", 2, {"elastic.min_workers=2", "elastic.max_restarts=1"});
+  wait_steps(job, 20);
+  ASSERT_EQ(::kill(pid_of(job, "agent-1"), SIGKILL), 0);
+  // The job pauses (one worker left, two needed); the launcher restarts agent-1; it rejoins.
+  ASSERT_NE(wait_event(job, is("job_paused"), 30s), "");
+  ASSERT_NE(wait_event(job, is("job_resumed"), 30s), "");
+  expect_same_function(job, want);
+  EXPECT_EQ(count_events(job, "agent_restarted"), 1);
+}
+
+TEST(Elastic, StandbysAboveMaxWorkersAreAdmittedWhenAMemberFails) {
+  testing::TempDir dir;
+  auto want = reference_losses(dir);
+  Job job = start(dir, "standby", 2, {"elastic.max_workers=2", "elastic.max_restarts=0"});
+  wait_steps(job, 20);
+  std::string addr = testing::lines_of(job.run_dir + "/coordinator.addr").at(0);
+  coordinator::ChildProcess standby(
+      {{testing::troupe_binary(), "agent", "--join", addr, "--token-file",
+        job.run_dir + "/job.token", "--name", "standby"},
+       dir.path() + "/standby.out",
+       dir.path() + "/standby.out",
+       {kPace}});
+  ASSERT_NE(wait_event(job, is("member_standby", "name", "standby"), 30s), "");
+  EXPECT_EQ(count_events(job, "generation_started"), 1);  // the standby changed nothing
+  ASSERT_EQ(::kill(pid_of(job, "agent-1"), SIGKILL), 0);
+  ASSERT_NE(wait_event(job, is("generation_started", "generation", "2"), 30s), "");
+  expect_same_function(job, want);
+  auto gen2 = wait_event(job, is("generation_started", "generation", "2"), 0s);
+  EXPECT_EQ(testing::json_field(gen2, "world_size"), "2") << gen2;
+  EXPECT_EQ(count_events(job, "state_received"), 1);  // the standby took the state
+  auto sst = standby.wait(30s);
+  ASSERT_TRUE(sst);
+  EXPECT_EQ(WEXITSTATUS(*sst), 0);
+}
+
+TEST(Elastic, KillTheStateSourceDuringAStateTransfer) {
+  testing::TempDir dir;
+  auto want = reference_losses(dir);
+  // Every transfer pauses 1.5 s after its first buffer: the test kills the source meanwhile.
+  Job job = start(dir, "source", 2, {"elastic.max_restarts=0"},
+                  {kPace, "TROUPE_TEST_STATE_DELAY_MS=1500"});
+  wait_steps(job, 20);
+  admin(dir, {"scale", "--run-dir", job.run_dir, "--workers", "3"});
+  auto gen2 = wait_event(job, is("generation_started", "generation", "2"));
+  ASSERT_NE(gen2, "");
+  ASSERT_EQ(testing::json_field(gen2, "lacking_state"), "1");
+  auto pids = agent_pids(dir, job.run_dir);  // by rank, generation 2
+  int source = std::atoi(testing::json_field(gen2, "state_source").c_str());
+  ASSERT_LT(source, int(pids.size()));
+  ASSERT_EQ(::kill(pids[source], SIGKILL), 0);
+  expect_same_function(job, want);
+  // The transfer of generation 2 never completed; generation 3 brought the joiner the state
+  // from the other survivor.
+  int received2 = 0, received3 = 0;
+  for (auto& e : events_of(job)) {
+    received2 += is("state_received", "generation", "2")(e);
+    received3 += is("state_received", "generation", "3")(e);
+  }
+  EXPECT_EQ(received2, 0);
+  EXPECT_EQ(received3, 1);
+  EXPECT_EQ(count_events(job, "member_failed"), 1);
+}
+
+TEST(Elastic, KillAMemberWhileAnAgentJoins) {
+  testing::TempDir dir;
+  auto want = reference_losses(dir);
+  Job job = start(dir, "joinkill", 3, {"elastic.max_restarts=0"});
+  wait_steps(job, 20);
+  std::string addr = testing::lines_of(job.run_dir + "/coordinator.addr").at(0);
+  coordinator::ChildProcess joiner(
+      {{testing::troupe_binary(), "agent", "--join", addr, "--token-file",
+        job.run_dir + "/job.token", "--name", "joiner"},
+       dir.path() + "/joiner.out",
+       dir.path() + "/joiner.out",
+       {kPace}});
+  // As soon as the join is admitted (the members are ending their generation), kill a member.
+  ASSERT_NE(wait_event(job, is("member_joined", "name", "joiner"), 30s), "");
+  ASSERT_EQ(::kill(pid_of(job, "agent-1"), SIGKILL), 0);
+  expect_same_function(job, want);
+  EXPECT_EQ(count_events(job, "member_failed"), 1);
+  bool joined = false;
+  for (auto& e : events_of(job))
+    joined |= is("generation_started")(e) && testing::json_field(e, "world_size") == "3" &&
+              testing::json_field(e, "generation") != "1";
+  EXPECT_TRUE(joined) << "no generation with the joiner and the two survivors";
+  auto jst = joiner.wait(30s);
+  ASSERT_TRUE(jst);
+  EXPECT_EQ(WEXITSTATUS(*jst), 0);
+}
 
 }  // namespace
 }  // namespace troupe
