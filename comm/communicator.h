@@ -70,6 +70,12 @@ class Communicator {
                     const CollectiveOptions& options = {}) = 0;
   virtual void recv(void* buf, size_t bytes, int peer, uint32_t tag,
                     const CollectiveOptions& options = {}) = 0;
+  // Sends to send_peer and receives from recv_peer at once, so two neighbours that exchange
+  // (a pipeline's activations one way, gradients the other) never wait on each other. A peer of
+  // -1 skips that half. Sends and receives with the same (peer, tag) match in order.
+  virtual void sendrecv(const void* send_buf, size_t send_bytes, int send_peer, void* recv_buf,
+                        size_t recv_bytes, int recv_peer, uint32_t tag,
+                        const CollectiveOptions& options = {}) = 0;
   virtual void barrier(const CollectiveOptions& options = {}) = 0;
 
   // Fails every pending and later operation with Errc::aborted. Any thread, any time.

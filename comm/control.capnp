@@ -79,6 +79,8 @@ struct JobSpec {
   failureTimeoutMs @26 :Int64;  # elastic.failure_timeout_ms (data-plane deadline)
   overlapReduce @27 :Bool;      # parallel.overlap_reduce
   firstGeneration @28 :UInt64;  # the generation this agent's workers first publish for
+  pipelineStages @29 :Int64;    # parallel.pipeline_stages (0 = auto)
+  maxParamsPerWorker @30 :Int64;  # parallel.max_params_per_worker (0 = no limit)
 }
 
 struct WorkerReady {
@@ -87,6 +89,8 @@ struct WorkerReady {
   address @2 :Text;         # the worker's data-plane address for the coming generation
   generation @3 :UInt64;    # the generation this address is for
   appliedStep @4 :UInt64;   # steps this worker has applied (the next step it would run)
+  heldBlocks @5 :List(UInt32);  # model blocks whose state it holds as of appliedStep
+  lastError @6 :Text;       # why it left its previous generation, if a data-plane error ended it
 }
 
 struct Member {
@@ -95,6 +99,7 @@ struct Member {
   device @2 :UInt32;        # device index within the agent
   address @3 :Text;         # data-plane address
   appliedStep @4 :UInt64;   # steps it had applied when it published (it lacks the state if < startStep)
+  heldBlocks @5 :List(UInt32);  # blocks whose state it holds as of appliedStep
 }
 
 struct GenerationStart {
@@ -153,6 +158,7 @@ struct WorkerFailed {
   device @3 :UInt32;        # device index within the agent
   generation @4 :UInt64;    # the generation it failed in (0: before its first)
   restarting @5 :Bool;      # true: its agent restarts it (it publishes for the next generation)
+  fatal @6 :Bool;           # true: the job cannot go on (e.g. a model block held by no member)
 }
 
 struct StateReceived {
@@ -162,6 +168,8 @@ struct StateReceived {
   bytes @3 :UInt64;         # bytes received (parameters and optimizer state)
   seconds @4 :Float64;      # wall time of the transfer on this rank
   needed @5 :Bool;          # false when this rank already had the source's step (a no-op copy)
+  blocks @6 :UInt32;        # model blocks received
+  plan @7 :Text;            # the layout it trains with in this generation, e.g. "dp 2 x pp 2, stages [0,3)[3,6)"
 }
 
 struct Heartbeat {

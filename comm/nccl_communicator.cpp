@@ -121,6 +121,18 @@ class NcclCommunicator : public Communicator {
   void recv(void* buf, size_t bytes, int peer, uint32_t, const CollectiveOptions& o) override {
     run("recv", o, [&] { return ncclRecv(buf, bytes, ncclUint8, peer, comm_, stream_); });
   }
+  void sendrecv(const void* send_buf, size_t send_bytes, int send_peer, void* recv_buf,
+                size_t recv_bytes, int recv_peer, uint32_t, const CollectiveOptions& o) override {
+    run("sendrecv", o, [&] {
+      ncclResult_t r = ncclGroupStart();
+      if (r != ncclSuccess) return r;
+      if (send_peer >= 0) r = ncclSend(send_buf, send_bytes, ncclUint8, send_peer, comm_, stream_);
+      if (r == ncclSuccess && recv_peer >= 0)
+        r = ncclRecv(recv_buf, recv_bytes, ncclUint8, recv_peer, comm_, stream_);
+      ncclResult_t e = ncclGroupEnd();
+      return r != ncclSuccess ? r : e;
+    });
+  }
   void barrier(const CollectiveOptions& o) override {
     if (!scratch_) TROUPE_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
     allreduce(scratch_, scratch_, 1, DataType::f32, ReduceOp::sum, o);

@@ -645,6 +645,24 @@ void UcxCommunicator::recv(void* buf, size_t bytes, int peer, uint32_t tag,
   m.wait_all(reqs, m.timeout(options));
 }
 
+void UcxCommunicator::sendrecv(const void* send_buf, size_t send_bytes, int send_peer,
+                               void* recv_buf, size_t recv_bytes, int recv_peer, uint32_t tag,
+                               const CollectiveOptions& options) {
+  Impl& m = *impl_;
+  m.check_usable();
+  for (int p : {send_peer, recv_peer})
+    if (p != -1 && (p < 0 || p >= m.n || p == m.my_rank))
+      TROUPE_FAIL(Errc::invalid_input, "sendrecv with rank " + std::to_string(p));
+  std::vector<Impl::Req> reqs;
+  if (recv_peer >= 0)
+    reqs.push_back(
+        m.irecv(recv_buf, recv_bytes, make_tag(m.gen, kPointToPoint, tag, recv_peer, 0)));
+  if (send_peer >= 0)
+    reqs.push_back(m.isend(send_peer, send_buf, send_bytes,
+                           make_tag(m.gen, kPointToPoint, tag, m.my_rank, 0)));
+  if (!reqs.empty()) m.wait_all(reqs, m.timeout(options));
+}
+
 void UcxCommunicator::barrier(const CollectiveOptions& options) {
   Impl& m = *impl_;
   m.check_usable();

@@ -10,7 +10,7 @@
 namespace troupe::coordinator {
 namespace {
 
-enum class Kind { integer, real, string, boolean, int_array };
+enum class Kind { integer, real, string, boolean, int_array, int_or_auto };
 
 struct Field {
   std::string table, key;
@@ -59,7 +59,8 @@ std::vector<Field> fields_of(JobConfig& c) {
       I("optimizer", "warmup_steps", &c.warmup_steps, 0, 1e12),
       I("optimizer", "decay_steps", &c.decay_steps, 0, 1e12),
       S("parallel", "backend", &c.backend, {"auto", "ucx", "nccl"}),
-      I("parallel", "pipeline_stages", &c.pipeline_stages, 1, 1),
+      Field{"parallel", "pipeline_stages", Kind::int_or_auto, &c.pipeline_stages, 1, 1024, {}},
+      I("parallel", "max_params_per_worker", &c.max_params_per_worker, 0, 1e15),
       I("parallel", "threads_per_worker", &c.threads_per_worker, 1, 256),
       B("parallel", "overlap_reduce", &c.overlap_reduce),
       S("cluster", "launcher", &c.launcher, {"local", "external"}),
@@ -123,6 +124,8 @@ const char* kind_name(Kind k) {
       return "true or false";
     case Kind::int_array:
       return "an array of integers";
+    case Kind::int_or_auto:
+      return "an integer or \"auto\"";
   }
   return "?";
 }
@@ -143,6 +146,17 @@ void assign(const Field& f, const toml::node& n, const std::string& source) {
   };
   switch (f.kind) {
     case Kind::integer: {
+      auto v = n.value<int64_t>();
+      if (!n.is_integer() || !v) throw wrong();
+      range(double(*v));
+      *static_cast<int64_t*>(f.target) = *v;
+      break;
+    }
+    case Kind::int_or_auto: {  // "auto" is stored as 0
+      if (n.is_string() && *n.value<std::string>() == "auto") {
+        *static_cast<int64_t*>(f.target) = 0;
+        break;
+      }
       auto v = n.value<int64_t>();
       if (!n.is_integer() || !v) throw wrong();
       range(double(*v));
@@ -227,6 +241,12 @@ void validate(const JobConfig& c, const std::string& source) {
     fail("model.kind = \"mlp\" needs data.kind = \"synthetic\"");
   if (c.failure_timeout_ms <= c.heartbeat_interval_ms)
     fail("elastic.failure_timeout_ms must be larger than elastic.heartbeat_interval_ms");
+  if (c.pipeline_stages != 1 && c.tied_head)
+    fail("parallel.pipeline_stages = " +
+         (c.pipeline_stages ? std::to_string(c.pipeline_stages) : std::string("\"auto\"")) +
+         " needs model.tied_head = false (a tied head would span the first and last stages)");
+  if (c.pipeline_stages != 1 && c.overlap_reduce)
+    fail("parallel.overlap_reduce works with parallel.pipeline_stages = 1 only");
   if (c.data_kind == "text") {
     std::ifstream in(c.data_path);
     if (!in)
@@ -305,6 +325,14 @@ std::string to_toml(const JobConfig& config) {
       case Kind::integer:
         t->insert(f.key, *static_cast<int64_t*>(f.target));
         break;
+      case Kind::int_or_auto: {
+        int64_t v = *static_cast<int64_t*>(f.target);
+        if (v == 0)
+          t->insert(f.key, "auto");
+        else
+          t->insert(f.key, v);
+        break;
+      }
       case Kind::real:
         t->insert(f.key, *static_cast<double*>(f.target));
         break;

@@ -45,7 +45,8 @@ struct JobConfig {
   int64_t warmup_steps = 0, decay_steps = 0;
   // [parallel]
   std::string backend = "auto";
-  int64_t pipeline_stages = 1;
+  int64_t pipeline_stages = 1;        // 0: "auto" (the planner chooses)
+  int64_t max_params_per_worker = 0;  // parameters one worker may hold; 0: no limit
   int64_t threads_per_worker = 1;
   bool overlap_reduce = false;
   // [cluster]

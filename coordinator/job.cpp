@@ -100,7 +100,9 @@ class Coordinator : public caf::event_based_actor {
   struct Ready {
     uint32_t agent, device;
     std::string address;
-    uint64_t applied = 0;  // steps this worker had applied when it published
+    uint64_t applied = 0;        // steps this worker had applied when it published
+    std::vector<uint32_t> held;  // blocks it held as of then
+    std::string error;           // why its previous generation ended, if it broke
   };
   struct StepAcc {
     uint32_t reports = 0;
@@ -129,12 +131,20 @@ class Coordinator : public caf::event_based_actor {
         break;
       case proto::Envelope::Body::STATE_RECEIVED: {
         auto t = body.getStateReceived();
-        log_.event("state_received", Json()
-                                         .integer("generation", long(t.getGeneration()))
-                                         .integer("rank", t.getRank())
-                                         .integer("source", t.getSourceRank())
-                                         .integer("bytes", long(t.getBytes()))
-                                         .num("seconds", t.getSeconds()));
+        if (t.getGeneration() != generation_) break;
+        if (t.getPlan().size() > 0 && t.getRank() == 0)
+          log_.event("pipeline_plan", Json()
+                                          .integer("generation", long(t.getGeneration()))
+                                          .integer("world_size", long(members_.size()))
+                                          .str("plan", t.getPlan().cStr()));
+        if (t.getNeeded())
+          log_.event("state_received", Json()
+                                           .integer("generation", long(t.getGeneration()))
+                                           .integer("rank", t.getRank())
+                                           .integer("source", t.getSourceRank())
+                                           .integer("blocks", t.getBlocks())
+                                           .integer("bytes", long(t.getBytes()))
+                                           .num("seconds", t.getSeconds()));
         break;
       }
       case proto::Envelope::Body::SCALE_REQUEST:
@@ -205,6 +215,8 @@ class Coordinator : public caf::event_based_actor {
       s.setFailureTimeoutMs(cfg_.failure_timeout_ms);
       s.setOverlapReduce(cfg_.overlap_reduce);
       s.setFirstGeneration(generation_ + 1);
+      s.setPipelineStages(cfg_.pipeline_stages);
+      s.setMaxParamsPerWorker(cfg_.max_params_per_worker);
     });
   }
 
@@ -216,8 +228,11 @@ class Coordinator : public caf::event_based_actor {
   void on_ready(proto::WorkerReady::Reader r) {
     if (finished_ || r.getGeneration() != generation_ + 1) return;  // stale
     if (r.getAgentId() >= agents_.size()) return;
+    std::vector<uint32_t> held;
+    for (uint32_t b : r.getHeldBlocks()) held.push_back(b);
     pending_[key_of(r.getAgentId(), r.getDevice())] =
-        Ready{r.getAgentId(), r.getDevice(), r.getAddress(), r.getAppliedStep()};
+        Ready{r.getAgentId(),     r.getDevice(),   r.getAddress(),
+              r.getAppliedStep(), std::move(held), r.getLastError()};
     check_start();
   }
 
@@ -317,7 +332,7 @@ class Coordinator : public caf::event_based_actor {
       if (int64_t(pending_.size()) < cfg_.workers()) return;
       for (auto& [key, r] : pending_) next.push_back(r);
     } else {
-      if (expected_.empty()) return;
+      if (expected_.empty() && !reform()) return;
       for (uint64_t k : expected_) {
         auto it = pending_.find(k);
         if (it == pending_.end()) return;
@@ -370,6 +385,8 @@ class Coordinator : public caf::event_based_actor {
         ms[i].setDevice(members_[i].device);
         ms[i].setAddress(members_[i].address);
         ms[i].setAppliedStep(members_[i].applied);
+        auto h = ms[i].initHeldBlocks(unsigned(members_[i].held.size()));
+        for (unsigned k = 0; k < members_[i].held.size(); ++k) h.set(k, members_[i].held[k]);
       }
     });
     // Every live agent hears it, standbys included: they publish again for the next one.
@@ -392,6 +409,36 @@ class Coordinator : public caf::event_based_actor {
     draining_.clear();
   }
 
+  // Every member left the current generation without a membership event: its data plane broke
+  // (an error every member saw, not a lost member). The same members form the next generation;
+  // a generation that breaks kMaxReforms times in a row without committing a step fails the job
+  // with the error, instead of going round for ever.
+  bool reform() {
+    static constexpr int kMaxReforms = 3;
+    std::string error;
+    for (auto& m : members_) {
+      uint64_t k = key_of(m.agent, m.device);
+      auto it = pending_.find(k);
+      if (!usable(k) || it == pending_.end()) return false;
+      if (error.empty()) error = it->second.error;
+    }
+    if (error.empty()) error = "no error reported";
+    log_.event("generation_failed", Json()
+                                        .integer("generation", long(generation_))
+                                        .integer("step", long(committed_))
+                                        .str("error", error));
+    if (++reforms_ > kMaxReforms) {
+      fail("generation " + std::to_string(generation_) + " broke " + std::to_string(reforms_) +
+           " times in a row without committing a step: " + error);
+      return false;
+    }
+    spdlog::warn("generation {} broke ({}); the same members form the next one", generation_,
+                 error);
+    for (auto& m : members_) expected_.push_back(key_of(m.agent, m.device));
+    std::sort(expected_.begin(), expected_.end());
+    return true;
+  }
+
   void shut_down_drained(uint32_t id, uint64_t step) {
     auto bye = ControlMessage::build([](proto::Envelope::Builder e) {
       auto s = e.initBody().initShutdown();
@@ -409,7 +456,7 @@ class Coordinator : public caf::event_based_actor {
   void on_worker_failed(proto::WorkerFailed::Reader f) {
     std::string why = "worker " + std::to_string(f.getAgentId()) + "/" +
                       std::to_string(f.getDevice()) + " failed: " + f.getReason().cStr();
-    if (generation_ == 0) {
+    if (generation_ == 0 || f.getFatal()) {
       fail(why);
       return;
     }
@@ -471,6 +518,7 @@ class Coordinator : public caf::event_based_actor {
       }
     }
     committed_ = step + 1;
+    reforms_ = 0;
     last_loss_ = acc.loss;
     double sps = acc.samples / std::max(acc.seconds, 1e-9),
            tps = acc.tokens / std::max(acc.seconds, 1e-9);
@@ -711,6 +759,7 @@ class Coordinator : public caf::event_based_actor {
   bool paused_ = false;
   Clock::time_point paused_since_{};
   uint64_t pause_epoch_ = 0;
+  int reforms_ = 0;           // generations broken in a row without a committed step
   std::string last_failure_;  // the last failure, for the message if the job fails
   Clock::time_point t_start_ = Clock::now();
 };

@@ -27,8 +27,7 @@ StepStats Trainer::forward_backward(uint64_t step, uint64_t begin, uint64_t end,
     uint64_t stop = std::min<uint64_t>(end, at + micro_batch_);
     Batch b = make_batch(data_, sampler_, base + at, base + stop);
     const bool last = stop == end;
-    auto r = model_.forward_backward(b, 1.0 / double(global_batch_ * data_.targets_per_sample()),
-                                     last ? block_done : nullptr);
+    auto r = model_.forward_backward(b, loss_scale(), last ? block_done : nullptr);
     s.loss += r.loss;
     rows += r.rows;
     correct += r.correct;
@@ -39,13 +38,27 @@ StepStats Trainer::forward_backward(uint64_t step, uint64_t begin, uint64_t end,
 }
 
 void Trainer::apply(uint64_t step, double total_grad_norm_sq, StepStats& stats) {
+  apply_blocks(step, total_grad_norm_sq, 0, model_.num_blocks(), stats);
+}
+
+void Trainer::apply_blocks(uint64_t step, double total_grad_norm_sq, size_t first, size_t last,
+                           StepStats& stats) {
   double scale = clip_factor(total_grad_norm_sq, opt_.spec().clip_norm);
-  for (size_t b = 0; b < model_.num_blocks(); ++b) {
+  for (size_t b = first; b < last; ++b) {
     auto& blk = model_.block(b);
     opt_.update(b, blk.params(), blk.grads(), step, scale);
   }
   stats.grad_norm = std::sqrt(total_grad_norm_sq);
   stats.lr = opt_.lr_at(step);
+}
+
+Batch Trainer::batch(uint64_t step, uint64_t begin, uint64_t end) {
+  const uint64_t base = step * global_batch_;
+  return make_batch(data_, sampler_, base + begin, base + end);
+}
+
+double Trainer::loss_scale() const {
+  return 1.0 / double(global_batch_ * data_.targets_per_sample());
 }
 
 StepStats Trainer::step(uint64_t step) {

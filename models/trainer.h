@@ -31,6 +31,13 @@ class Trainer {
                              const std::function<void(size_t)>& block_done = nullptr);
   // Clip (with the total squared norm over all blocks of all workers) and update every block.
   void apply(uint64_t step, double total_grad_norm_sq, StepStats& stats);
+  // The same for blocks [first, last) only (a pipeline stage's).
+  void apply_blocks(uint64_t step, double total_grad_norm_sq, size_t first, size_t last,
+                    StepStats& stats);
+  // The micro-batch of global positions [begin, end) of the step (relative to its first).
+  Batch batch(uint64_t step, uint64_t begin, uint64_t end);
+  // The loss weight of one scored row: 1 / (global batch x targets per sample).
+  double loss_scale() const;
   // A whole step on one worker.
   StepStats step(uint64_t step);
 

@@ -24,7 +24,8 @@ using actors::ControlMessage;
 struct Member {
   uint32_t rank, agent_id, device;
   std::string address;
-  uint64_t applied;  // steps it had applied when it published
+  uint64_t applied;            // steps it had applied when it published
+  std::vector<uint32_t> held;  // blocks it held as of then
 };
 
 // What the agent actor learns from the coordinator, for the worker threads and main.
@@ -84,6 +85,8 @@ WorkerSpec spec_from(proto::JobSpec::Reader s) {
   w.threads = int(s.getThreadsPerWorker());
   w.failure_timeout_ms = s.getFailureTimeoutMs();
   w.overlap_reduce = s.getOverlapReduce();
+  w.pipeline_stages = s.getPipelineStages();
+  w.max_params_per_worker = s.getMaxParamsPerWorker();
   return w;
 }
 
@@ -140,9 +143,12 @@ int run_agent(const AgentOptions& o) {
                             "] [gen " + std::to_string(g.getGeneration()) + " rank " +
                             (ranks.empty() ? "-" : ranks) + "] [%l] %v");
         state->members.clear();
-        for (auto mem : g.getMembers())
+        for (auto mem : g.getMembers()) {
+          std::vector<uint32_t> held;
+          for (uint32_t b : mem.getHeldBlocks()) held.push_back(b);
           state->members.push_back({mem.getRank(), mem.getAgentId(), mem.getDevice(),
-                                    mem.getAddress(), mem.getAppliedStep()});
+                                    mem.getAddress(), mem.getAppliedStep(), std::move(held)});
+        }
         state->cv.notify_all();
       } else if (body.isStopAtNextStep()) {
         std::lock_guard<std::mutex> lock(state->mu);
@@ -241,6 +247,7 @@ int run_agent(const AgentOptions& o) {
       co.timeout = std::chrono::milliseconds(spec.failure_timeout_ms);
       std::unique_ptr<Worker> worker;
       uint64_t want = first_generation;
+      std::string last_error;  // why the previous generation ended for this worker, if it broke
       while (true) {
         int rank = -1;
         uint64_t gen = 0;
@@ -256,7 +263,12 @@ int run_agent(const AgentOptions& o) {
               w.setAddress(comm->address());
               w.setGeneration(want);
               w.setAppliedStep(worker->next_step());
+              w.setLastError(last_error);
+              auto held = worker->held_blocks();
+              auto h = w.initHeldBlocks(unsigned(held.size()));
+              for (unsigned i = 0; i < held.size(); ++i) h.set(i, held[i]);
             }));
+            last_error.clear();
             std::vector<Member> members;
             uint64_t start = 0;
             uint32_t source = 0;
@@ -272,11 +284,11 @@ int run_agent(const AgentOptions& o) {
               source = state->state_source;
             }
             std::vector<std::string> addresses(members.size());
-            std::vector<uint64_t> applied(members.size());
+            std::vector<MemberState> held(members.size());
             rank = -1;
             for (auto& m : members) {
               addresses[m.rank] = m.address;
-              applied[m.rank] = m.applied;
+              held[m.rank] = MemberState{m.applied, m.held};
               if (m.agent_id == agent_id && m.device == dev) rank = int(m.rank);
             }
             if (rank < 0 || gen != want) {
@@ -290,19 +302,22 @@ int run_agent(const AgentOptions& o) {
               comm->connect(
                   rank, addresses,
                   std::chrono::milliseconds(std::max<int64_t>(10000, spec.failure_timeout_ms)));
-              if (gen > 1) {
-                auto t = worker->take_state_from(*comm, int(source), start, applied);
-                if (t.needed)
-                  send(ControlMessage::build([&](proto::Envelope::Builder e) {
-                    auto r = e.initBody().initStateReceived();
-                    r.setGeneration(gen);
-                    r.setRank(uint32_t(rank));
-                    r.setSourceRank(source);
-                    r.setBytes(t.bytes);
-                    r.setSeconds(t.seconds);
-                    r.setNeeded(true);
-                  }));
-              }
+              auto t = worker->take_state(*comm, start, held);
+              std::string plan;
+              if (spec.pipeline_stages != 1)
+                plan = Worker::describe(worker->plan_for(uint32_t(members.size())));
+              if (t.needed || (rank == 0 && !plan.empty()))
+                send(ControlMessage::build([&](proto::Envelope::Builder e) {
+                  auto r = e.initBody().initStateReceived();
+                  r.setGeneration(gen);
+                  r.setRank(uint32_t(rank));
+                  r.setSourceRank(source);
+                  r.setBytes(t.bytes);
+                  r.setSeconds(t.seconds);
+                  r.setNeeded(t.needed);
+                  r.setBlocks(t.blocks);
+                  r.setPlan(plan);
+                }));
               auto result = worker->run(
                   *comm, start,
                   [&](const StepInfo& s) {
@@ -347,6 +362,7 @@ int run_agent(const AgentOptions& o) {
               spdlog::warn(
                   "worker {} (rank {}, generation {}): {}; waiting for the next generation", dev,
                   rank, gen, e.what());
+              last_error = e.what();
               // The broken communicator goes; the loop publishes for the next generation.
             }
           }
@@ -360,7 +376,9 @@ int run_agent(const AgentOptions& o) {
             } catch (const std::exception&) {
             }
           }
-          const bool restart = worker && intensity.allow_restart(Clock::now());
+          // A lost block (a stage without a replica) cannot be repaired by a restart.
+          const bool fatal = dynamic_cast<const StateLost*>(&ex) != nullptr;
+          const bool restart = !fatal && worker && intensity.allow_restart(Clock::now());
           spdlog::error("worker {} (rank {}) failed: {}{}", dev, rank, ex.what(),
                         restart ? "; restarting it" : "");
           send(ControlMessage::build([&](proto::Envelope::Builder e) {
@@ -371,6 +389,7 @@ int run_agent(const AgentOptions& o) {
             f.setDevice(dev);
             f.setGeneration(gen);
             f.setRestarting(restart);
+            f.setFatal(fatal);
           }));
           if (!restart) return;
           worker.reset();

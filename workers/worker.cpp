@@ -1,5 +1,6 @@
 #include "workers/worker.h"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -8,6 +9,7 @@
 #include <thread>
 
 #include "elastic/membership.h"
+#include "models/kernels.h"
 
 namespace troupe::workers {
 namespace {
@@ -87,11 +89,64 @@ Worker::Worker(const WorkerSpec& spec) : spec_(spec) {
   opt_ = std::make_unique<models::Optimizer>(spec.optimizer, counts);
   trainer_ = std::make_unique<models::Trainer>(*model_, *opt_, *data_, spec.seed,
                                                size_t(spec.global_batch), size_t(spec.micro_batch));
+  // Every worker starts from the same initial state (a pure function of the seed).
+  held_at_.assign(model_->num_blocks(), 0);
+  // The shape of each block's output for one sample: one sample through the model.
+  models::Batch one = trainer_->batch(0, 0, 1);
+  models::Tensor x = one.inputs;
+  for (size_t b = 0; b < model_->num_blocks(); ++b) {
+    x = model_->block(b).forward(x, 1);
+    out_shape_.push_back(x.shape());
+  }
+  model_->zero_grads();
+}
+
+elastic::Plan Worker::plan_for(uint32_t world) const {
+  std::vector<elastic::BlockCost> costs;
+  for (size_t b = 0; b < model_->num_blocks(); ++b) {
+    auto& blk = const_cast<models::Model&>(*model_).block(b);
+    costs.push_back({blk.flops_per_sample(), uint64_t(blk.param_count()) * sizeof(float), 0});
+  }
+  elastic::PlanOptions o;
+  o.pipeline_stages = uint32_t(spec_.pipeline_stages);
+  o.global_batch = uint64_t(spec_.global_batch);
+  o.micro_batches = uint32_t(std::max<int64_t>(
+      1, (spec_.global_batch + spec_.micro_batch - 1) / std::max<int64_t>(1, spec_.micro_batch)));
+  o.max_params_per_worker = uint64_t(spec_.max_params_per_worker) * sizeof(float);
+  elastic::Plan p = elastic::plan_pipeline(world, costs, o);
+  if (!p.ok)
+    throw std::invalid_argument("no pipeline layout for " + std::to_string(world) +
+                                " worker(s): " + p.reason);
+  return p;
+}
+
+std::string Worker::describe(const elastic::Plan& p) {
+  std::string s = "dp " + std::to_string(p.dp) + " x pp " + std::to_string(p.pp) + ", stages";
+  for (uint32_t st = 0; st < p.pp; ++st)
+    s += " [" + std::to_string(p.stage_block_begin(st)) + "," +
+         std::to_string(p.stage_block_end(st)) + ")";
+  return s;
+}
+
+std::pair<uint32_t, uint32_t> Worker::owned(const elastic::Plan& plan, uint32_t rank) const {
+  auto where = elastic::placement_of_rank(plan, rank);
+  if (where.standby) return {0, 0};
+  if (plan.pp == 1) return {0, uint32_t(model_->num_blocks())};
+  return {plan.stage_block_begin(where.stage), plan.stage_block_end(where.stage)};
+}
+
+std::vector<uint32_t> Worker::held_blocks() const {
+  std::vector<uint32_t> out;
+  for (uint32_t b = 0; b < held_at_.size(); ++b)
+    if (held_at_[b] == next_step_) out.push_back(b);
+  return out;
 }
 
 TrainResult Worker::run(comm::Communicator& comm, uint64_t start,
                         const std::function<void(const StepInfo&)>& on_step,
                         const std::function<bool()>& stop_requested) {
+  if (spec_.pipeline_stages != 1 && plan_for(uint32_t(comm.size())).pp > 1)
+    return run_pipeline(comm, start, on_step, stop_requested);
   TrainResult result{start, false};
   const uint64_t B = uint64_t(spec_.global_batch);
   const elastic::Share share = elastic::data_share(B, uint32_t(comm.rank()), uint32_t(comm.size()));
@@ -138,6 +193,7 @@ TrainResult Worker::run(comm::Communicator& comm, uint64_t start,
     info.tokens = info.samples * (spec_.data_kind == "text" ? uint64_t(spec_.model.context) : 1);
     info.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     next_step_ = step + 1;
+    for (auto& h : held_at_) h = next_step_;
     on_step(info);
     result.next_step = step + 1;
     if (control[1] > 0) {
@@ -149,36 +205,249 @@ TrainResult Worker::run(comm::Communicator& comm, uint64_t start,
   return result;
 }
 
-StateTransfer Worker::take_state_from(comm::Communicator& comm, int source, uint64_t start_step,
-                                      const std::vector<uint64_t>& applied_by_rank) {
+// One step of a pipeline stage (1F1B, as Megatron's schedule without interleaving): the stage
+// runs min(pp - stage - 1, M) forwards to fill the pipeline, then alternates one forward and one
+// backward, then drains the remaining backwards. Activations go to the next stage and gradients
+// come back with one sendrecv per exchange, so neighbours never block each other. A block keeps
+// the caches of one micro-batch only, so the backward of micro-batch i recomputes its forward
+// from the saved stage input when the stage has run forwards since (activation recomputation:
+// the same numbers, one more forward). The last stage scores the loss.
+TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start,
+                                 const std::function<void(const StepInfo&)>& on_step,
+                                 const std::function<bool()>& stop_requested) {
+  TrainResult result{start, false};
+  const elastic::Plan plan = plan_for(uint32_t(comm.size()));
+  const uint32_t me = uint32_t(comm.rank());
+  const auto where = elastic::placement_of_rank(plan, me);
+  const auto [first, last] = owned(plan, me);
+  const uint32_t pp = plan.pp, dp = plan.dp, s = where.stage, r = where.replica;
+  const bool active = !where.standby;
+  const int prev = active && s > 0 ? int(elastic::rank_of(plan, s - 1, r)) : -1;
+  const int next = active && s + 1 < pp ? int(elastic::rank_of(plan, s + 1, r)) : -1;
+  std::vector<int> group;  // this stage's replicas, in replica order
+  if (active)
+    for (uint32_t k = 0; k < dp; ++k) group.push_back(int(elastic::rank_of(plan, s, k)));
+  constexpr uint32_t kPipeTag = 0x919e, kReplicaTag = 0x9e91;
+  const uint64_t B = uint64_t(spec_.global_batch), micro = uint64_t(spec_.micro_batch);
+  const elastic::Share share = active ? elastic::data_share(B, r, dp) : elastic::Share{};
+  // A block's output for n samples: its one-sample shape with dim 0 scaled (rows of (B, D) or
+  // (B*T, C), or the batch of (B, T, C)).
+  auto with_batch = [](std::vector<size_t> shape, size_t n) {
+    shape.at(0) *= n;
+    return shape;
+  };
+  models::Tensor scratch;
+  for (uint64_t step = start; step < spec_.steps; ++step) {
+    auto t0 = std::chrono::steady_clock::now();
+    if (spec_.test_throw_at_step > 0 && step + 1 == spec_.test_throw_at_step) {
+      spec_.test_throw_at_step = 0;
+      throw std::runtime_error("injected fault at step " + std::to_string(step) +
+                               " (TROUPE_TEST_THROW_AT_STEP)");
+    }
+    if (spec_.test_step_delay_us > 0)
+      std::this_thread::sleep_for(std::chrono::microseconds(spec_.test_step_delay_us));
+    double loss = 0;
+    double norm_sq = 0;
+    if (active) {
+      for (uint32_t b = first; b < last; ++b) model_->block(b).grads().zero();
+      std::vector<std::pair<uint64_t, uint64_t>> mbs;  // [begin, end) of each micro-batch
+      for (uint64_t at = share.begin; at < share.end; at += micro)
+        mbs.push_back({at, std::min(share.end, at + micro)});
+      const size_t M = mbs.size();
+      auto rows = [&](size_t j) { return size_t(mbs[j].second - mbs[j].first); };
+      std::vector<models::Tensor> saved(M);
+      std::vector<models::Batch> batches(M);
+      int cached = -1;  // the micro-batch whose forward the stage's blocks hold
+      auto input = [&](size_t j) -> models::Tensor {  // the stage input, for s == 0
+        batches[j] = trainer_->batch(step, mbs[j].first, mbs[j].second);
+        return batches[j].inputs;
+      };
+      auto empty_in = [&](size_t j) {
+        return models::Tensor(with_batch(out_shape_[first - 1], rows(j)));
+      };
+      auto empty_out = [&](size_t j) {
+        return models::Tensor(with_batch(out_shape_[last - 1], rows(j)));
+      };
+      auto forward = [&](size_t j, models::Tensor x) {
+        saved[j] = x;
+        for (uint32_t b = first; b < last; ++b) x = model_->block(b).forward(x, rows(j));
+        cached = int(j);
+        return x;
+      };
+      // The loss gradient of the model's output for micro-batch j (last stage).
+      auto score = [&](size_t j, const models::Tensor& logits) {
+        if (batches[j].targets.empty())
+          batches[j] = trainer_->batch(step, mbs[j].first, mbs[j].second);
+        const auto& targets = batches[j].targets;
+        const size_t n = targets.size(), classes = logits.numel() / n;
+        models::Tensor d({n, classes});
+        size_t correct = 0;
+        loss += models::kernels::softmax_cross_entropy(d.data(), logits.data(), targets.data(), n,
+                                                       classes, trainer_->loss_scale(), &correct);
+        return d;
+      };
+      auto backward = [&](size_t j, models::Tensor dy) {
+        if (cached != int(j)) forward(j, saved[j]);  // recompute
+        for (uint32_t b = last; b-- > first;) dy = model_->block(b).backward(dy);
+        saved[j] = models::Tensor();
+        cached = -1;
+        return dy;
+      };
+      auto bytes = [](const models::Tensor& t) { return t.numel() * sizeof(float); };
+      auto recv_forward = [&](size_t j) {
+        if (prev < 0) return input(j);
+        models::Tensor x = empty_in(j);
+        comm.recv(x.data(), bytes(x), prev, kPipeTag);
+        return x;
+      };
+      const size_t warmup = std::min<size_t>(pp - s - 1, M);
+      for (size_t j = 0; j < warmup; ++j) {
+        models::Tensor y = forward(j, recv_forward(j));
+        comm.send(y.data(), bytes(y), next, kPipeTag);
+      }
+      models::Tensor x = M > warmup ? recv_forward(warmup) : models::Tensor();
+      for (size_t i = 0; i + warmup < M; ++i) {
+        const size_t j = warmup + i;
+        models::Tensor y = forward(j, x);
+        models::Tensor dy;
+        if (next < 0) {
+          dy = score(i, y);  // j == i on the last stage
+        } else {
+          dy = empty_out(i);
+          comm.sendrecv(y.data(), bytes(y), next, dy.data(), bytes(dy), next, kPipeTag);
+        }
+        models::Tensor dx = backward(i, dy);
+        if (j + 1 < M) {
+          if (prev < 0) {
+            x = input(j + 1);
+          } else {
+            x = empty_in(j + 1);
+            comm.sendrecv(dx.data(), bytes(dx), prev, x.data(), bytes(x), prev, kPipeTag);
+          }
+        } else if (prev >= 0) {
+          comm.send(dx.data(), bytes(dx), prev, kPipeTag);
+        }
+      }
+      for (size_t i = M - warmup; i < M; ++i) {
+        models::Tensor dy = empty_out(i);
+        comm.recv(dy.data(), bytes(dy), next, kPipeTag);
+        models::Tensor dx = backward(i, dy);
+        if (prev >= 0) comm.send(dx.data(), bytes(dx), prev, kPipeTag);
+      }
+      // Data parallelism among the stage's replicas: replica 0 adds the others' gradients in
+      // replica order and sends the sum back (every replica ends with the same bits).
+      for (uint32_t b = first; b < last && dp > 1; ++b) {
+        auto& g = model_->block(b).grads();
+        const size_t n = g.numel();
+        if (r == 0) {
+          if (scratch.numel() < n) scratch = models::Tensor({n});
+          for (uint32_t k = 1; k < dp; ++k) {
+            comm.recv(scratch.data(), n * sizeof(float), group[k], kReplicaTag);
+            float* gd = g.data();
+            const float* sd = scratch.data();
+            for (size_t e = 0; e < n; ++e) gd[e] += sd[e];
+          }
+          for (uint32_t k = 1; k < dp; ++k)
+            comm.send(g.data(), n * sizeof(float), group[k], kReplicaTag);
+        } else {
+          comm.send(g.data(), n * sizeof(float), group[0], kReplicaTag);
+          comm.recv(g.data(), n * sizeof(float), group[0], kReplicaTag);
+        }
+      }
+      if (r == 0)
+        for (uint32_t b = first; b < last; ++b)
+          norm_sq += models::grad_norm_sq(model_->block(b).grads());
+    }
+    // One allreduce over everyone: the loss (last stages), the stop vote and the squared
+    // gradient norm (one replica of each stage), so every rank clips by the same global norm.
+    double control[3] = {loss, stop_requested() ? 1.0 : 0.0, norm_sq};
+    comm.allreduce(control, control, 3, comm::DataType::f64, comm::ReduceOp::sum);
+    models::StepStats stats;
+    stats.loss = control[0];
+    if (active) trainer_->apply_blocks(step, control[2], first, last, stats);
+    StepInfo info;
+    info.step = step;
+    info.loss = control[0];
+    // The samples are counted once, by the first stage of each pipeline.
+    const bool counts = active && s == 0;
+    info.position_begin = step * B + (counts ? share.begin : 0);
+    info.position_end = step * B + (counts ? share.end : 0);
+    info.samples = counts ? share.size() : 0;
+    info.tokens = info.samples * (spec_.data_kind == "text" ? uint64_t(spec_.model.context) : 1);
+    info.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    next_step_ = step + 1;
+    for (uint32_t b = first; b < last; ++b) held_at_[b] = next_step_;
+    on_step(info);
+    result.next_step = step + 1;
+    if (control[1] > 0) {
+      result.stopped = true;
+      break;
+    }
+  }
+  // Everyone ends with every block's parameters (replica 0 of each stage sends its own), so the
+  // members' checksums compare whole models. Optimizer state stays with the owners.
+  for (uint32_t st = 0; st < pp; ++st)
+    for (uint32_t b = plan.stage_block_begin(st); b < plan.stage_block_end(st); ++b) {
+      auto& p = model_->block(b).params();
+      comm.broadcast(p.data(), p.numel(), comm::DataType::f32, int(elastic::rank_of(plan, st, 0)));
+    }
+  comm.barrier();
+  return result;
+}
+
+StateTransfer Worker::take_state(comm::Communicator& comm, uint64_t start_step,
+                                 const std::vector<MemberState>& members) {
   StateTransfer t;
   const auto t0 = std::chrono::steady_clock::now();
-  const int me = comm.rank();
-  // Every buffer of the state, in one order known to both sides.
-  std::vector<models::Tensor*> buffers;
-  for (size_t b = 0; b < model_->num_blocks(); ++b) {
-    buffers.push_back(&model_->block(b).params());
-    buffers.push_back(&opt_->m(b));
-    if (opt_->has_v()) buffers.push_back(&opt_->v(b));
-  }
-  auto lacks = [&](int r) { return r != source && applied_by_rank.at(size_t(r)) != start_step; };
+  const int me = comm.rank(), n = comm.size();
+  const elastic::Plan plan = spec_.pipeline_stages == 1 ? elastic::Plan{} : plan_for(uint32_t(n));
+  auto owns = [&](int r, uint32_t b) {
+    if (spec_.pipeline_stages == 1) return true;  // pure data parallelism: everyone, everything
+    auto [first, last] = owned(plan, uint32_t(r));
+    return b >= first && b < last;
+  };
+  auto holds = [&](int r, uint32_t b) {
+    const MemberState& m = members.at(size_t(r));
+    return m.applied == start_step && std::count(m.held.begin(), m.held.end(), b) > 0;
+  };
+  // Every buffer of a block's state, in one order known to both sides.
+  auto buffers = [&](uint32_t b) {
+    std::vector<models::Tensor*> out{&model_->block(b).params(), &opt_->m(b)};
+    if (opt_->has_v()) out.push_back(&opt_->v(b));
+    return out;
+  };
   constexpr uint32_t kStateTag = 0x57a7e;
-  if (me == source) {
-    for (int r = 0; r < comm.size(); ++r) {
-      if (!lacks(r)) continue;
-      for (size_t i = 0; i < buffers.size(); ++i) {
-        comm.send(buffers[i]->data(), buffers[i]->numel() * sizeof(float), r, kStateTag);
-        t.bytes += buffers[i]->numel() * sizeof(float);
-        if (i == 0 && spec_.test_state_delay_ms > 0)
-          std::this_thread::sleep_for(std::chrono::milliseconds(spec_.test_state_delay_ms));
+  // The same list of transfers on every member, in the same order (block, then receiver): the
+  // first unfinished one always has both ends at it, so blocking sends cannot deadlock.
+  for (uint32_t b = 0; b < model_->num_blocks(); ++b) {
+    int source = -1;
+    for (int r = 0; r < n && source < 0; ++r)
+      if (holds(r, b)) source = r;
+    for (int r = 0; r < n; ++r) {
+      if (!owns(r, b) || holds(r, b)) continue;
+      if (source < 0)
+        throw StateLost("block " + std::to_string(b) + " is held by no member at step " +
+                        std::to_string(start_step) +
+                        " (its pipeline stage had no data-parallel replica)");
+      auto bufs = buffers(b);
+      for (size_t i = 0; i < bufs.size(); ++i) {
+        const size_t bytes = bufs[i]->numel() * sizeof(float);
+        if (me == source) {
+          comm.send(bufs[i]->data(), bytes, r, kStateTag);
+          if (i == 0 && spec_.test_state_delay_ms > 0)
+            std::this_thread::sleep_for(std::chrono::milliseconds(spec_.test_state_delay_ms));
+        } else if (me == r) {
+          comm.recv(bufs[i]->data(), bytes, source, kStateTag);
+          t.bytes += bytes;
+        }
+      }
+      if (me == r) {
+        t.needed = true;
+        ++t.blocks;
+        held_at_[b] = start_step;
       }
     }
-  } else if (lacks(me)) {
-    t.needed = true;
-    for (auto* buf : buffers) {
-      comm.recv(buf->data(), buf->numel() * sizeof(float), source, kStateTag);
-      t.bytes += buf->numel() * sizeof(float);
-    }
+    if (owns(me, b) && holds(me, b)) held_at_[b] = start_step;
   }
   next_step_ = start_step;
   t.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

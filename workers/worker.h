@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "elastic/planner.h"
 #include "models/data.h"
 #include "models/trainer.h"
 
@@ -29,6 +30,10 @@ struct WorkerSpec {
   // Reduce each block's gradient on a second thread as soon as its backward is done, overlapping
   // the reduction with the rest of the backward pass. Off by default: see docs/performance.md.
   bool overlap_reduce = false;
+  // Pipeline parallelism: stages (1: pure data parallelism; 0: the planner chooses) and the
+  // parameters one worker may hold (0: no limit). See elastic/planner.h.
+  int64_t pipeline_stages = 1;
+  int64_t max_params_per_worker = 0;
   // Test-only fault injection (TROUPE_TEST_* environment variables of the agent; 0 = off):
   // the state source pauses this long in the middle of each state transfer, the worker throws
   // once when it reaches this step (counting from 1), and every step takes at least this long,
@@ -41,9 +46,17 @@ struct WorkerSpec {
 
 // What a state transfer moved, as seen by one rank.
 struct StateTransfer {
-  bool needed = false;  // this rank lacked the source's step (and received it)
-  uint64_t bytes = 0;   // received (or, on the source, sent)
+  bool needed = false;  // this rank lacked blocks it needs (and received them)
+  uint64_t bytes = 0;   // received
+  uint32_t blocks = 0;  // blocks received
   double seconds = 0;
+};
+
+// What a member of a new generation holds: the steps it has applied and the blocks whose state
+// (parameters, optimizer moments) it holds as of that step.
+struct MemberState {
+  uint64_t applied = 0;
+  std::vector<uint32_t> held;
 };
 
 struct StepInfo {
@@ -73,20 +86,45 @@ class Worker {
   uint64_t checksum() const;                         // FNV-1a over all parameters
   uint64_t next_step() const { return next_step_; }  // steps applied so far
 
-  // After a membership change: every member that lacks the step `start_step` (its applied step,
-  // applied_by_rank[rank], differs) takes the parameters and optimizer moments of rank `source`
-  // point to point over the new generation's communicator; members at that step already hold
-  // the same state (every member applies the same reduced update) and move nothing.
-  StateTransfer take_state_from(comm::Communicator& comm, int source, uint64_t start_step,
-                                const std::vector<uint64_t>& applied_by_rank);
+  // After a membership change: the layout for the new members is planned (plan_for), and every
+  // member receives, point to point over the new generation's communicator, the state of each
+  // block it will own but does not hold as of start_step, from the lowest-ranked member that
+  // does (members[rank] says what each holds). A block held by nobody at start_step is lost
+  // (a pipeline stage without a replica): throws StateLost. Everyone then resumes at start_step.
+  StateTransfer take_state(comm::Communicator& comm, uint64_t start_step,
+                           const std::vector<MemberState>& members);
+
+  // The blocks whose state this worker holds as of next_step().
+  std::vector<uint32_t> held_blocks() const;
+  // The layout of a generation of `world` workers (elastic::plan_pipeline on this model's
+  // per-block FLOPs and parameter sizes; the same on every worker). Throws if impossible.
+  elastic::Plan plan_for(uint32_t world) const;
+  static std::string describe(const elastic::Plan& plan);
 
  private:
+  TrainResult run_pipeline(comm::Communicator& comm, uint64_t start,
+                           const std::function<void(const StepInfo&)>& on_step,
+                           const std::function<bool()>& stop_requested);
+  // The blocks rank r owns under plan (all for pure data parallelism; none for a standby).
+  std::pair<uint32_t, uint32_t> owned(const elastic::Plan& plan, uint32_t rank) const;
+
   WorkerSpec spec_;
   std::unique_ptr<models::Dataset> data_;
   std::unique_ptr<models::Model> model_;
   std::unique_ptr<models::Optimizer> opt_;
   std::unique_ptr<models::Trainer> trainer_;
   uint64_t next_step_ = 0;
+  static constexpr uint64_t kStale = UINT64_MAX;
+  std::vector<uint64_t> held_at_;  // per block: the step its state is current as of, or kStale
+  // Per block: the shape of its output for one sample (dim 0 scales with the samples), for the
+  // receiving side of a stage boundary.
+  std::vector<std::vector<size_t>> out_shape_;
+};
+
+// A block of the model is held by no member: the generation cannot go on from that step.
+class StateLost : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
 };
 
 }  // namespace troupe::workers
