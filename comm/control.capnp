@@ -91,6 +91,8 @@ struct WorkerReady {
   appliedStep @4 :UInt64;   # steps this worker has applied (the next step it would run)
   heldBlocks @5 :List(UInt32);  # model blocks whose state it holds as of appliedStep
   lastError @6 :Text;       # why it left its previous generation, if a data-plane error ended it
+  snapshotBlocks @7 :List(UInt32);  # blocks whose state it holds as of appliedStep - 1
+  numBlocks @8 :UInt32;     # blocks in the model
 }
 
 struct Member {
@@ -100,6 +102,7 @@ struct Member {
   address @3 :Text;         # data-plane address
   appliedStep @4 :UInt64;   # steps it had applied when it published (it lacks the state if < startStep)
   heldBlocks @5 :List(UInt32);  # blocks whose state it holds as of appliedStep
+  snapshotBlocks @6 :List(UInt32);  # blocks whose state it holds as of appliedStep - 1
 }
 
 struct GenerationStart {

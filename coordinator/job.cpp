@@ -100,13 +100,16 @@ class Coordinator : public caf::event_based_actor {
   struct Ready {
     uint32_t agent, device;
     std::string address;
-    uint64_t applied = 0;        // steps this worker had applied when it published
-    std::vector<uint32_t> held;  // blocks it held as of then
-    std::string error;           // why its previous generation ended, if it broke
+    uint64_t applied = 0;            // steps this worker had applied when it published
+    std::vector<uint32_t> held;      // blocks it held as of then
+    std::string error;               // why its previous generation ended, if it broke
+    std::vector<uint32_t> snapshot;  // blocks it held as of the step before
+    uint32_t num_blocks = 0;
   };
   struct StepAcc {
     uint32_t reports = 0;
-    std::vector<uint32_t> reported;  // ranks
+    std::vector<uint32_t> reported;                     // ranks
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;  // their sample positions, [begin, end)
     double loss = 0, seconds = 0;
     uint64_t samples = 0, tokens = 0;
   };
@@ -228,11 +231,16 @@ class Coordinator : public caf::event_based_actor {
   void on_ready(proto::WorkerReady::Reader r) {
     if (finished_ || r.getGeneration() != generation_ + 1) return;  // stale
     if (r.getAgentId() >= agents_.size()) return;
-    std::vector<uint32_t> held;
-    for (uint32_t b : r.getHeldBlocks()) held.push_back(b);
-    pending_[key_of(r.getAgentId(), r.getDevice())] =
-        Ready{r.getAgentId(),     r.getDevice(),   r.getAddress(),
-              r.getAppliedStep(), std::move(held), r.getLastError()};
+    Ready ready;
+    ready.agent = r.getAgentId();
+    ready.device = r.getDevice();
+    ready.address = r.getAddress();
+    ready.applied = r.getAppliedStep();
+    for (uint32_t b : r.getHeldBlocks()) ready.held.push_back(b);
+    for (uint32_t b : r.getSnapshotBlocks()) ready.snapshot.push_back(b);
+    ready.error = r.getLastError();
+    ready.num_blocks = r.getNumBlocks();
+    pending_[key_of(r.getAgentId(), r.getDevice())] = std::move(ready);
     check_start();
   }
 
@@ -342,20 +350,35 @@ class Coordinator : public caf::event_based_actor {
     std::sort(next.begin(), next.end(), [](const Ready& a, const Ready& b) {
       return std::tie(a.agent, a.device) < std::tie(b.agent, b.device);
     });
-    // The state source: the newest applied step (lowest rank on ties). The step that was in
-    // flight is redone unless the source applied it, in which case it was fully reduced with
-    // the old members and is committed now.
-    uint64_t start = 0;
-    uint32_t source = 0;
-    for (uint32_t i = 0; i < next.size(); ++i) {
-      if (next[i].applied > start) {
-        start = next[i].applied;
-        source = i;
-      }
+    // The start: the newest step at which every block of the model is held by a member (live,
+    // or in a pipeline stage's snapshot of the step before its last update). With pure data
+    // parallelism that is the newest applied step. The state source: the lowest rank that
+    // applied exactly that step. The step that was in flight is redone unless the start is past
+    // it, in which case it was fully reduced with the old members and is committed now.
+    std::vector<elastic::Holding> holdings;
+    uint32_t blocks = 0;
+    for (auto& r : next) {
+      holdings.push_back({r.applied, r.held, r.snapshot});
+      blocks = std::max(blocks, r.num_blocks);
     }
+    auto start_at = elastic::choose_start_step(holdings, blocks);
+    if (!start_at) {
+      fail("no step at which every model block is held by a member of generation " +
+           std::to_string(generation_ + 1) +
+           " (a pipeline stage without a data-parallel replica was lost)");
+      return;
+    }
+    const uint64_t start = *start_at;
+    uint32_t source = 0;
+    for (uint32_t i = 0; i < next.size(); ++i)
+      if (next[i].applied == start) {
+        source = i;
+        break;
+      }
     for (uint64_t step = committed_; step < start; ++step) commit(step, /*recovered=*/true);
-    for (auto it = steps_.begin(); it != steps_.end();)
-      it = it->first < start ? steps_.erase(it) : ++it;
+    // Reports of the old generation for steps from `start` on are void: those steps are redone
+    // (a pipeline stage may have applied and reported a step that others never finished).
+    steps_.clear();
     members_ = next;
     pending_.clear();
     expected_.clear();
@@ -387,6 +410,9 @@ class Coordinator : public caf::event_based_actor {
         ms[i].setAppliedStep(members_[i].applied);
         auto h = ms[i].initHeldBlocks(unsigned(members_[i].held.size()));
         for (unsigned k = 0; k < members_[i].held.size(); ++k) h.set(k, members_[i].held[k]);
+        auto sb = ms[i].initSnapshotBlocks(unsigned(members_[i].snapshot.size()));
+        for (unsigned k = 0; k < members_[i].snapshot.size(); ++k)
+          sb.set(k, members_[i].snapshot[k]);
       }
     });
     // Every live agent hears it, standbys included: they publish again for the next one.
@@ -479,17 +505,10 @@ class Coordinator : public caf::event_based_actor {
 
   void on_step(proto::StepReport::Reader r) {
     if (r.getGeneration() != generation_) return;  // a late report of an older generation
-    if (cfg_.ledger) {
-      log_.ledger(Json()
-                      .integer("step", long(r.getStep()))
-                      .integer("generation", long(r.getGeneration()))
-                      .integer("member", r.getRank())
-                      .raw("positions", "[[" + std::to_string(r.getPositionBegin()) + "," +
-                                            std::to_string(r.getPositionEnd()) + "]]"));
-    }
     auto& acc = steps_[r.getStep()];
     acc.reports++;
     acc.reported.push_back(r.getRank());
+    acc.ranges.push_back({r.getPositionBegin(), r.getPositionEnd()});
     acc.loss = r.getLoss();
     acc.samples += r.getSamples();
     acc.tokens += r.getTokens();
@@ -498,23 +517,40 @@ class Coordinator : public caf::event_based_actor {
     commit(r.getStep(), false);
   }
 
-  // Commits a step. recovered: applied by the state source of a generation change but not
-  // reported by every member of the old one (the lost one among them): its ledger lines are
-  // written from the old members' shares, which took part in the reduction.
+  // Commits a step and writes its ledger lines (only now: a step reported by some members and
+  // then redone is never in the ledger twice). recovered: applied by some members of the old
+  // generation but not reported by all (the lost one among them); the positions nobody reported
+  // were used by the members that did not report (they took part in the reduction) and go on
+  // one line under the first of them.
   void commit(uint64_t step, bool recovered) {
     StepAcc acc = steps_[step];
-    if (recovered && cfg_.ledger) {
-      const uint64_t B = uint64_t(cfg_.global_batch);
-      for (uint32_t rank = 0; rank < members_.size(); ++rank) {
-        if (std::find(acc.reported.begin(), acc.reported.end(), rank) != acc.reported.end())
-          continue;
-        auto sh = elastic::data_share(B, rank, uint32_t(members_.size()));
+    if (cfg_.ledger) {
+      auto line = [&](uint32_t rank, const std::string& positions) {
         log_.ledger(Json()
                         .integer("step", long(step))
                         .integer("generation", long(generation_))
                         .integer("member", rank)
-                        .raw("positions", "[[" + std::to_string(step * B + sh.begin) + "," +
-                                              std::to_string(step * B + sh.end) + "]]"));
+                        .raw("positions", "[" + positions + "]"));
+      };
+      auto pair = [](uint64_t a, uint64_t b) {
+        return "[" + std::to_string(a) + "," + std::to_string(b) + "]";
+      };
+      for (size_t i = 0; i < acc.reported.size(); ++i)
+        line(acc.reported[i], pair(acc.ranges[i].first, acc.ranges[i].second));
+      if (recovered) {
+        const uint64_t B = uint64_t(cfg_.global_batch);
+        auto ranges = acc.ranges;
+        std::sort(ranges.begin(), ranges.end());
+        std::string gaps;
+        uint64_t at = step * B;
+        for (auto [a, b] : ranges) {
+          if (a > at) gaps += (gaps.empty() ? "" : ",") + pair(at, a);
+          at = std::max(at, b);
+        }
+        if (at < (step + 1) * B) gaps += (gaps.empty() ? "" : ",") + pair(at, (step + 1) * B);
+        uint32_t missing = 0;
+        while (std::count(acc.reported.begin(), acc.reported.end(), missing)) ++missing;
+        if (!gaps.empty()) line(missing, gaps);
       }
     }
     committed_ = step + 1;

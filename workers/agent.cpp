@@ -24,8 +24,9 @@ using actors::ControlMessage;
 struct Member {
   uint32_t rank, agent_id, device;
   std::string address;
-  uint64_t applied;            // steps it had applied when it published
-  std::vector<uint32_t> held;  // blocks it held as of then
+  uint64_t applied;                // steps it had applied when it published
+  std::vector<uint32_t> held;      // blocks it held as of then
+  std::vector<uint32_t> snapshot;  // blocks it held as of the step before
 };
 
 // What the agent actor learns from the coordinator, for the worker threads and main.
@@ -144,10 +145,12 @@ int run_agent(const AgentOptions& o) {
                             (ranks.empty() ? "-" : ranks) + "] [%l] %v");
         state->members.clear();
         for (auto mem : g.getMembers()) {
-          std::vector<uint32_t> held;
+          std::vector<uint32_t> held, snap;
           for (uint32_t b : mem.getHeldBlocks()) held.push_back(b);
+          for (uint32_t b : mem.getSnapshotBlocks()) snap.push_back(b);
           state->members.push_back({mem.getRank(), mem.getAgentId(), mem.getDevice(),
-                                    mem.getAddress(), mem.getAppliedStep(), std::move(held)});
+                                    mem.getAddress(), mem.getAppliedStep(), std::move(held),
+                                    std::move(snap)});
         }
         state->cv.notify_all();
       } else if (body.isStopAtNextStep()) {
@@ -267,6 +270,10 @@ int run_agent(const AgentOptions& o) {
               auto held = worker->held_blocks();
               auto h = w.initHeldBlocks(unsigned(held.size()));
               for (unsigned i = 0; i < held.size(); ++i) h.set(i, held[i]);
+              auto snap = worker->snapshot_blocks();
+              auto sb = w.initSnapshotBlocks(unsigned(snap.size()));
+              for (unsigned i = 0; i < snap.size(); ++i) sb.set(i, snap[i]);
+              w.setNumBlocks(worker->num_blocks());
             }));
             last_error.clear();
             std::vector<Member> members;
@@ -288,7 +295,7 @@ int run_agent(const AgentOptions& o) {
             rank = -1;
             for (auto& m : members) {
               addresses[m.rank] = m.address;
-              held[m.rank] = MemberState{m.applied, m.held};
+              held[m.rank] = MemberState{m.applied, m.held, m.snapshot};
               if (m.agent_id == agent_id && m.device == dev) rank = int(m.rank);
             }
             if (rank < 0 || gen != want) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <stdexcept>
@@ -91,6 +92,8 @@ Worker::Worker(const WorkerSpec& spec) : spec_(spec) {
                                                size_t(spec.global_batch), size_t(spec.micro_batch));
   // Every worker starts from the same initial state (a pure function of the seed).
   held_at_.assign(model_->num_blocks(), 0);
+  snap_at_.assign(model_->num_blocks(), kStale);
+  snap_.resize(model_->num_blocks());
   // The shape of each block's output for one sample: one sample through the model.
   models::Batch one = trainer_->batch(0, 0, 1);
   models::Tensor x = one.inputs;
@@ -133,6 +136,30 @@ std::pair<uint32_t, uint32_t> Worker::owned(const elastic::Plan& plan, uint32_t 
   if (where.standby) return {0, 0};
   if (plan.pp == 1) return {0, uint32_t(model_->num_blocks())};
   return {plan.stage_block_begin(where.stage), plan.stage_block_end(where.stage)};
+}
+
+std::vector<uint32_t> Worker::snapshot_blocks() const {
+  std::vector<uint32_t> out;
+  for (uint32_t b = 0; b < snap_at_.size(); ++b)
+    if (next_step_ > 0 && snap_at_[b] == next_step_ - 1) out.push_back(b);
+  return out;
+}
+
+std::vector<models::Tensor*> Worker::state_buffers(uint32_t b) {
+  std::vector<models::Tensor*> out{&model_->block(b).params(), &opt_->m(b)};
+  if (opt_->has_v()) out.push_back(&opt_->v(b));
+  return out;
+}
+
+void Worker::snapshot(uint32_t b) {
+  auto bufs = state_buffers(b);
+  auto& snap = snap_[b];
+  if (snap.size() != bufs.size()) snap.assign(bufs.size(), models::Tensor());
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    if (snap[i].numel() != bufs[i]->numel()) snap[i] = models::Tensor({bufs[i]->numel()});
+    std::memcpy(snap[i].data(), bufs[i]->data(), bufs[i]->numel() * sizeof(float));
+  }
+  snap_at_[b] = next_step_;
 }
 
 std::vector<uint32_t> Worker::held_blocks() const {
@@ -364,7 +391,10 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start,
     comm.allreduce(control, control, 3, comm::DataType::f64, comm::ReduceOp::sum);
     models::StepStats stats;
     stats.loss = control[0];
-    if (active) trainer_->apply_blocks(step, control[2], first, last, stats);
+    if (active) {
+      for (uint32_t b = first; b < last; ++b) snapshot(b);  // the state as of `step`
+      trainer_->apply_blocks(step, control[2], first, last, stats);
+    }
     StepInfo info;
     info.step = step;
     info.loss = control[0];
@@ -406,15 +436,22 @@ StateTransfer Worker::take_state(comm::Communicator& comm, uint64_t start_step,
     auto [first, last] = owned(plan, uint32_t(r));
     return b >= first && b < last;
   };
-  auto holds = [&](int r, uint32_t b) {
-    const MemberState& m = members.at(size_t(r));
-    return m.applied == start_step && std::count(m.held.begin(), m.held.end(), b) > 0;
+  auto in = [](const std::vector<uint32_t>& v, uint32_t b) {
+    return std::find(v.begin(), v.end(), b) != v.end();
   };
-  // Every buffer of a block's state, in one order known to both sides.
-  auto buffers = [&](uint32_t b) {
-    std::vector<models::Tensor*> out{&model_->block(b).params(), &opt_->m(b)};
-    if (opt_->has_v()) out.push_back(&opt_->v(b));
-    return out;
+  auto live = [&](int r, uint32_t b) {  // r holds b as of start_step in its live buffers
+    const MemberState& m = members.at(size_t(r));
+    return m.applied == start_step && in(m.held, b);
+  };
+  auto snapped = [&](int r, uint32_t b) {  // ... in its snapshot
+    const MemberState& m = members.at(size_t(r));
+    return m.applied == start_step + 1 && in(m.snapshot, b);
+  };
+  auto restore = [&](uint32_t b) {  // this worker's snapshot becomes its live state
+    auto bufs = state_buffers(b);
+    for (size_t i = 0; i < bufs.size(); ++i)
+      std::memcpy(bufs[i]->data(), snap_[b][i].data(), bufs[i]->numel() * sizeof(float));
+    held_at_[b] = start_step;
   };
   constexpr uint32_t kStateTag = 0x57a7e;
   // The same list of transfers on every member, in the same order (block, then receiver): the
@@ -422,18 +459,23 @@ StateTransfer Worker::take_state(comm::Communicator& comm, uint64_t start_step,
   for (uint32_t b = 0; b < model_->num_blocks(); ++b) {
     int source = -1;
     for (int r = 0; r < n && source < 0; ++r)
-      if (holds(r, b)) source = r;
+      if (live(r, b) || snapped(r, b)) source = r;
     for (int r = 0; r < n; ++r) {
-      if (!owns(r, b) || holds(r, b)) continue;
+      if (!owns(r, b) || live(r, b)) continue;
+      if (snapped(r, b)) {  // rolls back to its own copy
+        if (r == me) restore(b);
+        continue;
+      }
       if (source < 0)
         throw StateLost("block " + std::to_string(b) + " is held by no member at step " +
                         std::to_string(start_step) +
                         " (its pipeline stage had no data-parallel replica)");
-      auto bufs = buffers(b);
+      auto bufs = state_buffers(b);
       for (size_t i = 0; i < bufs.size(); ++i) {
         const size_t bytes = bufs[i]->numel() * sizeof(float);
         if (me == source) {
-          comm.send(bufs[i]->data(), bytes, r, kStateTag);
+          const float* from = live(me, b) ? bufs[i]->data() : snap_[b][i].data();
+          comm.send(from, bytes, r, kStateTag);
           if (i == 0 && spec_.test_state_delay_ms > 0)
             std::this_thread::sleep_for(std::chrono::milliseconds(spec_.test_state_delay_ms));
         } else if (me == r) {
@@ -447,7 +489,7 @@ StateTransfer Worker::take_state(comm::Communicator& comm, uint64_t start_step,
         held_at_[b] = start_step;
       }
     }
-    if (owns(me, b) && holds(me, b)) held_at_[b] = start_step;
+    if (owns(me, b) && live(me, b)) held_at_[b] = start_step;
   }
   next_step_ = start_step;
   t.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

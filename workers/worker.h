@@ -57,6 +57,7 @@ struct StateTransfer {
 struct MemberState {
   uint64_t applied = 0;
   std::vector<uint32_t> held;
+  std::vector<uint32_t> snapshot;  // blocks whose state it holds as of applied - 1
 };
 
 struct StepInfo {
@@ -94,8 +95,13 @@ class Worker {
   StateTransfer take_state(comm::Communicator& comm, uint64_t start_step,
                            const std::vector<MemberState>& members);
 
-  // The blocks whose state this worker holds as of next_step().
+  // The blocks whose state this worker holds as of next_step(), and as of next_step() - 1 (a
+  // pipeline stage keeps its blocks' state from before its last update: a failure can end a
+  // step after some stages applied it and before others did, and the next generation then
+  // resumes one step earlier).
   std::vector<uint32_t> held_blocks() const;
+  std::vector<uint32_t> snapshot_blocks() const;
+  uint32_t num_blocks() const { return uint32_t(model_->num_blocks()); }
   // The layout of a generation of `world` workers (elastic::plan_pipeline on this model's
   // per-block FLOPs and parameter sizes; the same on every worker). Throws if impossible.
   elastic::Plan plan_for(uint32_t world) const;
@@ -116,6 +122,10 @@ class Worker {
   uint64_t next_step_ = 0;
   static constexpr uint64_t kStale = UINT64_MAX;
   std::vector<uint64_t> held_at_;  // per block: the step its state is current as of, or kStale
+  std::vector<uint64_t> snap_at_;  // per block: the step of its snapshot, or kStale
+  std::vector<std::vector<models::Tensor>> snap_;  // per block: copies of its state buffers
+  std::vector<models::Tensor*> state_buffers(uint32_t block);
+  void snapshot(uint32_t block);  // copies the block's state as of next_step_
   // Per block: the shape of its output for one sample (dim 0 scales with the samples), for the
   // receiving side of a stage boundary.
   std::vector<std::vector<size_t>> out_shape_;

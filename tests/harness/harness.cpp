@@ -102,9 +102,16 @@ void check_ledger(const std::string& run_dir, int steps, long B) {
   for (auto& l : lines_of(run_dir + "/ledger.jsonl")) {
     auto p = l.find("\"positions\":[[");
     ASSERT_NE(p, std::string::npos) << l;
-    long a = 0, b = 0;
-    ASSERT_EQ(std::sscanf(l.c_str() + p + 14, "%ld,%ld", &a, &b), 2) << l;
-    by_step[std::stol(json_field(l, "step"))].push_back({a, b});
+    // [[a,b],[c,d],...]: every pair.
+    const char* at = l.c_str() + p + 13;
+    while (*at == '[') {
+      long a = 0, b = 0;
+      int used = 0;
+      ASSERT_EQ(std::sscanf(at, "[%ld,%ld]%n", &a, &b, &used), 2) << l;
+      by_step[std::stol(json_field(l, "step"))].push_back({a, b});
+      at += used;
+      if (*at == ',') ++at;
+    }
   }
   ASSERT_EQ(int(by_step.size()), steps);
   for (auto& [step, ranges] : by_step) {

@@ -158,6 +158,29 @@ TEST(Collectives, PointToPointInOrder) {
   });
 }
 
+TEST(Collectives, SendrecvNeighboursExchangeLargeMessagesWithoutDeadlock) {
+  // Every rank sends 4 MiB (rendezvous, not eager) to the next and receives from the previous at
+  // the same time, as pipeline stages exchange activations and gradients; then one-sided halves.
+  testing::run_world(3, {}, [&](comm::UcxCommunicator& c) {
+    const int n = c.size(), r = c.rank();
+    const size_t count = size_t(1) << 20;
+    std::vector<float> out(count), in(count, -1);
+    for (int round = 0; round < 3; ++round) {
+      for (size_t i = 0; i < count; ++i) out[i] = float(r * 10 + round) + float(i % 7);
+      const int to = (r + 1) % n, from = (r + n - 1) % n;
+      c.sendrecv(out.data(), count * 4, to, in.data(), count * 4, from, 5);
+      for (size_t i = 0; i < count; i += 4099)
+        ASSERT_EQ(in[i], float(from * 10 + round) + float(i % 7)) << "round " << round;
+    }
+    float one = float(r);
+    if (r == 0) c.sendrecv(&one, 4, 1, nullptr, 0, -1, 6);
+    if (r == 1) {
+      c.sendrecv(nullptr, 0, -1, &one, 4, 0, 6);
+      ASSERT_EQ(one, 0.0f);
+    }
+  });
+}
+
 TEST(Collectives, AbortFromAnotherThreadFailsPendingAndLaterCalls) {
   comm::UcxCommOptions o;
   o.timeout = std::chrono::seconds(30);

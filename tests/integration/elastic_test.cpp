@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "coordinator/process.h"
-#include "tests/harness/harness.h"
+#include "tests/harness/jobs.h"
 
 namespace troupe {
 namespace {
@@ -40,148 +40,36 @@ kind = "adamw"
 lr = 0.002
 )";
 
-struct Job {
-  std::string run_dir, out;
-  std::unique_ptr<coordinator::ChildProcess> proc;
-};
+using namespace testing;
 
-// Every scenario's job paces its steps (TROUPE_TEST_STEP_DELAY_US; the numbers are unchanged) so
-// that the test has time to act between them.
-constexpr const char* kPace = "TROUPE_TEST_STEP_DELAY_US=1000";
+const std::string kPace = pace(1000);
 
-Job start(const testing::TempDir& dir, const std::string& name, int agents,
+Job start(const TempDir& dir, const std::string& name, int agents,
           std::vector<std::string> sets = {}, std::vector<std::string> env = {kPace}) {
-  Job j;
-  std::string config = dir.path() + "/" + name + ".toml";
-  std::ofstream(config) << kConfig;
-  j.run_dir = dir.path() + "/" + name;
-  j.out = j.run_dir + ".out";
-  std::vector<std::string> argv{testing::troupe_binary(),
-                                "run",
-                                config,
-                                "--set",
-                                "job.run_dir=\"" + j.run_dir + "\"",
-                                "--set",
-                                "cluster.agents=" + std::to_string(agents)};
-  for (auto& s : sets) {
-    argv.push_back("--set");
-    argv.push_back(s);
-  }
-  j.proc = std::make_unique<coordinator::ChildProcess>(
-      coordinator::ChildProcess::Options{argv, j.out, j.out, env});
-  return j;
+  return start_job(dir, name, kConfig, agents, sets, env);
 }
 
 // The losses of a static single-agent run of the same job (the function every elastic run must
 // compute).
-std::vector<double> reference_losses(const testing::TempDir& dir) {
+std::vector<double> reference_losses(const TempDir& dir) {
   Job reference = start(dir, "static", 1, {}, {});
   EXPECT_TRUE(reference.proc->wait(120s));
-  auto want = testing::committed_losses(reference.run_dir);
+  auto want = committed_losses(reference.run_dir);
   EXPECT_EQ(want.size(), 2500u);
   return want;
 }
 
-std::vector<std::string> events_of(const Job& job) {
-  return testing::lines_of(job.run_dir + "/events.jsonl");
-}
-
-int count_events(const Job& job, const std::string& kind) {
-  int n = 0;
-  for (auto& e : events_of(job)) n += testing::json_field(e, "event") == kind;
-  return n;
-}
-
-// Waits for an event matching pred (at most `timeout`); returns it, or "" on timeout.
-std::string wait_event(const Job& job, const std::function<bool(const std::string&)>& pred,
-                       std::chrono::seconds timeout = 60s) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (true) {  // at least one look, even with a zero timeout
-    for (auto& e : events_of(job))
-      if (pred(e)) return e;
-    if (std::chrono::steady_clock::now() >= deadline) break;
-    std::this_thread::sleep_for(10ms);
-  }
-  return "";
-}
-
-std::function<bool(const std::string&)> is(const std::string& kind, const std::string& key = "",
-                                           const std::string& value = "") {
-  return [=](const std::string& e) {
-    return testing::json_field(e, "event") == kind &&
-           (key.empty() || testing::json_field(e, key) == value);
-  };
-}
-
-void wait_steps(const Job& job, size_t steps) {
-  auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (testing::committed_losses(job.run_dir).size() < steps) {
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no progress";
-    std::this_thread::sleep_for(10ms);
-  }
-}
-
-std::vector<int> agent_pids(const testing::TempDir& dir, const std::string& run_dir) {
-  std::string out = dir.path() + "/status.out";
-  coordinator::ChildProcess status(
-      {{testing::troupe_binary(), "status", "--run-dir", run_dir, "--json"}, out, out, {}});
-  status.wait(30s);
-  std::string json = testing::lines_of(out).at(0);
-  std::vector<int> pids;
-  for (size_t at = 0; (at = json.find("\"pid\":", at)) != std::string::npos; at += 6)
-    pids.push_back(std::atoi(json.c_str() + at + 6));
-  return pids;
-}
-
-// The pid of the newest incarnation of a locally launched agent ("agent-1"), from its join.
-int pid_of(const Job& job, const std::string& name) {
-  int pid = 0;
-  for (auto& e : events_of(job))
-    if (testing::json_field(e, "event") == "member_joined" &&
-        testing::json_field(e, "name") == name)
-      pid = std::atoi(testing::json_field(e, "pid").c_str());
-  return pid;
-}
-
-int admin(const testing::TempDir& dir, std::vector<std::string> argv) {
-  std::string out = dir.path() + "/admin.out";
-  argv.insert(argv.begin(), testing::troupe_binary());
-  coordinator::ChildProcess p({argv, out, out, {}});
-  auto st = p.wait(30s);
-  EXPECT_TRUE(st);
-  EXPECT_EQ(WEXITSTATUS(*st), 0) << testing::lines_of(out).back();
-  return st ? WEXITSTATUS(*st) : -1;
-}
-
-// What every scenario ends with: the job finishes (exit 0), every member ends with the same
-// parameters, the losses equal the static run's within 1e-4 relative, and the ledger shows every
-// sample of every committed step exactly once.
 void expect_same_function(const Job& job, const std::vector<double>& want) {
-  auto st = job.proc->wait(120s);
-  ASSERT_TRUE(st) << "the job did not finish";
-  EXPECT_EQ(WEXITSTATUS(*st), 0) << testing::lines_of(job.out).back();
-  auto events = events_of(job);
-  ASSERT_FALSE(events.empty());
-  EXPECT_EQ(testing::json_field(events.back(), "event"), "job_finished") << events.back();
-  EXPECT_EQ(testing::json_field(events.back(), "identical_parameters"), "true") << events.back();
-  auto got = testing::committed_losses(job.run_dir);
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i)
-    ASSERT_NEAR(got[i], want[i], 1e-4 * std::abs(want[i])) << "step " << i;
-  testing::check_ledger(job.run_dir, 2500, 60);
-  for (auto& e : events) {
-    auto kind = testing::json_field(e, "event");
-    if (kind != "step_committed" && kind != "job_started") std::printf("%s\n", e.c_str());
-  }
+  testing::expect_same_function(job, want, 2500, 60);
 }
 
 void scenario(int agents, std::vector<int> victims, int sig = SIGKILL) {
-  testing::TempDir dir;
+  TempDir dir;
   auto want = reference_losses(dir);
   Job job =
       start(dir, "elastic", agents, {"elastic.failure_timeout_ms=1500", "elastic.max_restarts=0"});
   wait_steps(job, 20);
-  auto pids = agent_pids(dir, job.run_dir);
+  auto pids = member_pids(dir, job);
   ASSERT_EQ(int(pids.size()), agents);
   for (int v : victims) ASSERT_EQ(::kill(pids[v], sig), 0);
   if (sig == SIGSTOP) {
@@ -201,7 +89,7 @@ TEST(Elastic, KillTwoOfFourAgentsAtOnce) { scenario(4, {0, 2}); }
 TEST(Elastic, StoppedAgentIsDetectedByHeartbeatsAndFencedWhenItWakes) { scenario(3, {2}, SIGSTOP); }
 
 TEST(Elastic, AnAgentJoinsARunningJobAndTakesPartFromTheNextGeneration) {
-  testing::TempDir dir;
+  TempDir dir;
   auto want = reference_losses(dir);
   Job job = start(dir, "grow", 2);
   wait_steps(job, 20);
@@ -222,7 +110,7 @@ TEST(Elastic, AnAgentJoinsARunningJobAndTakesPartFromTheNextGeneration) {
 }
 
 TEST(Elastic, DrainLetsAnAgentLeaveAtAStepBoundaryWithNothingRedone) {
-  testing::TempDir dir;
+  TempDir dir;
   auto want = reference_losses(dir);
   Job job = start(dir, "drain", 3);
   wait_steps(job, 20);
@@ -241,7 +129,7 @@ TEST(Elastic, DrainLetsAnAgentLeaveAtAStepBoundaryWithNothingRedone) {
 }
 
 TEST(Elastic, ScaleTwoToFourToOneWithTroupeScale) {
-  testing::TempDir dir;
+  TempDir dir;
   auto want = reference_losses(dir);
   Job job = start(dir, "scale", 2);
   wait_steps(job, 20);
@@ -257,7 +145,7 @@ TEST(Elastic, ScaleTwoToFourToOneWithTroupeScale) {
 }
 
 TEST(Elastic, AWorkerThatThrowsIsRestartedByItsAgentAndReadmitted) {
-  testing::TempDir dir;
+  TempDir dir;
   auto want = reference_losses(dir);
   Job job = start(dir, "throw", 3, {},
                   {kPace, "TROUPE_TEST_THROW_AGENT=agent-1", "TROUPE_TEST_THROW_AT_STEP=300"});
@@ -274,7 +162,7 @@ TEST(Elastic, AWorkerThatThrowsIsRestartedByItsAgentAndReadmitted) {
 }
 
 TEST(Elastic, AnAgentThatKeepsDyingIsRestartedUpToMaxRestartsAndTheJobGoesOn) {
-  testing::TempDir dir;
+  TempDir dir;
   auto want = reference_losses(dir);
   Job job = start(dir, "dying", 3, {"elastic.max_restarts=2"});
   wait_steps(job, 20);
@@ -308,7 +196,7 @@ TEST(Elastic, AnAgentThatKeepsDyingIsRestartedUpToMaxRestartsAndTheJobGoesOn) {
 }
 
 TEST(Elastic, BelowMinWorkersTheJobPausesAndResumesWhenAnAgentReturns) {
-  testing::TempDir dir;
+  TempDir dir;
   auto want = reference_losses(dir);
   Job job = start(dir, "pause", 2, {"elastic.min_workers=2", "elastic.max_restarts=1"});
   wait_steps(job, 20);
@@ -321,7 +209,7 @@ TEST(Elastic, BelowMinWorkersTheJobPausesAndResumesWhenAnAgentReturns) {
 }
 
 TEST(Elastic, StandbysAboveMaxWorkersAreAdmittedWhenAMemberFails) {
-  testing::TempDir dir;
+  TempDir dir;
   auto want = reference_losses(dir);
   Job job = start(dir, "standby", 2, {"elastic.max_workers=2", "elastic.max_restarts=0"});
   wait_steps(job, 20);
@@ -346,7 +234,7 @@ TEST(Elastic, StandbysAboveMaxWorkersAreAdmittedWhenAMemberFails) {
 }
 
 TEST(Elastic, KillTheStateSourceDuringAStateTransfer) {
-  testing::TempDir dir;
+  TempDir dir;
   auto want = reference_losses(dir);
   // Every transfer pauses 1.5 s after its first buffer: the test kills the source meanwhile.
   Job job = start(dir, "source", 2, {"elastic.max_restarts=0"},
@@ -356,7 +244,7 @@ TEST(Elastic, KillTheStateSourceDuringAStateTransfer) {
   auto gen2 = wait_event(job, is("generation_started", "generation", "2"));
   ASSERT_NE(gen2, "");
   ASSERT_EQ(testing::json_field(gen2, "lacking_state"), "1");
-  auto pids = agent_pids(dir, job.run_dir);  // by rank, generation 2
+  auto pids = member_pids(dir, job);  // by rank, generation 2
   int source = std::atoi(testing::json_field(gen2, "state_source").c_str());
   ASSERT_LT(source, int(pids.size()));
   ASSERT_EQ(::kill(pids[source], SIGKILL), 0);
@@ -374,7 +262,7 @@ TEST(Elastic, KillTheStateSourceDuringAStateTransfer) {
 }
 
 TEST(Elastic, KillAMemberWhileAnAgentJoins) {
-  testing::TempDir dir;
+  TempDir dir;
   auto want = reference_losses(dir);
   Job job = start(dir, "joinkill", 3, {"elastic.max_restarts=0"});
   wait_steps(job, 20);

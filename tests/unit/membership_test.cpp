@@ -100,5 +100,29 @@ TEST(StateSource, NewestAppliedStepThenLowestId) {
   EXPECT_EQ(choose_state_source({{4, false, 10}}), -1);
 }
 
+TEST(StartStep, DataParallelMembersResumeAtTheNewestAppliedStep) {
+  std::vector<Holding> m{{7, {0, 1, 2}, {}}, {8, {0, 1, 2}, {}}, {7, {0, 1, 2}, {}}};
+  EXPECT_EQ(choose_start_step(m, 3), 8u);
+}
+
+TEST(StartStep, AStageThatAppliedAStepOthersDidNotRollsBackToItsSnapshot) {
+  // Stage 0 (blocks 0, 1) applied step 25 and keeps its state from before; stage 1 (blocks 2,
+  // 3) did not apply it: everyone resumes at 25.
+  std::vector<Holding> m{{26, {0, 1}, {0, 1}}, {25, {2, 3}, {2, 3}}};
+  EXPECT_EQ(choose_start_step(m, 4), 25u);
+}
+
+TEST(StartStep, ABlockHeldByNobodyMeansNoStart) {
+  std::vector<Holding> m{{10, {0, 1}, {0, 1}}};
+  EXPECT_FALSE(choose_start_step(m, 4).has_value());
+  EXPECT_EQ(choose_start_step({}, 0), std::nullopt);
+}
+
+TEST(StartStep, ANewcomerHoldsTheInitialStateOnlyBeforeTheFirstStep) {
+  // A fresh worker holds every block at step 0; the members at step 40 win.
+  std::vector<Holding> m{{40, {0, 1}, {0, 1}}, {40, {2}, {2}}, {0, {0, 1, 2}, {}}};
+  EXPECT_EQ(choose_start_step(m, 3), 40u);
+}
+
 }  // namespace
 }  // namespace troupe::elastic

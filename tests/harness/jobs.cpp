@@ -1,0 +1,132 @@
+#include "tests/harness/jobs.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <fstream>
+#include <thread>
+
+namespace troupe::testing {
+
+using namespace std::chrono_literals;
+
+std::string pace(int step_delay_us) {
+  return "TROUPE_TEST_STEP_DELAY_US=" + std::to_string(step_delay_us);
+}
+
+Job start_job(const TempDir& dir, const std::string& name, const std::string& config_text,
+              int agents, const std::vector<std::string>& sets,
+              const std::vector<std::string>& env) {
+  Job j;
+  std::string config = dir.path() + "/" + name + ".toml";
+  std::ofstream(config) << config_text;
+  j.run_dir = dir.path() + "/" + name;
+  j.out = j.run_dir + ".out";
+  std::vector<std::string> argv{troupe_binary(),
+                                "run",
+                                config,
+                                "--set",
+                                "job.run_dir=\"" + j.run_dir + "\"",
+                                "--set",
+                                "cluster.agents=" + std::to_string(agents)};
+  for (auto& s : sets) {
+    argv.push_back("--set");
+    argv.push_back(s);
+  }
+  j.proc = std::make_unique<coordinator::ChildProcess>(
+      coordinator::ChildProcess::Options{argv, j.out, j.out, env});
+  return j;
+}
+
+std::vector<std::string> events_of(const Job& job) {
+  return lines_of(job.run_dir + "/events.jsonl");
+}
+
+int count_events(const Job& job, const std::string& kind) {
+  int n = 0;
+  for (auto& e : events_of(job)) n += json_field(e, "event") == kind;
+  return n;
+}
+
+std::function<bool(const std::string&)> is(const std::string& kind, const std::string& key,
+                                           const std::string& value) {
+  return [=](const std::string& e) {
+    return json_field(e, "event") == kind && (key.empty() || json_field(e, key) == value);
+  };
+}
+
+std::string wait_event(const Job& job, const std::function<bool(const std::string&)>& pred,
+                       std::chrono::seconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {  // at least one look, even with a zero timeout
+    for (auto& e : events_of(job))
+      if (pred(e)) return e;
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  return "";
+}
+
+void wait_steps(const Job& job, size_t steps) {
+  auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (committed_losses(job.run_dir).size() < steps) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no progress";
+    std::this_thread::sleep_for(10ms);
+  }
+}
+
+int pid_of(const Job& job, const std::string& name) {
+  int pid = 0;
+  for (auto& e : events_of(job))
+    if (json_field(e, "event") == "member_joined" && json_field(e, "name") == name)
+      pid = std::atoi(json_field(e, "pid").c_str());
+  return pid;
+}
+
+std::vector<int> member_pids(const TempDir& dir, const Job& job) {
+  std::string out = dir.path() + "/status.out";
+  coordinator::ChildProcess status(
+      {{troupe_binary(), "status", "--run-dir", job.run_dir, "--json"}, out, out, {}});
+  status.wait(30s);
+  std::vector<int> pids;
+  auto lines = lines_of(out);
+  if (lines.empty()) return pids;
+  const std::string& json = lines[0];
+  for (size_t at = 0; (at = json.find("\"pid\":", at)) != std::string::npos; at += 6)
+    pids.push_back(std::atoi(json.c_str() + at + 6));
+  return pids;
+}
+
+void admin(const TempDir& dir, std::vector<std::string> args) {
+  std::string out = dir.path() + "/admin.out";
+  args.insert(args.begin(), troupe_binary());
+  coordinator::ChildProcess p({args, out, out, {}});
+  auto st = p.wait(30s);
+  ASSERT_TRUE(st) << args[1] << " did not answer";
+  auto lines = lines_of(out);
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << (lines.empty() ? "" : lines.back());
+}
+
+void expect_same_function(const Job& job, const std::vector<double>& want, int steps,
+                          long global_batch) {
+  auto st = job.proc->wait(120s);
+  ASSERT_TRUE(st) << "the job did not finish";
+  auto out = lines_of(job.out);
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << (out.empty() ? "" : out.back());
+  auto events = events_of(job);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(json_field(events.back(), "event"), "job_finished") << events.back();
+  EXPECT_EQ(json_field(events.back(), "identical_parameters"), "true") << events.back();
+  auto got = committed_losses(job.run_dir);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], 1e-4 * std::abs(want[i])) << "step " << i;
+  check_ledger(job.run_dir, steps, global_batch);
+  for (auto& e : events) {
+    auto kind = json_field(e, "event");
+    if (kind != "step_committed" && kind != "job_started") std::printf("%s\n", e.c_str());
+  }
+}
+
+}  // namespace troupe::testing

@@ -1,0 +1,160 @@
+// Pipeline parallelism with real processes: every dp x pp layout computes the same function as
+// one worker (per-step losses within 1e-4 relative, global batch fixed); membership changes
+// re-plan and move only the blocks whose owner changed; a stage worker's loss is recovered from
+// a data-parallel replica of its stage.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include "tests/harness/jobs.h"
+
+namespace troupe {
+namespace {
+
+using namespace std::chrono_literals;
+using namespace testing;
+
+// Four blocks (64-64, 64-64, 64-64, 64-10): up to 4 stages. 400 steps keep runs of different
+// layouts within 1e-4 of each other (different summation orders drift apart slowly).
+const char* kMlp = R"([job]
+name = "pipeline"
+seed = 5
+steps = 400
+[model]
+kind = "mlp"
+inputs = 64
+hidden = [64, 64, 64]
+classes = 10
+[data]
+kind = "synthetic"
+samples = 4096
+ledger = true
+[batch]
+global = 60
+micro = 8
+[optimizer]
+kind = "adamw"
+lr = 0.002
+[logging]
+progress = false
+)";
+
+// A small character GPT: embedding, 3 transformer blocks, head (5 blocks).
+const char* kGpt = R"([job]
+name = "pipeline-gpt"
+seed = 1
+steps = 600
+[model]
+kind = "gpt"
+layers = 3
+d_model = 32
+heads = 4
+context = 16
+[data]
+kind = "text"
+path = "/usr/share/common-licenses/GPL-3"
+ledger = true
+[batch]
+global = 16
+micro = 4
+[optimizer]
+kind = "adamw"
+lr = 0.001
+[logging]
+progress = false
+)";
+
+std::vector<double> reference(const TempDir& dir, const char* config, size_t steps) {
+  Job ref = start_job(dir, "static", config, 1);
+  EXPECT_TRUE(ref.proc->wait(180s));
+  auto want = committed_losses(ref.run_dir);
+  EXPECT_EQ(want.size(), steps);
+  return want;
+}
+
+std::vector<std::string> plans(const Job& job) {
+  std::vector<std::string> out;
+  for (auto& e : events_of(job))
+    if (is("pipeline_plan")(e)) out.push_back(json_field(e, "plan"));
+  return out;
+}
+
+TEST(Pipeline, EveryLayoutComputesTheSameFunctionAsOneWorker) {
+  TempDir dir;
+  auto want = reference(dir, kMlp, 400);
+  struct Layout {
+    int pp, dp;
+  };
+  for (Layout l : {Layout{2, 1}, Layout{3, 1}, Layout{1, 2}, Layout{2, 2}, Layout{3, 2}}) {
+    SCOPED_TRACE("pp " + std::to_string(l.pp) + " dp " + std::to_string(l.dp));
+    std::string name = "pp" + std::to_string(l.pp) + "dp" + std::to_string(l.dp);
+    Job job = start_job(dir, name, kMlp, l.pp * l.dp,
+                        {"parallel.pipeline_stages=" + std::to_string(l.pp)});
+    expect_same_function(job, want, 400, 60);
+    if (l.pp > 1) {
+      auto p = plans(job);
+      ASSERT_EQ(p.size(), 1u);
+      EXPECT_EQ(p[0].rfind("dp " + std::to_string(l.dp) + " x pp " + std::to_string(l.pp), 0), 0u)
+          << p[0];
+    }
+  }
+}
+
+TEST(Pipeline, ScaleFourToThreeToTwoToFourOnAPipelinedGptMovesOnlyWhatMoved) {
+  TempDir dir;
+  auto want = reference(dir, kGpt, 600);
+  Job job = start_job(dir, "scale", kGpt, 4, {"parallel.pipeline_stages=2"}, {pace(4000)});
+  wait_steps(job, 20);
+  for (auto [n, gen] : {std::pair{3, "2"}, std::pair{2, "3"}, std::pair{4, "4"}}) {
+    admin(dir, {"scale", "--run-dir", job.run_dir, "--workers", std::to_string(n)});
+    ASSERT_NE(wait_event(job, is("pipeline_plan", "generation", gen), 30s), "")
+        << "no generation " << gen << " with " << n << " workers";
+  }
+  expect_same_function(job, want, 600, 16);
+  // The plan follows the members: 2 x 2, then one pipeline (the third worker a standby), then
+  // one pipeline, then 2 x 2 again.
+  auto p = plans(job);
+  ASSERT_EQ(p.size(), 4u);
+  EXPECT_EQ(p[0].substr(0, 12), "dp 2 x pp 2,");
+  EXPECT_EQ(p[1].substr(0, 12), "dp 1 x pp 2,");
+  EXPECT_EQ(p[2].substr(0, 12), "dp 1 x pp 2,");
+  EXPECT_EQ(p[3].substr(0, 12), "dp 2 x pp 2,");
+  // Only moved blocks travel: the shrinking changes keep every survivor on its stage (nothing
+  // sent); growing back sends each newcomer its stage's blocks, 5 blocks in all.
+  int blocks = 0;
+  for (auto& e : events_of(job)) {
+    if (!is("state_received")(e)) continue;
+    EXPECT_EQ(json_field(e, "generation"), "4") << e;
+    blocks += std::atoi(json_field(e, "blocks").c_str());
+  }
+  EXPECT_EQ(blocks, 5);
+}
+
+TEST(Pipeline, AStageWorkerKilledIsRecoveredFromItsReplica) {
+  TempDir dir;
+  auto want = reference(dir, kMlp, 400);
+  Job job = start_job(
+      dir, "replica", kMlp, 4,
+      {"parallel.pipeline_stages=2", "elastic.max_restarts=0", "elastic.failure_timeout_ms=1500"},
+      {pace(3000)});
+  wait_steps(job, 20);
+  // Rank 1 is stage 1 of pipeline 0 (rank = replica * pp + stage); its replica is rank 3.
+  auto pids = member_pids(dir, job);
+  ASSERT_EQ(pids.size(), 4u);
+  ASSERT_EQ(::kill(pids[1], SIGKILL), 0);
+  expect_same_function(job, want, 400, 60);
+  // Three survivors: one pipeline and a standby. The survivor that takes stage 1 received its
+  // blocks from the replica, nobody else moved anything.
+  auto p = plans(job);
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_EQ(p[1].substr(0, 12), "dp 1 x pp 2,");
+  int received = 0;
+  for (auto& e : events_of(job))
+    if (is("state_received", "generation", "2")(e)) {
+      ++received;
+      EXPECT_EQ(json_field(e, "blocks"), "2") << e;
+    }
+  EXPECT_EQ(received, 1);
+}
+
+}  // namespace
+}  // namespace troupe
