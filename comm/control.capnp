@@ -122,6 +122,7 @@ struct StepReport {
   positionEnd @6 :UInt64;   # one past the last
   seconds @7 :Float64;      # wall time of the step on this rank
   tokens @8 :UInt64;        # tokens this rank used (samples for the mlp)
+  busySeconds @9 :Float64;  # of `seconds`, the time it computed (the rest: waiting on others)
 }
 
 struct WorkerDone {

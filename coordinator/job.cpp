@@ -111,6 +111,7 @@ class Coordinator : public caf::event_based_actor {
     std::vector<uint32_t> reported;                     // ranks
     std::vector<std::pair<uint64_t, uint64_t>> ranges;  // their sample positions, [begin, end)
     double loss = 0, seconds = 0;
+    double busy = 0;  // summed over the reporting ranks
     uint64_t samples = 0, tokens = 0;
   };
 
@@ -513,6 +514,7 @@ class Coordinator : public caf::event_based_actor {
     acc.samples += r.getSamples();
     acc.tokens += r.getTokens();
     acc.seconds = std::max(acc.seconds, r.getSeconds());
+    acc.busy += r.getBusySeconds();
     if (acc.reports < members_.size()) return;
     commit(r.getStep(), false);
   }
@@ -564,13 +566,16 @@ class Coordinator : public caf::event_based_actor {
                                      .integer("samples", long(cfg_.global_batch))
                                      .integer("generation", long(generation_))
                                      .integer("world_size", long(members_.size())));
-    log_.metric(Json()
-                    .integer("step", long(step))
-                    .num("loss", acc.loss)
-                    .num("step_seconds", acc.seconds)
-                    .num("samples_per_s", sps)
-                    .num("tokens_per_s", tps)
-                    .integer("world_size", long(members_.size())));
+    log_.metric(
+        Json()
+            .integer("step", long(step))
+            .num("loss", acc.loss)
+            .num("step_seconds", acc.seconds)
+            .num("idle_fraction",
+                 acc.reports ? 1.0 - acc.busy / (acc.reports * std::max(acc.seconds, 1e-9)) : 0.0)
+            .num("samples_per_s", sps)
+            .num("tokens_per_s", tps)
+            .integer("world_size", long(members_.size())));
     steps_.erase(step);
     if (observer_)
       send(observer_, JobProgress{committed_, uint64_t(cfg_.steps), acc.loss, sps, tps, generation_,

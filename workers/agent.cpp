@@ -339,6 +339,7 @@ int run_agent(const AgentOptions& o) {
                       r.setPositionBegin(s.position_begin);
                       r.setPositionEnd(s.position_end);
                       r.setSeconds(s.seconds);
+                      r.setBusySeconds(s.busy_seconds);
                     }));
                   },
                   [&] { return state->stop.load() || state->leave_generation.load() == gen; });

@@ -68,6 +68,19 @@ class Reducer {
   std::thread thread_;
 };
 
+// Adds the lifetime of the scope to a seconds counter.
+class Busy {
+ public:
+  explicit Busy(double& seconds) : seconds_(seconds), t0_(std::chrono::steady_clock::now()) {}
+  ~Busy() {
+    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+
+ private:
+  double& seconds_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
 }  // namespace
 
 Worker::Worker(const WorkerSpec& spec) : spec_(spec) {
@@ -192,6 +205,8 @@ TrainResult Worker::run(comm::Communicator& comm, uint64_t start,
     if (spec_.test_step_delay_us > 0)
       std::this_thread::sleep_for(std::chrono::microseconds(spec_.test_step_delay_us));
     models::StepStats stats;
+    const auto compute_start = std::chrono::steady_clock::now();
+    double busy = 0;
     if (spec_.overlap_reduce) {
       // Forward + backward; each block's gradient is reduced on the reducer thread as soon as
       // its backward is done (blocks in reverse order, the same order on every rank).
@@ -202,6 +217,8 @@ TrainResult Worker::run(comm::Communicator& comm, uint64_t start,
       // Forward + backward over this rank's positions (weights 1/B: shares add up), then one
       // allreduce per block's flat gradient buffer.
       stats = trainer_->forward_backward(step, begin, end);
+      busy =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - compute_start).count();
       for (size_t b = model_->num_blocks(); b-- > 0;) reduce_block(b);
     }
     double control[2] = {stats.loss, stop_requested() ? 1.0 : 0.0};
@@ -219,6 +236,7 @@ TrainResult Worker::run(comm::Communicator& comm, uint64_t start,
     info.samples = end - begin;
     info.tokens = info.samples * (spec_.data_kind == "text" ? uint64_t(spec_.model.context) : 1);
     info.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    info.busy_seconds = busy;
     next_step_ = step + 1;
     for (auto& h : held_at_) h = next_step_;
     on_step(info);
@@ -275,6 +293,7 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start,
       std::this_thread::sleep_for(std::chrono::microseconds(spec_.test_step_delay_us));
     double loss = 0;
     double norm_sq = 0;
+    double busy = 0;  // seconds computing (forward, recompute, loss, backward)
     if (active) {
       for (uint32_t b = first; b < last; ++b) model_->block(b).grads().zero();
       std::vector<std::pair<uint64_t, uint64_t>> mbs;  // [begin, end) of each micro-batch
@@ -296,6 +315,7 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start,
         return models::Tensor(with_batch(out_shape_[last - 1], rows(j)));
       };
       auto forward = [&](size_t j, models::Tensor x) {
+        Busy timer(busy);
         saved[j] = x;
         for (uint32_t b = first; b < last; ++b) x = model_->block(b).forward(x, rows(j));
         cached = int(j);
@@ -305,6 +325,7 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start,
       auto score = [&](size_t j, const models::Tensor& logits) {
         if (batches[j].targets.empty())
           batches[j] = trainer_->batch(step, mbs[j].first, mbs[j].second);
+        Busy timer(busy);
         const auto& targets = batches[j].targets;
         const size_t n = targets.size(), classes = logits.numel() / n;
         models::Tensor d({n, classes});
@@ -315,6 +336,7 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start,
       };
       auto backward = [&](size_t j, models::Tensor dy) {
         if (cached != int(j)) forward(j, saved[j]);  // recompute
+        Busy timer(busy);
         for (uint32_t b = last; b-- > first;) dy = model_->block(b).backward(dy);
         saved[j] = models::Tensor();
         cached = -1;
@@ -405,6 +427,7 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start,
     info.samples = counts ? share.size() : 0;
     info.tokens = info.samples * (spec_.data_kind == "text" ? uint64_t(spec_.model.context) : 1);
     info.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    info.busy_seconds = busy;
     next_step_ = step + 1;
     for (uint32_t b = first; b < last; ++b) held_at_[b] = next_step_;
     on_step(info);

@@ -66,6 +66,7 @@ struct StepInfo {
   uint64_t position_begin = 0, position_end = 0;
   uint64_t samples = 0, tokens = 0;
   double seconds = 0;
+  double busy_seconds = 0;  // of which computing (the rest: waiting on the data plane)
 };
 
 struct TrainResult {
