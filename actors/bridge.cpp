@@ -650,6 +650,14 @@ void configure_system(caf::actor_system_config& cfg, size_t max_threads) {
   add_control_types(cfg);
 }
 
+BridgeConfig job_bridge_config(const std::string& job_id, const std::string& token) {
+  BridgeConfig c;
+  c.job_id = job_id;
+  c.token = token;
+  c.transport.shared_memory = false;
+  return c;
+}
+
 caf::actor spawn_bridge(caf::actor_system& system, const BridgeConfig& config) {
   auto shared = std::make_shared<Shared>(config);
   auto back = system.spawn<Back, caf::detached>(shared);

@@ -42,6 +42,14 @@ struct BridgeConfig {
   std::chrono::milliseconds connect_timeout{5000};
 };
 
+// The bridge settings of a training job's processes (coordinator, agents, admin commands): the
+// control plane goes over tcp, never shared memory. UCX's shared-memory FIFO is written by the
+// sender in place; a sender SIGKILLed in the middle of a write leaves a slot the receiver waits
+// on for ever, and the coordinator, which hears from every agent, would stop hearing from all
+// of them (seen in the pipeline tests: every survivor "silent" 1.6 s after one was killed). A
+// communicator lives one generation, so the data plane keeps shared memory.
+BridgeConfig job_bridge_config(const std::string& job_id, const std::string& token);
+
 // Spawns the bridge on its own thread (a detached actor). Throws comm::Error if the transport
 // cannot start (e.g. the listen address is taken).
 caf::actor spawn_bridge(caf::actor_system& system, const BridgeConfig& config);

@@ -64,12 +64,10 @@ int run_job(const std::vector<std::string>& words, bool spawn_agents) {
   caf::actor_system_config sys_cfg;
   coordinator::configure_job_system(sys_cfg);
   caf::actor_system system{sys_cfg};
-  actors::BridgeConfig bc;
+  actors::BridgeConfig bc = actors::job_bridge_config(cfg.name, token);
   auto [host, port] = comm::split_host_port(cfg.listen);
   bc.transport.listen_host = host;
   bc.transport.listen_port = port;
-  bc.job_id = cfg.name;
-  bc.token = token;
   bc.heartbeat_interval = std::chrono::milliseconds(cfg.heartbeat_interval_ms);
   bc.failure_timeout = std::chrono::milliseconds(cfg.failure_timeout_ms);
   auto bridge = actors::spawn_bridge(system, bc);
@@ -251,9 +249,7 @@ int admin_request(const Args& args, const std::function<void(proto::Envelope::Bu
   caf::actor_system_config cfg;
   actors::configure_system(cfg);
   caf::actor_system system{cfg};
-  actors::BridgeConfig bc;
-  bc.job_id = ref.job_id;
-  bc.token = ref.token;
+  actors::BridgeConfig bc = actors::job_bridge_config(ref.job_id, ref.token);
   auto bridge = actors::spawn_bridge(system, bc);
   caf::scoped_actor self{system};
   int rc = 1;

@@ -81,6 +81,7 @@ struct JobSpec {
   firstGeneration @28 :UInt64;  # the generation this agent's workers first publish for
   pipelineStages @29 :Int64;    # parallel.pipeline_stages (0 = auto)
   maxParamsPerWorker @30 :Int64;  # parallel.max_params_per_worker (0 = no limit)
+  stageBackupSteps @31 :Int64;    # parallel.stage_backup_steps (0 = no backups)
 }
 
 struct WorkerReady {
@@ -93,6 +94,8 @@ struct WorkerReady {
   lastError @6 :Text;       # why it left its previous generation, if a data-plane error ended it
   snapshotBlocks @7 :List(UInt32);  # blocks whose state it holds as of appliedStep - 1
   numBlocks @8 :UInt32;     # blocks in the model
+  backupBlocks @9 :List(UInt32);  # blocks whose state it holds as of backupStep (stage backups)
+  backupStep @10 :UInt64;   # the step of those copies
 }
 
 struct Member {
@@ -103,6 +106,8 @@ struct Member {
   appliedStep @4 :UInt64;   # steps it had applied when it published (it lacks the state if < startStep)
   heldBlocks @5 :List(UInt32);  # blocks whose state it holds as of appliedStep
   snapshotBlocks @6 :List(UInt32);  # blocks whose state it holds as of appliedStep - 1
+  backupBlocks @7 :List(UInt32);  # blocks whose state it holds as of backupStep
+  backupStep @8 :UInt64;    # the step of those copies
 }
 
 struct GenerationStart {

@@ -30,7 +30,7 @@ std::vector<Field> fields_of(JobConfig& c) {
   auto S = [](const char* t, const char* k, std::string* p, std::vector<std::string> choices = {}) {
     return Field{t, k, Kind::string, p, 0, 0, std::move(choices)};
   };
-  auto B = [](const char* t, const char* k, bool* p) { return Field{t, k, Kind::boolean, p}; };
+  auto B = [](const char* t, const char* k, bool* p) { return Field{t, k, Kind::boolean, p, 0, 0, {}}; };
   return {
       S("job", "name", &c.name),
       I("job", "seed", &c.seed, 0, 9e18),
@@ -61,6 +61,7 @@ std::vector<Field> fields_of(JobConfig& c) {
       S("parallel", "backend", &c.backend, {"auto", "ucx", "nccl"}),
       Field{"parallel", "pipeline_stages", Kind::int_or_auto, &c.pipeline_stages, 1, 1024, {}},
       I("parallel", "max_params_per_worker", &c.max_params_per_worker, 0, 1e15),
+      I("parallel", "stage_backup_steps", &c.stage_backup_steps, 0, 1e9),
       I("parallel", "threads_per_worker", &c.threads_per_worker, 1, 256),
       B("parallel", "overlap_reduce", &c.overlap_reduce),
       S("cluster", "launcher", &c.launcher, {"local", "external"}),

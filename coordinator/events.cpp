@@ -3,6 +3,8 @@
 #include <sys/time.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
 #include <stdexcept>
 
 namespace troupe::coordinator {
@@ -78,7 +80,7 @@ Json& Json::raw(const std::string& k, const std::string& json) {
   return *this;
 }
 
-RunLog::RunLog(const std::string& dir, bool ledger) {
+RunLog::RunLog(const std::string& dir, bool ledger) : dir_(dir) {
   events_ = std::fopen((dir + "/events.jsonl").c_str(), "a");
   metrics_ = std::fopen((dir + "/metrics.jsonl").c_str(), "a");
   if (ledger) ledger_ = std::fopen((dir + "/ledger.jsonl").c_str(), "a");
@@ -117,6 +119,25 @@ void RunLog::metric(Json fields) { write_line(metrics_, with_ts("", fields)); }
 
 void RunLog::ledger(Json fields) {
   if (ledger_) write_line(ledger_, fields.text());
+}
+
+void RunLog::drop_ledger_from(uint64_t step) {
+  if (!ledger_) return;
+  const std::string path = dir_ + "/ledger.jsonl", tmp = path + ".tmp";
+  std::ifstream in(path);
+  std::ofstream out(tmp);
+  for (std::string line; std::getline(in, line);) {
+    // Every line starts {"step":N,
+    auto at = line.find("\"step\":");
+    if (at != std::string::npos && std::strtoull(line.c_str() + at + 7, nullptr, 10) >= step)
+      continue;
+    out << line << "\n";
+  }
+  out.close();
+  std::fclose(ledger_);
+  std::rename(tmp.c_str(), path.c_str());
+  ledger_ = std::fopen(path.c_str(), "a");
+  if (!ledger_) throw std::runtime_error("cannot reopen " + path);
 }
 
 }  // namespace troupe::coordinator

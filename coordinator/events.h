@@ -2,6 +2,7 @@
 // ledger.jsonl. One JSON object a line, `ts` in unix seconds. Plain C++: no actors.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -37,11 +38,14 @@ class RunLog {
   void event(const std::string& name, Json fields);  // adds ts and event
   void metric(Json fields);                          // adds ts
   void ledger(Json fields);                          // no-op without data.ledger
+  // Rewrites ledger.jsonl without the lines of steps >= step (rolled back: they are redone).
+  void drop_ledger_from(uint64_t step);
 
  private:
   std::FILE* events_ = nullptr;
   std::FILE* metrics_ = nullptr;
   std::FILE* ledger_ = nullptr;
+  std::string dir_;
 };
 
 }  // namespace troupe::coordinator

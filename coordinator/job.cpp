@@ -105,6 +105,8 @@ class Coordinator : public caf::event_based_actor {
     std::string error;               // why its previous generation ended, if it broke
     std::vector<uint32_t> snapshot;  // blocks it held as of the step before
     uint32_t num_blocks = 0;
+    std::vector<uint32_t> backup;  // stage backups it holds, as of backup_step
+    uint64_t backup_step = 0;
   };
   struct StepAcc {
     uint32_t reports = 0;
@@ -221,6 +223,7 @@ class Coordinator : public caf::event_based_actor {
       s.setFirstGeneration(generation_ + 1);
       s.setPipelineStages(cfg_.pipeline_stages);
       s.setMaxParamsPerWorker(cfg_.max_params_per_worker);
+      s.setStageBackupSteps(cfg_.stage_backup_steps);
     });
   }
 
@@ -241,6 +244,8 @@ class Coordinator : public caf::event_based_actor {
     for (uint32_t b : r.getSnapshotBlocks()) ready.snapshot.push_back(b);
     ready.error = r.getLastError();
     ready.num_blocks = r.getNumBlocks();
+    for (uint32_t b : r.getBackupBlocks()) ready.backup.push_back(b);
+    ready.backup_step = r.getBackupStep();
     pending_[key_of(r.getAgentId(), r.getDevice())] = std::move(ready);
     check_start();
   }
@@ -359,7 +364,7 @@ class Coordinator : public caf::event_based_actor {
     std::vector<elastic::Holding> holdings;
     uint32_t blocks = 0;
     for (auto& r : next) {
-      holdings.push_back({r.applied, r.held, r.snapshot});
+      holdings.push_back({r.applied, r.held, r.snapshot, r.backup_step, r.backup});
       blocks = std::max(blocks, r.num_blocks);
     }
     auto start_at = elastic::choose_start_step(holdings, blocks);
@@ -377,6 +382,18 @@ class Coordinator : public caf::event_based_actor {
         break;
       }
     for (uint64_t step = committed_; step < start; ++step) commit(step, /*recovered=*/true);
+    if (start < committed_) {
+      // A pipeline stage without a replica was lost: everyone resumes from the stage backups.
+      // The steps since are redone; their ledger lines go (they are written again when the
+      // steps commit again), so every sample is still used once in the committed steps.
+      log_.event("steps_rolled_back", Json()
+                                          .integer("from", long(start))
+                                          .integer("to", long(committed_))
+                                          .integer("generation", long(generation_ + 1)));
+      spdlog::warn("rolling back steps {}..{} to the stage backups", start, committed_ - 1);
+      log_.drop_ledger_from(start);
+      committed_ = start;
+    }
     // Reports of the old generation for steps from `start` on are void: those steps are redone
     // (a pipeline stage may have applied and reported a step that others never finished).
     steps_.clear();
@@ -414,6 +431,9 @@ class Coordinator : public caf::event_based_actor {
         auto sb = ms[i].initSnapshotBlocks(unsigned(members_[i].snapshot.size()));
         for (unsigned k = 0; k < members_[i].snapshot.size(); ++k)
           sb.set(k, members_[i].snapshot[k]);
+        auto bb = ms[i].initBackupBlocks(unsigned(members_[i].backup.size()));
+        for (unsigned k = 0; k < members_[i].backup.size(); ++k) bb.set(k, members_[i].backup[k]);
+        ms[i].setBackupStep(members_[i].backup_step);
       }
     });
     // Every live agent hears it, standbys included: they publish again for the next one.

@@ -66,6 +66,7 @@ std::optional<uint64_t> choose_start_step(const std::vector<Holding>& members, u
   for (const auto& m : members) {
     candidates.push_back(m.applied);
     if (m.applied > 0 && !m.snapshot.empty()) candidates.push_back(m.applied - 1);
+    if (!m.backup.empty()) candidates.push_back(m.backup_step);
   }
   std::sort(candidates.rbegin(), candidates.rend());
   auto has = [](const std::vector<uint32_t>& v, uint32_t b) {
@@ -77,7 +78,8 @@ std::optional<uint64_t> choose_start_step(const std::vector<Holding>& members, u
       bool found = false;
       for (const auto& m : members)
         found |= (m.applied == s && has(m.held, b)) ||
-                 (m.applied > 0 && m.applied - 1 == s && has(m.snapshot, b));
+                 (m.applied > 0 && m.applied - 1 == s && has(m.snapshot, b)) ||
+                 (m.backup_step == s && has(m.backup, b));
       all = found;
     }
     if (all) return s;

@@ -66,10 +66,12 @@ MembershipDecision decide_membership(Clock::time_point now, const MembershipStat
 struct Holding {
   uint64_t applied = 0;
   std::vector<uint32_t> held, snapshot;
+  uint64_t backup_step = 0;      // stage backups (pipeline stages without a replica) ...
+  std::vector<uint32_t> backup;  // ... of these blocks, as of backup_step
 };
 // The newest step at which every block in [0, blocks) is held by some member (live at its
-// applied step, or in a snapshot at applied - 1); nullopt if there is none. blocks == 0: the
-// newest applied step (nothing to check).
+// applied step, in a snapshot at applied - 1, or in a backup at backup_step); nullopt if there is
+// none. blocks == 0: the newest applied step (nothing to check).
 std::optional<uint64_t> choose_start_step(const std::vector<Holding>& members, uint32_t blocks);
 
 // The member whose state the others take after a change: the newest applied step, ties to the

@@ -27,6 +27,8 @@ struct Member {
   uint64_t applied;                // steps it had applied when it published
   std::vector<uint32_t> held;      // blocks it held as of then
   std::vector<uint32_t> snapshot;  // blocks it held as of the step before
+  uint64_t backup_step;
+  std::vector<uint32_t> backup;  // stage backups it held, as of backup_step
 };
 
 // What the agent actor learns from the coordinator, for the worker threads and main.
@@ -88,6 +90,7 @@ WorkerSpec spec_from(proto::JobSpec::Reader s) {
   w.overlap_reduce = s.getOverlapReduce();
   w.pipeline_stages = s.getPipelineStages();
   w.max_params_per_worker = s.getMaxParamsPerWorker();
+  w.stage_backup_steps = s.getStageBackupSteps();
   return w;
 }
 
@@ -113,9 +116,7 @@ int run_agent(const AgentOptions& o) {
   caf::actor_system_config cfg;
   actors::configure_system(cfg);
   caf::actor_system system{cfg};
-  actors::BridgeConfig bc;
-  bc.job_id = o.job_id;
-  bc.token = o.token;
+  actors::BridgeConfig bc = actors::job_bridge_config(o.job_id, o.token);
   bc.heartbeat_interval = o.heartbeat_interval;
   bc.failure_timeout = o.failure_timeout;
   auto bridge = actors::spawn_bridge(system, bc);
@@ -145,12 +146,13 @@ int run_agent(const AgentOptions& o) {
                             (ranks.empty() ? "-" : ranks) + "] [%l] %v");
         state->members.clear();
         for (auto mem : g.getMembers()) {
-          std::vector<uint32_t> held, snap;
+          std::vector<uint32_t> held, snap, backup;
           for (uint32_t b : mem.getHeldBlocks()) held.push_back(b);
           for (uint32_t b : mem.getSnapshotBlocks()) snap.push_back(b);
+          for (uint32_t b : mem.getBackupBlocks()) backup.push_back(b);
           state->members.push_back({mem.getRank(), mem.getAgentId(), mem.getDevice(),
                                     mem.getAddress(), mem.getAppliedStep(), std::move(held),
-                                    std::move(snap)});
+                                    std::move(snap), mem.getBackupStep(), std::move(backup)});
         }
         state->cv.notify_all();
       } else if (body.isStopAtNextStep()) {
@@ -274,6 +276,10 @@ int run_agent(const AgentOptions& o) {
               auto sb = w.initSnapshotBlocks(unsigned(snap.size()));
               for (unsigned i = 0; i < snap.size(); ++i) sb.set(i, snap[i]);
               w.setNumBlocks(worker->num_blocks());
+              auto backup = worker->backup_blocks();
+              auto bb = w.initBackupBlocks(unsigned(backup.size()));
+              for (unsigned i = 0; i < backup.size(); ++i) bb.set(i, backup[i]);
+              w.setBackupStep(worker->backup_step());
             }));
             last_error.clear();
             std::vector<Member> members;
@@ -295,7 +301,7 @@ int run_agent(const AgentOptions& o) {
             rank = -1;
             for (auto& m : members) {
               addresses[m.rank] = m.address;
-              held[m.rank] = MemberState{m.applied, m.held, m.snapshot};
+              held[m.rank] = MemberState{m.applied, m.held, m.snapshot, m.backup_step, m.backup};
               if (m.agent_id == agent_id && m.device == dev) rank = int(m.rank);
             }
             if (rank < 0 || gen != want) {

@@ -107,6 +107,8 @@ Worker::Worker(const WorkerSpec& spec) : spec_(spec) {
   held_at_.assign(model_->num_blocks(), 0);
   snap_at_.assign(model_->num_blocks(), kStale);
   snap_.resize(model_->num_blocks());
+  backup_.resize(model_->num_blocks());
+  backed_up_.assign(model_->num_blocks(), false);
   // The shape of each block's output for one sample: one sample through the model.
   models::Batch one = trainer_->batch(0, 0, 1);
   models::Tensor x = one.inputs;
@@ -156,6 +158,60 @@ std::vector<uint32_t> Worker::snapshot_blocks() const {
   for (uint32_t b = 0; b < snap_at_.size(); ++b)
     if (next_step_ > 0 && snap_at_[b] == next_step_ - 1) out.push_back(b);
   return out;
+}
+
+std::vector<uint32_t> Worker::backup_blocks() const {
+  std::vector<uint32_t> out;
+  for (uint32_t b = 0; b < backed_up_.size(); ++b)
+    if (backed_up_[b]) out.push_back(b);
+  return out;
+}
+
+// Every stage sends its blocks' state to the next stage's worker (cyclically, same replica) and
+// keeps a copy of its own: stage 0 sends first, every other stage receives first, so the chain
+// of blocking sends always has a receiver ready.
+void Worker::take_backups(comm::Communicator& comm, const elastic::Plan& plan, uint32_t stage,
+                          uint32_t replica) {
+  constexpr uint32_t kBackupTag = 0xbac;
+  const uint32_t pp = plan.pp;
+  const int to = int(elastic::rank_of(plan, (stage + 1) % pp, replica));
+  const int from = int(elastic::rank_of(plan, (stage + pp - 1) % pp, replica));
+  const uint32_t prev_stage = (stage + pp - 1) % pp;
+  auto copy_of = [&](uint32_t b) -> std::vector<models::Tensor>& {
+    auto bufs = state_buffers(b);
+    auto& copy = backup_[b];
+    if (copy.size() != bufs.size()) copy.assign(bufs.size(), models::Tensor());
+    for (size_t i = 0; i < bufs.size(); ++i)
+      if (copy[i].numel() != bufs[i]->numel()) copy[i] = models::Tensor({bufs[i]->numel()});
+    return copy;
+  };
+  std::fill(backed_up_.begin(), backed_up_.end(), false);
+  auto send_own = [&] {
+    for (uint32_t b = plan.stage_block_begin(stage); b < plan.stage_block_end(stage); ++b)
+      for (auto* buf : state_buffers(b)) comm.send(buf->data(), buf->numel() * 4, to, kBackupTag);
+  };
+  auto recv_prev = [&] {
+    for (uint32_t b = plan.stage_block_begin(prev_stage); b < plan.stage_block_end(prev_stage);
+         ++b) {
+      for (auto& t : copy_of(b)) comm.recv(t.data(), t.numel() * 4, from, kBackupTag);
+      backed_up_[b] = true;
+    }
+  };
+  if (stage == 0) {
+    send_own();
+    recv_prev();
+  } else {
+    recv_prev();
+    send_own();
+  }
+  for (uint32_t b = plan.stage_block_begin(stage); b < plan.stage_block_end(stage); ++b) {
+    auto bufs = state_buffers(b);
+    auto& copy = copy_of(b);
+    for (size_t i = 0; i < bufs.size(); ++i)
+      std::memcpy(copy[i].data(), bufs[i]->data(), bufs[i]->numel() * sizeof(float));
+    backed_up_[b] = true;
+  }
+  backup_step_ = next_step_;
 }
 
 std::vector<models::Tensor*> Worker::state_buffers(uint32_t b) {
@@ -430,6 +486,9 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start,
     info.busy_seconds = busy;
     next_step_ = step + 1;
     for (uint32_t b = first; b < last; ++b) held_at_[b] = next_step_;
+    if (active && dp == 1 && spec_.stage_backup_steps > 0 &&
+        next_step_ % uint64_t(spec_.stage_backup_steps) == 0)
+      take_backups(comm, plan, s, r);
     on_step(info);
     result.next_step = step + 1;
     if (control[1] > 0) {
@@ -470,10 +529,20 @@ StateTransfer Worker::take_state(comm::Communicator& comm, uint64_t start_step,
     const MemberState& m = members.at(size_t(r));
     return m.applied == start_step + 1 && in(m.snapshot, b);
   };
-  auto restore = [&](uint32_t b) {  // this worker's snapshot becomes its live state
+  auto backed = [&](int r, uint32_t b) {  // ... in its stage backups
+    const MemberState& m = members.at(size_t(r));
+    return m.backup_step == start_step && in(m.backup, b);
+  };
+  // The copy of block b's state as of start_step this worker holds (live, snapshot or backup).
+  auto own_copy = [&](uint32_t b, size_t i) -> float* {
+    if (live(me, b)) return state_buffers(b)[i]->data();
+    if (snapped(me, b)) return snap_[b][i].data();
+    return backup_[b][i].data();
+  };
+  auto restore = [&](uint32_t b) {  // this worker's copy becomes its live state
     auto bufs = state_buffers(b);
     for (size_t i = 0; i < bufs.size(); ++i)
-      std::memcpy(bufs[i]->data(), snap_[b][i].data(), bufs[i]->numel() * sizeof(float));
+      std::memcpy(bufs[i]->data(), own_copy(b, i), bufs[i]->numel() * sizeof(float));
     held_at_[b] = start_step;
   };
   constexpr uint32_t kStateTag = 0x57a7e;
@@ -482,23 +551,22 @@ StateTransfer Worker::take_state(comm::Communicator& comm, uint64_t start_step,
   for (uint32_t b = 0; b < model_->num_blocks(); ++b) {
     int source = -1;
     for (int r = 0; r < n && source < 0; ++r)
-      if (live(r, b) || snapped(r, b)) source = r;
+      if (live(r, b) || snapped(r, b) || backed(r, b)) source = r;
     for (int r = 0; r < n; ++r) {
       if (!owns(r, b) || live(r, b)) continue;
-      if (snapped(r, b)) {  // rolls back to its own copy
+      if (snapped(r, b) || backed(r, b)) {  // rolls back to its own copy
         if (r == me) restore(b);
         continue;
       }
       if (source < 0)
         throw StateLost("block " + std::to_string(b) + " is held by no member at step " +
                         std::to_string(start_step) +
-                        " (its pipeline stage had no data-parallel replica)");
+                        " (its pipeline stage had no replica and no backup)");
       auto bufs = state_buffers(b);
       for (size_t i = 0; i < bufs.size(); ++i) {
         const size_t bytes = bufs[i]->numel() * sizeof(float);
         if (me == source) {
-          const float* from = live(me, b) ? bufs[i]->data() : snap_[b][i].data();
-          comm.send(from, bytes, r, kStateTag);
+          comm.send(own_copy(b, i), bytes, r, kStateTag);
           if (i == 0 && spec_.test_state_delay_ms > 0)
             std::this_thread::sleep_for(std::chrono::milliseconds(spec_.test_state_delay_ms));
         } else if (me == r) {

@@ -34,6 +34,9 @@ struct WorkerSpec {
   // parameters one worker may hold (0: no limit). See elastic/planner.h.
   int64_t pipeline_stages = 1;
   int64_t max_params_per_worker = 0;
+  // A stage without a data-parallel replica copies its state to the next stage's worker every
+  // this many steps (0: never); losing it rolls back at most this many steps.
+  int64_t stage_backup_steps = 20;
   // Test-only fault injection (TROUPE_TEST_* environment variables of the agent; 0 = off):
   // the state source pauses this long in the middle of each state transfer, the worker throws
   // once when it reaches this step (counting from 1), and every step takes at least this long,
@@ -58,6 +61,8 @@ struct MemberState {
   uint64_t applied = 0;
   std::vector<uint32_t> held;
   std::vector<uint32_t> snapshot;  // blocks whose state it holds as of applied - 1
+  uint64_t backup_step = 0;        // stage backups ...
+  std::vector<uint32_t> backup;    // ... of these blocks, as of backup_step
 };
 
 struct StepInfo {
@@ -102,6 +107,8 @@ class Worker {
   // resumes one step earlier).
   std::vector<uint32_t> held_blocks() const;
   std::vector<uint32_t> snapshot_blocks() const;
+  std::vector<uint32_t> backup_blocks() const;
+  uint64_t backup_step() const { return backup_step_; }
   uint32_t num_blocks() const { return uint32_t(model_->num_blocks()); }
   // The layout of a generation of `world` workers (elastic::plan_pipeline on this model's
   // per-block FLOPs and parameter sizes; the same on every worker). Throws if impossible.
@@ -127,6 +134,13 @@ class Worker {
   std::vector<std::vector<models::Tensor>> snap_;  // per block: copies of its state buffers
   std::vector<models::Tensor*> state_buffers(uint32_t block);
   void snapshot(uint32_t block);  // copies the block's state as of next_step_
+  // Stage backups: copies of blocks' state as of backup_step_ (this stage's own, and the
+  // previous stage's received), refreshed every stage_backup_steps when a stage has no replica.
+  std::vector<std::vector<models::Tensor>> backup_;
+  std::vector<bool> backed_up_;
+  uint64_t backup_step_ = 0;
+  void take_backups(comm::Communicator& comm, const elastic::Plan& plan, uint32_t stage,
+                    uint32_t replica);
   // Per block: the shape of its output for one sample (dim 0 scales with the samples), for the
   // receiving side of a stage boundary.
   std::vector<std::vector<size_t>> out_shape_;

@@ -55,9 +55,7 @@ int main() {
   coordinator::configure_job_system(sys_cfg);
   caf::actor_system system{sys_cfg};
 
-  actors::BridgeConfig bc;
-  bc.job_id = cfg.name;
-  bc.token = coordinator::new_token();
+  actors::BridgeConfig bc = actors::job_bridge_config(cfg.name, coordinator::new_token());
   auto bridge = actors::spawn_bridge(system, bc);
   auto done = std::make_shared<std::promise<std::pair<int, std::vector<double>>>>();
   auto result = done->get_future();

@@ -91,9 +91,13 @@ std::vector<std::string> lines_of(const std::string& path) {
 }
 
 std::vector<double> committed_losses(const std::string& run_dir) {
-  std::vector<double> out;
+  // A step committed again after a rollback (steps_rolled_back) counts with its last loss.
+  std::map<long, double> by_step;
   for (auto& l : lines_of(run_dir + "/events.jsonl"))
-    if (json_field(l, "event") == "step_committed") out.push_back(std::stod(json_field(l, "loss")));
+    if (json_field(l, "event") == "step_committed")
+      by_step[std::stol(json_field(l, "step"))] = std::stod(json_field(l, "loss"));
+  std::vector<double> out;
+  for (auto& [step, loss] : by_step) out.push_back(loss);
   return out;
 }
 

@@ -53,8 +53,8 @@ std::string troupe_binary();
 // Run-directory readers shared by the job and elasticity tests.
 std::string json_field(const std::string& line, const std::string& key);  // a top-level scalar
 std::vector<std::string> lines_of(const std::string& path);
-std::vector<double> committed_losses(
-    const std::string& run_dir);  // step_committed losses, in order
+// step_committed losses by step (a step redone after a rollback: its last commit).
+std::vector<double> committed_losses(const std::string& run_dir);
 // Every committed step used exactly its global batch: positions [s*B, (s+1)*B), each once.
 void check_ledger(const std::string& run_dir, int steps, long global_batch);
 
