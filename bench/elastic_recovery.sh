@@ -11,7 +11,7 @@ tmp=$(mktemp -d)
 results=()
 for ((r = 0; r < REPS; r++)); do
   dir=$tmp/run$r
-  "$TROUPE" run "$CONFIG" --set "job.run_dir=\"$dir\"" --set cluster.agents=3 --set job.steps=100000 \
+  "$TROUPE" run "$CONFIG" --set "job.run_dir=\"$dir\"" --set cluster.agents=3 --set job.steps=100000 --set elastic.max_restarts=0 \
     --set logging.progress=false >"$dir.out" 2>&1 &
   run=$!
   # Wait for 20 committed steps, then kill an agent (its pid from troupe status).
