@@ -98,6 +98,19 @@ std::vector<int> member_pids(const TempDir& dir, const Job& job) {
   return pids;
 }
 
+std::unique_ptr<coordinator::ChildProcess> join_agent(const TempDir& dir, const Job& job,
+                                                      const std::string& name,
+                                                      const std::vector<std::string>& env) {
+  std::string addr = lines_of(job.run_dir + "/coordinator.addr").at(0);
+  std::string out = dir.path() + "/" + name + ".out";
+  return std::make_unique<coordinator::ChildProcess>(
+      coordinator::ChildProcess::Options{{troupe_binary(), "agent", "--join", addr, "--token-file",
+                                          job.run_dir + "/job.token", "--name", name},
+                                         out,
+                                         out,
+                                         env});
+}
+
 void admin(const TempDir& dir, std::vector<std::string> args) {
   std::string out = dir.path() + "/admin.out";
   args.insert(args.begin(), troupe_binary());

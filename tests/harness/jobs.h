@@ -43,6 +43,10 @@ void wait_steps(const Job& job, size_t steps);
 int pid_of(const Job& job, const std::string& name);
 // Agent pids by rank in the current generation (`troupe status --json`).
 std::vector<int> member_pids(const TempDir& dir, const Job& job);
+// `troupe agent --join` of a running job, named `name` (logs in DIR/NAME.out).
+std::unique_ptr<coordinator::ChildProcess> join_agent(const TempDir& dir, const Job& job,
+                                                      const std::string& name,
+                                                      const std::vector<std::string>& env = {});
 // Runs `troupe ARGS...` (status, drain, scale, ...) and expects exit 0.
 void admin(const TempDir& dir, std::vector<std::string> args);
 

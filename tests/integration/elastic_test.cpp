@@ -93,14 +93,9 @@ TEST(Elastic, AnAgentJoinsARunningJobAndTakesPartFromTheNextGeneration) {
   auto want = reference_losses(dir);
   Job job = start(dir, "grow", 2);
   wait_steps(job, 20);
-  std::string addr = testing::lines_of(job.run_dir + "/coordinator.addr").at(0);
-  coordinator::ChildProcess joiner({{testing::troupe_binary(), "agent", "--join", addr,
-                                     "--token-file", job.run_dir + "/job.token"},
-                                    dir.path() + "/joiner.out",
-                                    dir.path() + "/joiner.out",
-                                    {kPace}});
+  auto joiner = join_agent(dir, job, "joiner", {kPace});
   expect_same_function(job, want);
-  auto jst = joiner.wait(30s);
+  auto jst = joiner->wait(30s);
   ASSERT_TRUE(jst);
   EXPECT_EQ(WEXITSTATUS(*jst), 0);
   EXPECT_NE(wait_event(job, is("generation_started", "world_size", "3"), 0s), "")
@@ -213,13 +208,7 @@ TEST(Elastic, StandbysAboveMaxWorkersAreAdmittedWhenAMemberFails) {
   auto want = reference_losses(dir);
   Job job = start(dir, "standby", 2, {"elastic.max_workers=2", "elastic.max_restarts=0"});
   wait_steps(job, 20);
-  std::string addr = testing::lines_of(job.run_dir + "/coordinator.addr").at(0);
-  coordinator::ChildProcess standby(
-      {{testing::troupe_binary(), "agent", "--join", addr, "--token-file",
-        job.run_dir + "/job.token", "--name", "standby"},
-       dir.path() + "/standby.out",
-       dir.path() + "/standby.out",
-       {kPace}});
+  auto standby = join_agent(dir, job, "standby", {kPace});
   ASSERT_NE(wait_event(job, is("member_standby", "name", "standby"), 30s), "");
   EXPECT_EQ(count_events(job, "generation_started"), 1);  // the standby changed nothing
   ASSERT_EQ(::kill(pid_of(job, "agent-1"), SIGKILL), 0);
@@ -228,7 +217,7 @@ TEST(Elastic, StandbysAboveMaxWorkersAreAdmittedWhenAMemberFails) {
   auto gen2 = wait_event(job, is("generation_started", "generation", "2"), 0s);
   EXPECT_EQ(testing::json_field(gen2, "world_size"), "2") << gen2;
   EXPECT_EQ(count_events(job, "state_received"), 1);  // the standby took the state
-  auto sst = standby.wait(30s);
+  auto sst = standby->wait(30s);
   ASSERT_TRUE(sst);
   EXPECT_EQ(WEXITSTATUS(*sst), 0);
 }
@@ -266,13 +255,7 @@ TEST(Elastic, KillAMemberWhileAnAgentJoins) {
   auto want = reference_losses(dir);
   Job job = start(dir, "joinkill", 3, {"elastic.max_restarts=0"});
   wait_steps(job, 20);
-  std::string addr = testing::lines_of(job.run_dir + "/coordinator.addr").at(0);
-  coordinator::ChildProcess joiner(
-      {{testing::troupe_binary(), "agent", "--join", addr, "--token-file",
-        job.run_dir + "/job.token", "--name", "joiner"},
-       dir.path() + "/joiner.out",
-       dir.path() + "/joiner.out",
-       {kPace}});
+  auto joiner = join_agent(dir, job, "joiner", {kPace});
   // As soon as the join is admitted (the members are ending their generation), kill a member.
   ASSERT_NE(wait_event(job, is("member_joined", "name", "joiner"), 30s), "");
   ASSERT_EQ(::kill(pid_of(job, "agent-1"), SIGKILL), 0);
@@ -283,7 +266,7 @@ TEST(Elastic, KillAMemberWhileAnAgentJoins) {
     joined |= is("generation_started")(e) && testing::json_field(e, "world_size") == "3" &&
               testing::json_field(e, "generation") != "1";
   EXPECT_TRUE(joined) << "no generation with the joiner and the two survivors";
-  auto jst = joiner.wait(30s);
+  auto jst = joiner->wait(30s);
   ASSERT_TRUE(jst);
   EXPECT_EQ(WEXITSTATUS(*jst), 0);
 }
