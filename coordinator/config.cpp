@@ -30,7 +30,9 @@ std::vector<Field> fields_of(JobConfig& c) {
   auto S = [](const char* t, const char* k, std::string* p, std::vector<std::string> choices = {}) {
     return Field{t, k, Kind::string, p, 0, 0, std::move(choices)};
   };
-  auto B = [](const char* t, const char* k, bool* p) { return Field{t, k, Kind::boolean, p, 0, 0, {}}; };
+  auto B = [](const char* t, const char* k, bool* p) {
+    return Field{t, k, Kind::boolean, p, 0, 0, {}};
+  };
   return {
       S("job", "name", &c.name),
       I("job", "seed", &c.seed, 0, 9e18),
@@ -246,6 +248,10 @@ void validate(const JobConfig& c, const std::string& source) {
     fail("parallel.pipeline_stages = " +
          (c.pipeline_stages ? std::to_string(c.pipeline_stages) : std::string("\"auto\"")) +
          " needs model.tied_head = false (a tied head would span the first and last stages)");
+  if (c.pipeline_stages > c.workers())
+    fail("parallel.pipeline_stages = " + std::to_string(c.pipeline_stages) +
+         " needs at least as many workers; cluster.agents x cluster.devices_per_agent = " +
+         std::to_string(c.workers()));
   if (c.pipeline_stages != 1 && c.overlap_reduce)
     fail("parallel.overlap_reduce works with parallel.pipeline_stages = 1 only");
   if (c.data_kind == "text") {

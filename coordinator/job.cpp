@@ -279,7 +279,7 @@ class Coordinator : public caf::event_based_actor {
         if (usable(k) && (!current.count(k) || failed_workers_.count(k))) st.waiting.push_back(k);
       }
     elastic::MembershipOptions opt;
-    opt.min_workers = uint32_t(std::max<int64_t>(1, cfg_.min_workers));
+    opt.min_workers = min_workers();
     opt.max_workers = uint32_t(cfg_.max_workers);
     opt.rejoin_timeout = std::chrono::milliseconds(cfg_.rejoin_timeout_ms);
     auto d = elastic::decide_membership(Clock::now(), st, opt);
@@ -684,6 +684,12 @@ class Coordinator : public caf::event_based_actor {
     return ack();
   }
 
+  // elastic.min_workers; a fixed number of pipeline stages needs at least that many workers too
+  // (below it the job pauses in the same way).
+  uint32_t min_workers() const {
+    return uint32_t(std::max<int64_t>({1, cfg_.min_workers, cfg_.pipeline_stages}));
+  }
+
   size_t usable_workers() const {
     size_t n = 0;
     for (auto& a : agents_)
@@ -717,10 +723,11 @@ class Coordinator : public caf::event_based_actor {
     if (id >= agents_.size() || !agents_[id].alive) {
       return actors::make_error_reply("invalid_input", "no live agent " + std::to_string(id));
     }
-    if (usable_workers() - agents_[id].devices.size() <
-        size_t(std::max<int64_t>(1, cfg_.min_workers))) {
-      return actors::make_error_reply("refused", "draining agent " + std::to_string(id) +
-                                                     " would leave fewer than elastic.min_workers");
+    if (usable_workers() - agents_[id].devices.size() < min_workers()) {
+      return actors::make_error_reply(
+          "refused", "draining agent " + std::to_string(id) +
+                         " would leave fewer workers than the job needs (elastic.min_workers, "
+                         "parallel.pipeline_stages)");
     }
     start_drain({id});
     return ack();
@@ -732,11 +739,11 @@ class Coordinator : public caf::event_based_actor {
   ControlMessage scale(uint32_t n) {
     if (finished_ || generation_ == 0)
       return actors::make_error_reply("refused", "the job is not running");
-    if (n < uint32_t(std::max<int64_t>(1, cfg_.min_workers)))
-      return actors::make_error_reply("invalid_input", std::to_string(n) +
-                                                           " worker(s) is fewer than "
-                                                           "elastic.min_workers = " +
-                                                           std::to_string(cfg_.min_workers));
+    if (n < min_workers())
+      return actors::make_error_reply(
+          "invalid_input", std::to_string(n) + " worker(s) is fewer than the job needs: " +
+                               std::to_string(min_workers()) +
+                               " (elastic.min_workers, parallel.pipeline_stages)");
     if (cfg_.max_workers > 0 && n > uint32_t(cfg_.max_workers))
       return actors::make_error_reply("invalid_input", std::to_string(n) +
                                                            " worker(s) is more than "
