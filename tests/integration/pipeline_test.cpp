@@ -99,6 +99,19 @@ TEST(Pipeline, EveryLayoutComputesTheSameFunctionAsOneWorker) {
   }
 }
 
+TEST(Pipeline, AutoLayoutSplitsAModelThatDoesNotFitOneWorker) {
+  TempDir dir;
+  auto want = reference(dir, kMlp, 400);
+  // Blocks of 4160, 4160, 4160 and 650 parameters; a worker may hold 9000: no worker can hold
+  // the model, so "auto" must choose stages (with 4 workers: 2 x 2, each stage within budget).
+  Job job = start_job(dir, "auto", kMlp, 4,
+                      {"parallel.pipeline_stages=\"auto\"", "parallel.max_params_per_worker=9000"});
+  expect_same_function(job, want, 400, 60);
+  auto p = plans(job);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0], "dp 2 x pp 2, stages [0,2) [2,4)");
+}
+
 TEST(Pipeline, ScaleFourToThreeToTwoToFourOnAPipelinedGptMovesOnlyWhatMoved) {
   TempDir dir;
   auto want = reference(dir, kGpt, 600);
