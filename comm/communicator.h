@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 #include <string>
 
 #include "comm/error.h"
@@ -44,6 +45,12 @@ struct CollectiveOptions {
   Algorithm algorithm = Algorithm::automatic;
   std::chrono::milliseconds timeout{0};  // 0: the communicator's default
   uint32_t tag = 0;                      // to tell apart concurrent uses by the caller (low 8 bits)
+};
+
+// A buffer of a batched point-to-point transfer.
+struct Span {
+  void* data;
+  size_t bytes;
 };
 
 class Communicator {
@@ -70,6 +77,13 @@ class Communicator {
                     const CollectiveOptions& options = {}) = 0;
   virtual void recv(void* buf, size_t bytes, int peer, uint32_t tag,
                     const CollectiveOptions& options = {}) = 0;
+  // Every span to (from) peer, all in flight at once: a batch of buffers (a model block's state)
+  // moves at the link's speed instead of one handshake at a time. The receiver's spans must
+  // have the sender's sizes, in the same order.
+  virtual void send_many(const std::vector<Span>& spans, int peer, uint32_t tag,
+                         const CollectiveOptions& options = {}) = 0;
+  virtual void recv_many(const std::vector<Span>& spans, int peer, uint32_t tag,
+                         const CollectiveOptions& options = {}) = 0;
   // Sends to send_peer and receives from recv_peer at once, so two neighbours that exchange
   // (a pipeline's activations one way, gradients the other) never wait on each other. A peer of
   // -1 skips that half. Sends and receives with the same (peer, tag) match in order.

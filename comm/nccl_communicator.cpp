@@ -121,6 +121,26 @@ class NcclCommunicator : public Communicator {
   void recv(void* buf, size_t bytes, int peer, uint32_t, const CollectiveOptions& o) override {
     run("recv", o, [&] { return ncclRecv(buf, bytes, ncclUint8, peer, comm_, stream_); });
   }
+  void send_many(const std::vector<Span>& spans, int peer, uint32_t,
+                 const CollectiveOptions& o) override {
+    run("send_many", o, [&] {
+      ncclResult_t r = ncclGroupStart();
+      for (const Span& s : spans)
+        if (r == ncclSuccess) r = ncclSend(s.data, s.bytes, ncclUint8, peer, comm_, stream_);
+      ncclResult_t e = ncclGroupEnd();
+      return r != ncclSuccess ? r : e;
+    });
+  }
+  void recv_many(const std::vector<Span>& spans, int peer, uint32_t,
+                 const CollectiveOptions& o) override {
+    run("recv_many", o, [&] {
+      ncclResult_t r = ncclGroupStart();
+      for (const Span& s : spans)
+        if (r == ncclSuccess) r = ncclRecv(s.data, s.bytes, ncclUint8, peer, comm_, stream_);
+      ncclResult_t e = ncclGroupEnd();
+      return r != ncclSuccess ? r : e;
+    });
+  }
   void sendrecv(const void* send_buf, size_t send_bytes, int send_peer, void* recv_buf,
                 size_t recv_bytes, int recv_peer, uint32_t, const CollectiveOptions& o) override {
     run("sendrecv", o, [&] {

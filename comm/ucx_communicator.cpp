@@ -645,6 +645,31 @@ void UcxCommunicator::recv(void* buf, size_t bytes, int peer, uint32_t tag,
   m.wait_all(reqs, m.timeout(options));
 }
 
+void UcxCommunicator::send_many(const std::vector<Span>& spans, int peer, uint32_t tag,
+                                const CollectiveOptions& options) {
+  Impl& m = *impl_;
+  m.check_usable();
+  if (peer < 0 || peer >= m.n || peer == m.my_rank)
+    TROUPE_FAIL(Errc::invalid_input, "send to rank " + std::to_string(peer));
+  std::vector<Impl::Req> reqs;
+  for (const Span& s : spans)
+    reqs.push_back(
+        m.isend(peer, s.data, s.bytes, make_tag(m.gen, kPointToPoint, tag, m.my_rank, 0)));
+  if (!reqs.empty()) m.wait_all(reqs, m.timeout(options));
+}
+
+void UcxCommunicator::recv_many(const std::vector<Span>& spans, int peer, uint32_t tag,
+                                const CollectiveOptions& options) {
+  Impl& m = *impl_;
+  m.check_usable();
+  if (peer < 0 || peer >= m.n || peer == m.my_rank)
+    TROUPE_FAIL(Errc::invalid_input, "recv from rank " + std::to_string(peer));
+  std::vector<Impl::Req> reqs;
+  for (const Span& s : spans)
+    reqs.push_back(m.irecv(s.data, s.bytes, make_tag(m.gen, kPointToPoint, tag, peer, 0)));
+  if (!reqs.empty()) m.wait_all(reqs, m.timeout(options));
+}
+
 void UcxCommunicator::sendrecv(const void* send_buf, size_t send_bytes, int send_peer,
                                void* recv_buf, size_t recv_bytes, int recv_peer, uint32_t tag,
                                const CollectiveOptions& options) {

@@ -60,6 +60,10 @@ class UcxCommunicator : public Communicator {
             const CollectiveOptions& options = {}) override;
   void recv(void* buf, size_t bytes, int peer, uint32_t tag,
             const CollectiveOptions& options = {}) override;
+  void send_many(const std::vector<Span>& spans, int peer, uint32_t tag,
+                 const CollectiveOptions& options = {}) override;
+  void recv_many(const std::vector<Span>& spans, int peer, uint32_t tag,
+                 const CollectiveOptions& options = {}) override;
   void sendrecv(const void* send_buf, size_t send_bytes, int send_peer, void* recv_buf,
                 size_t recv_bytes, int recv_peer, uint32_t tag,
                 const CollectiveOptions& options = {}) override;

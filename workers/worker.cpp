@@ -546,8 +546,13 @@ StateTransfer Worker::take_state(comm::Communicator& comm, uint64_t start_step,
     held_at_[b] = start_step;
   };
   constexpr uint32_t kStateTag = 0x57a7e;
-  // The same list of transfers on every member, in the same order (block, then receiver): the
-  // first unfinished one always has both ends at it, so blocking sends cannot deadlock.
+  // Every member computes the same list: for each block, who restores it from its own copy and
+  // who receives it from the lowest-ranked holder.
+  struct Move {
+    uint32_t block;
+    int from, to;
+  };
+  std::vector<Move> moves;
   for (uint32_t b = 0; b < model_->num_blocks(); ++b) {
     int source = -1;
     for (int r = 0; r < n && source < 0; ++r)
@@ -562,25 +567,46 @@ StateTransfer Worker::take_state(comm::Communicator& comm, uint64_t start_step,
         throw StateLost("block " + std::to_string(b) + " is held by no member at step " +
                         std::to_string(start_step) +
                         " (its pipeline stage had no replica and no backup)");
-      auto bufs = state_buffers(b);
-      for (size_t i = 0; i < bufs.size(); ++i) {
-        const size_t bytes = bufs[i]->numel() * sizeof(float);
-        if (me == source) {
-          comm.send(own_copy(b, i), bytes, r, kStateTag);
-          if (i == 0 && spec_.test_state_delay_ms > 0)
-            std::this_thread::sleep_for(std::chrono::milliseconds(spec_.test_state_delay_ms));
-        } else if (me == r) {
-          comm.recv(bufs[i]->data(), bytes, source, kStateTag);
-          t.bytes += bytes;
-        }
-      }
-      if (me == r) {
-        t.needed = true;
-        ++t.blocks;
-        held_at_[b] = start_step;
-      }
+      moves.push_back({b, source, r});
     }
     if (owns(me, b) && live(me, b)) held_at_[b] = start_step;
+  }
+  // One batch per (source, receiver) pair, every buffer in flight at once, the pairs in the same
+  // order everywhere: the first unfinished batch always has both ends at it, so blocking calls
+  // cannot deadlock.
+  std::vector<std::pair<int, int>> pairs;
+  for (auto& mv : moves)
+    if (std::find(pairs.begin(), pairs.end(), std::make_pair(mv.from, mv.to)) == pairs.end())
+      pairs.push_back({mv.from, mv.to});
+  for (auto [from, to] : pairs) {
+    if (me != from && me != to) continue;
+    std::vector<comm::Span> spans;
+    for (auto& mv : moves) {
+      if (mv.from != from || mv.to != to) continue;
+      auto bufs = state_buffers(mv.block);
+      for (size_t i = 0; i < bufs.size(); ++i) {
+        const size_t bytes = bufs[i]->numel() * sizeof(float);
+        spans.push_back({me == from ? own_copy(mv.block, i) : bufs[i]->data(), bytes});
+      }
+      if (me == to) {
+        ++t.blocks;
+        held_at_[mv.block] = start_step;
+      }
+    }
+    if (me == from) {
+      size_t first = 0;
+      if (spec_.test_state_delay_ms > 0 && !spans.empty()) {  // a transfer caught in the middle
+        comm.send(spans[0].data, spans[0].bytes, to, kStateTag);
+        std::this_thread::sleep_for(std::chrono::milliseconds(spec_.test_state_delay_ms));
+        first = 1;
+      }
+      comm.send_many(std::vector<comm::Span>(spans.begin() + long(first), spans.end()), to,
+                     kStateTag);
+    } else {
+      comm.recv_many(spans, from, kStateTag);
+      t.needed = true;
+      for (auto& sp : spans) t.bytes += sp.bytes;
+    }
   }
   next_step_ = start_step;
   t.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

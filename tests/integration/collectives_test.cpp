@@ -181,6 +181,31 @@ TEST(Collectives, SendrecvNeighboursExchangeLargeMessagesWithoutDeadlock) {
   });
 }
 
+TEST(Collectives, SendManyMovesABatchOfBuffersInOrder) {
+  // Buffers of different sizes (one eager, two rendezvous) in one batch, twice.
+  testing::run_world(2, {}, [&](comm::UcxCommunicator& c) {
+    std::vector<std::vector<float>> bufs{std::vector<float>(3), std::vector<float>(1 << 20),
+                                         std::vector<float>(300000)};
+    for (int round = 0; round < 2; ++round) {
+      std::vector<comm::Span> spans;
+      for (size_t k = 0; k < bufs.size(); ++k) {
+        if (c.rank() == 0)
+          for (size_t i = 0; i < bufs[k].size(); ++i)
+            bufs[k][i] = float(round * 100 + k * 10) + float(i % 3);
+        spans.push_back({bufs[k].data(), bufs[k].size() * sizeof(float)});
+      }
+      if (c.rank() == 0) {
+        c.send_many(spans, 1, 9);
+      } else {
+        c.recv_many(spans, 0, 9);
+        for (size_t k = 0; k < bufs.size(); ++k)
+          for (size_t i = 0; i < bufs[k].size(); i += 997)
+            ASSERT_EQ(bufs[k][i], float(round * 100 + k * 10) + float(i % 3)) << k << " " << i;
+      }
+    }
+  });
+}
+
 TEST(Collectives, AbortFromAnotherThreadFailsPendingAndLaterCalls) {
   comm::UcxCommOptions o;
   o.timeout = std::chrono::seconds(30);

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <thread>
+
 #include "tests/harness/jobs.h"
 
 namespace troupe {
@@ -186,9 +188,17 @@ TEST(Pipeline, AStageWithoutAReplicaIsRecoveredFromItsBackupWithABoundedRollback
                       {"parallel.pipeline_stages=2", "parallel.stage_backup_steps=20",
                        "elastic.max_restarts=0", "elastic.failure_timeout_ms=1500"},
                       {pace(3000)});
-  wait_steps(job, 50);
+  wait_steps(job, 30);
   auto pids = member_pids(dir, job);
   ASSERT_EQ(pids.size(), 3u);
+  // Kill between two backups (not right after one, where nothing would need redoing).
+  auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (true) {
+    size_t c = committed_losses(job.run_dir).size();
+    if (c >= 40 && c % 20 >= 5 && c % 20 <= 12) break;
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline);
+    std::this_thread::sleep_for(1ms);
+  }
   ASSERT_EQ(::kill(pids[1], SIGKILL), 0);  // stage 1: no replica
   expect_same_function(job, want, 400, 60);
   // The job went back to the newest backup (at most 20 steps) and redid the steps since; the
