@@ -9,7 +9,8 @@
 #   join:     2 Troupe agents; `troupe agent --join` started after 20 steps; time from its start
 #             to the first committed step it takes part in.
 #   transfer: the joiner's state transfer (parameters + optimizer moments, point to point over
-#             the data plane) for a 20M-parameter MLP with AdamW (240 MB), as bytes/s.
+#             the data plane) for a 20M-parameter MLP with AdamW (240 MB), as bytes/s, and that
+#             joiner's latency against the goal: 1 s plus the state's bytes at memcpy speed.
 # Medians of REPS runs. Needs python3-torch for the peer (scripts/install-deps.sh --peers).
 # Usage: bench/compare_elastic.sh [REPS]
 set -euo pipefail
@@ -121,21 +122,24 @@ for ((r = 0; r < REPS; r++)); do
     --set 'model.hidden=[4096,4096]' --set optimizer.kind="adamw" --set optimizer.lr=0.0001 \
     --set batch.global=8 --set batch.micro=8 >"$d.out" 2>&1 &
   wait_steps "$d/events.jsonl" 3
+  t_start=$(now)
   "$TROUPE" agent --join "$(cat "$d/coordinator.addr")" --token-file "$d/job.token" \
     >"$d.joiner" 2>&1 &
   for _ in $(seq 400); do
-    grep -q state_received "$d/events.jsonl" 2>/dev/null && break
+    grep '"world_size":2' "$d/events.jsonl" 2>/dev/null | grep -q step_committed && break
     sleep 0.05
   done
   "$TROUPE" stop --run-dir "$d" >/dev/null || true
   wait || true
-  xfer+=("$($PY - "$d/events.jsonl" <<'PY'
+  xfer+=("$($PY - "$d/events.jsonl" "$t_start" <<'PY'
 import json, sys
-e = next(json.loads(l) for l in open(sys.argv[1]) if '"state_received"' in l)
-print(f"{e['bytes'] / e['seconds'] / 1e9:.2f} {e['bytes']} {e['seconds']:.3f}")
+ev = [json.loads(l) for l in open(sys.argv[1])]
+e = next(x for x in ev if x["event"] == "state_received")
+first = next(x["ts"] for x in ev if x["event"] == "step_committed" and x["world_size"] == 2)
+print(f"{e['bytes'] / e['seconds'] / 1e9:.2f} {e['bytes']} {e['seconds']:.3f} {first - float(sys.argv[2]):.3f}")
 PY
 )")
-  echo "  run $r: GB/s, bytes, seconds: ${xfer[-1]}"
+  echo "  run $r: GB/s, bytes, seconds, agent start->first step with it: ${xfer[-1]}"
 done
 copy=$("$TROUPE" bench allreduce --workers 2 --sizes 4K --json 2>/dev/null |
   $PY -c 'import json,sys; print(next(json.loads(l)["busbw_gbps"] for l in sys.stdin if "\"memcpy\"" in l))' || echo "?")
@@ -194,4 +198,6 @@ print(f"{'join: agent start -> first step with it (s)':<44} {med(join, 0):>10.3f
 print(f"{'join: agent start -> admitted (s)':<44} {med(join, 1):>10.3f}")
 if xfer:
     print(f"{'state transfer GB/s (median; ' + xfer[0][1] + ' B)':<44} {med(xfer, 0):>10.2f}   single-core memcpy {sys.argv[1]} GB/s")
+    budget = 1.0 + float(xfer[0][1]) / (float(sys.argv[1]) / 2 * 1e9)
+    print(f"{'join with that state: start -> first step (s)':<44} {med(xfer, 3):>10.3f}   goal <= 1 s + bytes at memcpy speed = {budget:.3f} s")
 PY

@@ -371,7 +371,8 @@ class Coordinator : public caf::event_based_actor {
     if (!start_at) {
       fail("no step at which every model block is held by a member of generation " +
            std::to_string(generation_ + 1) +
-           " (a pipeline stage without a data-parallel replica was lost)");
+           ": every member that held some of the model's state was lost (with pipelines: a stage "
+           "with no replica and no backup)");
       return;
     }
     const uint64_t start = *start_at;

@@ -245,6 +245,8 @@ int run_agent(const AgentOptions& o) {
         caf::anon_send(bridge, actors::send_atom::value, to_coord, std::move(m));
       };
       WorkerSpec wspec = spec;
+      // Joining a running job: the state comes from the members (take_state), not the seed.
+      wspec.init_state = first_generation == 1;
       if (dev == 0 && throw_agent && name == throw_agent)
         wspec.test_throw_at_step = uint64_t(env_int("TROUPE_TEST_THROW_AT_STEP"));
       actors::RestartIntensity intensity(kWorkerRestarts, std::chrono::minutes(1));
@@ -258,7 +260,12 @@ int run_agent(const AgentOptions& o) {
         uint64_t gen = 0;
         std::unique_ptr<comm::UcxCommunicator> comm;
         try {
-          if (!worker) worker = std::make_unique<Worker>(wspec);
+          if (!worker) {
+            auto t0 = Clock::now();
+            worker = std::make_unique<Worker>(wspec);
+            spdlog::info("worker {} built in {:.3f} s", dev,
+                         std::chrono::duration<double>(Clock::now() - t0).count());
+          }
           for (;; ++want) {
             comm = std::make_unique<comm::UcxCommunicator>(want, co);
             send(ControlMessage::build([&](proto::Envelope::Builder e) {
@@ -408,6 +415,7 @@ int run_agent(const AgentOptions& o) {
           if (!restart) return;
           worker.reset();
           wspec.test_throw_at_step = 0;  // an injected fault happens once
+          wspec.init_state = false;      // the restarted worker takes the members' state
           std::lock_guard<std::mutex> lock(state->mu);
           want = state->generation + 1;
         }

@@ -96,15 +96,16 @@ Worker::Worker(const WorkerSpec& spec) : spec_(spec) {
         spec.seed, size_t(spec.samples), m.mlp_sizes.front(), m.mlp_sizes.back());
   }
   model_ = std::make_unique<models::Model>(m);
-  model_->init(spec.seed);
+  if (spec.init_state) model_->init(spec.seed);
   std::vector<size_t> counts;
   for (size_t i = 0; i < model_->num_blocks(); ++i)
     counts.push_back(model_->block(i).param_count());
   opt_ = std::make_unique<models::Optimizer>(spec.optimizer, counts);
   trainer_ = std::make_unique<models::Trainer>(*model_, *opt_, *data_, spec.seed,
                                                size_t(spec.global_batch), size_t(spec.micro_batch));
-  // Every worker starts from the same initial state (a pure function of the seed).
-  held_at_.assign(model_->num_blocks(), 0);
+  // Every worker of the first generation starts from the same initial state (a pure function of
+  // the seed); one that skipped it holds nothing until it receives the state.
+  held_at_.assign(model_->num_blocks(), spec.init_state ? 0 : kStale);
   snap_at_.assign(model_->num_blocks(), kStale);
   snap_.resize(model_->num_blocks());
   backup_.resize(model_->num_blocks());

@@ -37,6 +37,9 @@ struct WorkerSpec {
   // A stage without a data-parallel replica copies its state to the next stage's worker every
   // this many steps (0: never); losing it rolls back at most this many steps.
   int64_t stage_backup_steps = 20;
+  // Initialise the parameters from the seed. A worker that joins a running job (or restarts)
+  // receives the state from the members instead and skips it (seconds for large models).
+  bool init_state = true;
   // Test-only fault injection (TROUPE_TEST_* environment variables of the agent; 0 = off):
   // the state source pauses this long in the middle of each state transfer, the worker throws
   // once when it reaches this step (counting from 1), and every step takes at least this long,
