@@ -186,9 +186,9 @@ class Coordinator : public caf::event_based_actor {
                                     .integer("devices", long(a.devices.size())));
     spdlog::info("agent {} joined: {} (pid {}, {} device(s))", a.id, a.name, a.pid,
                  a.devices.size());
-    // A member joins a running job (or a paused one): a new generation takes it in, or it waits
-    // as a standby above elastic.max_workers.
-    if (generation_ > 0) decide_and_act();
+    // A member joins a running job (or a paused one): once its worker is built and published
+    // (on_ready), a new generation takes it in, or it waits as a standby above
+    // elastic.max_workers. The members train on meanwhile.
     return ControlMessage::build([&](proto::Envelope::Builder e) {
       auto s = e.initBody().initJobSpec();
       s.setAgentId(a.id);
@@ -246,7 +246,14 @@ class Coordinator : public caf::event_based_actor {
     ready.num_blocks = r.getNumBlocks();
     for (uint32_t b : r.getBackupBlocks()) ready.backup.push_back(b);
     ready.backup_step = r.getBackupStep();
-    pending_[key_of(r.getAgentId(), r.getDevice())] = std::move(ready);
+    const uint64_t k = key_of(r.getAgentId(), r.getDevice());
+    pending_[k] = std::move(ready);
+    // A worker that is not a member (a joiner, a standby) being ready may change the membership.
+    bool member = false;
+    for (auto& m : members_) member |= key_of(m.agent, m.device) == k;
+    if (generation_ > 0 && !member &&
+        std::find(expected_.begin(), expected_.end(), k) == expected_.end())
+      decide_and_act();
     check_start();
   }
 
@@ -276,7 +283,10 @@ class Coordinator : public caf::event_based_actor {
     for (auto& a : agents_)
       for (uint32_t d = 0; d < a.devices.size(); ++d) {
         uint64_t k = key_of(a.id, d);
-        if (usable(k) && (!current.count(k) || failed_workers_.count(k))) st.waiting.push_back(k);
+        // A joiner or standby counts once it has published for the next generation (the
+        // members train on while it builds its worker); a restarting one is expected anyway.
+        if (usable(k) && ((!current.count(k) && pending_.count(k)) || failed_workers_.count(k)))
+          st.waiting.push_back(k);
       }
     elastic::MembershipOptions opt;
     opt.min_workers = min_workers();
