@@ -266,8 +266,18 @@ int admin_request(const Args& args, const std::function<void(proto::Envelope::Bu
   }
   caf::anon_send_exit(bridge, caf::exit_reason::user_shutdown);
   if (!error.empty()) {
-    std::fprintf(stderr, "troupe: the job at %s did not answer: %s\n", ref.address.c_str(),
-                 error.c_str());
+    // A refusal is an answer: say what the coordinator said, not that it did not answer.
+    const bool refused = node != 0 && (error.rfind("troupe.refused: ", 0) == 0 ||
+                                       error.rfind("troupe.remote: ", 0) == 0);
+    if (node == 0)
+      std::fprintf(stderr, "troupe: cannot reach the job at %s: %s\n", ref.address.c_str(),
+                   error.c_str());
+    else if (refused)
+      std::fprintf(stderr, "troupe: the job at %s refused: %s\n", ref.address.c_str(),
+                   error.substr(error.find(": ") + 2).c_str());
+    else
+      std::fprintf(stderr, "troupe: the job at %s did not answer: %s\n", ref.address.c_str(),
+                   error.c_str());
     return 1;
   }
   return rc;
