@@ -346,6 +346,7 @@ int run_status(const std::vector<std::string>& words) {
                                   .integer("step", long(s.getStep()))
                                   .integer("steps", long(s.getSteps()))
                                   .num("loss", s.getLastLoss())
+                                  .str("plan", s.getPlan().cStr())
                                   .raw("members", members)
                                   .text()
                                   .c_str());
@@ -354,6 +355,8 @@ int run_status(const std::vector<std::string>& words) {
                       s.getJobName().cStr(), s.getState().cStr(),
                       (unsigned long long)s.getGeneration(), (unsigned long long)s.getStep(),
                       (unsigned long long)s.getSteps(), s.getLastLoss());
+          if (s.getPlan().size() > 0)
+            std::printf("pipeline: %s (rank = replica x stages + stage)\n", s.getPlan().cStr());
           std::printf("%6s %6s %8s %-20s %s\n", "rank", "agent", "pid", "host", "device");
           for (auto m : s.getMembers())
             std::printf("%6u %6u %8u %-20s %s\n", m.getRank(), m.getAgentId(), m.getPid(),

@@ -158,6 +158,7 @@ struct JobStatus {
   steps @4 :UInt64;                 # job.steps
   members @5 :List(MemberStatus);   # by rank
   lastLoss @6 :Float64;             # loss of the last committed step
+  plan @7 :Text;                    # the pipeline layout of the generation ("" without pipelines)
 }
 
 struct WorkerFailed {

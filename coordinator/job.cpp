@@ -138,6 +138,7 @@ class Coordinator : public caf::event_based_actor {
       case proto::Envelope::Body::STATE_RECEIVED: {
         auto t = body.getStateReceived();
         if (t.getGeneration() != generation_) break;
+        if (t.getPlan().size() > 0 && t.getRank() == 0) plan_ = t.getPlan().cStr();
         if (t.getPlan().size() > 0 && t.getRank() == 0)
           log_.event("pipeline_plan", Json()
                                           .integer("generation", long(t.getGeneration()))
@@ -409,6 +410,7 @@ class Coordinator : public caf::event_based_actor {
     // (a pipeline stage may have applied and reported a step that others never finished).
     steps_.clear();
     members_ = next;
+    plan_.clear();  // rank 0 reports the new layout
     pending_.clear();
     expected_.clear();
     failed_workers_.clear();
@@ -669,6 +671,7 @@ class Coordinator : public caf::event_based_actor {
       s.setStep(committed_);
       s.setSteps(uint64_t(cfg_.steps));
       s.setLastLoss(last_loss_);
+      s.setPlan(plan_);
       auto ms = s.initMembers(unsigned(members_.size()));
       for (unsigned i = 0; i < members_.size(); ++i) {
         const Agent& a = agents_.at(members_[i].agent);
@@ -839,6 +842,7 @@ class Coordinator : public caf::event_based_actor {
   Clock::time_point paused_since_{};
   uint64_t pause_epoch_ = 0;
   int reforms_ = 0;           // generations broken in a row without a committed step
+  std::string plan_;          // the current generation's pipeline layout, as its rank 0 reported it
   std::string last_failure_;  // the last failure, for the message if the job fails
   Clock::time_point t_start_ = Clock::now();
 };
