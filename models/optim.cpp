@@ -6,7 +6,8 @@
 
 namespace troupe::models {
 
-Optimizer::Optimizer(const OptimizerSpec& spec, const std::vector<size_t>& counts) : spec_(spec) {
+Optimizer::Optimizer(const OptimizerSpec& spec, const std::vector<size_t>& counts)
+    : spec_(spec), counts_(counts) {
   if (spec.kind != "sgd" && spec.kind != "adamw") {
     throw std::invalid_argument("optimizer.kind '" + spec.kind + "' is not sgd or adamw");
   }
@@ -16,6 +17,16 @@ Optimizer::Optimizer(const OptimizerSpec& spec, const std::vector<size_t>& count
     m_.emplace_back(std::vector<size_t>{n});
     if (has_v()) v_.emplace_back(std::vector<size_t>{n});
   }
+}
+
+void Optimizer::release(size_t b) {
+  m_.at(b) = Tensor();
+  if (has_v()) v_.at(b) = Tensor();
+}
+
+void Optimizer::ensure(size_t b) {
+  if (!m_.at(b).defined()) m_[b] = Tensor(std::vector<size_t>{counts_.at(b)});
+  if (has_v() && !v_.at(b).defined()) v_[b] = Tensor(std::vector<size_t>{counts_.at(b)});
 }
 
 double Optimizer::lr_at(uint64_t step) const {

@@ -35,9 +35,14 @@ class Optimizer {
   Tensor& m(size_t b) { return m_.at(b); }
   Tensor& v(size_t b) { return v_.at(b); }
   bool has_v() const { return spec_.kind == "adamw"; }
+  // A pipeline worker keeps moments only for the blocks it owns: release frees block b's,
+  // ensure allocates them again (zeros) before they are received or used.
+  void release(size_t b);
+  void ensure(size_t b);
 
  private:
   OptimizerSpec spec_;
+  std::vector<size_t> counts_;
   std::vector<Tensor> m_, v_;
 };
 

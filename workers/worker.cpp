@@ -179,11 +179,11 @@ void Worker::take_backups(comm::Communicator& comm, const elastic::Plan& plan, u
   const int from = int(elastic::rank_of(plan, (stage + pp - 1) % pp, replica));
   const uint32_t prev_stage = (stage + pp - 1) % pp;
   auto copy_of = [&](uint32_t b) -> std::vector<models::Tensor>& {
-    auto bufs = state_buffers(b);
+    auto sizes = state_sizes(b);  // (the previous stage's moments are not allocated here)
     auto& copy = backup_[b];
-    if (copy.size() != bufs.size()) copy.assign(bufs.size(), models::Tensor());
-    for (size_t i = 0; i < bufs.size(); ++i)
-      if (copy[i].numel() != bufs[i]->numel()) copy[i] = models::Tensor({bufs[i]->numel()});
+    if (copy.size() != sizes.size()) copy.assign(sizes.size(), models::Tensor());
+    for (size_t i = 0; i < sizes.size(); ++i)
+      if (copy[i].numel() != sizes[i]) copy[i] = models::Tensor({sizes[i]});
     return copy;
   };
   std::fill(backed_up_.begin(), backed_up_.end(), false);
@@ -215,7 +215,13 @@ void Worker::take_backups(comm::Communicator& comm, const elastic::Plan& plan, u
   backup_step_ = next_step_;
 }
 
+std::vector<size_t> Worker::state_sizes(uint32_t b) {
+  const size_t n = model_->block(b).param_count();
+  return opt_->has_v() ? std::vector<size_t>{n, n, n} : std::vector<size_t>{n, n};
+}
+
 std::vector<models::Tensor*> Worker::state_buffers(uint32_t b) {
+  opt_->ensure(b);
   std::vector<models::Tensor*> out{&model_->block(b).params(), &opt_->m(b)};
   if (opt_->has_v()) out.push_back(&opt_->v(b));
   return out;
@@ -609,6 +615,16 @@ StateTransfer Worker::take_state(comm::Communicator& comm, uint64_t start_step,
       for (auto& sp : spans) t.bytes += sp.bytes;
     }
   }
+  // A pipeline worker keeps optimizer moments for its own blocks only (the parameters of the
+  // others stay allocated: the end of the job gathers every block's parameters everywhere).
+  if (spec_.pipeline_stages != 1 && plan.pp > 1)
+    for (uint32_t b = 0; b < model_->num_blocks(); ++b)
+      if (!owns(me, b)) {
+        opt_->release(b);
+        held_at_[b] = kStale;
+        snap_at_[b] = kStale;
+        snap_[b].clear();
+      }
   next_step_ = start_step;
   t.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return t;
