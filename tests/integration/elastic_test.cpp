@@ -271,5 +271,36 @@ TEST(Elastic, KillAMemberWhileAnAgentJoins) {
   EXPECT_EQ(WEXITSTATUS(*jst), 0);
 }
 
+TEST(Elastic, ScaleAndDrainRequestsThatCannotBeMetAreRefusedWithTheReason) {
+  TempDir dir;
+  Job job = start(dir, "refusals", 2, {"elastic.min_workers=2", "elastic.max_workers=3"});
+  wait_steps(job, 5);
+  auto run = [&](std::vector<std::string> args, int want_rc, const std::string& want_text) {
+    std::string out = dir.path() + "/refusal.out";
+    args.insert(args.begin(), troupe_binary());
+    coordinator::ChildProcess p({args, out, out, {}});
+    auto st = p.wait(30s);
+    ASSERT_TRUE(st && WIFEXITED(*st)) << args[1];
+    auto lines = lines_of(out);
+    ASSERT_FALSE(lines.empty()) << args[1];
+    EXPECT_EQ(WEXITSTATUS(*st), want_rc) << lines.back();
+    EXPECT_NE(lines.back().find(want_text), std::string::npos) << lines.back();
+  };
+  run({"scale", "--run-dir", job.run_dir, "--workers", "1"}, 1,
+      "refused: 1 worker(s) is fewer than the job needs: 2");
+  run({"scale", "--run-dir", job.run_dir, "--workers", "4"}, 1,
+      "refused: 4 worker(s) is more than elastic.max_workers = 3");
+  run({"scale", "--run-dir", job.run_dir, "--workers", "0"}, 2, "--workers must be between");
+  run({"drain", "--run-dir", job.run_dir, "--agent", "9"}, 1, "refused: no live agent 9");
+  run({"drain", "--run-dir", job.run_dir, "--agent", "0"}, 1,
+      "would leave fewer workers than the job needs");
+  // Nothing changed: the job runs on with its two workers and ends normally.
+  run({"stop", "--run-dir", job.run_dir}, 0, "stop requested");
+  auto st = job.proc->wait(60s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 0);
+  EXPECT_EQ(count_events(job, "generation_started"), 1);
+}
+
 }  // namespace
 }  // namespace troupe
