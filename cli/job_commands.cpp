@@ -272,10 +272,11 @@ int admin_request(const Args& args, const std::function<void(proto::Envelope::Bu
     if (node == 0)
       std::fprintf(stderr, "troupe: cannot reach the job at %s: %s\n", ref.address.c_str(),
                    error.c_str());
-    else if (refused)
-      std::fprintf(stderr, "troupe: the job at %s refused: %s\n", ref.address.c_str(),
-                   error.substr(error.find(": ") + 2).c_str());
-    else
+    else if (refused) {
+      std::string why = error.substr(error.find(": ") + 2);
+      if (why.rfind("refused: ", 0) == 0) why = why.substr(9);
+      std::fprintf(stderr, "troupe: the job at %s refused: %s\n", ref.address.c_str(), why.c_str());
+    } else
       std::fprintf(stderr, "troupe: the job at %s did not answer: %s\n", ref.address.c_str(),
                    error.c_str());
     return 1;
