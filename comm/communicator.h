@@ -22,8 +22,8 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "comm/error.h"
 

@@ -121,8 +121,8 @@ void RunLog::ledger(Json fields) {
   if (ledger_) write_line(ledger_, fields.text());
 }
 
-void RunLog::drop_ledger_from(uint64_t step) {
-  if (!ledger_) return;
+bool RunLog::drop_ledger_from(uint64_t step) {
+  if (!ledger_) return true;
   const std::string path = dir_ + "/ledger.jsonl", tmp = path + ".tmp";
   std::ifstream in(path);
   std::ofstream out(tmp);
@@ -134,10 +134,11 @@ void RunLog::drop_ledger_from(uint64_t step) {
     out << line << "\n";
   }
   out.close();
+  if (!in.eof() || !out) return false;  // the old ledger stays as it was
   std::fclose(ledger_);
-  std::rename(tmp.c_str(), path.c_str());
+  const bool renamed = std::rename(tmp.c_str(), path.c_str()) == 0;
   ledger_ = std::fopen(path.c_str(), "a");
-  if (!ledger_) throw std::runtime_error("cannot reopen " + path);
+  return renamed && ledger_ != nullptr;
 }
 
 }  // namespace troupe::coordinator

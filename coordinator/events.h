@@ -39,7 +39,8 @@ class RunLog {
   void metric(Json fields);                          // adds ts
   void ledger(Json fields);                          // no-op without data.ledger
   // Rewrites ledger.jsonl without the lines of steps >= step (rolled back: they are redone).
-  void drop_ledger_from(uint64_t step);
+  // False if it could not (the caller fails the job: the ledger would show them twice).
+  bool drop_ledger_from(uint64_t step);
 
  private:
   std::FILE* events_ = nullptr;

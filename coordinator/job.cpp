@@ -403,7 +403,11 @@ class Coordinator : public caf::event_based_actor {
                                           .integer("to", long(committed_))
                                           .integer("generation", long(generation_ + 1)));
       spdlog::warn("rolling back steps {}..{} to the stage backups", start, committed_ - 1);
-      log_.drop_ledger_from(start);
+      if (!log_.drop_ledger_from(start)) {
+        fail("cannot rewrite " + dir_ + "/ledger.jsonl for the rollback to step " +
+             std::to_string(start));
+        return;
+      }
       committed_ = start;
     }
     // Reports of the old generation for steps from `start` on are void: those steps are redone

@@ -260,13 +260,7 @@ TrainResult Worker::run(comm::Communicator& comm, uint64_t start,
   };
   for (uint64_t step = start; step < spec_.steps; ++step) {
     auto t0 = std::chrono::steady_clock::now();
-    if (spec_.test_throw_at_step > 0 && step + 1 == spec_.test_throw_at_step) {
-      spec_.test_throw_at_step = 0;  // once per worker
-      throw std::runtime_error("injected fault at step " + std::to_string(step) +
-                               " (TROUPE_TEST_THROW_AT_STEP)");
-    }
-    if (spec_.test_step_delay_us > 0)
-      std::this_thread::sleep_for(std::chrono::microseconds(spec_.test_step_delay_us));
+    test_hooks(step);
     models::StepStats stats;
     const auto compute_start = std::chrono::steady_clock::now();
     double busy = 0;
@@ -347,13 +341,7 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start,
   models::Tensor scratch;
   for (uint64_t step = start; step < spec_.steps; ++step) {
     auto t0 = std::chrono::steady_clock::now();
-    if (spec_.test_throw_at_step > 0 && step + 1 == spec_.test_throw_at_step) {
-      spec_.test_throw_at_step = 0;
-      throw std::runtime_error("injected fault at step " + std::to_string(step) +
-                               " (TROUPE_TEST_THROW_AT_STEP)");
-    }
-    if (spec_.test_step_delay_us > 0)
-      std::this_thread::sleep_for(std::chrono::microseconds(spec_.test_step_delay_us));
+    test_hooks(step);
     double loss = 0;
     double norm_sq = 0;
     double busy = 0;  // seconds computing (forward, recompute, loss, backward)
@@ -512,6 +500,16 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start,
     }
   comm.barrier();
   return result;
+}
+
+void Worker::test_hooks(uint64_t step) {
+  if (spec_.test_throw_at_step > 0 && step + 1 == spec_.test_throw_at_step) {
+    spec_.test_throw_at_step = 0;  // once per worker
+    throw std::runtime_error("injected fault at step " + std::to_string(step) +
+                             " (TROUPE_TEST_THROW_AT_STEP)");
+  }
+  if (spec_.test_step_delay_us > 0)
+    std::this_thread::sleep_for(std::chrono::microseconds(spec_.test_step_delay_us));
 }
 
 StateTransfer Worker::take_state(comm::Communicator& comm, uint64_t start_step,

@@ -122,6 +122,7 @@ class Worker {
   TrainResult run_pipeline(comm::Communicator& comm, uint64_t start,
                            const std::function<void(const StepInfo&)>& on_step,
                            const std::function<bool()>& stop_requested);
+  void test_hooks(uint64_t step);  // the TROUPE_TEST_* fault injection and pacing of a step
   // The blocks rank r owns under plan (all for pure data parallelism; none for a standby).
   std::pair<uint32_t, uint32_t> owned(const elastic::Plan& plan, uint32_t rank) const;
 

@@ -36,7 +36,8 @@ int main(int argc, char** argv) {
     for (int t = 0; t < 3; ++t) {
       MPI_Barrier(MPI_COMM_WORLD);
       double s = MPI_Wtime();
-      for (int i = 0; i < iters; ++i) MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      for (int i = 0; i < iters; ++i)
+        MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
       double per = (MPI_Wtime() - s) / iters, avg;
       MPI_Allreduce(&per, &avg, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
       trials[t] = avg / world;
@@ -44,8 +45,11 @@ int main(int argc, char** argv) {
     qsort(trials, 3, sizeof(double), cmp);
     if (rank == 0) {
       double busbw = 2.0 * (world - 1) / world * (double)(count * 4) / trials[1] / 1e9;
-      printf("{\"bench\":\"allreduce\",\"impl\":\"openmpi\",\"workers\":%d,\"bytes\":%zu,\"time_us\":%.2f,"
-             "\"busbw_gbps\":%.3f,\"iters\":%d}\n", world, count * 4, trials[1] * 1e6, busbw, iters);
+      printf(
+          "{\"bench\":\"allreduce\",\"impl\":\"openmpi\",\"workers\":%d,\"bytes\":%zu,\"time_us\":%"
+          ".2f,"
+          "\"busbw_gbps\":%.3f,\"iters\":%d}\n",
+          world, count * 4, trials[1] * 1e6, busbw, iters);
       fflush(stdout);
     }
     free(buf);

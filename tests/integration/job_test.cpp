@@ -11,6 +11,7 @@
 
 #include "coordinator/process.h"
 #include "tests/harness/harness.h"
+#include "tests/harness/jobs.h"
 
 namespace troupe {
 namespace {
@@ -197,42 +198,22 @@ TEST(Job, BelowMinWorkersWithNobodyReturningTheJobFailsAfterTheRejoinTimeout) {
   // joining, it fails when elastic.rejoin_timeout_ms runs out: with a clear reason, never a
   // hang, and nothing left running.
   testing::TempDir dir;
-  std::string config = write_config(dir, "kill.toml", kMlp);
-  std::string run_dir = dir.path() + "/kill";
-  std::string out = dir.path() + "/kill.out";
-  coordinator::ChildProcess run(
-      {{testing::troupe_binary(), "run", config, "--set", "job.steps=1000000", "--set",
-        "job.run_dir=\"" + run_dir + "\"", "--set", "cluster.agents=3", "--set",
-        "elastic.min_workers=3", "--set", "elastic.max_restarts=0", "--set",
-        "elastic.rejoin_timeout_ms=300"},
-       out,
-       out,
-       {}});
-  auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (testing::committed_losses(run_dir).size() < 5) {
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the job made no progress";
-    std::this_thread::sleep_for(50ms);
-  }
-  auto status_out = dir.path() + "/status.out";
-  coordinator::ChildProcess status(
-      {{testing::troupe_binary(), "status", "--run-dir", run_dir, "--json"},
-       status_out,
-       status_out,
-       {}});
-  ASSERT_TRUE(status.wait(30s));
-  std::string json = testing::lines_of(status_out).at(0);
-  std::vector<int> pids;
-  for (size_t at = 0; (at = json.find("\"pid\":", at)) != std::string::npos; at += 6)
-    pids.push_back(std::atoi(json.c_str() + at + 6));
-  ASSERT_EQ(pids.size(), 3u) << json;
+  testing::Job job =
+      testing::start_job(dir, "kill", kMlp, 3,
+                         {"job.steps=1000000", "elastic.min_workers=3", "elastic.max_restarts=0",
+                          "elastic.rejoin_timeout_ms=300"});
+  const std::string run_dir = job.run_dir;
+  testing::wait_steps(job, 5);
+  auto pids = testing::member_pids(dir, job);
+  ASSERT_EQ(pids.size(), 3u);
   auto t0 = std::chrono::steady_clock::now();
   ASSERT_EQ(::kill(pids[1], SIGKILL), 0);
-  auto st = run.wait(30s);
+  auto st = job.proc->wait(30s);
   ASSERT_TRUE(st) << "troupe run hung after losing an agent";
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("troupe run exited %.2f s after SIGKILL of an agent\n", secs);
   EXPECT_EQ(WEXITSTATUS(*st), 1);
-  auto output = testing::lines_of(out);
+  auto output = testing::lines_of(job.out);
   ASSERT_FALSE(output.empty());
   EXPECT_NE(output.back().find("was lost"), std::string::npos) << output.back();
   EXPECT_NE(output.back().find("elastic.rejoin_timeout_ms = 300"), std::string::npos)
