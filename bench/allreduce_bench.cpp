@@ -53,6 +53,14 @@ std::vector<size_t> parse_sizes(const std::string& list) {
   return out;
 }
 
+comm::Algorithm parse_algorithm(const std::string& name) {
+  if (name == "auto") return comm::Algorithm::automatic;
+  if (name == "ring") return comm::Algorithm::ring;
+  if (name == "rd") return comm::Algorithm::recursive_doubling;
+  if (name == "shm") return comm::Algorithm::shared_memory;
+  throw std::invalid_argument("--algorithm must be auto, ring, rd or shm, not '" + name + "'");
+}
+
 std::string human(size_t bytes) {
   if (bytes >= (1u << 20) && bytes % (1u << 20) == 0) return std::to_string(bytes >> 20) + "M";
   if (bytes >= 1024 && bytes % 1024 == 0) return std::to_string(bytes >> 10) + "K";
@@ -79,7 +87,7 @@ double memcpy_gbps() {
 int run_allreduce_worker(const std::vector<std::string>& words) {
   cli::Args args(words,
                  {"dir", "rank", "world", "sizes", "mode", "count", "timeout-ms", "min-seconds",
-                  "segment-bytes", "window"},
+                  "segment-bytes", "window", "shm-slice-bytes", "algorithm"},
                  {});
   std::string dir = args.get("dir");
   int rank = int(args.get_int("rank", -1)), world = int(args.get_int("world", 0));
@@ -89,6 +97,9 @@ int run_allreduce_worker(const std::vector<std::string>& words) {
   opt.timeout = std::chrono::milliseconds(args.get_int("timeout-ms", 30000));
   opt.segment_bytes = size_t(args.get_int("segment-bytes", int64_t(opt.segment_bytes)));
   opt.window = size_t(args.get_int("window", int64_t(opt.window)));
+  opt.shm_slice_bytes = size_t(args.get_int("shm-slice-bytes", int64_t(opt.shm_slice_bytes)));
+  comm::CollectiveOptions timed;  // the timed allreduces
+  timed.algorithm = parse_algorithm(args.get("algorithm", "auto"));
   auto comm = std::make_unique<comm::UcxCommunicator>(1, opt);
   auto addrs = file_rendezvous(dir, "gen1", rank, world, comm->address(), std::chrono::seconds(30));
   comm->connect(rank, addrs, std::chrono::seconds(30));
@@ -101,11 +112,11 @@ int run_allreduce_worker(const std::vector<std::string>& words) {
       comm::Buffer buf(count * 4);
       std::memset(buf.data(), 0, count * 4);
       auto* f = reinterpret_cast<float*>(buf.data());
-      comm->allreduce(f, f, count, comm::DataType::f32, comm::ReduceOp::sum);  // warm-up
+      comm->allreduce(f, f, count, comm::DataType::f32, comm::ReduceOp::sum, timed);  // warm-up
       // Iterations so that one trial takes about min_seconds (agreed: rank 0's estimate).
       comm->barrier();
       auto t0 = Clock::now();
-      comm->allreduce(f, f, count, comm::DataType::f32, comm::ReduceOp::sum);
+      comm->allreduce(f, f, count, comm::DataType::f32, comm::ReduceOp::sum, timed);
       double est = std::chrono::duration<double>(Clock::now() - t0).count();
       double iters_d = std::max(1.0, std::min(10000.0, min_seconds / std::max(est, 1e-7)));
       comm->broadcast(&iters_d, 1, comm::DataType::f64, 0);
@@ -115,7 +126,7 @@ int run_allreduce_worker(const std::vector<std::string>& words) {
         comm->barrier();
         auto start = Clock::now();
         for (int i = 0; i < iters; ++i)
-          comm->allreduce(f, f, count, comm::DataType::f32, comm::ReduceOp::sum);
+          comm->allreduce(f, f, count, comm::DataType::f32, comm::ReduceOp::sum, timed);
         double per_op = std::chrono::duration<double>(Clock::now() - start).count() / iters;
         comm->allreduce(&per_op, &per_op, 1, comm::DataType::f64, comm::ReduceOp::avg);
         trials.push_back(per_op);
@@ -140,7 +151,8 @@ int run_allreduce_worker(const std::vector<std::string>& words) {
     // Multi-process correctness: closed-form results for every count and algorithm.
     const size_t counts[] = {0, 1, 7, 1023, 65537, 3 * (size_t(1) << 20) + 5};
     for (size_t count : counts) {
-      for (auto algo : {comm::Algorithm::ring, comm::Algorithm::recursive_doubling}) {
+      for (auto algo : {comm::Algorithm::ring, comm::Algorithm::recursive_doubling,
+                        comm::Algorithm::shared_memory}) {
         for (bool in_place : {true, false}) {
           std::vector<float> in(count), out(count, -1);
           for (size_t i = 0; i < count; ++i) in[i] = float((rank + 1) * (i % 5 + 1));
@@ -161,7 +173,7 @@ int run_allreduce_worker(const std::vector<std::string>& words) {
     // Leave only when everyone is done: a rank that exits while another still waits for the
     // acknowledgement of its last send would fail that rank with peer_lost.
     comm->barrier();
-    std::printf("check ok rank %d\n", rank);
+    std::printf("check ok rank %d shared-memory %d\n", rank, int(comm->shared_memory_allreduce()));
     return 0;
   }
 
@@ -173,7 +185,8 @@ int run_allreduce_worker(const std::vector<std::string>& words) {
     for (int iter = 1;; ++iter) {
       for (size_t i = 0; i < count; i += 4096) buf[i] = 1.0f;
       try {
-        comm->allreduce(buf.data(), buf.data(), count, comm::DataType::f32, comm::ReduceOp::sum);
+        comm->allreduce(buf.data(), buf.data(), count, comm::DataType::f32, comm::ReduceOp::sum,
+                        timed);
       } catch (const comm::Error& e) {
         std::printf("error %s at %llu: %s\n", comm::errc_name(e.code()),
                     (unsigned long long)unix_ms(), e.what());
@@ -220,8 +233,11 @@ int run_allreduce_worker(const std::vector<std::string>& words) {
 }
 
 int run_allreduce_bench(const std::vector<std::string>& words) {
-  cli::Args args(words, {"workers", "sizes", "min-seconds", "segment-bytes", "window", "backend"},
+  cli::Args args(words,
+                 {"workers", "sizes", "min-seconds", "segment-bytes", "window", "backend",
+                  "shm-slice-bytes", "algorithm"},
                  {"json"});
+  parse_algorithm(args.get("algorithm", "auto"));  // refused here, before any process starts
   std::string sizes = args.get("sizes", "4K,64K,1M,16M,64M,256M");
   bool json = args.has("json");
   std::string backend = args.get("backend", "ucx");
@@ -249,11 +265,27 @@ int run_allreduce_bench(const std::vector<std::string>& words) {
     for (int r = 0; r < world; ++r) {
       ranks.push_back(
           std::make_unique<coordinator::ChildProcess>(coordinator::ChildProcess::Options{
-              {exe, "bench", "allreduce-worker", "--dir", dir.string(), "--rank", std::to_string(r),
-               "--world", std::to_string(world), "--sizes", sizes, "--min-seconds",
-               args.get("min-seconds", "0.3"), "--segment-bytes",
+              {exe,
+               "bench",
+               "allreduce-worker",
+               "--dir",
+               dir.string(),
+               "--rank",
+               std::to_string(r),
+               "--world",
+               std::to_string(world),
+               "--sizes",
+               sizes,
+               "--min-seconds",
+               args.get("min-seconds", "0.3"),
+               "--segment-bytes",
                args.get("segment-bytes", std::to_string(comm::UcxCommOptions{}.segment_bytes)),
-               "--window", args.get("window", std::to_string(comm::UcxCommOptions{}.window))},
+               "--window",
+               args.get("window", std::to_string(comm::UcxCommOptions{}.window)),
+               "--shm-slice-bytes",
+               args.get("shm-slice-bytes", std::to_string(comm::UcxCommOptions{}.shm_slice_bytes)),
+               "--algorithm",
+               args.get("algorithm", "auto")},
               "",
               "",
               {}}));

@@ -39,6 +39,7 @@ enum class Algorithm : uint8_t {
   automatic,           // by size: recursive doubling for small buffers, ring for large
   ring,                // reduce-scatter + allgather around a ring, chunked and pipelined
   recursive_doubling,  // log2(n) exchanges of the whole buffer (latency-optimal)
+  shared_memory,       // members on one host reduce in segments they all map (else: ring)
 };
 
 struct CollectiveOptions {

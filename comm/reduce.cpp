@@ -26,6 +26,11 @@ void add(T* __restrict acc, const T* __restrict in, size_t n) {
   for (size_t i = 0; i < n; ++i) acc[i] += in[i];
 }
 
+template <typename T>
+void add3(T* out, const T* a, const T* b, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
 }  // namespace
 
 size_t element_size(DataType t) {
@@ -72,6 +77,30 @@ void reduce_sum(void* acc, const void* in, size_t n, DataType t) {
       auto* b = static_cast<const uint16_t*>(in);
       for (size_t i = 0; i < n; ++i)
         a[i] = float_to_bf16(bf16_to_float(a[i]) + bf16_to_float(b[i]));
+      break;
+    }
+  }
+}
+
+void reduce_sum_into(void* out, const void* a, const void* b, size_t n, DataType t) {
+  switch (t) {
+    case DataType::f32:
+      add3(static_cast<float*>(out), static_cast<const float*>(a), static_cast<const float*>(b), n);
+      break;
+    case DataType::f64:
+      add3(static_cast<double*>(out), static_cast<const double*>(a), static_cast<const double*>(b),
+           n);
+      break;
+    case DataType::f16:
+      add3(static_cast<_Float16*>(out), static_cast<const _Float16*>(a),
+           static_cast<const _Float16*>(b), n);
+      break;
+    case DataType::bf16: {
+      auto* o = static_cast<uint16_t*>(out);
+      auto* x = static_cast<const uint16_t*>(a);
+      auto* y = static_cast<const uint16_t*>(b);
+      for (size_t i = 0; i < n; ++i)
+        o[i] = float_to_bf16(bf16_to_float(x[i]) + bf16_to_float(y[i]));
       break;
     }
   }

@@ -9,6 +9,8 @@ namespace troupe::comm {
 
 // acc[i] += in[i] for count elements of type t (bf16/f16 accumulate in float, round once).
 void reduce_sum(void* acc, const void* in, size_t count, DataType t);
+// out[i] = a[i] + b[i] (out may be a or b): one pass where a copy and a reduce_sum take two.
+void reduce_sum_into(void* out, const void* a, const void* b, size_t count, DataType t);
 // buf[i] /= divisor
 void scale_down(void* buf, size_t count, DataType t, int divisor);
 

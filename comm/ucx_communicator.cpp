@@ -13,6 +13,7 @@
 #include "comm/buffer.h"
 #include "comm/hex.h"
 #include "comm/reduce.h"
+#include "comm/shm_allreduce.h"
 #include "comm/ucx.h"
 
 namespace troupe::comm {
@@ -81,6 +82,8 @@ struct UcxCommunicator::Impl {
   std::optional<Error> broken;
   uint32_t seq = 0;
   Buffer scratch;
+  std::unique_ptr<ShmAllreduce> shm;  // set when every member is on this host
+  bool oversubscribed = false;        // more members on this host than cores
   // A failure notice from another member: the first member that fails tells the others why, so
   // a stopped member shows up as timed_out everywhere, not as the teardown that follows.
   struct Notice {
@@ -290,6 +293,64 @@ struct UcxCommunicator::Impl {
     }
   }
 
+  // Waiting on shared-memory counters (ShmAllreduce): the same ways out as wait(), checked
+  // every few dozen spins; the core is yielded, since ranks may share one.
+  Clock::time_point shm_wait_start{};
+  void shm_idle(uint64_t spins, std::chrono::milliseconds idle_timeout) {
+    if (aborted.load()) fail(Errc::aborted, "the communicator was aborted", {});
+    auto now = Clock::now();
+    if (spins <= 32) shm_wait_start = now;
+    if (spins % 256 == 0) {
+      ucp_worker_progress(worker.get());
+      std::vector<Req> empty;
+      if (notice_arrived()) fail_from_notice(empty);
+      int lost = lost_rank.load();
+      if (lost >= 0)
+        fail(Errc::peer_lost, "rank " + std::to_string(lost) + " lost: " + lost_reason, {});
+      if (now - shm_wait_start > std::chrono::milliseconds(20) &&
+          now - last_liveness_check > std::chrono::milliseconds(20)) {
+        last_liveness_check = now;
+        for (int r = 0; r < int(local_pids.size()); ++r) {
+          if (local_pids[r] > 0 && process_gone(local_pids[r]))
+            fail(Errc::peer_lost,
+                 "rank " + std::to_string(r) + " lost: process " + std::to_string(local_pids[r]) +
+                     " is gone",
+                 {});
+        }
+      }
+      if (now - shm_wait_start > idle_timeout) {
+        fail(Errc::timed_out,
+             "no progress for " + std::to_string(idle_timeout.count()) +
+                 " ms (a member is stopped, hung or unreachable)",
+             {});
+      }
+    }
+    // Spin a little first when every rank has a core of its own (a wait between ranks in step
+    // is a few microseconds; a yield is a system call), yield at once when they share cores.
+    if (oversubscribed || spins > 1024) sched_yield();
+  }
+
+  // Sets up the shared-memory allreduce when every member is on this host; every member comes
+  // to the same decision (an allgather of the segments, then an agreement that all mapped).
+  void setup_shm(const std::vector<int>& pids, bool all_local, std::chrono::milliseconds to) {
+    if (!opt.shared_memory || !all_local || n < 2 || n > 64) return;
+    auto mine = std::make_unique<ShmAllreduce>(my_rank, n, opt.shm_slice_bytes);
+    std::vector<int64_t> fds(n, -1);
+    fds[my_rank] = mine->fd();
+    Segments sg;
+    for (int i = 0; i < n; ++i) {
+      sg.offset.push_back(size_t(i));
+      sg.count.push_back(1);
+    }
+    ring_allgather(reinterpret_cast<uint8_t*>(fds.data()), sg, sizeof(int64_t), 0, ++seq, 0, to);
+    std::string why = mine->attach(pids, std::vector<int>(fds.begin(), fds.end()));
+    double failures = why.empty() ? 0 : 1;
+    allreduce_rd(reinterpret_cast<uint8_t*>(&failures), 1, DataType::f64, ++seq, to);
+    if (failures == 0) shm = std::move(mine);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    oversubscribed = cores > 0 && n > cores;
+  }
+
   void wait_all(std::vector<Req>& reqs, std::chrono::milliseconds t) {
     wait(reqs, 0, reqs.size(), t);
   }
@@ -488,6 +549,8 @@ void UcxCommunicator::connect(int rank, const std::vector<std::string>& addresse
   m.eps.assign(m.n, nullptr);
   const std::string me = host_name();
   m.local_pids.assign(m.n, 0);
+  std::vector<int> pids(m.n, 0);
+  bool all_local = true;
   for (int r = 0; r < m.n; ++r) {
     // "PID@HOST@HEX"
     auto a = addresses[r].find('@'), b = addresses[r].find('@', a == std::string::npos ? 0 : a + 1);
@@ -496,7 +559,10 @@ void UcxCommunicator::connect(int rank, const std::vector<std::string>& addresse
                   "member address " + std::to_string(r) + " is not PID@HOST@UCX-ADDRESS");
     }
     int pid = std::atoi(addresses[r].substr(0, a).c_str());
-    if (addresses[r].substr(a + 1, b - a - 1) == me && pid != getpid()) m.local_pids[r] = pid;
+    bool local = addresses[r].substr(a + 1, b - a - 1) == me;
+    if (local && pid != getpid()) m.local_pids[r] = pid;
+    pids[r] = pid;
+    all_local = all_local && local && pid > 0;
     auto bytes = from_hex(addresses[r].substr(b + 1));
     m.ep_args.push_back(std::make_unique<Impl::EpArg>(Impl::EpArg{&m, r}));
     ucp_ep_params_t p{};
@@ -516,7 +582,10 @@ void UcxCommunicator::connect(int rank, const std::vector<std::string>& addresse
   CollectiveOptions o;
   o.timeout = timeout;
   barrier(o);
+  m.setup_shm(pids, all_local, timeout);
 }
+
+bool UcxCommunicator::shared_memory_allreduce() const { return impl_->shm != nullptr; }
 
 int UcxCommunicator::rank() const { return impl_->my_rank; }
 int UcxCommunicator::size() const { return impl_->n; }
@@ -531,13 +600,22 @@ void UcxCommunicator::allreduce(const void* in, void* out, size_t count, DataTyp
   const uint64_t s = ++m.seq;
   const size_t es = element_size(type), bytes = count * es;
   auto* buf = static_cast<uint8_t*>(out);
-  if (in && in != out && bytes) std::memcpy(buf, in, bytes);
-  if (m.n == 1 || count == 0) return;
   auto to = m.timeout(options);
   Algorithm a = options.algorithm;
-  if (a == Algorithm::automatic)
-    a = bytes < m.opt.small_bytes || count < size_t(m.n) ? Algorithm::recursive_doubling
-                                                         : Algorithm::ring;
+  if (a == Algorithm::automatic) {
+    a = m.shm && bytes >= m.opt.shm_min_bytes              ? Algorithm::shared_memory
+        : bytes < m.opt.small_bytes || count < size_t(m.n) ? Algorithm::recursive_doubling
+                                                           : Algorithm::ring;
+  }
+  if (a == Algorithm::shared_memory && !m.shm) a = Algorithm::ring;
+  if (a == Algorithm::shared_memory && m.n > 1 && count > 0) {
+    // Reads in, writes out: no copy up front.
+    m.shm->run(static_cast<const uint8_t*>(in ? in : out), buf, count, type, op == ReduceOp::avg,
+               [&](uint64_t spins) { m.shm_idle(spins, to); });
+    return;
+  }
+  if (in && in != out && bytes) std::memcpy(buf, in, bytes);
+  if (m.n == 1 || count == 0) return;
   if (a == Algorithm::recursive_doubling) {
     m.allreduce_rd(buf, count, type, s, to);
   } else {

@@ -8,8 +8,11 @@
 //
 // Algorithms: allreduce by recursive doubling (small buffers: log2 n exchanges) or a ring
 // (reduce-scatter + allgather, each step chunked into segment_bytes messages, with a window of
-// chunks in flight so that reducing one chunk overlaps receiving the next). Every element is
-// reduced by exactly one rank, or in the same order everywhere, so all ranks end bitwise equal.
+// chunks in flight so that reducing one chunk overlaps receiving the next); when every member
+// is on this host, larger allreduces go through segments every member maps (ShmAllreduce:
+// plain copies instead of the kernel's cross-process copies and a handshake per chunk). Every
+// element is reduced by exactly one rank, or in the same order everywhere, so all ranks end
+// bitwise equal.
 //
 // Failure: endpoints use peer error handling; a dead member fails the operation with peer_lost
 // at once; no progress for `timeout` fails it with timed_out. On any failure the outstanding
@@ -31,6 +34,10 @@ struct UcxCommOptions {
   size_t window = 4;                         // ring chunks in flight per step
   size_t small_bytes = 32u << 10;            // automatic: below this, recursive doubling
   bool shared_memory = true;
+  // Allreduce through shared memory when every member is on this host (comm/shm_allreduce.h):
+  // the most each rank reduces per chunk, and the smallest buffer it is used for.
+  size_t shm_slice_bytes = 128u << 10;
+  size_t shm_min_bytes = 8u << 10;
 };
 
 class UcxCommunicator : public Communicator {
@@ -44,6 +51,9 @@ class UcxCommunicator : public Communicator {
   // barrier for all of them, up to timeout.
   void connect(int rank, const std::vector<std::string>& addresses,
                std::chrono::milliseconds timeout);
+
+  // Whether allreduce can go through shared memory (every member on this host, segments mapped).
+  bool shared_memory_allreduce() const;
 
   int rank() const override;
   int size() const override;

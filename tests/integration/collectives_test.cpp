@@ -29,6 +29,7 @@ comm::UcxCommOptions chunky(size_t count) {
   // Tiny segments force chunking; for the largest count a moderate one keeps the test short.
   o.segment_bytes = count > 100000 ? 64 * 1024 : 256;
   o.window = 3;
+  o.shm_slice_bytes = count > 100000 ? 64 * 1024 : 64;  // the smallest slice: one cache line
   return o;
 }
 
@@ -59,7 +60,10 @@ TEST_P(Sweep, AllreduceEveryCountAlgorithmAndPlacement) {
   const int n = GetParam();
   for (size_t count : kCounts) {
     testing::run_world(n, chunky(count), [&](comm::UcxCommunicator& c) {
-      for (Algorithm a : {Algorithm::ring, Algorithm::recursive_doubling, Algorithm::automatic}) {
+      // Threads of one process share the host: the shared-memory path must be there to test.
+      ASSERT_EQ(c.shared_memory_allreduce(), n > 1);
+      for (Algorithm a : {Algorithm::ring, Algorithm::recursive_doubling, Algorithm::shared_memory,
+                          Algorithm::automatic}) {
         if (a == Algorithm::recursive_doubling && count > 100000 && n > 3)
           continue;  // slow, same code path
         for (bool in_place : {true, false})
@@ -98,36 +102,39 @@ TEST_P(Sweep, BroadcastAllgatherReduceScatterBarrier) {
 INSTANTIATE_TEST_SUITE_P(WorldSizes, Sweep, ::testing::Values(1, 2, 3, 5, 8));
 
 TEST(Collectives, HalfPrecisionTypesAndDoubles) {
-  testing::run_world(3, chunky(1000), [&](comm::UcxCommunicator& c) {
-    const int n = c.size(), r = c.rank();
-    const size_t count = 1000;
-    std::vector<double> d(count);
-    for (size_t i = 0; i < count; ++i) d[i] = value(r, i) / 3.0;
-    c.allreduce(d.data(), d.data(), count, DataType::f64, ReduceOp::sum);
-    for (size_t i = 0; i < count; ++i) ASSERT_NEAR(d[i], expected_sum(n, i) / 3.0, 1e-12);
-    std::vector<_Float16> h(count);
-    for (size_t i = 0; i < count; ++i) h[i] = _Float16(value(r, i));
-    c.allreduce(h.data(), h.data(), count, DataType::f16, ReduceOp::sum);
-    for (size_t i = 0; i < count; ++i) ASSERT_EQ(float(h[i]), float(expected_sum(n, i)));
-    std::vector<uint16_t> b(count);
-    for (size_t i = 0; i < count; ++i) {
-      float f = float(value(r, i));
-      uint32_t bits;
-      std::memcpy(&bits, &f, 4);
-      b[i] = uint16_t(bits >> 16);  // exact: small integers
-    }
-    c.allreduce(b.data(), b.data(), count, DataType::bf16, ReduceOp::avg);
-    for (size_t i = 0; i < count; ++i) {
-      uint32_t bits = uint32_t(b[i]) << 16;
-      float f;
-      std::memcpy(&f, &bits, 4);
-      ASSERT_EQ(f, float(expected_sum(n, i) / n));
-    }
-  });
+  for (Algorithm a : {Algorithm::automatic, Algorithm::shared_memory})
+    testing::run_world(3, chunky(1000), [&](comm::UcxCommunicator& c) {
+      const int n = c.size(), r = c.rank();
+      const size_t count = 1000;
+      comm::CollectiveOptions o;
+      o.algorithm = a;
+      std::vector<double> d(count);
+      for (size_t i = 0; i < count; ++i) d[i] = value(r, i) / 3.0;
+      c.allreduce(d.data(), d.data(), count, DataType::f64, ReduceOp::sum, o);
+      for (size_t i = 0; i < count; ++i) ASSERT_NEAR(d[i], expected_sum(n, i) / 3.0, 1e-12);
+      std::vector<_Float16> h(count);
+      for (size_t i = 0; i < count; ++i) h[i] = _Float16(value(r, i));
+      c.allreduce(h.data(), h.data(), count, DataType::f16, ReduceOp::sum, o);
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(float(h[i]), float(expected_sum(n, i)));
+      std::vector<uint16_t> b(count);
+      for (size_t i = 0; i < count; ++i) {
+        float f = float(value(r, i));
+        uint32_t bits;
+        std::memcpy(&bits, &f, 4);
+        b[i] = uint16_t(bits >> 16);  // exact: small integers
+      }
+      c.allreduce(b.data(), b.data(), count, DataType::bf16, ReduceOp::avg, o);
+      for (size_t i = 0; i < count; ++i) {
+        uint32_t bits = uint32_t(b[i]) << 16;
+        float f;
+        std::memcpy(&f, &bits, 4);
+        ASSERT_EQ(f, float(expected_sum(n, i) / n));
+      }
+    });
 }
 
 TEST(Collectives, AllRanksEndBitwiseEqualOnInexactData) {
-  for (Algorithm a : {Algorithm::ring, Algorithm::recursive_doubling}) {
+  for (Algorithm a : {Algorithm::ring, Algorithm::recursive_doubling, Algorithm::shared_memory}) {
     std::vector<std::vector<float>> results(5);
     testing::run_world(5, chunky(5000), [&](comm::UcxCommunicator& c) {
       std::vector<float> x(5000);

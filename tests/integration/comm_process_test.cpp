@@ -47,6 +47,8 @@ TEST(CommProcesses, AllreduceIsCorrectBetweenProcesses) {
       auto line = ranks.procs[r]->wait_for_line("check", 120s);
       ASSERT_TRUE(line) << "rank " << r << " of " << world << " gave no result";
       EXPECT_EQ(line->rfind("check ok", 0), 0u) << *line;
+      // Processes on one host: the shared-memory allreduce was set up (and checked above).
+      EXPECT_NE(line->find("shared-memory 1"), std::string::npos) << *line;
       auto status = ranks.procs[r]->wait(30s);
       ASSERT_TRUE(status);
       EXPECT_EQ(WEXITSTATUS(*status), 0);
@@ -54,10 +56,11 @@ TEST(CommProcesses, AllreduceIsCorrectBetweenProcesses) {
   }
 }
 
-void failure_scenario(int sig, const char* expected_code, std::chrono::milliseconds timeout) {
+void failure_scenario(int sig, const char* expected_code, std::chrono::milliseconds timeout,
+                      const char* algorithm) {
   const int world = 4, victim = 3;
   Ranks ranks(world, {"--mode", "loop", "--count", std::to_string(16 << 20), "--timeout-ms",
-                      std::to_string(timeout.count())});
+                      std::to_string(timeout.count()), "--algorithm", algorithm});
   for (int r = 0; r < world; ++r)
     ASSERT_TRUE(ranks.procs[r]->wait_for_line("iter 2", 60s)) << "rank " << r;
   uint64_t t_signal = unix_ms();
@@ -86,12 +89,22 @@ void failure_scenario(int sig, const char* expected_code, std::chrono::milliseco
   }
 }
 
+// Both large-buffer algorithms: through shared memory (the default on one host) and the ring
+// over UCX (members on other hosts).
 TEST(CommProcesses, SigkillOfOneOfFourFailsEverySurvivorWithPeerLostThenThreeRebuild) {
-  failure_scenario(SIGKILL, "peer_lost", 3000ms);
+  failure_scenario(SIGKILL, "peer_lost", 3000ms, "shm");
 }
 
 TEST(CommProcesses, SigstopOfOneOfFourFailsEverySurvivorWithTimedOutThenThreeRebuild) {
-  failure_scenario(SIGSTOP, "timed_out", 2000ms);
+  failure_scenario(SIGSTOP, "timed_out", 2000ms, "shm");
+}
+
+TEST(CommProcesses, RingSigkillOfOneOfFourFailsEverySurvivorWithPeerLostThenThreeRebuild) {
+  failure_scenario(SIGKILL, "peer_lost", 3000ms, "ring");
+}
+
+TEST(CommProcesses, RingSigstopOfOneOfFourFailsEverySurvivorWithTimedOutThenThreeRebuild) {
+  failure_scenario(SIGSTOP, "timed_out", 2000ms, "ring");
 }
 
 }  // namespace
