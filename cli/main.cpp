@@ -34,6 +34,7 @@ usage:
   troupe bench control [--json] [--round-trips N] [--messages N]
                                     control-plane round trip and message rate, next to raw UCX
   troupe bench allreduce [--workers N]... [--sizes 4K,1M,64M] [--backend ucx|nccl] [--json]
+      [--algorithm auto|ring|rd|shm] [--shm-slice-bytes B] [--segment-bytes B] [--window N]
                                     allreduce between processes (ucx) or GPUs (nccl): time, bus bandwidth
   troupe bench model [--model mlp|gpt] [--threads T] [--steps N] [--json] [--curve]
                                     single-process training throughput of the reference models
