@@ -173,7 +173,9 @@ int run_allreduce_worker(const std::vector<std::string>& words) {
     // Leave only when everyone is done: a rank that exits while another still waits for the
     // acknowledgement of its last send would fail that rank with peer_lost.
     comm->barrier();
-    std::printf("check ok rank %d shared-memory %d\n", rank, int(comm->shared_memory_allreduce()));
+    std::printf("check ok rank %d shared-memory %d %s\n", rank,
+                int(comm->shared_memory_allreduce()),
+                comm->shared_memory_fallback_reason().c_str());
     return 0;
   }
 

@@ -2,9 +2,11 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <new>
@@ -24,33 +26,60 @@ inline void cpu_relax() {
 
 }  // namespace
 
-// One cache line per counter: each is written by its owner only and polled by the others.
-struct ShmAllreduce::Counters {
+// What a call looks like; every rank publishes its own, and the others compare.
+struct Call {
+  uint64_t number, first_step, count;
+  uint32_t dtype, average;
+  bool operator==(const Call& o) const {
+    return number == o.number && first_step == o.first_step && count == o.count &&
+           dtype == o.dtype && average == o.average;
+  }
+};
+
+// The counters get a cache line each: each is written by its owner only and polled by the
+// others. The identity is written once, before the segment is handed out.
+struct ShmAllreduce::Header {
+  uint64_t identity;
+  int64_t rank, ranks, slice_bytes, bytes;
   alignas(kLine) std::atomic<uint64_t> staged{0};
   alignas(kLine) std::atomic<uint64_t> reduced{0};
-  alignas(kLine) std::atomic<uint64_t> gathered{0};
+  alignas(kLine) Call call{};
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "counters are shared between processes");
 
-// Segment: Counters | staging[2][n][slice] | result[2][slice], slices 64-byte aligned.
-ShmAllreduce::ShmAllreduce(int rank, int n, size_t slice_bytes)
-    : rank_(rank),
-      n_(n),
-      slice_bytes_((std::max<size_t>(slice_bytes, kLine) + kLine - 1) / kLine * kLine) {
-  bytes_ = sizeof(Counters) + 2 * size_t(n_) * slice_bytes_ + 2 * slice_bytes_;
-  base_.assign(n_, nullptr);
+size_t ShmAllreduce::slice_for(int n, size_t slice_bytes) {
+  size_t cap = (kMaxSegmentBytes - sizeof(Header)) / (2 * size_t(std::max(n, 1)));
+  size_t s = std::min(std::max(slice_bytes, kLine), cap);
+  return std::max(kLine, s / kLine * kLine);
+}
+
+// Segment: Header | staging[2][n-1 slices] | result[2][1 slice]; slices 64-byte aligned.
+ShmAllreduce::ShmAllreduce(int rank, int n, size_t slice_bytes, uint64_t identity)
+    : rank_(rank), n_(n), slice_bytes_(slice_for(n, slice_bytes)), identity_(identity) {
+  bytes_ = sizeof(Header) + 2 * size_t(n_) * slice_bytes_;
+  base_.assign(size_t(n_), nullptr);
   fd_ = memfd_create("troupe-allreduce", MFD_CLOEXEC);
-  if (fd_ < 0) return;
+  if (fd_ < 0) {
+    why_ = std::string("memfd_create: ") + std::strerror(errno);
+    return;
+  }
   void* p = MAP_FAILED;
   if (ftruncate(fd_, off_t(bytes_)) == 0)
     p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd_, 0);
   if (p == MAP_FAILED) {
+    why_ = "cannot size or map a segment of " + std::to_string(bytes_) +
+           " bytes: " + std::strerror(errno);
     close(fd_);
     fd_ = -1;
     return;
   }
-  base_[rank_] = static_cast<uint8_t*>(p);
-  new (base_[rank_]) Counters();
+  base_[size_t(rank_)] = static_cast<uint8_t*>(p);
+  auto* h = new (p) Header();
+  h->identity = identity_;
+  h->rank = rank_;
+  h->ranks = n_;
+  h->slice_bytes = int64_t(slice_bytes_);
+  h->bytes = int64_t(bytes_);
 }
 
 ShmAllreduce::~ShmAllreduce() {
@@ -59,30 +88,45 @@ ShmAllreduce::~ShmAllreduce() {
   if (fd_ >= 0) close(fd_);
 }
 
-std::string ShmAllreduce::attach(const std::vector<int>& pids, const std::vector<int>& fds) {
-  if (fd_ < 0) return "cannot create a shared segment: " + std::string(std::strerror(errno));
+std::string ShmAllreduce::attach(const std::vector<int>& pids, const std::vector<int>& fds,
+                                 const std::vector<uint64_t>& identities) {
+  if (fd_ < 0) return why_;
   for (int r = 0; r < n_; ++r) {
     if (r == rank_) continue;
-    std::string path = "/proc/" + std::to_string(pids[r]) + "/fd/" + std::to_string(fds[r]);
-    int fd = fds[r] < 0 ? -1 : open(path.c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0) return "cannot open rank " + std::to_string(r) + "'s segment " + path;
+    const std::string who = "rank " + std::to_string(r) + "'s segment ";
+    std::string path =
+        "/proc/" + std::to_string(pids[size_t(r)]) + "/fd/" + std::to_string(fds[size_t(r)]);
+    int fd = fds[size_t(r)] < 0 ? -1 : open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) return "cannot open " + who + path + ": " + std::strerror(errno);
+    struct stat st {};
+    if (fstat(fd, &st) != 0 || size_t(st.st_size) != bytes_) {  // (mapping past its end: SIGBUS)
+      close(fd);
+      return who + path + " is not " + std::to_string(bytes_) + " bytes";
+    }
     void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    int err = errno;
     close(fd);
-    if (p == MAP_FAILED)
-      return "cannot map rank " + std::to_string(r) + "'s segment: " + std::strerror(errno);
-    base_[r] = static_cast<uint8_t*>(p);
+    if (p == MAP_FAILED) return "cannot map " + who + path + ": " + std::strerror(err);
+    base_[size_t(r)] = static_cast<uint8_t*>(p);
+    // Another process's file with the same pid and fd (another pid namespace) is not it.
+    const Header* h = header(r);
+    if (h->identity != identities[size_t(r)] || h->rank != r || h->ranks != n_ ||
+        h->slice_bytes != int64_t(slice_bytes_) || h->bytes != int64_t(bytes_))
+      return who + path + " is not the one that rank made";
   }
   return "";
 }
 
-ShmAllreduce::Counters* ShmAllreduce::counters(int rank) const {
-  return reinterpret_cast<Counters*>(base_[rank]);
+ShmAllreduce::Header* ShmAllreduce::header(int rank) const {
+  return reinterpret_cast<Header*>(base_[size_t(rank)]);
 }
 uint8_t* ShmAllreduce::staging(int rank, uint64_t slot, int slice) const {
-  return base_[rank] + sizeof(Counters) + (slot * size_t(n_) + size_t(slice)) * slice_bytes_;
+  // The owner's own slice is never staged: n-1 slices per slot.
+  size_t index = size_t(slice < rank ? slice : slice - 1);
+  return base_[size_t(rank)] + sizeof(Header) + (slot * size_t(n_ - 1) + index) * slice_bytes_;
 }
 uint8_t* ShmAllreduce::result(int rank, uint64_t slot) const {
-  return base_[rank] + sizeof(Counters) + 2 * size_t(n_) * slice_bytes_ + slot * slice_bytes_;
+  return base_[size_t(rank)] + sizeof(Header) + (2 * size_t(n_ - 1) + slot) * slice_bytes_;
 }
 
 template <typename Ready>
@@ -93,66 +137,84 @@ void ShmAllreduce::wait(Ready ready, const Idle& idle) {
   }
 }
 
-void ShmAllreduce::run(const uint8_t* in, uint8_t* out, size_t count, DataType t, bool average,
-                       const Idle& idle) {
+std::string ShmAllreduce::run(const uint8_t* in, uint8_t* out, size_t count, DataType t,
+                              bool average, const Idle& idle) {
   const size_t es = element_size(t);
-  const size_t slice_elems = slice_bytes_ / es;
-  const size_t chunk_elems = slice_elems * size_t(n_);
-  Counters* mine = counters(rank_);
-  auto all_others = [&](auto field, uint64_t at_least) {
-    return [this, field, at_least] {
+  const size_t chunk_elems = slice_bytes_ / es * size_t(n_);
+  const uint64_t first = step_, chunks = (count + chunk_elems - 1) / chunk_elems;
+  Header* mine = header(rank_);
+  mine->call = Call{calls_++, first, count, uint32_t(t), uint32_t(average)};
+
+  // Chunk k: elements [k * chunk_elems, +c); slice q of it: [off(q), off(q) + len(q)).
+  struct Geometry {
+    size_t at, base, rem;
+    size_t len(int q) const { return base + (size_t(q) < rem ? 1 : 0); }
+    size_t off(int q) const { return size_t(q) * base + std::min(size_t(q), rem); }
+  };
+  auto geometry = [&](uint64_t k) {
+    size_t at = k * chunk_elems, c = std::min(chunk_elems, count - at);
+    return Geometry{at, c / size_t(n_), c % size_t(n_)};
+  };
+  auto everyone = [this](std::atomic<uint64_t> Header::*counter, uint64_t at_least) {
+    return [this, counter, at_least] {
       for (int q = 0; q < n_; ++q)
-        if (q != rank_ && (counters(q)->*field).load(std::memory_order_acquire) < at_least)
+        if (q != rank_ && (header(q)->*counter).load(std::memory_order_acquire) < at_least)
           return false;
       return true;
     };
   };
-  for (size_t done = 0; done < count; done += chunk_elems) {
-    const size_t c = std::min(chunk_elems, count - done);
-    const uint64_t t_ = step_, slot = t_ & 1;
-    // Slice q of this chunk: [off(q), off(q) + len(q)) elements from `done`.
-    const size_t base = c / size_t(n_), rem = c % size_t(n_);
-    auto len = [&](int q) { return base + (size_t(q) < rem ? 1 : 0); };
-    auto off = [&](int q) { return size_t(q) * base + std::min<size_t>(size_t(q), rem); };
-    const uint8_t* src = in + done * es;
-    uint8_t* dst = out + done * es;
-
-    // 1. Stage the slices the others reduce, once they are done with this slot (chunk t-2).
-    if (t_ >= 2) wait(all_others(&Counters::reduced, t_ - 1), idle);
+  auto stage = [&](uint64_t k) {
+    const Geometry g = geometry(k);
+    const uint64_t slot = (first + k) & 1;
     for (int q = 0; q < n_; ++q)
-      if (q != rank_ && len(q))
-        std::memcpy(staging(rank_, slot, q), src + off(q) * es, len(q) * es);
-    mine->staged.store(t_ + 1, std::memory_order_release);
+      if (q != rank_ && g.len(q))
+        std::memcpy(staging(rank_, slot, q), in + (g.at + g.off(q)) * es, g.len(q) * es);
+    mine->staged.store(first + k + 1, std::memory_order_release);
+  };
 
-    // 2. Reduce this rank's slice into its output, then copy it to the result area.
-    wait(all_others(&Counters::staged, t_ + 1), idle);
-    if (t_ >= 2) wait(all_others(&Counters::gathered, t_ - 1), idle);
-    const size_t my_len = len(rank_);
-    if (my_len) {
-      // Reduce into this rank's own output, then copy to the result area: the result area's
-      // lines were last read by the other ranks' cores, and vector stores into them would
-      // fetch each line for ownership (2.5x slower here); a copy (rep movsb) does not.
-      uint8_t* my_out = dst + off(rank_) * es;
+  stage(0);
+  for (uint64_t k = 0; k < chunks; ++k) {
+    const uint64_t step = first + k, slot = step & 1;
+    const Geometry g = geometry(k);
+    wait(everyone(&Header::staged, step + 1), idle);
+    if (k == 0) {
+      for (int q = 0; q < n_; ++q) {
+        const Call& c = header(q)->call;
+        if (q != rank_ && !(c == mine->call)) {
+          return "rank " + std::to_string(q) + " called allreduce " + std::to_string(c.number) +
+                 " (step " + std::to_string(c.first_step) + ") with " + std::to_string(c.count) +
+                 " " + dtype_name(DataType(c.dtype)) + (c.average ? " avg" : " sum") +
+                 ", this rank allreduce " + std::to_string(mine->call.number) + " (step " +
+                 std::to_string(first) + ") with " + std::to_string(count) + " " + dtype_name(t) +
+                 (average ? " avg" : " sum");
+        }
+      }
+    }
+    // Reduce into this rank's own output, then copy to the result area: the result area's lines
+    // were last read by the other ranks' cores, and vector stores into them would fetch each
+    // line for ownership (2.5x slower here); a copy (rep movsb) does not.
+    if (const size_t len = g.len(rank_)) {
+      uint8_t* my_out = out + (g.at + g.off(rank_)) * es;
       auto part = [&](int q) -> const uint8_t* {
-        return q == rank_ ? src + off(rank_) * es : staging(q, slot, rank_);
+        return q == rank_ ? in + (g.at + g.off(rank_)) * es : staging(q, slot, rank_);
       };
       // Own part first (in place, my_out is it), then the others in rank order.
-      const int first = rank_ == 0 ? 1 : 0;
-      reduce_sum_into(my_out, part(rank_), part(first), my_len, t);
-      for (int q = first + 1; q < n_; ++q)
-        if (q != rank_) reduce_sum(my_out, part(q), my_len, t);
-      if (average) scale_down(my_out, my_len, t, n_);
-      std::memcpy(result(rank_, slot), my_out, my_len * es);
+      const int other = rank_ == 0 ? 1 : 0;
+      reduce_sum_into(my_out, part(rank_), part(other), len, t);
+      for (int q = other + 1; q < n_; ++q)
+        if (q != rank_) reduce_sum(my_out, part(q), len, t);
+      if (average) scale_down(my_out, len, t, n_);
+      std::memcpy(result(rank_, slot), my_out, len * es);
     }
-    mine->reduced.store(t_ + 1, std::memory_order_release);
-
-    // 3. Gather the others' results.
-    wait(all_others(&Counters::reduced, t_ + 1), idle);
+    mine->reduced.store(step + 1, std::memory_order_release);
+    if (k + 1 < chunks) stage(k + 1);
+    wait(everyone(&Header::reduced, step + 1), idle);
     for (int q = 0; q < n_; ++q)
-      if (q != rank_ && len(q)) std::memcpy(dst + off(q) * es, result(q, slot), len(q) * es);
-    mine->gathered.store(t_ + 1, std::memory_order_release);
-    ++step_;
+      if (q != rank_ && g.len(q))
+        std::memcpy(out + (g.at + g.off(q)) * es, result(q, slot), g.len(q) * es);
   }
+  step_ = first + chunks;
+  return "";
 }
 
 }  // namespace troupe::comm

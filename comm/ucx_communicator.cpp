@@ -1,6 +1,7 @@
 #include "comm/ucx_communicator.h"
 
 #include <sched.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <optional>
+#include <random>
 #include <sstream>
 
 #include "comm/buffer.h"
@@ -36,10 +38,18 @@ uint64_t make_tag(uint64_t gen, uint64_t kind, uint64_t seq, uint64_t src, uint6
          (slot & 0xFFFFF);
 }
 
+// This host as the members see it: the name, the boot, and the pid namespace (containers that
+// share a host name, or processes of another namespace, are not "local": their pids differ).
 std::string host_name() {
   char buf[256] = {};
   gethostname(buf, sizeof buf - 1);
-  return buf;
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  struct stat st {};
+  unsigned long long pidns = stat("/proc/self/ns/pid", &st) == 0 ? st.st_ino : 0;
+  std::string id = std::string(buf) + "/" + boot + "/" + std::to_string(pidns);
+  std::replace(id.begin(), id.end(), '@', '_');
+  return id;
 }
 
 // Whether a process on this host is gone (exited, or a zombie waiting to be reaped).
@@ -83,7 +93,8 @@ struct UcxCommunicator::Impl {
   uint32_t seq = 0;
   Buffer scratch;
   std::unique_ptr<ShmAllreduce> shm;  // set when every member is on this host
-  bool oversubscribed = false;        // more members on this host than cores
+  std::string shm_why_not;
+  bool oversubscribed = false;  // more members on this host than cores
   // A failure notice from another member: the first member that fails tells the others why, so
   // a stopped member shows up as timed_out everywhere, not as the teardown that follows.
   struct Notice {
@@ -159,7 +170,8 @@ struct UcxCommunicator::Impl {
 
   [[noreturn]] void fail_from_notice(std::vector<Req>& reqs) {
     Errc code = Errc(notice_in.code);
-    if (code != Errc::peer_lost && code != Errc::timed_out && code != Errc::aborted)
+    if (code != Errc::peer_lost && code != Errc::timed_out && code != Errc::aborted &&
+        code != Errc::invalid_input)
       code = Errc::peer_lost;
     fail(code,
          std::string(errc_name(code)) + " reported by rank " + std::to_string(notice_in.origin) +
@@ -330,24 +342,67 @@ struct UcxCommunicator::Impl {
     if (oversubscribed || spins > 1024) sched_yield();
   }
 
-  // Sets up the shared-memory allreduce when every member is on this host; every member comes
-  // to the same decision (an allgather of the segments, then an agreement that all mapped).
+  // Sets up the shared-memory allreduce when every member is on this host. Every member comes
+  // to the same decision: an allgather of what each asks for and of its segment, then an
+  // agreement that every member mapped every segment. Otherwise everyone keeps the ring, and
+  // shm_why_not says why.
   void setup_shm(const std::vector<int>& pids, bool all_local, std::chrono::milliseconds to) {
-    if (!opt.shared_memory || !all_local || n < 2 || n > 64) return;
-    auto mine = std::make_unique<ShmAllreduce>(my_rank, n, opt.shm_slice_bytes);
-    std::vector<int64_t> fds(n, -1);
-    fds[my_rank] = mine->fd();
+    if (!all_local || n < 2 || n > 64) {
+      shm_why_not = n < 2        ? "one member"
+                    : !all_local ? "not every member is on this host"
+                                 : "more than 64 members";
+      return;
+    }
+    // What this rank asks for and offers: shared memory on, slice, switch size, fd, identity.
+    constexpr int kFields = 5;
+    std::unique_ptr<ShmAllreduce> mine;
+    std::vector<int64_t> all(size_t(n) * kFields, 0);
+    int64_t* me = &all[size_t(my_rank) * kFields];
+    me[0] = opt.shared_memory;
+    me[1] = int64_t(ShmAllreduce::slice_for(n, opt.shm_slice_bytes));
+    me[2] = int64_t(opt.shm_min_bytes);
+    me[3] = -1;
+    if (opt.shared_memory) {
+      std::random_device rd;
+      uint64_t identity = (uint64_t(rd()) << 32) ^ rd() ^ uint64_t(getpid());
+      mine = std::make_unique<ShmAllreduce>(my_rank, n, opt.shm_slice_bytes, identity);
+      me[3] = mine->fd();
+      me[4] = int64_t(identity);
+    }
     Segments sg;
     for (int i = 0; i < n; ++i) {
-      sg.offset.push_back(size_t(i));
-      sg.count.push_back(1);
+      sg.offset.push_back(size_t(i) * kFields);
+      sg.count.push_back(kFields);
     }
-    ring_allgather(reinterpret_cast<uint8_t*>(fds.data()), sg, sizeof(int64_t), 0, ++seq, 0, to);
-    std::string why = mine->attach(pids, std::vector<int>(fds.begin(), fds.end()));
-    double failures = why.empty() ? 0 : 1;
+    ring_allgather(reinterpret_cast<uint8_t*>(all.data()), sg, sizeof(int64_t), 0, ++seq, 0, to);
+    std::string why;
+    std::vector<int> fds(static_cast<size_t>(n));
+    std::vector<uint64_t> identities(static_cast<size_t>(n));
+    for (int r = 0; r < n && why.empty(); ++r) {
+      const int64_t* f = &all[size_t(r) * kFields];
+      if (!f[0])
+        why = "rank " + std::to_string(r) + " has shared memory off";
+      else if (f[1] != all[1] || f[2] != all[2])  // (rank 0's: the same reason everywhere)
+        why = "rank " + std::to_string(r) + "'s shared-memory options differ from rank 0's";
+      fds[size_t(r)] = int(f[3]);
+      identities[size_t(r)] = uint64_t(f[4]);
+    }
+    // Every rank reaches the same answer so far; attaching may fail on some.
+    std::string attach_why = why.empty() ? mine->attach(pids, fds, identities) : "";
+    double failures = attach_why.empty() ? 0 : 1;
     allreduce_rd(reinterpret_cast<uint8_t*>(&failures), 1, DataType::f64, ++seq, to);
-    if (failures == 0) shm = std::move(mine);
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (why.empty() && failures == 0) {
+      shm = std::move(mine);
+    } else {
+      shm_why_not = !why.empty()          ? why
+                    : !attach_why.empty() ? attach_why
+                                          : std::to_string(int(failures)) +
+                                                " other member(s) could not map the segments";
+    }
+    cpu_set_t cpus;
+    CPU_ZERO(&cpus);
+    int cores = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus)
+                                                              : int(sysconf(_SC_NPROCESSORS_ONLN));
     oversubscribed = cores > 0 && n > cores;
   }
 
@@ -586,6 +641,7 @@ void UcxCommunicator::connect(int rank, const std::vector<std::string>& addresse
 }
 
 bool UcxCommunicator::shared_memory_allreduce() const { return impl_->shm != nullptr; }
+std::string UcxCommunicator::shared_memory_fallback_reason() const { return impl_->shm_why_not; }
 
 int UcxCommunicator::rank() const { return impl_->my_rank; }
 int UcxCommunicator::size() const { return impl_->n; }
@@ -610,8 +666,10 @@ void UcxCommunicator::allreduce(const void* in, void* out, size_t count, DataTyp
   if (a == Algorithm::shared_memory && !m.shm) a = Algorithm::ring;
   if (a == Algorithm::shared_memory && m.n > 1 && count > 0) {
     // Reads in, writes out: no copy up front.
-    m.shm->run(static_cast<const uint8_t*>(in ? in : out), buf, count, type, op == ReduceOp::avg,
-               [&](uint64_t spins) { m.shm_idle(spins, to); });
+    std::string mismatch =
+        m.shm->run(static_cast<const uint8_t*>(in ? in : out), buf, count, type,
+                   op == ReduceOp::avg, [&](uint64_t spins) { m.shm_idle(spins, to); });
+    if (!mismatch.empty()) m.fail(Errc::invalid_input, "allreduce calls differ: " + mismatch, {});
     return;
   }
   if (in && in != out && bytes) std::memcpy(buf, in, bytes);

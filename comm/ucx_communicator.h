@@ -54,6 +54,8 @@ class UcxCommunicator : public Communicator {
 
   // Whether allreduce can go through shared memory (every member on this host, segments mapped).
   bool shared_memory_allreduce() const;
+  // Why not, when it cannot ("" when it can).
+  std::string shared_memory_fallback_reason() const;
 
   int rank() const override;
   int size() const override;

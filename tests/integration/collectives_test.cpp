@@ -150,6 +150,55 @@ TEST(Collectives, AllRanksEndBitwiseEqualOnInexactData) {
   }
 }
 
+TEST(Collectives, SharedMemoryRefusesCallsThatDiffer) {
+  // Another count, or another element type of the same size: every rank fails with
+  // invalid_input, naming what differs, instead of mixing the buffers.
+  for (int variant : {0, 1}) {
+    std::vector<std::string> errors(2);
+    testing::run_world(2, comm::UcxCommOptions{}, [&](comm::UcxCommunicator& c) {
+      ASSERT_TRUE(c.shared_memory_allreduce()) << c.shared_memory_fallback_reason();
+      comm::CollectiveOptions o;
+      o.algorithm = Algorithm::shared_memory;
+      o.timeout = std::chrono::seconds(10);
+      std::vector<double> buf(40000, 1.0);
+      size_t count = variant == 0 && c.rank() == 1 ? 30000 : 40000;
+      DataType t = variant == 1 && c.rank() == 1 ? DataType::f32 : DataType::f64;
+      if (t == DataType::f32) count *= 2;  // the same bytes
+      try {
+        c.allreduce(buf.data(), buf.data(), count, t, ReduceOp::sum, o);
+      } catch (const comm::Error& e) {
+        errors[c.rank()] = std::string(comm::errc_name(e.code())) + ": " + e.what();
+        EXPECT_EQ(e.code(), comm::Errc::invalid_input) << e.what();
+      }
+      // Broken for good.
+      EXPECT_THROW(c.allreduce(buf.data(), buf.data(), 10, DataType::f64, ReduceOp::sum),
+                   comm::Error);
+    });
+    for (auto& e : errors) EXPECT_NE(e, "") << "variant " << variant;
+    EXPECT_NE(errors[0].find(variant == 0 ? "30000" : "f32"), std::string::npos) << errors[0];
+  }
+}
+
+TEST(Collectives, SharedMemoryIsUsedOnlyWhenEveryRankAgrees) {
+  // One rank asks for another slice size: nobody uses it (with the reason, the same everywhere),
+  // and allreduce is still correct everywhere. (A rank with shared_memory off altogether also
+  // has other UCX transports, which UCX cannot wire up with the others': not testable here.)
+  testing::run_world_each(
+      3,
+      [&](int r) {
+        comm::UcxCommOptions o;
+        if (r == 2) o.shm_slice_bytes = 4096;
+        return o;
+      },
+      [&](comm::UcxCommunicator& c) {
+        EXPECT_FALSE(c.shared_memory_allreduce());
+        EXPECT_NE(c.shared_memory_fallback_reason().find("rank 2"), std::string::npos)
+            << c.shared_memory_fallback_reason();
+        for (Algorithm a : {Algorithm::automatic, Algorithm::shared_memory})
+          check_allreduce_f32(c, 100000, a, true, ReduceOp::sum);
+      });
+}
+
 TEST(Collectives, PointToPointInOrder) {
   testing::run_world(2, {}, [&](comm::UcxCommunicator& c) {
     std::vector<int> buf(1000);
