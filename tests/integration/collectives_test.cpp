@@ -288,6 +288,44 @@ TEST(Collectives, AbortFromAnotherThreadFailsPendingAndLaterCalls) {
   EXPECT_THROW(a.barrier(), comm::Error);
 }
 
+TEST(Collectives, AbortDuringASharedMemoryAllreduceFailsEveryRankFast) {
+  // Rank 0 waits in a shared-memory allreduce for rank 1, which comes late; another thread
+  // aborts rank 0. Rank 0 fails with aborted; rank 1, arriving after that, hears why from rank
+  // 0's notice and fails with the same code, long before the 30 s failure timeout.
+  comm::UcxCommOptions o;
+  o.timeout = std::chrono::seconds(30);
+  comm::UcxCommunicator a(1, o), b(1, o);
+  std::vector<std::string> addrs{a.address(), b.address()};
+  std::thread tb([&] { b.connect(1, addrs, std::chrono::seconds(10)); });
+  a.connect(0, addrs, std::chrono::seconds(10));
+  tb.join();
+  ASSERT_TRUE(a.shared_memory_allreduce()) << a.shared_memory_fallback_reason();
+  std::vector<float> xa(1 << 20, 1.0f), xb(1 << 20, 2.0f);
+  comm::CollectiveOptions shm;
+  shm.algorithm = Algorithm::shared_memory;
+  std::thread killer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    a.abort();
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    a.allreduce(xa.data(), xa.data(), xa.size(), DataType::f32, ReduceOp::sum, shm);
+    FAIL() << "rank 0's allreduce returned";
+  } catch (const comm::Error& e) {
+    EXPECT_EQ(e.code(), comm::Errc::aborted) << e.what();
+  }
+  killer.join();
+  try {
+    b.allreduce(xb.data(), xb.data(), xb.size(), DataType::f32, ReduceOp::sum, shm);
+    FAIL() << "rank 1's allreduce returned";
+  } catch (const comm::Error& e) {
+    EXPECT_EQ(e.code(), comm::Errc::aborted) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank 0"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  for (size_t i = 0; i < xa.size(); i += 4099) ASSERT_EQ(xa[i], 1.0f) << "rank 0's buffer changed";
+}
+
 TEST(Collectives, BadArgumentsAreRefused) {
   comm::UcxCommunicator a(1, {});
   EXPECT_THROW(a.connect(3, {a.address()}, std::chrono::seconds(1)), comm::Error);
