@@ -10,6 +10,7 @@
 #               generation, the blocks and bytes that moved and how long that took, and the time to
 #               the next committed step.
 # Medians over the steps after the first 5. Usage: bench/compare_pipeline.sh [STEPS]
+# (RECOMPUTE=true: parallel.recompute_activations, stages recompute forwards)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${1:-40}
@@ -17,7 +18,8 @@ TROUPE=${TROUPE:-build/bin/troupe}
 PY=/usr/bin/python3
 tmp=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT
-common=(--set job.steps=$STEPS --set logging.progress=false --set optimizer.lr=0.001)
+common=(--set job.steps=$STEPS --set logging.progress=false --set optimizer.lr=0.001
+  --set parallel.recompute_activations=${RECOMPUTE:-false})
 stats() {  # run_dir -> "median_step_s median_idle samples_per_s"
   $PY - "$1/metrics.jsonl" <<'PY'
 import json, statistics, sys

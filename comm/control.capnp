@@ -82,6 +82,7 @@ struct JobSpec {
   pipelineStages @29 :Int64;    # parallel.pipeline_stages (0 = auto)
   maxParamsPerWorker @30 :Int64;  # parallel.max_params_per_worker (0 = no limit)
   stageBackupSteps @31 :Int64;    # parallel.stage_backup_steps (0 = no backups)
+  recomputeActivations @32 :Bool; # parallel.recompute_activations
 }
 
 struct WorkerReady {

@@ -64,6 +64,7 @@ std::vector<Field> fields_of(JobConfig& c) {
       Field{"parallel", "pipeline_stages", Kind::int_or_auto, &c.pipeline_stages, 1, 1024, {}},
       I("parallel", "max_params_per_worker", &c.max_params_per_worker, 0, 1e15),
       I("parallel", "stage_backup_steps", &c.stage_backup_steps, 0, 1e9),
+      B("parallel", "recompute_activations", &c.recompute_activations),
       I("parallel", "threads_per_worker", &c.threads_per_worker, 1, 256),
       B("parallel", "overlap_reduce", &c.overlap_reduce),
       S("cluster", "launcher", &c.launcher, {"local", "external"}),

@@ -45,9 +45,10 @@ struct JobConfig {
   int64_t warmup_steps = 0, decay_steps = 0;
   // [parallel]
   std::string backend = "auto";
-  int64_t pipeline_stages = 1;        // 0: "auto" (the planner chooses)
-  int64_t max_params_per_worker = 0;  // parameters one worker may hold; 0: no limit
-  int64_t stage_backup_steps = 20;    // pipeline stages without a replica: backup interval
+  int64_t pipeline_stages = 1;         // 0: "auto" (the planner chooses)
+  int64_t max_params_per_worker = 0;   // parameters one worker may hold; 0: no limit
+  int64_t stage_backup_steps = 20;     // pipeline stages without a replica: backup interval
+  bool recompute_activations = false;  // pipeline stages recompute forwards instead of keeping them
   int64_t threads_per_worker = 1;
   bool overlap_reduce = false;
   // [cluster]

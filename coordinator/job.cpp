@@ -225,6 +225,7 @@ class Coordinator : public caf::event_based_actor {
       s.setPipelineStages(cfg_.pipeline_stages);
       s.setMaxParamsPerWorker(cfg_.max_params_per_worker);
       s.setStageBackupSteps(cfg_.stage_backup_steps);
+      s.setRecomputeActivations(cfg_.recompute_activations);
     });
   }
 

@@ -85,12 +85,27 @@ class LinearBlock : public Block {
     return dx;
   }
 
+  Saved save() override {
+    auto c =
+        std::make_shared<Cache>(Cache{std::move(x_), std::move(pre_), std::move(out_act_), B_});
+    x_ = pre_ = out_act_ = Tensor();
+    return c;
+  }
+  void restore(const Saved& saved) override {
+    auto& c = *std::static_pointer_cast<Cache>(saved);
+    x_ = c.x, pre_ = c.pre, out_act_ = c.out_act, B_ = c.B;
+  }
+
  private:
   size_t in_, out_;
   bool relu_;
   Tensor w_, dw_, b_, db_;
   Tensor x_, pre_, out_act_, dpre_, dx_;
   size_t B_ = 0;
+  struct Cache {
+    Tensor x, pre, out_act;
+    size_t B;
+  };
 };
 
 class EmbeddingBlock : public Block {
@@ -135,6 +150,16 @@ class EmbeddingBlock : public Block {
   }
   Tensor& wte() { return wte_; }
   Tensor& dwte() { return dwte_; }
+  Saved save() override {
+    auto c = std::make_shared<Cache>(Cache{std::move(tokens_), std::move(out_), B_, Tcur_});
+    tokens_.clear();
+    out_ = Tensor();
+    return c;
+  }
+  void restore(const Saved& saved) override {
+    auto& c = *std::static_pointer_cast<Cache>(saved);
+    tokens_ = c.tokens, out_ = c.out, B_ = c.B, Tcur_ = c.T;
+  }
 
  private:
   size_t V_, T_, C_;
@@ -142,6 +167,11 @@ class EmbeddingBlock : public Block {
   std::vector<int32_t> tokens_;
   Tensor out_;
   size_t B_ = 0, Tcur_ = 0;
+  struct Cache {
+    std::vector<int32_t> tokens;
+    Tensor out;
+    size_t B, T;
+  };
 };
 
 class TransformerBlock : public Block {
@@ -261,6 +291,32 @@ class TransformerBlock : public Block {
       fcproj_, out_;
   Tensor g_dx_, g_dx2_, g_dfchg_, g_dfch_, g_dln2_, g_datty_, g_dqkv_, g_dln1_;
   size_t B_ = 0, Tc_ = 0;
+  // The forward cache, in a fixed order (save/restore).
+  std::vector<Tensor*> cached() {
+    return {&x_,  &ln1_, &ln1m_, &ln1r_, &qkv_, &att_,  &atty_,   &proj_,
+            &x2_, &ln2_, &ln2m_, &ln2r_, &fch_, &fchg_, &fcproj_, &out_};
+  }
+  struct Cache {
+    std::vector<Tensor> tensors;
+    size_t B, T;
+  };
+
+ public:
+  Saved save() override {
+    auto c = std::make_shared<Cache>();
+    for (Tensor* t : cached()) {
+      c->tensors.push_back(std::move(*t));
+      *t = Tensor();
+    }
+    c->B = B_, c->T = Tc_;
+    return c;
+  }
+  void restore(const Saved& saved) override {
+    auto& c = *std::static_pointer_cast<Cache>(saved);
+    auto mine = cached();
+    for (size_t i = 0; i < mine.size(); ++i) *mine[i] = c.tensors[i];
+    B_ = c.B, Tc_ = c.T;
+  }
 };
 
 class HeadBlock : public Block {
@@ -318,6 +374,22 @@ class HeadBlock : public Block {
   Tensor lnw_, dlnw_, lnb_, dlnb_, w_, dw_;
   Tensor x_, ln_, m_, r_, logits_, dln_, dx_;
   size_t N_ = 0;
+  struct Cache {
+    Tensor x, ln, m, r, logits;
+    size_t N;
+  };
+
+ public:
+  Saved save() override {
+    auto c = std::make_shared<Cache>(
+        Cache{std::move(x_), std::move(ln_), std::move(m_), std::move(r_), std::move(logits_), N_});
+    x_ = ln_ = m_ = r_ = logits_ = Tensor();
+    return c;
+  }
+  void restore(const Saved& saved) override {
+    auto& c = *std::static_pointer_cast<Cache>(saved);
+    x_ = c.x, ln_ = c.ln, m_ = c.m, r_ = c.r, logits_ = c.logits, N_ = c.N;
+  }
 };
 
 }  // namespace

@@ -28,6 +28,12 @@ class Block {
   virtual void init(uint64_t seed, size_t index) = 0;
   virtual Tensor forward(const Tensor& x, size_t B) = 0;
   virtual Tensor backward(const Tensor& dy) = 0;
+  // What forward() cached for backward(), taken out of the block (the next forward allocates
+  // anew instead of overwriting it), and put back: a pipeline stage keeps several micro-batches
+  // in flight this way instead of recomputing their forward.
+  using Saved = std::shared_ptr<void>;
+  virtual Saved save() = 0;
+  virtual void restore(const Saved& saved) = 0;
 
   size_t param_count() const { return params_.numel(); }
   // The first block of a model has no one to pass its input's gradient to: skip computing it.

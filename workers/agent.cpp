@@ -91,6 +91,7 @@ WorkerSpec spec_from(proto::JobSpec::Reader s) {
   w.pipeline_stages = s.getPipelineStages();
   w.max_params_per_worker = s.getMaxParamsPerWorker();
   w.stage_backup_steps = s.getStageBackupSteps();
+  w.recompute_activations = s.getRecomputeActivations();
   return w;
 }
 

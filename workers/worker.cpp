@@ -355,6 +355,14 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start,
       std::vector<models::Tensor> saved(M);
       std::vector<models::Batch> batches(M);
       int cached = -1;  // the micro-batch whose forward the stage's blocks hold
+      // The forward caches of micro-batches in flight (at most pp - s), unless recomputed.
+      std::vector<std::vector<models::Block::Saved>> stash(M);
+      auto put_away = [&] {  // the blocks' cache of micro-batch `cached`, kept for its backward
+        if (cached < 0 || spec_.recompute_activations) return;
+        for (uint32_t b = first; b < last; ++b)
+          stash[size_t(cached)].push_back(model_->block(b).save());
+        cached = -1;
+      };
       auto input = [&](size_t j) -> models::Tensor {  // the stage input, for s == 0
         batches[j] = trainer_->batch(step, mbs[j].first, mbs[j].second);
         return batches[j].inputs;
@@ -366,6 +374,7 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start,
         return models::Tensor(with_batch(out_shape_[last - 1], rows(j)));
       };
       auto forward = [&](size_t j, models::Tensor x) {
+        put_away();
         Busy timer(busy);
         saved[j] = x;
         for (uint32_t b = first; b < last; ++b) x = model_->block(b).forward(x, rows(j));
@@ -386,6 +395,12 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start,
         return d;
       };
       auto backward = [&](size_t j, models::Tensor dy) {
+        if (cached != int(j) && !stash[j].empty()) {
+          put_away();
+          for (uint32_t b = first; b < last; ++b) model_->block(b).restore(stash[j][b - first]);
+          stash[j].clear();
+          cached = int(j);
+        }
         if (cached != int(j)) forward(j, saved[j]);  // recompute
         Busy timer(busy);
         for (uint32_t b = last; b-- > first;) dy = model_->block(b).backward(dy);

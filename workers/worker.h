@@ -37,6 +37,7 @@ struct WorkerSpec {
   // A stage without a data-parallel replica copies its state to the next stage's worker every
   // this many steps (0: never); losing it rolls back at most this many steps.
   int64_t stage_backup_steps = 20;
+  bool recompute_activations = false;  // pipelines: recompute a micro-batch's forward (less memory)
   // Initialise the parameters from the seed. A worker that joins a running job (or restarts)
   // receives the state from the members instead and skips it (seconds for large models).
   bool init_state = true;

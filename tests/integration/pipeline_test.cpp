@@ -85,12 +85,18 @@ TEST(Pipeline, EveryLayoutComputesTheSameFunctionAsOneWorker) {
   auto want = reference(dir, kMlp, 400);
   struct Layout {
     int pp, dp;
+    bool recompute;  // recompute forwards instead of keeping the micro-batches in flight
   };
-  for (Layout l : {Layout{2, 1}, Layout{3, 1}, Layout{1, 2}, Layout{2, 2}, Layout{3, 2}}) {
-    SCOPED_TRACE("pp " + std::to_string(l.pp) + " dp " + std::to_string(l.dp));
-    std::string name = "pp" + std::to_string(l.pp) + "dp" + std::to_string(l.dp);
-    Job job = start_job(dir, name, kMlp, l.pp * l.dp,
-                        {"parallel.pipeline_stages=" + std::to_string(l.pp)});
+  for (Layout l : {Layout{2, 1, false}, Layout{3, 1, false}, Layout{3, 1, true},
+                   Layout{1, 2, false}, Layout{2, 2, false}, Layout{3, 2, false}}) {
+    SCOPED_TRACE("pp " + std::to_string(l.pp) + " dp " + std::to_string(l.dp) +
+                 (l.recompute ? " recompute" : ""));
+    std::string name =
+        "pp" + std::to_string(l.pp) + "dp" + std::to_string(l.dp) + (l.recompute ? "r" : "");
+    Job job = start_job(
+        dir, name, kMlp, l.pp * l.dp,
+        {"parallel.pipeline_stages=" + std::to_string(l.pp),
+         std::string("parallel.recompute_activations=") + (l.recompute ? "true" : "false")});
     expect_same_function(job, want, 400, 60);
     if (l.pp > 1) {
       auto p = plans(job);

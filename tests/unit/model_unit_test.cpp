@@ -2,7 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <functional>
 
 #include "models/data.h"
 #include "models/state.h"
@@ -93,6 +95,74 @@ TEST(Init, IsAPureFunctionOfSeedAndBlockIndex) {
   blk->init(5, 1);
   EXPECT_EQ(0, std::memcmp(blk->params().data(), a.block(1).params().data(),
                            blk->param_count() * sizeof(float)));
+}
+
+TEST(Blocks, SavedForwardCachesGiveTheSameBackwardAsAFreshForward) {
+  // Every kind of block: forward micro-batch A, save; forward B, save; restore A and run its
+  // backward, then B's: the gradients (and input gradients) equal forward+backward run directly.
+  const size_t B = 2, T = 8, C = 32, V = 12;
+  auto tokens = [&](int salt) {
+    Tensor x({B, T});
+    for (size_t i = 0; i < B * T; ++i) x.data()[i] = float((i * 7 + size_t(salt)) % V);
+    return x;
+  };
+  auto features = [&](int salt, size_t d) {
+    Tensor x({B * T, d});
+    for (size_t i = 0; i < x.numel(); ++i)
+      x.data()[i] = float(int(i * 13 + size_t(salt)) % 17) / 17.0f;
+    return x;
+  };
+  auto grads_of = [&](Block& blk) {
+    return std::vector<float>(blk.grads().data(), blk.grads().data() + blk.param_count());
+  };
+  struct Case {
+    std::function<std::unique_ptr<Block>()> make;
+    std::function<Tensor(int)> input;
+    size_t rows;
+  };
+  std::vector<Case> cases{{[&] { return make_linear_block(C, 24, true); },
+                           [&](int k) { return features(k, C); }, B * T},
+                          {[&] { return make_embedding_block(V, T, C); }, tokens, B},
+                          {[&] { return make_transformer_block(T, C, 4, 2); },
+                           [&](int k) {
+                             Tensor x({B, T, C});
+                             Tensor f = features(k, C);
+                             std::memcpy(x.data(), f.data(), x.numel() * sizeof(float));
+                             return x;
+                           },
+                           B},
+                          {[&] { return make_head_block(V, T, C, nullptr); },
+                           [&](int k) {
+                             Tensor x({B, T, C});
+                             Tensor f = features(k, C);
+                             std::memcpy(x.data(), f.data(), x.numel() * sizeof(float));
+                             return x;
+                           },
+                           B}};
+  for (auto& c : cases) {
+    auto direct = c.make(), stashed = c.make();
+    direct->init(3, 0);
+    stashed->init(3, 0);
+    SCOPED_TRACE(direct->kind());
+    Tensor xa = c.input(1), xb = c.input(2);
+    // Direct: A then B, each forward right before its backward.
+    Tensor ya = direct->forward(xa, c.rows);
+    Tensor dya({ya.numel()});
+    for (size_t i = 0; i < dya.numel(); ++i) dya.data()[i] = float(i % 5) * 0.1f;
+    direct->backward(dya);
+    Tensor yb = direct->forward(xb, c.rows);
+    direct->backward(dya);
+    // Stashed: both forwards first.
+    stashed->forward(xa, c.rows);
+    auto saved_a = stashed->save();
+    stashed->forward(xb, c.rows);
+    auto saved_b = stashed->save();
+    stashed->restore(saved_a);
+    stashed->backward(dya);
+    stashed->restore(saved_b);
+    stashed->backward(dya);
+    EXPECT_EQ(grads_of(*direct), grads_of(*stashed));
+  }
 }
 
 TEST(State, MismatchedOrTruncatedStateIsRefusedAndChangesNothing) {
