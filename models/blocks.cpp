@@ -293,8 +293,9 @@ class TransformerBlock : public Block {
   size_t B_ = 0, Tc_ = 0;
   // The forward cache, in a fixed order (save/restore).
   std::vector<Tensor*> cached() {
-    return {&x_,  &ln1_, &ln1m_, &ln1r_, &qkv_, &att_,  &atty_,   &proj_,
-            &x2_, &ln2_, &ln2m_, &ln2r_, &fch_, &fchg_, &fcproj_, &out_};
+    // (proj_ and fcproj_ are scratch: backward does not read them.)
+    return {&x_,  &ln1_, &ln1m_, &ln1r_, &qkv_, &att_,  &atty_,
+            &x2_, &ln2_, &ln2m_, &ln2r_, &fch_, &fchg_, &out_};
   }
   struct Cache {
     std::vector<Tensor> tensors;

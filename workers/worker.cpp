@@ -310,10 +310,12 @@ TrainResult Worker::run(comm::Communicator& comm, uint64_t start,
 // One step of a pipeline stage (1F1B, as Megatron's schedule without interleaving): the stage
 // runs min(pp - stage - 1, M) forwards to fill the pipeline, then alternates one forward and one
 // backward, then drains the remaining backwards. Activations go to the next stage and gradients
-// come back with one sendrecv per exchange, so neighbours never block each other. A block keeps
-// the caches of one micro-batch only, so the backward of micro-batch i recomputes its forward
-// from the saved stage input when the stage has run forwards since (activation recomputation:
-// the same numbers, one more forward). The last stage scores the loss.
+// come back with one sendrecv per exchange, so neighbours never block each other. The blocks'
+// forward caches of a micro-batch whose backward has not run are put away (Block::save) before
+// the next forward and put back for its backward: at most pp - stage micro-batches in flight.
+// With recompute_activations the blocks keep one and the backward of micro-batch i recomputes its
+// forward from the saved stage input (the same numbers, one more forward). The last stage scores
+// the loss.
 TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start,
                                  const std::function<void(const StepInfo&)>& on_step,
                                  const std::function<bool()>& stop_requested) {

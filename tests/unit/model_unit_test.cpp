@@ -145,22 +145,28 @@ TEST(Blocks, SavedForwardCachesGiveTheSameBackwardAsAFreshForward) {
     stashed->init(3, 0);
     SCOPED_TRACE(direct->kind());
     Tensor xa = c.input(1), xb = c.input(2);
+    auto values = [](const Tensor& t) {
+      return std::vector<float>(t.data(), t.data() + (t.defined() ? t.numel() : 0));
+    };
     // Direct: A then B, each forward right before its backward.
     Tensor ya = direct->forward(xa, c.rows);
+    const auto want_ya = values(ya);
     Tensor dya({ya.numel()});
     for (size_t i = 0; i < dya.numel(); ++i) dya.data()[i] = float(i % 5) * 0.1f;
-    direct->backward(dya);
-    Tensor yb = direct->forward(xb, c.rows);
-    direct->backward(dya);
-    // Stashed: both forwards first.
-    stashed->forward(xa, c.rows);
+    const auto want_dxa = values(direct->backward(dya));
+    direct->forward(xb, c.rows);
+    const auto want_dxb = values(direct->backward(dya));
+    // Stashed: both forwards first. A's output (which the next block would hold as its input)
+    // must survive B's forward, and the input gradients must be A's and B's.
+    Tensor ya2 = stashed->forward(xa, c.rows);
     auto saved_a = stashed->save();
     stashed->forward(xb, c.rows);
     auto saved_b = stashed->save();
+    EXPECT_EQ(values(ya2), want_ya) << "B's forward overwrote A's output";
     stashed->restore(saved_a);
-    stashed->backward(dya);
+    EXPECT_EQ(values(stashed->backward(dya)), want_dxa);
     stashed->restore(saved_b);
-    stashed->backward(dya);
+    EXPECT_EQ(values(stashed->backward(dya)), want_dxb);
     EXPECT_EQ(grads_of(*direct), grads_of(*stashed));
   }
 }
