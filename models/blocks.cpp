@@ -35,6 +35,16 @@ Tensor& zeroed(Tensor& t, std::vector<size_t> shape) {
   return t;
 }
 
+thread_local int lazy_parameters = 0;
+
+}  // namespace
+
+LazyParameters::LazyParameters() { ++lazy_parameters; }
+LazyParameters::~LazyParameters() { --lazy_parameters; }
+bool LazyParameters::active() { return lazy_parameters > 0; }
+
+namespace {
+
 class LinearBlock : public Block {
  public:
   LinearBlock(size_t in, size_t out, bool relu) : in_(in), out_(out), relu_(relu) {

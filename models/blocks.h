@@ -20,6 +20,18 @@
 
 namespace troupe::models {
 
+// While one lives on this thread, blocks built here get lazy parameter and gradient buffers
+// (Tensor::lazy: zeros that take no memory until written). A pipeline worker builds every
+// block, to know the model, and backs only its own stage's.
+class LazyParameters {
+ public:
+  LazyParameters();
+  ~LazyParameters();
+  LazyParameters(const LazyParameters&) = delete;
+  LazyParameters& operator=(const LazyParameters&) = delete;
+  static bool active();
+};
+
 class Block {
  public:
   virtual ~Block() = default;
@@ -41,11 +53,17 @@ class Block {
   Tensor& params() { return params_; }
   Tensor& grads() { return grads_; }
   const Tensor& params() const { return params_; }
+  // Gives the memory of the parameters and gradients back (lazy buffers; both read zeros after).
+  void discard() {
+    params_.discard_storage();
+    grads_.discard_storage();
+  }
 
  protected:
   void allocate(size_t n) {
-    params_ = Tensor({n});
-    grads_ = Tensor({n});
+    const bool lazy = LazyParameters::active();
+    params_ = lazy ? Tensor::lazy({n}) : Tensor({n});
+    grads_ = lazy ? Tensor::lazy({n}) : Tensor({n});
   }
   // Carves consecutive views out of the flat parameter and gradient buffers.
   struct Carver {

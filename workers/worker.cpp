@@ -6,6 +6,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
@@ -95,8 +96,16 @@ Worker::Worker(const WorkerSpec& spec) : spec_(spec) {
     data_ = std::make_unique<models::SyntheticClassification>(
         spec.seed, size_t(spec.samples), m.mlp_sizes.front(), m.mlp_sizes.back());
   }
-  model_ = std::make_unique<models::Model>(m);
-  if (spec.init_state) model_->init(spec.seed);
+  // A pipeline worker builds every block lazily (no memory until written) and backs, initialises
+  // and keeps only those of its stage (take_state); a data-parallel one has them all at once.
+  const bool pipelined = spec.pipeline_stages != 1;
+  {
+    std::optional<models::LazyParameters> lazy;
+    if (pipelined) lazy.emplace();
+    model_ = std::make_unique<models::Model>(m);
+  }
+  pending_init_.assign(model_->num_blocks(), spec.init_state && pipelined);
+  if (spec.init_state && !pipelined) model_->init(spec.seed);
   std::vector<size_t> counts;
   for (size_t i = 0; i < model_->num_blocks(); ++i)
     counts.push_back(model_->block(i).param_count());
@@ -117,7 +126,13 @@ Worker::Worker(const WorkerSpec& spec) : spec_(spec) {
     x = model_->block(b).forward(x, 1);
     out_shape_.push_back(x.shape());
   }
-  model_->zero_grads();
+  if (!pipelined) model_->zero_grads();  // (lazy gradients read zeros already)
+}
+
+void Worker::materialize(uint32_t b) {
+  if (!pending_init_[b]) return;
+  model_->block(b).init(spec_.seed, b);
+  pending_init_[b] = false;
 }
 
 elastic::Plan Worker::plan_for(uint32_t world) const {
@@ -557,7 +572,10 @@ StateTransfer Worker::take_state(comm::Communicator& comm, uint64_t start_step,
   };
   // The copy of block b's state as of start_step this worker holds (live, snapshot or backup).
   auto own_copy = [&](uint32_t b, size_t i) -> float* {
-    if (live(me, b)) return state_buffers(b)[i]->data();
+    if (live(me, b)) {
+      materialize(b);  // (held as of step 0: made from the seed when first needed)
+      return state_buffers(b)[i]->data();
+    }
     if (snapped(me, b)) return snap_[b][i].data();
     return backup_[b][i].data();
   };
@@ -566,6 +584,7 @@ StateTransfer Worker::take_state(comm::Communicator& comm, uint64_t start_step,
     for (size_t i = 0; i < bufs.size(); ++i)
       std::memcpy(bufs[i]->data(), own_copy(b, i), bufs[i]->numel() * sizeof(float));
     held_at_[b] = start_step;
+    pending_init_[b] = false;
   };
   constexpr uint32_t kStateTag = 0x57a7e;
   // Every member computes the same list: for each block, who restores it from its own copy and
@@ -591,7 +610,10 @@ StateTransfer Worker::take_state(comm::Communicator& comm, uint64_t start_step,
                         " (its pipeline stage had no replica and no backup)");
       moves.push_back({b, source, r});
     }
-    if (owns(me, b) && live(me, b)) held_at_[b] = start_step;
+    if (owns(me, b) && live(me, b)) {
+      materialize(b);
+      held_at_[b] = start_step;
+    }
   }
   // One batch per (source, receiver) pair, every buffer in flight at once, the pairs in the same
   // order everywhere: the first unfinished batch always has both ends at it, so blocking calls
@@ -613,6 +635,7 @@ StateTransfer Worker::take_state(comm::Communicator& comm, uint64_t start_step,
       if (me == to) {
         ++t.blocks;
         held_at_[mv.block] = start_step;
+        pending_init_[mv.block] = false;
       }
     }
     if (me == from) {
@@ -636,6 +659,8 @@ StateTransfer Worker::take_state(comm::Communicator& comm, uint64_t start_step,
     for (uint32_t b = 0; b < model_->num_blocks(); ++b)
       if (!owns(me, b)) {
         opt_->release(b);
+        model_->block(b).discard();  // (lazy buffers: their memory goes back)
+        pending_init_[b] = false;
         held_at_[b] = kStale;
         snap_at_[b] = kStale;
         snap_[b].clear();

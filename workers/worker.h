@@ -135,11 +135,15 @@ class Worker {
   uint64_t next_step_ = 0;
   static constexpr uint64_t kStale = UINT64_MAX;
   std::vector<uint64_t> held_at_;  // per block: the step its state is current as of, or kStale
-  std::vector<uint64_t> snap_at_;  // per block: the step of its snapshot, or kStale
+  // Per block: held as of step 0 but not yet made from the seed (pipeline workers initialise
+  // only the blocks they keep or send: materialize()).
+  std::vector<bool> pending_init_;
+  std::vector<uint64_t> snap_at_;                  // per block: the step of its snapshot, or kStale
   std::vector<std::vector<models::Tensor>> snap_;  // per block: copies of its state buffers
   std::vector<models::Tensor*> state_buffers(uint32_t block);  // allocates released moments
   std::vector<size_t> state_sizes(uint32_t block);
-  void snapshot(uint32_t block);  // copies the block's state as of next_step_
+  void snapshot(uint32_t block);     // copies the block's state as of next_step_
+  void materialize(uint32_t block);  // initialises it from the seed if that is pending
   // Stage backups: copies of blocks' state as of backup_step_ (this stage's own, and the
   // previous stage's received), refreshed every stage_backup_steps when a stage has no replica.
   std::vector<std::vector<models::Tensor>> backup_;

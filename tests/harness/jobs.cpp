@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <thread>
 
@@ -86,6 +87,7 @@ int pid_of(const Job& job, const std::string& name) {
 
 std::vector<int> member_pids(const TempDir& dir, const Job& job) {
   std::string out = dir.path() + "/status.out";
+  std::remove(out.c_str());  // (the child appends: the last call's answer must not be read)
   coordinator::ChildProcess status(
       {{troupe_binary(), "status", "--run-dir", job.run_dir, "--json"}, out, out, {}});
   status.wait(30s);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <fstream>
 #include <thread>
 
 #include "tests/harness/jobs.h"
@@ -105,6 +106,65 @@ TEST(Pipeline, EveryLayoutComputesTheSameFunctionAsOneWorker) {
           << p[0];
     }
   }
+}
+
+// Resident memory of a process (VmRSS), in bytes.
+size_t rss_of(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("VmRSS:", 0) == 0) return size_t(std::stoull(line.substr(6))) * 1024;
+  return 0;
+}
+
+TEST(Pipeline, AStageWorkerBacksOnlyItsOwnBlocks) {
+  // 12.7M parameters (51 MB, 203 MB with gradients and Adam moments); 2 stages split it as
+  // [0,2) 4.3M and [2,5) 8.4M. A pipeline worker builds every block but backs (and
+  // initialises) only its stage's, so the first stage's process is much smaller than a
+  // data-parallel worker's, which holds everything. (Had it allocated every block's parameters
+  // and gradients it would be ~0.94 of it: 102 MB of them, its moments and its per-step copy.)
+  const std::string big = R"([job]
+name = "memory"
+seed = 1
+steps = 100000
+[model]
+kind = "mlp"
+inputs = 64
+hidden = [2048, 2048, 2048, 2048]
+classes = 10
+[data]
+kind = "synthetic"
+samples = 4096
+[batch]
+global = 16
+micro = 4
+[optimizer]
+kind = "adamw"
+lr = 0.0001
+[logging]
+progress = false
+)";
+  TempDir dir;
+  auto smallest_rss = [&](const std::string& name, int pp) {
+    Job job = start_job(dir, name, big, 2, {"parallel.pipeline_stages=" + std::to_string(pp)});
+    wait_steps(job, 8);
+    size_t smallest = SIZE_MAX;
+    auto pids = member_pids(dir, job);
+    EXPECT_EQ(pids.size(), 2u);
+    for (int pid : pids) {
+      size_t rss = rss_of(pid);
+      std::printf("%s: pid %d rss %.0f MB\n", name.c_str(), pid, double(rss) / 1e6);
+      EXPECT_GT(rss, 0u) << "pid " << pid;
+      smallest = std::min(smallest, rss);
+    }
+    admin(dir, {"stop", "--run-dir", job.run_dir});
+    EXPECT_TRUE(job.proc->wait(60s));
+    return smallest;
+  };
+  const size_t dp = smallest_rss("dp", 1), pp = smallest_rss("pp", 2);
+  std::printf("smallest worker process: dp 2 x pp 1 %.0f MB, dp 1 x pp 2 %.0f MB\n", dp / 1e6,
+              pp / 1e6);
+  ASSERT_GT(dp, 200e6);  // it does hold the whole model
+  EXPECT_LT(double(pp), 0.8 * double(dp));
 }
 
 TEST(Pipeline, AutoLayoutSplitsAModelThatDoesNotFitOneWorker) {
