@@ -20,18 +20,6 @@
 
 namespace troupe::models {
 
-// While one lives on this thread, blocks built here get lazy parameter and gradient buffers
-// (Tensor::lazy: zeros that take no memory until written). A pipeline worker builds every
-// block, to know the model, and backs only its own stage's.
-class LazyParameters {
- public:
-  LazyParameters();
-  ~LazyParameters();
-  LazyParameters(const LazyParameters&) = delete;
-  LazyParameters& operator=(const LazyParameters&) = delete;
-  static bool active();
-};
-
 class Block {
  public:
   virtual ~Block() = default;

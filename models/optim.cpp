@@ -13,9 +13,10 @@ Optimizer::Optimizer(const OptimizerSpec& spec, const std::vector<size_t>& count
   }
   if (!(spec.lr > 0)) throw std::invalid_argument("optimizer.lr must be positive");
   if (spec.clip_norm < 0) throw std::invalid_argument("optimizer.clip_norm must not be negative");
+  const bool lazy = LazyParameters::active();  // (a pipeline worker: only its stage's get used)
   for (size_t n : counts) {
-    m_.emplace_back(std::vector<size_t>{n});
-    if (has_v()) v_.emplace_back(std::vector<size_t>{n});
+    m_.push_back(lazy ? Tensor::lazy({n}) : Tensor({n}));
+    if (has_v()) v_.push_back(lazy ? Tensor::lazy({n}) : Tensor({n}));
   }
 }
 

@@ -141,4 +141,16 @@ class TensorT {
 
 using Tensor = TensorT<float>;
 
+// While one lives on this thread, model blocks and optimizers built here get lazy parameter,
+// gradient and moment buffers (Tensor::lazy: zeros that take no memory until written). A
+// pipeline worker builds every block, to know the model, and backs only its own stage's.
+class LazyParameters {
+ public:
+  LazyParameters();
+  ~LazyParameters();
+  LazyParameters(const LazyParameters&) = delete;
+  LazyParameters& operator=(const LazyParameters&) = delete;
+  static bool active();
+};
+
 }  // namespace troupe::models

@@ -103,13 +103,13 @@ Worker::Worker(const WorkerSpec& spec) : spec_(spec) {
     std::optional<models::LazyParameters> lazy;
     if (pipelined) lazy.emplace();
     model_ = std::make_unique<models::Model>(m);
+    std::vector<size_t> counts;
+    for (size_t i = 0; i < model_->num_blocks(); ++i)
+      counts.push_back(model_->block(i).param_count());
+    opt_ = std::make_unique<models::Optimizer>(spec.optimizer, counts);
   }
   pending_init_.assign(model_->num_blocks(), spec.init_state && pipelined);
   if (spec.init_state && !pipelined) model_->init(spec.seed);
-  std::vector<size_t> counts;
-  for (size_t i = 0; i < model_->num_blocks(); ++i)
-    counts.push_back(model_->block(i).param_count());
-  opt_ = std::make_unique<models::Optimizer>(spec.optimizer, counts);
   trainer_ = std::make_unique<models::Trainer>(*model_, *opt_, *data_, spec.seed,
                                                size_t(spec.global_batch), size_t(spec.micro_batch));
   // Every worker of the first generation starts from the same initial state (a pure function of
@@ -523,9 +523,11 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start,
       break;
     }
   }
-  // Everyone ends with every block's parameters (replica 0 of each stage sends its own), so the
-  // members' checksums compare whole models. Optimizer state stays with the owners.
-  for (uint32_t st = 0; st < pp; ++st)
+  // At the job's last step everyone ends with every block's parameters (replica 0 of each stage
+  // sends its own), so the members' checksums compare whole models; optimizer state stays with
+  // the owners. Not when stopped (a membership change, or a stop): that would back the whole
+  // model in every worker, which a model split for memory may not fit.
+  for (uint32_t st = 0; st < pp && !result.stopped; ++st)
     for (uint32_t b = plan.stage_block_begin(st); b < plan.stage_block_end(st); ++b) {
       auto& p = model_->block(b).params();
       comm.broadcast(p.data(), p.numel(), comm::DataType::f32, int(elastic::rank_of(plan, st, 0)));
@@ -551,7 +553,8 @@ StateTransfer Worker::take_state(comm::Communicator& comm, uint64_t start_step,
   const int me = comm.rank(), n = comm.size();
   const elastic::Plan plan = spec_.pipeline_stages == 1 ? elastic::Plan{} : plan_for(uint32_t(n));
   auto owns = [&](int r, uint32_t b) {
-    if (spec_.pipeline_stages == 1) return true;  // pure data parallelism: everyone, everything
+    // Pure data parallelism (also a pp = 1 plan, whose placement standbys train too): all.
+    if (spec_.pipeline_stages == 1 || plan.pp == 1) return true;
     auto [first, last] = owned(plan, uint32_t(r));
     return b >= first && b < last;
   };
@@ -625,6 +628,7 @@ StateTransfer Worker::take_state(comm::Communicator& comm, uint64_t start_step,
   for (auto [from, to] : pairs) {
     if (me != from && me != to) continue;
     std::vector<comm::Span> spans;
+    std::vector<uint32_t> received;
     for (auto& mv : moves) {
       if (mv.from != from || mv.to != to) continue;
       auto bufs = state_buffers(mv.block);
@@ -634,8 +638,7 @@ StateTransfer Worker::take_state(comm::Communicator& comm, uint64_t start_step,
       }
       if (me == to) {
         ++t.blocks;
-        held_at_[mv.block] = start_step;
-        pending_init_[mv.block] = false;
+        received.push_back(mv.block);
       }
     }
     if (me == from) {
@@ -651,10 +654,14 @@ StateTransfer Worker::take_state(comm::Communicator& comm, uint64_t start_step,
       comm.recv_many(spans, from, kStateTag);
       t.needed = true;
       for (auto& sp : spans) t.bytes += sp.bytes;
+      // Held only once all of it is here (a transfer that fails half way leaves it stale).
+      for (uint32_t b : received) {
+        held_at_[b] = start_step;
+        pending_init_[b] = false;
+      }
     }
   }
-  // A pipeline worker keeps optimizer moments for its own blocks only (the parameters of the
-  // others stay allocated: the end of the job gathers every block's parameters everywhere).
+  // A pipeline worker keeps parameters, gradients and optimizer moments for its own blocks only.
   if (spec_.pipeline_stages != 1 && plan.pp > 1)
     for (uint32_t b = 0; b < model_->num_blocks(); ++b)
       if (!owns(me, b)) {

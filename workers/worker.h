@@ -85,7 +85,8 @@ struct TrainResult {
 
 class Worker {
  public:
-  // Builds the model (initialised from the seed), optimizer and data. Throws std::invalid_argument.
+  // Builds the model (initialised from the seed; a pipeline worker: its blocks lazily, see
+  // design.md "Memory"), optimizer and data. Throws std::invalid_argument.
   explicit Worker(const WorkerSpec& spec);
 
   // Runs steps [start, spec.steps) with the members of comm; stops early after a step in which any
