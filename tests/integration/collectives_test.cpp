@@ -262,14 +262,23 @@ TEST(Collectives, SendManyMovesABatchOfBuffersInOrder) {
   });
 }
 
-TEST(Collectives, AbortFromAnotherThreadFailsPendingAndLaterCalls) {
+// Two ranks as threads of this process, connected; the caller drives them (failure timeout 30 s).
+std::vector<std::unique_ptr<comm::UcxCommunicator>> connected_pair() {
   comm::UcxCommOptions o;
   o.timeout = std::chrono::seconds(30);
-  comm::UcxCommunicator a(1, o), b(1, o);
-  std::vector<std::string> addrs{a.address(), b.address()};
-  std::thread tb([&] { b.connect(1, addrs, std::chrono::seconds(10)); });
-  a.connect(0, addrs, std::chrono::seconds(10));
+  std::vector<std::unique_ptr<comm::UcxCommunicator>> c;
+  c.push_back(std::make_unique<comm::UcxCommunicator>(1, o));
+  c.push_back(std::make_unique<comm::UcxCommunicator>(1, o));
+  std::vector<std::string> addrs{c[0]->address(), c[1]->address()};
+  std::thread tb([&] { c[1]->connect(1, addrs, std::chrono::seconds(10)); });
+  c[0]->connect(0, addrs, std::chrono::seconds(10));
   tb.join();
+  return c;
+}
+
+TEST(Collectives, AbortFromAnotherThreadFailsPendingAndLaterCalls) {
+  auto pair = connected_pair();
+  comm::UcxCommunicator& a = *pair[0];
   // Rank 0 waits for a message rank 1 never sends; another thread aborts it.
   std::thread killer([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -292,13 +301,8 @@ TEST(Collectives, AbortDuringASharedMemoryAllreduceFailsEveryRankFast) {
   // Rank 0 waits in a shared-memory allreduce for rank 1, which comes late; another thread
   // aborts rank 0. Rank 0 fails with aborted; rank 1, arriving after that, hears why from rank
   // 0's notice and fails with the same code, long before the 30 s failure timeout.
-  comm::UcxCommOptions o;
-  o.timeout = std::chrono::seconds(30);
-  comm::UcxCommunicator a(1, o), b(1, o);
-  std::vector<std::string> addrs{a.address(), b.address()};
-  std::thread tb([&] { b.connect(1, addrs, std::chrono::seconds(10)); });
-  a.connect(0, addrs, std::chrono::seconds(10));
-  tb.join();
+  auto pair = connected_pair();
+  comm::UcxCommunicator &a = *pair[0], &b = *pair[1];
   ASSERT_TRUE(a.shared_memory_allreduce()) << a.shared_memory_fallback_reason();
   std::vector<float> xa(1 << 20, 1.0f), xb(1 << 20, 2.0f);
   comm::CollectiveOptions shm;
