@@ -356,6 +356,11 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start,
     return shape;
   };
   models::Tensor scratch;
+  // A stage without a replica is backed up at the start of every generation too (not only every
+  // stage_backup_steps): losing it before the first interval (or after a re-plan) goes back to
+  // here instead of failing the job.
+  const bool backups = active && dp == 1 && spec_.stage_backup_steps > 0;
+  if (backups && start < spec_.steps) take_backups(comm, plan, s, r);
   for (uint64_t step = start; step < spec_.steps; ++step) {
     auto t0 = std::chrono::steady_clock::now();
     test_hooks(step);
@@ -513,8 +518,7 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start,
     info.busy_seconds = busy;
     next_step_ = step + 1;
     for (uint32_t b = first; b < last; ++b) held_at_[b] = next_step_;
-    if (active && dp == 1 && spec_.stage_backup_steps > 0 &&
-        next_step_ % uint64_t(spec_.stage_backup_steps) == 0)
+    if (backups && next_step_ % uint64_t(spec_.stage_backup_steps) == 0)
       take_backups(comm, plan, s, r);
     on_step(info);
     result.next_step = step + 1;
