@@ -33,6 +33,9 @@ namespace troupe::comm {
 
 class ShmAllreduce {
  public:
+  // Calls of at most this many bytes go whole through each rank's header: every rank sums all
+  // of them (in rank order: the same bits everywhere), one wait instead of chunks.
+  static constexpr size_t kSmallBytes = 256;
   // The most a segment may take (the slice shrinks to fit): n ranks map n segments.
   static constexpr size_t kMaxSegmentBytes = size_t(16) << 20;
   // The slice size used for n ranks when slice_bytes is asked for (bounded, 64-byte multiple).

@@ -659,7 +659,10 @@ void UcxCommunicator::allreduce(const void* in, void* out, size_t count, DataTyp
   auto to = m.timeout(options);
   Algorithm a = options.algorithm;
   if (a == Algorithm::automatic) {
-    a = m.shm && bytes >= m.opt.shm_min_bytes              ? Algorithm::shared_memory
+    // Shared memory for the smallest calls (whole, through the headers) and from shm_min_bytes
+    // up (chunked); recursive doubling over UCX between those.
+    const bool shm_size = bytes <= ShmAllreduce::kSmallBytes || bytes >= m.opt.shm_min_bytes;
+    a = m.shm && shm_size                                  ? Algorithm::shared_memory
         : bytes < m.opt.small_bytes || count < size_t(m.n) ? Algorithm::recursive_doubling
                                                            : Algorithm::ring;
   }

@@ -35,7 +35,8 @@ struct UcxCommOptions {
   size_t small_bytes = 32u << 10;            // automatic: below this, recursive doubling
   bool shared_memory = true;
   // Allreduce through shared memory when every member is on this host (comm/shm_allreduce.h):
-  // the most each rank reduces per chunk, and the smallest buffer it is used for.
+  // the most each rank reduces per chunk, and the smallest buffer chunked through it (calls of
+  // at most ShmAllreduce::kSmallBytes go through it whole; recursive doubling in between).
   size_t shm_slice_bytes = 128u << 10;
   size_t shm_min_bytes = 8u << 10;
 };

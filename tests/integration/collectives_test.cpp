@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 #include "comm/reduce.h"
 #include "tests/harness/world.h"
@@ -148,6 +149,28 @@ TEST(Collectives, AllRanksEndBitwiseEqualOnInexactData) {
     for (int r = 1; r < 5; ++r)
       ASSERT_EQ(0, std::memcmp(results[0].data(), results[r].data(), 5000 * 4));
   }
+}
+
+TEST(Collectives, SharedMemorySmallAndLargeCallsInTurnStayInStep) {
+  // Small calls go whole through the headers, larger ones in chunks; a rank that finishes one
+  // kind early must not overwrite what a slower rank still reads. Ranks run at different paces.
+  testing::run_world(3, comm::UcxCommOptions{}, [&](comm::UcxCommunicator& c) {
+    ASSERT_TRUE(c.shared_memory_allreduce()) << c.shared_memory_fallback_reason();
+    const int n = c.size(), r = c.rank();
+    comm::CollectiveOptions shm;
+    shm.algorithm = Algorithm::shared_memory;
+    std::vector<float> big(20000);
+    for (int round = 0; round < 300; ++round) {
+      if (r == round % n) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      double one = r + 1;
+      c.allreduce(&one, &one, 1, DataType::f64, ReduceOp::avg, shm);
+      ASSERT_EQ(one, (n + 1) / 2.0) << "round " << round;
+      for (size_t i = 0; i < big.size(); ++i) big[i] = float(value(r, i));
+      c.allreduce(big.data(), big.data(), big.size(), DataType::f32, ReduceOp::sum, shm);
+      for (size_t i = 0; i < big.size(); i += 997)
+        ASSERT_EQ(big[i], float(expected_sum(n, i))) << "round " << round;
+    }
+  });
 }
 
 TEST(Collectives, SharedMemoryRefusesCallsThatDiffer) {
