@@ -167,7 +167,7 @@ std::string ShmAllreduce::run(const uint8_t* in, uint8_t* out, size_t count, Dat
     return "";
   };
 
-  if (count * es <= kSmallBytes) {
+  if (count <= kSmallBytes / es) {
     // One step: publish the input once everyone has read this rank's previous one, wait for
     // everyone's, sum them all here.
     wait(everyone(&Header::reduced, first), idle);

@@ -10,10 +10,18 @@
 //      output, and copies that to its result area (avg: divided first)  -> reduced_r = t+1
 //   3. stages chunk t+1 (the slices q != r of its input)                -> staged_r = t+2
 //   4. waits until every rank has reduced chunk t, copies their results into its output.
-// Step 3 is where a rank that is ahead would otherwise wait for a slow one. Slot reuse needs no
-// further waits: a rank stages chunk t+1 into slot (t+1)%2 only after every rank reduced chunk
-// t-1 (its step 4 of t-1), and it writes result slot t%2 only after every rank staged chunk t,
-// which each does after gathering chunk t-2.
+// Step 3 is where a rank that is ahead would otherwise wait for a slow one. A call of at most
+// kSmallBytes is one step instead: publish the input in the header's small area (staged), wait
+// for everyone's, sum them all in rank order (every rank: the same bits), then reduced.
+// Why no rank overwrites what another still reads: every rank reads a rank's call, small area
+// and staging for step s before it stores reduced = s+1, and its result slot for step s before
+// it stores staged = s+3. A call starts by waiting until everyone's reduced reaches its first
+// step (a small call returns without waiting for that), so the call and small area are free;
+// staging slot (t+1)%2 is written only after everyone reduced chunk t-1 (step 4 of t-1, or the
+// start of the call), and result slot t%2 only after everyone staged chunk t.
+// Calls that differ are found by comparing the published calls, on every rank; ranks that chose
+// different algorithms (the communicator picks by size, so only a size mismatch does that) end
+// at the deadline (timed_out) instead.
 // Nobody writes into another process's memory or into a caller's buffer but its own, so a
 // member that dies or is aborted half way through cannot corrupt a survivor's buffers.
 //
