@@ -264,78 +264,70 @@ struct UcxCommunicator::Impl {
         }
       }
       if (all) return;
-      if (aborted.load()) fail(Errc::aborted, "the communicator was aborted", reqs);
-      if (notice_arrived()) fail_from_notice(reqs);
-      int lost = lost_rank.load();
-      if (lost >= 0) {
-        // A member that gave up closes its endpoints right after its notice: give the notice a
-        // moment to arrive, so that the cause, not the teardown, is reported.
-        auto until = Clock::now() + std::chrono::milliseconds(20);
-        while (Clock::now() < until) {
-          ucp_worker_progress(worker.get());
-          if (notice_arrived()) fail_from_notice(reqs);
-        }
-        fail(Errc::peer_lost, "rank " + std::to_string(lost) + " lost: " + lost_reason, reqs);
-      }
+      give_up_if_failed(reqs);
       if (ucp_worker_progress(worker.get()) != 0) {
         idle = 0;
         continue;
       }
       if (++idle % 64 == 0) {
-        auto now = Clock::now();
-        if (now - last_progress > std::chrono::milliseconds(20) &&
-            now - last_liveness_check > std::chrono::milliseconds(20)) {
-          last_liveness_check = now;
-          for (int r = 0; r < int(local_pids.size()); ++r) {
-            if (local_pids[r] > 0 && process_gone(local_pids[r])) {
-              int expected = -1;
-              if (lost_rank.compare_exchange_strong(expected, r))
-                lost_reason = "process " + std::to_string(local_pids[r]) + " is gone";
-            }
-          }
-        }
-        if (Clock::now() - last_progress > idle_timeout) {
-          fail(Errc::timed_out,
-               "no progress for " + std::to_string(idle_timeout.count()) +
-                   " ms (a member is stopped, hung or unreachable)",
-               reqs);
-        }
+        give_up_if_idle(last_progress, idle_timeout, reqs);
         sched_yield();  // several ranks may share a core
       }
     }
   }
 
-  // Waiting on shared-memory counters (ShmAllreduce): the same ways out as wait(), checked
-  // every few dozen spins; the core is yielded, since ranks may share one.
-  Clock::time_point shm_wait_start{};
-  void shm_idle(uint64_t spins, std::chrono::milliseconds idle_timeout) {
-    if (aborted.load()) fail(Errc::aborted, "the communicator was aborted", {});
+  // The ways out of a wait: abort, another member's failure notice, a lost member. Throws.
+  void give_up_if_failed(std::vector<Req>& reqs) {
+    if (aborted.load()) fail(Errc::aborted, "the communicator was aborted", reqs);
+    if (notice_arrived()) fail_from_notice(reqs);
+    int lost = lost_rank.load();
+    if (lost >= 0) {
+      // A member that gave up closes its endpoints right after its notice: give the notice a
+      // moment to arrive, so that the cause, not the teardown, is reported.
+      auto until = Clock::now() + std::chrono::milliseconds(20);
+      while (Clock::now() < until) {
+        ucp_worker_progress(worker.get());
+        if (notice_arrived()) fail_from_notice(reqs);
+      }
+      fail(Errc::peer_lost, "rank " + std::to_string(lost) + " lost: " + lost_reason, reqs);
+    }
+  }
+
+  // After no progress since last_progress: a co-located member whose process is gone becomes
+  // the lost member (give_up_if_failed reports it); past idle_timeout, timed_out. Throws.
+  void give_up_if_idle(Clock::time_point last_progress, std::chrono::milliseconds idle_timeout,
+                       std::vector<Req>& reqs) {
     auto now = Clock::now();
-    if (spins <= 32) shm_wait_start = now;
-    if (spins % 256 == 0) {
-      ucp_worker_progress(worker.get());
-      std::vector<Req> empty;
-      if (notice_arrived()) fail_from_notice(empty);
-      int lost = lost_rank.load();
-      if (lost >= 0)
-        fail(Errc::peer_lost, "rank " + std::to_string(lost) + " lost: " + lost_reason, {});
-      if (now - shm_wait_start > std::chrono::milliseconds(20) &&
-          now - last_liveness_check > std::chrono::milliseconds(20)) {
-        last_liveness_check = now;
-        for (int r = 0; r < int(local_pids.size()); ++r) {
-          if (local_pids[r] > 0 && process_gone(local_pids[r]))
-            fail(Errc::peer_lost,
-                 "rank " + std::to_string(r) + " lost: process " + std::to_string(local_pids[r]) +
-                     " is gone",
-                 {});
+    if (now - last_progress > std::chrono::milliseconds(20) &&
+        now - last_liveness_check > std::chrono::milliseconds(20)) {
+      last_liveness_check = now;
+      for (int r = 0; r < int(local_pids.size()); ++r) {
+        if (local_pids[r] > 0 && process_gone(local_pids[r])) {
+          int expected = -1;
+          if (lost_rank.compare_exchange_strong(expected, r))
+            lost_reason = "process " + std::to_string(local_pids[r]) + " is gone";
         }
       }
-      if (now - shm_wait_start > idle_timeout) {
-        fail(Errc::timed_out,
-             "no progress for " + std::to_string(idle_timeout.count()) +
-                 " ms (a member is stopped, hung or unreachable)",
-             {});
-      }
+    }
+    if (now - last_progress > idle_timeout) {
+      fail(Errc::timed_out,
+           "no progress for " + std::to_string(idle_timeout.count()) +
+               " ms (a member is stopped, hung or unreachable)",
+           reqs);
+    }
+  }
+
+  // Waiting on shared-memory counters (ShmAllreduce): the same ways out as wait(), checked
+  // every few hundred spins (abort at every call); the core is yielded, ranks may share one.
+  Clock::time_point shm_wait_start{};
+  void shm_idle(uint64_t spins, std::chrono::milliseconds idle_timeout) {
+    std::vector<Req> none;
+    if (aborted.load()) fail(Errc::aborted, "the communicator was aborted", none);
+    if (spins <= 32) shm_wait_start = Clock::now();
+    if (spins % 256 == 0) {
+      ucp_worker_progress(worker.get());
+      give_up_if_idle(shm_wait_start, idle_timeout, none);
+      give_up_if_failed(none);
     }
     // Spin a little first when every rank has a core of its own (a wait between ranks in step
     // is a few microseconds; a yield is a system call), yield at once when they share cores.

@@ -323,6 +323,9 @@ int run_agent(const AgentOptions& o) {
               comm->connect(
                   rank, addresses,
                   std::chrono::milliseconds(std::max<int64_t>(10000, spec.failure_timeout_ms)));
+              if (!comm->shared_memory_allreduce() && members.size() > 1)
+                spdlog::info("worker {}: allreduce over UCX messages, not shared memory: {}", dev,
+                             comm->shared_memory_fallback_reason());
               auto t = worker->take_state(*comm, start, held);
               std::string plan;
               if (spec.pipeline_stages != 1)
