@@ -14,6 +14,7 @@
 #include "actors/bridge.h"
 #include "actors/services.h"
 #include "coordinator/events.h"
+#include "elastic/generation.h"
 #include "elastic/membership.h"
 
 namespace troupe::coordinator {

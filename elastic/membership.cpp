@@ -61,43 +61,4 @@ MembershipDecision decide_membership(Clock::time_point now, const MembershipStat
   return d;
 }
 
-std::optional<uint64_t> choose_start_step(const std::vector<Holding>& members, uint32_t blocks) {
-  std::vector<uint64_t> candidates;
-  for (const auto& m : members) {
-    candidates.push_back(m.applied);
-    if (m.applied > 0 && !m.snapshot.empty()) candidates.push_back(m.applied - 1);
-    if (!m.backup.empty()) candidates.push_back(m.backup_step);
-  }
-  std::sort(candidates.rbegin(), candidates.rend());
-  auto has = [](const std::vector<uint32_t>& v, uint32_t b) {
-    return std::find(v.begin(), v.end(), b) != v.end();
-  };
-  for (uint64_t s : candidates) {
-    bool all = true;
-    for (uint32_t b = 0; b < blocks && all; ++b) {
-      bool found = false;
-      for (const auto& m : members)
-        found |= (m.applied == s && has(m.held, b)) ||
-                 (m.applied > 0 && m.applied - 1 == s && has(m.snapshot, b)) ||
-                 (m.backup_step == s && has(m.backup, b));
-      all = found;
-    }
-    if (all) return s;
-  }
-  return std::nullopt;
-}
-
-int choose_state_source(const std::vector<Member>& members) {
-  int best = -1;
-  for (size_t i = 0; i < members.size(); ++i) {
-    const auto& m = members[i];
-    if (!m.alive) continue;
-    if (best < 0 || m.applied_step > members[best].applied_step ||
-        (m.applied_step == members[best].applied_step && m.id < members[best].id)) {
-      best = int(i);
-    }
-  }
-  return best;
-}
-
 }  // namespace troupe::elastic

@@ -6,7 +6,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,22 +59,5 @@ struct MembershipDecision {
 // failed members have alive = false, joiners are in `waiting`).
 MembershipDecision decide_membership(Clock::time_point now, const MembershipState& state,
                                      const MembershipOptions& options);
-
-// What a member holds when a generation forms: the steps it applied, the blocks whose state it
-// holds as of that step, and those it holds as of the step before (a pipeline stage's snapshot).
-struct Holding {
-  uint64_t applied = 0;
-  std::vector<uint32_t> held, snapshot;
-  uint64_t backup_step = 0;      // stage backups (pipeline stages without a replica) ...
-  std::vector<uint32_t> backup;  // ... of these blocks, as of backup_step
-};
-// The newest step at which every block in [0, blocks) is held by some member (live at its
-// applied step, in a snapshot at applied - 1, or in a backup at backup_step); nullopt if there is
-// none. blocks == 0: the newest applied step (nothing to check).
-std::optional<uint64_t> choose_start_step(const std::vector<Holding>& members, uint32_t blocks);
-
-// The member whose state the others take after a change: the newest applied step, ties to the
-// lowest id (deterministic). Returns the index into members, or -1 if none is alive.
-int choose_state_source(const std::vector<Member>& members);
 
 }  // namespace troupe::elastic

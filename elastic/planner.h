@@ -1,6 +1,6 @@
 // The pipeline-parallel planner, as pure functions: plan_pipeline(workers, blocks, options) ->
-// Plan {ok, reason, dp x pp, stage boundaries, estimated cost}, and migration(from, to) -> which
-// blocks must move to which new worker after a membership change. No threads, no clock reads,
+// Plan {ok, reason, dp x pp, stage boundaries, estimated cost}. What moves after a membership
+// change is elastic/generation.h's plan_migration. No threads, no clock reads,
 // no I/O; the same inputs always give the same plan. All functions are safe to call from any
 // thread; they own nothing but their return values.
 //
@@ -103,33 +103,5 @@ struct Partition {
 };
 Partition partition_blocks(const std::vector<double>& cost, const std::vector<uint64_t>& bytes,
                            uint32_t parts, uint64_t max_bytes);
-
-// One block that a worker of the new plan must receive.
-struct BlockTransfer {
-  uint32_t block = 0;
-  uint64_t to = 0;     // member id of the new holder
-  uint64_t from = 0;   // member id of a surviving old holder; meaningless when lost
-  bool lost = false;   // no surviving old holder: restore it from a checkpoint or backup
-  uint64_t bytes = 0;  // the block's parameter bytes
-};
-
-struct Migration {
-  bool ok = false;
-  std::string reason;
-  std::vector<BlockTransfer> transfers;  // ordered by new rank, then block
-  std::vector<uint32_t> lost_blocks;     // blocks no survivor holds, ascending, once each
-  uint64_t bytes_moved = 0;              // sum over transfers that have a source
-  uint64_t bytes_lost = 0;               // sum over lost transfers (to restore from backup)
-};
-
-// What moves when generation `from` (its members' ids in rank order) becomes generation `to`.
-// A worker receives a block only if the new plan gives it the block and it did not hold it in
-// `from`; blocks it no longer needs are simply dropped. Survivors are the old members that are
-// still members of `to` (standbys included). The source of a block is a surviving old holder:
-// the one that has sent the fewest bytes so far, ties to the lowest old rank (spreads the load
-// over replicas, deterministic). With no surviving holder the transfer is flagged lost. `blocks`
-// gives the blocks' bytes and must be the model both plans were made for.
-Migration migration(const Plan& from, const std::vector<uint64_t>& from_members, const Plan& to,
-                    const std::vector<uint64_t>& to_members, const std::vector<BlockCost>& blocks);
 
 }  // namespace troupe::elastic

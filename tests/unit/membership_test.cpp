@@ -94,54 +94,5 @@ TEST(Membership, ARejoiningMemberIsNotCountedTwice) {
   EXPECT_EQ(d.members, (std::vector<uint64_t>{1, 5}));
 }
 
-TEST(StateSource, NewestAppliedStepThenLowestId) {
-  EXPECT_EQ(choose_state_source({{4, true, 10}, {2, true, 12}, {3, true, 12}}), 1);
-  EXPECT_EQ(choose_state_source({{4, true, 10}, {2, false, 12}}), 0);  // the dead cannot give
-  EXPECT_EQ(choose_state_source({{4, false, 10}}), -1);
-}
-
-Holding H(uint64_t applied, std::vector<uint32_t> held, std::vector<uint32_t> snapshot) {
-  Holding h;
-  h.applied = applied;
-  h.held = std::move(held);
-  h.snapshot = std::move(snapshot);
-  return h;
-}
-
-TEST(StartStep, DataParallelMembersResumeAtTheNewestAppliedStep) {
-  std::vector<Holding> m{H(7, {0, 1, 2}, {}), H(8, {0, 1, 2}, {}), H(7, {0, 1, 2}, {})};
-  EXPECT_EQ(choose_start_step(m, 3), 8u);
-}
-
-TEST(StartStep, AStageThatAppliedAStepOthersDidNotRollsBackToItsSnapshot) {
-  // Stage 0 (blocks 0, 1) applied step 25 and keeps its state from before; stage 1 (blocks 2,
-  // 3) did not apply it: everyone resumes at 25.
-  std::vector<Holding> m{H(26, {0, 1}, {0, 1}), H(25, {2, 3}, {2, 3})};
-  EXPECT_EQ(choose_start_step(m, 4), 25u);
-}
-
-TEST(StartStep, ABlockHeldByNobodyMeansNoStart) {
-  std::vector<Holding> m{H(10, {0, 1}, {0, 1})};
-  EXPECT_FALSE(choose_start_step(m, 4).has_value());
-  EXPECT_EQ(choose_start_step({}, 0), std::nullopt);
-}
-
-TEST(StartStep, ALostStageWithoutAReplicaRollsBackToTheNewestBackup) {
-  // Stage 1 (blocks 2, 3) was lost; stage 0's worker holds its own blocks live at 47 and a
-  // backup of both stages at 40; the standby that takes stage 1 holds nothing.
-  Holding stage0{47, {0, 1}, {0, 1}, 40, {0, 1, 2, 3}};
-  Holding standby{47, {}, {}, 0, {}};
-  EXPECT_EQ(choose_start_step({stage0, standby}, 4), 40u);
-  // Without the backup there is no step to start from.
-  stage0.backup.clear();
-  EXPECT_FALSE(choose_start_step({stage0, standby}, 4).has_value());
-}
-
-TEST(StartStep, ANewcomerHoldsTheInitialStateOnlyBeforeTheFirstStep) {
-  // A fresh worker holds every block at step 0; the members at step 40 win.
-  std::vector<Holding> m{H(40, {0, 1}, {0, 1}), H(40, {2}, {2}), H(0, {0, 1, 2}, {})};
-  EXPECT_EQ(choose_start_step(m, 3), 40u);
-}
-
 }  // namespace
 }  // namespace troupe::elastic

@@ -1,0 +1,77 @@
+#include "elastic/scaling.h"
+
+namespace troupe::elastic {
+
+uint32_t usable_workers(const std::vector<LiveAgent>& agents) {
+  uint32_t n = 0;
+  for (const auto& a : agents) n += a.workers;
+  return n;
+}
+
+ScaleDecision decide_scale(uint32_t n, const std::vector<LiveAgent>& agents,
+                           const ScaleLimits& lim) {
+  ScaleDecision d;
+  auto invalid = [&](std::string why) {
+    d.kind = ScaleDecision::Kind::invalid;
+    d.reason = std::move(why);
+    return d;
+  };
+  if (n < lim.min_workers)
+    return invalid(std::to_string(n) +
+                   " worker(s) is fewer than the job needs: " + std::to_string(lim.min_workers) +
+                   " (elastic.min_workers, parallel.pipeline_stages)");
+  if (lim.max_workers > 0 && n > lim.max_workers)
+    return invalid(std::to_string(n) + " worker(s) is more than elastic.max_workers = " +
+                   std::to_string(lim.max_workers));
+  const uint32_t have = usable_workers(agents);
+  if (n > have) {
+    if (!lim.can_launch) {
+      d.kind = ScaleDecision::Kind::refuse;
+      d.reason = "cluster.launcher is \"" + lim.launcher +
+                 "\": add workers with `troupe agent --join` (the job has " + std::to_string(have) +
+                 ")";
+      return d;
+    }
+    const uint32_t per = lim.workers_per_agent ? lim.workers_per_agent : 1;
+    d.kind = ScaleDecision::Kind::launch;
+    d.agents_to_launch = (n - have + per - 1) / per;
+    return d;
+  }
+  // Shrink: standbys first, then members, newest first.
+  std::vector<const LiveAgent*> order;
+  for (bool members : {false, true})
+    for (auto it = agents.rbegin(); it != agents.rend(); ++it)
+      if (it->member == members) order.push_back(&*it);
+  uint32_t left = have;
+  for (const LiveAgent* a : order) {
+    if (left <= n) break;
+    if (left - a->workers < n) continue;  // would go below the target: try a smaller agent
+    d.drain.push_back(a->id);
+    left -= a->workers;
+  }
+  if (!d.drain.empty()) d.kind = ScaleDecision::Kind::drain;
+  return d;
+}
+
+ScaleDecision decide_drain(uint32_t id, const std::vector<LiveAgent>& agents,
+                           const ScaleLimits& lim) {
+  ScaleDecision d;
+  const LiveAgent* found = nullptr;
+  for (const auto& a : agents)
+    if (a.id == id) found = &a;
+  if (!found) {
+    d.kind = ScaleDecision::Kind::invalid;
+    d.reason = "no live agent " + std::to_string(id);
+  } else if (usable_workers(agents) - found->workers < lim.min_workers) {
+    d.kind = ScaleDecision::Kind::refuse;
+    d.reason = "draining agent " + std::to_string(id) +
+               " would leave fewer workers than the job needs (elastic.min_workers, "
+               "parallel.pipeline_stages)";
+  } else {
+    d.kind = ScaleDecision::Kind::drain;
+    d.drain = {id};
+  }
+  return d;
+}
+
+}  // namespace troupe::elastic

@@ -1,0 +1,96 @@
+// Scale, drain and the launcher's restarts as pure decisions: every branch is a table row.
+#include "elastic/scaling.h"
+
+#include <gtest/gtest.h>
+
+#include "elastic/restart_policy.h"
+
+namespace troupe::elastic {
+namespace {
+
+using namespace std::chrono_literals;
+using Kind = ScaleDecision::Kind;
+
+ScaleLimits limits(uint32_t min = 1, uint32_t max = 0, bool launch = true) {
+  ScaleLimits l;
+  l.min_workers = min;
+  l.max_workers = max;
+  l.can_launch = launch;
+  l.launcher = launch ? "local" : "external";
+  return l;
+}
+
+// Agents 0..3 joined in order; 0-2 are members, 3 a standby; one worker each.
+const std::vector<LiveAgent> kAgents{{0, 1, true}, {1, 1, true}, {2, 1, true}, {3, 1, false}};
+
+TEST(Scale, GrowingAsksTheLocalLauncherForTheMissingAgents) {
+  auto d = decide_scale(6, kAgents, limits());
+  EXPECT_EQ(d.kind, Kind::launch);
+  EXPECT_EQ(d.agents_to_launch, 2u);
+  ScaleLimits two = limits();
+  two.workers_per_agent = 2;
+  EXPECT_EQ(decide_scale(7, kAgents, two).agents_to_launch, 2u);  // 3 more workers: 2 agents
+}
+
+TEST(Scale, GrowingWithAnExternalLauncherIsRefusedWithWhatToDo) {
+  auto d = decide_scale(6, kAgents, limits(1, 0, false));
+  EXPECT_EQ(d.kind, Kind::refuse);
+  EXPECT_NE(d.reason.find("troupe agent --join"), std::string::npos) << d.reason;
+}
+
+TEST(Scale, ShrinkingDrainsStandbysFirstThenTheNewestMembers) {
+  auto d = decide_scale(2, kAgents, limits());
+  EXPECT_EQ(d.kind, Kind::drain);
+  EXPECT_EQ(d.drain, (std::vector<uint32_t>{3, 2}));
+}
+
+TEST(Scale, ShrinkingNeverGoesBelowTheTarget) {
+  // The newest agent has 2 workers: to go from 4 to 3 the one-worker agent 1 goes instead.
+  std::vector<LiveAgent> a{{0, 1, true}, {1, 1, true}, {2, 2, true}};
+  auto d = decide_scale(3, a, limits());
+  EXPECT_EQ(d.drain, (std::vector<uint32_t>{1}));
+}
+
+TEST(Scale, TheSameSizeDoesNothing) {
+  EXPECT_EQ(decide_scale(4, kAgents, limits()).kind, Kind::nothing);
+}
+
+TEST(Scale, TargetsOutsideTheLimitsAreInvalid) {
+  auto low = decide_scale(1, kAgents, limits(2));
+  EXPECT_EQ(low.kind, Kind::invalid);
+  EXPECT_NE(low.reason.find("fewer than the job needs: 2"), std::string::npos) << low.reason;
+  auto high = decide_scale(9, kAgents, limits(1, 8));
+  EXPECT_EQ(high.kind, Kind::invalid);
+  EXPECT_NE(high.reason.find("elastic.max_workers = 8"), std::string::npos) << high.reason;
+}
+
+TEST(Drain, AnAgentLeavesUnlessTooFewWouldRemain) {
+  EXPECT_EQ(decide_drain(1, kAgents, limits()).kind, Kind::drain);
+  auto refused = decide_drain(1, kAgents, limits(4));
+  EXPECT_EQ(refused.kind, Kind::refuse);
+  EXPECT_NE(refused.reason.find("fewer workers than the job needs"), std::string::npos);
+  EXPECT_EQ(decide_drain(9, kAgents, limits()).kind, Kind::invalid);
+}
+
+TEST(RestartPolicy, ACleanExitIsDone) {
+  EXPECT_EQ(decide_restart({}, 0, true).kind, RestartDecision::Kind::done);
+}
+
+TEST(RestartPolicy, FailuresRestartWithADoublingBoundedBackoffThenGiveUp) {
+  RestartPolicy p{5, 100ms, 1000ms};
+  std::vector<int64_t> waits;
+  for (int64_t r = 0; r < 5; ++r) {
+    auto d = decide_restart(p, r, false);
+    ASSERT_EQ(d.kind, RestartDecision::Kind::restart);
+    waits.push_back(d.backoff.count());
+  }
+  EXPECT_EQ(waits, (std::vector<int64_t>{100, 200, 400, 800, 1000}));
+  auto d = decide_restart(p, 5, false);
+  EXPECT_EQ(d.kind, RestartDecision::Kind::give_up);
+  EXPECT_NE(d.reason.find("elastic.max_restarts"), std::string::npos);
+  EXPECT_EQ(decide_restart(RestartPolicy{0}, 0, false).kind, RestartDecision::Kind::give_up);
+  EXPECT_EQ(decide_restart(RestartPolicy{100, 100ms, 5000ms}, 90, false).backoff, 5000ms);
+}
+
+}  // namespace
+}  // namespace troupe::elastic
