@@ -16,12 +16,20 @@
 // Leaving: a member that exits right after a collective may leave another still waiting for
 // the acknowledgement of a send to it (which then fails with peer_lost). End with barrier().
 //
-// Thread-safety: one thread calls the operations; abort() may be called from any thread.
+// Groups: split(color, key) makes a sub-communicator of the members with the same color (as
+// MPI_Comm_split and ncclCommSplit): pipeline stages' replicas, stage neighbours, tensor-parallel
+// groups. A group shares its parent's links and fate: a failure or abort in either breaks both
+// (the generation is over either way). It must not outlive the generation's communicator.
+//
+// Thread-safety: one thread calls the operations (of a communicator and all its groups); abort()
+// may be called from any thread.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -45,7 +53,23 @@ enum class Algorithm : uint8_t {
 struct CollectiveOptions {
   Algorithm algorithm = Algorithm::automatic;
   std::chrono::milliseconds timeout{0};  // 0: the communicator's default
-  uint32_t tag = 0;                      // to tell apart concurrent uses by the caller (low 8 bits)
+};
+
+// The caller's tag of a point-to-point message (pipeline activations, state transfer, ...):
+// kBits bits on the wire. A value that does not fit is refused where the Tag is made: at
+// compile time for a constexpr Tag (the way callers declare theirs: workers/tags.h), with
+// Error(invalid_input) at run time otherwise. Never masked.
+class Tag {
+ public:
+  static constexpr unsigned kBits = 16;
+  static constexpr uint32_t kMax = (1u << kBits) - 1;
+  constexpr Tag(uint32_t value) : value_(value <= kMax ? value : too_large(value)) {}  // NOLINT
+  constexpr uint32_t value() const { return value_; }
+  constexpr bool operator==(const Tag& o) const { return value_ == o.value_; }
+
+ private:
+  static uint32_t too_large(uint32_t value);  // throws Error(invalid_input); not constexpr
+  uint32_t value_;
 };
 
 // A buffer of a batched point-to-point transfer.
@@ -73,25 +97,34 @@ class Communicator {
   // out (count elements) = op over ranks of in's slice [rank*count, (rank+1)*count).
   virtual void reduce_scatter(const void* in, void* out, size_t count, DataType type, ReduceOp op,
                               const CollectiveOptions& options = {}) = 0;
-  // Point to point (pipeline stages, state transfer). tag: the caller's (18 bits).
-  virtual void send(const void* buf, size_t bytes, int peer, uint32_t tag,
+  // Point to point (pipeline stages, state transfer).
+  virtual void send(const void* buf, size_t bytes, int peer, Tag tag,
                     const CollectiveOptions& options = {}) = 0;
-  virtual void recv(void* buf, size_t bytes, int peer, uint32_t tag,
+  virtual void recv(void* buf, size_t bytes, int peer, Tag tag,
                     const CollectiveOptions& options = {}) = 0;
   // Every span to (from) peer, all in flight at once: a batch of buffers (a model block's state)
   // moves at the link's speed instead of one handshake at a time. The receiver's spans must
   // have the sender's sizes, in the same order.
-  virtual void send_many(const std::vector<Span>& spans, int peer, uint32_t tag,
+  virtual void send_many(const std::vector<Span>& spans, int peer, Tag tag,
                          const CollectiveOptions& options = {}) = 0;
-  virtual void recv_many(const std::vector<Span>& spans, int peer, uint32_t tag,
+  virtual void recv_many(const std::vector<Span>& spans, int peer, Tag tag,
                          const CollectiveOptions& options = {}) = 0;
   // Sends to send_peer and receives from recv_peer at once, so two neighbours that exchange
   // (a pipeline's activations one way, gradients the other) never wait on each other. A peer of
   // -1 skips that half. Sends and receives with the same (peer, tag) match in order.
   virtual void sendrecv(const void* send_buf, size_t send_bytes, int send_peer, void* recv_buf,
-                        size_t recv_bytes, int recv_peer, uint32_t tag,
+                        size_t recv_bytes, int recv_peer, Tag tag,
                         const CollectiveOptions& options = {}) = 0;
   virtual void barrier(const CollectiveOptions& options = {}) = 0;
+
+  // Collective over every member: the members that pass the same color form a group, ranked by
+  // (key, rank here). A negative color joins no group and gets nullptr.
+  virtual std::unique_ptr<Communicator> split(int color, int key,
+                                              const CollectiveOptions& options = {}) = 0;
+  // Collective over every member: the group of `ranks` (ranked in that order; every member
+  // passes the same list). nullptr on members not in it.
+  std::unique_ptr<Communicator> group(const std::vector<int>& ranks,
+                                      const CollectiveOptions& options = {});
 
   // Fails every pending and later operation with Errc::aborted. Any thread, any time.
   virtual void abort() = 0;

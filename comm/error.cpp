@@ -18,8 +18,16 @@ const char* errc_name(Errc code) {
       return "io";
     case Errc::internal:
       return "internal";
+    case Errc::refused:
+      return "refused";
+    case Errc::no_actor:
+      return "no_actor";
   }
   return "unknown";
+}
+
+Errc errc_from_wire(uint32_t value) {
+  return value > 0 && value < uint32_t(kErrcCount) ? Errc(value) : Errc::internal;
 }
 
 void fail(Errc code, const std::string& message, const char* file, int line) {

@@ -7,18 +7,38 @@
 //   invalid_input  a frame, file or argument was malformed: tell the user, drop the input
 //   io             the local system failed (UCX, sockets, files)
 //   internal       an enforce failure: a bug in Troupe
+//   refused        the receiver understood and will not do it (a finished job, too few workers
+//                  left): tell the user its reason
+//   no_actor       the destination process has no such actor (not started, or the wrong address)
 //
+// This is the one vocabulary above comm/ too: control-plane replies carry it on the wire
+// (ErrorReply.errc in control.capnp) and actors receive it as a CAF error of category "troupe"
+// whose code is the Errc (actors/messages.h).
 // Thread-safety: Error is an immutable value; copy it freely.
 #pragma once
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
 namespace troupe::comm {
 
-enum class Errc { ok = 0, peer_lost, timed_out, aborted, invalid_input, io, internal };
+enum class Errc {
+  ok = 0,
+  peer_lost,
+  timed_out,
+  aborted,
+  invalid_input,
+  io,
+  internal,
+  refused,
+  no_actor
+};
+constexpr int kErrcCount = 9;
 
 const char* errc_name(Errc code);
+// The Errc of a wire value (ErrorReply.errc); unknown values are `internal`.
+Errc errc_from_wire(uint32_t value);
 
 class Error : public std::runtime_error {
  public:

@@ -114,14 +114,13 @@ class NcclCommunicator : public Communicator {
                                op == ReduceOp::avg ? ncclAvg : ncclSum, comm_, stream_);
     });
   }
-  void send(const void* buf, size_t bytes, int peer, uint32_t,
-            const CollectiveOptions& o) override {
+  void send(const void* buf, size_t bytes, int peer, Tag, const CollectiveOptions& o) override {
     run("send", o, [&] { return ncclSend(buf, bytes, ncclUint8, peer, comm_, stream_); });
   }
-  void recv(void* buf, size_t bytes, int peer, uint32_t, const CollectiveOptions& o) override {
+  void recv(void* buf, size_t bytes, int peer, Tag, const CollectiveOptions& o) override {
     run("recv", o, [&] { return ncclRecv(buf, bytes, ncclUint8, peer, comm_, stream_); });
   }
-  void send_many(const std::vector<Span>& spans, int peer, uint32_t,
+  void send_many(const std::vector<Span>& spans, int peer, Tag,
                  const CollectiveOptions& o) override {
     run("send_many", o, [&] {
       ncclResult_t r = ncclGroupStart();
@@ -131,7 +130,7 @@ class NcclCommunicator : public Communicator {
       return r != ncclSuccess ? r : e;
     });
   }
-  void recv_many(const std::vector<Span>& spans, int peer, uint32_t,
+  void recv_many(const std::vector<Span>& spans, int peer, Tag,
                  const CollectiveOptions& o) override {
     run("recv_many", o, [&] {
       ncclResult_t r = ncclGroupStart();
@@ -142,7 +141,7 @@ class NcclCommunicator : public Communicator {
     });
   }
   void sendrecv(const void* send_buf, size_t send_bytes, int send_peer, void* recv_buf,
-                size_t recv_bytes, int recv_peer, uint32_t, const CollectiveOptions& o) override {
+                size_t recv_bytes, int recv_peer, Tag, const CollectiveOptions& o) override {
     run("sendrecv", o, [&] {
       ncclResult_t r = ncclGroupStart();
       if (r != ncclSuccess) return r;
@@ -157,13 +156,40 @@ class NcclCommunicator : public Communicator {
     if (!scratch_) TROUPE_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
     allreduce(scratch_, scratch_, 1, DataType::f32, ReduceOp::sum, o);
   }
-  void abort() override { aborted_.store(true); }
+  // ncclCommSplit, non-blocking and polled like init; the group shares this communicator's
+  // abort flag (an abort of either breaks both).
+  std::unique_ptr<Communicator> split(int color, int key, const CollectiveOptions& o) override {
+    if (broken_) throw *broken_;
+    auto deadline = Clock::now() + (o.timeout.count() > 0 ? o.timeout : opt_.timeout);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t child = nullptr;
+    ncclResult_t r =
+        ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config);
+    if (r != ncclSuccess && r != ncclInProgress)
+      fail(Errc::io, std::string("ncclCommSplit: ") + ncclGetErrorString(r));
+    poll_comm("split", deadline);
+    if (color < 0 || !child) return nullptr;
+    return std::unique_ptr<Communicator>(new NcclCommunicator(*this, child, deadline));
+  }
+  void abort() override { aborted_->store(true); }
 
  private:
+  // A group made by split(): polls the child until it is ready, then learns its rank and size.
+  NcclCommunicator(const NcclCommunicator& parent, ncclComm_t child, Clock::time_point deadline)
+      : gen_(parent.gen_), opt_(parent.opt_), comm_(child), aborted_(parent.aborted_) {
+    TROUPE_CUDA_CHECK(cudaSetDevice(opt_.device));
+    TROUPE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    poll_comm("split", deadline);
+    if (ncclCommUserRank(comm_, &rank_) != ncclSuccess ||
+        ncclCommCount(comm_, &size_) != ncclSuccess)
+      fail(Errc::io, "split: cannot read the group's rank and size");
+  }
+
   template <typename Enqueue>
   void run(const char* what, const CollectiveOptions& o, Enqueue enqueue) {
     if (broken_) throw *broken_;
-    if (aborted_.load()) fail(Errc::aborted, std::string(what) + ": the communicator was aborted");
+    if (aborted_->load()) fail(Errc::aborted, std::string(what) + ": the communicator was aborted");
     auto deadline = Clock::now() + (o.timeout.count() > 0 ? o.timeout : opt_.timeout);
     ncclResult_t r = enqueue();
     if (r != ncclSuccess && r != ncclInProgress)
@@ -195,7 +221,7 @@ class NcclCommunicator : public Communicator {
   }
 
   void check(const char* what, Clock::time_point deadline) {
-    if (aborted_.load()) fail(Errc::aborted, std::string(what) + ": the communicator was aborted");
+    if (aborted_->load()) fail(Errc::aborted, std::string(what) + ": the communicator was aborted");
     ncclResult_t state = ncclSuccess;
     if (ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state != ncclSuccess &&
         state != ncclInProgress) {
@@ -216,12 +242,12 @@ class NcclCommunicator : public Communicator {
   }
 
   uint64_t gen_;
-  int rank_, size_;
+  int rank_ = 0, size_ = 0;
   NcclOptions opt_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   void* scratch_ = nullptr;
-  std::atomic<bool> aborted_{false};
+  std::shared_ptr<std::atomic<bool> > aborted_ = std::make_shared<std::atomic<bool> >(false);
   std::unique_ptr<Error> broken_;
 };
 

@@ -18,6 +18,11 @@
 // at once; no progress for `timeout` fails it with timed_out. On any failure the outstanding
 // receives are cancelled and the endpoints closed before the call returns, so no late message
 // can write into the caller's buffers.
+//
+// Parts (internal): ucx_link.h (worker, endpoints, requests, the give-up policy, failure
+// notices), ucx_algorithms.h (the algorithms as free functions over a group),
+// shm_allreduce.h, host_identity.h. Groups (split) share the Link and use the algorithms over
+// UCX messages (the shared-memory allreduce is the whole communicator's).
 #pragma once
 
 #include <memory>
@@ -69,22 +74,25 @@ class UcxCommunicator : public Communicator {
                  const CollectiveOptions& options = {}) override;
   void reduce_scatter(const void* in, void* out, size_t count, DataType type, ReduceOp op,
                       const CollectiveOptions& options = {}) override;
-  void send(const void* buf, size_t bytes, int peer, uint32_t tag,
+  void send(const void* buf, size_t bytes, int peer, Tag tag,
             const CollectiveOptions& options = {}) override;
-  void recv(void* buf, size_t bytes, int peer, uint32_t tag,
+  void recv(void* buf, size_t bytes, int peer, Tag tag,
             const CollectiveOptions& options = {}) override;
-  void send_many(const std::vector<Span>& spans, int peer, uint32_t tag,
+  void send_many(const std::vector<Span>& spans, int peer, Tag tag,
                  const CollectiveOptions& options = {}) override;
-  void recv_many(const std::vector<Span>& spans, int peer, uint32_t tag,
+  void recv_many(const std::vector<Span>& spans, int peer, Tag tag,
                  const CollectiveOptions& options = {}) override;
   void sendrecv(const void* send_buf, size_t send_bytes, int send_peer, void* recv_buf,
-                size_t recv_bytes, int recv_peer, uint32_t tag,
+                size_t recv_bytes, int recv_peer, Tag tag,
                 const CollectiveOptions& options = {}) override;
   void barrier(const CollectiveOptions& options = {}) override;
+  std::unique_ptr<Communicator> split(int color, int key,
+                                      const CollectiveOptions& options = {}) override;
   void abort() override;
 
  private:
   struct Impl;
+  explicit UcxCommunicator(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

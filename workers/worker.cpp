@@ -12,6 +12,7 @@
 
 #include "elastic/membership.h"
 #include "models/kernels.h"
+#include "workers/tags.h"
 
 namespace troupe::workers {
 namespace {
@@ -188,7 +189,7 @@ std::vector<uint32_t> Worker::backup_blocks() const {
 // of blocking sends always has a receiver ready.
 void Worker::take_backups(comm::Communicator& comm, const elastic::Plan& plan, uint32_t stage,
                           uint32_t replica) {
-  constexpr uint32_t kBackupTag = 0xbac;
+  constexpr comm::Tag kBackupTag = tags::kBackup;
   const uint32_t pp = plan.pp;
   const int to = int(elastic::rank_of(plan, (stage + 1) % pp, replica));
   const int from = int(elastic::rank_of(plan, (stage + pp - 1) % pp, replica));
@@ -346,7 +347,7 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start,
   std::vector<int> group;  // this stage's replicas, in replica order
   if (active)
     for (uint32_t k = 0; k < dp; ++k) group.push_back(int(elastic::rank_of(plan, s, k)));
-  constexpr uint32_t kPipeTag = 0x919e, kReplicaTag = 0x9e91;
+  constexpr comm::Tag kPipeTag = tags::kPipeline, kReplicaTag = 4;
   const uint64_t B = uint64_t(spec_.global_batch), micro = uint64_t(spec_.micro_batch);
   const elastic::Share share = active ? elastic::data_share(B, r, dp) : elastic::Share{};
   // A block's output for n samples: its one-sample shape with dim 0 scaled (rows of (B, D) or
@@ -593,7 +594,7 @@ StateTransfer Worker::take_state(comm::Communicator& comm, uint64_t start_step,
     held_at_[b] = start_step;
     pending_init_[b] = false;
   };
-  constexpr uint32_t kStateTag = 0x57a7e;
+  constexpr comm::Tag kStateTag = tags::kState;
   // Every member computes the same list: for each block, who restores it from its own copy and
   // who receives it from the lowest-ranked holder.
   struct Move {

@@ -360,5 +360,103 @@ TEST(Collectives, BadArgumentsAreRefused) {
   EXPECT_THROW(a.connect(0, {"1@host@zz"}, std::chrono::seconds(1)), comm::Error);
 }
 
+// Groups: split(color, key) as MPI's. Every rank's group sums only its members' values, with
+// every algorithm, while the parent and a second split of the same ranks keep working in
+// between (their tags never mix); ranks are ordered by key.
+TEST(Groups, SplitByColorSumsWithinEachGroupAndKeepsTheParentUsable) {
+  for (int n : {2, 3, 5, 8}) {
+    SCOPED_TRACE("world " + std::to_string(n));
+    testing::run_world(n, chunky(1023), [&](comm::UcxCommunicator& c) {
+      const int r = c.rank();
+      auto g = c.split(r % 2, -r);  // two groups, ranked in reverse
+      ASSERT_NE(g, nullptr);
+      int members = 0, sum_ranks = 0;
+      for (int k = r % 2; k < n; k += 2) {
+        ++members;
+        sum_ranks += k + 1;
+      }
+      ASSERT_EQ(g->size(), members);
+      // Rank in the group: reverse order of world ranks with this color.
+      int higher = 0;
+      for (int k = r % 2; k < n; k += 2) higher += k > r;
+      EXPECT_EQ(g->rank(), higher);
+      for (Algorithm a : {Algorithm::ring, Algorithm::recursive_doubling, Algorithm::automatic}) {
+        std::vector<float> v(1023, float(r + 1));
+        comm::CollectiveOptions o;
+        o.algorithm = a;
+        g->allreduce(v.data(), v.data(), v.size(), DataType::f32, ReduceOp::sum, o);
+        for (float x : v) ASSERT_EQ(x, float(sum_ranks));
+        // The parent in between: everyone.
+        double one = 1;
+        c.allreduce(&one, &one, 1, DataType::f64, ReduceOp::sum);
+        ASSERT_EQ(one, double(n));
+      }
+      // Broadcast from the group's rank 0 (the highest world rank of the color), point to point
+      // within the group, and a second split on the same links.
+      int root = r;
+      g->broadcast(&root, 1, DataType::f32, 0);  // (4 bytes, copied whole)
+      EXPECT_EQ(root, (n - 1) - ((n - 1) % 2 != r % 2 ? 1 : 0)) << "the highest of the color";
+      if (g->size() > 1) {
+        int token = g->rank() == 0 ? 42 : 0;
+        if (g->rank() == 0) g->send(&token, 4, 1, 9);
+        if (g->rank() == 1) {
+          g->recv(&token, 4, 0, 9);
+          EXPECT_EQ(token, 42);
+        }
+      }
+      auto all = c.split(0, r);
+      ASSERT_EQ(all->size(), n);
+      EXPECT_EQ(all->rank(), r);
+      double x = r;
+      all->allreduce(&x, &x, 1, DataType::f64, ReduceOp::sum);
+      EXPECT_EQ(x, n * (n - 1) / 2.0);
+      g->barrier();
+    });
+  }
+}
+
+TEST(Groups, ANegativeColorJoinsNoGroupAndGroupOfRanksKeepsTheirOrder) {
+  testing::run_world(4, {}, [&](comm::UcxCommunicator& c) {
+    auto none = c.split(c.rank() == 3 ? -1 : 0, 0);
+    EXPECT_EQ(none == nullptr, c.rank() == 3);
+    auto g = c.group({2, 0});
+    if (c.rank() == 1 || c.rank() == 3) {
+      EXPECT_EQ(g, nullptr);
+      return;
+    }
+    ASSERT_NE(g, nullptr);
+    EXPECT_EQ(g->rank(), c.rank() == 2 ? 0 : 1);
+    float v = float(c.rank());
+    g->allreduce(&v, &v, 1, DataType::f32, ReduceOp::sum);
+    EXPECT_EQ(v, 2.0f);
+  });
+}
+
+TEST(Groups, AbortingAGroupBreaksItsParent) {
+  testing::run_world(2, {}, [&](comm::UcxCommunicator& c) {
+    auto g = c.split(0, 0);
+    g->barrier();
+    if (c.rank() == 0) g->abort();
+    try {
+      c.barrier();
+      if (c.rank() == 0) ADD_FAILURE() << "the parent was not aborted with its group";
+    } catch (const comm::Error& e) {
+      // rank 0: aborted; rank 1: hears rank 0's notice.
+      EXPECT_TRUE(e.code() == comm::Errc::aborted) << e.what();
+    }
+  });
+}
+
+TEST(Tags, AValueThatDoesNotFitIsRefusedNeverMasked) {
+  EXPECT_EQ(comm::Tag(comm::Tag::kMax).value(), comm::Tag::kMax);
+  try {
+    comm::Tag t(0x57a7e);  // the state tag of old, which an 18-bit field would have masked
+    ADD_FAILURE() << "made tag " << t.value();
+  } catch (const comm::Error& e) {
+    EXPECT_EQ(e.code(), comm::Errc::invalid_input);
+    EXPECT_NE(std::string(e.what()).find("does not fit in 16 bits"), std::string::npos);
+  }
+}
+
 }  // namespace
 }  // namespace troupe
