@@ -112,7 +112,7 @@ struct Shared {
     }
   }
 
-  void fail_pending(uint64_t node, ControlErrc code, const std::string& reason) {
+  void fail_pending(uint64_t node, comm::Errc code, const std::string& reason) {
     std::vector<Pending> failed;
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -148,7 +148,7 @@ struct Shared {
       }
     }
     for (auto& p : expired)
-      respond(p, caf::make_message(make_control_error(ControlErrc::timed_out, "no reply in time")));
+      respond(p, caf::make_message(make_control_error(comm::Errc::timed_out, "no reply in time")));
   }
 };
 
@@ -221,9 +221,9 @@ class Handler : public comm::TransportHandler {
   }
 
   void on_peer_lost(comm::NodeId node, comm::Errc why, const std::string& reason) override {
-    shared_->fail_pending(node, ControlErrc::peer_lost, reason);
+    shared_->fail_pending(node, comm::Errc::peer_lost, reason);
     if (auto back = caf::actor_cast<caf::actor>(shared_->back))
-      caf::anon_send(back, lost_atom::value, node, std::string(comm::errc_name(why)), reason);
+      caf::anon_send(back, lost_atom::value, node, uint8_t(why), reason);
   }
 
  private:
@@ -239,10 +239,7 @@ class Handler : public comm::TransportHandler {
     }
     if (env.getBody().isError()) {
       auto err = env.getBody().getError();
-      std::string c = err.getCode().cStr();
-      auto code = c == "no_actor"  ? ControlErrc::no_actor
-                  : c == "refused" ? ControlErrc::refused
-                                   : ControlErrc::remote;
+      auto code = comm::errc_from_wire(uint32_t(err.getErrc()));
       Shared::respond(p, caf::make_message(make_control_error(code, err.getMessage().cStr())),
                       &unit_);
     } else {
@@ -258,8 +255,9 @@ class Handler : public comm::TransportHandler {
     if (!dst) {
       shared_->rejected_no_actor.fetch_add(1);
       if (request_id != 0) {
-        auto reply = make_error_reply(
-            "no_actor", "no actor " + std::to_string(dst_actor) + " at node " + hex(shared_->self));
+        auto reply =
+            make_error_reply(comm::Errc::no_actor, "no actor " + std::to_string(dst_actor) +
+                                                       " at node " + hex(shared_->self));
         shared_->send(from, reply, shared_->header(env.getSrcActor(), request_id, true, 0));
       }
       return;
@@ -288,10 +286,10 @@ class Handler : public comm::TransportHandler {
     if (!rej.frame) return;
     auto env = rej.frame->envelope();
     if (env.getRequestId() == 0 || env.getIsReply()) return;
-    auto reply = make_error_reply(
-        "refused", rej.reason == comm::Reject::wrong_job
-                       ? "refused: wrong job id or token for this job"
-                       : "refused: " + rej.detail + "; rejoin the current generation");
+    auto reply =
+        make_error_reply(comm::Errc::refused, rej.reason == comm::Reject::wrong_job
+                                                  ? "wrong job id or token for this job"
+                                                  : rej.detail + "; rejoin the current generation");
     comm::EnvelopeHeader h =
         shared_->header(env.getSrcActor(), env.getRequestId(), true, env.getDstActor());
     h.job_id = env.getJobId().cStr();
@@ -336,10 +334,12 @@ class ReplyPort : public caf::monitorable_actor {
       reply = content.get_as<ControlMessage>(0);
     }
     if (!reply.valid()) {
+      // An actor answers with a ControlMessage (an ErrorReply for a refusal); anything else
+      // is a bug in that actor.
       std::string why = content.match_elements<caf::error>()
                             ? to_string(content.get_as<caf::error>(0))
                             : "the actor gave no reply";
-      reply = make_error_reply("remote", why);
+      reply = make_error_reply(comm::Errc::internal, why);
     }
     shared->send(a.node, reply, shared->header(0, a.request_id, true, a.dst_actor));
   }
@@ -400,7 +400,7 @@ class Front : public caf::monitorable_actor {
       auto a = shared_->registered(dst.actor);
       if (!a) {
         Shared::respond(p, caf::make_message(make_control_error(
-                               ControlErrc::no_actor, "no actor " + std::to_string(dst.actor))));
+                               comm::Errc::no_actor, "no actor " + std::to_string(dst.actor))));
         return;
       }
       msg.prepare(shared_->header(dst.actor, 0, false, 0));
@@ -410,7 +410,7 @@ class Front : public caf::monitorable_actor {
     auto t = shared_->transport();
     if (!t || !t->is_connected(dst.node)) {
       Shared::respond(
-          p, caf::make_message(make_control_error(ControlErrc::peer_lost,
+          p, caf::make_message(make_control_error(comm::Errc::peer_lost,
                                                   "node " + hex(dst.node) + " is not connected")));
       return;
     }
@@ -475,7 +475,7 @@ class Back : public caf::event_based_actor {
           if (error.empty()) {
             it->second.deliver(node);
           } else {
-            it->second.deliver(make_control_error(ControlErrc::refused, error));
+            it->second.deliver(make_control_error(comm::Errc::refused, error));
           }
           connects_.erase(it);
         },
@@ -483,7 +483,7 @@ class Back : public caf::event_based_actor {
           auto who = caf::actor_cast<caf::actor>(current_sender());
           if (!who) return;
           if (node != shared_->self && !shared_->transport()->is_connected(node)) {
-            send(who, NodeDown{node, "peer_lost", "not connected"});
+            send(who, NodeDown{node, comm::Errc::peer_lost, "not connected"});
             return;
           }
           watchers_[node].push_back(who);
@@ -502,8 +502,8 @@ class Back : public caf::event_based_actor {
           heartbeat_targets_.insert(node);
           for (auto& o : observers_) send(o, NodeUp{node});
         },
-        [this](lost_atom, uint64_t node, const std::string& code, const std::string& reason) {
-          node_lost(node, code, reason);
+        [this](lost_atom, uint64_t node, uint8_t code, const std::string& reason) {
+          node_lost(node, comm::errc_from_wire(code), reason);
         },
         [this](inbound_atom, ControlMessage& msg) { on_inbound(msg); },
         [this](tick_atom) {
@@ -516,9 +516,9 @@ class Back : public caf::event_based_actor {
   void on_exit() override {
     // Stop the progress thread first; then nothing else touches the shared state.
     std::atomic_store(&shared_->transport_, std::shared_ptr<comm::Transport>());
-    shared_->fail_pending(0, ControlErrc::peer_lost, "the bridge stopped");
+    shared_->fail_pending(0, comm::Errc::peer_lost, "the bridge stopped");
     for (auto& [id, rp] : connects_)
-      rp.deliver(make_control_error(ControlErrc::refused, "the bridge stopped"));
+      rp.deliver(make_control_error(comm::Errc::refused, "the bridge stopped"));
     connects_.clear();
     // Watchers and observers may hold the bridge themselves: drop them, or neither goes away.
     watchers_.clear();
@@ -560,10 +560,10 @@ class Back : public caf::event_based_actor {
     shared_->sweep(now);
   }
 
-  void node_lost(uint64_t node, const std::string& code, const std::string& reason) {
+  void node_lost(uint64_t node, comm::Errc code, const std::string& reason) {
     detector_.forget(node);
     heartbeat_targets_.erase(node);
-    spdlog::warn("control plane: node {} lost: {}: {}", hex(node), code, reason);
+    spdlog::warn("control plane: node {} lost: {}: {}", hex(node), comm::errc_name(code), reason);
     NodeDown down{node, code, reason};
     auto w = watchers_.find(node);
     if (w != watchers_.end()) {
@@ -625,22 +625,29 @@ struct TransportWithHandler {
 
 }  // namespace
 
-caf::error make_control_error(ControlErrc code, const std::string& context) {
-  return caf::error(static_cast<uint8_t>(code), caf::atom("troupe"), caf::make_message(context));
+caf::error make_control_error(comm::Errc code, const std::string& message) {
+  return caf::error(static_cast<uint8_t>(code), caf::atom("troupe"), caf::make_message(message));
+}
+
+std::optional<ControlError> control_error(const caf::error& e) {
+  if (e.category() != caf::atom("troupe")) return std::nullopt;
+  ControlError out{comm::errc_from_wire(e.code()), ""};
+  if (e.context().match_elements<std::string>()) out.message = e.context().get_as<std::string>(0);
+  return out;
 }
 
 void add_control_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<RemoteAddress>("troupe_remote_address");
   cfg.add_message_type<NodeDown>("troupe_node_down");
   cfg.add_message_type<NodeUp>("troupe_node_up");
-  cfg.add_error_category(
-      caf::atom("troupe"), [](uint8_t code, caf::atom_value, const caf::message& ctx) {
-        const char* names[] = {"", "peer_lost", "timed_out", "no_actor", "remote", "refused"};
-        std::string out = "troupe.";
-        out += code < 6 ? names[code] : "unknown";
-        if (ctx.match_elements<std::string>()) out += ": " + ctx.get_as<std::string>(0);
-        return out;
-      });
+  cfg.add_error_category(caf::atom("troupe"),
+                         [](uint8_t code, caf::atom_value, const caf::message& ctx) {
+                           std::string out = "troupe.";
+                           out += comm::errc_name(comm::errc_from_wire(code));
+                           if (ctx.match_elements<std::string>())
+                             out += ": " + ctx.get_as<std::string>(0);
+                           return out;
+                         });
 }
 
 void configure_system(caf::actor_system_config& cfg, size_t max_threads) {

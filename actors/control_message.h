@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 
+#include "comm/error.h"
 #include "comm/frame.h"
 
 namespace troupe::actors {
@@ -73,10 +74,11 @@ inline ControlMessage make_echo(uint64_t sequence, const void* payload, size_t b
   });
 }
 
-inline ControlMessage make_error_reply(const std::string& code, const std::string& message) {
+inline ControlMessage make_error_reply(comm::Errc code, const std::string& message) {
   return ControlMessage::build([&](proto::Envelope::Builder e) {
     auto err = e.initBody().initError();
-    err.setCode(code);
+    err.setCode(comm::errc_name(code));
+    err.setErrc(static_cast<proto::ErrorCode>(code));
     err.setMessage(message);
   });
 }

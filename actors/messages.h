@@ -4,9 +4,11 @@
 
 #include <caf/all.hpp>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "actors/control_message.h"
+#include "comm/error.h"
 
 namespace troupe::actors {
 
@@ -23,8 +25,8 @@ typename Inspector::result_type inspect(Inspector& f, RemoteAddress& x) {
 // Delivered to every actor that monitors a node when the node is lost, like a down_msg.
 struct NodeDown {
   uint64_t node = 0;
-  std::string code;    // "peer_lost" (endpoint error) or "timed_out" (missed heartbeats)
-  std::string reason;  // for a person
+  comm::Errc code = comm::Errc::peer_lost;  // peer_lost (endpoint error), timed_out (heartbeats)
+  std::string reason;                       // for a person
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, NodeDown& x) {
@@ -52,15 +54,19 @@ using stats_atom = caf::atom_constant<caf::atom("stats")>;
 using generation_atom = caf::atom_constant<caf::atom("gen")>;
 using disconnect_atom = caf::atom_constant<caf::atom("disconn")>;
 
-// Errors of the control plane, category atom("troupe").
-enum class ControlErrc : uint8_t {
-  peer_lost = 1,  // the node was lost before the reply came
-  timed_out = 2,  // no reply within the deadline
-  no_actor = 3,   // the destination actor is not registered at that node
-  remote = 4,     // the remote actor answered with an error
-  refused = 5,    // connect refused (fenced, wrong job) or failed
+// Errors of the control plane: CAF errors of category atom("troupe") whose code is a comm::Errc
+// (the one vocabulary, comm/error.h) and whose context is the message. A request answers one
+// when the node is lost before the reply (peer_lost), no reply comes in time (timed_out), the
+// destination has no such actor (no_actor), the connection is refused (refused), or the remote
+// actor answered with an error (its Errc).
+caf::error make_control_error(comm::Errc code, const std::string& message);
+
+// The Errc and message of a control-plane error; nullopt for any other CAF error.
+struct ControlError {
+  comm::Errc code = comm::Errc::internal;
+  std::string message;
 };
-caf::error make_control_error(ControlErrc code, const std::string& context);
+std::optional<ControlError> control_error(const caf::error& e);
 
 // Registers the types above and the error category. Call on every actor_system_config that
 // spawns a bridge.

@@ -9,7 +9,7 @@ caf::actor spawn_echo(caf::actor_system& system) {
     return {[](ControlMessage& m) -> ControlMessage {
       auto body = m.envelope().getBody();
       if (!body.isEcho())
-        return make_error_reply("invalid_input", "the echo actor only answers echo");
+        return make_error_reply(comm::Errc::invalid_input, "the echo actor only answers echo");
       auto e = body.getEcho();
       return make_echo(e.getSequence(), e.getPayload().begin(), e.getPayload().size(),
                        e.getNote().cStr());

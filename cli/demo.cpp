@@ -111,7 +111,7 @@ int run_demo_control(const std::vector<std::string>& words) {
   peer.signal(SIGKILL);
   self->receive(
       [&](actors::NodeDown& d) {
-        std::printf("peer lost after %.1f ms: %s: %s\n", ms_since(t0), d.code.c_str(),
+        std::printf("peer lost after %.1f ms: %s: %s\n", ms_since(t0), comm::errc_name(d.code),
                     d.reason.c_str());
       },
       caf::after(std::chrono::seconds(5)) >>

@@ -14,6 +14,7 @@
 #include "coordinator/config.h"
 #include "coordinator/events.h"
 #include "coordinator/job.h"
+#include "coordinator/launcher.h"
 #include "coordinator/process.h"
 #include "workers/agent.h"
 
@@ -38,6 +39,79 @@ std::string eta(double seconds) {
   return buf;
 }
 
+// The run directory: its effective config, its token, and the coordinator's log.
+struct RunDir {
+  std::string path, token;
+};
+
+RunDir prepare_run_dir(const coordinator::JobConfig& cfg) {
+  RunDir d{cfg.run_dir.empty() ? default_run_dir(cfg.name) : cfg.run_dir, coordinator::new_token()};
+  fs::create_directories(d.path);
+  { std::ofstream(d.path + "/config.toml") << coordinator::to_toml(cfg); }
+  coordinator::write_token_file(d.path + "/job.token", cfg.name, d.token);
+  auto log = spdlog::basic_logger_mt("coordinator", d.path + "/coordinator.log");
+  log->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [job " + cfg.name + "] [coordinator] [%l] %v");
+  log->flush_on(spdlog::level::info);
+  spdlog::set_default_logger(log);
+  return d;
+}
+
+// What `troupe run` prints while the job runs: a progress line on a terminal, every 5% otherwise.
+class ProgressPrinter {
+ public:
+  ProgressPrinter(bool tty, uint64_t steps)
+      : tty_(tty), every_(std::max<uint64_t>(1, steps / 20)), t0_(Clock::now()) {}
+  void print(const coordinator::JobProgress& p) {
+    last_ = p;
+    const double elapsed = std::chrono::duration<double>(Clock::now() - t0_).count();
+    const double left = p.step ? elapsed / double(p.step) * double(p.steps - p.step) : -1;
+    if (tty_) {
+      std::printf("\r  step %llu/%llu  loss %.4f  %.0f samples/s  %.0f tokens/s  ETA %s   ",
+                  (unsigned long long)p.step, (unsigned long long)p.steps, p.loss, p.samples_per_s,
+                  p.tokens_per_s, eta(left).c_str());
+    } else if (p.step % every_ == 0 || p.step == p.steps) {
+      std::printf("step %llu/%llu loss %.4f samples/s %.0f tokens/s %.0f world %llu\n",
+                  (unsigned long long)p.step, (unsigned long long)p.steps, p.loss, p.samples_per_s,
+                  p.tokens_per_s, (unsigned long long)p.world_size);
+    }
+    std::fflush(stdout);
+  }
+  void end() {
+    if (tty_) std::printf("\n");
+  }
+  const coordinator::JobProgress& last() const { return last_; }
+
+ private:
+  bool tty_;
+  uint64_t every_;
+  Clock::time_point t0_;
+  coordinator::JobProgress last_;
+};
+
+// The local launcher's settings: `troupe agent` processes that join this coordinator.
+coordinator::LauncherOptions launcher_options(const coordinator::JobConfig& cfg, const RunDir& dir,
+                                              const std::string& address) {
+  std::string devices;
+  for (int d = 0; d < cfg.devices_per_agent; ++d)
+    devices += (d ? ",cpu:" : "cpu:") + std::to_string(d);
+  coordinator::LauncherOptions o;
+  o.program = coordinator::self_executable();
+  o.agent_args = {"--join",
+                  address,
+                  "--token-file",
+                  dir.path + "/job.token",
+                  "--devices",
+                  devices,
+                  "--heartbeat-interval-ms",
+                  std::to_string(cfg.heartbeat_interval_ms),
+                  "--failure-timeout-ms",
+                  std::to_string(cfg.failure_timeout_ms)};
+  o.run_dir = dir.path;
+  o.agents = cfg.agents;
+  o.restarts.max_restarts = cfg.max_restarts;
+  return o;
+}
+
 // Runs a job: the coordinator here, agents spawned locally (launcher local) or started by hand.
 int run_job(const std::vector<std::string>& words, bool spawn_agents) {
   Args args(words, {"set", "listen"}, {});
@@ -51,20 +125,12 @@ int run_job(const std::vector<std::string>& words, bool spawn_agents) {
   }
   if (args.has("listen")) cfg.listen = args.get("listen");
   if (!spawn_agents) cfg.launcher = "external";
-  std::string dir = cfg.run_dir.empty() ? default_run_dir(cfg.name) : cfg.run_dir;
-  fs::create_directories(dir);
-  { std::ofstream(dir + "/config.toml") << coordinator::to_toml(cfg); }
-  std::string token = coordinator::new_token();
-  coordinator::write_token_file(dir + "/job.token", cfg.name, token);
-  auto log = spdlog::basic_logger_mt("coordinator", dir + "/coordinator.log");
-  log->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [job " + cfg.name + "] [coordinator] [%l] %v");
-  log->flush_on(spdlog::level::info);
-  spdlog::set_default_logger(log);
+  const RunDir dir = prepare_run_dir(cfg);
 
   caf::actor_system_config sys_cfg;
   coordinator::configure_job_system(sys_cfg);
   caf::actor_system system{sys_cfg};
-  actors::BridgeConfig bc = actors::job_bridge_config(cfg.name, token);
+  actors::BridgeConfig bc = actors::job_bridge_config(cfg.name, dir.token);
   auto [host, port] = comm::split_host_port(cfg.listen);
   bc.transport.listen_host = host;
   bc.transport.listen_port = port;
@@ -72,149 +138,49 @@ int run_job(const std::vector<std::string>& words, bool spawn_agents) {
   bc.failure_timeout = std::chrono::milliseconds(cfg.failure_timeout_ms);
   auto bridge = actors::spawn_bridge(system, bc);
   caf::scoped_actor self{system};
-  auto coord = coordinator::spawn_coordinator(system, bridge, cfg, dir, self);
+  auto coord = coordinator::spawn_coordinator(system, bridge, cfg, dir.path, self);
+  self->monitor(coord);
   std::string address;
   self->request(bridge, std::chrono::seconds(5), actors::info_atom::value)
       .receive([&](uint64_t, std::string& a) { address = a; }, [](caf::error&) {});
-  { std::ofstream(dir + "/coordinator.addr") << address << "\n"; }
+  { std::ofstream(dir.path + "/coordinator.addr") << address << "\n"; }
 
-  const bool tty = isatty(STDOUT_FILENO) && cfg.progress;
   std::printf("troupe: job '%s', %lld worker(s), %lld steps; run directory %s\n", cfg.name.c_str(),
-              (long long)cfg.workers(), (long long)cfg.steps, dir.c_str());
+              (long long)cfg.workers(), (long long)cfg.steps, dir.path.c_str());
   if (!spawn_agents)
     std::printf(
         "troupe: coordinator at %s; agents join with: troupe agent --join %s --token-file "
         "%s/job.token\n",
-        address.c_str(), address.c_str(), dir.c_str());
+        address.c_str(), address.c_str(), dir.path.c_str());
   std::fflush(stdout);
+  caf::actor launcher;
+  if (spawn_agents && cfg.launcher == "local")
+    launcher =
+        coordinator::spawn_local_launcher(system, launcher_options(cfg, dir, address), coord);
 
-  // The local launcher: one agent process per slot. An agent that fails (exits non-zero or by a
-  // signal) is restarted with exponential backoff, at most elastic.max_restarts times per slot;
-  // it joins as a new member. `troupe scale` above the current size adds slots.
-  struct Slot {
-    std::unique_ptr<coordinator::ChildProcess> proc;
-    int64_t restarts = 0;
-    bool done = false;  // exited 0 (drained or finished) or gave up
-    Clock::time_point restart_at{};
-    bool restart_pending = false;
-  };
-  std::vector<Slot> slots;
-  const bool launching = spawn_agents && cfg.launcher == "local";
-  std::string devices;
-  for (int d = 0; d < cfg.devices_per_agent; ++d)
-    devices += (d ? ",cpu:" : "cpu:") + std::to_string(d);
-  auto start_agent = [&](size_t i) {
-    std::string logf = dir + "/agent-" + std::to_string(i) + ".log";
-    slots[i].proc = std::make_unique<coordinator::ChildProcess>(coordinator::ChildProcess::Options{
-        {coordinator::self_executable(), "agent", "--join", address, "--token-file",
-         dir + "/job.token", "--devices", devices, "--name", "agent-" + std::to_string(i),
-         "--heartbeat-interval-ms", std::to_string(cfg.heartbeat_interval_ms),
-         "--failure-timeout-ms", std::to_string(cfg.failure_timeout_ms)},
-        logf,
-        logf,
-        {}});
-  };
-  if (launching) {
-    slots.resize(size_t(cfg.agents));
-    for (size_t i = 0; i < slots.size(); ++i) start_agent(i);
-  }
-  auto tend_agents = [&] {
-    for (size_t i = 0; i < slots.size(); ++i) {
-      Slot& sl = slots[i];
-      if (sl.done) continue;
-      if (sl.restart_pending) {
-        if (Clock::now() < sl.restart_at) continue;
-        sl.restart_pending = false;
-        start_agent(i);
-        caf::anon_send(coord, coordinator::LauncherEvent{"agent_restarted", int64_t(i), sl.restarts,
-                                                         sl.proc->pid(), ""});
-        continue;
-      }
-      auto st = sl.proc->wait(std::chrono::milliseconds(0));
-      if (!st) continue;
-      if (WIFEXITED(*st) && WEXITSTATUS(*st) == 0) {
-        sl.done = true;
-        continue;
-      }
-      std::string how = WIFSIGNALED(*st) ? "killed by signal " + std::to_string(WTERMSIG(*st))
-                                         : "exited " + std::to_string(WEXITSTATUS(*st));
-      if (sl.restarts >= cfg.max_restarts) {
-        sl.done = true;
-        caf::anon_send(coord,
-                       coordinator::LauncherEvent{"agent_gave_up", int64_t(i), sl.restarts, 0,
-                                                  "agent-" + std::to_string(i) + " " + how + "; " +
-                                                      std::to_string(sl.restarts) +
-                                                      " restart(s) = elastic.max_restarts"});
-        continue;
-      }
-      // Backoff: 100 ms, 200 ms, 400 ms, ... at most 5 s.
-      auto backoff = std::chrono::milliseconds(
-          std::min<int64_t>(5000, 100LL << std::min<int64_t>(sl.restarts, 6)));
-      ++sl.restarts;
-      sl.restart_pending = true;
-      sl.restart_at = Clock::now() + backoff;
-      spdlog::warn("agent-{} {}; restarting it in {} ms ({} of {})", i, how, backoff.count(),
-                   sl.restarts, cfg.max_restarts);
-    }
-  };
-
-  int exit_code = 1;
-  std::string reason;
-  bool done = false;
-  auto t0 = Clock::now();
-  uint64_t every = std::max<uint64_t>(1, uint64_t(cfg.steps) / 20);
-  coordinator::JobProgress last;
-  while (!done) {
-    self->receive(
-        [&](coordinator::JobProgress& p) {
-          last = p;
-          double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
-          double left = p.step ? elapsed / p.step * (p.steps - p.step) : -1;
-          if (tty) {
-            std::printf("\r  step %llu/%llu  loss %.4f  %.0f samples/s  %.0f tokens/s  ETA %s   ",
-                        (unsigned long long)p.step, (unsigned long long)p.steps, p.loss,
-                        p.samples_per_s, p.tokens_per_s, eta(left).c_str());
-            std::fflush(stdout);
-          } else if (p.step % every == 0 || p.step == p.steps) {
-            std::printf("step %llu/%llu loss %.4f samples/s %.0f tokens/s %.0f world %llu\n",
-                        (unsigned long long)p.step, (unsigned long long)p.steps, p.loss,
-                        p.samples_per_s, p.tokens_per_s, (unsigned long long)p.world_size);
-            std::fflush(stdout);
-          }
-        },
-        [&](coordinator::JobFinished& f) {
-          exit_code = f.exit_code;
-          reason = f.reason;
-          done = true;
-        },
-        [&](coordinator::ScaleAgents& s) {
-          if (!launching) return;
-          for (int64_t k = 0; k < s.count; ++k) {
-            slots.emplace_back();
-            start_agent(slots.size() - 1);
-            caf::anon_send(coord,
-                           coordinator::LauncherEvent{"agent_started", int64_t(slots.size() - 1), 0,
-                                                      slots.back().proc->pid(), "scale"});
-          }
-        },
-        caf::after(std::chrono::milliseconds(50)) >> [] {});
-    if (!done) tend_agents();
-  }
-  if (tty) std::printf("\n");
-  for (auto& sl : slots) {
-    if (sl.proc && sl.proc->running() && !sl.proc->wait(std::chrono::seconds(10)))
-      sl.proc->kill_and_reap();
+  // Until the job ends; the coordinator's own deadlines bound every phase, and its monitor
+  // ends the wait if the actor itself is gone.
+  ProgressPrinter progress(isatty(STDOUT_FILENO) && cfg.progress, uint64_t(cfg.steps));
+  coordinator::JobFinished end{1, "the coordinator stopped without a result"};
+  for (bool done = false; !done;)
+    self->receive([&](coordinator::JobProgress& p) { progress.print(p); },
+                  [&](coordinator::JobFinished& f) { end = f, done = true; },
+                  [&](caf::down_msg&) { done = true; });
+  progress.end();
+  if (launcher) {
+    self->request(launcher, std::chrono::seconds(30), coordinator::stop_atom::value)
+        .receive([](bool) {}, [](caf::error&) {});
+    caf::anon_send_exit(launcher, caf::exit_reason::user_shutdown);
   }
   caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(bridge, caf::exit_reason::user_shutdown);
-  if (exit_code == 0) {
+  if (end.exit_code == 0)
     std::printf("troupe: job '%s' finished: %llu steps, loss %.4f (%s)\n", cfg.name.c_str(),
-                (unsigned long long)last.step, last.loss, dir.c_str());
-  } else {
-    std::fprintf(stderr, "troupe: job '%s' failed: %s (see %s)\n", cfg.name.c_str(), reason.c_str(),
-                 dir.c_str());
-  }
-  return exit_code;
+                (unsigned long long)progress.last().step, progress.last().loss, dir.path.c_str());
+  else
+    std::fprintf(stderr, "troupe: job '%s' failed: %s (see %s)\n", cfg.name.c_str(),
+                 end.reason.c_str(), dir.path.c_str());
+  return end.exit_code;
 }
 
 // The address and token of a running job: --run-dir DIR, or --coordinator HOST:PORT --token-file F.
@@ -254,34 +220,47 @@ int admin_request(const Args& args, const std::function<void(proto::Envelope::Bu
   caf::scoped_actor self{system};
   int rc = 1;
   uint64_t node = 0;
-  std::string error;
+  std::optional<caf::error> error;
   self->request(bridge, std::chrono::seconds(10), actors::connect_atom::value, ref.address)
-      .receive([&](uint64_t n) { node = n; }, [&](caf::error& e) { error = system.render(e); });
-  if (error.empty()) {
+      .receive([&](uint64_t n) { node = n; }, [&](caf::error& e) { error = e; });
+  if (!error) {
     self->request(bridge, std::chrono::seconds(10), actors::request_atom::value,
                   actors::RemoteAddress{node, actors::kCoordinatorActorId},
                   actors::ControlMessage::build(body), uint32_t(5000))
         .receive([&](actors::ControlMessage& r) { rc = on_reply(r); },
-                 [&](caf::error& e) { error = system.render(e); });
+                 [&](caf::error& e) { error = e; });
   }
   caf::anon_send_exit(bridge, caf::exit_reason::user_shutdown);
-  if (!error.empty()) {
-    // A refusal is an answer: say what the coordinator said, not that it did not answer.
-    const bool refused = node != 0 && (error.rfind("troupe.refused: ", 0) == 0 ||
-                                       error.rfind("troupe.remote: ", 0) == 0);
-    if (node == 0)
-      std::fprintf(stderr, "troupe: cannot reach the job at %s: %s\n", ref.address.c_str(),
-                   error.c_str());
-    else if (refused) {
-      std::string why = error.substr(error.find(": ") + 2);
-      if (why.rfind("refused: ", 0) == 0) why = why.substr(9);
-      std::fprintf(stderr, "troupe: the job at %s refused: %s\n", ref.address.c_str(), why.c_str());
-    } else
-      std::fprintf(stderr, "troupe: the job at %s did not answer: %s\n", ref.address.c_str(),
-                   error.c_str());
-    return 1;
-  }
-  return rc;
+  if (!error) return rc;
+  // A refusal is an answer: say what the coordinator said, not that it did not answer.
+  auto ce = actors::control_error(*error);
+  const bool answer =
+      ce && (ce->code == comm::Errc::refused || ce->code == comm::Errc::invalid_input);
+  const std::string text = ce ? ce->message : system.render(*error);
+  if (node == 0)
+    std::fprintf(stderr, "troupe: cannot reach the job at %s: %s\n", ref.address.c_str(),
+                 text.c_str());
+  else if (answer)
+    std::fprintf(stderr, "troupe: the job at %s refused: %s\n", ref.address.c_str(), text.c_str());
+  else
+    std::fprintf(stderr, "troupe: the job at %s did not answer: %s: %s\n", ref.address.c_str(),
+                 ce ? comm::errc_name(ce->code) : "error", text.c_str());
+  return 1;
+}
+
+// A device an agent offers: cpu:N. cuda:N is refused (exit 2) until the models run on CUDA:
+// never a CPU worker in its place.
+std::string checked_device(const std::string& d) {
+  auto index_ok = [&](size_t at) {
+    return d.size() > at && d.find_first_not_of("0123456789", at) == std::string::npos &&
+           d.size() - at <= 4;
+  };
+  if (d.rfind("cpu:", 0) == 0 && index_ok(4)) return d;
+  if (d.rfind("cuda:", 0) == 0 && index_ok(5))
+    throw std::invalid_argument("device '" + d +
+                                "': the models of this build run on CPU devices only (cpu:N); "
+                                "CUDA workers come with the CUDA device layer");
+  throw std::invalid_argument("device '" + d + "' is not cpu:N or cuda:N");
 }
 
 }  // namespace
@@ -289,7 +268,7 @@ int admin_request(const Args& args, const std::function<void(proto::Envelope::Bu
 int run_run(const std::vector<std::string>& words) { return run_job(words, true); }
 int run_coordinator(const std::vector<std::string>& words) { return run_job(words, false); }
 
-int run_agent_command(const std::vector<std::string>& words) {
+int run_agent_command(const std::vector<std::string>& words, const Hooks& hooks) {
   Args args(
       words,
       {"join", "token-file", "devices", "name", "heartbeat-interval-ms", "failure-timeout-ms"}, {});
@@ -297,18 +276,14 @@ int run_agent_command(const std::vector<std::string>& words) {
   o.join = args.get("join");
   if (o.join.empty() || !args.has("token-file"))
     throw std::invalid_argument("needs --join HOST:PORT and --token-file F");
-  std::tie(o.job_id, o.token) = workers::read_token_file(args.get("token-file"));
-  if (args.has("devices")) {
+  if (args.has("devices")) {  // (first: a device this build cannot use is refused before all)
     o.devices.clear();
     std::stringstream ss(args.get("devices"));
-    for (std::string d; std::getline(ss, d, ',');) {
-      if (d.rfind("cpu:", 0) != 0)
-        throw std::invalid_argument("device '" + d +
-                                    "': only cpu:N devices are supported by this build's agent");
-      o.devices.push_back(d);
-    }
+    for (std::string d; std::getline(ss, d, ',');) o.devices.push_back(checked_device(d));
   }
+  std::tie(o.job_id, o.token) = workers::read_token_file(args.get("token-file"));
   o.name = args.get("name");
+  if (hooks.faults) o.faults = hooks.faults();
   o.heartbeat_interval = std::chrono::milliseconds(args.get_int("heartbeat-interval-ms", 200));
   o.failure_timeout = std::chrono::milliseconds(args.get_int("failure-timeout-ms", 3000));
   spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [job " + o.job_id + "] [" +

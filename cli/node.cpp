@@ -112,19 +112,20 @@ int run_node(const std::vector<std::string>& words) {
 
   bool rejoined = false;
   while (!g_stop.load()) {
-    self->receive([&](actors::NodeUp&) {},
-                  [&](actors::NodeDown& d) {
-                    say("node_down " + hex(d.node) + " " + d.code + " " + d.reason);
-                    if (args.has("rejoin") && !target.empty() && !rejoined) {
-                      rejoined = true;
-                      auto [peer, error] = connect(target);
-                      if (error.empty())
-                        say("rejoined " + hex(peer));
-                      else
-                        say("rejoin refused: " + error);
-                    }
-                  },
-                  caf::after(std::chrono::milliseconds(100)) >> [] {});
+    self->receive(
+        [&](actors::NodeUp&) {},
+        [&](actors::NodeDown& d) {
+          say("node_down " + hex(d.node) + " " + comm::errc_name(d.code) + " " + d.reason);
+          if (args.has("rejoin") && !target.empty() && !rejoined) {
+            rejoined = true;
+            auto [peer, error] = connect(target);
+            if (error.empty())
+              say("rejoined " + hex(peer));
+            else
+              say("rejoin refused: " + error);
+          }
+        },
+        caf::after(std::chrono::milliseconds(100)) >> [] {});
   }
   caf::anon_send_exit(bridge, caf::exit_reason::user_shutdown);
   return 0;

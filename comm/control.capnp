@@ -83,6 +83,8 @@ struct JobSpec {
   maxParamsPerWorker @30 :Int64;  # parallel.max_params_per_worker (0 = no limit)
   stageBackupSteps @31 :Int64;    # parallel.stage_backup_steps (0 = no backups)
   recomputeActivations @32 :Bool; # parallel.recompute_activations
+  workerMaxRestarts @33 :Int64;   # elastic.worker_max_restarts (a worker thread that throws)
+  workerRestartWindowMs @34 :Int64;  # elastic.worker_restart_window_ms
 }
 
 struct WorkerReady {
@@ -195,8 +197,22 @@ struct Echo {
 }
 
 struct ErrorReply {
-  code @0 :Text;           # peer_lost | timed_out | aborted | invalid_input | io | internal | no_actor
+  code @0 :Text;           # errc's name, for people and logs only (never compared)
   message @1 :Text;        # what went wrong, for a person
+  errc @2 :ErrorCode;      # what the caller should do (comm/error.h)
+}
+
+# comm::Errc on the wire: the same numbers, in the same order.
+enum ErrorCode {
+  ok @0;            # (not an error)
+  peerLost @1;      # a peer died or its link broke: abort and rebuild
+  timedOut @2;      # a deadline passed
+  aborted @3;       # cancelled by a local abort
+  invalidInput @4;  # malformed input: tell the user
+  io @5;            # the local system failed
+  internal @6;      # a bug in Troupe
+  refused @7;       # understood and declined: tell the user the reason
+  noActor @8;       # no such actor at the destination
 }
 
 struct Fenced {

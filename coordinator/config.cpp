@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <sstream>
 
 namespace troupe::coordinator {
@@ -77,6 +78,11 @@ std::vector<Field> fields_of(JobConfig& c) {
       I("elastic", "failure_timeout_ms", &c.failure_timeout_ms, 50, 3600000),
       I("elastic", "max_restarts", &c.max_restarts, 0, 1000),
       I("elastic", "rejoin_timeout_ms", &c.rejoin_timeout_ms, 0, 86400000),
+      I("elastic", "start_timeout_ms", &c.start_timeout_ms, 100, 86400000),
+      I("elastic", "change_timeout_ms", &c.change_timeout_ms, 0, 86400000),
+      I("elastic", "max_reforms", &c.max_reforms, 0, 1000),
+      I("elastic", "worker_max_restarts", &c.worker_max_restarts, 0, 1000),
+      I("elastic", "worker_restart_window_ms", &c.worker_restart_window_ms, 1, 86400000),
       S("checkpoint", "dir", &c.checkpoint_dir),
       I("checkpoint", "every_steps", &c.checkpoint_every_steps, 0, 1e12),
       S("logging", "level", &c.log_level, {"debug", "info", "warn", "error"}),
@@ -229,7 +235,32 @@ void apply_override(toml::table& root, const std::string& ov) {
   t->insert_or_assign(key, *parsed["v"].node());
 }
 
-void validate(const JobConfig& c, const std::string& source) {
+// Where each key was set ("table.key" -> "file:line:col"), for messages about it.
+using Places = std::map<std::string, std::string>;
+
+// Keys this build accepts but cannot act on: refused, never ignored.
+void refuse_what_cannot_act(const JobConfig& c, const std::string& source, const Places& at) {
+  auto place = [&](const std::string& key) {
+    auto it = at.find(key);
+    return it == at.end() ? source : it->second;
+  };
+  if (c.backend == "nccl")
+    throw ConfigError(place("parallel.backend") +
+                      ": parallel.backend = \"nccl\" needs CUDA workers, and this job's workers "
+                      "are CPU devices (cpu:N): use \"ucx\" or \"auto\"");
+  for (const char* key : {"checkpoint.dir", "checkpoint.every_steps"})
+    if (at.count(key) && (key[11] == 'd' ? !c.checkpoint_dir.empty() : c.checkpoint_every_steps))
+      throw ConfigError(place(key) + ": " + key +
+                        ": checkpoints are not implemented yet; remove the key (a job that "
+                        "believed it was checkpointing would lose its work)");
+  if (c.change_timeout_ms > 0 && c.change_timeout_ms <= c.failure_timeout_ms)
+    throw ConfigError(place("elastic.change_timeout_ms") +
+                      ": elastic.change_timeout_ms must be larger than "
+                      "elastic.failure_timeout_ms (a member needs that long to notice a loss)");
+}
+
+void validate(const JobConfig& c, const std::string& source, const Places& at) {
+  refuse_what_cannot_act(c, source, at);
   auto fail = [&](const std::string& m) { throw ConfigError(source + ": " + m); };
   if (c.micro_batch > c.global_batch)
     fail("batch.micro (" + std::to_string(c.micro_batch) + ") exceeds batch.global (" +
@@ -279,6 +310,7 @@ JobConfig parse_config(const std::string& text, const std::string& source,
   }
   for (auto& ov : overrides) apply_override(root, ov);
   JobConfig c;
+  Places places;
   auto fields = fields_of(c);
   std::vector<std::string> tables;
   for (auto& f : fields)
@@ -309,9 +341,10 @@ JobConfig parse_config(const std::string& text, const std::string& source,
                           (hint.empty() ? "" : "; did you mean " + tname + "." + hint + "?"));
       }
       assign(*it, knode, source);
+      places[tname + "." + kname] = where(source, knode);
     }
   }
-  validate(c, source);
+  validate(c, source, places);
   return c;
 }
 

@@ -4,7 +4,8 @@
 //
 // Errors name the file, line and column and say what to do: a syntax error; an unknown table or
 // key (with the nearest valid key); a value of the wrong type or out of range; a missing data
-// file. They are thrown as ConfigError.
+// file; a key this build cannot act on yet (parallel.backend = "nccl" with CPU workers,
+// checkpoint.*): every key acts or is refused. They are thrown as ConfigError.
 #pragma once
 
 #include <cstdint>
@@ -59,6 +60,11 @@ struct JobConfig {
   int64_t min_workers = 1, max_workers = 0;
   int64_t heartbeat_interval_ms = 200, failure_timeout_ms = 3000, max_restarts = 3,
           rejoin_timeout_ms = 30000;
+  int64_t start_timeout_ms = 120000;  // every worker of the first generation ready by then
+  int64_t change_timeout_ms = 0;      // a decided change forms in time; 0: 2 x failure + 30 s
+  int64_t max_reforms = 3;            // a generation may break this often without a step
+  int64_t worker_max_restarts = 3;    // a worker thread that throws: restarts per window
+  int64_t worker_restart_window_ms = 60000;
   // [checkpoint]
   std::string checkpoint_dir;
   int64_t checkpoint_every_steps = 0;
@@ -67,6 +73,10 @@ struct JobConfig {
   bool progress = true;
 
   int64_t workers() const { return agents * devices_per_agent; }
+  // elastic.change_timeout_ms, or its default.
+  int64_t change_timeout() const {
+    return change_timeout_ms > 0 ? change_timeout_ms : 2 * failure_timeout_ms + 30000;
+  }
 };
 
 // Loads path, applies overrides ("table.key=value", value in TOML syntax; a bare word is taken

@@ -61,6 +61,10 @@ typename Inspector::result_type inspect(Inspector& f, ScaleAgents& x) {
   return f(caf::meta::type_name("scale_agents"), x.count);
 }
 
+// The launcher -> the coordinator, once: where to send ScaleAgents (`troupe scale` above the
+// current size). Without one, such requests are refused by cluster.launcher = "external".
+using launcher_atom = caf::atom_constant<caf::atom("jlauncher")>;
+
 // The actor system settings of a process that runs a coordinator: actors::configure_system plus
 // the job's observer messages.
 void configure_job_system(caf::actor_system_config& cfg);

@@ -46,6 +46,7 @@ void JobLifecycle::set_deadline(std::optional<Clock::time_point> at) {
 bool JobLifecycle::generation_started() {
   if (finished()) return false;
   phase_ = stop_requested_ ? JobPhase::stopping : JobPhase::running;
+  resuming_ = false;
   set_deadline(std::nullopt);
   return true;
 }
@@ -60,10 +61,12 @@ bool JobLifecycle::change_decided(Clock::time_point now) {
 
 bool JobLifecycle::pause(Clock::time_point now) {
   if (!started() || phase_ == JobPhase::paused) return false;
+  const bool fresh = !resuming_;
+  if (fresh) paused_since_ = now;
+  resuming_ = true;
   phase_ = JobPhase::paused;
-  paused_since_ = now;
-  set_deadline(now + deadlines_.rejoin_timeout);
-  return true;
+  set_deadline(paused_since_ + deadlines_.rejoin_timeout);
+  return fresh;
 }
 
 bool JobLifecycle::request_stop() {

@@ -49,15 +49,20 @@ class JobLifecycle {
   bool finished() const { return phase_ == JobPhase::finished; }
   // Membership decisions and admin requests (scale, drain) need a first generation.
   bool started() const { return phase_ != JobPhase::forming && !finished(); }
-  // Since when the job is paused (meaningful in `paused`).
+  // Paused since the last generation started: in `paused`, or `changing` out of a pause (a
+  // change decided while paused). The pause's start is kept until the next generation starts.
+  bool resuming() const { return resuming_; }
   Clock::time_point paused_since() const { return paused_since_; }
 
   // Transitions. Each returns whether it changed the phase; an event the phase does not take
   // (anything after finished, a generation start twice is fine) changes nothing.
   bool generation_started();
   bool change_decided(Clock::time_point now);  // in changing already: keeps the first deadline
-  bool pause(Clock::time_point now);           // in paused already: keeps the first deadline
-  bool request_stop();                         // false when already requested
+  // Returns true when the job was not paused since the last generation started (a new pause);
+  // a change out of a pause that falls below the minimum again pauses with the first pause's
+  // start and deadline.
+  bool pause(Clock::time_point now);
+  bool request_stop();  // false when already requested
   bool finish(JobOutcome outcome);
 
   // The deadline of the current phase (none in running, stopping, finished) and its epoch.
@@ -73,6 +78,7 @@ class JobLifecycle {
   JobPhase phase_ = JobPhase::forming;
   JobOutcome outcome_ = JobOutcome::none;
   bool stop_requested_ = false;
+  bool resuming_ = false;
   Clock::time_point paused_since_{};
   std::optional<Clock::time_point> deadline_;
   uint64_t epoch_ = 0;

@@ -5,8 +5,11 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "workers/faults.h"
 
 namespace troupe::workers {
 
@@ -18,6 +21,8 @@ struct AgentOptions {
   std::string name;  // for logs; default: host:pid
   std::chrono::milliseconds heartbeat_interval{200};
   std::chrono::milliseconds failure_timeout{3000};
+  // Faults a test injects into the workers (the test build's `troupe_test` only; null here).
+  std::shared_ptr<FaultInjector> faults;
 };
 
 int run_agent(const AgentOptions& options);

@@ -180,10 +180,10 @@ TEST_F(ControlPlane, SigkillOfThePeerFiresTheMonitorWithin500ms) {
   (*self_)->receive(
       [&](actors::NodeDown& d) {
         double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-        std::printf("SIGKILL -> node down in %.1f ms (%s: %s)\n", ms, d.code.c_str(),
+        std::printf("SIGKILL -> node down in %.1f ms (%s: %s)\n", ms, comm::errc_name(d.code),
                     d.reason.c_str());
         EXPECT_EQ(d.node, peer_node);
-        EXPECT_EQ(d.code, "peer_lost");
+        EXPECT_EQ(d.code, comm::Errc::peer_lost);
         EXPECT_LT(ms, 500.0);
         fired = true;
       },
@@ -217,10 +217,10 @@ TEST_F(ControlPlane, SigstopIsDetectedByHeartbeatsAndTheWokenPeerIsFenced) {
   (*self_)->receive(
       [&](actors::NodeDown& d) {
         double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-        std::printf("SIGSTOP -> node down in %.1f ms (%s: %s)\n", ms, d.code.c_str(),
+        std::printf("SIGSTOP -> node down in %.1f ms (%s: %s)\n", ms, comm::errc_name(d.code),
                     d.reason.c_str());
         EXPECT_EQ(d.node, peer_node);
-        EXPECT_EQ(d.code, "timed_out");
+        EXPECT_EQ(d.code, comm::Errc::timed_out);
         EXPECT_GE(ms, timeout.count() * 0.9);
         EXPECT_LT(ms, timeout.count() + 1500.0);
         fired = true;

@@ -135,6 +135,10 @@ TEST(Job, BadConfigsExitNonZeroWithTheReasonAndStartNothing) {
       {"[optimizer]\nlr = 0.0\n", "optimizer.lr = 0 is out of range"},
       {"[model]\nkind = \"gpt\"\n[data]\nkind = \"text\"\npath = \"/nonexistent/text.txt\"\n",
        "does not exist"},
+      // Keys that would not act are refused, never ignored.
+      {"[parallel]\nbackend = \"nccl\"\n", ":2:11: parallel.backend = \"nccl\" needs CUDA workers"},
+      {"[checkpoint]\nevery_steps = 50\n",
+       "checkpoint.every_steps: checkpoints are not implemented"},
   };
   int i = 0;
   for (auto& c : cases) {
@@ -145,6 +149,54 @@ TEST(Job, BadConfigsExitNonZeroWithTheReasonAndStartNothing) {
     EXPECT_NE(r.output.find(config), std::string::npos)
         << "the message names the file: " << r.output;
     EXPECT_FALSE(std::ifstream(r.run_dir + "/events.jsonl").good()) << "a job was started";
+  }
+}
+
+// A device the build cannot train on is refused where the agent starts: exit 2, with the
+// reason, before it contacts anyone (a CPU worker never stands in for a GPU one).
+TEST(Job, AnAgentOfferingACudaDeviceIsRefusedBeforeAnythingStarts) {
+  testing::TempDir dir;
+  for (const char* device : {"cuda:0", "tpu:0", "cpu:x"}) {
+    std::string out = dir.path() + "/agent.out";
+    coordinator::ChildProcess agent({{testing::troupe_binary(), "agent", "--join", "127.0.0.1:1",
+                                      "--token-file", "/nonexistent/token", "--devices", device},
+                                     out,
+                                     out,
+                                     {}});
+    auto status = agent.wait(30s);
+    ASSERT_TRUE(status);
+    EXPECT_EQ(WEXITSTATUS(*status), 2) << device;
+    auto lines = testing::lines_of(out);
+    std::string text;
+    for (auto& l : lines) text += l + "\n";
+    EXPECT_NE(text.find(std::string("device '") + device + "'"), std::string::npos) << text;
+    if (std::string(device) == "cuda:0")
+      EXPECT_NE(text.find("run on CPU devices only"), std::string::npos) << text;
+  }
+}
+
+// Fault injection lives in the test build only: the release `troupe` given the variables that
+// make troupe_test's worker throw trains on without a failure.
+TEST(Job, TheReleaseBinaryReadsNoFaultInjection) {
+  testing::TempDir dir;
+  std::string config = write_config(dir, "mlp.toml", kMlp);
+  for (bool release : {true, false}) {
+    std::string run_dir = dir.path() + (release ? "/release" : "/test-build");
+    std::string out = run_dir + ".out";
+    coordinator::ChildProcess p(
+        {{release ? TROUPE_RELEASE_BINARY : testing::troupe_binary(), "run", config, "--set",
+          "job.run_dir=\"" + run_dir + "\"", "--set", "cluster.agents=2", "--set",
+          "elastic.max_restarts=0"},
+         out,
+         out,
+         {"TROUPE_TEST_THROW_AGENT=agent-1", "TROUPE_TEST_THROW_AT_STEP=3"}});
+    auto status = p.wait(120s);
+    ASSERT_TRUE(status);
+    int failures = 0;
+    for (auto& l : testing::lines_of(run_dir + "/events.jsonl"))
+      failures += l.find("\"worker_failed\"") != std::string::npos;
+    EXPECT_EQ(failures, release ? 0 : 1) << (release ? "release" : "test build");
+    EXPECT_EQ(WEXITSTATUS(*status), 0);
   }
 }
 

@@ -48,6 +48,22 @@ TEST(Config, BadFilesAreRefusedWithFileLineAndReason) {
        "batch.micro (16) exceeds batch.global (8)"},
       {"bad override", "", {"batch.global=zero"}, "batch.global must be an integer"},
       {"override without a table", "", {"steps=3"}, "expected table.key=value"},
+      {"nccl with CPU workers",
+       "[parallel]\nbackend = \"nccl\"\n",
+       {},
+       "job.toml:2:11: parallel.backend = \"nccl\" needs CUDA workers"},
+      {"checkpoints that would not be written",
+       "[checkpoint]\nevery_steps = 100\n",
+       {},
+       "job.toml:2:15: checkpoint.every_steps: checkpoints are not implemented yet"},
+      {"a checkpoint directory",
+       "",
+       {"checkpoint.dir=ckpt"},
+       "checkpoint.dir: checkpoints are not"},
+      {"change timeout below the failure timeout",
+       "[elastic]\nchange_timeout_ms = 1000\nfailure_timeout_ms = 3000\n",
+       {},
+       "job.toml:2:21: elastic.change_timeout_ms must be larger than elastic.failure_timeout_ms"},
   };
   for (const auto& c : cases) {
     try {
@@ -71,6 +87,31 @@ TEST(Config, DefaultsOverridesAndRoundTrip) {
   EXPECT_EQ(c.global_batch, 64);  // default
   auto again = parse_config(to_toml(c), "effective.toml");
   EXPECT_EQ(to_toml(again), to_toml(c));
+}
+
+TEST(Config, KeysThatWouldNotActAtTheirDefaultsAreAccepted) {
+  // The effective config.toml of a run holds every key: its checkpoint defaults and the auto
+  // backend must load again.
+  JobConfig c = parse_config(
+      "[checkpoint]\ndir = \"\"\nevery_steps = 0\n[parallel]\nbackend = \"ucx\"\n", "job.toml");
+  EXPECT_EQ(c.backend, "ucx");
+  EXPECT_NO_THROW(parse_config(to_toml(JobConfig{}), "effective.toml"));
+}
+
+TEST(Config, DeadlinesComeFromElasticKeys) {
+  JobConfig d;
+  EXPECT_EQ(d.start_timeout_ms, 120000);
+  EXPECT_EQ(d.change_timeout(), 2 * 3000 + 30000);  // derived from failure_timeout_ms
+  EXPECT_EQ(d.max_reforms, 3);
+  JobConfig c = parse_config(
+      "[elastic]\nstart_timeout_ms = 5000\nchange_timeout_ms = 9000\nmax_reforms = 1\n"
+      "worker_max_restarts = 5\nworker_restart_window_ms = 1000\n",
+      "job.toml");
+  EXPECT_EQ(c.start_timeout_ms, 5000);
+  EXPECT_EQ(c.change_timeout(), 9000);
+  EXPECT_EQ(c.max_reforms, 1);
+  EXPECT_EQ(c.worker_max_restarts, 5);
+  EXPECT_EQ(c.worker_restart_window_ms, 1000);
 }
 
 TEST(Config, MissingFileIsRefused) {

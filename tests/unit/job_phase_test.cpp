@@ -93,6 +93,24 @@ TEST(JobPhase, AChangeCanPauseWhenTooFewAreLeft) {
   EXPECT_EQ(job.phase(), JobPhase::paused);
 }
 
+TEST(JobPhase, AChangeOutOfAPauseThatFallsShortAgainKeepsThePausesClock) {
+  const Clock::time_point t0{};
+  JobLifecycle job(kDeadlines, t0);
+  job.generation_started();
+  EXPECT_FALSE(job.resuming());
+  EXPECT_TRUE(job.pause(t0 + 5ms));
+  EXPECT_TRUE(job.resuming());
+  job.change_decided(t0 + 10ms);  // a worker came back ...
+  EXPECT_TRUE(job.resuming());
+  EXPECT_FALSE(job.pause(t0 + 20ms)) << "... and was lost again: not a new pause";
+  EXPECT_EQ(job.phase(), JobPhase::paused);
+  EXPECT_EQ(job.paused_since(), t0 + 5ms);
+  EXPECT_EQ(job.deadline(), t0 + 35ms);
+  job.change_decided(t0 + 25ms);
+  job.generation_started();
+  EXPECT_FALSE(job.resuming());
+}
+
 TEST(JobPhase, AStopRequestedDuringAChangeStopsTheNextGeneration) {
   JobLifecycle job(kDeadlines, {});
   job.generation_started();

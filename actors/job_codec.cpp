@@ -1,0 +1,331 @@
+// The one place where the job protocol's C++ values (job_protocol.h) meet their Cap'n Proto
+// bodies (comm/control.capnp).
+#include "actors/job_protocol.h"
+
+namespace troupe::actors {
+namespace {
+
+using Env = proto::Envelope::Builder;
+
+template <typename List, typename T>
+void set_list(List list, const std::vector<T>& v) {
+  for (unsigned i = 0; i < v.size(); ++i) list.set(i, v[i]);
+}
+
+template <typename T, typename Reader>
+std::vector<T> list_of(Reader r) {
+  std::vector<T> out;
+  out.reserve(r.size());
+  for (auto x : r) out.push_back(T(x));
+  return out;
+}
+
+// The holding of a WorkerReady or a Member (the same fields in both).
+template <typename Builder>
+void set_holding(Builder b, const elastic::Holding& h) {
+  b.setAppliedStep(h.applied);
+  set_list(b.initHeldBlocks(unsigned(h.held.size())), h.held);
+  set_list(b.initSnapshotBlocks(unsigned(h.snapshot.size())), h.snapshot);
+  set_list(b.initBackupBlocks(unsigned(h.backup.size())), h.backup);
+  b.setBackupStep(h.backup_step);
+}
+
+template <typename Reader>
+elastic::Holding holding_of(Reader r) {
+  elastic::Holding h;
+  h.applied = r.getAppliedStep();
+  h.held = list_of<uint32_t>(r.getHeldBlocks());
+  h.snapshot = list_of<uint32_t>(r.getSnapshotBlocks());
+  h.backup = list_of<uint32_t>(r.getBackupBlocks());
+  h.backup_step = r.getBackupStep();
+  return h;
+}
+
+}  // namespace
+
+ControlMessage encode(const Join& m) {
+  return ControlMessage::build([&](Env e) {
+    auto j = e.initBody().initJoin();
+    j.setAgentName(m.agent_name);
+    j.setPid(m.pid);
+    j.setHost(m.host);
+    auto d = j.initDevices(unsigned(m.devices.size()));
+    for (unsigned i = 0; i < m.devices.size(); ++i) d.set(i, m.devices[i]);
+  });
+}
+
+Join decode(proto::Join::Reader r) {
+  Join m{r.getAgentName(), r.getHost(), r.getPid(), {}};
+  for (auto d : r.getDevices()) m.devices.push_back(d);
+  return m;
+}
+
+ControlMessage encode(const JobSpec& m) {
+  return ControlMessage::build([&](Env e) {
+    auto s = e.initBody().initJobSpec();
+    s.setAgentId(m.agent_id);
+    s.setFirstGeneration(m.first_generation);
+    s.setJobName(m.job_name);
+    s.setSeed(m.seed);
+    s.setSteps(m.steps);
+    s.setModelKind(m.model_kind);
+    set_list(s.initHidden(unsigned(m.hidden.size())), m.hidden);
+    s.setInputs(m.inputs);
+    s.setClasses(m.classes);
+    s.setLayers(m.layers);
+    s.setDModel(m.d_model);
+    s.setHeads(m.heads);
+    s.setContext(m.context);
+    s.setTiedHead(m.tied_head);
+    s.setDataKind(m.data_kind);
+    s.setDataPath(m.data_path);
+    s.setSamples(m.samples);
+    s.setGlobalBatch(m.global_batch);
+    s.setMicroBatch(m.micro_batch);
+    s.setOptimizer(m.optimizer);
+    s.setLr(m.lr);
+    s.setMomentum(m.momentum);
+    s.setWeightDecay(m.weight_decay);
+    s.setClipNorm(m.clip_norm);
+    s.setWarmupSteps(m.warmup_steps);
+    s.setDecaySteps(m.decay_steps);
+    s.setThreadsPerWorker(m.threads_per_worker);
+    s.setOverlapReduce(m.overlap_reduce);
+    s.setPipelineStages(m.pipeline_stages);
+    s.setMaxParamsPerWorker(m.max_params_per_worker);
+    s.setStageBackupSteps(m.stage_backup_steps);
+    s.setRecomputeActivations(m.recompute_activations);
+    s.setFailureTimeoutMs(m.failure_timeout_ms);
+    s.setWorkerMaxRestarts(m.worker_max_restarts);
+    s.setWorkerRestartWindowMs(m.worker_restart_window_ms);
+  });
+}
+
+JobSpec decode(proto::JobSpec::Reader s) {
+  JobSpec m;
+  m.agent_id = s.getAgentId();
+  m.first_generation = std::max<uint64_t>(1, s.getFirstGeneration());
+  m.job_name = s.getJobName();
+  m.seed = s.getSeed();
+  m.steps = s.getSteps();
+  m.model_kind = s.getModelKind();
+  m.hidden = list_of<int64_t>(s.getHidden());
+  m.inputs = s.getInputs();
+  m.classes = s.getClasses();
+  m.layers = s.getLayers();
+  m.d_model = s.getDModel();
+  m.heads = s.getHeads();
+  m.context = s.getContext();
+  m.tied_head = s.getTiedHead();
+  m.data_kind = s.getDataKind();
+  m.data_path = s.getDataPath();
+  m.samples = s.getSamples();
+  m.global_batch = s.getGlobalBatch();
+  m.micro_batch = s.getMicroBatch();
+  m.optimizer = s.getOptimizer();
+  m.lr = s.getLr();
+  m.momentum = s.getMomentum();
+  m.weight_decay = s.getWeightDecay();
+  m.clip_norm = s.getClipNorm();
+  m.warmup_steps = s.getWarmupSteps();
+  m.decay_steps = s.getDecaySteps();
+  m.threads_per_worker = s.getThreadsPerWorker();
+  m.overlap_reduce = s.getOverlapReduce();
+  m.pipeline_stages = s.getPipelineStages();
+  m.max_params_per_worker = s.getMaxParamsPerWorker();
+  m.stage_backup_steps = s.getStageBackupSteps();
+  m.recompute_activations = s.getRecomputeActivations();
+  m.failure_timeout_ms = s.getFailureTimeoutMs();
+  m.worker_max_restarts = s.getWorkerMaxRestarts();
+  m.worker_restart_window_ms = s.getWorkerRestartWindowMs();
+  return m;
+}
+
+ControlMessage encode(const WorkerReady& m) {
+  return ControlMessage::build([&](Env e) {
+    auto w = e.initBody().initWorkerReady();
+    w.setAgentId(m.worker.agent);
+    w.setDevice(m.worker.device);
+    w.setGeneration(m.generation);
+    w.setAddress(m.address);
+    set_holding(w, m.holding);
+    w.setNumBlocks(m.num_blocks);
+    w.setLastError(m.last_error);
+  });
+}
+
+WorkerReady decode(proto::WorkerReady::Reader r) {
+  return {{r.getAgentId(), r.getDevice()},
+          r.getGeneration(),
+          r.getAddress(),
+          holding_of(r),
+          r.getNumBlocks(),
+          r.getLastError()};
+}
+
+ControlMessage encode(const GenerationStart& m) {
+  return ControlMessage::build([&](Env e) {
+    auto g = e.initBody().initGenerationStart();
+    g.setGeneration(m.generation);
+    g.setStartStep(m.start_step);
+    g.setStateSource(m.state_source);
+    auto ms = g.initMembers(unsigned(m.members.size()));
+    for (unsigned i = 0; i < m.members.size(); ++i) {
+      const GenerationMember& x = m.members[i];
+      ms[i].setRank(x.rank);
+      ms[i].setAgentId(x.worker.agent);
+      ms[i].setDevice(x.worker.device);
+      ms[i].setAddress(x.address);
+      set_holding(ms[i], x.holding);
+    }
+  });
+}
+
+GenerationStart decode(proto::GenerationStart::Reader r) {
+  GenerationStart m{r.getGeneration(), r.getStartStep(), r.getStateSource(), {}};
+  for (auto x : r.getMembers())
+    m.members.push_back(
+        {x.getRank(), {x.getAgentId(), x.getDevice()}, x.getAddress(), holding_of(x)});
+  return m;
+}
+
+ControlMessage encode(const StepReport& m) {
+  return ControlMessage::build([&](Env e) {
+    auto r = e.initBody().initStepReport();
+    r.setGeneration(m.generation);
+    r.setStep(m.step);
+    r.setRank(m.rank);
+    r.setLoss(m.loss);
+    r.setSamples(m.samples);
+    r.setTokens(m.tokens);
+    r.setPositionBegin(m.position_begin);
+    r.setPositionEnd(m.position_end);
+    r.setSeconds(m.seconds);
+    r.setBusySeconds(m.busy_seconds);
+  });
+}
+
+StepReport decode(proto::StepReport::Reader r) {
+  return {r.getGeneration(), r.getStep(),       r.getRank(),          r.getLoss(),
+          r.getSamples(),    r.getTokens(),     r.getPositionBegin(), r.getPositionEnd(),
+          r.getSeconds(),    r.getBusySeconds()};
+}
+
+ControlMessage encode(const StateReceived& m) {
+  return ControlMessage::build([&](Env e) {
+    auto r = e.initBody().initStateReceived();
+    r.setGeneration(m.generation);
+    r.setRank(m.rank);
+    r.setSourceRank(m.source_rank);
+    r.setBytes(m.bytes);
+    r.setSeconds(m.seconds);
+    r.setNeeded(m.needed);
+    r.setBlocks(m.blocks);
+    r.setPlan(m.plan);
+  });
+}
+
+StateReceived decode(proto::StateReceived::Reader r) {
+  return {r.getGeneration(), r.getRank(),   r.getSourceRank(), r.getBytes(),
+          r.getSeconds(),    r.getNeeded(), r.getBlocks(),     r.getPlan()};
+}
+
+ControlMessage encode(const WorkerDone& m) {
+  return ControlMessage::build([&](Env e) {
+    auto d = e.initBody().initWorkerDone();
+    d.setRank(m.rank);
+    d.setGeneration(m.generation);
+    d.setSteps(m.steps);
+    d.setChecksum(m.checksum);
+  });
+}
+
+WorkerDone decode(proto::WorkerDone::Reader r) {
+  return {r.getRank(), r.getGeneration(), r.getSteps(), r.getChecksum()};
+}
+
+ControlMessage encode(const WorkerFailed& m) {
+  return ControlMessage::build([&](Env e) {
+    auto f = e.initBody().initWorkerFailed();
+    f.setAgentId(m.worker.agent);
+    f.setDevice(m.worker.device);
+    f.setRank(m.rank);
+    f.setGeneration(m.generation);
+    f.setReason(m.reason);
+    f.setRestarting(m.restarting);
+    f.setFatal(m.fatal);
+  });
+}
+
+WorkerFailed decode(proto::WorkerFailed::Reader r) {
+  return {{r.getAgentId(), r.getDevice()},
+          r.getRank(),
+          r.getGeneration(),
+          r.getReason(),
+          r.getRestarting(),
+          r.getFatal()};
+}
+
+ControlMessage encode(const Shutdown& m) {
+  return ControlMessage::build([&](Env e) {
+    auto s = e.initBody().initShutdown();
+    s.setReason(m.reason);
+    s.setExitCode(m.exit_code);
+  });
+}
+
+Shutdown decode(proto::Shutdown::Reader r) { return {r.getReason(), r.getExitCode()}; }
+
+ControlMessage encode(const JobStatus& m) {
+  return ControlMessage::build([&](Env e) {
+    auto s = e.initBody().initStatus();
+    s.setJobName(m.job_name);
+    s.setState(m.state);
+    s.setGeneration(m.generation);
+    s.setStep(m.step);
+    s.setSteps(m.steps);
+    s.setLastLoss(m.last_loss);
+    s.setPlan(m.plan);
+    auto ms = s.initMembers(unsigned(m.members.size()));
+    for (unsigned i = 0; i < m.members.size(); ++i) {
+      ms[i].setRank(m.members[i].rank);
+      ms[i].setAgentId(m.members[i].agent);
+      ms[i].setPid(m.members[i].pid);
+      ms[i].setHost(m.members[i].host);
+      ms[i].setDevice(m.members[i].device);
+    }
+  });
+}
+
+JobStatus decode(proto::JobStatus::Reader r) {
+  JobStatus m{r.getJobName(), r.getState(), r.getPlan(),     r.getGeneration(),
+              r.getStep(),    r.getSteps(), r.getLastLoss(), {}};
+  for (auto x : r.getMembers())
+    m.members.push_back({x.getRank(), x.getAgentId(), x.getPid(), x.getHost(), x.getDevice()});
+  return m;
+}
+
+ControlMessage encode(const LeaveGeneration& m) {
+  return ControlMessage::build([&](Env e) { e.initBody().setLeaveGeneration(m.generation); });
+}
+
+ControlMessage make_ack() {
+  return ControlMessage::build([](Env e) { e.initBody().setAck(); });
+}
+ControlMessage make_stop_at_next_step() {
+  return ControlMessage::build([](Env e) { e.initBody().setStopAtNextStep(); });
+}
+ControlMessage make_status_request() {
+  return ControlMessage::build([](Env e) { e.initBody().setStatusRequest(); });
+}
+ControlMessage make_stop_request() {
+  return ControlMessage::build([](Env e) { e.initBody().setStopRequest(); });
+}
+ControlMessage make_drain_request(uint32_t agent) {
+  return ControlMessage::build([&](Env e) { e.initBody().setDrainRequest(agent); });
+}
+ControlMessage make_scale_request(uint32_t workers) {
+  return ControlMessage::build([&](Env e) { e.initBody().setScaleRequest(workers); });
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,186 @@
+// The job protocol between the coordinator, the agents and the admin commands, as C++ values:
+// one shape per concept (a worker's id, what it holds, a generation, a report), and the one codec
+// (job_codec.cpp) that turns each into its Cap'n Proto body (comm/control.capnp) and back. Code
+// above this file never reads or builds those bodies itself.
+//
+// Inbound messages were validated by comm::FrameValidator, so decoding cannot throw.
+// Thread-safety: plain values.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "actors/control_message.h"
+#include "elastic/generation.h"
+
+namespace troupe::actors {
+
+// A worker of the job: an agent's device (its index in the agent's device list). The one id of a
+// worker everywhere; elastic's decisions take it packed (key()).
+struct WorkerId {
+  uint32_t agent = 0, device = 0;
+  uint64_t key() const { return uint64_t(agent) << 32 | device; }
+  static WorkerId from_key(uint64_t k) { return {uint32_t(k >> 32), uint32_t(k)}; }
+  std::string name() const { return std::to_string(agent) + "/" + std::to_string(device); }
+  bool operator==(const WorkerId& o) const { return key() == o.key(); }
+  bool operator<(const WorkerId& o) const { return key() < o.key(); }
+};
+
+// agent -> coordinator (request): admit me.
+struct Join {
+  std::string agent_name, host;
+  uint32_t pid = 0;
+  std::vector<std::string> devices;  // e.g. "cpu:0"
+};
+
+// coordinator -> agent: the answer to Join. Workers never read TOML: this is the job as they
+// see it (docs/config.md names each key).
+struct JobSpec {
+  uint32_t agent_id = 0;
+  uint64_t first_generation = 1;  // the generation this agent's workers first publish for
+  std::string job_name;
+  uint64_t seed = 0, steps = 0;
+  // [model]
+  std::string model_kind;
+  std::vector<int64_t> hidden;
+  int64_t inputs = 0, classes = 0, layers = 0, d_model = 0, heads = 0, context = 0;
+  bool tied_head = false;
+  // [data]
+  std::string data_kind, data_path;
+  int64_t samples = 0;
+  // [batch]
+  int64_t global_batch = 0, micro_batch = 0;
+  // [optimizer]
+  std::string optimizer;
+  double lr = 0, momentum = 0, weight_decay = 0, clip_norm = 0;
+  int64_t warmup_steps = 0, decay_steps = 0;
+  // [parallel]
+  int64_t threads_per_worker = 1;
+  bool overlap_reduce = false;
+  int64_t pipeline_stages = 1, max_params_per_worker = 0, stage_backup_steps = 0;
+  bool recompute_activations = false;
+  // [elastic]
+  int64_t failure_timeout_ms = 3000;
+  int64_t worker_max_restarts = 3, worker_restart_window_ms = 60000;
+};
+
+// agent -> coordinator: a worker's data-plane address for a generation, and what it holds.
+struct WorkerReady {
+  WorkerId worker;
+  uint64_t generation = 0;
+  std::string address;
+  elastic::Holding holding;
+  uint32_t num_blocks = 0;
+  std::string last_error;  // why its previous generation ended, if the data plane broke
+};
+
+// A member of a generation (by rank).
+struct GenerationMember {
+  uint32_t rank = 0;
+  WorkerId worker;
+  std::string address;
+  elastic::Holding holding;
+};
+
+// coordinator -> agents: a generation starts.
+struct GenerationStart {
+  uint64_t generation = 0, start_step = 0;
+  uint32_t state_source = 0;
+  std::vector<GenerationMember> members;  // by rank
+};
+
+// worker -> coordinator (one way): a step it applied.
+struct StepReport {
+  uint64_t generation = 0, step = 0;
+  uint32_t rank = 0;
+  double loss = 0;
+  uint64_t samples = 0, tokens = 0;
+  uint64_t position_begin = 0, position_end = 0;
+  double seconds = 0, busy_seconds = 0;
+};
+
+// worker -> coordinator (one way): it took the state at a generation's start (or reports the
+// layout, rank 0 of a pipelined job).
+struct StateReceived {
+  uint64_t generation = 0;
+  uint32_t rank = 0, source_rank = 0;
+  uint64_t bytes = 0;
+  double seconds = 0;
+  bool needed = false;
+  uint32_t blocks = 0;
+  std::string plan;
+};
+
+// worker -> coordinator (one way): finished, with a checksum of its parameters.
+struct WorkerDone {
+  uint32_t rank = 0;
+  uint64_t generation = 0, steps = 0, checksum = 0;
+};
+
+// agent -> coordinator (one way): a worker cannot go on.
+struct WorkerFailed {
+  WorkerId worker;
+  uint32_t rank = 0;  // (the device index before it had one)
+  uint64_t generation = 0;
+  std::string reason;
+  bool restarting = false;  // its agent restarts it
+  bool fatal = false;       // the job cannot go on (a model block held by no member)
+};
+
+// coordinator -> agents: the job is over (or this agent was drained).
+struct Shutdown {
+  std::string reason;
+  int32_t exit_code = 0;
+};
+
+struct MemberStatus {
+  uint32_t rank = 0, agent = 0, pid = 0;
+  std::string host, device;
+};
+
+// The answer to a status request.
+struct JobStatus {
+  std::string job_name, state, plan;
+  uint64_t generation = 0, step = 0, steps = 0;
+  double last_loss = 0;
+  std::vector<MemberStatus> members;  // by rank
+};
+
+// Coordinator -> agents control (one-way, no payload beyond what is named).
+struct LeaveGeneration {
+  uint64_t generation = 0;  // end this generation at the next step boundary
+};
+
+// ---- the codec -------------------------------------------------------------------------------
+
+ControlMessage encode(const Join& m);
+ControlMessage encode(const JobSpec& m);
+ControlMessage encode(const WorkerReady& m);
+ControlMessage encode(const GenerationStart& m);
+ControlMessage encode(const StepReport& m);
+ControlMessage encode(const StateReceived& m);
+ControlMessage encode(const WorkerDone& m);
+ControlMessage encode(const WorkerFailed& m);
+ControlMessage encode(const Shutdown& m);
+ControlMessage encode(const JobStatus& m);
+ControlMessage encode(const LeaveGeneration& m);
+ControlMessage make_ack();
+ControlMessage make_stop_at_next_step();
+ControlMessage make_status_request();
+ControlMessage make_stop_request();
+ControlMessage make_drain_request(uint32_t agent);
+ControlMessage make_scale_request(uint32_t workers);
+
+Join decode(proto::Join::Reader r);
+JobSpec decode(proto::JobSpec::Reader r);
+WorkerReady decode(proto::WorkerReady::Reader r);
+GenerationStart decode(proto::GenerationStart::Reader r);
+StepReport decode(proto::StepReport::Reader r);
+StateReceived decode(proto::StateReceived::Reader r);
+WorkerDone decode(proto::WorkerDone::Reader r);
+WorkerFailed decode(proto::WorkerFailed::Reader r);
+Shutdown decode(proto::Shutdown::Reader r);
+JobStatus decode(proto::JobStatus::Reader r);
+
+}  // namespace troupe::actors

@@ -1,0 +1,100 @@
+// troupe: the command's dispatch. A thin layer over the libraries; see `troupe help`. main()
+// is cli/main.cpp (the release binary) or tests/harness/troupe_test_main.cpp (the test build,
+// which passes hooks for fault injection).
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <ucp/api/ucp.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bench/bench.h"
+#include "cli/commands.h"
+#include "comm/cuda_info.h"
+#include "comm/error.h"
+
+namespace {
+
+const char* kUsage = R"(troupe: actor-based elastic training
+
+usage:
+  troupe run CONFIG.toml [--set table.key=value]...   coordinator + local agents; trains; exits when done
+  troupe coordinator CONFIG.toml [--listen HOST:PORT]  the same, with agents started by hand
+  troupe agent --join HOST:PORT --token-file F [--devices cpu:0,cpu:1]
+  troupe status (--run-dir DIR | --coordinator HOST:PORT --token-file F) [--json]
+  troupe stop   (--run-dir DIR | --coordinator HOST:PORT --token-file F)
+  troupe drain  (--run-dir DIR | ...) --agent ID      the agent leaves at the next step boundary
+  troupe scale  (--run-dir DIR | ...) --workers N     grow (local launcher starts agents) or shrink (drains)
+  troupe version                    versions of Troupe and its libraries, CUDA devices
+  troupe demo control               two-process control-plane demo (what `make run` shows)
+  troupe node [options]             a control-plane node with echo and sink services
+      --listen HOST:PORT  --connect HOST:PORT  --rejoin  --job-id ID  --token T | --token-file F
+      --heartbeat-interval-ms N  --failure-timeout-ms N  --generation G  --spin-us N
+      --max-frame-bytes N
+  troupe bench control [--json] [--round-trips N] [--messages N]
+                                    control-plane round trip and message rate, next to raw UCX
+  troupe bench allreduce [--workers N]... [--sizes 4K,1M,64M] [--backend ucx|nccl] [--json]
+      [--algorithm auto|ring|rd|shm] [--shm-slice-bytes B] [--segment-bytes B] [--window N]
+                                    allreduce between processes (ucx) or GPUs (nccl): time, bus bandwidth
+  troupe bench model [--model mlp|gpt] [--threads T] [--steps N] [--json] [--curve]
+                                    single-process training throughput of the reference models
+)";
+
+int version() {
+  unsigned major = 0, minor = 0, release = 0;
+  ucp_get_version(&major, &minor, &release);
+  std::printf("troupe 0.1.0\nUCX %u.%u.%u\nCAF 0.17\n%s\n", major, minor, release,
+              troupe::comm::cuda_summary().c_str());
+  return 0;
+}
+
+}  // namespace
+
+namespace troupe::cli {
+
+int troupe_main(int argc, char** argv, const Hooks& hooks) {
+  // Logs go to stderr; stdout is for results and machine-readable lines.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("troupe"));
+  std::vector<std::string> words(argv + 1, argv + argc);
+  if (words.empty() || words[0] == "help" || words[0] == "--help" || words[0] == "-h") {
+    std::fputs(kUsage, words.empty() ? stderr : stdout);
+    return words.empty() ? 2 : 0;
+  }
+  std::string cmd = words[0];
+  std::vector<std::string> rest(words.begin() + 1, words.end());
+  try {
+    if (cmd == "version") return version();
+    if (cmd == "node") return run_node(rest);
+    if (cmd == "run") return run_run(rest);
+    if (cmd == "coordinator") return run_coordinator(rest);
+    if (cmd == "agent") return run_agent_command(rest, hooks);
+    if (cmd == "status") return run_status(rest);
+    if (cmd == "stop") return run_stop(rest);
+    if (cmd == "drain") return run_drain(rest);
+    if (cmd == "scale") return run_scale(rest);
+    if (cmd == "demo" && !rest.empty() && rest[0] == "control")
+      return run_demo_control({rest.begin() + 1, rest.end()});
+    if (cmd == "bench" && !rest.empty() && rest[0] == "control")
+      return troupe::bench::run_control_bench({rest.begin() + 1, rest.end()});
+    if (cmd == "bench" && !rest.empty() && rest[0] == "allreduce")
+      return troupe::bench::run_allreduce_bench({rest.begin() + 1, rest.end()});
+    if (cmd == "bench" && !rest.empty() && rest[0] == "allreduce-worker")
+      return troupe::bench::run_allreduce_worker({rest.begin() + 1, rest.end()});
+    if (cmd == "bench" && !rest.empty() && rest[0] == "model")
+      return troupe::bench::run_model_bench({rest.begin() + 1, rest.end()});
+    if (cmd == "bench" && !rest.empty() && rest[0] == "raw-ucx-server")
+      return troupe::bench::run_raw_ucx_server({rest.begin() + 1, rest.end()});
+    std::fprintf(stderr, "troupe: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
+    return 2;
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "troupe %s: %s\n", cmd.c_str(), e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "troupe %s: error: %s\n", cmd.c_str(), e.what());
+    return 1;
+  }
+}
+
+}  // namespace troupe::cli

@@ -1,0 +1,45 @@
+#include "coordinator/job_spec.h"
+
+namespace troupe::coordinator {
+
+actors::JobSpec job_spec_of(const JobConfig& c, uint32_t agent_id, uint64_t first_generation) {
+  actors::JobSpec s;
+  s.agent_id = agent_id;
+  s.first_generation = first_generation;
+  s.job_name = c.name;
+  s.seed = uint64_t(c.seed);
+  s.steps = uint64_t(c.steps);
+  s.model_kind = c.model_kind;
+  s.hidden = c.hidden;
+  s.inputs = c.inputs;
+  s.classes = c.classes;
+  s.layers = c.layers;
+  s.d_model = c.d_model;
+  s.heads = c.heads;
+  s.context = c.context;
+  s.tied_head = c.tied_head;
+  s.data_kind = c.data_kind;
+  s.data_path = c.data_path;
+  s.samples = c.samples;
+  s.global_batch = c.global_batch;
+  s.micro_batch = c.micro_batch;
+  s.optimizer = c.optimizer;
+  s.lr = c.lr;
+  s.momentum = c.momentum;
+  s.weight_decay = c.weight_decay;
+  s.clip_norm = c.clip_norm;
+  s.warmup_steps = c.warmup_steps;
+  s.decay_steps = c.decay_steps;
+  s.threads_per_worker = c.threads_per_worker;
+  s.overlap_reduce = c.overlap_reduce;
+  s.pipeline_stages = c.pipeline_stages;
+  s.max_params_per_worker = c.max_params_per_worker;
+  s.stage_backup_steps = c.stage_backup_steps;
+  s.recompute_activations = c.recompute_activations;
+  s.failure_timeout_ms = c.failure_timeout_ms;
+  s.worker_max_restarts = c.worker_max_restarts;
+  s.worker_restart_window_ms = c.worker_restart_window_ms;
+  return s;
+}
+
+}  // namespace troupe::coordinator

@@ -1,0 +1,150 @@
+#include "coordinator/launcher.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/wait.h>
+
+#include <memory>
+
+#include "coordinator/exit_watcher.h"
+#include "coordinator/job.h"
+#include "coordinator/process.h"
+
+namespace troupe::coordinator {
+namespace {
+
+using exited_atom = caf::atom_constant<caf::atom("lexited")>;
+using restart_atom = caf::atom_constant<caf::atom("lrestart")>;
+using grace_atom = caf::atom_constant<caf::atom("lgrace")>;
+
+std::string how_it_ended(int status) {
+  return WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
+                             : "exited " + std::to_string(WEXITSTATUS(status));
+}
+
+class Launcher : public caf::event_based_actor {
+ public:
+  Launcher(caf::actor_config& cfg, LauncherOptions options, caf::actor coordinator)
+      : caf::event_based_actor(cfg),
+        opt_(std::move(options)),
+        coordinator_(std::move(coordinator)) {}
+
+  void on_exit() override { coordinator_ = caf::actor(); }
+
+  caf::behavior make_behavior() override {
+    // (A weak handle: the watcher's thread must not keep this actor alive.)
+    watcher_ = std::make_unique<ExitWatcher>([self = address()](uint64_t id) {
+      if (auto me = caf::actor_cast<caf::actor>(self)) caf::anon_send(me, exited_atom::value, id);
+    });
+    for (int64_t i = 0; i < opt_.agents; ++i) add_slot();
+    send(coordinator_, launcher_atom::value, caf::actor_cast<caf::actor>(this));
+    return {
+        [this](exited_atom, uint64_t id) { on_exited(id); },
+        [this](restart_atom, uint64_t slot) { restart(slot); },
+        [this](ScaleAgents& s) {
+          for (int64_t k = 0; k < s.count && !stopping_; ++k) {
+            add_slot();
+            report("agent_started", slots_.size() - 1, 0, "scale");
+          }
+        },
+        [this](stop_atom) -> caf::result<bool> {
+          stopping_ = true;
+          if (running() == 0) return true;
+          stopped_ = make_response_promise<bool>();
+          delayed_send(this, opt_.grace, grace_atom::value);
+          return stopped_;
+        },
+        [this](grace_atom) {
+          for (auto& s : slots_)
+            if (s.proc && s.proc->running()) s.proc->kill_and_reap();
+          finish(false);
+        },
+    };
+  }
+
+ private:
+  struct Slot {
+    std::unique_ptr<ChildProcess> proc;
+    int64_t restarts = 0;
+    uint64_t incarnation = 0;
+  };
+
+  void add_slot() {
+    slots_.emplace_back();
+    start(slots_.size() - 1);
+  }
+
+  void start(size_t i) {
+    Slot& s = slots_[i];
+    const std::string log = opt_.run_dir + "/agent-" + std::to_string(i) + ".log";
+    std::vector<std::string> argv{opt_.program, "agent"};
+    argv.insert(argv.end(), opt_.agent_args.begin(), opt_.agent_args.end());
+    argv.insert(argv.end(), {"--name", "agent-" + std::to_string(i)});
+    s.proc = std::make_unique<ChildProcess>(ChildProcess::Options{argv, log, log, {}});
+    ++s.incarnation;
+    watcher_->watch(uint64_t(i) << 20 | (s.incarnation & 0xFFFFF), s.proc->pid());
+  }
+
+  void on_exited(uint64_t id) {
+    const size_t i = size_t(id >> 20);
+    if (i >= slots_.size() || (slots_[i].incarnation & 0xFFFFF) != (id & 0xFFFFF)) return;
+    Slot& s = slots_[i];
+    auto status = s.proc->wait(std::chrono::milliseconds(1000));
+    if (!status) return;  // (cannot happen: it exited)
+    if (stopping_) {
+      if (running() == 0) finish(true);
+      return;
+    }
+    const bool clean = WIFEXITED(*status) && WEXITSTATUS(*status) == 0;
+    auto d = elastic::decide_restart(opt_.restarts, s.restarts, clean);
+    using Kind = elastic::RestartDecision::Kind;
+    if (d.kind == Kind::done) return;
+    const std::string how = how_it_ended(*status);
+    if (d.kind == Kind::give_up) {
+      report("agent_gave_up", i, s.restarts,
+             "agent-" + std::to_string(i) + " " + how + "; " + d.reason);
+      return;
+    }
+    ++s.restarts;
+    spdlog::warn("agent-{} {}; restarting it in {} ms ({} of {})", i, how, d.backoff.count(),
+                 s.restarts, opt_.restarts.max_restarts);
+    delayed_send(this, d.backoff, restart_atom::value, uint64_t(i));
+  }
+
+  void restart(uint64_t i) {
+    if (stopping_) return;
+    start(size_t(i));
+    report("agent_restarted", size_t(i), slots_[i].restarts, "");
+  }
+
+  void report(const std::string& event, size_t slot, int64_t attempt, const std::string& detail) {
+    const Slot& s = slots_[slot];
+    const int64_t pid = event == "agent_gave_up" || !s.proc ? 0 : s.proc->pid();
+    send(coordinator_, LauncherEvent{event, int64_t(slot), attempt, pid, detail});
+  }
+
+  size_t running() const {
+    size_t n = 0;
+    for (const auto& s : slots_) n += s.proc && s.proc->running();
+    return n;
+  }
+
+  void finish(bool all_exited) {
+    if (stopped_.pending()) stopped_.deliver(all_exited);
+  }
+
+  LauncherOptions opt_;
+  caf::actor coordinator_;
+  std::vector<Slot> slots_;
+  std::unique_ptr<ExitWatcher> watcher_;  // (after the slots: stops before their processes go)
+  bool stopping_ = false;
+  caf::typed_response_promise<bool> stopped_;
+};
+
+}  // namespace
+
+caf::actor spawn_local_launcher(caf::actor_system& system, LauncherOptions options,
+                                caf::actor coordinator) {
+  return system.spawn<Launcher, caf::detached>(std::move(options), std::move(coordinator));
+}
+
+}  // namespace troupe::coordinator

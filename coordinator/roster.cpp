@@ -1,0 +1,43 @@
+#include "coordinator/roster.h"
+
+namespace troupe::coordinator {
+
+const Agent& Roster::admit(uint64_t node, const actors::Join& j) {
+  Agent a;
+  a.id = uint32_t(agents_.size());
+  a.node = node;
+  a.name = j.agent_name;
+  a.host = j.host;
+  a.pid = j.pid;
+  a.devices = j.devices;
+  agents_.push_back(std::move(a));
+  return agents_.back();
+}
+
+Agent* Roster::live_at(uint64_t node) {
+  for (auto& a : agents_)
+    if (a.node == node && a.alive) return &a;
+  return nullptr;
+}
+
+bool Roster::usable(actors::WorkerId w) const {
+  return known(w) && agents_[w.agent].alive && !given_up_.count(w);
+}
+
+std::vector<actors::WorkerId> Roster::usable_workers() const {
+  std::vector<actors::WorkerId> out;
+  for (const auto& a : agents_)
+    for (uint32_t d = 0; d < a.devices.size(); ++d)
+      if (usable({a.id, d})) out.push_back({a.id, d});
+  return out;
+}
+
+std::string Roster::name(actors::WorkerId w) const {
+  return known(w) ? agents_[w.agent].name + "/" + std::to_string(w.device) : w.name();
+}
+
+std::string Roster::device(actors::WorkerId w) const {
+  return known(w) ? agents_[w.agent].devices[w.device] : "?";
+}
+
+}  // namespace troupe::coordinator

@@ -1,0 +1,121 @@
+#include "coordinator/step_driver.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+namespace troupe::coordinator {
+
+bool StepDriver::report(const actors::StepReport& r, uint64_t generation, size_t world) {
+  Pending& p = steps_[r.step];
+  p.ranks.push_back(r.rank);
+  p.ranges.push_back({r.position_begin, r.position_end});
+  p.loss = r.loss;
+  p.samples += r.samples;
+  p.tokens += r.tokens;
+  p.seconds = std::max(p.seconds, r.seconds);
+  p.busy += r.busy_seconds;
+  if (p.ranks.size() < world) return false;
+  commit(r.step, false, generation, world);
+  return true;
+}
+
+bool StepDriver::start_generation(const elastic::GenerationStart& g, uint64_t generation,
+                                  size_t world) {
+  for (uint64_t step = g.recover_from; step < g.recover_to; ++step)
+    commit(step, /*recovered=*/true, generation, world);
+  if (g.rolled_back) {
+    // A pipeline stage without a replica was lost: everyone resumes from the stage backups. The
+    // steps since are redone; their ledger lines go (they are written again when the steps
+    // commit again), so every sample is still used once in the committed steps.
+    log_.event("steps_rolled_back", Json()
+                                        .integer("from", long(g.start_step))
+                                        .integer("to", long(committed_))
+                                        .integer("generation", long(generation + 1)));
+    spdlog::warn("rolling back steps {}..{} to the stage backups", g.start_step, committed_ - 1);
+    if (!log_.drop_ledger_from(g.start_step)) return false;
+    committed_ = g.start_step;
+  }
+  // Reports of the old generation for steps from the start on are void: those steps are redone
+  // (a pipeline stage may have applied and reported a step that others never finished).
+  steps_.clear();
+  return true;
+}
+
+// Commits a step and writes its ledger lines. recovered: applied by some members of the old
+// generation but not reported by all (the lost one among them).
+void StepDriver::commit(uint64_t step, bool recovered, uint64_t generation, size_t world) {
+  Pending p = steps_[step];
+  steps_.erase(step);
+  if (cfg_.ledger) write_ledger(step, p, recovered, generation);
+  committed_ = step + 1;
+  last_loss_ = p.loss;
+  const double seconds = std::max(p.seconds, 1e-9);
+  StepCommitted c{committed_, p.loss, p.samples / seconds, p.tokens / seconds, generation, world};
+  log_.event("step_committed", Json()
+                                   .integer("step", long(step))
+                                   .num("loss", p.loss)
+                                   .integer("samples", long(cfg_.global_batch))
+                                   .integer("generation", long(generation))
+                                   .integer("world_size", long(world)));
+  const double idle = p.ranks.empty() ? 0.0 : 1.0 - p.busy / (double(p.ranks.size()) * seconds);
+  log_.metric(Json()
+                  .integer("step", long(step))
+                  .num("loss", p.loss)
+                  .num("step_seconds", p.seconds)
+                  .num("idle_fraction", idle)
+                  .num("samples_per_s", c.samples_per_s)
+                  .num("tokens_per_s", c.tokens_per_s)
+                  .integer("world_size", long(world)));
+  if (on_commit_) on_commit_(c);
+}
+
+// One line per reporting member; for a recovered step the positions nobody reported were used
+// by the members that did not report (they took part in the reduction) and go on one line
+// under the first of them.
+void StepDriver::write_ledger(uint64_t step, const Pending& p, bool recovered,
+                              uint64_t generation) {
+  auto line = [&](uint32_t rank, const std::string& positions) {
+    log_.ledger(Json()
+                    .integer("step", long(step))
+                    .integer("generation", long(generation))
+                    .integer("member", rank)
+                    .raw("positions", "[" + positions + "]"));
+  };
+  auto pair = [](uint64_t a, uint64_t b) {
+    return "[" + std::to_string(a) + "," + std::to_string(b) + "]";
+  };
+  for (size_t i = 0; i < p.ranks.size(); ++i)
+    line(p.ranks[i], pair(p.ranges[i].first, p.ranges[i].second));
+  if (!recovered) return;
+  const uint64_t B = uint64_t(cfg_.global_batch);
+  auto ranges = p.ranges;
+  std::sort(ranges.begin(), ranges.end());
+  std::string gaps;
+  uint64_t at = step * B;
+  for (auto [a, b] : ranges) {
+    if (a > at) gaps += (gaps.empty() ? "" : ",") + pair(at, a);
+    at = std::max(at, b);
+  }
+  if (at < (step + 1) * B) gaps += (gaps.empty() ? "" : ",") + pair(at, (step + 1) * B);
+  uint32_t missing = 0;
+  while (std::count(p.ranks.begin(), p.ranks.end(), missing)) ++missing;
+  if (!gaps.empty()) line(missing, gaps);
+}
+
+std::optional<StepDriver::Outcome> StepDriver::done(const actors::WorkerDone& d, size_t world) {
+  checksums_[d.rank] = d.checksum;
+  if (checksums_.size() < world) return std::nullopt;
+  Outcome o;
+  o.checksums = "[";
+  for (auto& [rank, sum] : checksums_) {
+    o.identical = o.identical && sum == checksums_.begin()->second;
+    o.checksums += (o.checksums.size() > 1 ? "," : "") + std::string("\"") +
+                   fmt::format("{:016x}", sum) + "\"";
+  }
+  o.checksums += "]";
+  return o;
+}
+
+}  // namespace troupe::coordinator

@@ -1,0 +1,77 @@
+// The step driver: collects the members' step reports, commits a step when every member has
+// reported it (events.jsonl step_committed, metrics.jsonl, ledger.jsonl), recovers or rolls back
+// steps at a generation's start (elastic::GenerationStart says which), and compares the members'
+// parameter checksums at the end.
+//
+// Ledger lines are written only at commit: a step reported by some members and then redone is
+// never in the ledger twice.
+//
+// Thread-safety: none; owned by the coordinator's actor.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "actors/job_protocol.h"
+#include "coordinator/config.h"
+#include "coordinator/events.h"
+#include "elastic/generation.h"
+
+namespace troupe::coordinator {
+
+struct StepCommitted {
+  uint64_t committed = 0;  // steps committed so far
+  double loss = 0, samples_per_s = 0, tokens_per_s = 0;
+  uint64_t generation = 0, world_size = 0;
+};
+
+class StepDriver {
+ public:
+  // on_commit: after every committed step (recovered ones too).
+  StepDriver(RunLog& log, const JobConfig& config,
+             std::function<void(const StepCommitted&)> on_commit)
+      : log_(log), cfg_(config), on_commit_(std::move(on_commit)) {}
+
+  uint64_t committed() const { return committed_; }
+  double last_loss() const { return last_loss_; }
+
+  // A report of the current generation (of `world` members); true when it completed its step.
+  bool report(const actors::StepReport& r, uint64_t generation, size_t world);
+
+  // The generation after `generation` (of `world` members) starts as g says: steps the old one
+  // completed are committed (recovered), or the steps since a rollback's start are dropped from
+  // the ledger. Reports of the old generation are void from here. False: the ledger could not
+  // be rewritten (the caller fails the job: it would show those steps twice).
+  bool start_generation(const elastic::GenerationStart& g, uint64_t generation, size_t world);
+
+  // A member finished with a checksum; once all `world` have: whether they agree, and the list.
+  struct Outcome {
+    bool identical = true;
+    std::string checksums;  // a JSON array of hex strings, by rank
+  };
+  std::optional<Outcome> done(const actors::WorkerDone& d, size_t world);
+
+ private:
+  struct Pending {
+    std::vector<uint32_t> ranks;                        // that reported
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;  // their sample positions, [begin, end)
+    double loss = 0, seconds = 0;
+    double busy = 0;  // summed over the reporting ranks
+    uint64_t samples = 0, tokens = 0;
+  };
+  void commit(uint64_t step, bool recovered, uint64_t generation, size_t world);
+  void write_ledger(uint64_t step, const Pending& p, bool recovered, uint64_t generation);
+
+  RunLog& log_;
+  const JobConfig& cfg_;
+  std::function<void(const StepCommitted&)> on_commit_;
+  std::map<uint64_t, Pending> steps_;
+  std::map<uint32_t, uint64_t> checksums_;
+  uint64_t committed_ = 0;
+  double last_loss_ = 0;
+};
+
+}  // namespace troupe::coordinator

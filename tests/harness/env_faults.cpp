@@ -1,0 +1,60 @@
+#include "tests/harness/env_faults.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+namespace troupe::testing {
+namespace {
+
+int64_t env_int(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::atoll(v) : 0;
+}
+
+class EnvFaults : public workers::FaultInjector {
+ public:
+  EnvFaults()
+      : step_delay_us_(env_int("TROUPE_TEST_STEP_DELAY_US")),
+        throw_at_step_(uint64_t(env_int("TROUPE_TEST_THROW_AT_STEP"))),
+        state_delay_ms_(env_int("TROUPE_TEST_STATE_DELAY_MS")) {
+    if (const char* a = std::getenv("TROUPE_TEST_THROW_AGENT")) throw_agent_ = a;
+  }
+  bool any() const {
+    return step_delay_us_ > 0 || (throw_at_step_ > 0 && !throw_agent_.empty()) ||
+           state_delay_ms_ > 0;
+  }
+
+  void before_step(const std::string& agent, uint32_t device, uint64_t step) override {
+    // Once per agent process: the restarted worker does not fail again.
+    if (device == 0 && agent == throw_agent_ && step + 1 == throw_at_step_ &&
+        !thrown_.exchange(true))
+      throw std::runtime_error("injected fault at step " + std::to_string(step) +
+                               " (TROUPE_TEST_THROW_AT_STEP)");
+    if (step_delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(step_delay_us_));
+  }
+
+  void mid_state_transfer(const std::string&, uint32_t) override {
+    if (state_delay_ms_ > 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(state_delay_ms_));
+  }
+
+ private:
+  int64_t step_delay_us_;
+  uint64_t throw_at_step_;
+  int64_t state_delay_ms_;
+  std::string throw_agent_;
+  std::atomic<bool> thrown_{false};
+};
+
+}  // namespace
+
+std::shared_ptr<workers::FaultInjector> faults_from_environment() {
+  auto f = std::make_shared<EnvFaults>();
+  return f->any() ? f : nullptr;
+}
+
+}  // namespace troupe::testing

@@ -1,0 +1,21 @@
+// The test build's fault injector (workers::FaultInjector), configured from the environment of
+// the `troupe_test` process, so the multi-process tests can inject faults into agents started by
+// `troupe run`. The release `troupe` has none of this.
+//
+//   TROUPE_TEST_STEP_DELAY_US     every step of every worker waits this long first (pacing)
+//   TROUPE_TEST_THROW_AGENT       with TROUPE_TEST_THROW_AT_STEP: device 0 of the agent of this
+//   TROUPE_TEST_THROW_AT_STEP     name throws once when it reaches this step (counting from 1)
+//   TROUPE_TEST_STATE_DELAY_MS    a state transfer this agent sends pauses this long after its
+//                                 first buffer
+#pragma once
+
+#include <memory>
+
+#include "workers/faults.h"
+
+namespace troupe::testing {
+
+// Null when none of the variables is set.
+std::shared_ptr<workers::FaultInjector> faults_from_environment();
+
+}  // namespace troupe::testing

@@ -1,0 +1,149 @@
+// The job protocol's codec: every message survives encode -> decode with every field, lists
+// included (holdings with held, snapshot and backup blocks; generation members; status rows).
+#include <gtest/gtest.h>
+
+#include "actors/job_protocol.h"
+
+namespace troupe::actors {
+namespace {
+
+proto::Envelope::Body::Reader body(const ControlMessage& m) { return m.envelope().getBody(); }
+
+elastic::Holding holding() {
+  elastic::Holding h;
+  h.applied = 41;
+  h.held = {0, 1, 2};
+  h.snapshot = {1};
+  h.backup_step = 40;
+  h.backup = {3, 4};
+  return h;
+}
+
+TEST(JobCodec, JoinAndJobSpecRoundTrip) {
+  Join j{"agent-3", "host-a", 1234, {"cpu:0", "cpu:1"}};
+  Join k = decode(body(encode(j)).getJoin());
+  EXPECT_EQ(k.agent_name, j.agent_name);
+  EXPECT_EQ(k.host, j.host);
+  EXPECT_EQ(k.pid, j.pid);
+  EXPECT_EQ(k.devices, j.devices);
+
+  JobSpec s;
+  s.agent_id = 7;
+  s.first_generation = 5;
+  s.job_name = "gpt";
+  s.seed = 11;
+  s.steps = 300;
+  s.model_kind = "gpt";
+  s.hidden = {64, 32};
+  s.layers = 3;
+  s.d_model = 96;
+  s.heads = 3;
+  s.context = 32;
+  s.tied_head = true;
+  s.data_kind = "text";
+  s.data_path = "/tmp/x";
+  s.global_batch = 24;
+  s.micro_batch = 8;
+  s.optimizer = "adamw";
+  s.lr = 2e-3;
+  s.clip_norm = 1.5;
+  s.warmup_steps = 10;
+  s.pipeline_stages = 0;
+  s.stage_backup_steps = 20;
+  s.recompute_activations = true;
+  s.failure_timeout_ms = 4000;
+  s.worker_max_restarts = 9;
+  s.worker_restart_window_ms = 12345;
+  JobSpec t = decode(body(encode(s)).getJobSpec());
+  EXPECT_EQ(t.agent_id, 7u);
+  EXPECT_EQ(t.first_generation, 5u);
+  EXPECT_EQ(t.hidden, s.hidden);
+  EXPECT_EQ(t.model_kind, "gpt");
+  EXPECT_EQ(t.data_path, "/tmp/x");
+  EXPECT_EQ(t.lr, 2e-3);
+  EXPECT_EQ(t.clip_norm, 1.5);
+  EXPECT_TRUE(t.tied_head);
+  EXPECT_TRUE(t.recompute_activations);
+  EXPECT_EQ(t.pipeline_stages, 0);
+  EXPECT_EQ(t.worker_max_restarts, 9);
+  EXPECT_EQ(t.worker_restart_window_ms, 12345);
+  EXPECT_EQ(t.failure_timeout_ms, 4000);
+}
+
+TEST(JobCodec, WorkerReadyAndGenerationStartCarryTheWholeHolding) {
+  WorkerReady r{{2, 1}, 6, "9@h@ab", holding(), 5, "peer_lost: rank 1 lost"};
+  WorkerReady q = decode(body(encode(r)).getWorkerReady());
+  EXPECT_EQ(q.worker, r.worker);
+  EXPECT_EQ(q.generation, 6u);
+  EXPECT_EQ(q.address, r.address);
+  EXPECT_EQ(q.holding, r.holding);
+  EXPECT_EQ(q.num_blocks, 5u);
+  EXPECT_EQ(q.last_error, r.last_error);
+
+  GenerationStart g{6, 40, 1, {{0, {0, 0}, "a", holding()}, {1, {2, 1}, "b", {}}}};
+  GenerationStart h = decode(body(encode(g)).getGenerationStart());
+  EXPECT_EQ(h.generation, 6u);
+  EXPECT_EQ(h.start_step, 40u);
+  EXPECT_EQ(h.state_source, 1u);
+  ASSERT_EQ(h.members.size(), 2u);
+  EXPECT_EQ(h.members[0].holding, holding());
+  EXPECT_EQ(h.members[1].worker, (WorkerId{2, 1}));
+  EXPECT_EQ(h.members[1].address, "b");
+}
+
+TEST(JobCodec, ReportsAndAnswersRoundTrip) {
+  StepReport s{3, 17, 2, 1.25, 8, 256, 100, 108, 0.5, 0.4};
+  StepReport t = decode(body(encode(s)).getStepReport());
+  EXPECT_EQ(t.step, 17u);
+  EXPECT_EQ(t.position_end, 108u);
+  EXPECT_EQ(t.tokens, 256u);
+  EXPECT_EQ(t.busy_seconds, 0.4);
+
+  StateReceived a{3, 1, 0, 4096, 0.01, true, 2, "dp 1 x pp 2"};
+  StateReceived b = decode(body(encode(a)).getStateReceived());
+  EXPECT_EQ(b.plan, a.plan);
+  EXPECT_EQ(b.bytes, 4096u);
+  EXPECT_TRUE(b.needed);
+
+  WorkerDone d{1, 3, 100, 0xfeedULL};
+  EXPECT_EQ(decode(body(encode(d)).getWorkerDone()).checksum, 0xfeedULL);
+
+  WorkerFailed f{{4, 2}, 3, 9, "injected", true, false};
+  WorkerFailed g = decode(body(encode(f)).getWorkerFailed());
+  EXPECT_EQ(g.worker, (WorkerId{4, 2}));
+  EXPECT_EQ(g.reason, "injected");
+  EXPECT_TRUE(g.restarting);
+  EXPECT_FALSE(g.fatal);
+
+  Shutdown x{"drained", 0};
+  EXPECT_EQ(decode(body(encode(x)).getShutdown()).reason, "drained");
+
+  JobStatus st{"job", "running", "", 2, 10, 100, 1.5, {{0, 1, 99, "h", "cpu:0"}}};
+  JobStatus su = decode(body(encode(st)).getStatus());
+  EXPECT_EQ(su.state, "running");
+  ASSERT_EQ(su.members.size(), 1u);
+  EXPECT_EQ(su.members[0].pid, 99u);
+  EXPECT_EQ(su.members[0].device, "cpu:0");
+
+  EXPECT_EQ(body(encode(LeaveGeneration{4})).getLeaveGeneration(), 4u);
+  EXPECT_TRUE(body(make_ack()).isAck());
+  EXPECT_EQ(body(make_scale_request(3)).getScaleRequest(), 3u);
+}
+
+TEST(JobCodec, ErrorRepliesCarryTheTypedCode) {
+  auto e = make_error_reply(comm::Errc::refused, "the job is finished");
+  auto err = body(e).getError();
+  EXPECT_EQ(comm::errc_from_wire(uint32_t(err.getErrc())), comm::Errc::refused);
+  EXPECT_STREQ(err.getMessage().cStr(), "the job is finished");
+  EXPECT_EQ(comm::errc_from_wire(999), comm::Errc::internal);
+}
+
+TEST(WorkerIds, PackIntoOneKeyAndBack) {
+  WorkerId w{7, 3};
+  EXPECT_EQ(WorkerId::from_key(w.key()), w);
+  EXPECT_EQ(w.name(), "7/3");
+  EXPECT_LT((WorkerId{1, 9}), (WorkerId{2, 0}));
+}
+
+}  // namespace
+}  // namespace troupe::actors

@@ -1,0 +1,79 @@
+#include "workers/block_state.h"
+
+#include <cstring>
+
+namespace troupe::workers {
+
+BlockStates::BlockStates(models::Model& model, models::Optimizer& opt, uint64_t seed,
+                         bool init_state, bool lazy)
+    : model_(model), opt_(opt), seed_(seed) {
+  const size_t n = model.num_blocks();
+  // Every worker of the first generation starts from the same initial state (a pure function of
+  // the seed); one that skipped it holds nothing until it receives the state.
+  held_at_.assign(n, init_state ? 0 : kStale);
+  pending_init_.assign(n, init_state && lazy);
+  snap_at_.assign(n, kStale);
+  snap_.resize(n);
+  if (init_state && !lazy) model_.init(seed);
+}
+
+std::vector<models::Tensor*> BlockStates::buffers(uint32_t b) {
+  opt_.ensure(b);
+  std::vector<models::Tensor*> out{&model_.block(b).params(), &opt_.m(b)};
+  if (opt_.has_v()) out.push_back(&opt_.v(b));
+  return out;
+}
+
+std::vector<size_t> BlockStates::sizes(uint32_t b) const {
+  const size_t n = model_.block(b).param_count();
+  return opt_.has_v() ? std::vector<size_t>{n, n, n} : std::vector<size_t>{n, n};
+}
+
+uint64_t BlockStates::bytes(uint32_t b) const {
+  uint64_t total = 0;
+  for (size_t n : sizes(b)) total += n * sizeof(float);
+  return total;
+}
+
+void BlockStates::hold(uint32_t b, uint64_t step) {
+  held_at_[b] = step;
+  pending_init_[b] = false;
+}
+
+void BlockStates::materialize(uint32_t b) {
+  if (!pending_init_[b]) return;
+  model_.block(b).init(seed_, b);
+  pending_init_[b] = false;
+}
+
+void BlockStates::snapshot(uint32_t b, uint64_t step) {
+  auto bufs = buffers(b);
+  auto& snap = snap_[b];
+  if (snap.size() != bufs.size()) snap.assign(bufs.size(), models::Tensor());
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    if (snap[i].numel() != bufs[i]->numel()) snap[i] = models::Tensor({bufs[i]->numel()});
+    std::memcpy(snap[i].data(), bufs[i]->data(), bufs[i]->numel() * sizeof(float));
+  }
+  snap_at_[b] = step;
+}
+
+void BlockStates::release(uint32_t b) {
+  opt_.release(b);
+  model_.block(b).discard();  // (lazy buffers: their memory goes back)
+  pending_init_[b] = false;
+  held_at_[b] = kStale;
+  snap_at_[b] = kStale;
+  snap_[b].clear();
+}
+
+elastic::Holding BlockStates::holding(uint64_t next_step) const {
+  elastic::Holding h;
+  h.applied = next_step;
+  for (uint32_t b = 0; b < num_blocks(); ++b) {
+    if (held_at_[b] == next_step) h.held.push_back(b);
+    if (next_step > 0 && snap_at_[b] == next_step - 1) h.snapshot.push_back(b);
+  }
+  return h;
+}
+
+}  // namespace troupe::workers

@@ -1,0 +1,190 @@
+#include "workers/device_supervisor.h"
+
+#include <spdlog/spdlog.h>
+
+namespace troupe::workers {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+}  // namespace
+
+WorkerSpec worker_spec_of(const actors::JobSpec& s) {
+  WorkerSpec w;
+  w.job_name = s.job_name;
+  w.seed = s.seed;
+  w.steps = s.steps;
+  w.model.kind = s.model_kind;
+  if (w.model.kind == "mlp") {
+    w.model.mlp_sizes = {size_t(s.inputs)};
+    for (int64_t h : s.hidden) w.model.mlp_sizes.push_back(size_t(h));
+    w.model.mlp_sizes.push_back(size_t(s.classes));
+  }
+  w.model.layers = size_t(s.layers);
+  w.model.d_model = size_t(s.d_model);
+  w.model.heads = size_t(s.heads);
+  w.model.context = size_t(s.context);
+  w.model.tied_head = s.tied_head;
+  w.data_kind = s.data_kind;
+  w.data_path = s.data_path;
+  w.samples = s.samples;
+  w.global_batch = s.global_batch;
+  w.micro_batch = s.micro_batch;
+  w.optimizer.kind = s.optimizer;
+  w.optimizer.lr = s.lr;
+  w.optimizer.momentum = s.momentum;
+  w.optimizer.weight_decay = s.weight_decay;
+  w.optimizer.clip_norm = s.clip_norm;
+  w.optimizer.warmup_steps = size_t(s.warmup_steps);
+  w.optimizer.decay_steps = size_t(s.decay_steps);
+  w.threads = int(s.threads_per_worker);
+  w.failure_timeout_ms = s.failure_timeout_ms;
+  w.overlap_reduce = s.overlap_reduce;
+  w.pipeline_stages = s.pipeline_stages;
+  w.max_params_per_worker = s.max_params_per_worker;
+  w.stage_backup_steps = s.stage_backup_steps;
+  w.recompute_activations = s.recompute_activations;
+  // Joining a running job: the state comes from the members (take_state), not the seed.
+  w.init_state = s.first_generation == 1;
+  return w;
+}
+
+DeviceSupervisor::DeviceSupervisor(const DeviceContext& ctx, uint32_t device,
+                                   const std::string& name)
+    : ctx_(ctx),
+      board_(*ctx.board),
+      id_{ctx.agent_id, device},
+      spec_(ctx.spec),
+      intensity_(ctx.max_restarts, ctx.restart_window),
+      want_(ctx.first_generation) {
+  spec_.device = name;
+  spec_.device_index = device;
+}
+
+void DeviceSupervisor::run() {
+  while (true) {
+    try {
+      if (!worker_) {
+        auto t0 = Clock::now();
+        worker_ = std::make_unique<Worker>(spec_);
+        spdlog::info("worker {} ({}) built in {:.3f} s", id_.device, spec_.device,
+                     std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+      while (run_generation() == Next::generation) {
+      }
+      return;
+    } catch (const std::exception& e) {
+      if (board_.shutting_down() || !restart_after(e)) return;
+    }
+  }
+}
+
+DeviceSupervisor::Next DeviceSupervisor::run_generation() {
+  rank_ = -1;
+  publish();
+  auto g = board_.await(want_);
+  if (!g) return Next::done;  // the agent shuts down
+  generation_ = g->generation;
+  try {
+    if (!connect(*g)) return Next::generation;
+    take_state(*g);
+    return train(*g);
+  } catch (const comm::Error& e) {
+    if (board_.shutting_down()) return Next::done;
+    spdlog::warn("worker {} (rank {}, generation {}): {}; waiting for the next generation",
+                 id_.device, rank_, generation_, e.what());
+    last_error_ = e.what();
+    ++want_;  // the broken communicator goes; publish for the next generation
+    return Next::generation;
+  }
+}
+
+void DeviceSupervisor::publish() {
+  comm::UcxCommOptions co;
+  co.timeout = std::chrono::milliseconds(spec_.failure_timeout_ms);
+  comm_ = std::make_unique<comm::UcxCommunicator>(want_, co);
+  ctx_.send(actors::encode(actors::WorkerReady{id_, want_, comm_->address(), worker_->holding(),
+                                               worker_->num_blocks(), last_error_}));
+  last_error_.clear();
+}
+
+bool DeviceSupervisor::connect(const actors::GenerationStart& g) {
+  std::vector<std::string> addresses(g.members.size());
+  for (const auto& m : g.members) {
+    addresses[m.rank] = m.address;
+    if (m.worker == id_) rank_ = int(m.rank);
+  }
+  if (rank_ < 0 || g.generation != want_) {
+    // A standby, or a newer generation formed already: publish for the next one.
+    if (rank_ < 0 && g.generation == want_)
+      spdlog::info("worker {}: standby in generation {}", id_.device, g.generation);
+    want_ = g.generation + 1;
+    return false;
+  }
+  comm_->connect(rank_, addresses,
+                 std::chrono::milliseconds(std::max<int64_t>(10000, spec_.failure_timeout_ms)));
+  if (!comm_->shared_memory_allreduce() && g.members.size() > 1)
+    spdlog::info("worker {}: allreduce over UCX messages, not shared memory: {}", id_.device,
+                 comm_->shared_memory_fallback_reason());
+  return true;
+}
+
+void DeviceSupervisor::take_state(const actors::GenerationStart& g) {
+  std::vector<elastic::Holding> holdings(g.members.size());
+  for (const auto& m : g.members) holdings[m.rank] = m.holding;
+  StateTransfer t = worker_->take_state(*comm_, g.start_step, holdings);
+  std::string plan;
+  if (spec_.pipeline_stages != 1)
+    plan = Worker::describe(worker_->plan_for(uint32_t(g.members.size())));
+  if (t.needed || (rank_ == 0 && !plan.empty()))
+    ctx_.send(actors::encode(actors::StateReceived{g.generation, uint32_t(rank_), g.state_source,
+                                                   t.bytes, t.seconds, t.needed, t.blocks, plan}));
+}
+
+DeviceSupervisor::Next DeviceSupervisor::train(const actors::GenerationStart& g) {
+  const uint64_t gen = g.generation;
+  auto on_step = [&](const StepInfo& s) {
+    ctx_.send(actors::encode(actors::StepReport{gen, s.step, uint32_t(rank_), s.loss, s.samples,
+                                                s.tokens, s.position_begin, s.position_end,
+                                                s.seconds, s.busy_seconds}));
+  };
+  auto stop = [&] { return board_.stop_requested() || board_.leaving(gen); };
+  TrainResult result = worker_->run(*comm_, g.start_step, on_step, stop);
+  // The step's vote said stop: another member's agent may have heard why (a stop or a
+  // membership change) before this one did. Wait for the reason before acting.
+  if (result.stopped)
+    board_.await_reason(gen, std::chrono::milliseconds(spec_.failure_timeout_ms + 5000));
+  if (board_.shutting_down()) return Next::done;  // drained, or the job ended without it
+  if (result.stopped && !board_.stop_requested() && board_.leaving(gen)) {
+    ++want_;  // the membership changes: on to the next generation
+    return Next::generation;
+  }
+  ctx_.send(actors::encode(
+      actors::WorkerDone{uint32_t(rank_), gen, result.next_step, worker_->checksum()}));
+  return Next::done;
+}
+
+bool DeviceSupervisor::restart_after(const std::exception& e) {
+  // Tell the other members now (they would otherwise wait out the failure timeout).
+  if (comm_) {
+    comm_->abort();
+    try {
+      comm_->barrier();
+    } catch (const std::exception&) {
+    }
+  }
+  // A lost block (a stage without a replica) cannot be repaired by a restart.
+  const bool fatal = dynamic_cast<const StateLost*>(&e) != nullptr;
+  const bool restart = !fatal && worker_ && intensity_.allow_restart(Clock::now());
+  spdlog::error("worker {} (rank {}) failed: {}{}", id_.device, rank_, e.what(),
+                restart ? "; restarting it" : "");
+  ctx_.send(actors::encode(actors::WorkerFailed{id_, rank_ < 0 ? id_.device : uint32_t(rank_),
+                                                generation_, e.what(), restart, fatal}));
+  if (!restart) return false;
+  worker_.reset();
+  spec_.init_state = false;  // the restarted worker takes the members' state
+  want_ = board_.generation() + 1;
+  return true;
+}
+
+}  // namespace troupe::workers

@@ -1,0 +1,25 @@
+// Faults a test injects into an agent's workers, through an interface the test build passes in
+// (tests/harness/env_faults.cpp, in the `troupe_test` binary); the release `troupe` passes none
+// and never reads the environment for them. The numbers a worker computes are unchanged: the
+// hooks only throw, or wait.
+//
+// Thread-safety: called from every worker thread of an agent; implementations synchronise.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace troupe::workers {
+
+class FaultInjector {
+ public:
+  virtual ~FaultInjector() = default;
+  // Before worker `device` of agent `agent` runs step `step` (counting from 0): may throw (a
+  // worker that fails; its agent restarts it) or sleep (pacing, so a test can act between steps).
+  virtual void before_step(const std::string& agent, uint32_t device, uint64_t step) = 0;
+  // In a state transfer this worker sends, after its first buffer: may sleep (a transfer caught
+  // in the middle, so a test can kill the sender then).
+  virtual void mid_state_transfer(const std::string& agent, uint32_t device) = 0;
+};
+
+}  // namespace troupe::workers

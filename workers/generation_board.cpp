@@ -1,0 +1,71 @@
+#include "workers/generation_board.h"
+
+namespace troupe::workers {
+
+void GenerationBoard::start(actors::GenerationStart g) {
+  std::lock_guard<std::mutex> lock(mu_);
+  latest_ = std::move(g);
+  cv_.notify_all();
+}
+
+void GenerationBoard::stop_at_next_step() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stop_.store(true);
+  cv_.notify_all();
+}
+
+void GenerationBoard::leave(uint64_t generation) {
+  std::lock_guard<std::mutex> lock(mu_);
+  leave_.store(generation);
+  cv_.notify_all();
+}
+
+void GenerationBoard::shut_down(int exit_code, const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shutdown_) return;
+  shutdown_ = true;
+  exit_code_ = exit_code;
+  reason_ = reason;
+  stop_.store(true);
+  cv_.notify_all();
+}
+
+std::optional<actors::GenerationStart> GenerationBoard::await(uint64_t want) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return (latest_ && latest_->generation >= want) || shutdown_; });
+  if (shutdown_) return std::nullopt;
+  return latest_;
+}
+
+void GenerationBoard::await_reason(uint64_t generation, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, timeout,
+               [&] { return stop_.load() || leave_.load() == generation || shutdown_; });
+}
+
+bool GenerationBoard::await_shutdown(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, timeout, [&] { return shutdown_; });
+}
+
+bool GenerationBoard::shutting_down() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return shutdown_;
+}
+
+uint64_t GenerationBoard::generation() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return latest_ ? latest_->generation : 0;
+}
+
+int GenerationBoard::exit_code() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return exit_code_;
+}
+
+std::string GenerationBoard::reason() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reason_;
+}
+
+}  // namespace troupe::workers

@@ -1,0 +1,56 @@
+// What an agent learns from its coordinator, for its device supervisors (one thread per device)
+// and its main thread: the newest generation, a stop at the next step, a generation to leave at
+// the next step boundary, and the shutdown (with the exit code). The agent's actor writes it;
+// the threads wait on it.
+//
+// Thread-safety: every member function may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "actors/job_protocol.h"
+
+namespace troupe::workers {
+
+class GenerationBoard {
+ public:
+  // From the agent's actor.
+  void start(actors::GenerationStart g);
+  void stop_at_next_step();
+  void leave(uint64_t generation);
+  void shut_down(int exit_code, const std::string& reason);  // the first call wins
+
+  // The newest generation, once it is at least `want`; nullopt when the agent shuts down first.
+  // No deadline of its own: the job may pause (below elastic.min_workers) for as long as the
+  // coordinator allows; the coordinator's end or loss ends the wait (shut_down).
+  std::optional<actors::GenerationStart> await(uint64_t want);
+  // After a step's vote said stop: another member's agent may have heard why (a stop, or a
+  // membership change) before this one did. Waits up to `timeout` for the reason.
+  void await_reason(uint64_t generation, std::chrono::milliseconds timeout);
+  // Waits up to `timeout` for the shutdown; true when it came.
+  bool await_shutdown(std::chrono::milliseconds timeout);
+
+  bool stop_requested() const { return stop_.load(); }
+  bool leaving(uint64_t generation) const { return leave_.load() == generation; }
+  bool shutting_down() const;
+  uint64_t generation() const;
+  int exit_code() const;
+  std::string reason() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<actors::GenerationStart> latest_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> leave_{0};
+  bool shutdown_ = false;
+  int exit_code_ = 0;
+  std::string reason_;
+};
+
+}  // namespace troupe::workers
