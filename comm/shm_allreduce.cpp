@@ -138,54 +138,64 @@ void ShmAllreduce::wait(Ready ready, const Idle& idle) {
   }
 }
 
+// Whether every other rank's counter is at least at_least.
+std::function<bool()> ShmAllreduce::everyone(std::atomic<uint64_t> Header::*counter,
+                                             uint64_t at_least) const {
+  return [this, counter, at_least] {
+    for (int q = 0; q < n_; ++q)
+      if (q != rank_ && (header(q)->*counter).load(std::memory_order_acquire) < at_least)
+        return false;
+    return true;
+  };
+}
+
+// After everyone published this call: "" or how another rank's call differs from this one's.
+std::string ShmAllreduce::mismatch() const {
+  const Call& mine = header(rank_)->call;
+  auto text = [](const Call& c) {
+    return "allreduce " + std::to_string(c.number) + " (step " + std::to_string(c.first_step) +
+           ") with " + std::to_string(c.count) + " " + dtype_name(DataType(c.dtype)) +
+           (c.average ? " avg" : " sum");
+  };
+  for (int q = 0; q < n_; ++q) {
+    const Call& c = header(q)->call;
+    if (q != rank_ && !(c == mine))
+      return "rank " + std::to_string(q) + " called " + text(c) + ", this rank " + text(mine);
+  }
+  return "";
+}
+
+// One step: publish the input once everyone has read this rank's previous one, wait for
+// everyone's, sum them all here (in rank order: the same bits everywhere).
+std::string ShmAllreduce::run_small(const uint8_t* in, uint8_t* out, size_t count, DataType t,
+                                    bool average, const Idle& idle) {
+  const size_t es = element_size(t);
+  const uint64_t first = step_;
+  Header* mine = header(rank_);
+  wait(everyone(&Header::reduced, first), idle);
+  mine->call = Call{calls_++, first, count, uint32_t(t), uint32_t(average)};
+  std::memcpy(mine->small, in, count * es);
+  mine->staged.store(first + 1, std::memory_order_release);
+  wait(everyone(&Header::staged, first + 1), idle);
+  std::string why = mismatch();
+  if (!why.empty()) return why;
+  alignas(kLine) uint8_t sum[kSmallBytes];
+  reduce_sum_into(sum, header(0)->small, header(1)->small, count, t);
+  for (int q = 2; q < n_; ++q) reduce_sum(sum, header(q)->small, count, t);
+  if (average) scale_down(sum, count, t, n_);
+  mine->reduced.store(first + 1, std::memory_order_release);
+  std::memcpy(out, sum, count * es);
+  step_ = first + 1;
+  return "";
+}
+
 std::string ShmAllreduce::run(const uint8_t* in, uint8_t* out, size_t count, DataType t,
                               bool average, const Idle& idle) {
   const size_t es = element_size(t);
+  if (count <= kSmallBytes / es) return run_small(in, out, count, t, average, idle);
   const size_t chunk_elems = slice_bytes_ / es * size_t(n_);
   const uint64_t first = step_, chunks = (count + chunk_elems - 1) / chunk_elems;
   Header* mine = header(rank_);
-  auto everyone = [this](std::atomic<uint64_t> Header::*counter, uint64_t at_least) {
-    return [this, counter, at_least] {
-      for (int q = 0; q < n_; ++q)
-        if (q != rank_ && (header(q)->*counter).load(std::memory_order_acquire) < at_least)
-          return false;
-      return true;
-    };
-  };
-  auto differs = [&]() -> std::string {  // after everyone published this call
-    for (int q = 0; q < n_; ++q) {
-      const Call& c = header(q)->call;
-      if (q != rank_ && !(c == mine->call)) {
-        return "rank " + std::to_string(q) + " called allreduce " + std::to_string(c.number) +
-               " (step " + std::to_string(c.first_step) + ") with " + std::to_string(c.count) +
-               " " + dtype_name(DataType(c.dtype)) + (c.average ? " avg" : " sum") +
-               ", this rank allreduce " + std::to_string(mine->call.number) + " (step " +
-               std::to_string(first) + ") with " + std::to_string(count) + " " + dtype_name(t) +
-               (average ? " avg" : " sum");
-      }
-    }
-    return "";
-  };
-
-  if (count <= kSmallBytes / es) {
-    // One step: publish the input once everyone has read this rank's previous one, wait for
-    // everyone's, sum them all here.
-    wait(everyone(&Header::reduced, first), idle);
-    mine->call = Call{calls_++, first, count, uint32_t(t), uint32_t(average)};
-    std::memcpy(mine->small, in, count * es);
-    mine->staged.store(first + 1, std::memory_order_release);
-    wait(everyone(&Header::staged, first + 1), idle);
-    std::string why = differs();
-    if (!why.empty()) return why;
-    alignas(kLine) uint8_t sum[kSmallBytes];
-    reduce_sum_into(sum, header(0)->small, header(1)->small, count, t);
-    for (int q = 2; q < n_; ++q) reduce_sum(sum, header(q)->small, count, t);
-    if (average) scale_down(sum, count, t, n_);
-    mine->reduced.store(first + 1, std::memory_order_release);
-    std::memcpy(out, sum, count * es);
-    step_ = first + 1;
-    return "";
-  }
   // Everyone has read this rank's previous call (a small call returns without waiting for that).
   wait(everyone(&Header::reduced, first), idle);
   mine->call = Call{calls_++, first, count, uint32_t(t), uint32_t(average)};
@@ -215,7 +225,7 @@ std::string ShmAllreduce::run(const uint8_t* in, uint8_t* out, size_t count, Dat
     const Geometry g = geometry(k);
     wait(everyone(&Header::staged, step + 1), idle);
     if (k == 0) {
-      std::string why = differs();
+      std::string why = mismatch();
       if (!why.empty()) return why;
     }
     // Reduce into this rank's own output, then copy to the result area: the result area's lines

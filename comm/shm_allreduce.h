@@ -29,6 +29,7 @@
 // Thread-safety: one thread per rank calls run().
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -80,6 +81,10 @@ class ShmAllreduce {
   uint8_t* result(int rank, uint64_t slot) const;
   template <typename Ready>
   void wait(Ready ready, const Idle& idle);
+  std::function<bool()> everyone(std::atomic<uint64_t> Header::*counter, uint64_t at_least) const;
+  std::string mismatch() const;
+  std::string run_small(const uint8_t* in, uint8_t* out, size_t count, DataType t, bool average,
+                        const Idle& idle);
 
   int rank_, n_;
   size_t slice_bytes_, bytes_ = 0;
