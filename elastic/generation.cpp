@@ -73,7 +73,6 @@ Migration plan_migration(const std::vector<Holding>& members, uint64_t start,
     return mig;
   }
   const uint32_t n = uint32_t(members.size()), blocks = uint32_t(block_bytes.size());
-  std::vector<uint64_t> sent(n, 0);
   std::map<std::pair<uint32_t, uint32_t>, size_t> batch_of;  // (from, to) -> index in batches
   for (uint32_t b = 0; b < blocks; ++b) {
     for (uint32_t r = 0; r < n; ++r) {
@@ -85,9 +84,8 @@ Migration plan_migration(const std::vector<Holding>& members, uint64_t start,
         continue;
       }
       int src = -1;
-      for (uint32_t h = 0; h < n; ++h)
-        if (copy_at(members[h], b, start) && (src < 0 || sent[h] < sent[uint32_t(src)]))
-          src = int(h);
+      for (uint32_t h = 0; h < n && src < 0; ++h)
+        if (copy_at(members[h], b, start)) src = int(h);
       if (src < 0) {
         if (!has(mig.lost_blocks, b)) mig.lost_blocks.push_back(b);
         continue;
@@ -99,7 +97,6 @@ Migration plan_migration(const std::vector<Holding>& members, uint64_t start,
       batch.blocks.push_back(b);
       batch.copies.push_back(*copy_at(members[from], b, start));
       batch.bytes += block_bytes[b];
-      sent[from] += block_bytes[b];
       mig.bytes_moved += block_bytes[b];
     }
   }

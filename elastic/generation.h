@@ -97,10 +97,11 @@ struct Migration {
 
 // What moves at the start of a generation: every member (rank r) must hold, as of start_step,
 // the state of every block in owned[r]. A member that holds a block live keeps it; one with a
-// snapshot or backup copy restores it; any other receives it from a holder: among the members
-// holding it as of start_step, the one that has been given the fewest bytes to send so far, ties
-// to the lowest rank (spreads the load over replicas; deterministic). block_bytes: each block's
-// state size (what a transfer moves). members and owned are by rank and of equal size.
+// snapshot or backup copy restores it; any other receives it from the lowest-ranked member
+// holding it as of start_step. (Spreading the sources over replicas was measured: a joiner then
+// receives its batches one after the other, and the 240 MB join of bench/compare_elastic.sh
+// was no faster; one batch per receiver keeps every buffer in flight at once.) block_bytes:
+// each block's state size. members and owned are by rank and of equal size.
 Migration plan_migration(const std::vector<Holding>& members, uint64_t start_step,
                          const std::vector<BlockRange>& owned,
                          const std::vector<uint64_t>& block_bytes);

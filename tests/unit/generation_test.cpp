@@ -116,18 +116,19 @@ TEST(Migration, MembersAtTheStartStepMoveNothing) {
   EXPECT_EQ(mig.bytes_moved, 0u);
 }
 
-TEST(Migration, AJoinerReceivesEveryBlockSpreadOverTheHolders) {
-  // Two holders at step 9, a joiner holding nothing: blocks alternate between the two sources.
-  std::vector<Holding> m{H(9, {0, 1, 2, 3}, {}), H(9, {0, 1, 2, 3}, {}), H(0, {}, {})};
-  Migration mig = plan_migration(m, 9, all(3, 4), {100, 100, 100, 100});
+TEST(Migration, AJoinerReceivesEveryBlockInOneBatchFromTheLowestRankedHolder) {
+  // Two holders at step 9 (rank 0 lacks the step), a joiner holding nothing.
+  std::vector<Holding> m{H(8, {0, 1, 2, 3}, {}), H(9, {0, 1, 2, 3}, {}), H(9, {0, 1, 2, 3}, {}),
+                         H(0, {}, {})};
+  Migration mig = plan_migration(m, 9, all(4, 4), {100, 100, 100, 100});
   ASSERT_TRUE(mig.ok) << mig.reason;
   ASSERT_EQ(mig.batches.size(), 2u);
-  EXPECT_EQ(mig.batches[0].from, 0u);
-  EXPECT_EQ(mig.batches[0].to, 2u);
-  EXPECT_EQ(mig.batches[0].blocks, (std::vector<uint32_t>{0, 2}));
+  EXPECT_EQ(mig.batches[0].from, 1u);  // rank 0 lacks step 9 too: it receives first
+  EXPECT_EQ(mig.batches[0].to, 0u);
   EXPECT_EQ(mig.batches[1].from, 1u);
-  EXPECT_EQ(mig.batches[1].blocks, (std::vector<uint32_t>{1, 3}));
-  EXPECT_EQ(mig.bytes_moved, 400u);
+  EXPECT_EQ(mig.batches[1].to, 3u);
+  EXPECT_EQ(mig.batches[1].blocks, (std::vector<uint32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(mig.bytes_moved, 800u);
   for (const auto& b : mig.batches)
     for (Copy c : b.copies) EXPECT_EQ(c, Copy::live);
 }
@@ -187,7 +188,7 @@ std::vector<BlockRange> owned_by(const Plan& p, uint32_t world) {
 // For random layouts before and after a change (survivors keep what their old stage held,
 // joiners hold nothing): every (owner, block) it lacks arrives exactly once, from a member
 // holding it; nobody receives what it holds; executing the batches in order with rendezvous
-// semantics never deadlocks (each batch's ends reach it together); the load spreads.
+// semantics never deadlocks (each batch's ends reach it together).
 TEST(Migration, RandomChangesMoveExactlyWhatIsMissingWithoutDeadlock) {
   std::mt19937_64 rng(7);
   int checked = 0;
@@ -230,6 +231,8 @@ TEST(Migration, RandomChangesMoveExactlyWhatIsMissingWithoutDeadlock) {
     for (const auto& batch : mig.batches)
       for (uint32_t b : batch.blocks) {
         EXPECT_TRUE(copy_at(m[batch.from], b, 30)) << "rank " << batch.from << " lacks " << b;
+        for (uint32_t h = 0; h < batch.from; ++h)
+          EXPECT_FALSE(copy_at(m[h], b, 30)) << "a lower rank holds " << b;
         EXPECT_TRUE(got.insert({batch.to, b}).second) << "block " << b << " sent twice";
       }
     EXPECT_EQ(mig.ok, lost.empty());
