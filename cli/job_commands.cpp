@@ -9,27 +9,26 @@
 #include <fstream>
 
 #include "actors/bridge.h"
+#include "actors/job_protocol.h"
 #include "actors/services.h"
+#include "actors/signals.h"
 #include "cli/commands.h"
 #include "coordinator/config.h"
 #include "coordinator/events.h"
 #include "coordinator/job.h"
+#include "coordinator/job_spec.h"
 #include "coordinator/launcher.h"
 #include "coordinator/process.h"
+#include "coordinator/run_dir.h"
+#include "models/model.h"
 #include "workers/agent.h"
+#include "workers/device_supervisor.h"
 
 namespace troupe::cli {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
-
-std::string default_run_dir(const std::string& name) {
-  std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", std::localtime(&t));
-  return "runs/" + name + "-" + buf + "-" + std::to_string(getpid());
-}
 
 std::string eta(double seconds) {
   if (!(seconds >= 0) || seconds > 1e7) return "--:--";
@@ -39,14 +38,19 @@ std::string eta(double seconds) {
   return buf;
 }
 
-// The run directory: its effective config, its token, and the coordinator's log.
+// The run directory, owned by this job for its life: its effective config, its token, and the
+// coordinator's log.
 struct RunDir {
+  std::unique_ptr<coordinator::RunDirectory> owned;
   std::string path, token;
 };
 
 RunDir prepare_run_dir(const coordinator::JobConfig& cfg) {
-  RunDir d{cfg.run_dir.empty() ? default_run_dir(cfg.name) : cfg.run_dir, coordinator::new_token()};
-  fs::create_directories(d.path);
+  RunDir d;
+  d.owned = std::make_unique<coordinator::RunDirectory>(
+      cfg.run_dir.empty() ? coordinator::default_run_dir(cfg.name) : cfg.run_dir, cfg.name);
+  d.path = d.owned->path();
+  d.token = coordinator::new_token();
   { std::ofstream(d.path + "/config.toml") << coordinator::to_toml(cfg); }
   coordinator::write_token_file(d.path + "/job.token", cfg.name, d.token);
   auto log = spdlog::basic_logger_mt("coordinator", d.path + "/coordinator.log");
@@ -112,6 +116,90 @@ coordinator::LauncherOptions launcher_options(const coordinator::JobConfig& cfg,
   return o;
 }
 
+actors::BridgeConfig bridge_config_of(const coordinator::JobConfig& cfg, const std::string& token) {
+  actors::BridgeConfig bc = actors::job_bridge_config(cfg.name, token);
+  auto [host, port] = comm::split_host_port(cfg.listen);
+  bc.transport.listen_host = host;
+  bc.transport.listen_port = port;
+  bc.heartbeat_interval = std::chrono::milliseconds(cfg.heartbeat_interval_ms);
+  bc.failure_timeout = std::chrono::milliseconds(cfg.failure_timeout_ms);
+  return bc;
+}
+
+void print_start(const coordinator::JobConfig& cfg, const std::string& dir,
+                 const std::string& address, bool local_agents) {
+  std::printf("troupe: job '%s', %lld worker(s), %lld steps; run directory %s\n", cfg.name.c_str(),
+              (long long)cfg.workers(), (long long)cfg.steps, dir.c_str());
+  if (!local_agents)
+    std::printf(
+        "troupe: coordinator at %s; agents join with: troupe agent --join %s --token-file "
+        "%s/job.token\n",
+        address.c_str(), address.c_str(), dir.c_str());
+  std::fflush(stdout);
+}
+
+// Until the job ends: progress lines, and SIGINT/SIGTERM forwarded to the coordinator (the
+// first stops the job at the next step boundary, a second at once). The coordinator's own
+// deadlines bound every phase, and its monitor ends the wait if the actor itself is gone.
+coordinator::JobFinished wait_for_end(caf::scoped_actor& self, const caf::actor& coord,
+                                      actors::SignalWatcher& signals, ProgressPrinter& progress) {
+  coordinator::JobFinished end{1, "the coordinator stopped without a result", "failed", 0, 0};
+  int seen = 0;
+  for (bool done = false; !done;) {
+    self->receive([&](coordinator::JobProgress& p) { progress.print(p); },
+                  [&](coordinator::JobFinished& f) { end = f, done = true; },
+                  [&](caf::down_msg&) { done = true; },
+                  caf::after(std::chrono::milliseconds(200)) >> [] {});
+    for (int sig; !done && (sig = signals.next()) != 0;) {
+      progress.end();
+      std::fprintf(stderr, "troupe: %s: %s\n", actors::signal_name(sig),
+                   ++seen == 1 ? "stopping after the current step (again to stop at once)"
+                               : "stopping at once");
+      caf::anon_send(coord, coordinator::interrupt_atom::value, int32_t(sig));
+    }
+  }
+  progress.end();
+  return end;
+}
+
+// The job's last line, and the exit status: 0 completed (or `troupe stop`), 1 failed, 2 refused
+// before it started, 128 + the signal when SIGINT/SIGTERM stopped it.
+int report_end(const coordinator::JobConfig& cfg, const std::string& dir,
+               const coordinator::JobFinished& end, int first_signal) {
+  if (end.exit_code != 0) {
+    std::fprintf(stderr, "troupe: job '%s' failed after %llu steps: %s (see %s)\n",
+                 cfg.name.c_str(), (unsigned long long)end.steps, end.reason.c_str(), dir.c_str());
+    return first_signal ? 128 + first_signal : end.exit_code;
+  }
+  const bool stopped = end.state == "stopped";
+  std::printf("troupe: job '%s' %s after %llu of %lld steps, loss %.4f (%s)\n", cfg.name.c_str(),
+              stopped ? "stopped" : "finished", (unsigned long long)end.steps, (long long)cfg.steps,
+              end.loss, dir.c_str());
+  return stopped && first_signal ? 128 + first_signal : 0;
+}
+
+// A model that cannot fit is refused before anything starts: every worker on this machine holds
+// its parameters, gradients and optimizer moments in f32 (a lower bound: activations come on
+// top). With the local launcher every worker is here; a pipeline splits the model over them.
+std::string memory_refusal(const coordinator::JobConfig& cfg) {
+  models::ModelSpec m = workers::worker_spec_of(coordinator::job_spec_of(cfg, 0, 1)).model;
+  if (m.kind == "gpt") m.vocab = 256;  // (byte-level text: at most 256 characters)
+  const double params = double(models::Model::planned_param_count(m));
+  const double per_worker = params * 4.0 * (cfg.optimizer == "adamw" ? 4 : 3);
+  const double here =
+      cfg.launcher == "local" && cfg.pipeline_stages == 1 ? double(cfg.workers()) : 1.0;
+  const double have = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  if (per_worker * here <= have) return "";
+  char msg[512];
+  std::snprintf(msg, sizeof msg,
+                "the model has %.3g parameters: with their gradients and optimizer moments in "
+                "f32 it needs at least %.1f GiB per worker, %.1f GiB for the %.0f worker(s) on "
+                "this machine, which has %.1f GiB of memory (model.* sets the size)",
+                params, per_worker / 1073741824.0, per_worker * here / 1073741824.0, here,
+                have / 1073741824.0);
+  return msg;
+}
+
 // Runs a job: the coordinator here, agents spawned locally (launcher local) or started by hand.
 int run_job(const std::vector<std::string>& words, bool spawn_agents) {
   Args args(words, {"set", "listen"}, {});
@@ -125,18 +213,23 @@ int run_job(const std::vector<std::string>& words, bool spawn_agents) {
   }
   if (args.has("listen")) cfg.listen = args.get("listen");
   if (!spawn_agents) cfg.launcher = "external";
-  const RunDir dir = prepare_run_dir(cfg);
+  if (std::string why = memory_refusal(cfg); !why.empty()) {
+    std::fprintf(stderr, "troupe: %s: %s\n", args.positional()[0].c_str(), why.c_str());
+    return 2;
+  }
+  RunDir dir;
+  try {
+    dir = prepare_run_dir(cfg);
+  } catch (const coordinator::RunDirError& e) {
+    std::fprintf(stderr, "troupe: %s\n", e.what());
+    return 2;
+  }
+  actors::SignalWatcher signals;  // (before any thread starts)
 
   caf::actor_system_config sys_cfg;
   coordinator::configure_job_system(sys_cfg);
   caf::actor_system system{sys_cfg};
-  actors::BridgeConfig bc = actors::job_bridge_config(cfg.name, dir.token);
-  auto [host, port] = comm::split_host_port(cfg.listen);
-  bc.transport.listen_host = host;
-  bc.transport.listen_port = port;
-  bc.heartbeat_interval = std::chrono::milliseconds(cfg.heartbeat_interval_ms);
-  bc.failure_timeout = std::chrono::milliseconds(cfg.failure_timeout_ms);
-  auto bridge = actors::spawn_bridge(system, bc);
+  auto bridge = actors::spawn_bridge(system, bridge_config_of(cfg, dir.token));
   caf::scoped_actor self{system};
   auto coord = coordinator::spawn_coordinator(system, bridge, cfg, dir.path, self);
   self->monitor(coord);
@@ -144,43 +237,24 @@ int run_job(const std::vector<std::string>& words, bool spawn_agents) {
   self->request(bridge, std::chrono::seconds(5), actors::info_atom::value)
       .receive([&](uint64_t, std::string& a) { address = a; }, [](caf::error&) {});
   { std::ofstream(dir.path + "/coordinator.addr") << address << "\n"; }
-
-  std::printf("troupe: job '%s', %lld worker(s), %lld steps; run directory %s\n", cfg.name.c_str(),
-              (long long)cfg.workers(), (long long)cfg.steps, dir.path.c_str());
-  if (!spawn_agents)
-    std::printf(
-        "troupe: coordinator at %s; agents join with: troupe agent --join %s --token-file "
-        "%s/job.token\n",
-        address.c_str(), address.c_str(), dir.path.c_str());
-  std::fflush(stdout);
+  print_start(cfg, dir.path, address, spawn_agents);
   caf::actor launcher;
   if (spawn_agents && cfg.launcher == "local")
     launcher =
         coordinator::spawn_local_launcher(system, launcher_options(cfg, dir, address), coord);
 
-  // Until the job ends; the coordinator's own deadlines bound every phase, and its monitor
-  // ends the wait if the actor itself is gone.
   ProgressPrinter progress(isatty(STDOUT_FILENO) && cfg.progress, uint64_t(cfg.steps));
-  coordinator::JobFinished end{1, "the coordinator stopped without a result"};
-  for (bool done = false; !done;)
-    self->receive([&](coordinator::JobProgress& p) { progress.print(p); },
-                  [&](coordinator::JobFinished& f) { end = f, done = true; },
-                  [&](caf::down_msg&) { done = true; });
-  progress.end();
+  coordinator::JobFinished end = wait_for_end(self, coord, signals, progress);
   if (launcher) {
-    self->request(launcher, std::chrono::seconds(30), coordinator::stop_atom::value)
+    // Agents finish by themselves (10 s at most); after a second signal they are killed now.
+    const int64_t grace_ms = signals.count() > 1 ? 0 : 10000;
+    self->request(launcher, std::chrono::seconds(30), coordinator::stop_atom::value, grace_ms)
         .receive([](bool) {}, [](caf::error&) {});
     caf::anon_send_exit(launcher, caf::exit_reason::user_shutdown);
   }
   caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(bridge, caf::exit_reason::user_shutdown);
-  if (end.exit_code == 0)
-    std::printf("troupe: job '%s' finished: %llu steps, loss %.4f (%s)\n", cfg.name.c_str(),
-                (unsigned long long)progress.last().step, progress.last().loss, dir.path.c_str());
-  else
-    std::fprintf(stderr, "troupe: job '%s' failed: %s (see %s)\n", cfg.name.c_str(),
-                 end.reason.c_str(), dir.path.c_str());
-  return end.exit_code;
+  return report_end(cfg, dir.path, end, signals.first());
 }
 
 // The address and token of a running job: --run-dir DIR, or --coordinator HOST:PORT --token-file F.
@@ -209,7 +283,7 @@ JobRef job_ref(const Args& args) {
 }
 
 // One request to a running job's coordinator; returns the reply or exits with a message.
-int admin_request(const Args& args, const std::function<void(proto::Envelope::Builder)>& body,
+int admin_request(const Args& args, const actors::ControlMessage& request,
                   const std::function<int(actors::ControlMessage&)>& on_reply) {
   JobRef ref = job_ref(args);
   caf::actor_system_config cfg;
@@ -225,8 +299,7 @@ int admin_request(const Args& args, const std::function<void(proto::Envelope::Bu
       .receive([&](uint64_t n) { node = n; }, [&](caf::error& e) { error = e; });
   if (!error) {
     self->request(bridge, std::chrono::seconds(10), actors::request_atom::value,
-                  actors::RemoteAddress{node, actors::kCoordinatorActorId},
-                  actors::ControlMessage::build(body), uint32_t(5000))
+                  actors::RemoteAddress{node, actors::kCoordinatorActorId}, request, uint32_t(5000))
         .receive([&](actors::ControlMessage& r) { rc = on_reply(r); },
                  [&](caf::error& e) { error = e; });
   }
@@ -280,6 +353,8 @@ int run_agent_command(const std::vector<std::string>& words, const Hooks& hooks)
     o.devices.clear();
     std::stringstream ss(args.get("devices"));
     for (std::string d; std::getline(ss, d, ',');) o.devices.push_back(checked_device(d));
+    if (o.devices.empty())
+      throw std::invalid_argument("--devices names no device (cpu:0,cpu:1,...)");
   }
   std::tie(o.job_id, o.token) = workers::read_token_file(args.get("token-file"));
   o.name = args.get("name");
@@ -291,72 +366,60 @@ int run_agent_command(const std::vector<std::string>& words, const Hooks& hooks)
   return workers::run_agent(o);
 }
 
+void print_status(const actors::JobStatus& s, bool json) {
+  if (json) {
+    nlohmann::ordered_json members = nlohmann::ordered_json::array();
+    for (const auto& m : s.members)
+      members.push_back({{"rank", m.rank},
+                         {"agent", m.agent},
+                         {"pid", m.pid},
+                         {"host", m.host},
+                         {"device", m.device}});
+    std::printf("%s\n", coordinator::Json()
+                            .str("job", s.job_name)
+                            .str("state", s.state)
+                            .integer("generation", long(s.generation))
+                            .integer("step", long(s.step))
+                            .integer("steps", long(s.steps))
+                            .num("loss", s.last_loss)
+                            .str("plan", s.plan)
+                            .value("members", std::move(members))
+                            .text()
+                            .c_str());
+    return;
+  }
+  std::printf("job %s: %s, generation %llu, step %llu/%llu, loss %.4f\n", s.job_name.c_str(),
+              s.state.c_str(), (unsigned long long)s.generation, (unsigned long long)s.step,
+              (unsigned long long)s.steps, s.last_loss);
+  if (!s.plan.empty())
+    std::printf("pipeline: %s (rank = replica x stages + stage)\n", s.plan.c_str());
+  std::printf("%6s %6s %8s %-20s %s\n", "rank", "agent", "pid", "host", "device");
+  for (const auto& m : s.members)
+    std::printf("%6u %6u %8u %-20s %s\n", m.rank, m.agent, m.pid, m.host.c_str(), m.device.c_str());
+}
+
 int run_status(const std::vector<std::string>& words) {
   Args args(words, {"run-dir", "coordinator", "token-file"}, {"json"});
-  bool json = args.has("json");
-  return admin_request(
-      args, [](proto::Envelope::Builder e) { e.initBody().setStatusRequest(); },
-      [&](actors::ControlMessage& r) {
-        auto body = r.envelope().getBody();
-        if (!body.isStatus()) {
-          std::fprintf(stderr, "troupe status: unexpected answer\n");
-          return 1;
-        }
-        auto s = body.getStatus();
-        if (json) {
-          std::string members = "[";
-          for (auto m : s.getMembers()) {
-            members += (members.size() > 1 ? "," : "") + coordinator::Json()
-                                                             .integer("rank", m.getRank())
-                                                             .integer("agent", m.getAgentId())
-                                                             .integer("pid", m.getPid())
-                                                             .str("host", m.getHost())
-                                                             .str("device", m.getDevice())
-                                                             .text();
-          }
-          members += "]";
-          std::printf("%s\n", coordinator::Json()
-                                  .str("job", s.getJobName().cStr())
-                                  .str("state", s.getState().cStr())
-                                  .integer("generation", long(s.getGeneration()))
-                                  .integer("step", long(s.getStep()))
-                                  .integer("steps", long(s.getSteps()))
-                                  .num("loss", s.getLastLoss())
-                                  .str("plan", s.getPlan().cStr())
-                                  .raw("members", members)
-                                  .text()
-                                  .c_str());
-        } else {
-          std::printf("job %s: %s, generation %llu, step %llu/%llu, loss %.4f\n",
-                      s.getJobName().cStr(), s.getState().cStr(),
-                      (unsigned long long)s.getGeneration(), (unsigned long long)s.getStep(),
-                      (unsigned long long)s.getSteps(), s.getLastLoss());
-          if (s.getPlan().size() > 0)
-            std::printf("pipeline: %s (rank = replica x stages + stage)\n", s.getPlan().cStr());
-          std::printf("%6s %6s %8s %-20s %s\n", "rank", "agent", "pid", "host", "device");
-          for (auto m : s.getMembers())
-            std::printf("%6u %6u %8u %-20s %s\n", m.getRank(), m.getAgentId(), m.getPid(),
-                        m.getHost().cStr(), m.getDevice().cStr());
-        }
-        return 0;
-      });
+  const bool json = args.has("json");
+  return admin_request(args, actors::make_status_request(), [&](actors::ControlMessage& r) {
+    auto body = r.envelope().getBody();
+    if (!body.isStatus()) {
+      std::fprintf(stderr, "troupe status: unexpected answer\n");
+      return 1;
+    }
+    print_status(actors::decode(body.getStatus()), json);
+    return 0;
+  });
 }
 
 int run_drain(const std::vector<std::string>& words) {
   Args args(words, {"run-dir", "coordinator", "token-file", "agent"}, {});
   if (!args.has("agent")) throw std::invalid_argument("needs --agent ID (see troupe status)");
   uint32_t id = uint32_t(args.get_int("agent", 0));
-  return admin_request(
-      args, [&](proto::Envelope::Builder e) { e.initBody().setDrainRequest(id); },
-      [&](actors::ControlMessage& r) {
-        auto body = r.envelope().getBody();
-        if (body.isError()) {
-          std::fprintf(stderr, "troupe drain: %s\n", body.getError().getMessage().cStr());
-          return 1;
-        }
-        std::printf("troupe: agent %u leaves at the next step boundary\n", id);
-        return 0;
-      });
+  return admin_request(args, actors::make_drain_request(id), [&](actors::ControlMessage&) {
+    std::printf("troupe: agent %u leaves at the next step boundary\n", id);
+    return 0;
+  });
 }
 
 int run_scale(const std::vector<std::string>& words) {
@@ -364,29 +427,20 @@ int run_scale(const std::vector<std::string>& words) {
   if (!args.has("workers")) throw std::invalid_argument("needs --workers N");
   int64_t n = args.get_int("workers", 0);
   if (n < 1 || n > 1000000) throw std::invalid_argument("--workers must be between 1 and 1000000");
-  return admin_request(
-      args, [&](proto::Envelope::Builder e) { e.initBody().setScaleRequest(uint32_t(n)); },
-      [&](actors::ControlMessage& r) {
-        auto body = r.envelope().getBody();
-        if (body.isError()) {
-          std::fprintf(stderr, "troupe scale: %s\n", body.getError().getMessage().cStr());
-          return 1;
-        }
-        std::printf("troupe: scaling the job to %lld worker(s) at the next step boundary\n",
-                    (long long)n);
-        return 0;
-      });
+  return admin_request(args, actors::make_scale_request(uint32_t(n)), [&](actors::ControlMessage&) {
+    std::printf("troupe: scaling the job to %lld worker(s) at the next step boundary\n",
+                (long long)n);
+    return 0;
+  });
 }
 
 int run_stop(const std::vector<std::string>& words) {
   Args args(words, {"run-dir", "coordinator", "token-file"}, {});
-  return admin_request(
-      args, [](proto::Envelope::Builder e) { e.initBody().setStopRequest(); },
-      [](actors::ControlMessage& r) {
-        if (!r.envelope().getBody().isAck()) return 1;
-        std::printf("troupe: stop requested; the job stops after the current step\n");
-        return 0;
-      });
+  return admin_request(args, actors::make_stop_request(), [](actors::ControlMessage& r) {
+    if (!r.envelope().getBody().isAck()) return 1;
+    std::printf("troupe: stop requested; the job stops after the current step\n");
+    return 0;
+  });
 }
 
 }  // namespace troupe::cli

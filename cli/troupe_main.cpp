@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 #include <ucp/api/ucp.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -55,6 +56,9 @@ int version() {
 namespace troupe::cli {
 
 int troupe_main(int argc, char** argv, const Hooks& hooks) {
+  // A write past the file-size limit (or onto a full disk) is an error the writer reports
+  // (RunLog fails the job naming the file), not a signal that kills the process mid-line.
+  ::signal(SIGXFSZ, SIG_IGN);
   // Logs go to stderr; stdout is for results and machine-readable lines.
   spdlog::set_default_logger(spdlog::stderr_color_mt("troupe"));
   std::vector<std::string> words(argv + 1, argv + argc);

@@ -17,6 +17,8 @@ find_package(ucx CONFIG REQUIRED)
 find_package(CapnProto CONFIG REQUIRED)
 find_package(spdlog CONFIG REQUIRED)
 find_package(tomlplusplus CONFIG REQUIRED)
+find_package(nlohmann_json CONFIG REQUIRED)
+find_package(CLI11 CONFIG REQUIRED)
 
 set(BLA_VENDOR OpenBLAS)
 find_package(BLAS REQUIRED)

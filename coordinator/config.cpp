@@ -1,8 +1,14 @@
 #include "coordinator/config.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <toml++/toml.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -12,6 +18,9 @@ namespace troupe::coordinator {
 namespace {
 
 enum class Kind { integer, real, string, boolean, int_array, int_or_auto };
+
+// A text data set is read whole into every worker's memory (as 32-bit character indices).
+constexpr int64_t kMaxTextBytes = int64_t(1) << 30;
 
 struct Field {
   std::string table, key;
@@ -176,6 +185,7 @@ void assign(const Field& f, const toml::node& n, const std::string& source) {
     case Kind::real: {
       if (!n.is_number()) throw wrong();
       double v = *n.value<double>();
+      if (!std::isfinite(v)) throw ConfigError(at + ": " + name + " must be a finite number");
       range(v);
       *static_cast<double*>(f.target) = v;
       break;
@@ -259,7 +269,46 @@ void refuse_what_cannot_act(const JobConfig& c, const std::string& source, const
                       "elastic.failure_timeout_ms (a member needs that long to notice a loss)");
 }
 
+// data.kind = "text" reads the file's bytes as characters: a regular file (never a FIFO, a
+// device or a directory: they could block or never end), of a bounded size, text rather than
+// binary, and longer than the context. Opened without blocking and read no further than 64 KiB.
+void check_text_file(const JobConfig& c, const std::string& at) {
+  auto fail = [&](const std::string& m) {
+    throw ConfigError(at + ": data.path: '" + c.data_path + "' " + m);
+  };
+  const int fd = ::open(c.data_path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) fail(std::string("cannot be read: ") + std::strerror(errno));
+  struct stat st {};
+  const bool ok = ::fstat(fd, &st) == 0;
+  char head[65536];
+  const ssize_t n = ok && S_ISREG(st.st_mode) ? ::read(fd, head, sizeof head) : 0;
+  ::close(fd);
+  if (!ok) fail("cannot be read");
+  if (S_ISDIR(st.st_mode)) fail("is a directory, not a text file");
+  if (!S_ISREG(st.st_mode))
+    fail(std::string("is not a regular file (") +
+         (S_ISFIFO(st.st_mode)  ? "a FIFO"
+          : S_ISCHR(st.st_mode) ? "a character device"
+                                : "special") +
+         "): the text is read whole, so it must be a file of known size");
+  if (st.st_size == 0) fail("is empty");
+  if (st.st_size > kMaxTextBytes)
+    fail("has " + std::to_string(st.st_size) + " bytes, more than the " +
+         std::to_string(kMaxTextBytes) + " a text data set is read into memory with");
+  if (n > 0 && std::memchr(head, 0, size_t(n)))
+    fail("looks binary (a NUL byte at offset " +
+         std::to_string(static_cast<const char*>(std::memchr(head, 0, size_t(n))) - head) +
+         "): data.kind = \"text\" trains on its characters");
+  if (c.model_kind == "gpt" && st.st_size <= c.context + 1)
+    fail("has " + std::to_string(st.st_size) + " characters; model.context = " +
+         std::to_string(c.context) + " needs more than " + std::to_string(c.context + 1));
+}
+
 void validate(const JobConfig& c, const std::string& source, const Places& at) {
+  auto place = [&](const std::string& key) {
+    auto it = at.find(key);
+    return it == at.end() ? source : it->second;
+  };
   refuse_what_cannot_act(c, source, at);
   auto fail = [&](const std::string& m) { throw ConfigError(source + ": " + m); };
   if (c.micro_batch > c.global_batch)
@@ -286,13 +335,7 @@ void validate(const JobConfig& c, const std::string& source, const Places& at) {
          std::to_string(c.workers()));
   if (c.pipeline_stages != 1 && c.overlap_reduce)
     fail("parallel.overlap_reduce works with parallel.pipeline_stages = 1 only");
-  if (c.data_kind == "text") {
-    std::ifstream in(c.data_path);
-    if (!in)
-      fail("data.path: the data file '" + c.data_path + "' does not exist or cannot be read");
-    if (in.peek() == std::ifstream::traits_type::eof())
-      fail("data.path: the data file '" + c.data_path + "' is empty");
-  }
+  if (c.data_kind == "text") check_text_file(c, place("data.path"));
 }
 
 }  // namespace
@@ -349,6 +392,14 @@ JobConfig parse_config(const std::string& text, const std::string& source,
 }
 
 JobConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    throw ConfigError(path + ": cannot open the config file: " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    throw ConfigError(path + ": is " +
+                      (S_ISDIR(st.st_mode) ? "a directory" : "not a regular file") +
+                      ", not a config file (a TOML file such as configs/quickstart.toml)");
+  if (st.st_size > (1 << 20)) throw ConfigError(path + ": is larger than 1 MiB: not a config file");
   std::ifstream in(path);
   if (!in) throw ConfigError(path + ": cannot open the config file");
   std::stringstream ss;

@@ -1,42 +1,18 @@
 #include "coordinator/events.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/time.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <stdexcept>
 
 namespace troupe::coordinator {
-
-std::string json_escape(const std::string& s) {
-  std::string out;
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out.push_back(char(c));
-        }
-    }
-  }
-  return out;
-}
 
 double unix_seconds() {
   timeval tv;
@@ -44,87 +20,82 @@ double unix_seconds() {
   return double(tv.tv_sec) + double(tv.tv_usec) * 1e-6;
 }
 
-void Json::key(const std::string& k) {
-  if (!body_.empty()) body_ += ",";
-  body_ += "\"" + json_escape(k) + "\":";
-}
 Json& Json::str(const std::string& k, const std::string& v) {
-  key(k);
-  body_ += "\"" + json_escape(v) + "\"";
+  object_[k] = v;
   return *this;
 }
 Json& Json::num(const std::string& k, double v) {
-  key(k);
-  if (!std::isfinite(v)) {
-    body_ += "null";
-  } else {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%.9g", v);
-    body_ += buf;
-  }
+  object_[k] = std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr);
   return *this;
 }
 Json& Json::integer(const std::string& k, long long v) {
-  key(k);
-  body_ += std::to_string(v);
+  object_[k] = v;
   return *this;
 }
 Json& Json::boolean(const std::string& k, bool v) {
-  key(k);
-  body_ += v ? "true" : "false";
+  object_[k] = v;
   return *this;
 }
-Json& Json::raw(const std::string& k, const std::string& json) {
-  key(k);
-  body_ += json;
+Json& Json::value(const std::string& k, nlohmann::ordered_json v) {
+  object_[k] = std::move(v);
   return *this;
 }
 
 RunLog::RunLog(const std::string& dir, bool ledger) : dir_(dir) {
-  events_ = std::fopen((dir + "/events.jsonl").c_str(), "a");
-  metrics_ = std::fopen((dir + "/metrics.jsonl").c_str(), "a");
-  if (ledger) ledger_ = std::fopen((dir + "/ledger.jsonl").c_str(), "a");
-  if (!events_ || !metrics_ || (ledger && !ledger_))
-    throw std::runtime_error("cannot write the run logs in " + dir);
+  auto open = [&](File& f, const char* name) {
+    f.path = dir + "/" + name;
+    f.fd = ::open(f.path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (f.fd < 0) throw std::runtime_error("cannot write " + f.path + ": " + std::strerror(errno));
+  };
+  open(events_, "events.jsonl");
+  open(metrics_, "metrics.jsonl");
+  if (ledger) open(ledger_, "ledger.jsonl");
 }
 
 RunLog::~RunLog() {
-  for (auto* f : {events_, metrics_, ledger_})
-    if (f) std::fclose(f);
+  for (File* f : {&events_, &metrics_, &ledger_})
+    if (f->fd >= 0) ::close(f->fd);
 }
 
-namespace {
-void write_line(std::FILE* f, const std::string& line) {
-  std::fputs((line + "\n").c_str(), f);
-  std::fflush(f);
-}
-}  // namespace
-
-// {"ts":..., <head>, <fields>}
-std::string with_ts(const std::string& head, const Json& fields) {
-  std::string body = fields.text();
-  char ts[64];
-  std::snprintf(ts, sizeof ts, "{\"ts\":%.3f", unix_seconds());
-  std::string out = ts;
-  if (!head.empty()) out += "," + head;
-  if (body != "{}") out += "," + body.substr(1, body.size() - 2);
-  return out + "}";
-}
-
-void RunLog::event(const std::string& name, Json fields) {
-  write_line(events_, with_ts("\"event\":\"" + json_escape(name) + "\"", fields));
+// The whole line, or (a write that fails part way) nothing: cut back to the size before it.
+void RunLog::append(File& f, const std::string& line) {
+  if (f.fd < 0) return;
+  const std::string text = line + "\n";
+  struct stat st {};
+  const off_t before = ::fstat(f.fd, &st) == 0 ? st.st_size : -1;
+  size_t done = 0;
+  ssize_t n = 0;
+  while (done < text.size() && (n = ::write(f.fd, text.data() + done, text.size() - done)) > 0)
+    done += size_t(n);
+  if (done == text.size()) return;
+  const std::string why = n < 0 ? std::strerror(errno) : "nothing written (disk full?)";
+  if (before >= 0 && ::ftruncate(f.fd, before) != 0) {
+    // (could not cut it back either: the next reader sees the partial line; said below)
+  }
+  if (failed_) return;
+  failed_ = true;
+  if (on_error_) on_error_("cannot write " + f.path + ": " + why);
 }
 
-void RunLog::metric(Json fields) { write_line(metrics_, with_ts("", fields)); }
-
-void RunLog::ledger(Json fields) {
-  if (ledger_) write_line(ledger_, fields.text());
+// {"ts":..., "event": name, <fields>}
+void RunLog::event(const std::string& name, const Json& fields) {
+  nlohmann::ordered_json j = {{"ts", unix_seconds()}, {"event", name}};
+  for (auto& [k, v] : fields.object().items()) j[k] = v;
+  append(events_, j.dump());
 }
+
+void RunLog::metric(const Json& fields) {
+  nlohmann::ordered_json j = {{"ts", unix_seconds()}};
+  for (auto& [k, v] : fields.object().items()) j[k] = v;
+  append(metrics_, j.dump());
+}
+
+void RunLog::ledger(const Json& fields) { append(ledger_, fields.text()); }
 
 bool RunLog::drop_ledger_from(uint64_t step) {
-  if (!ledger_) return true;
-  const std::string path = dir_ + "/ledger.jsonl", tmp = path + ".tmp";
-  std::ifstream in(path);
+  if (ledger_.fd < 0) return true;
+  const std::string tmp = ledger_.path + ".tmp";
+  std::ifstream in(ledger_.path);
   std::ofstream out(tmp);
   for (std::string line; std::getline(in, line);) {
     // Every line starts {"step":N,
@@ -135,10 +106,10 @@ bool RunLog::drop_ledger_from(uint64_t step) {
   }
   out.close();
   if (!in.eof() || !out) return false;  // the old ledger stays as it was
-  std::fclose(ledger_);
-  const bool renamed = std::rename(tmp.c_str(), path.c_str()) == 0;
-  ledger_ = std::fopen(path.c_str(), "a");
-  return renamed && ledger_ != nullptr;
+  ::close(ledger_.fd);
+  const bool renamed = std::rename(tmp.c_str(), ledger_.path.c_str()) == 0;
+  ledger_.fd = ::open(ledger_.path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  return renamed && ledger_.fd >= 0;
 }
 
 }  // namespace troupe::coordinator

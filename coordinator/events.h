@@ -1,52 +1,63 @@
 // The run directory's JSON-lines logs: events.jsonl, metrics.jsonl and (with data.ledger)
-// ledger.jsonl. One JSON object a line, `ts` in unix seconds. Plain C++: no actors.
+// ledger.jsonl. One JSON object a line (nlohmann's JSON writer), `ts` in unix seconds. Every
+// write appends a whole line or nothing: a write that fails part way (a full disk) is cut back to
+// the line before, so a reader never chokes on a partial line, and the failure is reported to
+// the owner (the coordinator fails the job naming the file): never a silent success.
+// Plain C++: no actors.
 #pragma once
 
 #include <cstdint>
-#include <cstdio>
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
-#include <utility>
-#include <vector>
 
 namespace troupe::coordinator {
 
-// A JSON object built field by field: Json().str("event", "x").num("step", 3).text()
+// A JSON object built field by field, in order: Json().str("event", "x").num("loss", 0.5).text()
 class Json {
  public:
   Json& str(const std::string& key, const std::string& value);
-  Json& num(const std::string& key, double value);
+  Json& num(const std::string& key, double value);  // not finite: null
   Json& integer(const std::string& key, long long value);
   Json& boolean(const std::string& key, bool value);
-  Json& raw(const std::string& key, const std::string& json);  // an already-encoded value
-  std::string text() const { return "{" + body_ + "}"; }
+  Json& value(const std::string& key, nlohmann::ordered_json value);
+  std::string text() const { return object_.dump(); }
+  const nlohmann::ordered_json& object() const { return object_; }
 
  private:
-  void key(const std::string& k);
-  std::string body_;
+  nlohmann::ordered_json object_ = nlohmann::ordered_json::object();
 };
 
-std::string json_escape(const std::string& s);
 double unix_seconds();
 
 class RunLog {
  public:
-  explicit RunLog(const std::string& run_dir, bool ledger);
+  explicit RunLog(const std::string& run_dir, bool ledger);  // throws std::runtime_error
   ~RunLog();
   RunLog(const RunLog&) = delete;
   RunLog& operator=(const RunLog&) = delete;
 
-  void event(const std::string& name, Json fields);  // adds ts and event
-  void metric(Json fields);                          // adds ts
-  void ledger(Json fields);                          // no-op without data.ledger
+  // Called once, with "cannot write FILE: REASON", when a write first fails.
+  void on_error(std::function<void(const std::string&)> handler) { on_error_ = std::move(handler); }
+
+  void event(const std::string& name, const Json& fields);  // adds ts and event
+  void metric(const Json& fields);                          // adds ts
+  void ledger(const Json& fields);                          // no-op without data.ledger
   // Rewrites ledger.jsonl without the lines of steps >= step (rolled back: they are redone).
   // False if it could not (the caller fails the job: the ledger would show them twice).
   bool drop_ledger_from(uint64_t step);
 
  private:
-  std::FILE* events_ = nullptr;
-  std::FILE* metrics_ = nullptr;
-  std::FILE* ledger_ = nullptr;
+  struct File {
+    std::string path;
+    int fd = -1;
+  };
+  void append(File& f, const std::string& line);
+
   std::string dir_;
+  File events_, metrics_, ledger_;
+  bool failed_ = false;
+  std::function<void(const std::string&)> on_error_;
 };
 
 }  // namespace troupe::coordinator

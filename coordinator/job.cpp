@@ -9,6 +9,7 @@
 #include "coordinator/job.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -38,6 +39,7 @@ using actors::WorkerId;
 using comm::Errc;
 using elastic::JobPhase;
 using deadline_atom = caf::atom_constant<caf::atom("jdeadline")>;
+using log_failed_atom = caf::atom_constant<caf::atom("jlogfail")>;
 
 elastic::JobDeadlines deadlines_of(const JobConfig& c) {
   return {std::chrono::milliseconds(c.start_timeout_ms),
@@ -56,7 +58,11 @@ class Coordinator : public caf::event_based_actor {
         observer_(std::move(observer)),
         log_(dir_, cfg_.ledger),
         job_(deadlines_of(cfg_), Clock::now()),
-        steps_(log_, cfg_, [this](const StepCommitted& c) { on_commit(c); }) {}
+        steps_(log_, cfg_, [this](const StepCommitted& c) { on_commit(c); }) {
+    // A write to the run directory that fails (a full disk) fails the job, naming the file:
+    // handled as a message of its own, after the handler that wrote.
+    log_.on_error([this](const std::string& why) { send(this, log_failed_atom::value, why); });
+  }
 
   void on_exit() override {
     // The bridge, the observer and the launcher may refer back to this actor: release them.
@@ -85,6 +91,8 @@ class Coordinator : public caf::event_based_actor {
         [this](deadline_atom, uint64_t epoch) { on_deadline(epoch); },
         [this](LauncherEvent& e) { on_launcher_event(e); },
         [this](launcher_atom, caf::actor& launcher) { launcher_ = launcher; },
+        [this](interrupt_atom, int32_t signal) { on_interrupt(signal); },
+        [this](log_failed_atom, const std::string& why) { fail(why); },
     };
   }
 
@@ -100,6 +108,8 @@ class Coordinator : public caf::event_based_actor {
         [](actors::NodeUp&) {},
         [](deadline_atom, uint64_t) {},
         [](launcher_atom, caf::actor&) {},
+        [](interrupt_atom, int32_t) {},
+        [](log_failed_atom, const std::string&) {},
     };
   }
 
@@ -428,7 +438,7 @@ class Coordinator : public caf::event_based_actor {
                    .integer("steps", long(steps_.committed()))
                    .num("loss", steps_.last_loss())
                    .str("state", stopped ? "stopped" : "completed")
-                   .raw("checksums", outcome->checksums)
+                   .value("checksums", outcome->checksums)
                    .boolean("identical_parameters", outcome->identical)
                    .num("seconds", std::chrono::duration<double>(Clock::now() - t_start_).count()));
     if (outcome->identical)
@@ -573,6 +583,25 @@ class Coordinator : public caf::event_based_actor {
     }
   }
 
+  void on_interrupt(int32_t signal) {
+    const std::string name = signal == SIGINT    ? "SIGINT"
+                             : signal == SIGTERM ? "SIGTERM"
+                                                 : "a signal";
+    ++interrupts_;
+    log_.event("interrupted", Json()
+                                  .str("signal", name)
+                                  .integer("count", interrupts_)
+                                  .integer("step", long(steps_.committed())));
+    if (interrupts_ == 1 && job_.started()) {
+      spdlog::warn("{}: stopping after the current step", name);
+      stop();
+      return;
+    }
+    fail(interrupts_ == 1
+             ? "interrupted by " + name + " before training started"
+             : "interrupted by " + name + " again: stopped without waiting for the step");
+  }
+
   void on_launcher_event(const LauncherEvent& e) {
     Json j;
     j.integer("slot", e.slot).integer("attempt", e.attempt);
@@ -591,7 +620,9 @@ class Coordinator : public caf::event_based_actor {
     job_.finish(outcome);
     auto msg = encode(actors::Shutdown{reason.empty() ? "the job is finished" : reason, code});
     for (const auto& a : roster_.agents()) to_agent(a.id, msg);
-    if (observer_) send(observer_, JobFinished{code, reason});
+    if (observer_)
+      send(observer_, JobFinished{code, reason, elastic::outcome_name(outcome), steps_.committed(),
+                                  steps_.last_loss()});
     become(finished());
   }
 
@@ -612,6 +643,7 @@ class Coordinator : public caf::event_based_actor {
   StepDriver steps_;
   std::vector<uint32_t> draining_;  // agents that leave when the next generation starts
   int64_t reforms_ = 0;             // generations broken in a row without a committed step
+  int64_t interrupts_ = 0;          // SIGINT/SIGTERM to the process
   std::string plan_;                // the generation's pipeline layout, as its rank 0 reported it
   std::string last_failure_;        // the last failure, for the message if the job fails
   Clock::time_point t_start_ = Clock::now();

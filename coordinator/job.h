@@ -33,10 +33,13 @@ typename Inspector::result_type inspect(Inspector& f, JobProgress& x) {
 struct JobFinished {
   int exit_code = 0;
   std::string reason;  // one line
+  std::string state;   // completed | stopped | failed
+  uint64_t steps = 0;  // committed
+  double loss = 0;     // of the last committed step
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, JobFinished& x) {
-  return f(caf::meta::type_name("job_finished"), x.exit_code, x.reason);
+  return f(caf::meta::type_name("job_finished"), x.exit_code, x.reason, x.state, x.steps, x.loss);
 }
 
 // The local launcher (the process that runs `troupe run`) -> the coordinator: something happened
@@ -64,6 +67,11 @@ typename Inspector::result_type inspect(Inspector& f, ScaleAgents& x) {
 // The launcher -> the coordinator, once: where to send ScaleAgents (`troupe scale` above the
 // current size). Without one, such requests are refused by cluster.launcher = "external".
 using launcher_atom = caf::atom_constant<caf::atom("jlauncher")>;
+
+// The process running the coordinator got SIGINT or SIGTERM (the signal's number): the first
+// stops the job at the next step boundary (as `troupe stop`), a second one at once (the job
+// fails naming the signal). Before the first generation, the first one fails the job.
+using interrupt_atom = caf::atom_constant<caf::atom("jinterr")>;
 
 // The actor system settings of a process that runs a coordinator: actors::configure_system plus
 // the job's observer messages.

@@ -46,11 +46,11 @@ class Launcher : public caf::event_based_actor {
             report("agent_started", slots_.size() - 1, 0, "scale");
           }
         },
-        [this](stop_atom) -> caf::result<bool> {
+        [this](stop_atom, int64_t grace_ms) -> caf::result<bool> {
           stopping_ = true;
           if (running() == 0) return true;
           stopped_ = make_response_promise<bool>();
-          delayed_send(this, opt_.grace, grace_atom::value);
+          delayed_send(this, std::chrono::milliseconds(grace_ms), grace_atom::value);
           return stopped_;
         },
         [this](grace_atom) {

@@ -5,8 +5,9 @@
 // slots. Every start, restart and give-up is reported to the coordinator (LauncherEvent, for
 // events.jsonl). Exits are seen through an ExitWatcher (no polling).
 //
-// At the job's end, (stop_atom) -> bool: the launcher restarts nothing more, waits up to
-// `grace` for its agents to exit, kills the rest, and answers whether all exited by themselves.
+// At the job's end, (stop_atom, int64 grace_ms) -> bool: the launcher restarts nothing more,
+// waits up to grace_ms for its agents to exit, kills the rest, and answers whether all exited
+// by themselves.
 #pragma once
 
 #include <caf/all.hpp>
@@ -24,7 +25,6 @@ struct LauncherOptions {
   std::string run_dir;                  // agent-N.log goes here
   int64_t agents = 0;                   // slots to start at once
   elastic::RestartPolicy restarts;
-  std::chrono::milliseconds grace{10000};
 };
 
 using stop_atom = caf::atom_constant<caf::atom("lstop")>;

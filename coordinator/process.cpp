@@ -39,6 +39,11 @@ ChildProcess::ChildProcess(const Options& options) {
   if (pid_ < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
   if (pid_ == 0) {
     setpgid(0, 0);
+    // The default signal mask: a parent that takes SIGINT/SIGTERM with sigwait blocks them, and
+    // a mask survives exec.
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
     // Die with the parent, however it ends (a SIGKILLed test must not leave children behind).
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);

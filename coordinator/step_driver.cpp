@@ -76,29 +76,27 @@ void StepDriver::commit(uint64_t step, bool recovered, uint64_t generation, size
 // under the first of them.
 void StepDriver::write_ledger(uint64_t step, const Pending& p, bool recovered,
                               uint64_t generation) {
-  auto line = [&](uint32_t rank, const std::string& positions) {
+  using Ranges = std::vector<std::pair<uint64_t, uint64_t>>;
+  auto line = [&](uint32_t rank, const Ranges& positions) {
+    nlohmann::ordered_json list = nlohmann::ordered_json::array();
+    for (auto [a, b] : positions) list.push_back({a, b});
     log_.ledger(Json()
                     .integer("step", long(step))
                     .integer("generation", long(generation))
                     .integer("member", rank)
-                    .raw("positions", "[" + positions + "]"));
+                    .value("positions", std::move(list)));
   };
-  auto pair = [](uint64_t a, uint64_t b) {
-    return "[" + std::to_string(a) + "," + std::to_string(b) + "]";
-  };
-  for (size_t i = 0; i < p.ranks.size(); ++i)
-    line(p.ranks[i], pair(p.ranges[i].first, p.ranges[i].second));
+  for (size_t i = 0; i < p.ranks.size(); ++i) line(p.ranks[i], {p.ranges[i]});
   if (!recovered) return;
   const uint64_t B = uint64_t(cfg_.global_batch);
-  auto ranges = p.ranges;
+  Ranges ranges = p.ranges, gaps;
   std::sort(ranges.begin(), ranges.end());
-  std::string gaps;
   uint64_t at = step * B;
   for (auto [a, b] : ranges) {
-    if (a > at) gaps += (gaps.empty() ? "" : ",") + pair(at, a);
+    if (a > at) gaps.push_back({at, a});
     at = std::max(at, b);
   }
-  if (at < (step + 1) * B) gaps += (gaps.empty() ? "" : ",") + pair(at, (step + 1) * B);
+  if (at < (step + 1) * B) gaps.push_back({at, (step + 1) * B});
   uint32_t missing = 0;
   while (std::count(p.ranks.begin(), p.ranks.end(), missing)) ++missing;
   if (!gaps.empty()) line(missing, gaps);
@@ -108,13 +106,11 @@ std::optional<StepDriver::Outcome> StepDriver::done(const actors::WorkerDone& d,
   checksums_[d.rank] = d.checksum;
   if (checksums_.size() < world) return std::nullopt;
   Outcome o;
-  o.checksums = "[";
+  o.checksums = nlohmann::ordered_json::array();
   for (auto& [rank, sum] : checksums_) {
     o.identical = o.identical && sum == checksums_.begin()->second;
-    o.checksums += (o.checksums.size() > 1 ? "," : "") + std::string("\"") +
-                   fmt::format("{:016x}", sum) + "\"";
+    o.checksums.push_back(fmt::format("{:016x}", sum));
   }
-  o.checksums += "]";
   return o;
 }
 

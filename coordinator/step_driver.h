@@ -50,7 +50,7 @@ class StepDriver {
   // A member finished with a checksum; once all `world` have: whether they agree, and the list.
   struct Outcome {
     bool identical = true;
-    std::string checksums;  // a JSON array of hex strings, by rank
+    nlohmann::ordered_json checksums;  // hex strings, by rank
   };
   std::optional<Outcome> done(const actors::WorkerDone& d, size_t world);
 

@@ -42,6 +42,20 @@ Model::Model(const ModelSpec& spec) : spec_(spec) {
   blocks_.front()->set_needs_input_grad(false);
 }
 
+size_t Model::planned_param_count(const ModelSpec& s) {
+  size_t n = 0;
+  if (s.kind == "mlp") {
+    for (size_t i = 0; i + 1 < s.mlp_sizes.size(); ++i)
+      n += s.mlp_sizes[i] * s.mlp_sizes[i + 1] + s.mlp_sizes[i + 1];
+    return n;
+  }
+  const size_t C = s.d_model;
+  n += s.vocab * C + s.context * C;              // embedding
+  n += s.layers * (12 * C * C + 13 * C);         // transformer blocks (as make_transformer_block)
+  n += 2 * C + (s.tied_head ? 0 : s.vocab * C);  // final layer norm and head
+  return n;
+}
+
 size_t Model::param_count() const {
   size_t n = 0;
   for (auto& b : blocks_) n += b->param_count();

@@ -48,6 +48,9 @@ class Model {
   size_t num_blocks() const { return blocks_.size(); }
   Block& block(size_t i) { return *blocks_.at(i); }
   size_t param_count() const;
+  // The parameters a model of this spec has, without building it (for a gpt, spec.vocab is the
+  // data's; 256 bounds it for byte-level text).
+  static size_t planned_param_count(const ModelSpec& spec);
   double flops_per_sample() const;
 
   void init(uint64_t seed);  // block i from (seed, i): the same whatever the layout

@@ -8,7 +8,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libcaf-dev libucx-dev ucx-utils
   capnproto libcapnp-dev
-  libspdlog-dev libtomlplusplus-dev
+  libspdlog-dev libtomlplusplus-dev nlohmann-json3-dev libcli11-dev
   libopenblas-dev
   libgtest-dev libgmock-dev
   base-files   # /usr/share/common-licenses/GPL-3, the quickstart's text

@@ -4,14 +4,17 @@
 #include "workers/agent.h"
 
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <thread>
 
 #include "actors/bridge.h"
 #include "actors/job_protocol.h"
 #include "actors/services.h"
+#include "actors/signals.h"
 #include "workers/device_supervisor.h"
 #include "workers/generation_board.h"
 
@@ -95,9 +98,36 @@ Joined join(caf::scoped_actor& self, const caf::actor& bridge, const AgentOption
   return j;
 }
 
-// Until the coordinator's shutdown, or its loss.
-void await_shutdown(caf::scoped_actor& self, GenerationBoard& board, uint64_t coordinator) {
-  while (!board.shutting_down())
+// SIGTERM or SIGINT to an agent is a leave: it asks the coordinator to drain it (it then leaves
+// at the next step boundary and exits 0). If the coordinator refuses (too few workers would be
+// left) or cannot be asked, it exits at once with 128 + the signal; so does a second signal.
+void on_signal(caf::scoped_actor& self, const caf::actor& bridge, GenerationBoard& board,
+               uint64_t coordinator, uint32_t agent_id, int sig, bool again) {
+  const std::string name = actors::signal_name(sig);
+  if (again) {
+    std::fprintf(stderr, "troupe agent: %s again: exiting at once\n", name.c_str());
+    std::_Exit(128 + sig);
+  }
+  spdlog::warn("{}: asking the coordinator to drain this agent", name);
+  std::string error;
+  self->request(bridge, std::chrono::seconds(10), actors::request_atom::value,
+                actors::RemoteAddress{coordinator, actors::kCoordinatorActorId},
+                actors::make_drain_request(agent_id), uint32_t(5000))
+      .receive([](ControlMessage&) {},
+               [&](caf::error& e) {
+                 auto ce = actors::control_error(e);
+                 error = ce ? ce->message : self->system().render(e);
+               });
+  if (!error.empty())
+    board.shut_down(128 + sig, name + " and the coordinator did not drain this agent (" + error +
+                                   "): leaving at once");
+}
+
+// Until the coordinator's shutdown, or its loss; signals ask for a drain.
+void await_shutdown(caf::scoped_actor& self, const caf::actor& bridge, GenerationBoard& board,
+                    uint64_t coordinator, uint32_t agent_id, actors::SignalWatcher& signals) {
+  int seen = 0;
+  while (!board.shutting_down()) {
     self->receive(
         [&](actors::NodeDown& d) {
           if (d.node == coordinator)
@@ -105,6 +135,9 @@ void await_shutdown(caf::scoped_actor& self, GenerationBoard& board, uint64_t co
                                    ": " + d.reason + ")");
         },
         caf::after(std::chrono::milliseconds(100)) >> [] {});
+    for (int sig; (sig = signals.next()) != 0; ++seen)
+      on_signal(self, bridge, board, coordinator, agent_id, sig, seen > 0);
+  }
 }
 
 }  // namespace
@@ -116,10 +149,17 @@ std::pair<std::string, std::string> read_token_file(const std::string& path) {
   in >> job >> token;
   if (job.empty() || token.empty())
     throw std::invalid_argument("the token file '" + path + "' is not 'JOB_ID TOKEN'");
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & 077))
+    std::fprintf(stderr,
+                 "troupe: warning: the token file '%s' can be read by others (mode %03o): anyone "
+                 "who reads it can control the job; chmod 600 it\n",
+                 path.c_str(), unsigned(st.st_mode & 0777));
   return {job, token};
 }
 
 int run_agent(const AgentOptions& o) {
+  actors::SignalWatcher signals;  // (before any thread starts)
   caf::actor_system_config cfg;
   actors::configure_system(cfg);
   caf::actor_system system{cfg};
@@ -166,7 +206,7 @@ int run_agent(const AgentOptions& o) {
     threads.emplace_back(
         [&ctx, d, device = o.devices[d]] { DeviceSupervisor(ctx, d, device).run(); });
 
-  await_shutdown(self, *board, joined.coordinator);
+  await_shutdown(self, bridge, *board, joined.coordinator, joined.spec.agent_id, signals);
   for (auto& t : threads) t.join();
   const int code = board->exit_code();
   if (code != 0) std::fprintf(stderr, "troupe agent: %s\n", board->reason().c_str());

@@ -2,6 +2,7 @@
 // the run directory's logs, equivalence across world sizes, config errors, status and stop.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <fstream>
@@ -117,7 +118,7 @@ TEST(Job, QuickstartRunsAndItsLossFalls) {
   double first = (l[0] + l[1] + l[2]) / 3, last = (l[37] + l[38] + l[39]) / 3;
   std::printf("quickstart: loss %.3f -> %.3f over 40 steps\n", first, last);
   EXPECT_LT(last, first - 1.0);
-  EXPECT_NE(r.output.find("finished: 40 steps"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("finished after 40 of 40 steps"), std::string::npos) << r.output;
   for (const char* f : {"config.toml", "coordinator.addr", "metrics.jsonl", "job.token",
                         "agent-0.log", "agent-1.log"})
     EXPECT_TRUE(std::ifstream(r.run_dir + "/" + f).good()) << f;
@@ -134,7 +135,12 @@ TEST(Job, BadConfigsExitNonZeroWithTheReasonAndStartNothing) {
       {"[batch]\nglobal = 2.5\n", "batch.global must be an integer"},
       {"[optimizer]\nlr = 0.0\n", "optimizer.lr = 0 is out of range"},
       {"[model]\nkind = \"gpt\"\n[data]\nkind = \"text\"\npath = \"/nonexistent/text.txt\"\n",
-       "does not exist"},
+       "cannot be read: No such file or directory"},
+      {"[model]\nkind = \"gpt\"\n[data]\nkind = \"text\"\npath = \"/dev/zero\"\n",
+       "is not a regular file (a character device)"},
+      {"[optimizer]\nlr = nan\n", "optimizer.lr must be a finite number"},
+      {"[model]\nkind = \"gpt\"\nd_model = 600000\nheads = 1\n[data]\nkind = \"text\"\n",
+       "GiB per worker"},
       // Keys that would not act are refused, never ignored.
       {"[parallel]\nbackend = \"nccl\"\n", ":2:11: parallel.backend = \"nccl\" needs CUDA workers"},
       {"[checkpoint]\nevery_steps = 50\n",
@@ -150,6 +156,39 @@ TEST(Job, BadConfigsExitNonZeroWithTheReasonAndStartNothing) {
         << "the message names the file: " << r.output;
     EXPECT_FALSE(std::ifstream(r.run_dir + "/events.jsonl").good()) << "a job was started";
   }
+}
+
+// Inputs that could hang the command or exhaust the machine are refused before anything starts:
+// a FIFO as the data file (reading it would block), a directory as the config file (it used to
+// train the default job), an agent offering no device.
+TEST(Job, InputsThatCouldHangOrMisleadAreRefusedBeforeAnythingStarts) {
+  testing::TempDir dir;
+  const std::string fifo = dir.path() + "/corpus.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::string config =
+      write_config(dir, "fifo.toml",
+                   "[model]\nkind = \"gpt\"\n[data]\nkind = \"text\"\npath = \"" + fifo + "\"\n");
+  RunResult r = troupe_run(dir, config, {}, 30s);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("is not a regular file (a FIFO)"), std::string::npos) << r.output;
+
+  RunResult d = troupe_run(dir, dir.path(), {}, 30s);
+  EXPECT_EQ(d.exit_code, 2) << d.output;
+  EXPECT_NE(d.output.find("is a directory, not a config file"), std::string::npos) << d.output;
+  EXPECT_FALSE(std::ifstream(d.run_dir + "/events.jsonl").good()) << "a job was started";
+
+  std::string out = dir.path() + "/nodevice.out";
+  coordinator::ChildProcess agent({{testing::troupe_binary(), "agent", "--join", "127.0.0.1:1",
+                                    "--token-file", "/nonexistent", "--devices", ""},
+                                   out,
+                                   out,
+                                   {}});
+  auto st = agent.wait(30s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 2);
+  std::string text;
+  for (auto& l : testing::lines_of(out)) text += l;
+  EXPECT_NE(text.find("--devices names no device"), std::string::npos) << text;
 }
 
 // A device the build cannot train on is refused where the agent starts: exit 2, with the

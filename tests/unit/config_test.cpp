@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "coordinator/run_dir.h"
+
 namespace troupe::coordinator {
 namespace {
 
@@ -41,7 +43,31 @@ TEST(Config, BadFilesAreRefusedWithFileLineAndReason) {
       {"missing data file",
        "[model]\nkind = \"gpt\"\n[data]\nkind = \"text\"\npath = \"/nonexistent/corpus.txt\"\n",
        {},
-       "the data file '/nonexistent/corpus.txt' does not exist"},
+       "data.path: '/nonexistent/corpus.txt' cannot be read: No such file or directory"},
+      {"a device as the data",
+       "[model]\nkind = \"gpt\"\n[data]\nkind = \"text\"\npath = \"/dev/zero\"\n",
+       {},
+       "job.toml:5:8: data.path: '/dev/zero' is not a regular file (a character device)"},
+      {"a directory as the data",
+       "[model]\nkind = \"gpt\"\n[data]\nkind = \"text\"\npath = \"/usr\"\n",
+       {},
+       "'/usr' is a directory, not a text file"},
+      {"binary data",
+       "[model]\nkind = \"gpt\"\n[data]\nkind = \"text\"\npath = \"/bin/ls\"\n",
+       {},
+       "'/bin/ls' looks binary (a NUL byte at offset"},
+      {"a context longer than the text",
+       "[model]\nkind = \"gpt\"\ncontext = 100000\n[data]\nkind = \"text\"\n",
+       {},
+       "characters; model.context = 100000 needs more than 100001"},
+      {"not a number",
+       "[optimizer]\nlr = nan\n",
+       {},
+       "job.toml:2:6: optimizer.lr must be a finite number"},
+      {"a huge integer as a float",
+       "[job]\nsteps = 1e20\n",
+       {},
+       "job.steps must be an integer, not a floating-point"},
       {"micro above global",
        "[batch]\nglobal = 8\nmicro = 16\n",
        {},
@@ -116,6 +142,22 @@ TEST(Config, DeadlinesComeFromElasticKeys) {
 
 TEST(Config, MissingFileIsRefused) {
   EXPECT_THROW(load_config("/nonexistent/job.toml"), ConfigError);
+}
+
+}  // namespace
+}  // namespace troupe::coordinator
+
+namespace troupe::coordinator {
+namespace {
+
+TEST(RunDirectoryName, StaysUnderRunsWhateverTheJobsName) {
+  for (const char* name : {"../../etc/x y", "/abs/path", "..", "", "a/b\\c\n"}) {
+    const std::string d = default_run_dir(name);
+    ASSERT_EQ(d.rfind("runs/", 0), 0u) << d;
+    EXPECT_EQ(d.find('/', 5), std::string::npos) << "leaves runs/: " << d;
+    EXPECT_NE(d[5], '.') << "a hidden or parent name: " << d;
+  }
+  EXPECT_EQ(default_run_dir("gpt-small_2.1").rfind("runs/gpt-small_2.1-", 0), 0u);
 }
 
 }  // namespace

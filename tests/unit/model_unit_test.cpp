@@ -24,6 +24,26 @@ ModelSpec tiny_gpt(size_t vocab) {
   return s;
 }
 
+// The memory check before a job starts counts parameters without building the model: the count
+// must be the built model's, for every kind.
+TEST(ModelSize, PlannedParameterCountIsTheBuiltModelsCount) {
+  ModelSpec mlp;
+  mlp.kind = "mlp";
+  mlp.mlp_sizes = {7, 13, 5, 3};
+  EXPECT_EQ(Model::planned_param_count(mlp), Model(mlp).param_count());
+  for (bool tied : {false, true}) {
+    ModelSpec gpt;
+    gpt.kind = "gpt";
+    gpt.vocab = 11;
+    gpt.context = 6;
+    gpt.d_model = 8;
+    gpt.heads = 2;
+    gpt.layers = 3;
+    gpt.tied_head = tied;
+    EXPECT_EQ(Model::planned_param_count(gpt), Model(gpt).param_count()) << "tied " << tied;
+  }
+}
+
 TEST(ModelInput, ZeroSizesAndUnknownKindsAreRefused) {
   ModelSpec s;
   s.mlp_sizes = {784, 0, 10};

@@ -1,0 +1,91 @@
+#include "actors/signals.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+
+namespace troupe::actors {
+namespace {
+
+// One watcher per process at a time (the handler has no other way to reach it).
+std::atomic<int> pipe_write{-1};
+int pipe_read = -1;
+
+void on_signal(int sig) {
+  const int fd = pipe_write.load();
+  const unsigned char byte = static_cast<unsigned char>(sig);
+  if (fd >= 0) (void)!::write(fd, &byte, 1);  // async-signal-safe; a full pipe drops it
+}
+
+void install(void (*handler)(int)) {
+  struct sigaction sa {};
+  sa.sa_handler = handler;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+}  // namespace
+
+SignalWatcher::SignalWatcher() {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) == 0) {
+    pipe_read = fds[0];
+    pipe_write.store(fds[1]);
+  }
+  install(&on_signal);
+}
+
+SignalWatcher::~SignalWatcher() {
+  install(SIG_DFL);
+  const int w = pipe_write.exchange(-1);
+  if (w >= 0) ::close(w);
+  if (pipe_read >= 0) ::close(pipe_read);
+  pipe_read = -1;
+}
+
+// Moves what the handler wrote into pending_ (called with mu_ held).
+void SignalWatcher::drain_pipe() {
+  unsigned char buf[64];
+  for (ssize_t n; pipe_read >= 0 && (n = ::read(pipe_read, buf, sizeof buf)) > 0;)
+    for (ssize_t i = 0; i < n; ++i) {
+      pending_.push_back(buf[i]);
+      if (count_++ == 0) first_ = buf[i];
+    }
+}
+
+int SignalWatcher::next() {
+  std::lock_guard<std::mutex> lock(mu_);
+  drain_pipe();
+  if (pending_.empty()) return 0;
+  int sig = pending_.front();
+  pending_.pop_front();
+  return sig;
+}
+
+int SignalWatcher::count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const_cast<SignalWatcher*>(this)->drain_pipe();
+  return count_;
+}
+
+int SignalWatcher::first() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const_cast<SignalWatcher*>(this)->drain_pipe();
+  return first_;
+}
+
+const char* signal_name(int sig) {
+  switch (sig) {
+    case SIGINT:
+      return "SIGINT";
+    case SIGTERM:
+      return "SIGTERM";
+    default:
+      return "a signal";
+  }
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,41 @@
+// The run directory of one job: where it is (under runs/, whatever the job's name), and who owns
+// it. A job claims its directory for its whole life with a lock (DIR/run.lock, flock(2), with the
+// owner's job, pid, host and start time written in it); a second job is refused with the name of
+// the first, and a directory that already holds a job's logs (events.jsonl) is refused: results
+// are never interleaved or appended to. (Resuming a run from its directory comes with
+// checkpoints.)
+//
+// Thread-safety: none; one owner.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace troupe::coordinator {
+
+class RunDirError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// "runs/NAME-YYYYMMDD-HHMMSS-PID", with NAME reduced to letters, digits, '.', '-' and '_' (every
+// other byte becomes '_'), so that the directory stays under runs/.
+std::string default_run_dir(const std::string& job_name);
+
+class RunDirectory {
+ public:
+  // Creates the directory (and its parents) if needed and locks it for job_name. Throws
+  // RunDirError: in use by another job (named), holds an earlier job's logs, cannot be created.
+  RunDirectory(const std::string& path, const std::string& job_name);
+  ~RunDirectory();  // releases the lock (the file stays, naming the last owner)
+  RunDirectory(const RunDirectory&) = delete;
+  RunDirectory& operator=(const RunDirectory&) = delete;
+
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int lock_fd_ = -1;
+};
+
+}  // namespace troupe::coordinator

@@ -1,0 +1,200 @@
+// A job's run directory, signals and full disks, as a user meets them: a second job on the same
+// directory, a finished directory reused, Ctrl-C (once and twice), SIGTERM to an agent, and the
+// file-size limit of a full disk. Real `troupe` processes.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "tests/harness/jobs.h"
+
+namespace troupe {
+namespace {
+
+using namespace std::chrono_literals;
+using namespace testing;
+
+const char* kConfig = R"([job]
+name = "hardening"
+seed = 3
+steps = 400
+[model]
+kind = "mlp"
+inputs = 32
+hidden = [32]
+classes = 4
+[data]
+kind = "synthetic"
+samples = 1024
+[batch]
+global = 16
+micro = 8
+[optimizer]
+kind = "sgd"
+lr = 0.05
+)";
+
+std::string text_of(const std::string& path) {
+  std::string out;
+  for (auto& l : lines_of(path)) out += l + "\n";
+  return out;
+}
+
+bool alive(int pid) { return pid > 0 && ::kill(pid, 0) == 0; }
+
+// Every line of a JSON-lines file is a whole object.
+void expect_whole_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (all.empty()) return;
+  EXPECT_EQ(all.back(), '\n') << path << " ends with a partial line";
+  for (auto& l : lines_of(path))
+    EXPECT_TRUE(!l.empty() && l.front() == '{' && l.back() == '}') << path << ": " << l;
+}
+
+TEST(RunDirectory, ASecondJobOnTheSameDirectoryIsRefusedWithTheFirstsName) {
+  TempDir dir;
+  Job first = start_job(dir, "shared", kConfig, 1, {}, {pace(20000)});
+  wait_steps(first, 2);
+  // The same job.run_dir again: refused before anything starts, naming the job that owns it.
+  Job second = start_job(dir, "shared", kConfig, 1, {"job.name=\"intruder\""});
+  auto st = second.proc->wait(30s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 2);
+  const std::string out = text_of(second.out);
+  EXPECT_NE(out.find("is in use by another job (job 'hardening', pid"), std::string::npos) << out;
+  // The first job's files are untouched: still its token, its address, only its events.
+  EXPECT_EQ(count_events(first, "job_started"), 1);
+  admin(dir, {"stop", "--run-dir", first.run_dir});
+  auto st1 = first.proc->wait(60s);
+  ASSERT_TRUE(st1);
+  EXPECT_EQ(WEXITSTATUS(*st1), 0) << text_of(first.out);
+}
+
+TEST(RunDirectory, AFinishedJobsDirectoryIsNotAppendedTo) {
+  TempDir dir;
+  Job done = start_job(dir, "once", kConfig, 1, {"job.steps=5"});
+  auto st = done.proc->wait(60s);
+  ASSERT_TRUE(st);
+  ASSERT_EQ(WEXITSTATUS(*st), 0);
+  const size_t events = events_of(done).size();
+  Job again = start_job(dir, "once", kConfig, 1, {"job.steps=5"});
+  auto st2 = again.proc->wait(30s);
+  ASSERT_TRUE(st2);
+  EXPECT_EQ(WEXITSTATUS(*st2), 2);
+  EXPECT_NE(text_of(again.out).find("already holds a job's logs"), std::string::npos)
+      << text_of(again.out);
+  EXPECT_EQ(events_of(done).size(), events) << "the finished run's events changed";
+}
+
+// Ctrl-C: the job stops at the next step boundary, writes its final event (job_finished, state
+// stopped, identical parameters), prints its final line, ends every agent, and exits 130.
+TEST(Signals, SigintStopsTheJobAtAStepBoundaryWithAFinalEventAndLine) {
+  TempDir dir;
+  Job job = start_job(dir, "sigint", kConfig, 2, {}, {pace(5000)});
+  wait_steps(job, 5);
+  const int a0 = pid_of(job, "agent-0"), a1 = pid_of(job, "agent-1");
+  ASSERT_GT(a0, 0);
+  ASSERT_GT(a1, 0);
+  ASSERT_TRUE(job.proc->signal(SIGINT));
+  auto st = job.proc->wait(60s);
+  ASSERT_TRUE(st) << "the job did not stop";
+  EXPECT_TRUE(WIFEXITED(*st));
+  EXPECT_EQ(WEXITSTATUS(*st), 130) << text_of(job.out);
+  auto events = events_of(job);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(json_field(events.back(), "event"), "job_finished") << events.back();
+  EXPECT_EQ(json_field(events.back(), "state"), "stopped") << events.back();
+  EXPECT_EQ(json_field(events.back(), "identical_parameters"), "true") << events.back();
+  EXPECT_EQ(count_events(job, "interrupted"), 1);
+  const std::string out = text_of(job.out);
+  EXPECT_NE(out.find("SIGINT: stopping after the current step"), std::string::npos) << out;
+  EXPECT_NE(out.find("job 'hardening' stopped after"), std::string::npos) << out;
+  EXPECT_FALSE(alive(a0));
+  EXPECT_FALSE(alive(a1));
+}
+
+// A second Ctrl-C does not wait for the step: the job fails at once, naming the signal.
+TEST(Signals, ASecondSigintStopsAtOnce) {
+  TempDir dir;
+  // Steps of 3 s: the first SIGINT's step boundary is far away.
+  Job job = start_job(dir, "twice", kConfig, 1, {}, {pace(3000000)});
+  wait_steps(job, 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(job.proc->signal(SIGINT));
+  ASSERT_FALSE(wait_event(job, is("interrupted", "count", "1"), 10s).empty());
+  ASSERT_TRUE(job.proc->signal(SIGINT));
+  auto st = job.proc->wait(60s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 130);
+  auto events = events_of(job);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(json_field(events.back(), "event"), "job_failed") << events.back();
+  EXPECT_NE(events.back().find("interrupted by SIGINT again"), std::string::npos);
+  EXPECT_EQ(committed_losses(job.run_dir).size(), 1u) << "it waited for the step";
+  EXPECT_FALSE(alive(pid_of(job, "agent-0"))) << "the agent was left running";
+  std::printf("second SIGINT -> exit after %.2f s (a step takes 3 s)\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+// SIGTERM to an agent is a leave: it is drained at the next step boundary and exits 0 (the local
+// launcher does not restart it); the job goes on with the others and computes the same function.
+TEST(Signals, SigtermToAnAgentDrainsIt) {
+  TempDir dir;
+  Job job = start_job(dir, "sigterm", kConfig, 3, {"job.steps=300"}, {pace(3000)});
+  wait_steps(job, 10);
+  const int victim = pid_of(job, "agent-2");
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(::kill(victim, SIGTERM), 0);
+  auto left = wait_event(job, is("member_left", "reason", "drained"), 60s);
+  ASSERT_FALSE(left.empty()) << "the agent was not drained";
+  EXPECT_EQ(count_events(job, "member_failed"), 0);
+  auto st = job.proc->wait(120s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
+  EXPECT_EQ(count_events(job, "agent_restarted"), 0) << "a drained agent is not restarted";
+  auto events = events_of(job);
+  EXPECT_EQ(json_field(events.back(), "identical_parameters"), "true") << events.back();
+  EXPECT_FALSE(alive(victim));
+  const std::string log = text_of(job.run_dir + "/agent-2.log");
+  EXPECT_NE(log.find("SIGTERM: asking the coordinator to drain this agent"), std::string::npos)
+      << log;
+}
+
+// A full disk (a 64 KiB tmpfs for the run directory, in a mount namespace of the test's own): the
+// job fails naming the file, never reports success, and no JSON-lines file ends mid-line.
+TEST(RunLogs, AFullDiskFailsTheJobNamingTheFileWithoutPartialLines) {
+  TempDir dir;
+  const std::string config = dir.path() + "/full.toml";
+  std::ofstream(config) << kConfig;
+  const std::string disk = dir.path() + "/disk", run_dir = disk + "/full";
+  const std::string out = dir.path() + "/full.out";
+  std::filesystem::create_directories(disk);
+  const std::string copy = dir.path() + "/copy";
+  // (The tmpfs goes with the namespace: the script copies what was written out of it.)
+  const std::string script = "mount -t tmpfs -o size=64k tmpfs '" + disk + "' || exit 77; '" +
+                             troupe_binary() + "' run '" + config + "' --set 'job.run_dir=\"" +
+                             run_dir +
+                             "\"' --set job.steps=100000 --set cluster.agents=1; rc=$?; cp -r '" +
+                             run_dir + "' '" + copy + "'; exit $rc";
+  coordinator::ChildProcess p({{"/usr/bin/unshare", "-m", "/bin/sh", "-c", script}, out, out, {}});
+  auto st = p.wait(120s);
+  ASSERT_TRUE(st) << "the job did not end";
+  ASSERT_TRUE(WIFEXITED(*st));
+  if (WEXITSTATUS(*st) == 77 || (WEXITSTATUS(*st) == 1 && text_of(out).find("unshare") == 0))
+    GTEST_SKIP() << "no mount namespace here (needs CAP_SYS_ADMIN): " << text_of(out);
+  EXPECT_EQ(WEXITSTATUS(*st), 1) << text_of(out);
+  const std::string text = text_of(out);
+  EXPECT_NE(text.find("cannot write " + run_dir + "/"), std::string::npos) << text;
+  EXPECT_NE(text.find(".jsonl: No space left on device"), std::string::npos) << text;
+  EXPECT_NE(text.find("failed after"), std::string::npos) << "no final line: " << text;
+  expect_whole_lines(copy + "/events.jsonl");
+  expect_whole_lines(copy + "/metrics.jsonl");
+  EXPECT_GT(lines_of(copy + "/metrics.jsonl").size(), 10u) << "the disk was full from the start";
+}
+
+}  // namespace
+}  // namespace troupe
