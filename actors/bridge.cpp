@@ -17,6 +17,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -479,6 +480,13 @@ class Back : public caf::event_based_actor {
           }
           connects_.erase(it);
         },
+        [this](demonitor_atom, uint64_t node) {
+          auto who = caf::actor_cast<caf::actor>(current_sender());
+          auto w = watchers_.find(node);
+          if (!who || w == watchers_.end()) return;
+          w->second.erase(std::remove(w->second.begin(), w->second.end(), who), w->second.end());
+          if (w->second.empty()) watchers_.erase(w);
+        },
         [this](monitor_atom, uint64_t node) {
           auto who = caf::actor_cast<caf::actor>(current_sender());
           if (!who) return;
@@ -563,7 +571,13 @@ class Back : public caf::event_based_actor {
   void node_lost(uint64_t node, comm::Errc code, const std::string& reason) {
     detector_.forget(node);
     heartbeat_targets_.erase(node);
-    spdlog::warn("control plane: node {} lost: {}: {}", hex(node), comm::errc_name(code), reason);
+    // A node someone watches (an agent of the job) is lost; one nobody watches (an admin
+    // command, an agent after the job's end) has only disconnected.
+    if (watchers_.count(node))
+      spdlog::warn("control plane: node {} lost: {}: {}", hex(node), comm::errc_name(code), reason);
+    else
+      spdlog::info("control plane: node {} disconnected ({}: {})", hex(node), comm::errc_name(code),
+                   reason);
     NodeDown down{node, code, reason};
     auto w = watchers_.find(node);
     if (w != watchers_.end()) {

@@ -7,6 +7,8 @@
 //   - request:   (request_atom, RemoteAddress, ControlMessage, uint32 timeout_ms)
 //                  -> ControlMessage, or an error: peer_lost, timed_out, no_actor, remote
 //   - monitor:   (monitor_atom, uint64 node)  the sender gets a NodeDown when the node is lost
+//   - demonitor: (demonitor_atom, uint64 node) it no longer does (a node that leaves unwatched
+//                is logged as disconnected, not as lost)
 //   - observe:   (observe_atom)               the sender gets NodeUp/NodeDown for every node
 //   - info:      (info_atom) -> (uint64 node_id, std::string address)
 //   - generation:(generation_atom, uint64 g)  stamps outbound messages, drops older inbound ones

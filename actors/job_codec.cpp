@@ -276,6 +276,31 @@ ControlMessage encode(const Shutdown& m) {
 
 Shutdown decode(proto::Shutdown::Reader r) { return {r.getReason(), r.getExitCode()}; }
 
+namespace {
+
+template <typename List>
+void set_members(List list, const std::vector<MemberStatus>& v) {
+  for (unsigned i = 0; i < v.size(); ++i) {
+    list[i].setRank(v[i].rank);
+    list[i].setAgentId(v[i].agent);
+    list[i].setPid(v[i].pid);
+    list[i].setHost(v[i].host);
+    list[i].setDevice(v[i].device);
+    list[i].setName(v[i].name);
+  }
+}
+
+template <typename Reader>
+std::vector<MemberStatus> members_of(Reader r) {
+  std::vector<MemberStatus> out;
+  for (auto x : r)
+    out.push_back(
+        {x.getRank(), x.getAgentId(), x.getPid(), x.getHost(), x.getDevice(), x.getName()});
+  return out;
+}
+
+}  // namespace
+
 ControlMessage encode(const JobStatus& m) {
   return ControlMessage::build([&](Env e) {
     auto s = e.initBody().initStatus();
@@ -286,23 +311,21 @@ ControlMessage encode(const JobStatus& m) {
     s.setSteps(m.steps);
     s.setLastLoss(m.last_loss);
     s.setPlan(m.plan);
-    auto ms = s.initMembers(unsigned(m.members.size()));
-    for (unsigned i = 0; i < m.members.size(); ++i) {
-      ms[i].setRank(m.members[i].rank);
-      ms[i].setAgentId(m.members[i].agent);
-      ms[i].setPid(m.members[i].pid);
-      ms[i].setHost(m.members[i].host);
-      ms[i].setDevice(m.members[i].device);
-    }
+    set_members(s.initMembers(unsigned(m.members.size())), m.members);
+    set_members(s.initStandbys(unsigned(m.standbys.size())), m.standbys);
   });
 }
 
 JobStatus decode(proto::JobStatus::Reader r) {
-  JobStatus m{r.getJobName(), r.getState(), r.getPlan(),     r.getGeneration(),
-              r.getStep(),    r.getSteps(), r.getLastLoss(), {}};
-  for (auto x : r.getMembers())
-    m.members.push_back({x.getRank(), x.getAgentId(), x.getPid(), x.getHost(), x.getDevice()});
-  return m;
+  return {r.getJobName(),
+          r.getState(),
+          r.getPlan(),
+          r.getGeneration(),
+          r.getStep(),
+          r.getSteps(),
+          r.getLastLoss(),
+          members_of(r.getMembers()),
+          members_of(r.getStandbys())};
 }
 
 ControlMessage encode(const LeaveGeneration& m) {

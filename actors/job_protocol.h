@@ -136,7 +136,7 @@ struct Shutdown {
 
 struct MemberStatus {
   uint32_t rank = 0, agent = 0, pid = 0;
-  std::string host, device;
+  std::string host, device, name;
 };
 
 // The answer to a status request.
@@ -144,7 +144,8 @@ struct JobStatus {
   std::string job_name, state, plan;
   uint64_t generation = 0, step = 0, steps = 0;
   double last_loss = 0;
-  std::vector<MemberStatus> members;  // by rank
+  std::vector<MemberStatus> members;   // by rank
+  std::vector<MemberStatus> standbys;  // live workers that are not members
 };
 
 // Coordinator -> agents control (one-way, no payload beyond what is named).

@@ -48,6 +48,7 @@ using send_atom = caf::atom_constant<caf::atom("rsend")>;
 using request_atom = caf::atom_constant<caf::atom("rrequest")>;
 using register_atom = caf::atom_constant<caf::atom("register")>;
 using monitor_atom = caf::atom_constant<caf::atom("rmonitor")>;
+using demonitor_atom = caf::atom_constant<caf::atom("rdemon")>;
 using observe_atom = caf::atom_constant<caf::atom("observe")>;
 using info_atom = caf::atom_constant<caf::atom("info")>;
 using stats_atom = caf::atom_constant<caf::atom("stats")>;

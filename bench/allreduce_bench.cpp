@@ -14,7 +14,7 @@
 
 #include "bench/bench.h"
 #include "bench/rendezvous.h"
-#include "cli/args.h"
+#include "cli/parse.h"
 #include "comm/buffer.h"
 #include "comm/ucx_communicator.h"
 #include "coordinator/process.h"
@@ -85,29 +85,37 @@ double memcpy_gbps() {
 }  // namespace
 
 int run_allreduce_worker(const std::vector<std::string>& words) {
-  cli::Args args(words,
-                 {"dir", "rank", "world", "sizes", "mode", "count", "timeout-ms", "min-seconds",
-                  "segment-bytes", "window", "shm-slice-bytes", "algorithm"},
-                 {});
-  std::string dir = args.get("dir");
-  int rank = int(args.get_int("rank", -1)), world = int(args.get_int("world", 0));
-  if (dir.empty() || rank < 0 || world <= 0 || rank >= world)
-    throw std::invalid_argument("need --dir, --rank, --world");
+  CLI::App app{"One rank of `troupe bench allreduce` (started by it; also the tests' peer).",
+               "troupe bench allreduce-worker"};
+  std::string dir, sizes = "4K,1M,64M", mode = "bench", algorithm = "auto";
+  int rank = -1, world = 0;
+  int64_t timeout_ms = 30000;
+  size_t count = 16 << 20;
+  double min_seconds = 0.3;
   comm::UcxCommOptions opt;
-  opt.timeout = std::chrono::milliseconds(args.get_int("timeout-ms", 30000));
-  opt.segment_bytes = size_t(args.get_int("segment-bytes", int64_t(opt.segment_bytes)));
-  opt.window = size_t(args.get_int("window", int64_t(opt.window)));
-  opt.shm_slice_bytes = size_t(args.get_int("shm-slice-bytes", int64_t(opt.shm_slice_bytes)));
+  app.add_option("--dir", dir, "the rendezvous directory")->required();
+  app.add_option("--rank", rank, "this rank")->required();
+  app.add_option("--world", world, "the number of ranks")->required()->check(CLI::PositiveNumber);
+  app.add_option("--sizes", sizes, "bytes per allreduce, e.g. 4K,1M,64M");
+  app.add_option("--mode", mode, "bench; check or loop (the multi-process tests)")
+      ->check(CLI::IsMember({"bench", "check", "loop"}));
+  app.add_option("--count", count, "loop: floats per allreduce");
+  app.add_option("--timeout-ms", timeout_ms, "the data plane's failure timeout");
+  app.add_option("--min-seconds", min_seconds, "time each size at least this long");
+  app.add_option("--segment-bytes", opt.segment_bytes, "ring chunk size");
+  app.add_option("--window", opt.window, "ring chunks in flight");
+  app.add_option("--shm-slice-bytes", opt.shm_slice_bytes, "shared-memory slice size");
+  app.add_option("--algorithm", algorithm, "auto, ring, rd or shm");
+  if (auto rc = cli::parse(app, words)) return *rc;
+  if (rank < 0 || rank >= world) throw std::invalid_argument("--rank must be in [0, --world)");
+  opt.timeout = std::chrono::milliseconds(timeout_ms);
   comm::CollectiveOptions timed;  // the timed allreduces
-  timed.algorithm = parse_algorithm(args.get("algorithm", "auto"));
+  timed.algorithm = parse_algorithm(algorithm);
   auto comm = std::make_unique<comm::UcxCommunicator>(1, opt);
   auto addrs = file_rendezvous(dir, "gen1", rank, world, comm->address(), std::chrono::seconds(30));
   comm->connect(rank, addrs, std::chrono::seconds(30));
-  std::string mode = args.get("mode", "bench");
-
   if (mode == "bench") {
-    double min_seconds = std::stod(args.get("min-seconds", "0.3"));
-    for (size_t bytes : parse_sizes(args.get("sizes", "4K,1M,64M"))) {
+    for (size_t bytes : parse_sizes(sizes)) {
       size_t count = std::max<size_t>(1, bytes / 4);
       comm::Buffer buf(count * 4);
       std::memset(buf.data(), 0, count * 4);
@@ -182,7 +190,6 @@ int run_allreduce_worker(const std::vector<std::string>& words) {
   if (mode == "loop") {
     // Failure tests: allreduce until something fails; then rebuild with the survivors the test
     // names in DIR/gen2.members (old ranks, in new-rank order) and check one allreduce.
-    size_t count = size_t(args.get_int("count", 16 << 20));
     std::vector<float> buf(count);
     for (int iter = 1;; ++iter) {
       for (size_t i = 0; i < count; i += 4096) buf[i] = 1.0f;
@@ -231,22 +238,35 @@ int run_allreduce_worker(const std::vector<std::string>& words) {
     std::fflush(stdout);
     return 0;
   }
-  throw std::invalid_argument("--mode must be bench or loop");
+  throw std::invalid_argument("--mode must be bench, check or loop");
 }
 
 int run_allreduce_bench(const std::vector<std::string>& words) {
-  cli::Args args(words,
-                 {"workers", "sizes", "min-seconds", "segment-bytes", "window", "backend",
-                  "shm-slice-bytes", "algorithm"},
-                 {"json"});
-  parse_algorithm(args.get("algorithm", "auto"));  // refused here, before any process starts
-  std::string sizes = args.get("sizes", "4K,64K,1M,16M,64M,256M");
-  bool json = args.has("json");
-  std::string backend = args.get("backend", "ucx");
-  if (backend == "nccl") return run_nccl_allreduce_bench(parse_sizes(sizes), json);
-  if (backend != "ucx") throw std::invalid_argument("--backend must be ucx or nccl");
+  CLI::App app{
+      "Allreduce between processes (ucx) or GPUs (nccl): time and bus bandwidth per "
+      "size.",
+      "troupe bench allreduce"};
+  std::string sizes = "4K,64K,1M,16M,64M,256M", backend = "ucx", algorithm = "auto";
+  std::string min_seconds = "0.3";
+  comm::UcxCommOptions defaults;
+  std::string segment = std::to_string(defaults.segment_bytes),
+              window = std::to_string(defaults.window),
+              slice = std::to_string(defaults.shm_slice_bytes);
   std::vector<int> worlds;
-  for (auto& w : args.all("workers")) worlds.push_back(std::stoi(w));
+  bool json = false;
+  app.add_option("--workers", worlds, "process counts, repeatable (default 2 and 4)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--sizes", sizes, "bytes per allreduce, e.g. 4K,1M,64M");
+  app.add_option("--backend", backend, "ucx or nccl")->check(CLI::IsMember({"ucx", "nccl"}));
+  app.add_option("--algorithm", algorithm, "auto, ring, rd or shm");
+  app.add_option("--min-seconds", min_seconds, "time each size at least this long");
+  app.add_option("--segment-bytes", segment, "ring chunk size");
+  app.add_option("--window", window, "ring chunks in flight");
+  app.add_option("--shm-slice-bytes", slice, "shared-memory slice size");
+  app.add_flag("--json", json, "JSON lines");
+  if (auto rc = cli::parse(app, words)) return *rc;
+  parse_algorithm(algorithm);  // refused here, before any process starts
+  if (backend == "nccl") return run_nccl_allreduce_bench(parse_sizes(sizes), json);
   if (worlds.empty()) worlds = {2, 4};
   std::string exe = coordinator::self_executable();
   double copy = memcpy_gbps();
@@ -265,32 +285,31 @@ int run_allreduce_bench(const std::vector<std::string>& words) {
     std::filesystem::create_directories(dir);
     std::vector<std::unique_ptr<coordinator::ChildProcess>> ranks;
     for (int r = 0; r < world; ++r) {
-      ranks.push_back(
-          std::make_unique<coordinator::ChildProcess>(coordinator::ChildProcess::Options{
-              {exe,
-               "bench",
-               "allreduce-worker",
-               "--dir",
-               dir.string(),
-               "--rank",
-               std::to_string(r),
-               "--world",
-               std::to_string(world),
-               "--sizes",
-               sizes,
-               "--min-seconds",
-               args.get("min-seconds", "0.3"),
-               "--segment-bytes",
-               args.get("segment-bytes", std::to_string(comm::UcxCommOptions{}.segment_bytes)),
-               "--window",
-               args.get("window", std::to_string(comm::UcxCommOptions{}.window)),
-               "--shm-slice-bytes",
-               args.get("shm-slice-bytes", std::to_string(comm::UcxCommOptions{}.shm_slice_bytes)),
-               "--algorithm",
-               args.get("algorithm", "auto")},
-              "",
-              "",
-              {}}));
+      ranks.push_back(std::make_unique<coordinator::ChildProcess>(
+          coordinator::ChildProcess::Options{{exe,
+                                              "bench",
+                                              "allreduce-worker",
+                                              "--dir",
+                                              dir.string(),
+                                              "--rank",
+                                              std::to_string(r),
+                                              "--world",
+                                              std::to_string(world),
+                                              "--sizes",
+                                              sizes,
+                                              "--min-seconds",
+                                              min_seconds,
+                                              "--segment-bytes",
+                                              segment,
+                                              "--window",
+                                              window,
+                                              "--shm-slice-bytes",
+                                              slice,
+                                              "--algorithm",
+                                              algorithm},
+                                             "",
+                                             "",
+                                             {}}));
     }
     while (auto line = ranks[0]->read_line(std::chrono::seconds(600))) {
       if (json) {

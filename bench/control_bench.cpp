@@ -13,7 +13,7 @@
 #include "actors/services.h"
 #include "bench/bench.h"
 #include "bench/raw_ucx.h"
-#include "cli/args.h"
+#include "cli/parse.h"
 #include "coordinator/process.h"
 
 namespace troupe::bench {
@@ -131,12 +131,23 @@ Summary summarize(std::vector<double> s) {
 }
 
 int run_control_bench(const std::vector<std::string>& words) {
-  cli::Args args(words, {"round-trips", "messages", "payload-bytes", "spin-us"}, {"json"});
-  int spin_us = static_cast<int>(args.get_int("spin-us", comm::TransportOptions{}.spin_us));
-  int round_trips = static_cast<int>(args.get_int("round-trips", 5000));
-  int messages = static_cast<int>(args.get_int("messages", 200000));
-  int payload = static_cast<int>(args.get_int("payload-bytes", 8));
-  bool json = args.has("json");
+  CLI::App app{
+      "Control-plane round trip and message rate between two processes, next to raw "
+      "UCX active messages.",
+      "troupe bench control"};
+  int spin_us = comm::TransportOptions{}.spin_us, round_trips = 5000, messages = 200000,
+      payload = 8;
+  bool json = false;
+  app.add_option("--round-trips", round_trips, "timed request/reply round trips")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--messages", messages, "one-way messages for the rate")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--payload-bytes", payload, "bytes of each echo's payload")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--spin-us", spin_us, "the progress thread spins this long before it sleeps")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--json", json, "JSON lines");
+  if (auto rc = cli::parse(app, words)) return *rc;
   std::string exe = coordinator::self_executable();
 
   RawUcxResult raw;

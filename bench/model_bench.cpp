@@ -6,7 +6,7 @@
 #include <cstdio>
 
 #include "bench/bench.h"
-#include "cli/args.h"
+#include "cli/parse.h"
 #include "models/data.h"
 #include "models/trainer.h"
 
@@ -55,18 +55,24 @@ Setup preset(const std::string& name, const std::string& text_path) {
 }  // namespace
 
 int run_model_bench(const std::vector<std::string>& words) {
-  cli::Args args(words, {"model", "steps", "warmup", "threads", "data-path", "seed"},
-                 {"json", "curve"});
-  std::string name = args.get("model", "gpt");
-  int steps = int(args.get_int("steps", 50));
-  int warmup = int(args.get_int("warmup", 5));
-  int threads = int(args.get_int("threads", 1));
-  if (steps <= 0 || warmup < 0 || threads <= 0)
-    throw std::invalid_argument("--steps, --threads must be positive");
+  CLI::App app{"Single-process training throughput of the reference models.", "troupe bench model"};
+  std::string name = "gpt", data_path = models::kDefaultTextPath;
+  int steps = 50, warmup = 5, threads = 1;
+  uint64_t seed = 0;
+  bool json = false, curve = false;
+  app.add_option("--model", name, "mlp or gpt")->check(CLI::IsMember({"mlp", "gpt"}));
+  app.add_option("--steps", steps, "timed steps")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", threads, "compute threads")->check(CLI::PositiveNumber);
+  app.add_option("--data-path", data_path, "the text the gpt trains on");
+  app.add_option("--seed", seed, "initialisation seed");
+  app.add_flag("--json", json, "one JSON line");
+  app.add_flag("--curve", curve, "the loss every 20 steps on stderr");
+  if (auto rc = cli::parse(app, words)) return *rc;
   models::set_compute_threads(threads);
-  Setup s = preset(name, args.get("data-path", models::kDefaultTextPath));
+  Setup s = preset(name, data_path);
   models::Model model(s.spec);
-  model.init(uint64_t(args.get_int("seed", 0)));
+  model.init(seed);
   std::vector<size_t> counts;
   for (size_t i = 0; i < model.num_blocks(); ++i) counts.push_back(model.block(i).param_count());
   models::Optimizer opt(s.opt, counts);
@@ -78,14 +84,14 @@ int run_model_bench(const std::vector<std::string>& words) {
     auto st = trainer.step(uint64_t(i));
     if (i == 0) first_loss = st.loss;
     last_loss = st.loss;
-    if (args.has("curve") && (i % 20 == 0 || i + 1 == warmup + steps))
+    if (curve && (i % 20 == 0 || i + 1 == warmup + steps))
       std::fprintf(stderr, "step %d loss %.4f\n", i, st.loss);
   }
   double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   double samples_per_s = double(steps) * double(s.batch) / secs;
   double tokens_per_s = samples_per_s * double(s.tokens_per_sample);
   double gflops = model.flops_per_sample() * samples_per_s / 1e9;
-  if (args.has("json")) {
+  if (json) {
     std::printf(
         "{\"bench\":\"model\",\"impl\":\"troupe\",\"model\":\"%s\",\"threads\":%d,\"batch\":%zu,"
         "\"params\":%zu,\"steps\":%d,\"samples_per_s\":%.1f,\"tokens_per_s\":%.1f,\"gflops\":%.2f,"

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "actors/bridge.h"
-#include "cli/args.h"
+#include "cli/parse.h"
 #include "workers/faults.h"
 
 namespace troupe::cli {
@@ -31,6 +31,12 @@ int run_status(const std::vector<std::string>& args);
 int run_stop(const std::vector<std::string>& args);
 int run_drain(const std::vector<std::string>& args);
 int run_scale(const std::vector<std::string>& args);
-actors::BridgeConfig bridge_config_from(const Args& args);
+// The control-plane flags of `troupe node` (and the benchmarks that start nodes).
+struct BridgeFlags {
+  std::string listen, job_id = "troupe-demo", token = "demo-token", token_file;
+  int64_t heartbeat_ms = 200, failure_ms = 2000, spin_us = -1, max_frame_bytes = 0;
+  void add_to(CLI::App& app);
+  actors::BridgeConfig config() const;  // throws std::invalid_argument
+};
 
 }  // namespace troupe::cli

@@ -23,7 +23,11 @@ double ms_since(Clock::time_point t) {
 }  // namespace
 
 int run_demo_control(const std::vector<std::string>& words) {
-  Args args(words, {}, {});
+  CLI::App app{
+      "Two processes exchange control messages; then the peer is SIGKILLed and its loss "
+      "detected (exits non-zero if a step fails).",
+      "troupe demo control"};
+  if (auto rc = parse(app, words)) return *rc;
   coordinator::ChildProcess peer({{coordinator::self_executable(), "node", "--listen",
                                    "127.0.0.1:0", "--job-id", "demo", "--token", "demo-token"},
                                   "",

@@ -13,6 +13,7 @@
 #include "actors/services.h"
 #include "actors/signals.h"
 #include "cli/commands.h"
+#include "cli/parse.h"
 #include "coordinator/config.h"
 #include "coordinator/events.h"
 #include "coordinator/job.h"
@@ -81,7 +82,12 @@ class ProgressPrinter {
     std::fflush(stdout);
   }
   void end() {
-    if (tty_) std::printf("\n");
+    if (tty_ && last_.step > 0) std::printf("\n");
+  }
+  // A membership change, on its own line (below the progress line on a terminal).
+  void notice(const std::string& text) {
+    std::printf("%stroupe: %s\n", tty_ && last_.step > 0 ? "\n" : "", text.c_str());
+    std::fflush(stdout);
   }
   const coordinator::JobProgress& last() const { return last_; }
 
@@ -147,6 +153,7 @@ coordinator::JobFinished wait_for_end(caf::scoped_actor& self, const caf::actor&
   int seen = 0;
   for (bool done = false; !done;) {
     self->receive([&](coordinator::JobProgress& p) { progress.print(p); },
+                  [&](coordinator::JobNotice& n) { progress.notice(n.text); },
                   [&](coordinator::JobFinished& f) { end = f, done = true; },
                   [&](caf::down_msg&) { done = true; },
                   caf::after(std::chrono::milliseconds(200)) >> [] {});
@@ -202,19 +209,29 @@ std::string memory_refusal(const coordinator::JobConfig& cfg) {
 
 // Runs a job: the coordinator here, agents spawned locally (launcher local) or started by hand.
 int run_job(const std::vector<std::string>& words, bool spawn_agents) {
-  Args args(words, {"set", "listen"}, {});
-  if (args.positional().size() != 1) throw std::invalid_argument("expected one CONFIG.toml");
+  CLI::App app{spawn_agents
+                   ? "Trains a job: the coordinator here and its agents on this machine "
+                     "(cluster.agents), until the job ends."
+                   : "Runs a job's coordinator; agents join it with `troupe agent --join`.",
+               spawn_agents ? "troupe run" : "troupe coordinator"};
+  std::string path, listen;
+  std::vector<std::string> sets;
+  app.add_option("CONFIG", path, "the job's TOML file (docs/config.md)")->required();
+  app.add_option("--set", sets, "overrides a key: table.key=value (TOML syntax), repeatable")
+      ->type_name("KEY=VALUE");
+  app.add_option("--listen", listen, "the coordinator's HOST:PORT (cluster.listen)");
+  if (auto rc = parse(app, words)) return *rc;
   coordinator::JobConfig cfg;
   try {
-    cfg = coordinator::load_config(args.positional()[0], args.all("set"));
+    cfg = coordinator::load_config(path, sets);
   } catch (const coordinator::ConfigError& e) {
     std::fprintf(stderr, "troupe: %s\n", e.what());
     return 2;
   }
-  if (args.has("listen")) cfg.listen = args.get("listen");
+  if (!listen.empty()) cfg.listen = listen;
   if (!spawn_agents) cfg.launcher = "external";
   if (std::string why = memory_refusal(cfg); !why.empty()) {
-    std::fprintf(stderr, "troupe: %s: %s\n", args.positional()[0].c_str(), why.c_str());
+    std::fprintf(stderr, "troupe: %s: %s\n", path.c_str(), why.c_str());
     return 2;
   }
   RunDir dir;
@@ -258,21 +275,32 @@ int run_job(const std::vector<std::string>& words, bool spawn_agents) {
 }
 
 // The address and token of a running job: --run-dir DIR, or --coordinator HOST:PORT --token-file F.
+// How an admin command names its job: --run-dir DIR, or --coordinator HOST:PORT --token-file F.
+struct JobName {
+  std::string run_dir, coordinator, token_file;
+  void add_to(CLI::App& app) {
+    app.add_option("--run-dir", run_dir, "the job's run directory (its address and token)");
+    app.add_option("--coordinator", coordinator, "the coordinator's HOST:PORT")
+        ->excludes("--run-dir");
+    app.add_option("--token-file", token_file, "the job's token file (with --coordinator)")
+        ->excludes("--run-dir");
+  }
+};
+
 struct JobRef {
   std::string address, job_id, token;
 };
-JobRef job_ref(const Args& args) {
+JobRef job_ref(const JobName& n) {
   JobRef r;
-  std::string token_file;
-  if (args.has("run-dir")) {
-    std::string dir = args.get("run-dir");
-    std::ifstream in(dir + "/coordinator.addr");
+  std::string token_file = n.token_file;
+  if (!n.run_dir.empty()) {
+    std::ifstream in(n.run_dir + "/coordinator.addr");
     if (!(in >> r.address))
-      throw std::invalid_argument("no coordinator.addr in " + dir + " (is a job running there?)");
-    token_file = dir + "/job.token";
+      throw std::invalid_argument("no coordinator.addr in " + n.run_dir +
+                                  " (is a job running there?)");
+    token_file = n.run_dir + "/job.token";
   } else {
-    r.address = args.get("coordinator");
-    token_file = args.get("token-file");
+    r.address = n.coordinator;
     if (r.address.empty() || token_file.empty()) {
       throw std::invalid_argument(
           "name the job with --run-dir DIR, or --coordinator HOST:PORT --token-file F");
@@ -283,9 +311,9 @@ JobRef job_ref(const Args& args) {
 }
 
 // One request to a running job's coordinator; returns the reply or exits with a message.
-int admin_request(const Args& args, const actors::ControlMessage& request,
+int admin_request(const JobName& job, const actors::ControlMessage& request,
                   const std::function<int(actors::ControlMessage&)>& on_reply) {
-  JobRef ref = job_ref(args);
+  JobRef ref = job_ref(job);
   caf::actor_system_config cfg;
   actors::configure_system(cfg);
   caf::actor_system system{cfg};
@@ -342,39 +370,56 @@ int run_run(const std::vector<std::string>& words) { return run_job(words, true)
 int run_coordinator(const std::vector<std::string>& words) { return run_job(words, false); }
 
 int run_agent_command(const std::vector<std::string>& words, const Hooks& hooks) {
-  Args args(
-      words,
-      {"join", "token-file", "devices", "name", "heartbeat-interval-ms", "failure-timeout-ms"}, {});
+  CLI::App app{
+      "Joins a job's coordinator and trains on this machine's devices until the job "
+      "ends (SIGTERM: leave at the next step boundary).",
+      "troupe agent"};
   workers::AgentOptions o;
-  o.join = args.get("join");
-  if (o.join.empty() || !args.has("token-file"))
-    throw std::invalid_argument("needs --join HOST:PORT and --token-file F");
-  if (args.has("devices")) {  // (first: a device this build cannot use is refused before all)
+  std::string token_file, devices;
+  int64_t heartbeat_ms = 200, failure_ms = 3000;
+  app.add_option("--join", o.join,
+                 "the coordinator's HOST:PORT (its run directory's "
+                 "coordinator.addr)")
+      ->required();
+  app.add_option("--token-file", token_file, "the job's token file (RUN_DIR/job.token)")
+      ->required();
+  app.add_option("--devices", devices, "the devices it offers, e.g. cpu:0,cpu:1 (default cpu:0)");
+  app.add_option("--name", o.name, "its name in logs and events (default host:pid)");
+  app.add_option("--heartbeat-interval-ms", heartbeat_ms, "control-plane heartbeats")
+      ->check(CLI::Range(int64_t(1), int64_t(600000)));
+  app.add_option("--failure-timeout-ms", failure_ms, "a silent peer is lost after this")
+      ->check(CLI::Range(int64_t(1), int64_t(3600000)));
+  if (auto rc = parse(app, words)) return *rc;
+  if (app.count("--devices")) {  // (first: a device this build cannot use is refused before all)
     o.devices.clear();
-    std::stringstream ss(args.get("devices"));
+    std::stringstream ss(devices);
     for (std::string d; std::getline(ss, d, ',');) o.devices.push_back(checked_device(d));
     if (o.devices.empty())
       throw std::invalid_argument("--devices names no device (cpu:0,cpu:1,...)");
   }
-  std::tie(o.job_id, o.token) = workers::read_token_file(args.get("token-file"));
-  o.name = args.get("name");
+  std::tie(o.job_id, o.token) = workers::read_token_file(token_file);
   if (hooks.faults) o.faults = hooks.faults();
-  o.heartbeat_interval = std::chrono::milliseconds(args.get_int("heartbeat-interval-ms", 200));
-  o.failure_timeout = std::chrono::milliseconds(args.get_int("failure-timeout-ms", 3000));
+  o.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
+  o.failure_timeout = std::chrono::milliseconds(failure_ms);
   spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [job " + o.job_id + "] [" +
                       (o.name.empty() ? "agent" : o.name) + "] [%l] %v");
   return workers::run_agent(o);
 }
 
+nlohmann::ordered_json status_rows(const std::vector<actors::MemberStatus>& rows) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const auto& m : rows)
+    out.push_back({{"rank", m.rank},
+                   {"agent", m.agent},
+                   {"name", m.name},
+                   {"pid", m.pid},
+                   {"host", m.host},
+                   {"device", m.device}});
+  return out;
+}
+
 void print_status(const actors::JobStatus& s, bool json) {
   if (json) {
-    nlohmann::ordered_json members = nlohmann::ordered_json::array();
-    for (const auto& m : s.members)
-      members.push_back({{"rank", m.rank},
-                         {"agent", m.agent},
-                         {"pid", m.pid},
-                         {"host", m.host},
-                         {"device", m.device}});
     std::printf("%s\n", coordinator::Json()
                             .str("job", s.job_name)
                             .str("state", s.state)
@@ -383,7 +428,8 @@ void print_status(const actors::JobStatus& s, bool json) {
                             .integer("steps", long(s.steps))
                             .num("loss", s.last_loss)
                             .str("plan", s.plan)
-                            .value("members", std::move(members))
+                            .value("members", status_rows(s.members))
+                            .value("standbys", status_rows(s.standbys))
                             .text()
                             .c_str());
     return;
@@ -393,15 +439,63 @@ void print_status(const actors::JobStatus& s, bool json) {
               (unsigned long long)s.steps, s.last_loss);
   if (!s.plan.empty())
     std::printf("pipeline: %s (rank = replica x stages + stage)\n", s.plan.c_str());
-  std::printf("%6s %6s %8s %-20s %s\n", "rank", "agent", "pid", "host", "device");
+  std::printf("%6s %6s %-12s %8s %-16s %s\n", "rank", "agent", "name", "pid", "host", "device");
   for (const auto& m : s.members)
-    std::printf("%6u %6u %8u %-20s %s\n", m.rank, m.agent, m.pid, m.host.c_str(), m.device.c_str());
+    std::printf("%6u %6u %-12s %8u %-16s %s\n", m.rank, m.agent, m.name.c_str(), m.pid,
+                m.host.c_str(), m.device.c_str());
+  for (const auto& m : s.standbys)
+    std::printf("%6s %6u %-12s %8u %-16s %s\n", "standby", m.agent, m.name.c_str(), m.pid,
+                m.host.c_str(), m.device.c_str());
+}
+
+// A job no process runs any more (its run directory is not locked): its events say how it
+// ended. nullopt when a job runs there (ask its coordinator).
+std::optional<int> status_from_run_dir(const std::string& dir, bool json) {
+  if (dir.empty() || coordinator::run_dir_in_use(dir)) return std::nullopt;
+  std::ifstream in(dir + "/events.jsonl");
+  if (!in) return std::nullopt;
+  nlohmann::json first, last;
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) continue;
+    if (first.is_null()) first = j;
+    last = j;
+  }
+  if (last.is_null()) return std::nullopt;
+  const std::string event = last.value("event", ""), name = first.value("job", "?");
+  const bool finished = event == "job_finished", failed = event == "job_failed";
+  nlohmann::ordered_json out = {{"job", name},
+                                {"state", finished || failed ? "finished" : "not running"},
+                                {"outcome", finished ? last.value("state", "completed")
+                                            : failed ? "failed"
+                                                     : "unknown"},
+                                {"step", last.value("steps", last.value("step", 0))}};
+  if (finished) out["loss"] = last.value("loss", 0.0);
+  if (failed) out["reason"] = last.value("reason", "");
+  if (!finished && !failed) out["last_event"] = event;
+  if (json) {
+    std::printf("%s\n", out.dump().c_str());
+  } else if (finished || failed) {
+    std::printf("job %s: finished (%s) at step %lld%s\n", name.c_str(),
+                out["outcome"].get<std::string>().c_str(), (long long)out["step"].get<int64_t>(),
+                failed ? (": " + last.value("reason", "")).c_str() : "");
+  } else {
+    std::printf("job %s: not running, and it did not finish (its last event: %s)\n", name.c_str(),
+                event.c_str());
+  }
+  return finished || failed ? 0 : 1;
 }
 
 int run_status(const std::vector<std::string>& words) {
-  Args args(words, {"run-dir", "coordinator", "token-file"}, {"json"});
-  const bool json = args.has("json");
-  return admin_request(args, actors::make_status_request(), [&](actors::ControlMessage& r) {
+  CLI::App app{"Shows a running job: its phase, generation, step, loss and members.",
+               "troupe status"};
+  JobName job;
+  bool json = false;
+  job.add_to(app);
+  app.add_flag("--json", json, "one JSON object (job, state, generation, step, members...)");
+  if (auto rc = parse(app, words)) return *rc;
+  if (auto rc = status_from_run_dir(job.run_dir, json)) return *rc;
+  return admin_request(job, actors::make_status_request(), [&](actors::ControlMessage& r) {
     auto body = r.envelope().getBody();
     if (!body.isStatus()) {
       std::fprintf(stderr, "troupe status: unexpected answer\n");
@@ -413,30 +507,44 @@ int run_status(const std::vector<std::string>& words) {
 }
 
 int run_drain(const std::vector<std::string>& words) {
-  Args args(words, {"run-dir", "coordinator", "token-file", "agent"}, {});
-  if (!args.has("agent")) throw std::invalid_argument("needs --agent ID (see troupe status)");
-  uint32_t id = uint32_t(args.get_int("agent", 0));
-  return admin_request(args, actors::make_drain_request(id), [&](actors::ControlMessage&) {
+  CLI::App app{"Lets an agent leave the job at the next step boundary (nothing is redone).",
+               "troupe drain"};
+  JobName job;
+  uint32_t id = 0;
+  job.add_to(app);
+  app.add_option("--agent", id, "the agent's id (troupe status)")->required();
+  if (auto rc = parse(app, words)) return *rc;
+  return admin_request(job, actors::make_drain_request(id), [&](actors::ControlMessage&) {
     std::printf("troupe: agent %u leaves at the next step boundary\n", id);
     return 0;
   });
 }
 
 int run_scale(const std::vector<std::string>& words) {
-  Args args(words, {"run-dir", "coordinator", "token-file", "workers"}, {});
-  if (!args.has("workers")) throw std::invalid_argument("needs --workers N");
-  int64_t n = args.get_int("workers", 0);
-  if (n < 1 || n > 1000000) throw std::invalid_argument("--workers must be between 1 and 1000000");
-  return admin_request(args, actors::make_scale_request(uint32_t(n)), [&](actors::ControlMessage&) {
-    std::printf("troupe: scaling the job to %lld worker(s) at the next step boundary\n",
-                (long long)n);
+  CLI::App app{"Grows (the local launcher starts agents) or shrinks (drains) a running job.",
+               "troupe scale"};
+  JobName job;
+  uint32_t n = 0;
+  job.add_to(app);
+  app.add_option("--workers", n, "the number of workers to run with")
+      ->required()
+      ->check(CLI::Range(uint32_t(1), uint32_t(1000000)));
+  if (auto rc = parse(app, words)) return *rc;
+  return admin_request(job, actors::make_scale_request(n), [&](actors::ControlMessage&) {
+    std::printf("troupe: scaling the job to %u worker(s) at the next step boundary\n", n);
     return 0;
   });
 }
 
 int run_stop(const std::vector<std::string>& words) {
-  Args args(words, {"run-dir", "coordinator", "token-file"}, {});
-  return admin_request(args, actors::make_stop_request(), [](actors::ControlMessage& r) {
+  CLI::App app{
+      "Stops a running job after the current step (its last event: job_finished, "
+      "state stopped).",
+      "troupe stop"};
+  JobName job;
+  job.add_to(app);
+  if (auto rc = parse(app, words)) return *rc;
+  return admin_request(job, actors::make_stop_request(), [](actors::ControlMessage& r) {
     if (!r.envelope().getBody().isAck()) return 1;
     std::printf("troupe: stop requested; the job stops after the current step\n");
     return 0;

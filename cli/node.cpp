@@ -16,6 +16,7 @@
 #include "actors/bridge.h"
 #include "actors/services.h"
 #include "cli/commands.h"
+#include "cli/parse.h"
 
 namespace troupe::cli {
 namespace {
@@ -32,25 +33,35 @@ void say(const std::string& line) {
 
 }  // namespace
 
-actors::BridgeConfig bridge_config_from(const Args& args) {
+void BridgeFlags::add_to(CLI::App& app) {
+  app.add_option("--listen", listen, "HOST:PORT to listen on (port 0: any)");
+  app.add_option("--job-id", job_id, "the job id its frames carry");
+  app.add_option("--token", token, "the job's token");
+  app.add_option("--token-file", token_file, "reads the token from this file")->excludes("--token");
+  app.add_option("--heartbeat-interval-ms", heartbeat_ms, "heartbeats to every peer");
+  app.add_option("--failure-timeout-ms", failure_ms, "a peer silent this long is lost");
+  app.add_option("--spin-us", spin_us, "the progress thread spins this long before it sleeps");
+  app.add_option("--max-frame-bytes", max_frame_bytes, "larger frames are refused");
+}
+
+actors::BridgeConfig BridgeFlags::config() const {
   actors::BridgeConfig bc;
-  if (args.has("listen")) {
-    auto [host, port] = comm::split_host_port(args.get("listen"));
+  if (!listen.empty()) {
+    auto [host, port] = comm::split_host_port(listen);
     bc.transport.listen_host = host;
     bc.transport.listen_port = port;
   }
-  bc.job_id = args.get("job-id", "troupe-demo");
-  bc.token = args.get("token", "demo-token");
-  if (args.has("token-file")) {
-    std::ifstream in(args.get("token-file"));
-    if (!in) throw std::invalid_argument("cannot read --token-file " + args.get("token-file"));
+  bc.job_id = job_id;
+  bc.token = token;
+  if (!token_file.empty()) {
+    std::ifstream in(token_file);
+    if (!in) throw std::invalid_argument("cannot read --token-file " + token_file);
     std::getline(in, bc.token);
   }
-  bc.heartbeat_interval = std::chrono::milliseconds(args.get_int("heartbeat-interval-ms", 200));
-  bc.failure_timeout = std::chrono::milliseconds(args.get_int("failure-timeout-ms", 2000));
-  bc.transport.spin_us = static_cast<int>(args.get_int("spin-us", bc.transport.spin_us));
-  bc.transport.max_frame_bytes =
-      static_cast<size_t>(args.get_int("max-frame-bytes", int64_t(bc.transport.max_frame_bytes)));
+  bc.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
+  bc.failure_timeout = std::chrono::milliseconds(failure_ms);
+  if (spin_us >= 0) bc.transport.spin_us = int(spin_us);
+  if (max_frame_bytes > 0) bc.transport.max_frame_bytes = size_t(max_frame_bytes);
   if (bc.heartbeat_interval.count() <= 0 || bc.failure_timeout <= bc.heartbeat_interval) {
     throw std::invalid_argument(
         "--failure-timeout-ms must be larger than --heartbeat-interval-ms (and both positive)");
@@ -59,11 +70,20 @@ actors::BridgeConfig bridge_config_from(const Args& args) {
 }
 
 int run_node(const std::vector<std::string>& words) {
-  Args args(words,
-            {"listen", "connect", "job-id", "token", "token-file", "heartbeat-interval-ms",
-             "failure-timeout-ms", "generation", "spin-us", "max-frame-bytes"},
-            {"rejoin"});
-  auto bc = bridge_config_from(args);
+  CLI::App app{
+      "A control-plane node with the echo and sink services (the peer of the demo, the "
+      "control-plane tests and benchmark). One event per line on stdout.",
+      "troupe node"};
+  BridgeFlags flags;
+  flags.add_to(app);
+  std::string target;
+  uint64_t generation = 0;
+  bool rejoin = false;
+  app.add_option("--connect", target, "HOST:PORT of a node to connect to and monitor");
+  app.add_option("--generation", generation, "stamps outbound messages, drops older inbound ones");
+  app.add_flag("--rejoin", rejoin, "connects again once after the peer is lost");
+  if (auto rc = parse(app, words)) return *rc;
+  auto bc = flags.config();
   signal(SIGTERM, on_signal);
   signal(SIGINT, on_signal);
 
@@ -76,9 +96,7 @@ int run_node(const std::vector<std::string>& words) {
                  actors::spawn_echo(system));
   caf::anon_send(bridge, actors::register_atom::value, actors::kSinkActorId,
                  actors::spawn_sink(system));
-  if (args.has("generation")) {
-    caf::anon_send(bridge, actors::generation_atom::value, uint64_t(args.get_int("generation", 0)));
-  }
+  if (app.count("--generation")) caf::anon_send(bridge, actors::generation_atom::value, generation);
   std::string address;
   uint64_t node_id = 0;
   self->request(bridge, std::chrono::seconds(5), actors::info_atom::value)
@@ -98,7 +116,6 @@ int run_node(const std::vector<std::string>& words) {
     return {peer, error};
   };
 
-  std::string target = args.get("connect");
   if (!target.empty()) {
     auto [peer, error] = connect(target);
     if (!error.empty()) {
@@ -116,7 +133,7 @@ int run_node(const std::vector<std::string>& words) {
         [&](actors::NodeUp&) {},
         [&](actors::NodeDown& d) {
           say("node_down " + hex(d.node) + " " + comm::errc_name(d.code) + " " + d.reason);
-          if (args.has("rejoin") && !target.empty() && !rejoined) {
+          if (rejoin && !target.empty() && !rejoined) {
             rejoined = true;
             auto [peer, error] = connect(target);
             if (error.empty())

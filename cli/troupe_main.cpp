@@ -13,6 +13,7 @@
 
 #include "bench/bench.h"
 #include "cli/commands.h"
+#include "cli/parse.h"
 #include "comm/cuda_info.h"
 #include "comm/error.h"
 
@@ -20,7 +21,7 @@ namespace {
 
 const char* kUsage = R"(troupe: actor-based elastic training
 
-usage:
+usage (troupe COMMAND --help: a command's options):
   troupe run CONFIG.toml [--set table.key=value]...   coordinator + local agents; trains; exits when done
   troupe coordinator CONFIG.toml [--listen HOST:PORT]  the same, with agents started by hand
   troupe agent --join HOST:PORT --token-file F [--devices cpu:0,cpu:1]
@@ -90,7 +91,17 @@ int troupe_main(int argc, char** argv, const Hooks& hooks) {
       return troupe::bench::run_model_bench({rest.begin() + 1, rest.end()});
     if (cmd == "bench" && !rest.empty() && rest[0] == "raw-ucx-server")
       return troupe::bench::run_raw_ucx_server({rest.begin() + 1, rest.end()});
-    std::fprintf(stderr, "troupe: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
+    const bool bench = cmd == "bench";
+    const std::string word = bench ? (rest.empty() ? "" : rest[0]) : cmd;
+    const std::string near = cli::did_you_mean(
+        word,
+        bench ? std::vector<std::string>{"control", "allreduce", "model"}
+              : std::vector<std::string>{"run", "coordinator", "agent", "status", "stop", "drain",
+                                         "scale", "version", "demo", "node", "bench", "help"});
+    const std::string hint =
+        near.empty() ? "" : "; did you mean '" + std::string(bench ? "bench " : "") + near + "'?";
+    std::fprintf(stderr, "troupe: unknown command '%s%s'%s\n\n%s", bench ? "bench " : "",
+                 word.c_str(), hint.c_str(), kUsage);
     return 2;
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "troupe %s: %s\n", cmd.c_str(), e.what());

@@ -151,17 +151,19 @@ struct MemberStatus {
   pid @2 :UInt32;           # agent process id
   host @3 :Text;            # agent host
   device @4 :Text;          # the device
+  name @5 :Text;            # the agent's name (its log: RUN_DIR/NAME.log for local agents)
 }
 
 struct JobStatus {
   jobName @0 :Text;                 # job.name
-  state @1 :Text;                   # starting | running | stopping | finished | failed
+  state @1 :Text;                   # forming | running | changing | paused | stopping | finished
   generation @2 :UInt64;            # current generation
   step @3 :UInt64;                  # last committed step + 1
   steps @4 :UInt64;                 # job.steps
   members @5 :List(MemberStatus);   # by rank
   lastLoss @6 :Float64;             # loss of the last committed step
   plan @7 :Text;                    # the pipeline layout of the generation ("" without pipelines)
+  standbys @8 :List(MemberStatus);  # live workers that are not members (rank 0: none)
 }
 
 struct WorkerFailed {

@@ -2,16 +2,16 @@
 // pidfd (Linux 5.3+) and an eventfd (a new child, or the end), and calls on_exit(id) once for
 // every child that exited. It does not reap: the child's owner (ChildProcess) does.
 //
-// Thread-safety: watch() from any thread; on_exit runs on the watcher's thread.
+// Thread-safety: watch() from any thread; on_exit runs on the watcher's thread. The watcher may
+// be destroyed from inside on_exit (the thread then ends on its own: its state is shared).
 #pragma once
 
 #include <sys/types.h>
 
 #include <cstdint>
 #include <functional>
-#include <mutex>
+#include <memory>
 #include <thread>
-#include <vector>
 
 namespace troupe::coordinator {
 
@@ -27,13 +27,10 @@ class ExitWatcher {
   void watch(uint64_t id, pid_t pid);
 
  private:
-  void loop();
+  struct State;
+  static void loop(const std::shared_ptr<State>& state);
 
-  std::function<void(uint64_t)> on_exit_;
-  int wake_fd_ = -1;
-  std::mutex mu_;
-  std::vector<std::pair<uint64_t, int>> added_;  // (id, pidfd) not yet picked up by the thread
-  bool stop_ = false;
+  std::shared_ptr<State> state_;
   std::thread thread_;
 };
 

@@ -168,6 +168,7 @@ class Coordinator : public caf::event_based_actor {
                                     .integer("devices", long(a.devices.size())));
     spdlog::info("agent {} joined: {} (pid {}, {} device(s))", a.id, a.name, a.pid,
                  a.devices.size());
+    if (job_.started()) tell(a.name + " joined (agent " + std::to_string(a.id) + ")");
     return encode(job_spec_of(cfg_, a.id, gens_.current() + 1));
   }
 
@@ -192,6 +193,7 @@ class Coordinator : public caf::event_based_actor {
         "agent " + std::to_string(a->id) + " (" + a->name + ") was lost: " + code + ": " + d.reason;
     if (!job_.started()) return fail(why + " before training started");
     spdlog::warn("{}", why);
+    tell(a->name + " was lost (" + code + ")");
     last_failure_ = why;
     decide_and_act();
   }
@@ -214,6 +216,8 @@ class Coordinator : public caf::event_based_actor {
     else
       roster_.give_up(f.worker);
     spdlog::warn("{}{}", why, f.restarting ? "; its agent restarts it" : "");
+    tell(roster_.name(f.worker) + " failed" + (f.restarting ? ", restarting" : ", given up") +
+         ": " + f.reason);
     decide_and_act();
   }
 
@@ -289,6 +293,7 @@ class Coordinator : public caf::event_based_actor {
                                  .integer("rejoin_timeout_ms", cfg_.rejoin_timeout_ms));
     spdlog::warn("job paused at step {}: {}; waiting up to {} ms for workers", steps_.committed(),
                  reason, cfg_.rejoin_timeout_ms);
+    tell("paused at step " + std::to_string(steps_.committed()) + ": " + reason);
   }
 
   // The workers of generation g+1 once every one of them has published: all workers before the
@@ -385,12 +390,16 @@ class Coordinator : public caf::event_based_actor {
                                          .integer("lacking_state", g.lacking));
     spdlog::info("generation {} started: {} worker(s) from step {}", gen, members.size(),
                  g.start_step);
+    if (gen > 1)
+      tell("generation " + std::to_string(gen) + ": " + std::to_string(members.size()) +
+           " worker(s) from step " + std::to_string(g.start_step));
     for (uint32_t id : draining_) shut_down_drained(id, g.start_step);
     draining_.clear();
   }
 
   void shut_down_drained(uint32_t id, uint64_t step) {
     to_agent(id, encode(actors::Shutdown{"drained", 0}));
+    tell(roster_.at(id).name + " left (drained)");
     log_.event("member_left",
                Json().integer("member", id).str("reason", "drained").integer("step", long(step)));
   }
@@ -461,7 +470,12 @@ class Coordinator : public caf::event_based_actor {
     const auto& members = gens_.members();
     for (uint32_t i = 0; i < members.size(); ++i) {
       const Agent& a = roster_.at(members[i].worker.agent);
-      s.members.push_back({i, a.id, a.pid, a.host, roster_.device(members[i].worker)});
+      s.members.push_back({i, a.id, a.pid, a.host, roster_.device(members[i].worker), a.name});
+    }
+    for (WorkerId w : roster_.usable_workers()) {
+      if (gens_.is_member(w)) continue;
+      const Agent& a = roster_.at(w.agent);
+      s.standbys.push_back({0, a.id, a.pid, a.host, roster_.device(w), a.name});
     }
     return s;
   }
@@ -607,6 +621,8 @@ class Coordinator : public caf::event_based_actor {
     j.integer("slot", e.slot).integer("attempt", e.attempt);
     if (e.pid) j.integer("pid", e.pid);
     log_.event(e.event, j.str("detail", e.detail));
+    tell("agent-" + std::to_string(e.slot) + ": " + e.event.substr(e.event.find('_') + 1) +
+         (e.detail.empty() ? "" : " (" + e.detail + ")"));
   }
 
   void fail(const std::string& reason) {
@@ -618,12 +634,19 @@ class Coordinator : public caf::event_based_actor {
 
   void finish(int code, const std::string& reason, elastic::JobOutcome outcome) {
     job_.finish(outcome);
+    // The agents leave now: their disconnects are the job's end, not losses.
+    for (const auto& a : roster_.agents()) send(bridge_, actors::demonitor_atom::value, a.node);
     auto msg = encode(actors::Shutdown{reason.empty() ? "the job is finished" : reason, code});
     for (const auto& a : roster_.agents()) to_agent(a.id, msg);
     if (observer_)
       send(observer_, JobFinished{code, reason, elastic::outcome_name(outcome), steps_.committed(),
                                   steps_.last_loss()});
     become(finished());
+  }
+
+  // A membership change, for the people watching `troupe run`.
+  void tell(const std::string& line) {
+    if (observer_) send(observer_, JobNotice{line});
   }
 
   void to_agent(uint32_t id, const ControlMessage& m) {
@@ -655,6 +678,7 @@ void configure_job_system(caf::actor_system_config& cfg) {
   actors::configure_system(cfg);
   cfg.add_message_type<JobProgress>("troupe_job_progress");
   cfg.add_message_type<JobFinished>("troupe_job_finished");
+  cfg.add_message_type<JobNotice>("troupe_job_notice");
   cfg.add_message_type<LauncherEvent>("troupe_launcher_event");
   cfg.add_message_type<ScaleAgents>("troupe_scale_agents");
 }

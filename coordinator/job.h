@@ -42,6 +42,17 @@ typename Inspector::result_type inspect(Inspector& f, JobFinished& x) {
   return f(caf::meta::type_name("job_finished"), x.exit_code, x.reason, x.state, x.steps, x.loss);
 }
 
+// The coordinator -> the observer: a change of the job's membership, as a line for people
+// (`troupe run` prints it as it happens): joins, losses, drains, restarts, new generations,
+// pauses.
+struct JobNotice {
+  std::string text;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, JobNotice& x) {
+  return f(caf::meta::type_name("job_notice"), x.text);
+}
+
 // The local launcher (the process that runs `troupe run`) -> the coordinator: something happened
 // to an agent process it owns (agent_restarted, agent_gave_up, agent_started), for events.jsonl.
 struct LauncherEvent {

@@ -28,7 +28,10 @@ class Launcher : public caf::event_based_actor {
         opt_(std::move(options)),
         coordinator_(std::move(coordinator)) {}
 
-  void on_exit() override { coordinator_ = caf::actor(); }
+  void on_exit() override {
+    watcher_.reset();  // joins its thread here, never from the last reference's thread
+    coordinator_ = caf::actor();
+  }
 
   caf::behavior make_behavior() override {
     // (A weak handle: the watcher's thread must not keep this actor alive.)

@@ -45,6 +45,14 @@ std::string default_run_dir(const std::string& name) {
   return "runs/" + safe_name(name) + "-" + buf + "-" + std::to_string(getpid());
 }
 
+bool run_dir_in_use(const std::string& path) {
+  const int fd = ::open((path + "/run.lock").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);
+  return held;
+}
+
 RunDirectory::RunDirectory(const std::string& path, const std::string& job_name) : path_(path) {
   std::error_code ec;
   fs::create_directories(path, ec);

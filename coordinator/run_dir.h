@@ -22,6 +22,9 @@ class RunDirError : public std::runtime_error {
 // other byte becomes '_'), so that the directory stays under runs/.
 std::string default_run_dir(const std::string& job_name);
 
+// Whether a live job holds the run directory at path (its run.lock).
+bool run_dir_in_use(const std::string& path);
+
 class RunDirectory {
  public:
   // Creates the directory (and its parents) if needed and locks it for job_name. Throws

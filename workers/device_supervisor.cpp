@@ -160,7 +160,7 @@ DeviceSupervisor::Next DeviceSupervisor::train(const actors::GenerationStart& g)
     return Next::generation;
   }
   ctx_.send(actors::encode(
-      actors::WorkerDone{uint32_t(rank_), gen, result.next_step, worker_->checksum()}));
+      actors::WorkerDone{uint32_t(rank_), gen, result.next_step, worker_->final_checksum()}));
   return Next::done;
 }
 

@@ -20,6 +20,10 @@ class FaultInjector {
   // In a state transfer this worker sends, after its first buffer: may sleep (a transfer caught
   // in the middle, so a test can kill the sender then).
   virtual void mid_state_transfer(const std::string& agent, uint32_t device) = 0;
+  // Before worker `device` of `agent` computes its final checksum: may change its parameters
+  // (a member that ended different: the job must say so, not report success).
+  virtual void before_checksum(const std::string& agent, uint32_t device, float* parameters,
+                               size_t count) {}
 };
 
 }  // namespace troupe::workers

@@ -279,6 +279,14 @@ StateTransfer Worker::take_state(comm::Communicator& comm, uint64_t start_step,
   return t;
 }
 
+uint64_t Worker::final_checksum() {
+  if (spec_.faults && num_blocks() > 0) {
+    auto& p = model_->block(0).params();
+    spec_.faults->before_checksum(spec_.agent_name, spec_.device_index, p.data(), p.numel());
+  }
+  return checksum();
+}
+
 uint64_t Worker::checksum() const {
   uint64_t h = 1469598103934665603ull;
   for (size_t b = 0; b < model_->num_blocks(); ++b) {

@@ -87,7 +87,8 @@ class Worker {
   TrainResult run(comm::Communicator& comm, uint64_t start, const OnStep& on_step,
                   const StopRequested& stop_requested);
 
-  uint64_t checksum() const;                         // FNV-1a over all parameters
+  uint64_t checksum() const;  // FNV-1a over all parameters
+  uint64_t final_checksum();  // the job's end: checksum() (after a test's injector, if any)
   uint64_t next_step() const { return next_step_; }  // steps applied so far
 
   // After a membership change: every member receives, point to point over the new generation's

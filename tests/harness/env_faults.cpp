@@ -22,10 +22,16 @@ class EnvFaults : public workers::FaultInjector {
         throw_at_step_(uint64_t(env_int("TROUPE_TEST_THROW_AT_STEP"))),
         state_delay_ms_(env_int("TROUPE_TEST_STATE_DELAY_MS")) {
     if (const char* a = std::getenv("TROUPE_TEST_THROW_AGENT")) throw_agent_ = a;
+    if (const char* a = std::getenv("TROUPE_TEST_PERTURB_AGENT")) perturb_agent_ = a;
   }
   bool any() const {
     return step_delay_us_ > 0 || (throw_at_step_ > 0 && !throw_agent_.empty()) ||
-           state_delay_ms_ > 0;
+           state_delay_ms_ > 0 || !perturb_agent_.empty();
+  }
+
+  void before_checksum(const std::string& agent, uint32_t, float* parameters,
+                       size_t count) override {
+    if (agent == perturb_agent_ && count > 0) parameters[0] += 1.0f;
   }
 
   void before_step(const std::string& agent, uint32_t device, uint64_t step) override {
@@ -46,7 +52,7 @@ class EnvFaults : public workers::FaultInjector {
   int64_t step_delay_us_;
   uint64_t throw_at_step_;
   int64_t state_delay_ms_;
-  std::string throw_agent_;
+  std::string throw_agent_, perturb_agent_;
   std::atomic<bool> thrown_{false};
 };
 

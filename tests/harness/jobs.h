@@ -39,7 +39,8 @@ std::string wait_event(const Job& job, const std::function<bool(const std::strin
                        std::chrono::seconds timeout = std::chrono::seconds(60));
 // Waits (at most 60 s) for `steps` committed steps; a gtest failure if they do not come.
 void wait_steps(const Job& job, size_t steps);
-// The pid of the newest incarnation of an agent named `name`, from its member_joined event.
+// The pid of the newest incarnation of an agent named `name`, from its member_joined event; a
+// test failure and a pid that matches no process (never 0 or -1) when there is none.
 int pid_of(const Job& job, const std::string& name);
 // Agent pids by rank in the current generation (`troupe status --json`).
 std::vector<int> member_pids(const TempDir& dir, const Job& job);
@@ -51,9 +52,10 @@ std::unique_ptr<coordinator::ChildProcess> join_agent(const TempDir& dir, const 
 void admin(const TempDir& dir, std::vector<std::string> args);
 
 // The job finishes (exit 0) with identical parameters on every member, per-step losses equal to
-// `want` within 1e-4 relative, and a ledger with every sample of every step exactly once. Prints
-// the job's events other than committed steps.
+// `want` within `relative` (0: bitwise; the losses are written at full precision), and a ledger
+// with every sample of every step exactly once. Prints the job's events other than committed
+// steps.
 void expect_same_function(const Job& job, const std::vector<double>& want, int steps,
-                          long global_batch);
+                          long global_batch, double relative = 1e-4);
 
 }  // namespace troupe::testing

@@ -196,5 +196,76 @@ TEST(RunLogs, AFullDiskFailsTheJobNamingTheFileWithoutPartialLines) {
   EXPECT_GT(lines_of(copy + "/metrics.jsonl").size(), 10u) << "the disk was full from the start";
 }
 
+std::string troupe_output(const TempDir& dir, std::vector<std::string> args, int* rc = nullptr) {
+  const std::string out = dir.path() + "/cmd.out";
+  std::remove(out.c_str());
+  args.insert(args.begin(), troupe_binary());
+  coordinator::ChildProcess p({args, out, out, {}});
+  auto st = p.wait(30s);
+  if (rc) *rc = st && WIFEXITED(*st) ? WEXITSTATUS(*st) : -1;
+  return text_of(out);
+}
+
+// `troupe status` of a job no process runs any more reads how it ended from its run directory
+// (it used to say "cannot reach ... Endpoint is not connected").
+TEST(Status, AnEndedJobsStatusComesFromItsRunDirectory) {
+  TempDir dir;
+  Job done = start_job(dir, "ended", kConfig, 1, {"job.steps=5"});
+  ASSERT_TRUE(done.proc->wait(60s));
+  int rc = -1;
+  std::string text = troupe_output(dir, {"status", "--run-dir", done.run_dir}, &rc);
+  EXPECT_EQ(rc, 0) << text;
+  EXPECT_NE(text.find("job hardening: finished (completed) at step 5"), std::string::npos) << text;
+  std::string json = troupe_output(dir, {"status", "--run-dir", done.run_dir, "--json"}, &rc);
+  EXPECT_NE(json.find("\"state\":\"finished\",\"outcome\":\"completed\",\"step\":5"),
+            std::string::npos)
+      << json;
+}
+
+// Standbys are listed, and every row names its agent as its log file does (agent-N).
+TEST(Status, StandbysAndAgentNamesAreListed) {
+  TempDir dir;
+  Job job = start_job(dir, "standby", kConfig, 1, {"elastic.max_workers=1"}, {pace(5000)});
+  wait_steps(job, 3);
+  auto extra = join_agent(dir, job, "spare", {pace(5000)});
+  ASSERT_FALSE(wait_event(job, is("member_standby"), 60s).empty());
+  int rc = -1;
+  std::string text = troupe_output(dir, {"status", "--run-dir", job.run_dir}, &rc);
+  EXPECT_EQ(rc, 0) << text;
+  EXPECT_NE(text.find("agent-0"), std::string::npos) << text;
+  EXPECT_NE(text.find("standby"), std::string::npos) << text;
+  EXPECT_NE(text.find("spare"), std::string::npos) << text;
+  std::string json = troupe_output(dir, {"status", "--run-dir", job.run_dir, "--json"}, &rc);
+  EXPECT_NE(json.find("\"standbys\":[{\"rank\":0,\"agent\":1,\"name\":\"spare\""),
+            std::string::npos)
+      << json;
+  admin(dir, {"stop", "--run-dir", job.run_dir});
+  ASSERT_TRUE(job.proc->wait(60s));
+}
+
+// `troupe run` says when the membership changes; a normal end and admin commands leave no
+// warnings in the coordinator's log (only losses do).
+TEST(RunOutput, MembershipChangesArePrintedAndNormalDisconnectsAreNotWarnings) {
+  TempDir dir;
+  Job job = start_job(dir, "changes", kConfig, 3, {"job.steps=300", "elastic.max_restarts=0"},
+                      {pace(3000)});
+  wait_steps(job, 10);
+  int rc = -1;
+  troupe_output(dir, {"status", "--run-dir", job.run_dir}, &rc);
+  EXPECT_EQ(rc, 0);
+  const int victim = pid_of(job, "agent-2");
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  auto st = job.proc->wait(120s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 0);
+  const std::string out = text_of(job.out);
+  EXPECT_NE(out.find("troupe: agent-2 was lost (peer_lost)"), std::string::npos) << out;
+  EXPECT_NE(out.find("troupe: generation 2: 2 worker(s) from step"), std::string::npos) << out;
+  int warnings = 0;
+  for (auto& l : lines_of(job.run_dir + "/coordinator.log"))
+    warnings += l.find("[warning] control plane: node") != std::string::npos;
+  EXPECT_EQ(warnings, 1) << "one loss (agent-2), no warning for the status call or the job's end";
+}
+
 }  // namespace
 }  // namespace troupe

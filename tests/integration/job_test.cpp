@@ -191,6 +191,28 @@ TEST(Job, InputsThatCouldHangOrMisleadAreRefusedBeforeAnythingStarts) {
   EXPECT_NE(text.find("--devices names no device"), std::string::npos) << text;
 }
 
+// The checksum comparison can fail: a member that ends with other parameters (the test build
+// changes one of agent-1's before its final checksum) makes the job fail, naming it.
+TEST(Job, MembersThatEndDifferentFailTheJob) {
+  testing::TempDir dir;
+  std::string config = write_config(dir, "mlp.toml", kMlp);
+  std::string run_dir = dir.path() + "/different", out = run_dir + ".out";
+  coordinator::ChildProcess p({{testing::troupe_binary(), "run", config, "--set",
+                                "job.run_dir=\"" + run_dir + "\"", "--set", "cluster.agents=2"},
+                               out,
+                               out,
+                               {"TROUPE_TEST_PERTURB_AGENT=agent-1"}});
+  auto st = p.wait(120s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 1);
+  auto events = testing::lines_of(run_dir + "/events.jsonl");
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(testing::json_field(events.back(), "identical_parameters"), "false") << events.back();
+  std::string text;
+  for (auto& l : testing::lines_of(out)) text += l + "\n";
+  EXPECT_NE(text.find("members ended with different parameters"), std::string::npos) << text;
+}
+
 // A device the build cannot train on is refused where the agent starts: exit 2, with the
 // reason, before it contacts anyone (a CPU worker never stands in for a GPU one).
 TEST(Job, AnAgentOfferingACudaDeviceIsRefusedBeforeAnythingStarts) {
@@ -256,15 +278,29 @@ TEST(Job, CoordinatorAndAgentsStartedByHand) {
     std::this_thread::sleep_for(20ms);
   }
   std::string addr = testing::lines_of(run_dir + "/coordinator.addr").at(0);
-  // Without the token: refused.
+  // With a token file of the right job and the wrong token: the join reaches the coordinator's
+  // process and is refused there (the agent exits 1 naming the refusal; nothing joins).
+  const std::string bad_token = dir.path() + "/bad.token";
+  {
+    std::ifstream good(run_dir + "/job.token");
+    std::string job_id;
+    good >> job_id;
+    std::ofstream(bad_token) << job_id << " 0123456789abcdef\n";
+  }
+  ::chmod(bad_token.c_str(), 0600);
   coordinator::ChildProcess intruder(
-      {{testing::troupe_binary(), "agent", "--join", addr, "--token-file", "/nonexistent/token"},
+      {{testing::troupe_binary(), "agent", "--join", addr, "--token-file", bad_token},
        dir.path() + "/intruder.out",
        dir.path() + "/intruder.out",
        {}});
   auto ist = intruder.wait(30s);
   ASSERT_TRUE(ist && WIFEXITED(*ist));
-  EXPECT_NE(WEXITSTATUS(*ist), 0);
+  EXPECT_EQ(WEXITSTATUS(*ist), 1);
+  std::string said;
+  for (auto& l : testing::lines_of(dir.path() + "/intruder.out")) said += l + "\n";
+  EXPECT_NE(said.find("join refused: troupe.refused: wrong job id or token for this job"),
+            std::string::npos)
+      << said;
   std::vector<std::unique_ptr<coordinator::ChildProcess>> agents;
   for (int i = 0; i < 2; ++i) {
     agents.push_back(std::make_unique<coordinator::ChildProcess>(coordinator::ChildProcess::Options{

@@ -1,5 +1,6 @@
 // Pipeline parallelism with real processes: every dp x pp layout computes the same function as
-// one worker (per-step losses within 1e-4 relative, global batch fixed); membership changes
+// one worker (per-step losses bitwise equal with dp = 1, within 4e-7 relative with dp = 2, as
+// docs/design.md says; global batch fixed); membership changes
 // re-plan and move only the blocks whose owner changed; a stage worker's loss is recovered from
 // a data-parallel replica of its stage.
 #include <gtest/gtest.h>
@@ -98,7 +99,7 @@ TEST(Pipeline, EveryLayoutComputesTheSameFunctionAsOneWorker) {
         dir, name, kMlp, l.pp * l.dp,
         {"parallel.pipeline_stages=" + std::to_string(l.pp),
          std::string("parallel.recompute_activations=") + (l.recompute ? "true" : "false")});
-    expect_same_function(job, want, 400, 60);
+    expect_same_function(job, want, 400, 60, l.dp == 1 ? 0.0 : 4e-7);
     if (l.pp > 1) {
       auto p = plans(job);
       ASSERT_EQ(p.size(), 1u);

@@ -118,12 +118,23 @@ TEST(JobCodec, ReportsAndAnswersRoundTrip) {
   Shutdown x{"drained", 0};
   EXPECT_EQ(decode(body(encode(x)).getShutdown()).reason, "drained");
 
-  JobStatus st{"job", "running", "", 2, 10, 100, 1.5, {{0, 1, 99, "h", "cpu:0"}}};
+  JobStatus st{"job",
+               "running",
+               "",
+               2,
+               10,
+               100,
+               1.5,
+               {{0, 1, 99, "h", "cpu:0", "agent-1"}},
+               {{0, 3, 98, "h", "cpu:0", "agent-3"}}};
   JobStatus su = decode(body(encode(st)).getStatus());
   EXPECT_EQ(su.state, "running");
   ASSERT_EQ(su.members.size(), 1u);
   EXPECT_EQ(su.members[0].pid, 99u);
   EXPECT_EQ(su.members[0].device, "cpu:0");
+  EXPECT_EQ(su.members[0].name, "agent-1");
+  ASSERT_EQ(su.standbys.size(), 1u);
+  EXPECT_EQ(su.standbys[0].name, "agent-3");
 
   EXPECT_EQ(body(encode(LeaveGeneration{4})).getLeaveGeneration(), 4u);
   EXPECT_TRUE(body(make_ack()).isAck());

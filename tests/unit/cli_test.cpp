@@ -1,0 +1,69 @@
+// The command line: every subcommand parses with CLI11 through cli::parse (help exits 0, a
+// mistake exits 2 naming it), a mistyped subcommand gets the nearest one, host:port is checked.
+#include <gtest/gtest.h>
+
+#include "cli/parse.h"
+#include "comm/transport.h"
+
+namespace troupe {
+namespace {
+
+struct Parsed {
+  std::optional<int> rc;
+  int64_t workers = 0;
+  std::vector<std::string> sets;
+  bool json = false;
+};
+
+Parsed run(const std::vector<std::string>& words) {
+  Parsed p;
+  CLI::App app{"test", "troupe test"};
+  app.add_option("--workers", p.workers, "")->check(CLI::PositiveNumber);
+  app.add_option("--set", p.sets, "");
+  app.add_flag("--json", p.json, "");
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  p.rc = cli::parse(app, words);
+  testing::internal::GetCapturedStdout();
+  testing::internal::GetCapturedStderr();
+  return p;
+}
+
+TEST(CommandLine, ValuesFlagsAndRepeatedOptions) {
+  Parsed p = run({"--workers", "4", "--json", "--set=a.b=1", "--set", "c.d=2"});
+  EXPECT_FALSE(p.rc.has_value());
+  EXPECT_EQ(p.workers, 4);
+  EXPECT_TRUE(p.json);
+  EXPECT_EQ(p.sets, (std::vector<std::string>{"a.b=1", "c.d=2"}));
+}
+
+TEST(CommandLine, HelpExitsZeroAndMistakesExitTwo) {
+  EXPECT_EQ(run({"--help"}).rc, 0);
+  EXPECT_EQ(run({"--wrokers", "4"}).rc, 2);     // unknown option
+  EXPECT_EQ(run({"--workers"}).rc, 2);          // a value missing
+  EXPECT_EQ(run({"--workers", "four"}).rc, 2);  // not a number
+  EXPECT_EQ(run({"--workers", "0"}).rc, 2);     // out of range
+  EXPECT_EQ(run({"--json=1", "extra"}).rc, 2);
+}
+
+TEST(CommandLine, AMistypedSubcommandGetsTheNearest) {
+  const std::vector<std::string> commands{"run",  "coordinator", "agent", "status",
+                                          "stop", "drain",       "scale", "version",
+                                          "demo", "node",        "bench"};
+  EXPECT_EQ(cli::did_you_mean("stauts", commands), "status");
+  EXPECT_EQ(cli::did_you_mean("scael", commands), "scale");
+  EXPECT_EQ(cli::did_you_mean("coordinater", commands), "coordinator");
+  EXPECT_EQ(cli::did_you_mean("xyzzy", commands), "");
+}
+
+TEST(HostPort, SplitsAndRefusesMalformedAddresses) {
+  auto [host, port] = comm::split_host_port("127.0.0.1:8080");
+  EXPECT_EQ(host, "127.0.0.1");
+  EXPECT_EQ(port, 8080);
+  for (const char* bad : {"", "nohost", ":80", "host:", "host:99999", "host:8x"}) {
+    EXPECT_THROW(comm::split_host_port(bad), comm::Error) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace troupe
