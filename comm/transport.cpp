@@ -14,6 +14,7 @@
 #include <variant>
 #include <vector>
 
+#include "comm/gate.h"
 #include "comm/ucx.h"
 
 namespace troupe::comm {
@@ -105,7 +106,8 @@ struct Transport::Impl {
   NodeId self;
   UcxContext context;
   UcxWorker worker;
-  std::unique_ptr<UcxListener> listener;
+  std::unique_ptr<UcxListener> listener;  // UCX's, on an internal port ...
+  std::unique_ptr<Gate> gate;             // ... behind the advertised one (comm/gate.h)
   std::string address;
   int wake_fd = -1;
   int ucx_fd = -1;
@@ -154,9 +156,9 @@ struct Transport::Impl {
     TROUPE_UCS_CHECK(ucp_worker_set_am_recv_handler(worker.get(), &am));
     if (options.listen) {
       ucp_listener_conn_handler_t conn{&Impl::conn_callback, this};
-      listener =
-          std::make_unique<UcxListener>(worker, options.listen_host, options.listen_port, conn);
-      address = options.listen_host + ":" + std::to_string(listener->port());
+      listener = std::make_unique<UcxListener>(worker, options.listen_host, 0, conn);
+      gate = std::make_unique<Gate>(options.listen_host, options.listen_port, listener->port());
+      address = options.listen_host + ":" + std::to_string(gate->port());
     }
     ucx_fd = worker.event_fd();
     wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -252,6 +254,7 @@ struct Transport::Impl {
     for (auto& [peer, req] : closing) ucp_request_free(req);
     closing.clear();
     peers.clear();
+    gate.reset();
     listener.reset();
   }
 
@@ -681,6 +684,11 @@ TransportCounters Transport::counters() const {
   c.rejected_unknown_peer = impl_->rejected_unknown_peer.load();
   c.rejected_fenced = impl_->rejected_fenced.load();
   c.send_failures = impl_->send_failures.load();
+  if (impl_->gate) {
+    GateCounters g = impl_->gate->counters();
+    c.gate_accepted = g.accepted;
+    c.gate_refused = g.malformed + g.slow + g.full;
+  }
   return c;
 }
 

@@ -1,5 +1,7 @@
 // The UCX transport: one per process. It owns the UCX context and worker, a listener on
-// HOST:PORT, the endpoints to every peer, and the one progress thread that drives them all.
+// HOST:PORT (the Gate's, which relays well-formed connection setups to UCX's listener on an
+// internal port: comm/gate.h), the endpoints to every peer, and the one progress thread that
+// drives them all.
 //
 // Peers are identified by NodeId, a random 64-bit id chosen per process incarnation (a
 // restarted process is a new node). A connection starts with a hello handshake that tells each
@@ -51,6 +53,8 @@ struct TransportCounters {
   uint64_t rejected_unknown_peer = 0;  // a frame before the hello, or a spoofed node id
   uint64_t rejected_fenced = 0;        // a frame or hello from a fenced node
   uint64_t send_failures = 0;          // sends to a lost or unknown peer, or failed in UCX
+  uint64_t gate_accepted = 0;          // connections the gate relayed to UCX (comm/gate.h)
+  uint64_t gate_refused = 0;           // cut by the gate: malformed, slow, or too many
 };
 
 // Splits "HOST:PORT"; throws Error(invalid_input) naming the address when it is malformed.

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -57,6 +58,9 @@ ChildProcess::ChildProcess(const Options& options) {
       int fd = open(options.stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
       if (fd >= 0) dup2(fd, STDERR_FILENO);
     }
+    // Nothing else of the parent's goes with the child: its listening sockets (UCX's, the
+    // gate's), the run lock, pipes. (UCX opens some descriptors without close-on-exec.)
+    ::syscall(SYS_close_range, 3, ~0U, 0);
     execve(argv[0], argv.data(), envp.data());
     _exit(127);
   }

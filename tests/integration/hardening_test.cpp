@@ -1,12 +1,18 @@
 // A job's run directory, signals and full disks, as a user meets them: a second job on the same
 // directory, a finished directory reused, Ctrl-C (once and twice), SIGTERM to an agent, and the
 // file-size limit of a full disk. Real `troupe` processes.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <random>
+#include <sstream>
 #include <thread>
 
 #include "tests/harness/jobs.h"
@@ -265,6 +271,109 @@ TEST(RunOutput, MembershipChangesArePrintedAndNormalDisconnectsAreNotWarnings) {
   for (auto& l : lines_of(job.run_dir + "/coordinator.log"))
     warnings += l.find("[warning] control plane: node") != std::string::npos;
   EXPECT_EQ(warnings, 1) << "one loss (agent-2), no warning for the status call or the job's end";
+}
+
+// ---- the coordinator's port under attack ------------------------------------------------------
+
+// CPU seconds a process has used (user + system).
+double cpu_seconds(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::istringstream rest(stat.substr(stat.rfind(')') + 2));
+  std::string field;
+  double user = 0, sys = 0;
+  for (int i = 3; rest >> field; ++i) {
+    if (i == 14) user = std::stod(field);
+    if (i == 15) {
+      sys = std::stod(field);
+      break;
+    }
+  }
+  return (user + sys) / double(sysconf(_SC_CLK_TCK));
+}
+
+// Sockets of this host in CLOSE-WAIT on local port `port` (/proc/net/tcp, state 08).
+int close_wait_on(int port) {
+  int n = 0;
+  std::ifstream in("/proc/net/tcp");
+  std::string line;
+  std::getline(in, line);
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    std::string slot, local, remote, state;
+    f >> slot >> local >> remote >> state;
+    if (state == "08" && std::stoi(local.substr(local.find(':') + 1), nullptr, 16) == port) ++n;
+  }
+  return n;
+}
+
+int connect_to(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+void send_garbage(int port, size_t bytes) {
+  int fd = connect_to(port);
+  if (fd < 0) return;
+  std::mt19937 rng{uint32_t(bytes)};
+  std::vector<char> junk(bytes);
+  for (auto& c : junk) c = char(rng());
+  size_t at = 0;
+  while (at < bytes) {
+    ssize_t n = ::send(fd, junk.data() + at, bytes - at, MSG_NOSIGNAL);
+    if (n <= 0) break;  // (the gate cuts the connection: a reset is what it should get)
+    at += size_t(n);
+  }
+  ::close(fd);
+}
+
+// Random bytes (4 KB to 1 MB), a client that says nothing, and a flood of connections to the
+// coordinator's port: the coordinator's CPU time and the training's throughput stay what they
+// were (before the gate, 4 KB cost a core for the rest of the job: comm/gate.h), no connection is
+// left half-closed, and the job ends normally.
+TEST(Ports, GarbageSlowClientsAndFloodsLeaveTheCoordinatorAsItWas) {
+  TempDir dir;
+  Job job = start_job(dir, "attack", kConfig, 2, {"job.steps=1000000"}, {pace(2000)});
+  wait_steps(job, 5);
+  const int coordinator = job.proc->pid();
+  const int port =
+      std::stoi(lines_of(job.run_dir + "/coordinator.addr")
+                    .at(0)
+                    .substr(lines_of(job.run_dir + "/coordinator.addr").at(0).rfind(':') + 1));
+  auto window = [&](const char* what) {
+    const double c0 = cpu_seconds(coordinator);
+    const size_t s0 = committed_losses(job.run_dir).size();
+    std::this_thread::sleep_for(3s);
+    const double cpu = (cpu_seconds(coordinator) - c0) / 3.0;
+    const double rate = double(committed_losses(job.run_dir).size() - s0) / 3.0;
+    std::printf("%s: coordinator %.3f cores, %.0f steps/s\n", what, cpu, rate);
+    return cpu;
+  };
+  const double before = window("before");
+  for (size_t bytes : {size_t(36), size_t(4096), size_t(65536), size_t(1) << 20})
+    send_garbage(port, bytes);
+  const int slow = connect_to(port);  // says nothing: cut at the gate's deadline
+  std::vector<int> flood;
+  for (int i = 0; i < 200; ++i) flood.push_back(connect_to(port));
+  for (int fd : flood)
+    if (fd >= 0) ::close(fd);
+  std::this_thread::sleep_for(3s);  // (past the gate's 2 s deadline for the silent client)
+  const double after = window("after the attack");
+  if (slow >= 0) ::close(slow);
+  EXPECT_LT(after, before + 0.25) << "the coordinator spins after garbage on its port";
+  EXPECT_EQ(close_wait_on(port), 0) << "half-closed connections left on the port";
+  admin(dir, {"stop", "--run-dir", job.run_dir});
+  auto st = job.proc->wait(60s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
 }
 
 }  // namespace
