@@ -20,6 +20,7 @@
 #include "actors/bridge.h"
 #include "actors/job_protocol.h"
 #include "actors/services.h"
+#include "coordinator/admin.h"
 #include "coordinator/events.h"
 #include "coordinator/generations.h"
 #include "coordinator/job_spec.h"
@@ -458,27 +459,7 @@ class Coordinator : public caf::event_based_actor {
 
   // ---- admin -----------------------------------------------------------------------------------
 
-  actors::JobStatus status() const {
-    actors::JobStatus s;
-    s.job_name = cfg_.name;
-    s.state = elastic::phase_name(job_.phase());
-    s.generation = gens_.current();
-    s.step = steps_.committed();
-    s.steps = uint64_t(cfg_.steps);
-    s.last_loss = steps_.last_loss();
-    s.plan = plan_;
-    const auto& members = gens_.members();
-    for (uint32_t i = 0; i < members.size(); ++i) {
-      const Agent& a = roster_.at(members[i].worker.agent);
-      s.members.push_back({i, a.id, a.pid, a.host, roster_.device(members[i].worker), a.name});
-    }
-    for (WorkerId w : roster_.usable_workers()) {
-      if (gens_.is_member(w)) continue;
-      const Agent& a = roster_.at(w.agent);
-      s.standbys.push_back({0, a.id, a.pid, a.host, roster_.device(w), a.name});
-    }
-    return s;
-  }
+  actors::JobStatus status() const { return job_status(cfg_, job_, roster_, gens_, steps_, plan_); }
 
   ControlMessage stop() {
     if (job_.request_stop()) {
@@ -487,27 +468,6 @@ class Coordinator : public caf::event_based_actor {
       for (const auto& a : roster_.agents()) to_agent(a.id, msg);
     }
     return actors::make_ack();
-  }
-
-  std::vector<elastic::LiveAgent> live_agents() const {
-    std::vector<elastic::LiveAgent> out;
-    for (const auto& a : roster_.agents()) {
-      if (!a.alive) continue;
-      uint32_t workers = 0;
-      for (uint32_t d = 0; d < a.devices.size(); ++d) workers += roster_.usable({a.id, d});
-      out.push_back({a.id, workers, gens_.has_member_on(a.id)});
-    }
-    return out;
-  }
-
-  elastic::ScaleLimits scale_limits() const {
-    elastic::ScaleLimits l;
-    l.min_workers = min_workers();
-    l.max_workers = uint32_t(cfg_.max_workers);
-    l.can_launch = cfg_.launcher == "local";
-    l.launcher = cfg_.launcher;
-    l.workers_per_agent = uint32_t(std::max<int64_t>(1, cfg_.devices_per_agent));
-    return l;
   }
 
   // A scale or drain decision as the admin's answer (and its action).
@@ -532,7 +492,8 @@ class Coordinator : public caf::event_based_actor {
 
   ControlMessage drain(uint32_t id) {
     if (!job_.started()) return actors::make_error_reply(Errc::refused, "the job is not running");
-    return act_on(elastic::decide_drain(id, live_agents(), scale_limits()));
+    return act_on(
+        elastic::decide_drain(id, live_agents(roster_, gens_), scale_limits(cfg_, min_workers())));
   }
 
   // `troupe scale --workers N`: above the current size the local launcher starts agents (an
@@ -540,8 +501,8 @@ class Coordinator : public caf::event_based_actor {
   // drained, standbys first, then the newest members.
   ControlMessage scale(uint32_t n) {
     if (!job_.started()) return actors::make_error_reply(Errc::refused, "the job is not running");
-    auto agents = live_agents();
-    auto d = elastic::decide_scale(n, agents, scale_limits());
+    auto agents = live_agents(roster_, gens_);
+    auto d = elastic::decide_scale(n, agents, scale_limits(cfg_, min_workers()));
     if (d.kind != elastic::ScaleDecision::Kind::invalid)
       log_.event("scale_requested", Json()
                                         .integer("workers", n)

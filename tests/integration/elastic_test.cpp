@@ -78,10 +78,19 @@ void scenario(int agents, std::vector<int> victims, int sig = SIGKILL) {
     ASSERT_NE(wait_event(job, is("generation_started", "generation", "2"), 30s), "")
         << "the stopped agent was not detected";
     for (int v : victims) ::kill(pids[v], SIGCONT);
+    // Woken, it finds itself fenced and exits (restarts are off): it never rejoins.
+    EXPECT_NE(wait_event(job, is("agent_gave_up"), 30s), "") << "the woken agent did not end";
+    for (int v : victims) {
+      auto deadline = std::chrono::steady_clock::now() + 30s;
+      while (::kill(pids[v], 0) == 0 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(20ms);
+      EXPECT_NE(::kill(pids[v], 0), 0) << "the woken agent " << pids[v] << " still runs";
+    }
   }
   expect_same_function(job, want);
   EXPECT_EQ(count_events(job, "member_failed"), int(victims.size()));
   EXPECT_GE(count_events(job, "generation_started"), 2);
+  EXPECT_EQ(count_events(job, "member_joined"), agents) << "a lost agent came back";
 }
 
 TEST(Elastic, KillOneOfThreeAgents) { scenario(3, {1}); }
