@@ -99,32 +99,6 @@ std::vector<Field> fields_of(JobConfig& c) {
   };
 }
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] =
-          std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
-std::string nearest(const std::string& word, const std::vector<std::string>& candidates) {
-  std::string best;
-  size_t best_d = SIZE_MAX;
-  for (auto& c : candidates) {
-    size_t d = edit_distance(word, c);
-    if (d < best_d) {
-      best_d = d;
-      best = c;
-    }
-  }
-  return best_d <= std::max<size_t>(2, word.size() / 2) ? best : "";
-}
-
 std::string where(const std::string& source, const toml::node& n) {
   const auto& s = n.source();
   if (!s.begin) return source;
@@ -340,6 +314,32 @@ void validate(const JobConfig& c, const std::string& source, const Places& at) {
 
 }  // namespace
 
+static size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] =
+          std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string nearest_word(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_d = SIZE_MAX;
+  for (auto& c : candidates) {
+    size_t d = edit_distance(word, c);
+    if (d < best_d) {
+      best_d = d;
+      best = c;
+    }
+  }
+  return best_d <= std::max<size_t>(2, word.size() / 2) ? best : "";
+}
+
 JobConfig parse_config(const std::string& text, const std::string& source,
                        const std::vector<std::string>& overrides) {
   toml::table root;
@@ -361,7 +361,7 @@ JobConfig parse_config(const std::string& text, const std::string& source,
   for (auto& [tkey, tnode] : root) {
     std::string tname(tkey.str());
     if (std::find(tables.begin(), tables.end(), tname) == tables.end()) {
-      std::string hint = nearest(tname, tables);
+      std::string hint = nearest_word(tname, tables);
       throw ConfigError(where(source, tnode) + ": unknown table [" + tname + "]" +
                         (hint.empty() ? "" : "; did you mean [" + hint + "]?"));
     }
@@ -375,7 +375,7 @@ JobConfig parse_config(const std::string& text, const std::string& source,
         std::vector<std::string> keys;
         for (auto& f : fields)
           if (f.table == tname) keys.push_back(f.key);
-        std::string hint = nearest(kname, keys);
+        std::string hint = nearest_word(kname, keys);
         const auto& ks = kkey.source();
         std::string at = ks.begin ? source + ":" + std::to_string(ks.begin.line) + ":" +
                                         std::to_string(ks.begin.column)

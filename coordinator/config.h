@@ -88,4 +88,8 @@ JobConfig parse_config(const std::string& text, const std::string& source,
 // The effective configuration as TOML (written to the run directory).
 std::string to_toml(const JobConfig& config);
 
+// The candidate nearest to word (edit distance) when it is near enough to be a typo, else "":
+// the "did you mean" of config keys and of the command line.
+std::string nearest_word(const std::string& word, const std::vector<std::string>& candidates);
+
 }  // namespace troupe::coordinator
