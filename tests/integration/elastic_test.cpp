@@ -168,6 +168,38 @@ TEST(Elastic, AWorkerThatThrowsIsRestartedByItsAgentAndReadmitted) {
   EXPECT_EQ(count_events(job, "state_received"), lacking);
 }
 
+// Past elastic.worker_max_restarts the agent gives its worker up: the job goes on without it
+// (the agent process lives on, idle) and still computes the same function.
+TEST(Elastic, AWorkerPastItsRestartLimitIsGivenUpAndTheJobGoesOn) {
+  TempDir dir;
+  auto want = reference_losses(dir);
+  Job job = start(dir, "giveup", 3, {"elastic.worker_max_restarts=0"},
+                  {kPace, "TROUPE_TEST_THROW_AGENT=agent-1", "TROUPE_TEST_THROW_AT_STEP=300"});
+  expect_same_function(job, want);
+  auto failed = wait_event(job, is("worker_failed"), 0s);
+  ASSERT_NE(failed, "");
+  EXPECT_EQ(testing::json_field(failed, "restarting"), "false") << failed;
+  EXPECT_EQ(count_events(job, "member_failed"), 0);
+  auto gen2 = wait_event(job, is("generation_started", "generation", "2"), 0s);
+  EXPECT_NE(gen2.find("\"world_size\":2"), std::string::npos) << "it was not left out: " << gen2;
+}
+
+// Agents with two devices each: two workers per process train as members of their own (the
+// launcher passes --devices cpu:0,cpu:1), and a kill takes both away at once.
+TEST(Elastic, AgentsWithTwoDevicesEachAndTheLossOfOne) {
+  TempDir dir;
+  auto want = reference_losses(dir);
+  Job job = start(dir, "twodev", 2, {"cluster.devices_per_agent=2", "elastic.max_restarts=0"});
+  wait_steps(job, 20);
+  auto pids = member_pids(dir, job);
+  ASSERT_EQ(pids.size(), 4u);
+  EXPECT_EQ(pids[0], pids[1]) << "the first agent's two devices are ranks 0 and 1";
+  ASSERT_EQ(::kill(pids[3], SIGKILL), 0);
+  expect_same_function(job, want);
+  auto gen2 = wait_event(job, is("generation_started", "generation", "2"), 0s);
+  EXPECT_NE(gen2.find("\"world_size\":2"), std::string::npos) << gen2;
+}
+
 TEST(Elastic, AnAgentThatKeepsDyingIsRestartedUpToMaxRestartsAndTheJobGoesOn) {
   TempDir dir;
   auto want = reference_losses(dir);
