@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build run test unit integration bench clean format
+.PHONY: all deps configure build run test unit integration bench clean format fuzz sanitize
 
 all: build
 
@@ -32,6 +32,33 @@ unit: build
 
 integration: build
 	@cd $(BUILD) && ctest -L integration --output-on-failure
+
+# libFuzzer targets (clang, ASan + UBSan) in build-fuzz/, each run FUZZ_SECONDS on its corpus in
+# fuzz/corpus/ (new inputs are added there). CI runs them briefly.
+FUZZ_SECONDS ?= 600
+fuzz: deps
+	@cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+	  -DTROUPE_FUZZ=ON -DTROUPE_BUILD_TESTS=OFF -DTROUPE_WITH_CUDA=OFF > build-fuzz.log 2>&1 || { tail -n 30 build-fuzz.log; exit 1; }
+	@cmake --build build-fuzz -j $(JOBS) --target troupe_frame_fuzz troupe_config_fuzz >> build-fuzz.log 2>&1 || { tail -n 40 build-fuzz.log; exit 1; }
+	@for t in frame config; do \
+	  echo "fuzz: $$t for $(FUZZ_SECONDS) s"; \
+	  build-fuzz/bin/troupe_$${t}_fuzz -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	    -timeout=10 -rss_limit_mb=2048 fuzz/corpus/$$t > build-fuzz/$$t.log 2>&1; rc=$$?; \
+	  tail -n 12 build-fuzz/$$t.log; [ $$rc -eq 0 ] || { echo "fuzz: $$t failed"; exit 1; }; \
+	done
+
+# Every test under AddressSanitizer + UndefinedBehaviorSanitizer (gcc), in build-asan/. Leak
+# checking is off: UCX and CAF keep process-lifetime allocations by design.
+sanitize: deps
+	@cmake -S . -B build-asan -G Ninja -DTROUPE_WITH_CUDA=OFF \
+	  -DCMAKE_C_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" \
+	  -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" \
+	  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" > /dev/null
+	@echo "make: building into build-asan (log: build-asan/build.log)"
+	@cmake --build build-asan -j $(JOBS) > build-asan/build.log 2>&1 || { tail -n 40 build-asan/build.log; exit 1; }
+	@cd build-asan && ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  ctest -j $(JOBS) --output-on-failure --timeout 900
 
 bench: build
 	@$(BUILD)/bin/troupe bench control

@@ -11,6 +11,7 @@ packages=(
   libspdlog-dev libtomlplusplus-dev nlohmann-json3-dev libcli11-dev
   libopenblas-dev
   libgtest-dev libgmock-dev
+  clang libclang-rt-14-dev   # make fuzz: libFuzzer, ASan, UBSan
   base-files   # /usr/share/common-licenses/GPL-3, the quickstart's text
 )
 if [[ "${1:-}" == "--peers" ]]; then
