@@ -89,9 +89,9 @@ class FrameValidator {
   mutable std::atomic<uint64_t> accepted_{0};
 };
 
-// Whether a body of this kind holds no text (decode reads those kinds' texts field by field,
-// the others generically; a test checks this list against the schema).
-bool body_has_no_text(proto::Envelope::Body::Which kind);
+// Whether a body of this kind holds no pointer below its own struct (decode reads those kinds by
+// hand, the others generically; a test holds this list to the schema).
+bool body_is_flat(proto::Envelope::Body::Which kind);
 
 // Serialises a built message into a frame.
 Buffer encode(capnp::MessageBuilder& message);
