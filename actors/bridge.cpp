@@ -43,7 +43,7 @@ std::string hex(uint64_t node) { return fmt::format("{:016x}", node); }
 struct Shared {
   explicit Shared(const BridgeConfig& c)
       : config(c),
-        validator(c.job_id, c.token, comm::FrameLimits{c.transport.max_frame_bytes, 4u << 20, 16}) {
+        validator(c.job_id, c.token, comm::FrameLimits{c.transport.max_frame_bytes}) {
   }
 
   struct Pending {  // a local actor's request to another node

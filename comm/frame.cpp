@@ -6,9 +6,24 @@
 namespace troupe::comm {
 namespace {
 
-capnp::ReaderOptions reader_options(const FrameLimits& limits) {
+kj::ArrayPtr<const capnp::word> words_of(const Buffer& b) {
+  return {reinterpret_cast<const capnp::word*>(b.data()), b.size() / sizeof(capnp::word)};
+}
+
+// The validating read: a budget in proportion to the frame (a well-formed frame read through
+// once by totalSize() and once by the walk charges about twice its words).
+capnp::ReaderOptions checking_options(const FrameLimits& limits, size_t words) {
   capnp::ReaderOptions options;
-  options.traversalLimitInWords = limits.traversal_limit_words;
+  options.traversalLimitInWords = limits.read_words_per_word * words + 1024;
+  options.nestingLimit = limits.nesting_limit;
+  return options;
+}
+
+// Later reads, of a frame already read through within that budget: they cannot throw, and
+// however often an actor reads a field, the budget must not run out under it.
+capnp::ReaderOptions trusted_options(const FrameLimits& limits) {
+  capnp::ReaderOptions options;
+  options.traversalLimitInWords = uint64_t(1) << 62;
   options.nestingLimit = limits.nesting_limit;
   return options;
 }
@@ -117,16 +132,16 @@ const char* reject_name(Reject r) {
   return "unknown";
 }
 
-DecodedFrame::DecodedFrame(Buffer bytes, const capnp::ReaderOptions& options)
-    : bytes_(std::move(bytes)),
-      reader_(kj::ArrayPtr<const capnp::word>(reinterpret_cast<const capnp::word*>(bytes_.data()),
-                                              bytes_.size() / sizeof(capnp::word)),
-              options),
-      root_(reader_.getRoot<proto::Envelope>()) {
-  // Traverse once so that a malformed pointer or text anywhere throws here, not in an actor
-  // later.
-  (void)root_.totalSize();
-  check_pointers(root_);
+DecodedFrame::DecodedFrame(Buffer bytes, const FrameLimits& limits)
+    : bytes_(std::move(bytes)), reader_(words_of(bytes_), trusted_options(limits)) {
+  // Read everything once, within the budget, so that a malformed pointer or text anywhere
+  // throws here, not in an actor later.
+  capnp::FlatArrayMessageReader check(words_of(bytes_),
+                                      checking_options(limits, bytes_.size() / sizeof(capnp::word)));
+  auto env = check.getRoot<proto::Envelope>();
+  (void)env.totalSize();
+  check_pointers(env);
+  root_ = reader_.getRoot<proto::Envelope>();
 }
 
 FrameValidator::FrameValidator(std::string job_id, std::string token, FrameLimits limits)
@@ -151,7 +166,7 @@ std::variant<std::shared_ptr<const DecodedFrame>, Rejection> FrameValidator::dec
   }
   std::shared_ptr<const DecodedFrame> decoded;
   try {
-    decoded = std::make_shared<const DecodedFrame>(std::move(frame), reader_options(limits_));
+    decoded = std::make_shared<const DecodedFrame>(std::move(frame), limits_);
   } catch (const kj::Exception& e) {
     return reject(Reject::malformed,
                   std::string("not a valid envelope: ") + e.getDescription().cStr());
