@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <thread>
 
 #include "bench/bench.h"
 #include "bench/rendezvous.h"
@@ -84,10 +86,168 @@ double memcpy_gbps() {
 
 }  // namespace
 
+namespace {
+
+// Times each size's allreduce (3 trials of about min_seconds; the median); rank 0 prints JSON.
+void time_sizes(comm::Communicator& comm, const std::vector<size_t>& sizes, double min_seconds,
+                const comm::CollectiveOptions& timed) {
+  const int world = comm.size();
+  for (size_t bytes : sizes) {
+    size_t count = std::max<size_t>(1, bytes / 4);
+    comm::Buffer buf(count * 4);
+    std::memset(buf.data(), 0, count * 4);
+    auto* f = reinterpret_cast<float*>(buf.data());
+    comm.allreduce(f, f, count, comm::DataType::f32, comm::ReduceOp::sum, timed);  // warm-up
+    // Iterations so that one trial takes about min_seconds (agreed: rank 0's estimate).
+    comm.barrier();
+    auto t0 = Clock::now();
+    comm.allreduce(f, f, count, comm::DataType::f32, comm::ReduceOp::sum, timed);
+    double est = std::chrono::duration<double>(Clock::now() - t0).count();
+    double iters_d = std::max(1.0, std::min(10000.0, min_seconds / std::max(est, 1e-7)));
+    comm.broadcast(&iters_d, 1, comm::DataType::f64, 0);
+    int iters = int(iters_d);
+    std::vector<double> trials;
+    for (int trial = 0; trial < 3; ++trial) {
+      comm.barrier();
+      auto start = Clock::now();
+      for (int i = 0; i < iters; ++i)
+        comm.allreduce(f, f, count, comm::DataType::f32, comm::ReduceOp::sum, timed);
+      double per_op = std::chrono::duration<double>(Clock::now() - start).count() / iters;
+      comm.allreduce(&per_op, &per_op, 1, comm::DataType::f64, comm::ReduceOp::avg);
+      trials.push_back(per_op);
+    }
+    std::sort(trials.begin(), trials.end());
+    double t = trials[1];
+    if (comm.rank() == 0) {
+      double busbw = 2.0 * (world - 1) / world * double(count * 4) / t / 1e9;
+      std::printf(
+          "{\"bench\":\"allreduce\",\"impl\":\"troupe_ucx\",\"workers\":%d,\"bytes\":%zu,"
+          "\"size\":\"%s\",\"time_us\":%.2f,\"busbw_gbps\":%.3f,\"iters\":%d}\n",
+          world, count * 4, human(count * 4).c_str(), t * 1e6, busbw, iters);
+      std::fflush(stdout);
+    }
+  }
+  comm.barrier();
+}
+
+// Multi-process correctness: closed-form results for every count and algorithm; 0 or 4.
+int check_every_count(comm::UcxCommunicator& comm) {
+  const int world = comm.size(), rank = comm.rank();
+  const size_t counts[] = {0, 1, 7, 1023, 65537, 3 * (size_t(1) << 20) + 5};
+  for (size_t count : counts) {
+    for (auto algo : {comm::Algorithm::ring, comm::Algorithm::recursive_doubling,
+                      comm::Algorithm::shared_memory}) {
+      for (bool in_place : {true, false}) {
+        std::vector<float> in(count), out(count, -1);
+        for (size_t i = 0; i < count; ++i) in[i] = float((rank + 1) * (i % 5 + 1));
+        comm::CollectiveOptions o;
+        o.algorithm = algo;
+        comm.allreduce(in.data(), in_place ? in.data() : out.data(), count, comm::DataType::f32,
+                       comm::ReduceOp::sum, o);
+        const float* got = in_place ? in.data() : out.data();
+        for (size_t i = 0; i < count; ++i) {
+          if (got[i] != float((i % 5 + 1) * world * (world + 1) / 2)) {
+            std::printf("check failed: count %zu element %zu got %f\n", count, i, got[i]);
+            return 4;
+          }
+        }
+      }
+    }
+  }
+  // Leave only when everyone is done: a rank that exits while another still waits for the
+  // acknowledgement of its last send would fail that rank with peer_lost.
+  comm.barrier();
+  std::printf("check ok rank %d shared-memory %d %s\n", rank, int(comm.shared_memory_allreduce()),
+              comm.shared_memory_fallback_reason().c_str());
+  return 0;
+}
+
+// One call of the failure tests' operation on `count` floats (allgather: count per rank;
+// sendrecv: to the next rank, from the previous one).
+void call_once(comm::Communicator& comm, const std::string& op, std::vector<float>& in,
+               std::vector<float>& out, const comm::CollectiveOptions& timed) {
+  const size_t count = in.size();
+  const int n = comm.size(), r = comm.rank();
+  if (op == "allreduce")
+    comm.allreduce(in.data(), in.data(), count, comm::DataType::f32, comm::ReduceOp::sum, timed);
+  else if (op == "broadcast")
+    comm.broadcast(in.data(), count, comm::DataType::f32, 0, timed);
+  else if (op == "allgather")
+    comm.allgather(in.data(), out.data(), count, comm::DataType::f32, timed);
+  else  // sendrecv
+    comm.sendrecv(in.data(), count * 4, (r + 1) % n, out.data(), count * 4, (r + n - 1) % n,
+                  comm::Tag(7), timed);
+}
+
+// The survivors' old ranks, in new-rank order, once the test writes DIR/gen2.members (60 s).
+std::vector<int> read_members(const std::string& dir) {
+  std::vector<int> members;
+  auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (members.empty() && Clock::now() < deadline) {
+    std::ifstream in(dir + "/gen2.members");
+    for (int r; in >> r;) members.push_back(r);
+    if (members.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return members;
+}
+
+// Generation 2 of the survivors: one allreduce, checked; 0, 3 (no member list) or 4.
+int rebuild_and_check(const std::string& dir, int rank, const comm::UcxCommOptions& opt) {
+  std::vector<int> members = read_members(dir);
+  if (members.empty()) return 3;
+  int new_rank = int(std::find(members.begin(), members.end(), rank) - members.begin());
+  if (new_rank >= int(members.size())) return 0;  // not a member of the next generation
+  auto next = std::make_unique<comm::UcxCommunicator>(2, opt);
+  auto addrs = file_rendezvous(dir, "gen2", new_rank, int(members.size()), next->address(),
+                               std::chrono::seconds(30));
+  next->connect(new_rank, addrs, std::chrono::seconds(30));
+  const size_t check = 1 << 20;
+  std::vector<float> x(check);
+  for (size_t i = 0; i < check; ++i) x[i] = float((new_rank + 1) * (i % 7 + 1));
+  next->allreduce(x.data(), x.data(), check, comm::DataType::f32, comm::ReduceOp::sum);
+  int n = int(members.size());
+  for (size_t i = 0; i < check; ++i) {
+    if (x[i] != float((i % 7 + 1) * n * (n + 1) / 2)) {
+      std::printf("gen2 wrong at %zu\n", i);
+      return 4;
+    }
+  }
+  next->barrier();
+  std::printf("gen2 ok world %d rank %d\n", n, new_rank);
+  std::fflush(stdout);
+  return 0;
+}
+
+// Failure tests: `op` until something fails (printing "iter N", then "error CODE at MS: why");
+// then rebuild with the survivors the test names and check one allreduce.
+int fail_then_rebuild(std::unique_ptr<comm::UcxCommunicator> comm, const std::string& dir,
+                      const std::string& op, size_t count, const comm::UcxCommOptions& opt,
+                      const comm::CollectiveOptions& timed) {
+  const int rank = comm->rank();
+  std::vector<float> in(count), out(op == "allgather" ? count * comm->size() : count);
+  for (int iter = 1;; ++iter) {
+    for (size_t i = 0; i < count; i += 4096) in[i] = 1.0f;
+    try {
+      call_once(*comm, op, in, out, timed);
+    } catch (const comm::Error& e) {
+      std::printf("error %s at %llu: %s\n", comm::errc_name(e.code()),
+                  (unsigned long long)unix_ms(), e.what());
+      std::fflush(stdout);
+      break;
+    }
+    std::printf("iter %d\n", iter);
+    std::fflush(stdout);
+  }
+  comm.reset();  // the broken generation goes away
+  return rebuild_and_check(dir, rank, opt);
+}
+
+}  // namespace
+
 int run_allreduce_worker(const std::vector<std::string>& words) {
   CLI::App app{"One rank of `troupe bench allreduce` (started by it; also the tests' peer).",
                "troupe bench allreduce-worker"};
-  std::string dir, sizes = "4K,1M,64M", mode = "bench", algorithm = "auto";
+  std::string dir, sizes = "4K,1M,64M", mode = "bench", algorithm = "auto", op = "allreduce";
   int rank = -1, world = 0;
   int64_t timeout_ms = 30000;
   size_t count = 16 << 20;
@@ -99,7 +259,9 @@ int run_allreduce_worker(const std::vector<std::string>& words) {
   app.add_option("--sizes", sizes, "bytes per allreduce, e.g. 4K,1M,64M");
   app.add_option("--mode", mode, "bench; check or loop (the multi-process tests)")
       ->check(CLI::IsMember({"bench", "check", "loop"}));
-  app.add_option("--count", count, "loop: floats per allreduce");
+  app.add_option("--op", op, "loop: the operation")
+      ->check(CLI::IsMember({"allreduce", "broadcast", "allgather", "sendrecv"}));
+  app.add_option("--count", count, "loop: floats per call");
   app.add_option("--timeout-ms", timeout_ms, "the data plane's failure timeout");
   app.add_option("--min-seconds", min_seconds, "time each size at least this long");
   app.add_option("--segment-bytes", opt.segment_bytes, "ring chunk size");
@@ -109,136 +271,15 @@ int run_allreduce_worker(const std::vector<std::string>& words) {
   if (auto rc = cli::parse(app, words)) return *rc;
   if (rank < 0 || rank >= world) throw std::invalid_argument("--rank must be in [0, --world)");
   opt.timeout = std::chrono::milliseconds(timeout_ms);
-  comm::CollectiveOptions timed;  // the timed allreduces
+  comm::CollectiveOptions timed;  // the timed (or looped) calls
   timed.algorithm = parse_algorithm(algorithm);
   auto comm = std::make_unique<comm::UcxCommunicator>(1, opt);
   auto addrs = file_rendezvous(dir, "gen1", rank, world, comm->address(), std::chrono::seconds(30));
   comm->connect(rank, addrs, std::chrono::seconds(30));
-  if (mode == "bench") {
-    for (size_t bytes : parse_sizes(sizes)) {
-      size_t count = std::max<size_t>(1, bytes / 4);
-      comm::Buffer buf(count * 4);
-      std::memset(buf.data(), 0, count * 4);
-      auto* f = reinterpret_cast<float*>(buf.data());
-      comm->allreduce(f, f, count, comm::DataType::f32, comm::ReduceOp::sum, timed);  // warm-up
-      // Iterations so that one trial takes about min_seconds (agreed: rank 0's estimate).
-      comm->barrier();
-      auto t0 = Clock::now();
-      comm->allreduce(f, f, count, comm::DataType::f32, comm::ReduceOp::sum, timed);
-      double est = std::chrono::duration<double>(Clock::now() - t0).count();
-      double iters_d = std::max(1.0, std::min(10000.0, min_seconds / std::max(est, 1e-7)));
-      comm->broadcast(&iters_d, 1, comm::DataType::f64, 0);
-      int iters = int(iters_d);
-      std::vector<double> trials;
-      for (int trial = 0; trial < 3; ++trial) {
-        comm->barrier();
-        auto start = Clock::now();
-        for (int i = 0; i < iters; ++i)
-          comm->allreduce(f, f, count, comm::DataType::f32, comm::ReduceOp::sum, timed);
-        double per_op = std::chrono::duration<double>(Clock::now() - start).count() / iters;
-        comm->allreduce(&per_op, &per_op, 1, comm::DataType::f64, comm::ReduceOp::avg);
-        trials.push_back(per_op);
-      }
-      std::sort(trials.begin(), trials.end());
-      double t = trials[1];
-      if (rank == 0) {
-        double busbw = 2.0 * (world - 1) / world * double(count * 4) / t / 1e9;
-        std::printf(
-            "{\"bench\":\"allreduce\",\"impl\":\"troupe_ucx\",\"workers\":%d,\"bytes\":%zu,"
-            "\"size\":\"%s\","
-            "\"time_us\":%.2f,\"busbw_gbps\":%.3f,\"iters\":%d}\n",
-            world, count * 4, human(count * 4).c_str(), t * 1e6, busbw, iters);
-        std::fflush(stdout);
-      }
-    }
-    comm->barrier();
-    return 0;
-  }
-
-  if (mode == "check") {
-    // Multi-process correctness: closed-form results for every count and algorithm.
-    const size_t counts[] = {0, 1, 7, 1023, 65537, 3 * (size_t(1) << 20) + 5};
-    for (size_t count : counts) {
-      for (auto algo : {comm::Algorithm::ring, comm::Algorithm::recursive_doubling,
-                        comm::Algorithm::shared_memory}) {
-        for (bool in_place : {true, false}) {
-          std::vector<float> in(count), out(count, -1);
-          for (size_t i = 0; i < count; ++i) in[i] = float((rank + 1) * (i % 5 + 1));
-          comm::CollectiveOptions o;
-          o.algorithm = algo;
-          comm->allreduce(in.data(), in_place ? in.data() : out.data(), count, comm::DataType::f32,
-                          comm::ReduceOp::sum, o);
-          const float* got = in_place ? in.data() : out.data();
-          for (size_t i = 0; i < count; ++i) {
-            if (got[i] != float((i % 5 + 1) * world * (world + 1) / 2)) {
-              std::printf("check failed: count %zu element %zu got %f\n", count, i, got[i]);
-              return 4;
-            }
-          }
-        }
-      }
-    }
-    // Leave only when everyone is done: a rank that exits while another still waits for the
-    // acknowledgement of its last send would fail that rank with peer_lost.
-    comm->barrier();
-    std::printf("check ok rank %d shared-memory %d %s\n", rank,
-                int(comm->shared_memory_allreduce()),
-                comm->shared_memory_fallback_reason().c_str());
-    return 0;
-  }
-
-  if (mode == "loop") {
-    // Failure tests: allreduce until something fails; then rebuild with the survivors the test
-    // names in DIR/gen2.members (old ranks, in new-rank order) and check one allreduce.
-    std::vector<float> buf(count);
-    for (int iter = 1;; ++iter) {
-      for (size_t i = 0; i < count; i += 4096) buf[i] = 1.0f;
-      try {
-        comm->allreduce(buf.data(), buf.data(), count, comm::DataType::f32, comm::ReduceOp::sum,
-                        timed);
-      } catch (const comm::Error& e) {
-        std::printf("error %s at %llu: %s\n", comm::errc_name(e.code()),
-                    (unsigned long long)unix_ms(), e.what());
-        std::fflush(stdout);
-        break;
-      }
-      std::printf("iter %d\n", iter);
-      std::fflush(stdout);
-    }
-    comm.reset();  // the broken generation goes away
-    std::vector<int> members;
-    auto deadline = Clock::now() + std::chrono::seconds(60);
-    while (members.empty()) {
-      std::ifstream in(dir + "/gen2.members");
-      for (int r; in >> r;) members.push_back(r);
-      if (members.empty()) {
-        if (Clock::now() > deadline) return 3;
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-    }
-    int new_rank = int(std::find(members.begin(), members.end(), rank) - members.begin());
-    if (new_rank >= int(members.size())) return 0;  // not a member of the next generation
-    auto next = std::make_unique<comm::UcxCommunicator>(2, opt);
-    auto addrs2 = file_rendezvous(dir, "gen2", new_rank, int(members.size()), next->address(),
-                                  std::chrono::seconds(30));
-    next->connect(new_rank, addrs2, std::chrono::seconds(30));
-    const size_t check = 1 << 20;
-    std::vector<float> x(check);
-    for (size_t i = 0; i < check; ++i) x[i] = float((new_rank + 1) * (i % 7 + 1));
-    next->allreduce(x.data(), x.data(), check, comm::DataType::f32, comm::ReduceOp::sum);
-    int n = int(members.size());
-    for (size_t i = 0; i < check; ++i) {
-      if (x[i] != float((i % 7 + 1) * n * (n + 1) / 2)) {
-        std::printf("gen2 wrong at %zu\n", i);
-        return 4;
-      }
-    }
-    next->barrier();
-    std::printf("gen2 ok world %d rank %d\n", n, new_rank);
-    std::fflush(stdout);
-    return 0;
-  }
-  throw std::invalid_argument("--mode must be bench, check or loop");
+  if (mode == "check") return check_every_count(*comm);
+  if (mode == "loop") return fail_then_rebuild(std::move(comm), dir, op, count, opt, timed);
+  time_sizes(*comm, parse_sizes(sizes), min_seconds, timed);
+  return 0;
 }
 
 int run_allreduce_bench(const std::vector<std::string>& words) {

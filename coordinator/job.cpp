@@ -581,6 +581,7 @@ class Coordinator : public caf::event_based_actor {
     Json j;
     j.integer("slot", e.slot).integer("attempt", e.attempt);
     if (e.pid) j.integer("pid", e.pid);
+    if (e.event == "agent_restarted") j.integer("backoff_ms", e.backoff_ms);
     log_.event(e.event, j.str("detail", e.detail));
     tell("agent-" + std::to_string(e.slot) + ": " + e.event.substr(e.event.find('_') + 1) +
          (e.detail.empty() ? "" : " (" + e.detail + ")"));

@@ -59,10 +59,12 @@ struct LauncherEvent {
   std::string event;
   int64_t slot = 0, attempt = 0, pid = 0;
   std::string detail;
+  int64_t backoff_ms = 0;  // agent_restarted: how long the launcher waited after the exit
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, LauncherEvent& x) {
-  return f(caf::meta::type_name("launcher_event"), x.event, x.slot, x.attempt, x.pid, x.detail);
+  return f(caf::meta::type_name("launcher_event"), x.event, x.slot, x.attempt, x.pid, x.detail,
+           x.backoff_ms);
 }
 
 // The coordinator -> the observer (the local launcher): start this many more agents

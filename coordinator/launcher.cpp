@@ -69,6 +69,7 @@ class Launcher : public caf::event_based_actor {
     std::unique_ptr<ChildProcess> proc;
     int64_t restarts = 0;
     uint64_t incarnation = 0;
+    std::chrono::milliseconds backoff{0};  // the wait before the last restart
   };
 
   void add_slot() {
@@ -110,6 +111,7 @@ class Launcher : public caf::event_based_actor {
     ++s.restarts;
     spdlog::warn("agent-{} {}; restarting it in {} ms ({} of {})", i, how, d.backoff.count(),
                  s.restarts, opt_.restarts.max_restarts);
+    s.backoff = d.backoff;
     delayed_send(this, d.backoff, restart_atom::value, uint64_t(i));
   }
 
@@ -122,7 +124,8 @@ class Launcher : public caf::event_based_actor {
   void report(const std::string& event, size_t slot, int64_t attempt, const std::string& detail) {
     const Slot& s = slots_[slot];
     const int64_t pid = event == "agent_gave_up" || !s.proc ? 0 : s.proc->pid();
-    send(coordinator_, LauncherEvent{event, int64_t(slot), attempt, pid, detail});
+    send(coordinator_,
+         LauncherEvent{event, int64_t(slot), attempt, pid, detail, int64_t(s.backoff.count())});
   }
 
   size_t running() const {

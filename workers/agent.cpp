@@ -209,7 +209,10 @@ int run_agent(const AgentOptions& o) {
   await_shutdown(self, bridge, *board, joined.coordinator, joined.spec.agent_id, signals);
   for (auto& t : threads) t.join();
   const int code = board->exit_code();
-  if (code != 0) std::fprintf(stderr, "troupe agent: %s\n", board->reason().c_str());
+  if (code != 0)
+    std::fprintf(stderr, "troupe agent: %s\n", board->reason().c_str());
+  else
+    spdlog::info("shut down by the coordinator: {}", board->reason());
   return stop_all(code);
 }
 

@@ -6,13 +6,16 @@
 //   build/bin/troupe_embed_example
 //
 // Expected output: one line per committed step ("my actor saw step 3: loss 2.1...") and, at the
-// end, "embedded job finished: 20 steps, loss fell from X to Y". Exits non-zero if the job failed
-// or the loss did not fall.
+// end, "embedded job finished: 20 steps, loss fell from X to Y". Exits non-zero if the job failed,
+// the loss did not fall, or the steps the actor saw are not exactly the ones the job committed
+// (each once, in order, with the loss its metrics.jsonl holds, bit for bit).
 #include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <future>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "actors/bridge.h"
@@ -22,21 +25,35 @@
 
 using namespace troupe;
 
-// The user's actor: it just collects the losses and reports when the job ends.
+using Steps = std::vector<std::pair<uint64_t, double>>;  // (step, loss)
+
+// The user's actor: it just collects the steps and reports when the job ends.
 caf::behavior watcher(caf::event_based_actor* self,
-                      std::shared_ptr<std::promise<std::pair<int, std::vector<double>>>> done) {
-  auto losses = std::make_shared<std::vector<double>>();
+                      std::shared_ptr<std::promise<std::pair<int, Steps>>> done) {
+  auto steps = std::make_shared<Steps>();
   return {
       [=](coordinator::JobProgress& p) {
-        losses->push_back(p.loss);
+        steps->emplace_back(p.step, p.loss);
         std::printf("my actor saw step %llu: loss %.4f (world size %llu)\n",
                     (unsigned long long)p.step, p.loss, (unsigned long long)p.world_size);
       },
       [=](coordinator::JobFinished& f) {
-        done->set_value({f.exit_code, *losses});
+        done->set_value({f.exit_code, *steps});
         self->quit();
       },
   };
+}
+
+// The steps the job committed, from its run directory's metrics.jsonl, numbered as JobProgress
+// counts them (step 0 committed: 1 step so far).
+Steps committed_steps(const std::string& run_dir) {
+  Steps out;
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("loss")) out.emplace_back(uint64_t(j["step"]) + 1, double(j["loss"]));
+  }
+  return out;
 }
 
 int main() {
@@ -57,7 +74,7 @@ int main() {
 
   actors::BridgeConfig bc = actors::job_bridge_config(cfg.name, coordinator::new_token());
   auto bridge = actors::spawn_bridge(system, bc);
-  auto done = std::make_shared<std::promise<std::pair<int, std::vector<double>>>>();
+  auto done = std::make_shared<std::promise<std::pair<int, Steps>>>();
   auto result = done->get_future();
   auto me = system.spawn(watcher, done);
   auto coord = coordinator::spawn_coordinator(system, bridge, cfg, run_dir, me);
@@ -82,16 +99,22 @@ int main() {
     std::printf("embedded job did not finish in 2 minutes\n");
     return 1;
   }
-  auto [code, losses] = result.get();
+  auto [code, seen] = result.get();
   for (auto& t : agents) t.join();
   caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(bridge, caf::exit_reason::user_shutdown);
+  const Steps committed = committed_steps(run_dir);
   std::filesystem::remove_all(run_dir);
-  if (code != 0 || losses.size() != 20 || !(losses.back() < losses.front())) {
-    std::printf("embedded job FAILED (exit %d, %zu steps)\n", code, losses.size());
+  if (code != 0 || seen.size() != 20 || !(seen.back().second < seen.front().second)) {
+    std::printf("embedded job FAILED (exit %d, %zu steps)\n", code, seen.size());
     return 1;
   }
-  std::printf("embedded job finished: %zu steps, loss fell from %.4f to %.4f\n", losses.size(),
-              losses.front(), losses.back());
+  if (seen != committed) {
+    std::printf("embedded job FAILED: the actor saw %zu steps, the job committed %zu (or they "
+                "differ)\n", seen.size(), committed.size());
+    return 1;
+  }
+  std::printf("embedded job finished: %zu steps, loss fell from %.4f to %.4f\n", seen.size(),
+              seen.front().second, seen.back().second);
   return 0;
 }

@@ -17,15 +17,21 @@ namespace {
   GTEST_SKIP() << "needs " << (n) << " CUDA device(s); this machine has " << cuda_device_count() \
                << " (" << cuda_summary() << ")"
 
+// Out of place, into a buffer filled with NaN first: an allreduce that writes nothing leaves
+// NaN (at world size 1 the sum of the input is the input, so in place it could not fail).
 std::vector<float> run_allreduce(Communicator& c, const std::vector<float>& host, ReduceOp op) {
-  float* dev = nullptr;
-  EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&dev), host.size() * sizeof(float)), cudaSuccess);
-  cudaMemcpy(dev, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice);
-  c.allreduce(dev, dev, host.size(), DataType::f32, op);
-  std::vector<float> out(host.size());
-  cudaMemcpy(out.data(), dev, host.size() * sizeof(float), cudaMemcpyDeviceToHost);
-  cudaFree(dev);
-  return out;
+  const size_t bytes = host.size() * sizeof(float);
+  float *in = nullptr, *out = nullptr;
+  EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&in), bytes), cudaSuccess);
+  EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&out), bytes), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(in, host.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaMemset(out, 0xff, bytes), cudaSuccess);  // all ones: a NaN
+  c.allreduce(in, out, host.size(), DataType::f32, op);
+  std::vector<float> result(host.size());
+  EXPECT_EQ(cudaMemcpy(result.data(), out, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(cudaFree(in), cudaSuccess);
+  EXPECT_EQ(cudaFree(out), cudaSuccess);
+  return result;
 }
 
 TEST(Nccl, UniqueIdWorksWithoutAGpu) {

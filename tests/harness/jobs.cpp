@@ -88,18 +88,25 @@ int pid_of(const Job& job, const std::string& name) {
   return pid > 0 ? pid : INT32_MAX;
 }
 
-std::vector<int> member_pids(const TempDir& dir, const Job& job) {
+std::vector<MemberInfo> members_of(const TempDir& dir, const Job& job) {
   std::string out = dir.path() + "/status.out";
   std::remove(out.c_str());  // (the child appends: the last call's answer must not be read)
   coordinator::ChildProcess status(
       {{troupe_binary(), "status", "--run-dir", job.run_dir, "--json"}, out, out, {}});
   status.wait(30s);
-  std::vector<int> pids;
+  std::vector<MemberInfo> members;
   auto lines = lines_of(out);
-  if (lines.empty()) return pids;
+  if (lines.empty()) return members;
   auto json = nlohmann::json::parse(lines[0], nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded() || !json.contains("members")) return pids;
-  for (const auto& m : json["members"]) pids.push_back(m.value("pid", 0));  // (not standbys)
+  if (json.is_discarded() || !json.contains("members")) return members;
+  for (const auto& m : json["members"])  // (not standbys)
+    members.push_back({m.value("agent", uint64_t(0)), m.value("name", ""), m.value("pid", 0)});
+  return members;
+}
+
+std::vector<int> member_pids(const TempDir& dir, const Job& job) {
+  std::vector<int> pids;
+  for (const auto& m : members_of(dir, job)) pids.push_back(m.pid);
   return pids;
 }
 
@@ -140,7 +147,9 @@ void expect_same_function(const Job& job, const std::vector<double>& want, int s
   ASSERT_EQ(got.size(), want.size());
   double worst = 0;
   for (size_t i = 0; i < got.size(); ++i) {
-    if (relative == 0) ASSERT_EQ(got[i], want[i]) << "step " << i << " (bitwise)";
+    if (relative == 0) {
+      ASSERT_EQ(got[i], want[i]) << "step " << i << " (bitwise)";
+    }
     ASSERT_NEAR(got[i], want[i], relative * std::abs(want[i])) << "step " << i;
     worst = std::max(worst, std::abs(got[i] - want[i]) / std::max(1e-300, std::abs(want[i])));
   }

@@ -42,7 +42,13 @@ void wait_steps(const Job& job, size_t steps);
 // The pid of the newest incarnation of an agent named `name`, from its member_joined event; a
 // test failure and a pid that matches no process (never 0 or -1) when there is none.
 int pid_of(const Job& job, const std::string& name);
-// Agent pids by rank in the current generation (`troupe status --json`).
+// The members by rank in the current generation (`troupe status --json`), and their pids.
+struct MemberInfo {
+  uint64_t agent = 0;  // the agent id (what drain --agent takes)
+  std::string name;    // its name (agent-N: the launcher's slot, and its log file)
+  int pid = 0;
+};
+std::vector<MemberInfo> members_of(const TempDir& dir, const Job& job);
 std::vector<int> member_pids(const TempDir& dir, const Job& job);
 // `troupe agent --join` of a running job, named `name` (logs in DIR/NAME.out).
 std::unique_ptr<coordinator::ChildProcess> join_agent(const TempDir& dir, const Job& job,

@@ -316,7 +316,7 @@ TEST(Collectives, AbortFromAnotherThreadFailsPendingAndLaterCalls) {
     EXPECT_EQ(e.code(), comm::Errc::aborted) << e.what();
   }
   killer.join();
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15));  // < 30 s timeout
   EXPECT_THROW(a.barrier(), comm::Error);
 }
 
@@ -349,7 +349,7 @@ TEST(Collectives, AbortDuringASharedMemoryAllreduceFailsEveryRankFast) {
     EXPECT_EQ(e.code(), comm::Errc::aborted) << e.what();
     EXPECT_NE(std::string(e.what()).find("rank 0"), std::string::npos) << e.what();
   }
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15));  // < 30 s timeout
   for (size_t i = 0; i < xa.size(); i += 4099) ASSERT_EQ(xa[i], 1.0f) << "rank 0's buffer changed";
 }
 

@@ -57,10 +57,11 @@ TEST(CommProcesses, AllreduceIsCorrectBetweenProcesses) {
 }
 
 void failure_scenario(int sig, const char* expected_code, std::chrono::milliseconds timeout,
-                      const char* algorithm) {
+                      const char* algorithm, const char* op = "allreduce",
+                      size_t count = 16 << 20) {
   const int world = 4, victim = 3;
-  Ranks ranks(world, {"--mode", "loop", "--count", std::to_string(16 << 20), "--timeout-ms",
-                      std::to_string(timeout.count()), "--algorithm", algorithm});
+  Ranks ranks(world, {"--mode", "loop", "--count", std::to_string(count), "--timeout-ms",
+                      std::to_string(timeout.count()), "--algorithm", algorithm, "--op", op});
   for (int r = 0; r < world; ++r)
     ASSERT_TRUE(ranks.procs[r]->wait_for_line("iter 2", 60s)) << "rank " << r;
   uint64_t t_signal = unix_ms();
@@ -75,7 +76,8 @@ void failure_scenario(int sig, const char* expected_code, std::chrono::milliseco
     double ms = double(when) - double(t_signal);
     std::printf("rank %d: %s after %.0f ms (%s)\n", r, code.c_str(), ms, line->c_str());
     EXPECT_EQ(code, expected_code) << *line;
-    EXPECT_LT(ms, double(timeout.count()) + 1500.0)
+    // The deadline acted (room for a loaded machine; the latencies are the benchmark's).
+    EXPECT_LT(ms, double(timeout.count()) + 5000.0)
         << "failure timeout " << timeout.count() << " ms";
   }
   {
@@ -106,6 +108,38 @@ TEST(CommProcesses, RingSigkillOfOneOfFourFailsEverySurvivorWithPeerLostThenThre
 TEST(CommProcesses, RingSigstopOfOneOfFourFailsEverySurvivorWithTimedOutThenThreeRebuild) {
   failure_scenario(SIGSTOP, "timed_out", 2000ms, "ring");
 }
+
+// The other calls fail the same way: broadcast, allgather, sendrecv between neighbours, and the
+// shared-memory allreduce's small path (16 floats: one step through the header's small area).
+struct Call {
+  const char* op;
+  const char* algorithm;
+  size_t count;
+};
+
+class OtherCalls : public ::testing::TestWithParam<std::tuple<Call, int>> {};
+
+TEST_P(OtherCalls, FailEverySurvivorWithTheCodeThenThreeRebuild) {
+  auto [call, sig] = GetParam();
+  if (sig == SIGKILL)
+    failure_scenario(SIGKILL, "peer_lost", 3000ms, call.algorithm, call.op, call.count);
+  else
+    failure_scenario(SIGSTOP, "timed_out", 2000ms, call.algorithm, call.op, call.count);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    CommProcesses, OtherCalls,
+    ::testing::Combine(::testing::Values(Call{"broadcast", "auto", 1 << 20},
+                                         Call{"allgather", "auto", 1 << 20},
+                                         Call{"sendrecv", "auto", 4 << 20},
+                                         Call{"allreduce", "shm", 16}),
+                       ::testing::Values(SIGKILL, SIGSTOP)),
+    [](const auto& info) {
+      const Call& c = std::get<0>(info.param);
+      std::string name = std::string(c.op) + (c.count <= 64 ? "Small" : "") +
+                         (std::string(c.algorithm) == "shm" ? "Shm" : "");
+      return name + (std::get<1>(info.param) == SIGKILL ? "Sigkill" : "Sigstop");
+    });
 
 }  // namespace
 }  // namespace troupe

@@ -106,6 +106,19 @@ TEST_F(ControlPlane, RequestResponseBetweenActorsInTwoProcesses) {
   start_bridge();
   uint64_t peer_node = connect(peer.address());
   ASSERT_EQ(peer_node, peer.node_id());
+  auto frames = [&] {  // (sent, received) by this node's transport
+    std::pair<uint64_t, uint64_t> out{0, 0};
+    (*self_)
+        ->request(bridge_, 5s, actors::stats_atom::value)
+        .receive(
+            [&](ControlMessage& m) {
+              auto s = m.envelope().getBody().getStats();
+              out = {s.getFramesSent(), s.getFramesReceived()};
+            },
+            [&](caf::error& e) { ADD_FAILURE() << caf::to_string(e); });
+    return out;
+  };
+  const auto before = frames();
 
   for (uint64_t i = 1; i <= 20; ++i) {
     std::string text = "ping " + std::to_string(i);
@@ -135,6 +148,11 @@ TEST_F(ControlPlane, RequestResponseBetweenActorsInTwoProcesses) {
     counted = std::get<ControlMessage>(r).envelope().getBody().getEcho().getSequence();
   }
   EXPECT_EQ(counted, 500u);
+  // The counters InProcessMessagesNeverTouchUcx compares do move with remote traffic: 20
+  // requests, 500 one-way messages and the sink's polls went out, as many replies came back.
+  const auto after = frames();
+  EXPECT_GE(after.first - before.first, 521u);
+  EXPECT_GE(after.second - before.second, 21u);
 
   // A request to an actor that does not exist there is an error, not a hang.
   auto r = request({peer_node, 777}, actors::make_echo(1, nullptr, 0));
@@ -165,7 +183,9 @@ TEST_F(ControlPlane, InProcessMessagesNeverTouchUcx) {
   EXPECT_EQ(a.getFramesReceived(), b.getFramesReceived());
 }
 
-TEST_F(ControlPlane, SigkillOfThePeerFiresTheMonitorWithin500ms) {
+// The transport tells (peer_lost), not the heartbeats: before their 2 s timeout could fire (the
+// latency itself is a benchmark's business: ~40 ms here).
+TEST_F(ControlPlane, SigkillOfThePeerFiresTheMonitorBeforeTheHeartbeatTimeout) {
   TempDir dir;
   NodeProcess peer(dir, "peer", node_args());
   start_bridge();
@@ -184,7 +204,7 @@ TEST_F(ControlPlane, SigkillOfThePeerFiresTheMonitorWithin500ms) {
                     d.reason.c_str());
         EXPECT_EQ(d.node, peer_node);
         EXPECT_EQ(d.code, comm::Errc::peer_lost);
-        EXPECT_LT(ms, 500.0);
+        EXPECT_LT(ms, 2000.0);
         fired = true;
       },
       caf::after(5s) >> [] {});
@@ -221,8 +241,8 @@ TEST_F(ControlPlane, SigstopIsDetectedByHeartbeatsAndTheWokenPeerIsFenced) {
                     d.reason.c_str());
         EXPECT_EQ(d.node, peer_node);
         EXPECT_EQ(d.code, comm::Errc::timed_out);
-        EXPECT_GE(ms, timeout.count() * 0.9);
-        EXPECT_LT(ms, timeout.count() + 1500.0);
+        EXPECT_GE(ms, timeout.count() * 0.9);  // not before the deadline
+        EXPECT_LT(ms, timeout.count() + 5000.0);  // and by it (room for a loaded machine)
         fired = true;
       },
       caf::after(10s) >> [] {});

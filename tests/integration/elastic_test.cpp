@@ -11,6 +11,7 @@
 #include <map>
 #include <thread>
 
+#include "coordinator/events.h"
 #include "coordinator/process.h"
 #include "tests/harness/jobs.h"
 
@@ -67,7 +68,7 @@ void scenario(int agents, std::vector<int> victims, int sig = SIGKILL) {
   TempDir dir;
   auto want = reference_losses(dir);
   Job job =
-      start(dir, "elastic", agents, {"elastic.failure_timeout_ms=1500", "elastic.max_restarts=0"});
+      start(dir, "elastic", agents, {"elastic.failure_timeout_ms=4000", "elastic.max_restarts=0"});
   wait_steps(job, 20);
   auto pids = member_pids(dir, job);
   ASSERT_EQ(int(pids.size()), agents);
@@ -91,6 +92,8 @@ void scenario(int agents, std::vector<int> victims, int sig = SIGKILL) {
   EXPECT_EQ(count_events(job, "member_failed"), int(victims.size()));
   EXPECT_GE(count_events(job, "generation_started"), 2);
   EXPECT_EQ(count_events(job, "member_joined"), agents) << "a lost agent came back";
+  // Data parallel: every survivor holds the whole state at the step redone, so nothing moves.
+  EXPECT_EQ(count_events(job, "state_received"), 0);
 }
 
 TEST(Elastic, KillOneOfThreeAgents) { scenario(3, {1}); }
@@ -118,8 +121,23 @@ TEST(Elastic, DrainLetsAnAgentLeaveAtAStepBoundaryWithNothingRedone) {
   auto want = reference_losses(dir);
   Job job = start(dir, "drain", 3);
   wait_steps(job, 20);
+  MemberInfo drained;
+  for (const auto& m : members_of(dir, job))
+    if (m.agent == 1) drained = m;
+  ASSERT_GT(drained.pid, 0) << "no member is agent 1";
   admin(dir, {"drain", "--run-dir", job.run_dir, "--agent", "1"});
+  // The drained agent is told to shut down: it exits (0: the launcher does not restart it) while
+  // the job goes on.
+  ASSERT_NE(wait_event(job, is("member_left")), "");
+  auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (::kill(drained.pid, 0) == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(20ms);
+  EXPECT_NE(::kill(drained.pid, 0), 0) << "the drained agent is still running";
   expect_same_function(job, want);
+  EXPECT_EQ(count_events(job, "agent_restarted"), 0);
+  std::string log;
+  for (auto& l : testing::lines_of(job.run_dir + "/" + drained.name + ".log")) log += l + "\n";
+  EXPECT_NE(log.find("shut down by the coordinator: drained"), std::string::npos) << log;
   uint64_t drained_at = 0, next_start = 0;
   for (auto& e : events_of(job)) {
     if (testing::json_field(e, "event") == "member_left")
@@ -206,6 +224,7 @@ TEST(Elastic, AnAgentThatKeepsDyingIsRestartedUpToMaxRestartsAndTheJobGoesOn) {
   Job job = start(dir, "dying", 3, {"elastic.max_restarts=2"});
   wait_steps(job, 20);
   int last = 0;
+  std::vector<double> kills;  // unix seconds, as the events' ts
   for (int kill = 0; kill < 3; ++kill) {
     // Wait until a new incarnation of agent-1 is a member: it joined and a generation started
     // after its join.
@@ -224,11 +243,23 @@ TEST(Elastic, AnAgentThatKeepsDyingIsRestartedUpToMaxRestartsAndTheJobGoesOn) {
       ASSERT_LT(std::chrono::steady_clock::now(), until) << "agent-1 (" << kill << ") not back";
       std::this_thread::sleep_for(10ms);
     }
+    kills.push_back(coordinator::unix_seconds());
     ASSERT_EQ(::kill(pid, SIGKILL), 0);
     last = pid;
   }
   ASSERT_NE(wait_event(job, is("agent_gave_up"), 30s), "");
   expect_same_function(job, want);
+  // The launcher's backoff doubles from 100 ms, and it did wait that long after each kill.
+  std::vector<std::string> restarts;
+  for (auto& e : events_of(job))
+    if (is("agent_restarted")(e)) restarts.push_back(e);
+  ASSERT_EQ(restarts.size(), 2u);
+  for (size_t k = 0; k < restarts.size(); ++k) {
+    const long backoff = std::atol(json_field(restarts[k], "backoff_ms").c_str());
+    EXPECT_EQ(backoff, 100L << k) << restarts[k];
+    EXPECT_GE(std::atof(json_field(restarts[k], "ts").c_str()) - kills[k], backoff * 1e-3)
+        << restarts[k];
+  }
   EXPECT_EQ(count_events(job, "agent_restarted"), 2);
   EXPECT_EQ(count_events(job, "agent_gave_up"), 1);
   EXPECT_EQ(count_events(job, "member_failed"), 3);
@@ -264,6 +295,29 @@ TEST(Elastic, StandbysAboveMaxWorkersAreAdmittedWhenAMemberFails) {
   auto sst = standby->wait(30s);
   ASSERT_TRUE(sst);
   EXPECT_EQ(WEXITSTATUS(*sst), 0);
+}
+
+// Shrinking takes standbys first: the members train on untouched (no new generation, nothing
+// moved), and the drained standby is told to shut down and exits 0.
+TEST(Elastic, ScaleDownDrainsAStandbyFirstAndTheMembersGoOnUntouched) {
+  TempDir dir;
+  auto want = reference_losses(dir);
+  Job job = start(dir, "shrink", 2, {"elastic.max_workers=2", "elastic.max_restarts=0"});
+  wait_steps(job, 20);
+  auto standby = join_agent(dir, job, "standby", {kPace});
+  auto joined = wait_event(job, is("member_standby", "name", "standby"), 30s);
+  ASSERT_NE(joined, "");
+  admin(dir, {"scale", "--run-dir", job.run_dir, "--workers", "2"});
+  auto left = wait_event(job, is("member_left", "reason", "drained"), 30s);
+  ASSERT_NE(left, "");
+  EXPECT_EQ(json_field(left, "member"), json_field(joined, "member")) << left;
+  auto sst = standby->wait(30s);
+  ASSERT_TRUE(sst) << "the drained standby did not exit";
+  EXPECT_TRUE(WIFEXITED(*sst) && WEXITSTATUS(*sst) == 0);
+  expect_same_function(job, want);
+  EXPECT_EQ(count_events(job, "generation_started"), 1);
+  EXPECT_EQ(count_events(job, "member_left"), 1);
+  EXPECT_EQ(count_events(job, "state_received"), 0);
 }
 
 TEST(Elastic, KillTheStateSourceDuringAStateTransfer) {

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -108,17 +109,27 @@ TEST(Job, SameLossesAtWorldSizesOneToFour) {
   testing::check_ledger(r.run_dir, 30, 50);
 }
 
-TEST(Job, QuickstartRunsAndItsLossFalls) {
+// The README's promise, run as `make run` runs it (the whole quickstart.toml): the loss falls
+// from about 4.4 to about 1.75 nats per character over 300 steps (the run is deterministic at a
+// given world size; the bounds leave room for a different libm, not for a model that does not
+// learn). The time is printed, never asserted.
+TEST(Job, TheQuickstartKeepsTheReadmesPromise) {
   testing::TempDir dir;
-  RunResult r = troupe_run(dir, std::string(TROUPE_SOURCE_DIR) + "/configs/quickstart.toml",
-                           {"job.steps=40"});
+  auto t0 = std::chrono::steady_clock::now();
+  RunResult r = troupe_run(dir, std::string(TROUPE_SOURCE_DIR) + "/configs/quickstart.toml", {});
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto l = testing::committed_losses(r.run_dir);
-  ASSERT_EQ(l.size(), 40u);
-  double first = (l[0] + l[1] + l[2]) / 3, last = (l[37] + l[38] + l[39]) / 3;
-  std::printf("quickstart: loss %.3f -> %.3f over 40 steps\n", first, last);
-  EXPECT_LT(last, first - 1.0);
-  EXPECT_NE(r.output.find("finished after 40 of 40 steps"), std::string::npos) << r.output;
+  ASSERT_EQ(l.size(), 300u);
+  double last = 0;
+  for (size_t i = l.size() - 15; i < l.size(); ++i) last += l[i] / 15;
+  std::printf("quickstart: loss %.3f -> %.3f (mean of the last 15) in %.1f s\n", l[0], last,
+              seconds);
+  EXPECT_GT(l[0], 4.2);
+  EXPECT_LT(l[0], 4.5);
+  EXPECT_LT(last, 1.9);
+  EXPECT_NE(r.output.find("finished after 300 of 300 steps"), std::string::npos) << r.output;
   for (const char* f : {"config.toml", "coordinator.addr", "metrics.jsonl", "job.token",
                         "agent-0.log", "agent-1.log"})
     EXPECT_TRUE(std::ifstream(r.run_dir + "/" + f).good()) << f;
@@ -231,8 +242,9 @@ TEST(Job, AnAgentOfferingACudaDeviceIsRefusedBeforeAnythingStarts) {
     std::string text;
     for (auto& l : lines) text += l + "\n";
     EXPECT_NE(text.find(std::string("device '") + device + "'"), std::string::npos) << text;
-    if (std::string(device) == "cuda:0")
+    if (std::string(device) == "cuda:0") {
       EXPECT_NE(text.find("run on CPU devices only"), std::string::npos) << text;
+    }
   }
 }
 
@@ -301,12 +313,17 @@ TEST(Job, CoordinatorAndAgentsStartedByHand) {
   EXPECT_NE(said.find("join refused: troupe.refused: wrong job id or token for this job"),
             std::string::npos)
       << said;
+  // The second agent's copy of the token can be read by others: it joins, with a warning.
+  const std::string open_token = dir.path() + "/open.token";
+  std::filesystem::copy_file(run_dir + "/job.token", open_token);
+  ::chmod(open_token.c_str(), 0644);
   std::vector<std::unique_ptr<coordinator::ChildProcess>> agents;
   for (int i = 0; i < 2; ++i) {
     agents.push_back(std::make_unique<coordinator::ChildProcess>(coordinator::ChildProcess::Options{
-        {testing::troupe_binary(), "agent", "--join", addr, "--token-file", run_dir + "/job.token"},
-        "",
-        "",
+        {testing::troupe_binary(), "agent", "--join", addr, "--token-file",
+         i == 0 ? run_dir + "/job.token" : open_token},
+        dir.path() + "/agent" + std::to_string(i) + ".out",
+        dir.path() + "/agent" + std::to_string(i) + ".out",
         {}}));
   }
   auto cst = coord.wait(120s);
@@ -318,6 +335,14 @@ TEST(Job, CoordinatorAndAgentsStartedByHand) {
     EXPECT_EQ(WEXITSTATUS(*st), 0);
   }
   EXPECT_EQ(testing::committed_losses(run_dir).size(), 30u);
+  auto said_by = [&](int i) {
+    std::string all;
+    for (auto& l : testing::lines_of(dir.path() + "/agent" + std::to_string(i) + ".out"))
+      all += l + "\n";
+    return all;
+  };
+  EXPECT_EQ(said_by(0).find("can be read by others"), std::string::npos) << said_by(0);
+  EXPECT_NE(said_by(1).find("can be read by others (mode 644)"), std::string::npos) << said_by(1);
 }
 
 TEST(Job, BelowMinWorkersWithNobodyReturningTheJobFailsAfterTheRejoinTimeout) {

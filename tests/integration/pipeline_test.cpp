@@ -228,7 +228,7 @@ TEST(Pipeline, AStageWorkerKilledIsRecoveredFromItsReplica) {
   auto want = reference(dir, kMlp, 400);
   Job job = start_job(
       dir, "replica", kMlp, 4,
-      {"parallel.pipeline_stages=2", "elastic.max_restarts=0", "elastic.failure_timeout_ms=1500"},
+      {"parallel.pipeline_stages=2", "elastic.max_restarts=0", "elastic.failure_timeout_ms=4000"},
       {pace(3000)});
   wait_steps(job, 20);
   // Rank 1 is stage 1 of pipeline 0 (rank = replica * pp + stage); its replica is rank 3.
@@ -259,7 +259,7 @@ void backup_scenario(size_t after, int step_delay_us) {
   auto want = reference(dir, kMlp, 400);
   Job job = start_job(dir, "backup", kMlp, 3,
                       {"parallel.pipeline_stages=2", "parallel.stage_backup_steps=20",
-                       "elastic.max_restarts=0", "elastic.failure_timeout_ms=1500"},
+                       "elastic.max_restarts=0", "elastic.failure_timeout_ms=4000"},
                       {pace(step_delay_us)});
   wait_steps(job, 1);
   auto pids = member_pids(dir, job);
@@ -294,6 +294,27 @@ TEST(Pipeline, AStageWithoutAReplicaIsRecoveredFromItsBackupWithABoundedRollback
 
 TEST(Pipeline, AStageWithoutAReplicaLostBeforeTheFirstIntervalGoesBackToTheStart) {
   backup_scenario(0, 30000);  // killed at step 5-12: the backup taken at the start
+}
+
+// parallel.stage_backup_steps = 0: no backups, so losing a stage without a replica loses its
+// blocks for good; the job fails saying so (it does not train on with some blocks reset).
+TEST(Pipeline, WithoutBackupsLosingAStageWithoutAReplicaFailsTheJobWithTheReason) {
+  TempDir dir;
+  Job job = start_job(dir, "nobackup", kMlp, 3,
+                      {"parallel.pipeline_stages=2", "parallel.stage_backup_steps=0",
+                       "elastic.max_restarts=0", "elastic.failure_timeout_ms=4000"},
+                      {pace(3000)});
+  wait_steps(job, 20);
+  auto pids = member_pids(dir, job);
+  ASSERT_EQ(pids.size(), 3u);
+  ASSERT_EQ(::kill(pids[1], SIGKILL), 0);  // stage 1: no replica, no backup
+  auto st = job.proc->wait(60s);
+  ASSERT_TRUE(st) << "the job did not end";
+  EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 1) << job.out;
+  auto failed = wait_event(job, is("job_failed"), 0s);
+  EXPECT_NE(failed.find("no replica and no backup"), std::string::npos) << failed;
+  EXPECT_EQ(count_events(job, "steps_rolled_back"), 0);
+  EXPECT_EQ(count_events(job, "state_received"), 0);
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include "coordinator/run_dir.h"
 
 namespace troupe::coordinator {
@@ -102,7 +104,7 @@ TEST(Config, BadFilesAreRefusedWithFileLineAndReason) {
   }
 }
 
-TEST(Config, DefaultsOverridesAndRoundTrip) {
+TEST(Config, DefaultsAndOverrides) {
   auto c = parse_config("[job]\nsteps = 30\n[model]\nhidden = [64, 32]\n", "a.toml",
                         {"optimizer.lr=0.5", "job.name=demo", "cluster.agents=3"});
   EXPECT_EQ(c.steps, 30);
@@ -111,8 +113,90 @@ TEST(Config, DefaultsOverridesAndRoundTrip) {
   EXPECT_EQ(c.name, "demo");
   EXPECT_EQ(c.agents, 3);
   EXPECT_EQ(c.global_batch, 64);  // default
-  auto again = parse_config(to_toml(c), "effective.toml");
-  EXPECT_EQ(to_toml(again), to_toml(c));
+}
+
+// The effective config.toml a run writes loads back to the same values: every value below
+// differs from its default, so a key to_toml dropped or wrote wrong would come back as the
+// default (or fail to parse) and differ here.
+TEST(Config, TheEffectiveConfigLoadsBackToTheSameValues) {
+  const char* text = R"([job]
+name = "round \"trip\" é"
+seed = 9007199254740993
+steps = 77
+[model]
+kind = "gpt"
+hidden = [5, 7]
+layers = 3
+d_model = 96
+heads = 3
+context = 17
+tied_head = true
+[data]
+kind = "text"
+ledger = true
+[batch]
+global = 24
+micro = 8
+[optimizer]
+kind = "sgd"
+lr = 0.1
+momentum = 0.3
+weight_decay = 1e-7
+clip_norm = 2.5
+warmup_steps = 4
+decay_steps = 50
+[parallel]
+stage_backup_steps = 0
+recompute_activations = true
+threads_per_worker = 2
+overlap_reduce = true
+[cluster]
+launcher = "external"
+agents = 5
+devices_per_agent = 2
+listen = "127.0.0.1:4321"
+[elastic]
+failure_timeout_ms = 4321
+max_workers = 9
+[logging]
+level = "debug"
+progress = false
+)";
+  JobConfig c = parse_config(text, "a.toml");
+  JobConfig d = parse_config(to_toml(c), "effective.toml");
+  EXPECT_EQ(d.name, "round \"trip\" é");
+  EXPECT_EQ(d.seed, 9007199254740993);  // not through a double
+  EXPECT_EQ(d.steps, 77);
+  EXPECT_EQ(d.model_kind, "gpt");
+  EXPECT_EQ(d.hidden, (std::vector<int64_t>{5, 7}));
+  EXPECT_EQ(std::tie(d.layers, d.d_model, d.heads, d.context), std::make_tuple(3, 96, 3, 17));
+  EXPECT_TRUE(d.tied_head);
+  EXPECT_EQ(d.data_kind, "text");
+  EXPECT_TRUE(d.ledger);
+  EXPECT_EQ(std::tie(d.global_batch, d.micro_batch), std::make_tuple(24, 8));
+  EXPECT_EQ(d.optimizer, "sgd");
+  EXPECT_EQ(d.lr, 0.1);  // bitwise: the shortest text that reads back the same double
+  EXPECT_EQ(d.momentum, 0.3);
+  EXPECT_EQ(d.weight_decay, 1e-7);
+  EXPECT_EQ(d.clip_norm, 2.5);
+  EXPECT_EQ(std::tie(d.warmup_steps, d.decay_steps), std::make_tuple(4, 50));
+  EXPECT_EQ(d.stage_backup_steps, 0);
+  EXPECT_TRUE(d.recompute_activations);
+  EXPECT_EQ(d.threads_per_worker, 2);
+  EXPECT_TRUE(d.overlap_reduce);
+  EXPECT_EQ(d.launcher, "external");
+  EXPECT_EQ(std::tie(d.agents, d.devices_per_agent), std::make_tuple(5, 2));
+  EXPECT_EQ(d.listen, "127.0.0.1:4321");
+  EXPECT_EQ(std::tie(d.failure_timeout_ms, d.max_workers), std::make_tuple(4321, 9));
+  EXPECT_EQ(d.log_level, "debug");
+  EXPECT_FALSE(d.progress);
+  // And pipelines, "auto" and numbered (neither with a tied head or an overlapped reduce).
+  c.tied_head = false;
+  c.overlap_reduce = false;
+  for (int64_t stages : {0, 2}) {
+    c.pipeline_stages = stages;
+    EXPECT_EQ(parse_config(to_toml(c), "effective.toml").pipeline_stages, stages);
+  }
 }
 
 TEST(Config, KeysThatWouldNotActAtTheirDefaultsAreAccepted) {
