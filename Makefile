@@ -48,7 +48,8 @@ fuzz: deps
 	done
 
 # Every test under AddressSanitizer + UndefinedBehaviorSanitizer (gcc), in build-asan/. Leak
-# checking is off: UCX and CAF keep process-lifetime allocations by design. -O1 -g1 (line tables
+# checking is off: UCX and CAF keep process-lifetime allocations by design. What is suppressed
+# and why: scripts/ubsan.supp. -O1 -g1 (line tables
 # only): the reports keep file:line and the build takes half the time of -O2 -g.
 SAN_FLAGS = -O1 -g1 -fsanitize=address,undefined -fno-omit-frame-pointer
 sanitize: deps
@@ -58,7 +59,7 @@ sanitize: deps
 	@echo "make: building into build-asan (log: build-asan/build.log)"
 	@cmake --build build-asan -j $(JOBS) > build-asan/build.log 2>&1 || { tail -n 40 build-asan/build.log; exit 1; }
 	@cd build-asan && ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
-	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:suppressions=$(CURDIR)/scripts/ubsan.supp \
 	  ctest -j $(JOBS) --output-on-failure --timeout 900
 
 # ThreadSanitizer (gcc) on the unit tests and the communicator tests (collectives between

@@ -70,12 +70,15 @@ void scenario(int agents, std::vector<int> victims, int sig = SIGKILL) {
   Job job =
       start(dir, "elastic", agents, {"elastic.failure_timeout_ms=4000", "elastic.max_restarts=0"});
   wait_steps(job, 20);
-  auto pids = member_pids(dir, job);
-  ASSERT_EQ(int(pids.size()), agents);
+  auto members = members_of(dir, job);
+  ASSERT_EQ(int(members.size()), agents);
+  std::vector<int> pids;
+  for (const auto& m : members) pids.push_back(m.pid);
   for (int v : victims) ASSERT_EQ(::kill(pids[v], sig), 0);
   if (sig == SIGSTOP) {
-    // Wait until the survivors moved on without it, then wake it: it must be refused (fenced)
-    // and must not disturb the new generation.
+    // Wait until the survivors moved on without it, then wake it: its link to the coordinator
+    // was cut while it slept (the transport fences the node: ControlPlane's SIGSTOP test shows
+    // a rejoin under it refused), so it must end without disturbing the new generation.
     ASSERT_NE(wait_event(job, is("generation_started", "generation", "2"), 30s), "")
         << "the stopped agent was not detected";
     for (int v : victims) ::kill(pids[v], SIGCONT);
@@ -86,6 +89,10 @@ void scenario(int agents, std::vector<int> victims, int sig = SIGKILL) {
       while (::kill(pids[v], 0) == 0 && std::chrono::steady_clock::now() < deadline)
         std::this_thread::sleep_for(20ms);
       EXPECT_NE(::kill(pids[v], 0), 0) << "the woken agent " << pids[v] << " still runs";
+      std::string log;
+      for (auto& l : testing::lines_of(job.run_dir + "/" + members[v].name + ".log"))
+        log += l + "\n";
+      EXPECT_NE(log.find("the coordinator was lost"), std::string::npos) << log;
     }
   }
   expect_same_function(job, want);
@@ -98,7 +105,7 @@ void scenario(int agents, std::vector<int> victims, int sig = SIGKILL) {
 
 TEST(Elastic, KillOneOfThreeAgents) { scenario(3, {1}); }
 TEST(Elastic, KillTwoOfFourAgentsAtOnce) { scenario(4, {0, 2}); }
-TEST(Elastic, StoppedAgentIsDetectedByHeartbeatsAndFencedWhenItWakes) { scenario(3, {2}, SIGSTOP); }
+TEST(Elastic, StoppedAgentIsDetectedByHeartbeatsAndCutOffWhenItWakes) { scenario(3, {2}, SIGSTOP); }
 
 TEST(Elastic, AnAgentJoinsARunningJobAndTakesPartFromTheNextGeneration) {
   TempDir dir;
