@@ -1,6 +1,7 @@
 # The two commands of the README: `make run` and `make test`.
 BUILD ?= build
 JOBS ?= 2
+comma := ,
 CMAKE_FLAGS ?=
 
 .PHONY: all deps configure build run test unit integration bench clean format fuzz sanitize tsan
@@ -47,17 +48,22 @@ fuzz: deps
 	  tail -n 12 build-fuzz/$$t.log; [ $$rc -eq 0 ] || { echo "fuzz: $$t failed"; exit 1; }; \
 	done
 
+# A sanitizer build in $(1) (no CUDA) with compiler flags $(2) and linker flags $(3); the build's
+# output goes to $(1)/build.log.
+define sanitizer_build
+	@cmake -S . -B $(1) -G Ninja -DTROUPE_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=Sanitize \
+	  -DCMAKE_C_FLAGS="$(2)" -DCMAKE_CXX_FLAGS="$(2)" -DCMAKE_EXE_LINKER_FLAGS="$(3)" > /dev/null
+	@echo "make: building into $(1) (log: $(1)/build.log)"
+	@cmake --build $(1) -j $(JOBS) > $(1)/build.log 2>&1 || { tail -n 40 $(1)/build.log; exit 1; }
+endef
+
 # Every test under AddressSanitizer + UndefinedBehaviorSanitizer (gcc), in build-asan/. Leak
 # checking is off: UCX and CAF keep process-lifetime allocations by design. What is suppressed
-# and why: scripts/ubsan.supp. -O1 -g1 (line tables
-# only): the reports keep file:line and the build takes half the time of -O2 -g.
+# and why: scripts/ubsan.supp. -O1 -g1 (line tables only): the reports keep file:line and the
+# build takes half the time of -O2 -g.
 SAN_FLAGS = -O1 -g1 -fsanitize=address,undefined -fno-omit-frame-pointer
 sanitize: deps
-	@cmake -S . -B build-asan -G Ninja -DTROUPE_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=Sanitize \
-	  -DCMAKE_C_FLAGS="$(SAN_FLAGS)" -DCMAKE_CXX_FLAGS="$(SAN_FLAGS)" \
-	  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" > /dev/null
-	@echo "make: building into build-asan (log: build-asan/build.log)"
-	@cmake --build build-asan -j $(JOBS) > build-asan/build.log 2>&1 || { tail -n 40 build-asan/build.log; exit 1; }
+	$(call sanitizer_build,build-asan,$(SAN_FLAGS),-fsanitize=address$(comma)undefined)
 	@cd build-asan && ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:suppressions=$(CURDIR)/scripts/ubsan.supp \
 	  ctest -j $(JOBS) --output-on-failure --timeout 900
@@ -68,11 +74,7 @@ sanitize: deps
 TSAN_FLAGS = -O1 -g1 -fsanitize=thread
 TSAN_TESTS = Sweep|Collectives\.|Groups\.|Tags\.|CommProcesses|OtherCalls
 tsan: deps
-	@cmake -S . -B build-tsan -G Ninja -DTROUPE_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=Sanitize \
-	  -DCMAKE_C_FLAGS="$(TSAN_FLAGS)" -DCMAKE_CXX_FLAGS="$(TSAN_FLAGS)" \
-	  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" > /dev/null
-	@echo "make: building into build-tsan (log: build-tsan/build.log)"
-	@cmake --build build-tsan -j $(JOBS) > build-tsan/build.log 2>&1 || { tail -n 40 build-tsan/build.log; exit 1; }
+	$(call sanitizer_build,build-tsan,$(TSAN_FLAGS),-fsanitize=thread)
 	@cd build-tsan && export TSAN_OPTIONS="suppressions=$(CURDIR)/scripts/tsan.supp halt_on_error=1 second_deadlock_stack=1" && \
 	  ctest -j $(JOBS) -L unit --output-on-failure --timeout 600 && \
 	  ctest -j $(JOBS) -R '$(TSAN_TESTS)' --output-on-failure --timeout 900

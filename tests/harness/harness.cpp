@@ -90,6 +90,12 @@ std::vector<std::string> lines_of(const std::string& path) {
   return out;
 }
 
+std::string text_of(const std::string& path) {
+  std::string out;
+  for (auto& l : lines_of(path)) out += l + "\n";
+  return out;
+}
+
 std::vector<double> committed_losses(const std::string& run_dir) {
   // A step committed again after a rollback (steps_rolled_back) counts with its last loss.
   std::map<long, double> by_step;

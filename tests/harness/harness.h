@@ -53,6 +53,7 @@ std::string troupe_binary();
 // Run-directory readers shared by the job and elasticity tests.
 std::string json_field(const std::string& line, const std::string& key);  // a top-level scalar
 std::vector<std::string> lines_of(const std::string& path);
+std::string text_of(const std::string& path);  // the whole file (a log, a command's output)
 // step_committed losses by step (a step redone after a rollback: its last commit).
 std::vector<double> committed_losses(const std::string& run_dir);
 // Every committed step used exactly its global batch: positions [s*B, (s+1)*B), each once.

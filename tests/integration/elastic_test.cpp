@@ -89,9 +89,7 @@ void scenario(int agents, std::vector<int> victims, int sig = SIGKILL) {
       while (::kill(pids[v], 0) == 0 && std::chrono::steady_clock::now() < deadline)
         std::this_thread::sleep_for(20ms);
       EXPECT_NE(::kill(pids[v], 0), 0) << "the woken agent " << pids[v] << " still runs";
-      std::string log;
-      for (auto& l : testing::lines_of(job.run_dir + "/" + members[v].name + ".log"))
-        log += l + "\n";
+      const std::string log = testing::text_of(job.run_dir + "/" + members[v].name + ".log");
       EXPECT_NE(log.find("the coordinator was lost"), std::string::npos) << log;
     }
   }
@@ -142,8 +140,7 @@ TEST(Elastic, DrainLetsAnAgentLeaveAtAStepBoundaryWithNothingRedone) {
   EXPECT_NE(::kill(drained.pid, 0), 0) << "the drained agent is still running";
   expect_same_function(job, want);
   EXPECT_EQ(count_events(job, "agent_restarted"), 0);
-  std::string log;
-  for (auto& l : testing::lines_of(job.run_dir + "/" + drained.name + ".log")) log += l + "\n";
+  const std::string log = testing::text_of(job.run_dir + "/" + drained.name + ".log");
   EXPECT_NE(log.find("shut down by the coordinator: drained"), std::string::npos) << log;
   uint64_t drained_at = 0, next_start = 0;
   for (auto& e : events_of(job)) {

@@ -43,11 +43,6 @@ kind = "sgd"
 lr = 0.05
 )";
 
-std::string text_of(const std::string& path) {
-  std::string out;
-  for (auto& l : lines_of(path)) out += l + "\n";
-  return out;
-}
 
 bool alive(int pid) { return pid > 0 && ::kill(pid, 0) == 0; }
 

@@ -219,8 +219,7 @@ TEST(Job, MembersThatEndDifferentFailTheJob) {
   auto events = testing::lines_of(run_dir + "/events.jsonl");
   ASSERT_FALSE(events.empty());
   EXPECT_EQ(testing::json_field(events.back(), "identical_parameters"), "false") << events.back();
-  std::string text;
-  for (auto& l : testing::lines_of(out)) text += l + "\n";
+  const std::string text = testing::text_of(out);
   EXPECT_NE(text.find("members ended with different parameters"), std::string::npos) << text;
 }
 
@@ -238,9 +237,7 @@ TEST(Job, AnAgentOfferingACudaDeviceIsRefusedBeforeAnythingStarts) {
     auto status = agent.wait(30s);
     ASSERT_TRUE(status);
     EXPECT_EQ(WEXITSTATUS(*status), 2) << device;
-    auto lines = testing::lines_of(out);
-    std::string text;
-    for (auto& l : lines) text += l + "\n";
+    const std::string text = testing::text_of(out);
     EXPECT_NE(text.find(std::string("device '") + device + "'"), std::string::npos) << text;
     if (std::string(device) == "cuda:0") {
       EXPECT_NE(text.find("run on CPU devices only"), std::string::npos) << text;
@@ -308,8 +305,7 @@ TEST(Job, CoordinatorAndAgentsStartedByHand) {
   auto ist = intruder.wait(30s);
   ASSERT_TRUE(ist && WIFEXITED(*ist));
   EXPECT_EQ(WEXITSTATUS(*ist), 1);
-  std::string said;
-  for (auto& l : testing::lines_of(dir.path() + "/intruder.out")) said += l + "\n";
+  const std::string said = testing::text_of(dir.path() + "/intruder.out");
   EXPECT_NE(said.find("join refused: troupe.refused: wrong job id or token for this job"),
             std::string::npos)
       << said;
@@ -336,10 +332,7 @@ TEST(Job, CoordinatorAndAgentsStartedByHand) {
   }
   EXPECT_EQ(testing::committed_losses(run_dir).size(), 30u);
   auto said_by = [&](int i) {
-    std::string all;
-    for (auto& l : testing::lines_of(dir.path() + "/agent" + std::to_string(i) + ".out"))
-      all += l + "\n";
-    return all;
+    return testing::text_of(dir.path() + "/agent" + std::to_string(i) + ".out");
   };
   EXPECT_EQ(said_by(0).find("can be read by others"), std::string::npos) << said_by(0);
   EXPECT_NE(said_by(1).find("can be read by others (mode 644)"), std::string::npos) << said_by(1);
