@@ -42,9 +42,7 @@ std::string hex(uint64_t node) { return fmt::format("{:016x}", node); }
 // thread-safe: atomics, or guarded by mu.
 struct Shared {
   explicit Shared(const BridgeConfig& c)
-      : config(c),
-        validator(c.job_id, c.token, comm::FrameLimits{c.transport.max_frame_bytes}) {
-  }
+      : config(c), validator(c.job_id, c.token, comm::FrameLimits{c.transport.max_frame_bytes}) {}
 
   struct Pending {  // a local actor's request to another node
     caf::strong_actor_ptr sender;

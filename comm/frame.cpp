@@ -88,11 +88,20 @@ void check_pointers(proto::Envelope::Reader env) {
   if (body_is_flat(body.which())) {
     // Their bodies hold no pointer (a test holds this to the schema): reading the struct is all.
     switch (body.which()) {
-      case proto::Envelope::Body::HEARTBEAT: (void)body.getHeartbeat(); break;
-      case proto::Envelope::Body::STEP_REPORT: (void)body.getStepReport(); break;
-      case proto::Envelope::Body::WORKER_DONE: (void)body.getWorkerDone(); break;
-      case proto::Envelope::Body::STATS: (void)body.getStats(); break;
-      default: break;  // (void or a number)
+      case proto::Envelope::Body::HEARTBEAT:
+        (void)body.getHeartbeat();
+        break;
+      case proto::Envelope::Body::STEP_REPORT:
+        (void)body.getStepReport();
+        break;
+      case proto::Envelope::Body::WORKER_DONE:
+        (void)body.getWorkerDone();
+        break;
+      case proto::Envelope::Body::STATS:
+        (void)body.getStats();
+        break;
+      default:
+        break;  // (void or a number)
     }
     return;
   }
@@ -136,8 +145,8 @@ DecodedFrame::DecodedFrame(Buffer bytes, const FrameLimits& limits)
     : bytes_(std::move(bytes)), reader_(words_of(bytes_), trusted_options(limits)) {
   // Read everything once, within the budget, so that a malformed pointer or text anywhere
   // throws here, not in an actor later.
-  capnp::FlatArrayMessageReader check(words_of(bytes_),
-                                      checking_options(limits, bytes_.size() / sizeof(capnp::word)));
+  capnp::FlatArrayMessageReader check(
+      words_of(bytes_), checking_options(limits, bytes_.size() / sizeof(capnp::word)));
   auto env = check.getRoot<proto::Envelope>();
   (void)env.totalSize();
   check_pointers(env);

@@ -68,7 +68,6 @@ struct Rejection {
   std::shared_ptr<const DecodedFrame> frame;
 };
 
-
 class FrameValidator {
  public:
   FrameValidator(std::string job_id, std::string token, FrameLimits limits = {});

@@ -51,7 +51,8 @@ Steps committed_steps(const std::string& run_dir) {
   std::ifstream in(run_dir + "/metrics.jsonl");
   for (std::string line; std::getline(in, line);) {
     auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_object() && j.contains("loss")) out.emplace_back(uint64_t(j["step"]) + 1, double(j["loss"]));
+    if (j.is_object() && j.contains("loss"))
+      out.emplace_back(uint64_t(j["step"]) + 1, double(j["loss"]));
   }
   return out;
 }
@@ -110,8 +111,10 @@ int main() {
     return 1;
   }
   if (seen != committed) {
-    std::printf("embedded job FAILED: the actor saw %zu steps, the job committed %zu (or they "
-                "differ)\n", seen.size(), committed.size());
+    std::printf(
+        "embedded job FAILED: the actor saw %zu steps, the job committed %zu (or they "
+        "differ)\n",
+        seen.size(), committed.size());
     return 1;
   }
   std::printf("embedded job finished: %zu steps, loss fell from %.4f to %.4f\n", seen.size(),

@@ -127,19 +127,19 @@ TEST_P(OtherCalls, FailEverySurvivorWithTheCodeThenThreeRebuild) {
     failure_scenario(SIGSTOP, "timed_out", 2000ms, call.algorithm, call.op, call.count);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    CommProcesses, OtherCalls,
-    ::testing::Combine(::testing::Values(Call{"broadcast", "auto", 1 << 20},
-                                         Call{"allgather", "auto", 1 << 20},
-                                         Call{"sendrecv", "auto", 4 << 20},
-                                         Call{"allreduce", "shm", 16}),
-                       ::testing::Values(SIGKILL, SIGSTOP)),
-    [](const auto& info) {
-      const Call& c = std::get<0>(info.param);
-      std::string name = std::string(c.op) + (c.count <= 64 ? "Small" : "") +
-                         (std::string(c.algorithm) == "shm" ? "Shm" : "");
-      return name + (std::get<1>(info.param) == SIGKILL ? "Sigkill" : "Sigstop");
-    });
+INSTANTIATE_TEST_SUITE_P(CommProcesses, OtherCalls,
+                         ::testing::Combine(::testing::Values(Call{"broadcast", "auto", 1 << 20},
+                                                              Call{"allgather", "auto", 1 << 20},
+                                                              Call{"sendrecv", "auto", 4 << 20},
+                                                              Call{"allreduce", "shm", 16}),
+                                            ::testing::Values(SIGKILL, SIGSTOP)),
+                         [](const auto& info) {
+                           const Call& c = std::get<0>(info.param);
+                           std::string name = std::string(c.op) + (c.count <= 64 ? "Small" : "") +
+                                              (std::string(c.algorithm) == "shm" ? "Shm" : "");
+                           return name +
+                                  (std::get<1>(info.param) == SIGKILL ? "Sigkill" : "Sigstop");
+                         });
 
 }  // namespace
 }  // namespace troupe

@@ -242,7 +242,7 @@ TEST_F(ControlPlane, SigstopIsDetectedByHeartbeatsAndTheWokenPeerIsFenced) {
                     d.reason.c_str());
         EXPECT_EQ(d.node, peer_node);
         EXPECT_EQ(d.code, comm::Errc::timed_out);
-        EXPECT_GE(ms, timeout.count() * 0.9);  // not before the deadline
+        EXPECT_GE(ms, timeout.count() * 0.9);     // not before the deadline
         EXPECT_LT(ms, timeout.count() + 5000.0);  // and by it (room for a loaded machine)
         fired = true;
       },

@@ -43,7 +43,6 @@ kind = "sgd"
 lr = 0.05
 )";
 
-
 bool alive(int pid) { return pid > 0 && ::kill(pid, 0) == 0; }
 
 // Every line of a JSON-lines file is a whole object.

@@ -173,7 +173,8 @@ TEST_F(FrameTest, AnAcceptedFrameCanBeReadAgainAndAgain) {
   ASSERT_TRUE(std::holds_alternative<std::shared_ptr<const DecodedFrame>>(r));
   auto frame = std::get<std::shared_ptr<const DecodedFrame>>(r);
   size_t bytes = 0;
-  for (int i = 0; i < 10000; ++i) bytes += frame->envelope().getBody().getEcho().getPayload().size();
+  for (int i = 0; i < 10000; ++i)
+    bytes += frame->envelope().getBody().getEcho().getPayload().size();
   EXPECT_EQ(bytes, 4096u * 10000);
 }
 
