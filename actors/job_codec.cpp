@@ -95,6 +95,7 @@ ControlMessage encode(const JobSpec& m) {
     s.setMaxParamsPerWorker(m.max_params_per_worker);
     s.setStageBackupSteps(m.stage_backup_steps);
     s.setRecomputeActivations(m.recompute_activations);
+    s.setDeterministic(m.deterministic);
     s.setFailureTimeoutMs(m.failure_timeout_ms);
     s.setWorkerMaxRestarts(m.worker_max_restarts);
     s.setWorkerRestartWindowMs(m.worker_restart_window_ms);
@@ -135,6 +136,7 @@ JobSpec decode(proto::JobSpec::Reader s) {
   m.max_params_per_worker = s.getMaxParamsPerWorker();
   m.stage_backup_steps = s.getStageBackupSteps();
   m.recompute_activations = s.getRecomputeActivations();
+  m.deterministic = s.getDeterministic();
   m.failure_timeout_ms = s.getFailureTimeoutMs();
   m.worker_max_restarts = s.getWorkerMaxRestarts();
   m.worker_restart_window_ms = s.getWorkerRestartWindowMs();

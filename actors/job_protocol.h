@@ -60,6 +60,7 @@ struct JobSpec {
   bool overlap_reduce = false;
   int64_t pipeline_stages = 1, max_params_per_worker = 0, stage_backup_steps = 0;
   bool recompute_activations = false;
+  bool deterministic = false;
   // [elastic]
   int64_t failure_timeout_ms = 3000;
   int64_t worker_max_restarts = 3, worker_restart_window_ms = 60000;

@@ -41,6 +41,7 @@ usage (troupe COMMAND --help: a command's options):
       [--algorithm auto|ring|rd|shm] [--shm-slice-bytes B] [--segment-bytes B] [--window N]
                                     allreduce between processes (ucx) or GPUs (nccl): time, bus bandwidth
   troupe bench model [--model mlp|gpt] [--threads T] [--steps N] [--json] [--curve]
+  troupe bench drift [--optimizer adamw|sgd] [--shards N] [--steps N] [--dump DIR]
                                     single-process training throughput of the reference models
 )";
 
@@ -89,13 +90,15 @@ int troupe_main(int argc, char** argv, const Hooks& hooks) {
       return troupe::bench::run_allreduce_worker({rest.begin() + 1, rest.end()});
     if (cmd == "bench" && !rest.empty() && rest[0] == "model")
       return troupe::bench::run_model_bench({rest.begin() + 1, rest.end()});
+    if (cmd == "bench" && !rest.empty() && rest[0] == "drift")
+      return troupe::bench::run_drift_bench({rest.begin() + 1, rest.end()});
     if (cmd == "bench" && !rest.empty() && rest[0] == "raw-ucx-server")
       return troupe::bench::run_raw_ucx_server({rest.begin() + 1, rest.end()});
     const bool bench = cmd == "bench";
     const std::string word = bench ? (rest.empty() ? "" : rest[0]) : cmd;
     const std::string near = cli::did_you_mean(
         word,
-        bench ? std::vector<std::string>{"control", "allreduce", "model"}
+        bench ? std::vector<std::string>{"control", "allreduce", "model", "drift"}
               : std::vector<std::string>{"run", "coordinator", "agent", "status", "stop", "drain",
                                          "scale", "version", "demo", "node", "bench", "help"});
     const std::string hint =

@@ -37,7 +37,9 @@
 
 namespace troupe::comm {
 
-enum class DataType : uint8_t { f32, f64, bf16, f16 };
+// i64: exact sums (integer addition is associative: the same bits whatever the order, which
+// parallel.deterministic builds on); avg of i64 is refused.
+enum class DataType : uint8_t { f32, f64, bf16, f16, i64 };
 enum class ReduceOp : uint8_t { sum, avg };
 
 size_t element_size(DataType t);

@@ -85,6 +85,7 @@ struct JobSpec {
   recomputeActivations @32 :Bool; # parallel.recompute_activations
   workerMaxRestarts @33 :Int64;   # elastic.worker_max_restarts (a worker thread that throws)
   workerRestartWindowMs @34 :Int64;  # elastic.worker_restart_window_ms
+  deterministic @35 :Bool;        # parallel.deterministic
 }
 
 struct WorkerReady {

@@ -1,6 +1,7 @@
 #include "comm/nccl_communicator.h"
 
 #include "comm/hex.h"
+#include "comm/reduce.h"
 
 #ifdef TROUPE_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -48,6 +49,8 @@ ncclDataType_t nccl_type(DataType t) {
       return ncclBfloat16;
     case DataType::f16:
       return ncclFloat16;
+    case DataType::i64:
+      return ncclInt64;
   }
   TROUPE_FAIL(Errc::invalid_input, "unknown element type");
 }
@@ -92,6 +95,7 @@ class NcclCommunicator : public Communicator {
 
   void allreduce(const void* in, void* out, size_t count, DataType t, ReduceOp op,
                  const CollectiveOptions& o) override {
+    check_reduction(t, op);
     run("allreduce", o, [&] {
       return ncclAllReduce(in ? in : out, out, count, nccl_type(t),
                            op == ReduceOp::avg ? ncclAvg : ncclSum, comm_, stream_);
@@ -109,6 +113,7 @@ class NcclCommunicator : public Communicator {
   }
   void reduce_scatter(const void* in, void* out, size_t count, DataType t, ReduceOp op,
                       const CollectiveOptions& o) override {
+    check_reduction(t, op);
     run("reduce_scatter", o, [&] {
       return ncclReduceScatter(in, out, count, nccl_type(t),
                                op == ReduceOp::avg ? ncclAvg : ncclSum, comm_, stream_);

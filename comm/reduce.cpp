@@ -43,6 +43,8 @@ size_t element_size(DataType t) {
       return 2;
     case DataType::f16:
       return 2;
+    case DataType::i64:
+      return 8;
   }
   return 0;
 }
@@ -57,8 +59,15 @@ const char* dtype_name(DataType t) {
       return "bf16";
     case DataType::f16:
       return "f16";
+    case DataType::i64:
+      return "i64";
   }
   return "?";
+}
+
+void check_reduction(DataType t, ReduceOp op) {
+  if (t == DataType::i64 && op == ReduceOp::avg)
+    TROUPE_FAIL(Errc::invalid_input, "avg of i64 elements is refused (sum them, then divide)");
 }
 
 void reduce_sum(void* acc, const void* in, size_t n, DataType t) {
@@ -68,6 +77,9 @@ void reduce_sum(void* acc, const void* in, size_t n, DataType t) {
       break;
     case DataType::f64:
       add(static_cast<double*>(acc), static_cast<const double*>(in), n);
+      break;
+    case DataType::i64:  // (wraps on overflow, never traps: callers keep headroom)
+      add(static_cast<uint64_t*>(acc), static_cast<const uint64_t*>(in), n);
       break;
     case DataType::f16:
       add(static_cast<_Float16*>(acc), static_cast<const _Float16*>(in), n);
@@ -91,6 +103,10 @@ void reduce_sum_into(void* out, const void* a, const void* b, size_t n, DataType
       add3(static_cast<double*>(out), static_cast<const double*>(a), static_cast<const double*>(b),
            n);
       break;
+    case DataType::i64:
+      add3(static_cast<uint64_t*>(out), static_cast<const uint64_t*>(a),
+           static_cast<const uint64_t*>(b), n);
+      break;
     case DataType::f16:
       add3(static_cast<_Float16*>(out), static_cast<const _Float16*>(a),
            static_cast<const _Float16*>(b), n);
@@ -108,6 +124,8 @@ void reduce_sum_into(void* out, const void* a, const void* b, size_t n, DataType
 
 void scale_down(void* buf, size_t n, DataType t, int divisor) {
   switch (t) {
+    case DataType::i64:  // (refused by the communicators before any data moves)
+      break;
     case DataType::f32: {
       auto* p = static_cast<float*>(buf);
       const float d = float(divisor);

@@ -7,6 +7,8 @@
 
 namespace troupe::comm {
 
+// Throws invalid_input for a reduction the type has no meaning for (avg of i64).
+void check_reduction(DataType t, ReduceOp op);
 // acc[i] += in[i] for count elements of type t (bf16/f16 accumulate in float, round once).
 void reduce_sum(void* acc, const void* in, size_t count, DataType t);
 // out[i] = a[i] + b[i] (out may be a or b): one pass where a copy and a reduce_sum take two.

@@ -176,6 +176,7 @@ void UcxCommunicator::abort() { impl_->link().abort(); }
 
 void UcxCommunicator::allreduce(const void* in, void* out, size_t count, DataType type, ReduceOp op,
                                 const CollectiveOptions& options) {
+  check_reduction(type, op);
   Impl& m = *impl_;
   m.link().check_usable();
   const uint64_t s = ++m.group.seq;
@@ -243,6 +244,7 @@ void UcxCommunicator::allgather(const void* in, void* out, size_t count, DataTyp
 
 void UcxCommunicator::reduce_scatter(const void* in, void* out, size_t count, DataType type,
                                      ReduceOp op, const CollectiveOptions& options) {
+  check_reduction(type, op);
   Impl& m = *impl_;
   m.link().check_usable();
   const uint64_t s = ++m.group.seq;

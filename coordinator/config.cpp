@@ -77,6 +77,7 @@ std::vector<Field> fields_of(JobConfig& c) {
       B("parallel", "recompute_activations", &c.recompute_activations),
       I("parallel", "threads_per_worker", &c.threads_per_worker, 1, 256),
       B("parallel", "overlap_reduce", &c.overlap_reduce),
+      B("parallel", "deterministic", &c.deterministic),
       S("cluster", "launcher", &c.launcher, {"local", "external"}),
       I("cluster", "agents", &c.agents, 1, 4096),
       I("cluster", "devices_per_agent", &c.devices_per_agent, 1, 64),
@@ -309,6 +310,13 @@ void validate(const JobConfig& c, const std::string& source, const Places& at) {
          std::to_string(c.workers()));
   if (c.pipeline_stages != 1 && c.overlap_reduce)
     fail("parallel.overlap_reduce works with parallel.pipeline_stages = 1 only");
+  if (c.deterministic && c.global_batch % c.micro_batch != 0)
+    fail("parallel.deterministic needs batch.global (" + std::to_string(c.global_batch) +
+         ") to be a multiple of batch.micro (" + std::to_string(c.micro_batch) +
+         "): the global micro-batches are what every layout computes alike");
+  if (c.deterministic && c.overlap_reduce)
+    fail("parallel.deterministic sums every micro-batch's gradient after the backward pass; "
+         "it cannot overlap the reduction (set parallel.overlap_reduce = false)");
   if (c.data_kind == "text") check_text_file(c, place("data.path"));
 }
 

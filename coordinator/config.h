@@ -52,6 +52,7 @@ struct JobConfig {
   bool recompute_activations = false;  // pipeline stages recompute forwards instead of keeping them
   int64_t threads_per_worker = 1;
   bool overlap_reduce = false;
+  bool deterministic = false;  // the same bits at any world size and layout (workers/exact_sum.h)
   // [cluster]
   std::string launcher = "local";
   int64_t agents = 2, devices_per_agent = 1;

@@ -32,6 +32,7 @@ actors::JobSpec job_spec_of(const JobConfig& c, uint32_t agent_id, uint64_t firs
   s.decay_steps = c.decay_steps;
   s.threads_per_worker = c.threads_per_worker;
   s.overlap_reduce = c.overlap_reduce;
+  s.deterministic = c.deterministic;
   s.pipeline_stages = c.pipeline_stages;
   s.max_params_per_worker = c.max_params_per_worker;
   s.stage_backup_steps = c.stage_backup_steps;

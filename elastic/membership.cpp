@@ -11,6 +11,12 @@ Share data_share(uint64_t B, uint32_t rank, uint32_t world) {
   return {begin, begin + base + (r < rem ? 1 : 0)};
 }
 
+Share micro_batch_share(uint64_t B, uint64_t micro, uint32_t rank, uint32_t world) {
+  if (micro == 0) return {};
+  Share s = data_share(B / micro, rank, world);
+  return {s.begin * micro, s.end * micro};
+}
+
 MembershipDecision decide_membership(Clock::time_point now, const MembershipState& s,
                                      const MembershipOptions& o) {
   MembershipDecision d;

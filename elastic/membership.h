@@ -21,6 +21,10 @@ struct Share {
   uint64_t size() const { return end - begin; }
 };
 Share data_share(uint64_t global_batch, uint32_t rank, uint32_t world_size);
+// parallel.deterministic: a share of whole global micro-batches (`micro` samples each; the
+// global batch a multiple of it), the micro-batches split as data_share splits samples. A rank
+// past the micro-batch count gets none.
+Share micro_batch_share(uint64_t global_batch, uint64_t micro, uint32_t rank, uint32_t world_size);
 
 struct Member {
   uint64_t id = 0;            // the coordinator's member (worker) id

@@ -50,8 +50,8 @@ class LinearBlock : public Block {
   LinearBlock(size_t in, size_t out, bool relu) : in_(in), out_(out), relu_(relu) {
     allocate(in * out + out);
     Carver c{this};
-    std::tie(w_, dw_) = c.take({out, in});
-    std::tie(b_, db_) = c.take({out});
+    std::tie(w_, dw_) = c.take("weight", {out, in});
+    std::tie(b_, db_) = c.take("bias", {out});
   }
   std::string kind() const override { return relu_ ? "linear_relu" : "linear"; }
   double flops_per_sample() const override { return 3.0 * 2.0 * double(in_) * double(out_); }
@@ -123,8 +123,8 @@ class EmbeddingBlock : public Block {
   EmbeddingBlock(size_t vocab, size_t context, size_t C) : V_(vocab), T_(context), C_(C) {
     allocate(vocab * C + context * C);
     Carver c{this};
-    std::tie(wte_, dwte_) = c.take({vocab, C});
-    std::tie(wpe_, dwpe_) = c.take({context, C});
+    std::tie(wte_, dwte_) = c.take("tok.weight", {vocab, C});
+    std::tie(wpe_, dwpe_) = c.take("pos.weight", {context, C});
   }
   std::string kind() const override { return "embedding"; }
   double flops_per_sample() const override { return 2.0 * double(T_) * double(C_); }
@@ -191,18 +191,18 @@ class TransformerBlock : public Block {
     if (C % NH != 0) throw std::invalid_argument("d_model must be divisible by heads");
     allocate(2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + 4 * C * C + 4 * C + 4 * C * C + C);
     Carver c{this};
-    std::tie(ln1w_, dln1w_) = c.take({C});
-    std::tie(ln1b_, dln1b_) = c.take({C});
-    std::tie(qkvw_, dqkvw_) = c.take({3 * C, C});
-    std::tie(qkvb_, dqkvb_) = c.take({3 * C});
-    std::tie(projw_, dprojw_) = c.take({C, C});
-    std::tie(projb_, dprojb_) = c.take({C});
-    std::tie(ln2w_, dln2w_) = c.take({C});
-    std::tie(ln2b_, dln2b_) = c.take({C});
-    std::tie(fcw_, dfcw_) = c.take({4 * C, C});
-    std::tie(fcb_, dfcb_) = c.take({4 * C});
-    std::tie(fcprojw_, dfcprojw_) = c.take({C, 4 * C});
-    std::tie(fcprojb_, dfcprojb_) = c.take({C});
+    std::tie(ln1w_, dln1w_) = c.take("ln1.weight", {C});
+    std::tie(ln1b_, dln1b_) = c.take("ln1.bias", {C});
+    std::tie(qkvw_, dqkvw_) = c.take("qkv.weight", {3 * C, C});
+    std::tie(qkvb_, dqkvb_) = c.take("qkv.bias", {3 * C});
+    std::tie(projw_, dprojw_) = c.take("proj.weight", {C, C});
+    std::tie(projb_, dprojb_) = c.take("proj.bias", {C});
+    std::tie(ln2w_, dln2w_) = c.take("ln2.weight", {C});
+    std::tie(ln2b_, dln2b_) = c.take("ln2.bias", {C});
+    std::tie(fcw_, dfcw_) = c.take("fc.weight", {4 * C, C});
+    std::tie(fcb_, dfcb_) = c.take("fc.bias", {4 * C});
+    std::tie(fcprojw_, dfcprojw_) = c.take("fc_out.weight", {C, 4 * C});
+    std::tie(fcprojb_, dfcprojb_) = c.take("fc_out.bias", {C});
   }
   std::string kind() const override { return "transformer"; }
   double flops_per_sample() const override {
@@ -336,13 +336,13 @@ class HeadBlock : public Block {
       : V_(vocab), T_(context), C_(C), tied_(tie != nullptr) {
     allocate(2 * C + (tie ? 0 : vocab * C));
     Carver c{this};
-    std::tie(lnw_, dlnw_) = c.take({C});
-    std::tie(lnb_, dlnb_) = c.take({C});
+    std::tie(lnw_, dlnw_) = c.take("ln_f.weight", {C});
+    std::tie(lnb_, dlnb_) = c.take("ln_f.bias", {C});
     if (tie) {
       w_ = tie->wte();
       dw_ = tie->dwte();
     } else {
-      std::tie(w_, dw_) = c.take({vocab, C});
+      std::tie(w_, dw_) = c.take("head.weight", {vocab, C});
     }
   }
   std::string kind() const override { return tied_ ? "head_tied" : "head"; }

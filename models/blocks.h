@@ -36,6 +36,15 @@ class Block {
   virtual void restore(const Saved& saved) = 0;
 
   size_t param_count() const { return params_.numel(); }
+  // The named tensors inside the flat parameter buffer, in buffer order ("weight", "bias", ...;
+  // the model prefixes them: see Model::parameters). A tied weight another block owns is not
+  // listed here.
+  struct ParamView {
+    std::string name;
+    std::vector<size_t> shape;
+    size_t offset = 0;  // in elements, into params()
+  };
+  const std::vector<ParamView>& param_views() const { return views_; }
   // The first block of a model has no one to pass its input's gradient to: skip computing it.
   void set_needs_input_grad(bool needed) { needs_input_grad_ = needed; }
   Tensor& params() { return params_; }
@@ -57,16 +66,18 @@ class Block {
   struct Carver {
     Block* b;
     size_t at = 0;
-    std::pair<Tensor, Tensor> take(std::vector<size_t> shape) {
+    std::pair<Tensor, Tensor> take(std::string name, std::vector<size_t> shape) {
       size_t n = 1;
       for (size_t d : shape) n *= d;
       auto out = std::make_pair(b->params_.view(at, shape), b->grads_.view(at, shape));
+      b->views_.push_back({std::move(name), std::move(shape), at});
       at += n;
       return out;
     }
   };
 
   Tensor params_, grads_;
+  std::vector<ParamView> views_;
   bool needs_input_grad_ = true;
 };
 

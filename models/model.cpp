@@ -62,6 +62,19 @@ size_t Model::param_count() const {
   return n;
 }
 
+std::vector<Model::Parameter> Model::parameters() const {
+  std::vector<Parameter> out;
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    const std::string kind = blocks_[b]->kind();
+    std::string prefix;
+    if (kind == "transformer") prefix = "blocks." + std::to_string(b - 1) + ".";
+    if (kind == "linear" || kind == "linear_relu") prefix = "layers." + std::to_string(b) + ".";
+    for (const auto& v : blocks_[b]->param_views())
+      out.push_back({prefix + v.name, v.shape, b, v.offset});
+  }
+  return out;
+}
+
 double Model::flops_per_sample() const {
   double f = 0;
   for (auto& b : blocks_) f += b->flops_per_sample();

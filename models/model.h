@@ -52,6 +52,16 @@ class Model {
   // data's; 256 bounds it for byte-level text).
   static size_t planned_param_count(const ModelSpec& spec);
   double flops_per_sample() const;
+  // Every named parameter tensor, in block order: the names of the PyTorch twin's state_dict
+  // (bench/peers/torch_models.py): gpt "tok.weight", "blocks.{l}.qkv.weight", ..., "head.weight";
+  // mlp "layers.{i}.weight" and ".bias". A tied head lists no weight of its own.
+  struct Parameter {
+    std::string name;
+    std::vector<size_t> shape;
+    size_t block = 0;
+    size_t offset = 0;  // in elements, into block(block).params()
+  };
+  std::vector<Parameter> parameters() const;
 
   void init(uint64_t seed);  // block i from (seed, i): the same whatever the layout
   void zero_grads();

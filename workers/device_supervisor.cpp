@@ -44,6 +44,7 @@ WorkerSpec worker_spec_of(const actors::JobSpec& s) {
   w.max_params_per_worker = s.max_params_per_worker;
   w.stage_backup_steps = s.stage_backup_steps;
   w.recompute_activations = s.recompute_activations;
+  w.deterministic = s.deterministic;
   // Joining a running job: the state comes from the members (take_state), not the seed.
   w.init_state = s.first_generation == 1;
   return w;

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "models/kernels.h"
+#include "workers/exact_sum.h"
 #include "workers/tags.h"
 
 namespace troupe::workers {
@@ -33,8 +34,9 @@ PipelineStage::PipelineStage(models::Model& model, models::Trainer& trainer,
     : model_(model), trainer_(trainer), out_shape_(out_shape), layout_(layout) {}
 
 StageStepResult PipelineStage::run(comm::Communicator& comm, uint64_t step, elastic::Share share,
-                                   uint64_t micro) {
+                                   uint64_t micro, const std::function<void()>& after_backward) {
   step_ = step;
+  after_backward_ = after_backward;
   mbs_.clear();
   for (uint64_t at = share.begin; at < share.end; at += micro)
     mbs_.push_back({at, std::min(share.end, at + micro), {}, {}, {}, {}, {}, {}});
@@ -101,8 +103,10 @@ void PipelineStage::loss(uint32_t j) {
   const size_t n = targets.size(), classes = m.output.numel() / n;
   models::Tensor d({n, classes});
   size_t correct = 0;
-  result_.loss += models::kernels::softmax_cross_entropy(
+  const double loss = models::kernels::softmax_cross_entropy(
       d.data(), m.output.data(), targets.data(), n, classes, trainer_.loss_scale(), &correct);
+  result_.loss += loss;
+  result_.loss_fixed += fixed_point_loss(loss);
   m.grad_out = d;
   m.output = models::Tensor();
 }
@@ -123,6 +127,7 @@ void PipelineStage::backward(uint32_t j) {
   m.grad_in = dy;
   m.input = m.output = m.grad_out = models::Tensor();
   cached_ = -1;
+  if (after_backward_) after_backward_();
 }
 
 // An activation goes to the next stage (the block output of micro j), a gradient to the

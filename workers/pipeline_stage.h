@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -29,6 +30,7 @@ struct StageLayout {
 
 struct StageStepResult {
   double loss = 0;  // the last stage: its micro-batches' loss (weights 1/B); others: 0
+  double loss_fixed = 0;  // the same, each micro-batch's in fixed point (workers/exact_sum.h)
   double busy = 0;  // seconds computing (forward, recompute, loss, backward)
 };
 
@@ -39,9 +41,11 @@ class PipelineStage {
                 const std::vector<std::vector<size_t>>& out_shape, StageLayout layout);
 
   // The step's forward and backward for this stage's share [share.begin, share.end) of the
-  // global batch, in micro-batches of `micro` samples. Gradients accumulate into the blocks.
+  // global batch, in micro-batches of `micro` samples. Gradients accumulate into the blocks;
+  // after_backward, if given, runs after each micro-batch's backward (parallel.deterministic
+  // moves each micro-batch's gradient aside there).
   StageStepResult run(comm::Communicator& comm, uint64_t step, elastic::Share share,
-                      uint64_t micro);
+                      uint64_t micro, const std::function<void()>& after_backward = nullptr);
 
  private:
   struct Micro {  // one micro-batch's tensors in this step
@@ -66,6 +70,7 @@ class PipelineStage {
   uint64_t step_ = 0;
   std::vector<Micro> mbs_;
   int cached_ = -1;  // the micro-batch whose forward the blocks hold
+  std::function<void()> after_backward_;
   StageStepResult result_;
 };
 

@@ -131,8 +131,8 @@ TrainResult Worker::run(comm::Communicator& comm, uint64_t start, const OnStep& 
 TrainResult Worker::run_data_parallel(comm::Communicator& comm, uint64_t start,
                                       const OnStep& on_step, const StopRequested& stop_requested) {
   TrainResult result{start, false};
-  const elastic::Share share = elastic::data_share(uint64_t(spec_.global_batch),
-                                                   uint32_t(comm.rank()), uint32_t(comm.size()));
+  const elastic::Share share = share_of(uint32_t(comm.rank()), uint32_t(comm.size()));
+  ExactSum exact(*model_, 0, num_blocks(), micro_batches());
   auto reduce_block = [&](size_t b) {
     auto& g = model_->block(b).grads();
     comm.allreduce(g.data(), g.data(), g.numel(), comm::DataType::f32, comm::ReduceOp::sum);
@@ -142,7 +142,10 @@ TrainResult Worker::run_data_parallel(comm::Communicator& comm, uint64_t start,
     before_step(step);
     models::StepStats stats;
     double busy = 0;
-    if (spec_.overlap_reduce) {
+    if (spec_.deterministic) {
+      stats = forward_backward_exact(comm, exact, step, share);
+      busy = seconds_since(t0);
+    } else if (spec_.overlap_reduce) {
       Reducer reducer(reduce_block);
       stats = trainer_->forward_backward(step, share.begin, share.end,
                                          [&](size_t b) { reducer.push(b); });
@@ -154,6 +157,7 @@ TrainResult Worker::run_data_parallel(comm::Communicator& comm, uint64_t start,
     }
     double control[2] = {stats.loss, stop_requested() ? 1.0 : 0.0};
     comm.allreduce(control, control, 2, comm::DataType::f64, comm::ReduceOp::sum);
+    if (spec_.deterministic) control[0] = loss_from_fixed_point(control[0]);
     // Update: the same clipped step everywhere (the gradients are identical after the sum).
     double norm_sq = 0;
     for (size_t b = 0; b < model_->num_blocks(); ++b)
@@ -170,6 +174,25 @@ TrainResult Worker::run_data_parallel(comm::Communicator& comm, uint64_t start,
   }
   comm.barrier();  // nobody leaves while another still waits on it
   return result;
+}
+
+models::StepStats Worker::forward_backward_exact(comm::Communicator& comm, ExactSum& exact,
+                                                 uint64_t step, elastic::Share share) {
+  models::StepStats stats;
+  const uint64_t micro = uint64_t(spec_.micro_batch);
+  for (uint64_t at = share.begin; at < share.end; at += micro) {
+    if (at != share.begin) exact.keep();
+    stats.loss += fixed_point_loss(trainer_->forward_backward(step, at, at + micro).loss);
+  }
+  exact.reduce(comm, share.size() > 0);
+  stats.samples = share.size();
+  return stats;
+}
+
+elastic::Share Worker::share_of(uint32_t r, uint32_t n) const {
+  const uint64_t B = uint64_t(spec_.global_batch);
+  return spec_.deterministic ? elastic::micro_batch_share(B, uint64_t(spec_.micro_batch), r, n)
+                             : elastic::data_share(B, r, n);
 }
 
 // The steps of a pipeline stage: its part of the 1F1B schedule (PipelineStage), its replicas'
@@ -191,8 +214,10 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
   if (active && s > 0) layout.prev = int(elastic::rank_of(plan, s - 1, r));
   if (active && s + 1 < plan.pp) layout.next = int(elastic::rank_of(plan, s + 1, r));
   PipelineStage stage(*model_, *trainer_, out_shape_, layout);
-  const elastic::Share share =
-      active ? elastic::data_share(uint64_t(spec_.global_batch), r, plan.dp) : elastic::Share{};
+  const elastic::Share share = active ? share_of(r, plan.dp) : elastic::Share{};
+  std::unique_ptr<ExactSum> exact;
+  if (active && spec_.deterministic)
+    exact = std::make_unique<ExactSum>(*model_, mine.begin, mine.end, micro_batches());
   // A stage without a replica is backed up at the start of every generation too (not only every
   // stage_backup_steps): losing it before the first interval (or after a re-plan) goes back to
   // here instead of failing the job.
@@ -205,8 +230,10 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
     double norm_sq = 0;
     if (active) {
       for (uint32_t b = mine.begin; b < mine.end; ++b) model_->block(b).grads().zero();
-      res = stage.run(comm, step, share, uint64_t(spec_.micro_batch));
-      for (uint32_t b = mine.begin; b < mine.end && plan.dp > 1; ++b) {
+      res = stage.run(comm, step, share, uint64_t(spec_.micro_batch),
+                      exact ? std::function<void()>([&] { exact->keep(); }) : nullptr);
+      if (exact) exact->reduce(*replicas, false);  // (every micro-batch was kept)
+      for (uint32_t b = mine.begin; b < mine.end && plan.dp > 1 && !exact; ++b) {
         auto& g = model_->block(b).grads();
         replicas->allreduce(g.data(), g.data(), g.numel(), comm::DataType::f32,
                             comm::ReduceOp::sum);
@@ -215,12 +242,16 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
         for (uint32_t b = mine.begin; b < mine.end; ++b)
           norm_sq += models::grad_norm_sq(model_->block(b).grads());
     }
-    double control[3] = {res.loss, stop_requested() ? 1.0 : 0.0, norm_sq};
+    if (spec_.deterministic) norm_sq = global_norm_sq_exact(comm, plan, active && r == 0);
+    double control[3] = {spec_.deterministic ? res.loss_fixed : res.loss,
+                         stop_requested() ? 1.0 : 0.0, spec_.deterministic ? 0.0 : norm_sq};
     comm.allreduce(control, control, 3, comm::DataType::f64, comm::ReduceOp::sum);
+    if (spec_.deterministic) control[0] = loss_from_fixed_point(control[0]);
+    else norm_sq = control[2];
     models::StepStats stats;
     stats.loss = control[0];
     for (uint32_t b = mine.begin; b < mine.end; ++b) states_->snapshot(b, step);
-    if (active) trainer_->apply_blocks(step, control[2], mine.begin, mine.end, stats);
+    if (active) trainer_->apply_blocks(step, norm_sq, mine.begin, mine.end, stats);
     next_step_ = step + 1;
     for (uint32_t b = mine.begin; b < mine.end; ++b) states_->hold(b, next_step_);
     if (backups && next_step_ % uint64_t(spec_.stage_backup_steps) == 0)
@@ -237,6 +268,22 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
   if (!result.stopped) gather_parameters(comm, plan);
   comm.barrier();
   return result;
+}
+
+// The squared gradient norm summed block by block in block order, as a data-parallel worker sums
+// it: each block's from one replica of its stage (the others add zeros: exact), gathered by an
+// allreduce over everyone (standbys too), then added up the same way on every rank.
+double Worker::global_norm_sq_exact(comm::Communicator& comm, const elastic::Plan& plan,
+                                    bool reporter) {
+  std::vector<double> per_block(num_blocks(), 0.0);
+  const auto mine = owned(plan, uint32_t(comm.rank()));
+  for (uint32_t b = mine.begin; b < mine.end && reporter; ++b)
+    per_block[b] = models::grad_norm_sq(model_->block(b).grads());
+  comm.allreduce(per_block.data(), per_block.data(), per_block.size(), comm::DataType::f64,
+                 comm::ReduceOp::sum);
+  double total = 0;
+  for (double v : per_block) total += v;
+  return total;
 }
 
 // At the job's last step everyone ends with every block's parameters (replica 0 of each stage

@@ -22,6 +22,7 @@
 #include "models/data.h"
 #include "models/trainer.h"
 #include "workers/block_state.h"
+#include "workers/exact_sum.h"
 #include "workers/faults.h"
 #include "workers/stage_backups.h"
 #include "workers/state_transfer.h"
@@ -52,6 +53,9 @@ struct WorkerSpec {
   // this many steps (0: never); losing it rolls back at most this many steps.
   int64_t stage_backup_steps = 20;
   bool recompute_activations = false;  // pipelines: recompute a micro-batch's forward (less memory)
+  // parallel.deterministic: global micro-batches, each computed alone, summed exactly
+  // (workers/exact_sum.h): the same bits at any world size, layout and membership history.
+  bool deterministic = false;
   // Initialise the parameters from the seed. A worker that joins a running job (or restarts)
   // receives the state from the members instead and skips it (seconds for large models).
   bool init_state = true;
@@ -109,10 +113,18 @@ class Worker {
 
  private:
   bool pipelined() const { return spec_.pipeline_stages != 1; }
+  uint64_t micro_batches() const { return uint64_t(spec_.global_batch / spec_.micro_batch); }
   TrainResult run_data_parallel(comm::Communicator& comm, uint64_t start, const OnStep& on_step,
                                 const StopRequested& stop_requested);
   TrainResult run_pipeline(comm::Communicator& comm, uint64_t start, const OnStep& on_step,
                            const StopRequested& stop_requested);
+  // parallel.deterministic: this rank's global micro-batches, each computed alone, their
+  // gradients summed exactly over everyone; stats.loss is the rank's loss in fixed point.
+  models::StepStats forward_backward_exact(comm::Communicator& comm, ExactSum& exact,
+                                           uint64_t step, elastic::Share share);
+  double global_norm_sq_exact(comm::Communicator& comm, const elastic::Plan& plan, bool reporter);
+  // The share of rank r of n data-parallel replicas (whole micro-batches when deterministic).
+  elastic::Share share_of(uint32_t r, uint32_t n) const;
   void gather_parameters(comm::Communicator& comm, const elastic::Plan& plan);
   void before_step(uint64_t step);  // the test's fault injection, if any
   StepInfo step_info(uint64_t step, double loss, elastic::Share share, double seconds,

@@ -1,0 +1,90 @@
+#include "workers/exact_sum.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace troupe::workers {
+
+int fixed_point_exponent(double max_abs, uint64_t terms) {
+  if (!(max_abs > 0) || !std::isfinite(max_abs)) return 0;
+  int E = 0;
+  std::frexp(max_abs, &E);  // max_abs < 2^E
+  int log_terms = 0;
+  while ((uint64_t(1) << log_terms) < terms && log_terms < 62) ++log_terms;
+  return 62 - E - log_terms;
+}
+
+void add_fixed_point(int64_t* acc, const float* g, size_t n, int e) {
+  const double scale = std::ldexp(1.0, e);  // g * scale is exact in double: no rounding but one
+  for (size_t i = 0; i < n; ++i) acc[i] += std::llrint(double(g[i]) * scale);
+}
+
+void from_fixed_point(float* g, const int64_t* acc, size_t n, int e) {
+  const double scale = std::ldexp(1.0, -e);
+  for (size_t i = 0; i < n; ++i) g[i] = float(double(acc[i]) * scale);
+}
+
+double fixed_point_loss(double loss) { return double(std::llrint(std::ldexp(loss, 32))); }
+double loss_from_fixed_point(double sum) { return std::ldexp(sum, -32); }
+
+ExactSum::ExactSum(models::Model& model, uint32_t first, uint32_t last, uint64_t terms)
+    : model_(model), first_(first), last_(last), terms_(terms) {}
+
+void ExactSum::keep() {
+  if (stash_.size() <= kept_) stash_.emplace_back(last_ - first_);
+  for (uint32_t b = first_; b < last_; ++b) {
+    auto& g = model_.block(b).grads();
+    stash_[kept_][b - first_].assign(g.data(), g.data() + g.numel());
+    g.zero();
+  }
+  ++kept_;
+}
+
+// The largest |g| of block b over the micro-batches this member computed (NaN or inf if any
+// value is: the max of them then is not finite).
+double ExactSum::local_max(uint32_t b, bool has_gradient) const {
+  float m = 0;
+  bool finite = true;
+  auto scan = [&](const float* g, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      const float a = std::fabs(g[i]);
+      finite = finite && std::isfinite(a);
+      m = std::max(m, a);
+    }
+  };
+  const auto& cur = model_.block(b).grads();
+  if (has_gradient) scan(cur.data(), cur.numel());
+  for (size_t j = 0; j < kept_; ++j) scan(stash_[j][b - first_].data(), cur.numel());
+  return finite ? double(m) : std::numeric_limits<double>::infinity();
+}
+
+void ExactSum::reduce(comm::Communicator& comm, bool has_gradient) {
+  const uint32_t nb = last_ - first_, n = uint32_t(comm.size());
+  // 1. Every member's largest magnitude per block; everyone takes the max of the same values.
+  std::vector<double> mine(nb), all(size_t(nb) * n);
+  for (uint32_t b = first_; b < last_; ++b) mine[b - first_] = local_max(b, has_gradient);
+  comm.allgather(mine.data(), all.data(), nb, comm::DataType::f64);
+  for (uint32_t b = first_; b < last_; ++b) {
+    double max_abs = 0;
+    for (uint32_t r = 0; r < n; ++r) max_abs = std::max(max_abs, all[size_t(r) * nb + b - first_]);
+    // 2. This member's micro-batches in fixed point, summed; 3. the exact sum over members.
+    auto& g = model_.block(b).grads();
+    const size_t count = g.numel();
+    const int e = fixed_point_exponent(max_abs, terms_);
+    acc_.assign(count, 0);
+    if (std::isfinite(max_abs)) {
+      if (has_gradient) add_fixed_point(acc_.data(), g.data(), count, e);
+      for (size_t j = 0; j < kept_; ++j)
+        add_fixed_point(acc_.data(), stash_[j][b - first_].data(), count, e);
+    }
+    comm.allreduce(acc_.data(), acc_.data(), count, comm::DataType::i64, comm::ReduceOp::sum);
+    if (std::isfinite(max_abs))
+      from_fixed_point(g.data(), acc_.data(), count, e);
+    else
+      std::fill(g.data(), g.data() + count, std::numeric_limits<float>::quiet_NaN());
+  }
+  kept_ = 0;
+}
+
+}  // namespace troupe::workers

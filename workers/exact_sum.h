@@ -1,0 +1,70 @@
+// parallel.deterministic: gradient sums whose bits do not depend on how the global batch was
+// split among workers, stages or micro-batch loops.
+//
+// Floating-point addition is not associative, so a sum over workers in another order (another
+// world size, a join, a scale) gives other low bits, and AdamW carries them on. Here the global
+// batch is cut into global micro-batches (batch.micro samples each, the same cut at every world
+// size); each is computed alone, from zeroed gradients. Each micro-batch's gradient is turned
+// into 64-bit fixed point with one scale per block that every rank agrees on (from the largest
+// magnitude of the step, an exact max gathered from everyone), the integers are added (integer
+// addition is associative: any grouping, any order, the same result), and the sum is turned back
+// into floats. The loss is summed the same way. What each micro-batch computes depends only on
+// the parameters and its samples, so the step's result is the same bits whatever the layout.
+//
+// The scale: for a block whose largest |g| over the step is below 2^E, and T micro-batches in
+// the global batch, every value is multiplied by 2^(62 - E - ceil(log2 T)) and rounded to the
+// nearest integer: no sum of T of them can overflow, and values within 2^-38 of the block's
+// largest keep every bit of their float. A non-finite gradient anywhere makes the block's sum
+// NaN on every rank, as a float sum would.
+//
+// Thread-safety: none; one worker's thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "models/model.h"
+
+namespace troupe::workers {
+
+// The exponent e of the fixed-point scale 2^e for a block whose largest magnitude is max_abs
+// (finite, >= 0) and a sum of `terms` micro-batches.
+int fixed_point_exponent(double max_abs, uint64_t terms);
+// acc[i] += round(g[i] * 2^e)
+void add_fixed_point(int64_t* acc, const float* g, size_t n, int e);
+// g[i] = acc[i] * 2^-e
+void from_fixed_point(float* g, const int64_t* acc, size_t n, int e);
+// A loss in fixed point (2^-32 resolution), as an integer-valued double: while the total stays
+// below 2^20, sums of them are exact in double, in any order.
+double fixed_point_loss(double loss);
+double loss_from_fixed_point(double sum);
+
+// The per-step gradient sum of the blocks [first, last) of a model.
+class ExactSum {
+ public:
+  // terms: the global micro-batches of a step (batch.global / batch.micro).
+  ExactSum(models::Model& model, uint32_t first, uint32_t last, uint64_t terms);
+
+  // After a micro-batch's backward: its gradient moves aside and the blocks' are zeroed, so the
+  // next micro-batch starts from zero. (The last micro-batch's may stay in the blocks.)
+  void keep();
+  // Every member calls it once per step (a member without micro-batches too: it adds zeros).
+  // Leaves the blocks holding the exact sum of every micro-batch of every member.
+  // has_gradient: false when this member computed no micro-batch this step (the blocks' buffers
+  // are then read as zeros).
+  void reduce(comm::Communicator& comm, bool has_gradient);
+
+ private:
+  double local_max(uint32_t b, bool has_gradient) const;
+
+  models::Model& model_;
+  uint32_t first_, last_;
+  uint64_t terms_;
+  size_t kept_ = 0;                                // micro-batches moved aside this step
+  std::vector<std::vector<std::vector<float>>> stash_;  // [micro][block - first]
+  std::vector<int64_t> acc_;
+};
+
+}  // namespace troupe::workers
