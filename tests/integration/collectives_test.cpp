@@ -134,6 +134,24 @@ TEST(Collectives, HalfPrecisionTypesAndDoubles) {
     });
 }
 
+// 64-bit integer sums (parallel.deterministic): exact, wrapping never, with every algorithm and
+// at sizes that take each path; averaging integers is refused.
+TEST(Collectives, Int64SumsAreExactAndTheirAverageIsRefused) {
+  for (Algorithm a : {Algorithm::ring, Algorithm::recursive_doubling, Algorithm::shared_memory})
+    for (size_t count : {size_t(3), size_t(5000)})
+      testing::run_world(3, chunky(count), [&](comm::UcxCommunicator& c) {
+        comm::CollectiveOptions o;
+        o.algorithm = a;
+        std::vector<int64_t> v(count);
+        const int64_t big = int64_t(1) << 60;
+        for (size_t i = 0; i < count; ++i) v[i] = (c.rank() == 1 ? -big : big / 2) + int64_t(i);
+        c.allreduce(v.data(), v.data(), count, DataType::i64, ReduceOp::sum, o);
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(v[i], 3 * int64_t(i)) << i;
+        EXPECT_THROW(c.allreduce(v.data(), v.data(), count, DataType::i64, ReduceOp::avg, o),
+                     comm::Error);
+      });
+}
+
 TEST(Collectives, AllRanksEndBitwiseEqualOnInexactData) {
   for (Algorithm a : {Algorithm::ring, Algorithm::recursive_doubling, Algorithm::shared_memory}) {
     std::vector<std::vector<float>> results(5);

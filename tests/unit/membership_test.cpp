@@ -29,6 +29,24 @@ TEST(DataShare, CoversTheGlobalBatchExactlyOnceForEveryWorldSize) {
   EXPECT_EQ(data_share(10, 3, 3).size(), 0u);  // not a rank
 }
 
+TEST(DataShare, DeterministicSharesAreWholeGlobalMicroBatches) {
+  for (uint64_t micro : {1u, 6u, 8u}) {
+    for (uint64_t B : {micro, 5 * micro, 12 * micro}) {
+      for (uint32_t n = 1; n <= 9; ++n) {
+        uint64_t at = 0;
+        for (uint32_t r = 0; r < n; ++r) {
+          Share s = micro_batch_share(B, micro, r, n);
+          EXPECT_EQ(s.begin, at) << "B " << B << " micro " << micro << " n " << n << " r " << r;
+          EXPECT_EQ(s.begin % micro, 0u);
+          EXPECT_EQ(s.size() % micro, 0u);
+          at = s.end;
+        }
+        EXPECT_EQ(at, B);  // more ranks than micro-batches: the last ones get none
+      }
+    }
+  }
+}
+
 MembershipState state(std::vector<Member> members, std::vector<uint64_t> waiting = {}) {
   MembershipState s;
   s.generation = 4;
