@@ -90,18 +90,19 @@ namespace {
 
 // Times each size's allreduce (3 trials of about min_seconds; the median); rank 0 prints JSON.
 void time_sizes(comm::Communicator& comm, const std::vector<size_t>& sizes, double min_seconds,
-                const comm::CollectiveOptions& timed) {
+                const comm::CollectiveOptions& timed, comm::DataType type) {
+  const size_t es = comm::element_size(type);
   const int world = comm.size();
   for (size_t bytes : sizes) {
-    size_t count = std::max<size_t>(1, bytes / 4);
-    comm::Buffer buf(count * 4);
-    std::memset(buf.data(), 0, count * 4);
-    auto* f = reinterpret_cast<float*>(buf.data());
-    comm.allreduce(f, f, count, comm::DataType::f32, comm::ReduceOp::sum, timed);  // warm-up
+    size_t count = std::max<size_t>(1, bytes / es);
+    comm::Buffer buf(count * es);
+    std::memset(buf.data(), 0, count * es);
+    auto* f = buf.data();
+    comm.allreduce(f, f, count, type, comm::ReduceOp::sum, timed);  // warm-up
     // Iterations so that one trial takes about min_seconds (agreed: rank 0's estimate).
     comm.barrier();
     auto t0 = Clock::now();
-    comm.allreduce(f, f, count, comm::DataType::f32, comm::ReduceOp::sum, timed);
+    comm.allreduce(f, f, count, type, comm::ReduceOp::sum, timed);
     double est = std::chrono::duration<double>(Clock::now() - t0).count();
     double iters_d = std::max(1.0, std::min(10000.0, min_seconds / std::max(est, 1e-7)));
     comm.broadcast(&iters_d, 1, comm::DataType::f64, 0);
@@ -111,7 +112,7 @@ void time_sizes(comm::Communicator& comm, const std::vector<size_t>& sizes, doub
       comm.barrier();
       auto start = Clock::now();
       for (int i = 0; i < iters; ++i)
-        comm.allreduce(f, f, count, comm::DataType::f32, comm::ReduceOp::sum, timed);
+        comm.allreduce(f, f, count, type, comm::ReduceOp::sum, timed);
       double per_op = std::chrono::duration<double>(Clock::now() - start).count() / iters;
       comm.allreduce(&per_op, &per_op, 1, comm::DataType::f64, comm::ReduceOp::avg);
       trials.push_back(per_op);
@@ -119,11 +120,12 @@ void time_sizes(comm::Communicator& comm, const std::vector<size_t>& sizes, doub
     std::sort(trials.begin(), trials.end());
     double t = trials[1];
     if (comm.rank() == 0) {
-      double busbw = 2.0 * (world - 1) / world * double(count * 4) / t / 1e9;
+      double busbw = 2.0 * (world - 1) / world * double(count * es) / t / 1e9;
       std::printf(
           "{\"bench\":\"allreduce\",\"impl\":\"troupe_ucx\",\"workers\":%d,\"bytes\":%zu,"
-          "\"size\":\"%s\",\"time_us\":%.2f,\"busbw_gbps\":%.3f,\"iters\":%d}\n",
-          world, count * 4, human(count * 4).c_str(), t * 1e6, busbw, iters);
+          "\"size\":\"%s\",\"dtype\":\"%s\",\"time_us\":%.2f,\"busbw_gbps\":%.3f,\"iters\":%d}\n",
+          world, count * es, human(count * es).c_str(), comm::dtype_name(type), t * 1e6, busbw,
+          iters);
       std::fflush(stdout);
     }
   }
@@ -248,6 +250,7 @@ int run_allreduce_worker(const std::vector<std::string>& words) {
   CLI::App app{"One rank of `troupe bench allreduce` (started by it; also the tests' peer).",
                "troupe bench allreduce-worker"};
   std::string dir, sizes = "4K,1M,64M", mode = "bench", algorithm = "auto", op = "allreduce";
+  std::string dtype = "f32";
   int rank = -1, world = 0;
   int64_t timeout_ms = 30000;
   size_t count = 16 << 20;
@@ -268,6 +271,8 @@ int run_allreduce_worker(const std::vector<std::string>& words) {
   app.add_option("--window", opt.window, "ring chunks in flight");
   app.add_option("--shm-slice-bytes", opt.shm_slice_bytes, "shared-memory slice size");
   app.add_option("--algorithm", algorithm, "auto, ring, rd or shm");
+  app.add_option("--dtype", dtype, "f32, or i64 (parallel.deterministic's sums)")
+      ->check(CLI::IsMember({"f32", "i64"}));
   if (auto rc = cli::parse(app, words)) return *rc;
   if (rank < 0 || rank >= world) throw std::invalid_argument("--rank must be in [0, --world)");
   opt.timeout = std::chrono::milliseconds(timeout_ms);
@@ -278,7 +283,8 @@ int run_allreduce_worker(const std::vector<std::string>& words) {
   comm->connect(rank, addrs, std::chrono::seconds(30));
   if (mode == "check") return check_every_count(*comm);
   if (mode == "loop") return fail_then_rebuild(std::move(comm), dir, op, count, opt, timed);
-  time_sizes(*comm, parse_sizes(sizes), min_seconds, timed);
+  time_sizes(*comm, parse_sizes(sizes), min_seconds, timed,
+             dtype == "i64" ? comm::DataType::i64 : comm::DataType::f32);
   return 0;
 }
 
@@ -287,7 +293,7 @@ int run_allreduce_bench(const std::vector<std::string>& words) {
       "Allreduce between processes (ucx) or GPUs (nccl): time and bus bandwidth per "
       "size.",
       "troupe bench allreduce"};
-  std::string sizes = "4K,64K,1M,16M,64M,256M", backend = "ucx", algorithm = "auto";
+  std::string sizes = "4K,64K,1M,16M,64M,256M", backend = "ucx", algorithm = "auto", dtype = "f32";
   std::string min_seconds = "0.3";
   comm::UcxCommOptions defaults;
   std::string segment = std::to_string(defaults.segment_bytes),
@@ -299,6 +305,8 @@ int run_allreduce_bench(const std::vector<std::string>& words) {
       ->check(CLI::PositiveNumber);
   app.add_option("--sizes", sizes, "bytes per allreduce, e.g. 4K,1M,64M");
   app.add_option("--backend", backend, "ucx or nccl")->check(CLI::IsMember({"ucx", "nccl"}));
+  app.add_option("--dtype", dtype, "f32, or i64 (parallel.deterministic's sums)")
+      ->check(CLI::IsMember({"f32", "i64"}));
   app.add_option("--algorithm", algorithm, "auto, ring, rd or shm");
   app.add_option("--min-seconds", min_seconds, "time each size at least this long");
   app.add_option("--segment-bytes", segment, "ring chunk size");
@@ -347,7 +355,9 @@ int run_allreduce_bench(const std::vector<std::string>& words) {
                                               "--shm-slice-bytes",
                                               slice,
                                               "--algorithm",
-                                              algorithm},
+                                              algorithm,
+                                              "--dtype",
+                                              dtype},
                                              "",
                                              "",
                                              {}}));

@@ -2,27 +2,49 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 namespace troupe::workers {
+
+namespace {
+
+// Doubles below 2^51 in magnitude turn into integers and back by adding 1.5 * 2^52 and reading
+// the low bits (round to nearest even): what compilers vectorise, where llrint is one element at
+// a time (AVX2 has no packed double <-> int64 conversion).
+constexpr double kMagic = 0x1.8p52;
+int64_t bits_of(double d) {
+  int64_t b;
+  std::memcpy(&b, &d, sizeof b);
+  return b;
+}
+double double_of(int64_t b) {
+  double d;
+  std::memcpy(&d, &b, sizeof d);
+  return d;
+}
+
+}  // namespace
 
 int fixed_point_exponent(double max_abs, uint64_t terms) {
   if (!(max_abs > 0) || !std::isfinite(max_abs)) return 0;
   int E = 0;
   std::frexp(max_abs, &E);  // max_abs < 2^E
   int log_terms = 0;
-  while ((uint64_t(1) << log_terms) < terms && log_terms < 62) ++log_terms;
-  return 62 - E - log_terms;
+  while ((uint64_t(1) << log_terms) < terms && log_terms < 50) ++log_terms;
+  return kFixedPointBits - E - log_terms;
 }
 
 void add_fixed_point(int64_t* acc, const float* g, size_t n, int e) {
   const double scale = std::ldexp(1.0, e);  // g * scale is exact in double: no rounding but one
-  for (size_t i = 0; i < n; ++i) acc[i] += std::llrint(double(g[i]) * scale);
+  const int64_t magic = bits_of(kMagic);
+  for (size_t i = 0; i < n; ++i) acc[i] += bits_of(double(g[i]) * scale + kMagic) - magic;
 }
 
 void from_fixed_point(float* g, const int64_t* acc, size_t n, int e) {
   const double scale = std::ldexp(1.0, -e);
-  for (size_t i = 0; i < n; ++i) g[i] = float(double(acc[i]) * scale);
+  const int64_t magic = bits_of(kMagic);
+  for (size_t i = 0; i < n; ++i) g[i] = float((double_of(acc[i] + magic) - kMagic) * scale);
 }
 
 double fixed_point_loss(double loss) { return double(std::llrint(std::ldexp(loss, 32))); }
@@ -45,18 +67,18 @@ void ExactSum::keep() {
 // value is: the max of them then is not finite).
 double ExactSum::local_max(uint32_t b, bool has_gradient) const {
   float m = 0;
-  bool finite = true;
+  int bad = 0;  // a NaN or an infinity seen (NaN fails every comparison)
   auto scan = [&](const float* g, size_t n) {
     for (size_t i = 0; i < n; ++i) {
       const float a = std::fabs(g[i]);
-      finite = finite && std::isfinite(a);
-      m = std::max(m, a);
+      bad |= !(a <= std::numeric_limits<float>::max());
+      m = a > m ? a : m;
     }
   };
   const auto& cur = model_.block(b).grads();
   if (has_gradient) scan(cur.data(), cur.numel());
   for (size_t j = 0; j < kept_; ++j) scan(stash_[j][b - first_].data(), cur.numel());
-  return finite ? double(m) : std::numeric_limits<double>::infinity();
+  return bad ? std::numeric_limits<double>::infinity() : double(m);
 }
 
 void ExactSum::reduce(comm::Communicator& comm, bool has_gradient) {

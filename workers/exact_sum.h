@@ -12,9 +12,11 @@
 // the parameters and its samples, so the step's result is the same bits whatever the layout.
 //
 // The scale: for a block whose largest |g| over the step is below 2^E, and T micro-batches in
-// the global batch, every value is multiplied by 2^(62 - E - ceil(log2 T)) and rounded to the
-// nearest integer: no sum of T of them can overflow, and values within 2^-38 of the block's
-// largest keep every bit of their float. A non-finite gradient anywhere makes the block's sum
+// the global batch, every value is multiplied by 2^(51 - E - ceil(log2 T)) and rounded to the
+// nearest integer: every partial sum of T of them stays below 2^51 (so it converts back to
+// double exactly, and the conversions vectorise), and values within 2^-(27 - log2 T) of the
+// block's largest keep every bit of their float; smaller ones are rounded to a fixed absolute
+// step of at most 2^-50 of the largest (a float sum rounds them relative to the running sum). A non-finite gradient anywhere makes the block's sum
 // NaN on every rank, as a float sum would.
 //
 // Thread-safety: none; one worker's thread.
@@ -29,6 +31,7 @@
 
 namespace troupe::workers {
 
+constexpr int kFixedPointBits = 51;
 // The exponent e of the fixed-point scale 2^e for a block whose largest magnitude is max_abs
 // (finite, >= 0) and a sum of `terms` micro-batches.
 int fixed_point_exponent(double max_abs, uint64_t terms);

@@ -72,8 +72,9 @@ TEST(ExactSum, AsAccurateAsAFloatSum) {
   for (size_t i = 0; i < got.size(); ++i) {
     double exact = 0;
     for (const auto& v : g) exact += double(v[i]);
-    // float rounding of the result, plus at most T / 2 units of 2^-e each from the conversion
-    const double tolerance = std::fabs(exact) * 0x1p-24 + m * 0x1p-55;
+    // float rounding of the result, plus at most T / 2 units of 2^-e (<= 2^-47 m for T = 5)
+    // from the conversions
+    const double tolerance = std::fabs(exact) * 0x1p-24 + m * 0x1p-45;
     EXPECT_LE(std::fabs(double(got[i]) - exact), tolerance) << i;
   }
 }
