@@ -188,11 +188,15 @@ int report_end(const coordinator::JobConfig& cfg, const std::string& dir,
 // A model that cannot fit is refused before anything starts: every worker on this machine holds
 // its parameters, gradients and optimizer moments in f32 (a lower bound: activations come on
 // top). With the local launcher every worker is here; a pipeline splits the model over them.
+// parallel.deterministic keeps a gradient copy per local micro-batch but the last (ExactSum).
 std::string memory_refusal(const coordinator::JobConfig& cfg) {
   models::ModelSpec m = workers::worker_spec_of(coordinator::job_spec_of(cfg, 0, 1)).model;
   if (m.kind == "gpt") m.vocab = 256;  // (byte-level text: at most 256 characters)
   const double params = double(models::Model::planned_param_count(m));
-  const double per_worker = params * 4.0 * (cfg.optimizer == "adamw" ? 4 : 3);
+  const int64_t micro_batches = cfg.global_batch / cfg.micro_batch, workers = cfg.workers();
+  const double stashed =
+      cfg.deterministic ? double((micro_batches + workers - 1) / workers - 1) : 0.0;
+  const double per_worker = params * 4.0 * ((cfg.optimizer == "adamw" ? 4 : 3) + stashed);
   const double here =
       cfg.launcher == "local" && cfg.pipeline_stages == 1 ? double(cfg.workers()) : 1.0;
   const double have = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
@@ -200,9 +204,10 @@ std::string memory_refusal(const coordinator::JobConfig& cfg) {
   char msg[512];
   std::snprintf(msg, sizeof msg,
                 "the model has %.3g parameters: with their gradients and optimizer moments in "
-                "f32 it needs at least %.1f GiB per worker, %.1f GiB for the %.0f worker(s) on "
+                "f32%s it needs at least %.1f GiB per worker, %.1f GiB for the %.0f worker(s) on "
                 "this machine, which has %.1f GiB of memory (model.* sets the size)",
-                params, per_worker / 1073741824.0, per_worker * here / 1073741824.0, here,
+                params, stashed > 0 ? " (and parallel.deterministic's gradient copies)" : "",
+                per_worker / 1073741824.0, per_worker * here / 1073741824.0, here,
                 have / 1073741824.0);
   return msg;
 }
