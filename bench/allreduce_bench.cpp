@@ -111,8 +111,7 @@ void time_sizes(comm::Communicator& comm, const std::vector<size_t>& sizes, doub
     for (int trial = 0; trial < 3; ++trial) {
       comm.barrier();
       auto start = Clock::now();
-      for (int i = 0; i < iters; ++i)
-        comm.allreduce(f, f, count, type, comm::ReduceOp::sum, timed);
+      for (int i = 0; i < iters; ++i) comm.allreduce(f, f, count, type, comm::ReduceOp::sum, timed);
       double per_op = std::chrono::duration<double>(Clock::now() - start).count() / iters;
       comm.allreduce(&per_op, &per_op, 1, comm::DataType::f64, comm::ReduceOp::avg);
       trials.push_back(per_op);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Side by side in one session: troupe's UCX allreduce, OpenMPI's MPI_Allreduce and PyTorch's gloo
 # all_reduce, at 2 and 4 processes, 4 KiB ... 256 MiB; RUNS rounds alternating the three; medians
-# of bus bandwidth and the ratio of troupe to the best peer. Needs the peers
+# of times, the ratio of troupe to the best peer, and the memory-bandwidth limit of each size
+# (derived from the memcpy rate measured in the same run) with the goal that applies. Needs the peers
 # (scripts/install-deps.sh --peers): openmpi-bin, libopenmpi-dev, python3-torch.
 # Usage: bench/compare_allreduce.sh [RUNS] [SIZES in bytes, comma separated]
 set -euo pipefail
@@ -18,20 +19,36 @@ for ((r = 0; r < RUNS; r++)); do
     /usr/bin/python3 bench/peers/torch_allreduce.py --world "$w" --sizes "$SIZES" >>"$out" 2>/dev/null
   done
 done
-/usr/bin/python3 - "$out" <<'PY'
+/usr/bin/python3 - "$out" "$(nproc)" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-mem = [r["busbw_gbps"] for r in rows if r["impl"] == "memcpy"]
-print(f"single-core memcpy (reads+writes): {statistics.median(mem):.2f} GB/s")
-print(f"{'procs':>5} {'bytes':>10} | {'troupe us':>10} {'mpi us':>10} {'gloo us':>10} | {'troupe GB/s':>11} {'mpi GB/s':>9} {'gloo GB/s':>9} | {'vs best':>7}")
+cores = int(sys.argv[2])
+mem = statistics.median(r["busbw_gbps"] for r in rows if r["impl"] == "memcpy")
+print(f"host: {open('/proc/cpuinfo').read().split('model name')[1].split(':')[1].splitlines()[0].strip()}, {cores} cores")
+print(f"single-core memcpy (reads+writes): {mem:.2f} GB/s")
+# The memory-bandwidth limit: every rank must at least read its input and write its output
+# (2 x bytes of traffic, one memcpy of the buffer), all ranks at once at the single-core memcpy
+# rate, ranks beyond the cores sharing them. No algorithm between processes moves less.
+print("limit us: 2 x bytes at the memcpy rate (x procs / cores when oversubscribed); "
+      "% limit: limit / time; goal: >= 1.5x the best peer where it is below 60% of the limit, else >= 1.0x")
+print(f"{'procs':>5} {'bytes':>10} | {'troupe us':>10} {'mpi us':>10} {'gloo us':>10} | {'limit us':>9} "
+      f"{'troupe %':>8} {'peer %':>7} | {'vs best':>7} {'goal':>5} {'met':>4}")
 for w in (2, 4):
     for b in sorted({r["bytes"] for r in rows if r.get("workers") == w}):
         med = {}
         for impl in ("troupe_ucx", "openmpi", "pytorch_gloo"):
             v = [r for r in rows if r["impl"] == impl and r.get("workers") == w and r["bytes"] == b]
-            med[impl] = (statistics.median(x["time_us"] for x in v), statistics.median(x["busbw_gbps"] for x in v)) if v else (float("nan"), float("nan"))
-        best_time = min(med["openmpi"][0], med["pytorch_gloo"][0])  # same bytes: time ratio = bandwidth ratio
-        print(f"{w:>5} {b:>10} | {med['troupe_ucx'][0]:>10.1f} {med['openmpi'][0]:>10.1f} {med['pytorch_gloo'][0]:>10.1f} | "
-              f"{med['troupe_ucx'][1]:>11.3f} {med['openmpi'][1]:>9.3f} {med['pytorch_gloo'][1]:>9.3f} | {best_time/med['troupe_ucx'][0]:>6.2f}x")
+            med[impl] = statistics.median(x["time_us"] for x in v) if v else float("nan")
+        best = min(med["openmpi"], med["pytorch_gloo"])  # same bytes: time ratio = bandwidth ratio
+        limit = 2 * b / (mem * 1e3) * w / min(w, cores)
+        ratio = best / med["troupe_ucx"]
+        if b <= 8:
+            goal, met = "1/3", ratio >= 1 / 3  # within 3x of the best peer's latency
+        else:
+            goal = 1.5 if limit / best < 0.6 else 1.0
+            met = ratio >= goal
+        print(f"{w:>5} {b:>10} | {med['troupe_ucx']:>10.1f} {med['openmpi']:>10.1f} {med['pytorch_gloo']:>10.1f} | "
+              f"{limit:>9.1f} {100 * limit / med['troupe_ucx']:>7.0f}% {100 * limit / best:>6.0f}% | "
+              f"{ratio:>6.2f}x {goal:>5} {'yes' if met else 'NO':>4}")
 PY
 rm -f "$out"

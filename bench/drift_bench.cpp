@@ -38,7 +38,8 @@ struct Run {
   }
   double norm_sq() {
     double s = 0;
-    for (size_t b = 0; b < model.num_blocks(); ++b) s += models::grad_norm_sq(model.block(b).grads());
+    for (size_t b = 0; b < model.num_blocks(); ++b)
+      s += models::grad_norm_sq(model.block(b).grads());
     return s;
   }
 };
@@ -124,14 +125,18 @@ void dump_run(const std::string& dir, Run& r, const models::ModelSpec& spec,
     return std::vector<char>(p, p + v.size() * 4);
   };
   const std::vector<size_t> shape{size_t(steps), batch, spec.context};
-  models::safetensors::write(dir + "/batches.safetensors",
-                             {{"inputs", "I32", shape, bytes(in)}, {"targets", "I32", shape, bytes(tg)}});
-  nlohmann::json j = {{"layers", spec.layers}, {"d_model", spec.d_model}, {"heads", spec.heads},
-                      {"context", spec.context}, {"vocab", spec.vocab}, {"batch", batch},
-                      {"micro", micro}, {"shards", shards}, {"optimizer", o.kind}, {"lr", o.lr},
+  models::safetensors::write(dir + "/batches.safetensors", {{"inputs", "I32", shape, bytes(in)},
+                                                            {"targets", "I32", shape, bytes(tg)}});
+  nlohmann::json j = {{"layers", spec.layers},  {"d_model", spec.d_model},
+                      {"heads", spec.heads},    {"context", spec.context},
+                      {"vocab", spec.vocab},    {"batch", batch},
+                      {"micro", micro},         {"shards", shards},
+                      {"optimizer", o.kind},    {"lr", o.lr},
                       {"momentum", o.momentum}, {"weight_decay", o.weight_decay},
-                      {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps}, {"steps", steps},
-                      {"loss_a", la}, {"loss_b", lb}, {"param_rel", rel}};
+                      {"beta1", o.beta1},       {"beta2", o.beta2},
+                      {"eps", o.eps},           {"steps", steps},
+                      {"loss_a", la},           {"loss_b", lb},
+                      {"param_rel", rel}};
   std::ofstream(dir + "/troupe.json") << j.dump() << "\n";
 }
 
@@ -180,7 +185,8 @@ int run_drift_bench(const std::vector<std::string>& words) {
   std::vector<double> la, lb, rel;
   int first_diff = -1;
   if (!json)
-    std::printf("%6s %14s %14s %12s  %s\n", "step", "loss A", "|A - B|", "params rel", "most drifted");
+    std::printf("%6s %14s %14s %12s  %s\n", "step", "loss A", "|A - B|", "params rel",
+                "most drifted");
   for (int s = 0; s < steps; ++s) {
     la.push_back(a.trainer.step(uint64_t(s)).loss);
     lb.push_back(sharded_step(b, uint64_t(s), batch, shards));
@@ -190,9 +196,10 @@ int run_drift_bench(const std::vector<std::string>& words) {
     if ((s + 1) % every != 0 && s > 10 && s + 1 != steps) continue;
     double dl = std::fabs(la.back() - lb.back());
     if (json)
-      std::printf("{\"bench\":\"drift\",\"optimizer\":\"%s\",\"step\":%d,\"loss\":%.9g,"
-                  "\"loss_diff\":%.3g,\"param_rel_l2\":%.3g,\"worst\":\"%s\",\"worst_rel\":%.3g}\n",
-                  o.kind.c_str(), s, la.back(), dl, d.rel_l2, d.worst.c_str(), d.worst_rel);
+      std::printf(
+          "{\"bench\":\"drift\",\"optimizer\":\"%s\",\"step\":%d,\"loss\":%.9g,"
+          "\"loss_diff\":%.3g,\"param_rel_l2\":%.3g,\"worst\":\"%s\",\"worst_rel\":%.3g}\n",
+          o.kind.c_str(), s, la.back(), dl, d.rel_l2, d.worst.c_str(), d.worst_rel);
     else
       std::printf("%6d %14.9f %14.3g %12.3g  %s (%.3g)\n", s, la.back(), dl, d.rel_l2,
                   d.worst.c_str(), d.worst_rel);

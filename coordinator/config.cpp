@@ -315,8 +315,9 @@ void validate(const JobConfig& c, const std::string& source, const Places& at) {
          ") to be a multiple of batch.micro (" + std::to_string(c.micro_batch) +
          "): the global micro-batches are what every layout computes alike");
   if (c.deterministic && c.overlap_reduce)
-    fail("parallel.deterministic sums every micro-batch's gradient after the backward pass; "
-         "it cannot overlap the reduction (set parallel.overlap_reduce = false)");
+    fail(
+        "parallel.deterministic sums every micro-batch's gradient after the backward pass; "
+        "it cannot overlap the reduction (set parallel.overlap_reduce = false)");
   if (c.data_kind == "text") check_text_file(c, place("data.path"));
 }
 

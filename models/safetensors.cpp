@@ -24,14 +24,14 @@ size_t elements(const std::vector<size_t>& shape) {
 // One header entry read back into a Tensor (shape and offsets checked; bytes not yet read).
 Tensor entry(const std::string& path, const std::string& name, const json& e, size_t data_size,
              std::pair<size_t, size_t>& range) {
-  if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") ||
-      !e.contains("data_offsets"))
+  if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets"))
     fail(path, "tensor '" + name + "' lacks dtype, shape or data_offsets");
   Tensor t;
   t.name = name;
   t.dtype = e["dtype"].is_string() ? e["dtype"].get<std::string>() : "";
   if (t.dtype != "F32" && t.dtype != "I32")
     fail(path, "tensor '" + name + "' has dtype '" + t.dtype + "' (F32 or I32 expected)");
+  if (!e["shape"].is_array()) fail(path, "tensor '" + name + "' has a bad shape");
   for (const auto& d : e["shape"]) {
     if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t(1) << 40))
       fail(path, "tensor '" + name + "' has a bad shape");
@@ -65,8 +65,10 @@ void write(const std::string& path, const std::vector<Tensor>& tensors,
   size_t at = 0;
   for (const auto& t : tensors) {
     if (t.bytes.size() != elements(t.shape) * 4)
-      throw std::invalid_argument("safetensors: tensor '" + t.name + "' bytes do not fit its shape");
-    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {at, at + t.bytes.size()}}};
+      throw std::invalid_argument("safetensors: tensor '" + t.name +
+                                  "' bytes do not fit its shape");
+    header[t.name] = {
+        {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {at, at + t.bytes.size()}}};
     at += t.bytes.size();
   }
   std::string text = header.dump();
@@ -96,6 +98,7 @@ File read(const std::string& path) {
   std::vector<std::pair<size_t, size_t>> ranges;
   for (const auto& [name, e] : header.items()) {
     if (name == "__metadata__") {
+      if (!e.is_object()) fail(path, "__metadata__ is not an object");
       for (const auto& [k, v] : e.items())
         if (v.is_string()) f.metadata[k] = v.get<std::string>();
       continue;
@@ -108,8 +111,8 @@ File read(const std::string& path) {
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ranges[a] < ranges[b]; });
   for (size_t i = 1; i < order.size(); ++i)
     if (ranges[order[i]].first < ranges[order[i - 1]].second)
-      fail(path, "tensors '" + f.tensors[order[i - 1]].name + "' and '" +
-                     f.tensors[order[i]].name + "' overlap");
+      fail(path, "tensors '" + f.tensors[order[i - 1]].name + "' and '" + f.tensors[order[i]].name +
+                     "' overlap");
   std::vector<Tensor> sorted;
   for (size_t i : order) {
     Tensor& t = f.tensors[i];

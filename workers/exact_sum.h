@@ -16,8 +16,8 @@
 // nearest integer: every partial sum of T of them stays below 2^51 (so it converts back to
 // double exactly, and the conversions vectorise), and values within 2^-(27 - log2 T) of the
 // block's largest keep every bit of their float; smaller ones are rounded to a fixed absolute
-// step of at most 2^-50 of the largest (a float sum rounds them relative to the running sum). A non-finite gradient anywhere makes the block's sum
-// NaN on every rank, as a float sum would.
+// step of at most 2^-50 of the largest (a float sum rounds them relative to the running sum). A
+// non-finite gradient anywhere makes the block's sum NaN on every rank, as a float sum would.
 //
 // Thread-safety: none; one worker's thread.
 #pragma once
@@ -65,7 +65,7 @@ class ExactSum {
   models::Model& model_;
   uint32_t first_, last_;
   uint64_t terms_;
-  size_t kept_ = 0;                                // micro-batches moved aside this step
+  size_t kept_ = 0;                                     // micro-batches moved aside this step
   std::vector<std::vector<std::vector<float>>> stash_;  // [micro][block - first]
   std::vector<int64_t> acc_;
 };

@@ -29,9 +29,9 @@ struct StageLayout {
 };
 
 struct StageStepResult {
-  double loss = 0;  // the last stage: its micro-batches' loss (weights 1/B); others: 0
+  double loss = 0;        // the last stage: its micro-batches' loss (weights 1/B); others: 0
   double loss_fixed = 0;  // the same, each micro-batch's in fixed point (workers/exact_sum.h)
-  double busy = 0;  // seconds computing (forward, recompute, loss, backward)
+  double busy = 0;        // seconds computing (forward, recompute, loss, backward)
 };
 
 class PipelineStage {
@@ -44,8 +44,8 @@ class PipelineStage {
   // global batch, in micro-batches of `micro` samples. Gradients accumulate into the blocks;
   // after_backward, if given, runs after each micro-batch's backward (parallel.deterministic
   // moves each micro-batch's gradient aside there).
-  StageStepResult run(comm::Communicator& comm, uint64_t step, elastic::Share share,
-                      uint64_t micro, const std::function<void()>& after_backward = nullptr);
+  StageStepResult run(comm::Communicator& comm, uint64_t step, elastic::Share share, uint64_t micro,
+                      const std::function<void()>& after_backward = nullptr);
 
  private:
   struct Micro {  // one micro-batch's tensors in this step

@@ -246,8 +246,10 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
     double control[3] = {spec_.deterministic ? res.loss_fixed : res.loss,
                          stop_requested() ? 1.0 : 0.0, spec_.deterministic ? 0.0 : norm_sq};
     comm.allreduce(control, control, 3, comm::DataType::f64, comm::ReduceOp::sum);
-    if (spec_.deterministic) control[0] = loss_from_fixed_point(control[0]);
-    else norm_sq = control[2];
+    if (spec_.deterministic)
+      control[0] = loss_from_fixed_point(control[0]);
+    else
+      norm_sq = control[2];
     models::StepStats stats;
     stats.loss = control[0];
     for (uint32_t b = mine.begin; b < mine.end; ++b) states_->snapshot(b, step);

@@ -120,8 +120,8 @@ class Worker {
                            const StopRequested& stop_requested);
   // parallel.deterministic: this rank's global micro-batches, each computed alone, their
   // gradients summed exactly over everyone; stats.loss is the rank's loss in fixed point.
-  models::StepStats forward_backward_exact(comm::Communicator& comm, ExactSum& exact,
-                                           uint64_t step, elastic::Share share);
+  models::StepStats forward_backward_exact(comm::Communicator& comm, ExactSum& exact, uint64_t step,
+                                           elastic::Share share);
   double global_norm_sq_exact(comm::Communicator& comm, const elastic::Plan& plan, bool reporter);
   // The share of rank r of n data-parallel replicas (whole micro-batches when deterministic).
   elastic::Share share_of(uint32_t r, uint32_t n) const;
