@@ -96,6 +96,11 @@ ControlMessage encode(const JobSpec& m) {
     s.setStageBackupSteps(m.stage_backup_steps);
     s.setRecomputeActivations(m.recompute_activations);
     s.setDeterministic(m.deterministic);
+    s.setCheckpointDir(m.checkpoint_dir);
+    s.setCheckpointEvery(m.checkpoint_every);
+    s.setCheckpointSkipIfBusy(m.checkpoint_skip_if_busy);
+    s.setResumeDir(m.resume_dir);
+    s.setResumeStep(m.resume_step);
     s.setFailureTimeoutMs(m.failure_timeout_ms);
     s.setWorkerMaxRestarts(m.worker_max_restarts);
     s.setWorkerRestartWindowMs(m.worker_restart_window_ms);
@@ -137,6 +142,11 @@ JobSpec decode(proto::JobSpec::Reader s) {
   m.stage_backup_steps = s.getStageBackupSteps();
   m.recompute_activations = s.getRecomputeActivations();
   m.deterministic = s.getDeterministic();
+  m.checkpoint_dir = s.getCheckpointDir();
+  m.checkpoint_every = s.getCheckpointEvery();
+  m.checkpoint_skip_if_busy = s.getCheckpointSkipIfBusy();
+  m.resume_dir = s.getResumeDir();
+  m.resume_step = s.getResumeStep();
   m.failure_timeout_ms = s.getFailureTimeoutMs();
   m.worker_max_restarts = s.getWorkerMaxRestarts();
   m.worker_restart_window_ms = s.getWorkerRestartWindowMs();
@@ -244,6 +254,35 @@ ControlMessage encode(const WorkerDone& m) {
 
 WorkerDone decode(proto::WorkerDone::Reader r) {
   return {r.getRank(), r.getGeneration(), r.getSteps(), r.getChecksum()};
+}
+
+ControlMessage encode(const CheckpointWritten& m) {
+  return ControlMessage::build([&](Env e) {
+    auto c = e.initBody().initCheckpointWritten();
+    c.setGeneration(m.generation);
+    c.setRank(m.rank);
+    c.setStep(m.step);
+    c.setBlocks(m.blocks);
+    c.setDirectory(m.directory);
+    auto shards = c.initShards(unsigned(m.shards.size()));
+    for (unsigned i = 0; i < m.shards.size(); ++i) {
+      shards[i].setBlock(m.shards[i].block);
+      shards[i].setFile(m.shards[i].file);
+      shards[i].setBytes(m.shards[i].bytes);
+      shards[i].setChecksum(m.shards[i].checksum);
+    }
+    c.setBlockingSeconds(m.blocking_seconds);
+    c.setWriteSeconds(m.write_seconds);
+    c.setError(m.error);
+  });
+}
+
+CheckpointWritten decode(proto::CheckpointWritten::Reader r) {
+  CheckpointWritten m{r.getGeneration(), r.getRank(), r.getStep(), r.getBlocks(),
+                      r.getDirectory(),  {},          r.getBlockingSeconds(), r.getWriteSeconds(),
+                      r.getError()};
+  for (auto s : r.getShards()) m.shards.push_back({s.getBlock(), s.getFile(), s.getBytes(), s.getChecksum()});
+  return m;
 }
 
 ControlMessage encode(const WorkerFailed& m) {

@@ -61,6 +61,12 @@ struct JobSpec {
   int64_t pipeline_stages = 1, max_params_per_worker = 0, stage_backup_steps = 0;
   bool recompute_activations = false;
   bool deterministic = false;
+  // [checkpoint]
+  std::string checkpoint_dir;  // resolved; "" = no checkpoints
+  int64_t checkpoint_every = 0;
+  bool checkpoint_skip_if_busy = false;
+  std::string resume_dir;  // the checkpoint to start from ("" = the seed)
+  uint64_t resume_step = 0;
   // [elastic]
   int64_t failure_timeout_ms = 3000;
   int64_t worker_max_restarts = 3, worker_restart_window_ms = 60000;
@@ -113,6 +119,24 @@ struct StateReceived {
   std::string plan;
 };
 
+// worker -> coordinator (one way): its shards of a checkpoint are durable (written, fsynced,
+// renamed); the coordinator writes the manifest once every block is.
+struct CheckpointShard {
+  uint32_t block = 0;
+  std::string file;
+  uint64_t bytes = 0, checksum = 0;
+};
+struct CheckpointWritten {
+  uint64_t generation = 0;
+  uint32_t rank = 0;
+  uint64_t step = 0;
+  uint32_t blocks = 0;
+  std::string directory;
+  std::vector<CheckpointShard> shards;
+  double blocking_seconds = 0, write_seconds = 0;
+  std::string error;  // "" or why the shards could not be written
+};
+
 // worker -> coordinator (one way): finished, with a checksum of its parameters.
 struct WorkerDone {
   uint32_t rank = 0;
@@ -163,6 +187,7 @@ ControlMessage encode(const GenerationStart& m);
 ControlMessage encode(const StepReport& m);
 ControlMessage encode(const StateReceived& m);
 ControlMessage encode(const WorkerDone& m);
+ControlMessage encode(const CheckpointWritten& m);
 ControlMessage encode(const WorkerFailed& m);
 ControlMessage encode(const Shutdown& m);
 ControlMessage encode(const JobStatus& m);
@@ -181,6 +206,7 @@ GenerationStart decode(proto::GenerationStart::Reader r);
 StepReport decode(proto::StepReport::Reader r);
 StateReceived decode(proto::StateReceived::Reader r);
 WorkerDone decode(proto::WorkerDone::Reader r);
+CheckpointWritten decode(proto::CheckpointWritten::Reader r);
 WorkerFailed decode(proto::WorkerFailed::Reader r);
 Shutdown decode(proto::Shutdown::Reader r);
 JobStatus decode(proto::JobStatus::Reader r);

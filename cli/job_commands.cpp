@@ -46,11 +46,25 @@ struct RunDir {
   std::string path, token;
 };
 
-RunDir prepare_run_dir(const coordinator::JobConfig& cfg) {
+// Checkpoints go to checkpoint.dir, by default the run directory's checkpoints/ (made absolute:
+// agents may run elsewhere). Throws RunDirError when it cannot be created.
+void resolve_checkpoint_dir(coordinator::JobConfig& cfg, const std::string& run_dir) {
+  if (cfg.checkpoint_every_steps == 0) return;
+  if (cfg.checkpoint_dir.empty()) cfg.checkpoint_dir = run_dir + "/checkpoints";
+  std::error_code ec;
+  cfg.checkpoint_dir = std::filesystem::absolute(cfg.checkpoint_dir, ec).lexically_normal();
+  std::filesystem::create_directories(cfg.checkpoint_dir, ec);
+  if (ec)
+    throw coordinator::RunDirError("checkpoint.dir: cannot create " + cfg.checkpoint_dir + ": " +
+                                   ec.message());
+}
+
+RunDir prepare_run_dir(coordinator::JobConfig& cfg) {
   RunDir d;
   d.owned = std::make_unique<coordinator::RunDirectory>(
       cfg.run_dir.empty() ? coordinator::default_run_dir(cfg.name) : cfg.run_dir, cfg.name);
   d.path = d.owned->path();
+  resolve_checkpoint_dir(cfg, d.path);
   d.token = coordinator::new_token();
   { std::ofstream(d.path + "/config.toml") << coordinator::to_toml(cfg); }
   coordinator::write_token_file(d.path + "/job.token", cfg.name, d.token);

@@ -39,6 +39,7 @@ struct Envelope {
     drainRequest @28 :UInt32;              # admin -> coordinator (request): this agent leaves at a step boundary
     scaleRequest @29 :UInt32;              # admin -> coordinator (request): run with this many workers
     stateReceived @30 :StateReceived;      # worker -> coordinator (one way): it took the state source's state
+    checkpointWritten @31 :CheckpointWritten;  # worker -> coordinator (one way): its shards of a checkpoint are durable
   }
 }
 
@@ -86,6 +87,30 @@ struct JobSpec {
   workerMaxRestarts @33 :Int64;   # elastic.worker_max_restarts (a worker thread that throws)
   workerRestartWindowMs @34 :Int64;  # elastic.worker_restart_window_ms
   deterministic @35 :Bool;        # parallel.deterministic
+  checkpointDir @36 :Text;        # checkpoint.dir, resolved ("" = no checkpoints)
+  checkpointEvery @37 :Int64;     # checkpoint.every_steps (0 = none)
+  checkpointSkipIfBusy @38 :Bool; # checkpoint.if_busy = "skip"
+  resumeDir @39 :Text;            # the checkpoint a resumed job starts from ("" = from the seed)
+  resumeStep @40 :UInt64;         # its step (the next step to run)
+}
+
+struct CheckpointShard {
+  block @0 :UInt32;         # the model block
+  file @1 :Text;            # its file in the checkpoint's directory
+  bytes @2 :UInt64;         # the file's size
+  checksum @3 :UInt64;      # FNV-1a 64 of the file's bytes
+}
+
+struct CheckpointWritten {
+  generation @0 :UInt64;    # the writer's generation
+  rank @1 :UInt32;          # the writer's rank
+  step @2 :UInt64;          # the checkpoint's step (the next step to run; state after step - 1)
+  blocks @3 :UInt32;        # blocks in the model: the checkpoint is complete when all are written
+  directory @4 :Text;       # the checkpoint's directory
+  shards @5 :List(CheckpointShard);
+  blockingSeconds @6 :Float64;  # training stopped while the state was copied
+  writeSeconds @7 :Float64;     # the background write (files, fsync, rename)
+  error @8 :Text;               # "" or why the shards could not be written (the checkpoint fails)
 }
 
 struct WorkerReady {

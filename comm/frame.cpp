@@ -221,6 +221,7 @@ std::variant<std::shared_ptr<const DecodedFrame>, Rejection> FrameValidator::dec
     case proto::Envelope::Body::DRAIN_REQUEST:
     case proto::Envelope::Body::SCALE_REQUEST:
     case proto::Envelope::Body::STATE_RECEIVED:
+    case proto::Envelope::Body::CHECKPOINT_WRITTEN:
       break;
     default:
       return reject(Reject::unknown_kind,

@@ -95,6 +95,8 @@ std::vector<Field> fields_of(JobConfig& c) {
       I("elastic", "worker_restart_window_ms", &c.worker_restart_window_ms, 1, 86400000),
       S("checkpoint", "dir", &c.checkpoint_dir),
       I("checkpoint", "every_steps", &c.checkpoint_every_steps, 0, 1e12),
+      I("checkpoint", "keep", &c.checkpoint_keep, 1, 1e6),
+      S("checkpoint", "if_busy", &c.checkpoint_if_busy, {"wait", "skip"}),
       S("logging", "level", &c.log_level, {"debug", "info", "warn", "error"}),
       B("logging", "progress", &c.progress),
   };
@@ -233,11 +235,10 @@ void refuse_what_cannot_act(const JobConfig& c, const std::string& source, const
     throw ConfigError(place("parallel.backend") +
                       ": parallel.backend = \"nccl\" needs CUDA workers, and this job's workers "
                       "are CPU devices (cpu:N): use \"ucx\" or \"auto\"");
-  for (const char* key : {"checkpoint.dir", "checkpoint.every_steps"})
-    if (at.count(key) && (key[11] == 'd' ? !c.checkpoint_dir.empty() : c.checkpoint_every_steps))
-      throw ConfigError(place(key) + ": " + key +
-                        ": checkpoints are not implemented yet; remove the key (a job that "
-                        "believed it was checkpointing would lose its work)");
+  if (at.count("checkpoint.dir") && !c.checkpoint_dir.empty() && c.checkpoint_every_steps == 0)
+    throw ConfigError(place("checkpoint.dir") +
+                      ": checkpoint.dir is set but checkpoint.every_steps is 0: no checkpoint "
+                      "would be written there (set checkpoint.every_steps)");
   if (c.change_timeout_ms > 0 && c.change_timeout_ms <= c.failure_timeout_ms)
     throw ConfigError(place("elastic.change_timeout_ms") +
                       ": elastic.change_timeout_ms must be larger than "

@@ -21,6 +21,7 @@
 #include "actors/job_protocol.h"
 #include "actors/services.h"
 #include "coordinator/admin.h"
+#include "coordinator/checkpoints.h"
 #include "coordinator/events.h"
 #include "coordinator/generations.h"
 #include "coordinator/job_spec.h"
@@ -63,6 +64,7 @@ class Coordinator : public caf::event_based_actor {
     // A write to the run directory that fails (a full disk) fails the job, naming the file:
     // handled as a message of its own, after the handler that wrote.
     log_.on_error([this](const std::string& why) { send(this, log_failed_atom::value, why); });
+    if (cfg_.checkpoint_every_steps > 0) checkpoints_.emplace(cfg_);
   }
 
   void on_exit() override {
@@ -134,6 +136,9 @@ class Coordinator : public caf::event_based_actor {
         break;
       case B::STATE_RECEIVED:
         on_state_received(actors::decode(body.getStateReceived()));
+        break;
+      case B::CHECKPOINT_WRITTEN:
+        on_checkpoint(actors::decode(body.getCheckpointWritten()));
         break;
       case B::SCALE_REQUEST:
         return scale(body.getScaleRequest());
@@ -419,6 +424,33 @@ class Coordinator : public caf::event_based_actor {
                                   c.tokens_per_s, c.generation, c.world_size});
   }
 
+  // A worker's checkpoint shards are durable: the manifest once every block is.
+  void on_checkpoint(const actors::CheckpointWritten& w) {
+    if (!checkpoints_) return;
+    auto failed = [&](const std::string& why) {
+      log_.event("checkpoint_failed", Json().integer("step", long(w.step)).str("reason", why));
+      spdlog::error("checkpoint at step {} failed: {}", w.step, why);
+    };
+    if (!w.error.empty()) return failed("rank " + std::to_string(w.rank) + ": " + w.error);
+    std::optional<CompletedCheckpoint> done;
+    try {
+      done = checkpoints_->add(w, uint32_t(gens_.members().size()), plan_);
+    } catch (const std::exception& e) {
+      return failed(e.what());
+    }
+    if (!done) return;
+    log_.event("checkpoint_written", Json()
+                                         .integer("step", long(done->step))
+                                         .str("path", done->manifest)
+                                         .num("blocking_seconds", done->blocking_seconds)
+                                         .num("write_seconds", done->write_seconds));
+    log_.metric(Json()
+                    .integer("checkpoint_step", long(done->step))
+                    .num("checkpoint_blocking_seconds", done->blocking_seconds)
+                    .num("checkpoint_write_seconds", done->write_seconds));
+    spdlog::info("checkpoint at step {} written: {}", done->step, done->manifest);
+  }
+
   void on_state_received(const actors::StateReceived& t) {
     if (t.generation != gens_.current()) return;
     if (!t.plan.empty() && t.rank == 0) {
@@ -630,6 +662,7 @@ class Coordinator : public caf::event_based_actor {
   int64_t reforms_ = 0;             // generations broken in a row without a committed step
   int64_t interrupts_ = 0;          // SIGINT/SIGTERM to the process
   std::string plan_;                // the generation's pipeline layout, as its rank 0 reported it
+  std::optional<Checkpoints> checkpoints_;  // with checkpoint.every_steps
   std::string last_failure_;        // the last failure, for the message if the job fails
   Clock::time_point t_start_ = Clock::now();
 };

@@ -33,6 +33,9 @@ actors::JobSpec job_spec_of(const JobConfig& c, uint32_t agent_id, uint64_t firs
   s.threads_per_worker = c.threads_per_worker;
   s.overlap_reduce = c.overlap_reduce;
   s.deterministic = c.deterministic;
+  if (c.checkpoint_every_steps > 0) s.checkpoint_dir = c.checkpoint_dir;  // (resolved by then)
+  s.checkpoint_every = c.checkpoint_every_steps;
+  s.checkpoint_skip_if_busy = c.checkpoint_if_busy == "skip";
   s.pipeline_stages = c.pipeline_stages;
   s.max_params_per_worker = c.max_params_per_worker;
   s.stage_backup_steps = c.stage_backup_steps;

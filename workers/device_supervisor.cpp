@@ -45,6 +45,9 @@ WorkerSpec worker_spec_of(const actors::JobSpec& s) {
   w.stage_backup_steps = s.stage_backup_steps;
   w.recompute_activations = s.recompute_activations;
   w.deterministic = s.deterministic;
+  w.checkpoint_dir = s.checkpoint_dir;
+  w.checkpoint_every = s.checkpoint_dir.empty() ? 0 : s.checkpoint_every;
+  w.checkpoint_skip_if_busy = s.checkpoint_skip_if_busy;
   // Joining a running job: the state comes from the members (take_state), not the seed.
   w.init_state = s.first_generation == 1;
   return w;
@@ -150,6 +153,9 @@ DeviceSupervisor::Next DeviceSupervisor::train(const actors::GenerationStart& g)
                                                 s.seconds, s.busy_seconds}));
   };
   auto stop = [&] { return board_.stop_requested() || board_.leaving(gen); };
+  worker_->set_checkpoint_reporter([&](const CheckpointWriter::Written& w) {
+    report_checkpoint(gen, w);
+  });
   TrainResult result = worker_->run(*comm_, g.start_step, on_step, stop);
   // The step's vote said stop: another member's agent may have heard why (a stop or a
   // membership change) before this one did. Wait for the reason before acting.
@@ -160,9 +166,21 @@ DeviceSupervisor::Next DeviceSupervisor::train(const actors::GenerationStart& g)
     ++want_;  // the membership changes: on to the next generation
     return Next::generation;
   }
+  worker_->finish_checkpoints();  // (the manifest of the last one before the job's end)
   ctx_.send(actors::encode(
       actors::WorkerDone{uint32_t(rank_), gen, result.next_step, worker_->final_checksum()}));
   return Next::done;
+}
+
+void DeviceSupervisor::report_checkpoint(uint64_t gen, const CheckpointWriter::Written& w) {
+  if (!w.error.empty())
+    spdlog::error("worker {}: checkpoint at step {} not written: {}", id_.device, w.step,
+                  w.error);
+  actors::CheckpointWritten m{gen,         uint32_t(rank_), w.step,          worker_->num_blocks(),
+                              w.directory, {},              w.blocking_seconds, w.write_seconds,
+                              w.error};
+  for (const auto& s : w.shards) m.shards.push_back({s.block, s.file, s.bytes, s.checksum});
+  ctx_.send(actors::encode(m));
 }
 
 bool DeviceSupervisor::restart_after(const std::exception& e) {

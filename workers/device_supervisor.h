@@ -55,6 +55,8 @@ class DeviceSupervisor {
   bool connect(const actors::GenerationStart& g);  // false: not a member (a standby)
   void take_state(const actors::GenerationStart& g);
   Next train(const actors::GenerationStart& g);
+  // A finished checkpoint write of this worker's blocks, to the coordinator.
+  void report_checkpoint(uint64_t gen, const CheckpointWriter::Written& w);
   bool restart_after(const std::exception& e);  // true: the worker is built again
 
   const DeviceContext& ctx_;

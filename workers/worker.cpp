@@ -5,8 +5,12 @@
 #include <optional>
 #include <stdexcept>
 
+#include <spdlog/spdlog.h>
+
+#include "comm/checksum.h"
 #include "elastic/membership.h"
 #include "models/kernels.h"
+#include "models/state.h"
 #include "workers/pipeline_stage.h"
 #include "workers/reducer.h"
 
@@ -133,6 +137,9 @@ TrainResult Worker::run_data_parallel(comm::Communicator& comm, uint64_t start,
   TrainResult result{start, false};
   const elastic::Share share = share_of(uint32_t(comm.rank()), uint32_t(comm.size()));
   ExactSum exact(*model_, 0, num_blocks(), micro_batches());
+  std::vector<uint32_t> written;  // the blocks this rank writes into checkpoints
+  for (uint32_t b = uint32_t(comm.rank()); b < num_blocks(); b += uint32_t(comm.size()))
+    written.push_back(b);
   auto reduce_block = [&](size_t b) {
     auto& g = model_->block(b).grads();
     comm.allreduce(g.data(), g.data(), g.numel(), comm::DataType::f32, comm::ReduceOp::sum);
@@ -165,6 +172,7 @@ TrainResult Worker::run_data_parallel(comm::Communicator& comm, uint64_t start,
     trainer_->apply(step, norm_sq, stats);
     next_step_ = step + 1;
     for (uint32_t b = 0; b < num_blocks(); ++b) states_->hold(b, next_step_);
+    maybe_checkpoint(written);
     on_step(step_info(step, control[0], share, seconds_since(t0), busy));
     result.next_step = step + 1;
     if (control[1] > 0) {
@@ -215,6 +223,9 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
   if (active && s + 1 < plan.pp) layout.next = int(elastic::rank_of(plan, s + 1, r));
   PipelineStage stage(*model_, *trainer_, out_shape_, layout);
   const elastic::Share share = active ? share_of(r, plan.dp) : elastic::Share{};
+  std::vector<uint32_t> written;  // this stage's blocks, spread over its replicas
+  for (uint32_t b = mine.begin; active && b < mine.end; ++b)
+    if (b % plan.dp == r) written.push_back(b);
   std::unique_ptr<ExactSum> exact;
   if (active && spec_.deterministic)
     exact = std::make_unique<ExactSum>(*model_, mine.begin, mine.end, micro_batches());
@@ -258,6 +269,7 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
     for (uint32_t b = mine.begin; b < mine.end; ++b) states_->hold(b, next_step_);
     if (backups && next_step_ % uint64_t(spec_.stage_backup_steps) == 0)
       backups_->take(comm, plan, s, r, *states_, next_step_);
+    maybe_checkpoint(written);
     // The samples are counted once, by the first stage of each pipeline.
     const elastic::Share counted = active && s == 0 ? share : elastic::Share{};
     on_step(step_info(step, control[0], counted, seconds_since(t0), res.busy));
@@ -270,6 +282,31 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
   if (!result.stopped) gather_parameters(comm, plan);
   comm.barrier();
   return result;
+}
+
+void Worker::maybe_checkpoint(const std::vector<uint32_t>& blocks) {
+  if (auto done = writer_.take_finished(); done && on_checkpoint_) on_checkpoint_(*done);
+  const uint64_t every = uint64_t(spec_.checkpoint_every);
+  if (every == 0 || next_step_ % every != 0 || blocks.empty()) return;
+  if (writer_.busy() && spec_.checkpoint_skip_if_busy) {
+    spdlog::warn("checkpoint at step {} skipped: the one before is still being written",
+                 next_step_);
+    return;
+  }
+  writer_.wait();
+  if (auto done = writer_.take_finished(); done && on_checkpoint_) on_checkpoint_(*done);
+  const auto t0 = Clock::now();
+  std::vector<CheckpointWriter::Shard> shards;
+  const models::BlockState at{next_step_, next_step_ * uint64_t(spec_.global_batch)};
+  for (uint32_t b : blocks)
+    shards.push_back({b, models::save_block_state(model_->block(b), b, *opt_, at)});
+  writer_.start(next_step_, spec_.checkpoint_dir + "/" + checkpoint_dir_name(next_step_),
+                std::move(shards), seconds_since(t0));
+}
+
+void Worker::finish_checkpoints() {
+  writer_.wait();
+  if (auto done = writer_.take_finished(); done && on_checkpoint_) on_checkpoint_(*done);
 }
 
 // The squared gradient norm summed block by block in block order, as a data-parallel worker sums
@@ -340,8 +377,7 @@ uint64_t Worker::checksum() const {
   uint64_t h = 1469598103934665603ull;
   for (size_t b = 0; b < model_->num_blocks(); ++b) {
     const auto& p = model_->block(b).params();
-    auto* bytes = reinterpret_cast<const uint8_t*>(p.data());
-    for (size_t i = 0; i < p.numel() * sizeof(float); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+    h = comm::fnv1a(reinterpret_cast<const uint8_t*>(p.data()), p.numel() * sizeof(float), h);
   }
   return h;
 }

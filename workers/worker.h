@@ -22,6 +22,7 @@
 #include "models/data.h"
 #include "models/trainer.h"
 #include "workers/block_state.h"
+#include "workers/checkpoint_writer.h"
 #include "workers/exact_sum.h"
 #include "workers/faults.h"
 #include "workers/stage_backups.h"
@@ -56,6 +57,12 @@ struct WorkerSpec {
   // parallel.deterministic: global micro-batches, each computed alone, summed exactly
   // (workers/exact_sum.h): the same bits at any world size, layout and membership history.
   bool deterministic = false;
+  // Checkpoints: every checkpoint_every steps (0: none) the blocks this worker writes go to
+  // checkpoint_dir/step-N/ in the background; when the previous write is still going, skip this
+  // one (checkpoint.if_busy = "skip") or wait for it.
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  bool checkpoint_skip_if_busy = false;
   // Initialise the parameters from the seed. A worker that joins a running job (or restarts)
   // receives the state from the members instead and skips it (seconds for large models).
   bool init_state = true;
@@ -93,6 +100,11 @@ class Worker {
 
   uint64_t checksum() const;  // FNV-1a over all parameters
   uint64_t final_checksum();  // the job's end: checksum() (after a test's injector, if any)
+  // Called on the worker's thread with each finished checkpoint write (its agent reports it).
+  using OnCheckpoint = std::function<void(const CheckpointWriter::Written&)>;
+  void set_checkpoint_reporter(OnCheckpoint f) { on_checkpoint_ = std::move(f); }
+  // Waits for the checkpoint write in flight and reports it (the job's end).
+  void finish_checkpoints();
   uint64_t next_step() const { return next_step_; }  // steps applied so far
 
   // After a membership change: every member receives, point to point over the new generation's
@@ -126,6 +138,9 @@ class Worker {
   // The share of rank r of n data-parallel replicas (whole micro-batches when deterministic).
   elastic::Share share_of(uint32_t r, uint32_t n) const;
   void gather_parameters(comm::Communicator& comm, const elastic::Plan& plan);
+  // At a step boundary: reports a finished checkpoint write; when next_step_ is due, copies the
+  // state of `blocks` (the ones this rank writes) and starts writing it.
+  void maybe_checkpoint(const std::vector<uint32_t>& blocks);
   void before_step(uint64_t step);  // the test's fault injection, if any
   StepInfo step_info(uint64_t step, double loss, elastic::Share share, double seconds,
                      double busy) const;
@@ -140,6 +155,8 @@ class Worker {
   std::unique_ptr<BlockStates> states_;
   std::unique_ptr<StageBackups> backups_;
   uint64_t next_step_ = 0;
+  CheckpointWriter writer_;
+  OnCheckpoint on_checkpoint_;
   // Per block: the shape of its output for one sample (dim 0 scales with the samples), for the
   // receiving side of a stage boundary.
   std::vector<std::vector<size_t>> out_shape_;

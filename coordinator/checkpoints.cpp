@@ -1,0 +1,159 @@
+#include "coordinator/checkpoints.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "comm/checksum.h"
+
+namespace troupe::coordinator {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+constexpr const char* kFormat = "troupe-checkpoint-1";
+
+std::string hex(uint64_t v) {
+  char s[17];
+  std::snprintf(s, sizeof s, "%016llx", (unsigned long long)v);
+  return s;
+}
+
+// Writes text to path through path.tmp: written, fsynced, renamed, the directory fsynced.
+void write_durably(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  bool ok = fd >= 0 && ::write(fd, text.data(), text.size()) == ssize_t(text.size()) &&
+            ::fsync(fd) == 0;
+  if (fd >= 0) ::close(fd);
+  ok = ok && ::rename(tmp.c_str(), path.c_str()) == 0;
+  if (!ok) throw std::runtime_error("cannot write the checkpoint manifest " + path);
+  int dfd = ::open(fs::path(path).parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+// The checkpoint directories under dir (step-N), by step.
+std::map<uint64_t, fs::path> checkpoint_dirs(const std::string& dir) {
+  std::map<uint64_t, fs::path> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() != 13 || name.rfind("step-", 0) != 0 || !e.is_directory()) continue;
+    if (name.find_first_not_of("0123456789", 5) != std::string::npos) continue;
+    out[std::stoull(name.substr(5))] = e.path();
+  }
+  return out;
+}
+
+// "" when the checkpoint in dir is complete and intact, else why not.
+std::string check(const fs::path& dir, const std::string& hash, uint64_t step) {
+  const fs::path manifest = dir / "manifest.json";
+  std::ifstream in(manifest);
+  if (!in) return "no manifest (a checkpoint still being written, or cut short by a crash)";
+  json m = json::parse(in, nullptr, false);
+  if (m.is_discarded() || !m.is_object()) return "the manifest is not JSON";
+  if (m.value("format", "") != kFormat) return "the manifest's format is not " + std::string(kFormat);
+  if (m.value("step", uint64_t(0)) != step) return "the manifest's step is not the directory's";
+  if (m.value("config_hash", "") != hash)
+    return "it belongs to another model, data or seed (config hash " + m.value("config_hash", "?") +
+           ", this job's " + hash + ")";
+  const auto& shards = m["shards"];
+  if (!shards.is_array() || shards.size() != m.value("blocks", size_t(0)) || shards.empty())
+    return "the manifest does not list one shard per block";
+  for (const auto& s : shards) {
+    const std::string file = s.value("file", "");
+    if (file.empty() || file.find('/') != std::string::npos) return "a shard has a bad file name";
+    std::ifstream f(dir / file, std::ios::binary);
+    if (!f) return (dir / file).string() + " is missing";
+    std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (bytes.size() != s.value("bytes", uint64_t(0)))
+      return (dir / file).string() + " has " + std::to_string(bytes.size()) + " bytes, the manifest says " +
+             std::to_string(s.value("bytes", uint64_t(0)));
+    const uint64_t sum =
+        comm::fnv1a(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+    if (hex(sum) != s.value("checksum", ""))
+      return (dir / file).string() + " does not match its checksum (damaged)";
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string checkpoint_config_hash(const JobConfig& c) {
+  json j = {{"model", c.model_kind}, {"hidden", c.hidden},     {"inputs", c.inputs},
+            {"classes", c.classes},  {"layers", c.layers},     {"d_model", c.d_model},
+            {"heads", c.heads},      {"context", c.context},   {"tied_head", c.tied_head},
+            {"data", c.data_kind},   {"path", c.data_path},    {"samples", c.samples},
+            {"seed", c.seed},        {"batch", c.global_batch}, {"optimizer", c.optimizer}};
+  const std::string text = j.dump();
+  return hex(comm::fnv1a(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+}
+
+Checkpoints::Checkpoints(const JobConfig& cfg) : cfg_(cfg), hash_(checkpoint_config_hash(cfg)) {}
+
+std::optional<CompletedCheckpoint> Checkpoints::add(const actors::CheckpointWritten& w,
+                                                    uint32_t world_size, const std::string& plan) {
+  Pending& p = pending_[w.step];
+  for (const auto& s : w.shards) p.shards[s.block] = s;
+  p.blocks = w.blocks;
+  p.directory = w.directory;
+  p.blocking = std::max(p.blocking, w.blocking_seconds);
+  p.write = std::max(p.write, w.write_seconds);
+  if (p.blocks == 0 || p.shards.size() < p.blocks) return std::nullopt;
+  json shards = json::array();
+  for (const auto& [b, s] : p.shards)
+    shards.push_back({{"block", b}, {"file", s.file}, {"bytes", s.bytes}, {"checksum", hex(s.checksum)}});
+  json m = {{"format", kFormat},
+            {"job", cfg_.name},
+            {"step", w.step},
+            {"config_hash", hash_},
+            {"data", {{"seed", cfg_.seed}, {"global_batch", cfg_.global_batch},
+                      {"cursor", w.step * uint64_t(cfg_.global_batch)}}},
+            {"ledger", {{"committed_steps", w.step}}},
+            {"layout", {{"world_size", world_size}, {"plan", plan}}},
+            {"blocks", p.blocks},
+            {"shards", shards}};
+  const std::string path = p.directory + "/manifest.json";
+  write_durably(path, m.dump(1) + "\n");
+  CompletedCheckpoint done{w.step, path, p.blocking, p.write};
+  pending_.erase(pending_.begin(), pending_.upper_bound(w.step));
+  prune();
+  return done;
+}
+
+// Keeps the newest checkpoint.keep complete checkpoints; older directories (complete or not)
+// go. Newer incomplete ones stay: their shards may still be coming.
+void Checkpoints::prune() {
+  auto dirs = checkpoint_dirs(cfg_.checkpoint_dir);
+  std::vector<uint64_t> complete;
+  for (const auto& [step, path] : dirs)
+    if (fs::exists(path / "manifest.json")) complete.push_back(step);
+  if (complete.size() <= size_t(cfg_.checkpoint_keep)) return;
+  const uint64_t oldest_kept = complete[complete.size() - size_t(cfg_.checkpoint_keep)];
+  std::error_code ec;
+  for (const auto& [step, path] : dirs)
+    if (step < oldest_kept) fs::remove_all(path, ec);
+}
+
+std::optional<ValidCheckpoint> newest_valid_checkpoint(const std::string& dir,
+                                                       const std::string& hash,
+                                                       std::vector<std::string>* refused) {
+  auto dirs = checkpoint_dirs(dir);
+  for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
+    std::string why = check(it->second, hash, it->first);
+    if (why.empty()) return ValidCheckpoint{it->first, it->second.string()};
+    if (refused) refused->push_back(it->second.string() + ": " + why);
+  }
+  return std::nullopt;
+}
+
+}  // namespace troupe::coordinator

@@ -1,0 +1,69 @@
+// The job's checkpoints on disk: checkpoint.dir/step-N/ holds one shard per model block
+// (block-B.trpblk, models::save_block_state's bytes, written by the block's writer in the
+// background: workers/checkpoint_writer.h) and, written last, manifest.json. A checkpoint without
+// its manifest does not exist. The coordinator collects what workers report and writes the
+// manifest once every block of the step is durable; it then keeps the newest `keep` complete
+// checkpoints and deletes the rest. The manifest holds what resuming needs: the step (the next
+// step to run), the data cursor (step x batch.global: the sampler is a pure function of seed and
+// position), the config hash (the keys that shape the state and the data order), the layout it
+// was saved from, and each shard's file, size and FNV-1a 64 checksum.
+//
+// Thread-safety: none; owned by the coordinator's actor.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "actors/job_protocol.h"
+#include "coordinator/config.h"
+
+namespace troupe::coordinator {
+
+// The hash of what a checkpoint's state and data order depend on: model.*, data.*, job.seed,
+// batch.global, optimizer.kind (16 hex digits).
+std::string checkpoint_config_hash(const JobConfig& cfg);
+
+struct CompletedCheckpoint {
+  uint64_t step = 0;
+  std::string manifest;  // its path
+  double blocking_seconds = 0, write_seconds = 0;  // the slowest writer's
+};
+
+class Checkpoints {
+ public:
+  Checkpoints(const JobConfig& cfg);
+
+  // A worker's shards. Returns the checkpoint this completed (its manifest written), if any.
+  // Throws std::runtime_error when the manifest cannot be written (named).
+  std::optional<CompletedCheckpoint> add(const actors::CheckpointWritten& w, uint32_t world_size,
+                                         const std::string& plan);
+
+ private:
+  struct Pending {
+    std::map<uint32_t, actors::CheckpointShard> shards;
+    uint32_t blocks = 0;
+    std::string directory;
+    double blocking = 0, write = 0;
+  };
+  void prune();
+
+  JobConfig cfg_;
+  std::string hash_;
+  std::map<uint64_t, Pending> pending_;
+};
+
+// The checkpoints under dir, newest first, each checked: manifest readable, the config hash
+// equal to `hash`, every shard present with its size and checksum. The first valid one, or
+// nullopt; `refused` gets "PATH: reason" for each newer one that is not valid.
+struct ValidCheckpoint {
+  uint64_t step = 0;
+  std::string directory;
+};
+std::optional<ValidCheckpoint> newest_valid_checkpoint(const std::string& dir,
+                                                       const std::string& hash,
+                                                       std::vector<std::string>* refused);
+
+}  // namespace troupe::coordinator

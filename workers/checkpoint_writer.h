@@ -1,0 +1,67 @@
+// A worker's checkpoint shards, written in the background: training stops only while the state
+// is copied into host memory (the caller does that, into `Shard::bytes`); one thread then writes
+// each shard to a temporary name, fsyncs it, renames it and fsyncs the directory. At most one
+// write is in flight. What was written (files, sizes, checksums, times) is taken back by the
+// worker's thread and reported to the coordinator, which writes the manifest once every block of
+// the checkpoint is durable (coordinator/checkpoints.h).
+//
+// Thread-safety: start/wait/take_finished from one thread (the worker's).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace troupe::workers {
+
+// "block-00003.trpblk": the shard file of a block, in its checkpoint's directory.
+std::string shard_file_name(uint32_t block);
+// "step-00000120": a checkpoint's directory name under checkpoint.dir.
+std::string checkpoint_dir_name(uint64_t step);
+
+class CheckpointWriter {
+ public:
+  struct Shard {
+    uint32_t block = 0;
+    std::vector<uint8_t> bytes;  // models::save_block_state's
+  };
+  struct WrittenShard {
+    uint32_t block = 0;
+    std::string file;
+    uint64_t bytes = 0, checksum = 0;
+  };
+  struct Written {
+    uint64_t step = 0;
+    std::string directory;
+    std::vector<WrittenShard> shards;
+    double blocking_seconds = 0, write_seconds = 0;
+    std::string error;  // "" or why a file could not be written (nothing is reported complete)
+  };
+
+  CheckpointWriter() = default;
+  ~CheckpointWriter();  // waits for the write in flight
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  bool busy() const { return thread_.joinable() && !done_.load(std::memory_order_acquire); }
+  // Starts writing (after waiting for a write in flight, whose result stays to be taken).
+  void start(uint64_t step, std::string directory, std::vector<Shard> shards,
+             double blocking_seconds);
+  // Blocks until the write in flight (if any) is done.
+  void wait();
+  // The last write, once it is done (and only once).
+  std::optional<Written> take_finished();
+
+ private:
+  void write(std::vector<Shard> shards);
+
+  std::thread thread_;
+  std::atomic<bool> done_{false};
+  Written result_;
+  bool taken_ = true;
+};
+
+}  // namespace troupe::workers
