@@ -20,6 +20,7 @@
 #include "coordinator/job_spec.h"
 #include "coordinator/launcher.h"
 #include "coordinator/process.h"
+#include "coordinator/checkpoints.h"
 #include "coordinator/run_dir.h"
 #include "models/model.h"
 #include "workers/agent.h"
@@ -59,10 +60,43 @@ void resolve_checkpoint_dir(coordinator::JobConfig& cfg, const std::string& run_
                                    ec.message());
 }
 
-RunDir prepare_run_dir(coordinator::JobConfig& cfg) {
+// --resume PATH: a checkpoint directory (a new run starts from it) or a run directory (the run
+// goes on there from its newest valid checkpoint; newer ones that are not valid are named on
+// stderr). Sets cfg.resume_* (and cfg.run_dir for a run directory); "" or why it cannot resume.
+std::string prepare_resume(coordinator::JobConfig& cfg, const std::string& path, bool& into_run) {
+  namespace fs = std::filesystem;
+  const std::string hash = coordinator::checkpoint_config_hash(cfg);
+  std::optional<coordinator::ValidCheckpoint> found;
+  into_run = !fs::exists(fs::path(path) / "manifest.json");
+  if (!into_run) {
+    std::string why;
+    found = coordinator::valid_checkpoint(path, hash, &why);
+    if (!found) return "--resume " + path + ": " + why;
+  } else {
+    if (!fs::exists(fs::path(path) / "events.jsonl"))
+      return "--resume " + path + ": neither a run directory (no events.jsonl) nor a checkpoint "
+             "(no manifest.json)";
+    const std::string dir = cfg.checkpoint_dir.empty() ? path + "/checkpoints" : cfg.checkpoint_dir;
+    std::vector<std::string> refused;
+    found = coordinator::newest_valid_checkpoint(dir, hash, &refused);
+    for (const auto& r : refused) std::fprintf(stderr, "troupe: skipping checkpoint %s\n", r.c_str());
+    if (!found) return "--resume " + path + ": no valid checkpoint in " + dir;
+    cfg.run_dir = path;
+  }
+  if (found->step >= uint64_t(cfg.steps))
+    return "--resume " + path + ": the checkpoint is at step " + std::to_string(found->step) +
+           " and job.steps = " + std::to_string(cfg.steps) + ": nothing is left to run";
+  std::error_code ec;
+  cfg.resume_dir = fs::absolute(found->directory, ec).lexically_normal().string();
+  cfg.resume_step = found->step;
+  return "";
+}
+
+RunDir prepare_run_dir(coordinator::JobConfig& cfg, bool resuming) {
   RunDir d;
   d.owned = std::make_unique<coordinator::RunDirectory>(
-      cfg.run_dir.empty() ? coordinator::default_run_dir(cfg.name) : cfg.run_dir, cfg.name);
+      cfg.run_dir.empty() ? coordinator::default_run_dir(cfg.name) : cfg.run_dir, cfg.name,
+      resuming);
   d.path = d.owned->path();
   resolve_checkpoint_dir(cfg, d.path);
   d.token = coordinator::new_token();
@@ -239,6 +273,10 @@ int run_job(const std::vector<std::string>& words, bool spawn_agents) {
   app.add_option("--set", sets, "overrides a key: table.key=value (TOML syntax), repeatable")
       ->type_name("KEY=VALUE");
   app.add_option("--listen", listen, "the coordinator's HOST:PORT (cluster.listen)");
+  std::string resume;
+  app.add_option("--resume", resume,
+                 "RUN_DIR: go on in it from its newest valid checkpoint; or a checkpoint's "
+                 "directory: a new run starts from it");
   if (auto rc = parse(app, words)) return *rc;
   coordinator::JobConfig cfg;
   try {
@@ -253,9 +291,16 @@ int run_job(const std::vector<std::string>& words, bool spawn_agents) {
     std::fprintf(stderr, "troupe: %s: %s\n", path.c_str(), why.c_str());
     return 2;
   }
+  bool into_run = false;
+  if (!resume.empty()) {
+    if (std::string why = prepare_resume(cfg, resume, into_run); !why.empty()) {
+      std::fprintf(stderr, "troupe: %s\n", why.c_str());
+      return 2;
+    }
+  }
   RunDir dir;
   try {
-    dir = prepare_run_dir(cfg);
+    dir = prepare_run_dir(cfg, into_run);
   } catch (const coordinator::RunDirError& e) {
     std::fprintf(stderr, "troupe: %s\n", e.what());
     return 2;

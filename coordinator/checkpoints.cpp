@@ -54,14 +54,16 @@ std::map<uint64_t, fs::path> checkpoint_dirs(const std::string& dir) {
   return out;
 }
 
-// "" when the checkpoint in dir is complete and intact, else why not.
-std::string check(const fs::path& dir, const std::string& hash, uint64_t step) {
+// "" when the checkpoint in dir is complete and intact, else why not. step: the step its name
+// says (UINT64_MAX: take the manifest's).
+std::string check(const fs::path& dir, const std::string& hash, uint64_t& step) {
   const fs::path manifest = dir / "manifest.json";
   std::ifstream in(manifest);
   if (!in) return "no manifest (a checkpoint still being written, or cut short by a crash)";
   json m = json::parse(in, nullptr, false);
   if (m.is_discarded() || !m.is_object()) return "the manifest is not JSON";
   if (m.value("format", "") != kFormat) return "the manifest's format is not " + std::string(kFormat);
+  if (step == UINT64_MAX) step = m.value("step", uint64_t(0));
   if (m.value("step", uint64_t(0)) != step) return "the manifest's step is not the directory's";
   if (m.value("config_hash", "") != hash)
     return "it belongs to another model, data or seed (config hash " + m.value("config_hash", "?") +
@@ -149,10 +151,20 @@ std::optional<ValidCheckpoint> newest_valid_checkpoint(const std::string& dir,
                                                        std::vector<std::string>* refused) {
   auto dirs = checkpoint_dirs(dir);
   for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
-    std::string why = check(it->second, hash, it->first);
+    uint64_t step = it->first;
+    std::string why = check(it->second, hash, step);
     if (why.empty()) return ValidCheckpoint{it->first, it->second.string()};
     if (refused) refused->push_back(it->second.string() + ": " + why);
   }
+  return std::nullopt;
+}
+
+std::optional<ValidCheckpoint> valid_checkpoint(const std::string& directory,
+                                                const std::string& hash, std::string* why) {
+  uint64_t step = UINT64_MAX;
+  std::string reason = check(directory, hash, step);
+  if (reason.empty()) return ValidCheckpoint{step, directory};
+  if (why) *why = reason;
   return std::nullopt;
 }
 

@@ -62,6 +62,9 @@ struct ValidCheckpoint {
   uint64_t step = 0;
   std::string directory;
 };
+// One checkpoint directory, checked as above: its step, or the reason it is not valid.
+std::optional<ValidCheckpoint> valid_checkpoint(const std::string& directory,
+                                                const std::string& hash, std::string* why);
 std::optional<ValidCheckpoint> newest_valid_checkpoint(const std::string& dir,
                                                        const std::string& hash,
                                                        std::vector<std::string>* refused);

@@ -71,6 +71,9 @@ struct JobConfig {
   int64_t checkpoint_every_steps = 0;   // 0: no checkpoints
   int64_t checkpoint_keep = 3;          // the newest complete checkpoints kept
   std::string checkpoint_if_busy = "wait";  // the previous write still going: wait | skip
+  // Not keys: set by `troupe run --resume` (the checkpoint the job starts from).
+  std::string resume_dir;
+  uint64_t resume_step = 0;
   // [logging]
   std::string log_level = "info";
   bool progress = true;

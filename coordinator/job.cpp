@@ -79,6 +79,12 @@ class Coordinator : public caf::event_based_actor {
                                   .str("job", cfg_.name)
                                   .integer("steps", cfg_.steps)
                                   .integer("workers", cfg_.workers()));
+    if (!cfg_.resume_dir.empty()) {
+      log_.event("job_resumed", Json()
+                                    .integer("step", long(cfg_.resume_step))
+                                    .str("checkpoint", cfg_.resume_dir));
+      if (!steps_.resume_at(cfg_.resume_step)) fail("cannot rewrite ledger.jsonl for the resume");
+    }
     arm_deadline();
     return live();
   }

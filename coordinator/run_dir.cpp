@@ -53,7 +53,8 @@ bool run_dir_in_use(const std::string& path) {
   return held;
 }
 
-RunDirectory::RunDirectory(const std::string& path, const std::string& job_name) : path_(path) {
+RunDirectory::RunDirectory(const std::string& path, const std::string& job_name, bool resuming)
+    : path_(path) {
   std::error_code ec;
   fs::create_directories(path, ec);
   if (ec) throw RunDirError("cannot create the run directory " + path + ": " + ec.message());
@@ -68,7 +69,7 @@ RunDirectory::RunDirectory(const std::string& path, const std::string& job_name)
     throw RunDirError("the run directory " + path + " is in use by another job" +
                       (owner.empty() ? "" : " (" + owner + ")") + "; choose another job.run_dir");
   }
-  if (fs::exists(path + "/events.jsonl")) {
+  if (!resuming && fs::exists(path + "/events.jsonl")) {
     ::close(lock_fd_);
     lock_fd_ = -1;
     throw RunDirError("the run directory " + path +

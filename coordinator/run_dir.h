@@ -2,8 +2,8 @@
 // it. A job claims its directory for its whole life with a lock (DIR/run.lock, flock(2), with the
 // owner's job, pid, host and start time written in it); a second job is refused with the name of
 // the first, and a directory that already holds a job's logs (events.jsonl) is refused: results
-// are never interleaved or appended to. (Resuming a run from its directory comes with
-// checkpoints.)
+// are never interleaved or appended to, except by the same job resumed from its checkpoints
+// (`troupe run --resume RUN_DIR`).
 //
 // Thread-safety: none; one owner.
 #pragma once
@@ -29,7 +29,8 @@ class RunDirectory {
  public:
   // Creates the directory (and its parents) if needed and locks it for job_name. Throws
   // RunDirError: in use by another job (named), holds an earlier job's logs, cannot be created.
-  RunDirectory(const std::string& path, const std::string& job_name);
+  // resuming: the directory's earlier logs are the same job's, continued (troupe run --resume).
+  RunDirectory(const std::string& path, const std::string& job_name, bool resuming = false);
   ~RunDirectory();  // releases the lock (the file stays, naming the last owner)
   RunDirectory(const RunDirectory&) = delete;
   RunDirectory& operator=(const RunDirectory&) = delete;

@@ -36,6 +36,13 @@ class StepDriver {
       : log_(log), cfg_(config), on_commit_(std::move(on_commit)) {}
 
   uint64_t committed() const { return committed_; }
+  // A job resumed from a checkpoint of `step`: steps before it are committed (by the run that
+  // wrote it); the ledger's lines of later steps go (they are redone). False if the ledger could
+  // not be rewritten.
+  bool resume_at(uint64_t step) {
+    committed_ = step;
+    return log_.drop_ledger_from(step);
+  }
   double last_loss() const { return last_loss_; }
 
   // A report of the current generation (of `world` members); true when it completed its step.

@@ -1,20 +1,28 @@
 #include "workers/block_state.h"
 
 #include <cstring>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+
+#include "models/state.h"
+#include "workers/checkpoint_writer.h"
 
 namespace troupe::workers {
 
-BlockStates::BlockStates(models::Model& model, models::Optimizer& opt, uint64_t seed,
-                         bool init_state, bool lazy)
-    : model_(model), opt_(opt), seed_(seed) {
+BlockStates::BlockStates(models::Model& model, models::Optimizer& opt, const Origin& origin,
+                         bool lazy)
+    : model_(model), opt_(opt), origin_(origin) {
   const size_t n = model.num_blocks();
   // Every worker of the first generation starts from the same initial state (a pure function of
-  // the seed); one that skipped it holds nothing until it receives the state.
-  held_at_.assign(n, init_state ? 0 : kStale);
-  pending_init_.assign(n, init_state && lazy);
+  // the seed, or the checkpoint's); one that skipped it holds nothing until it receives the state.
+  const bool init = origin.init_state;
+  held_at_.assign(n, init ? (origin.checkpoint.empty() ? 0 : origin.step) : kStale);
+  pending_init_.assign(n, init);
   snap_at_.assign(n, kStale);
   snap_.resize(n);
-  if (init_state && !lazy) model_.init(seed);
+  if (init && !lazy)
+    for (uint32_t b = 0; b < n; ++b) materialize(b);
 }
 
 std::vector<models::Tensor*> BlockStates::buffers(uint32_t b) {
@@ -42,7 +50,25 @@ void BlockStates::hold(uint32_t b, uint64_t step) {
 
 void BlockStates::materialize(uint32_t b) {
   if (!pending_init_[b]) return;
-  model_.block(b).init(seed_, b);
+  if (origin_.checkpoint.empty()) {
+    model_.block(b).init(origin_.seed, b);
+  } else {
+    // (The coordinator checked every shard's checksum before the job started.)
+    const std::string path = origin_.checkpoint + "/" + shard_file_name(b);
+    std::ifstream in(path, std::ios::binary);
+    std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                               std::istreambuf_iterator<char>());
+    if (!in.good() && !in.eof()) throw std::runtime_error("cannot read " + path);
+    opt_.ensure(b);
+    try {
+      models::BlockState s = models::load_block_state(bytes, model_.block(b), b, opt_);
+      if (s.step != origin_.step)
+        throw std::invalid_argument("it holds step " + std::to_string(s.step) + ", not " +
+                                    std::to_string(origin_.step));
+    } catch (const std::invalid_argument& e) {
+      throw std::runtime_error(path + ": " + e.what());
+    }
+  }
   pending_init_[b] = false;
 }
 

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "elastic/generation.h"
@@ -19,10 +20,18 @@ namespace troupe::workers {
 
 class BlockStates {
  public:
-  // init_state: every block is held as of step 0 (made from the seed now, or later when
-  // lazy: materialize()); otherwise nothing is held until it is received.
-  BlockStates(models::Model& model, models::Optimizer& opt, uint64_t seed, bool init_state,
-              bool lazy);
+  // Where the first state comes from: the seed (step 0), a checkpoint (its step), or (neither)
+  // the members of a running job.
+  struct Origin {
+    bool init_state = true;  // false: nothing is held until it is received
+    uint64_t seed = 0;
+    std::string checkpoint;  // "" or the checkpoint's directory (block-B.trpblk per block)
+    uint64_t step = 0;       // the checkpoint's step
+  };
+  // With init_state every block is held as of the origin's step: made (from the seed, or read
+  // from the checkpoint) now, or when lazy, at materialize(). Throws std::runtime_error naming a
+  // shard that cannot be read or does not fit the model.
+  BlockStates(models::Model& model, models::Optimizer& opt, const Origin& origin, bool lazy);
 
   uint32_t num_blocks() const { return uint32_t(held_at_.size()); }
   // The buffers of a block's state: parameters, then the optimizer's moments (allocated when a
@@ -34,7 +43,7 @@ class BlockStates {
   // Marks a block current as of `step` (trained, received or restored).
   void hold(uint32_t block, uint64_t step);
   bool holds(uint32_t block, uint64_t step) const { return held_at_[block] == step; }
-  // Initialises the block from the seed if that is pending.
+  // Initialises the block (from the seed or the checkpoint) if that is pending.
   void materialize(uint32_t block);
   // Copies the block's state as of `step` (before the update that follows).
   void snapshot(uint32_t block, uint64_t step);
@@ -49,7 +58,7 @@ class BlockStates {
   static constexpr uint64_t kStale = UINT64_MAX;
   models::Model& model_;
   models::Optimizer& opt_;
-  uint64_t seed_;
+  Origin origin_;
   std::vector<uint64_t> held_at_;  // per block: the step its state is current as of, or kStale
   std::vector<bool> pending_init_;
   std::vector<uint64_t> snap_at_;                  // per block: the step of its snapshot, or kStale

@@ -48,6 +48,8 @@ WorkerSpec worker_spec_of(const actors::JobSpec& s) {
   w.checkpoint_dir = s.checkpoint_dir;
   w.checkpoint_every = s.checkpoint_dir.empty() ? 0 : s.checkpoint_every;
   w.checkpoint_skip_if_busy = s.checkpoint_skip_if_busy;
+  w.resume_dir = s.resume_dir;
+  w.resume_step = s.resume_step;
   // Joining a running job: the state comes from the members (take_state), not the seed.
   w.init_state = s.first_generation == 1;
   return w;

@@ -48,7 +48,9 @@ Worker::Worker(const WorkerSpec& spec) : spec_(spec) {
       counts.push_back(model_->block(i).param_count());
     opt_ = std::make_unique<models::Optimizer>(spec.optimizer, counts);
   }
-  states_ = std::make_unique<BlockStates>(*model_, *opt_, spec.seed, spec.init_state, pipelined());
+  BlockStates::Origin origin{spec.init_state, spec.seed, spec.resume_dir, spec.resume_step};
+  states_ = std::make_unique<BlockStates>(*model_, *opt_, origin, pipelined());
+  if (spec.init_state) next_step_ = spec.resume_step;
   backups_ = std::make_unique<StageBackups>(num_blocks());
   trainer_ = std::make_unique<models::Trainer>(*model_, *opt_, *data_, spec.seed,
                                                size_t(spec.global_batch), size_t(spec.micro_batch));

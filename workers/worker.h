@@ -63,6 +63,10 @@ struct WorkerSpec {
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   bool checkpoint_skip_if_busy = false;
+  // A resumed job: the first generation's state comes from this checkpoint (its step) instead of
+  // the seed; each worker reads the blocks it keeps (all, or a pipeline stage's).
+  std::string resume_dir;
+  uint64_t resume_step = 0;
   // Initialise the parameters from the seed. A worker that joins a running job (or restarts)
   // receives the state from the members instead and skips it (seconds for large models).
   bool init_state = true;
