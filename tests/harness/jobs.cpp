@@ -19,7 +19,7 @@ std::string pace(int step_delay_us) {
 
 Job start_job(const TempDir& dir, const std::string& name, const std::string& config_text,
               int agents, const std::vector<std::string>& sets,
-              const std::vector<std::string>& env) {
+              const std::vector<std::string>& env, const std::vector<std::string>& args) {
   Job j;
   std::string config = dir.path() + "/" + name + ".toml";
   std::ofstream(config) << config_text;
@@ -36,6 +36,7 @@ Job start_job(const TempDir& dir, const std::string& name, const std::string& co
     argv.push_back("--set");
     argv.push_back(s);
   }
+  argv.insert(argv.end(), args.begin(), args.end());
   j.proc = std::make_unique<coordinator::ChildProcess>(
       coordinator::ChildProcess::Options{argv, j.out, j.out, env});
   return j;

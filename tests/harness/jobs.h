@@ -24,10 +24,10 @@ struct Job {
 // test has time to act between steps.
 std::string pace(int step_delay_us);
 
-// `troupe run CONFIG --set job.run_dir=... --set cluster.agents=N --set S...` with env.
+// `troupe run CONFIG --set job.run_dir=... --set cluster.agents=N --set S... ARGS...` with env.
 Job start_job(const TempDir& dir, const std::string& name, const std::string& config_text,
               int agents, const std::vector<std::string>& sets = {},
-              const std::vector<std::string>& env = {});
+              const std::vector<std::string>& env = {}, const std::vector<std::string>& args = {});
 
 std::vector<std::string> events_of(const Job& job);
 int count_events(const Job& job, const std::string& kind);

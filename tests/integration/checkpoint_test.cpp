@@ -1,0 +1,187 @@
+// Checkpoints with real processes and real signals: a whole job SIGKILLed mid-run resumes from
+// its newest checkpoint at another world size; checkpoints reshard between pipeline layouts; bad
+// checkpoints (a flipped byte, a missing manifest, a truncated shard, another model's) are
+// refused naming the file and the reason, and the newest valid one is used. The job runs in
+// parallel.deterministic mode, so "the same function" is checked bitwise: losses and the final
+// parameters equal a run that was never interrupted, and the ledger shows every sample of every
+// committed step once across the restart.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "tests/harness/jobs.h"
+
+namespace troupe {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using namespace testing;
+
+const char* kGpt = R"([job]
+name = "checkpoints"
+seed = 3
+steps = 120
+[model]
+kind = "gpt"
+layers = 2
+d_model = 32
+heads = 4
+context = 16
+[data]
+kind = "text"
+path = "/usr/share/common-licenses/GPL-3"
+ledger = true
+[batch]
+global = 24
+micro = 4
+[optimizer]
+kind = "adamw"
+lr = 0.003
+[parallel]
+deterministic = true
+[checkpoint]
+every_steps = 20
+[logging]
+progress = false
+)";
+constexpr long kBatch = 24;
+
+std::string last_line(const std::string& path) {
+  auto lines = lines_of(path);
+  return lines.empty() ? "" : lines.back();
+}
+
+std::string final_checksum(const Job& job) {
+  const std::string last = events_of(job).back();
+  auto at = last.find("\"checksums\":[\"");
+  if (at == std::string::npos) return "";
+  at += 14;
+  return last.substr(at, last.find('"', at) - at);
+}
+
+struct Reference {
+  std::vector<double> losses;
+  std::string checksum;
+};
+
+// The same job, never interrupted, on one worker.
+Reference reference(const TempDir& dir, int steps) {
+  Job job = start_job(dir, "reference-" + std::to_string(steps), kGpt, 1,
+                      {"job.steps=" + std::to_string(steps), "checkpoint.every_steps=0"});
+  EXPECT_TRUE(job.proc->wait(120s));
+  return {committed_losses(job.run_dir), final_checksum(job)};
+}
+
+int resumed_from(const Job& job) {
+  for (const auto& e : events_of(job))
+    if (json_field(e, "event") == "job_resumed") return std::stoi(json_field(e, "step"));
+  return -1;
+}
+
+TEST(Checkpoints, TheWholeJobKilledResumesFromItsCheckpointAtAnotherSize) {
+  TempDir dir;
+  Reference want = reference(dir, 120);
+  Job job = start_job(dir, "killed", kGpt, 3, {}, {pace(30000)});
+  wait_steps(job, 50);
+  std::vector<int> pids = member_pids(dir, job);
+  pids.push_back(job.proc->pid());
+  for (int pid : pids) ::kill(pid, SIGKILL);
+  ASSERT_TRUE(job.proc->wait(10s));
+  ASSERT_TRUE(fs::exists(job.run_dir + "/checkpoints/step-00000040/manifest.json"));
+
+  Job resumed = start_job(dir, "killed", kGpt, 2, {}, {}, {"--resume", job.run_dir});
+  expect_same_function(resumed, want.losses, 120, kBatch, 0);
+  EXPECT_EQ(final_checksum(resumed), want.checksum);
+  EXPECT_GE(resumed_from(resumed), 40);
+  // checkpoint.keep (3): the oldest went.
+  EXPECT_FALSE(fs::exists(job.run_dir + "/checkpoints/step-00000020"));
+  EXPECT_TRUE(fs::exists(job.run_dir + "/checkpoints/step-00000120/manifest.json"));
+}
+
+// Saved by one layout, resumed by another: the shards are per block, so each member reads the
+// blocks it will own.
+void reshard(const std::vector<std::string>& save, int save_agents,
+             const std::vector<std::string>& load, int load_agents) {
+  TempDir dir;
+  Reference want = reference(dir, 120);
+  std::vector<std::string> first = save;
+  first.push_back("job.steps=60");
+  Job saved = start_job(dir, "saved", kGpt, save_agents, first);
+  ASSERT_TRUE(saved.proc->wait(120s));
+  ASSERT_TRUE(fs::exists(saved.run_dir + "/checkpoints/step-00000060/manifest.json"));
+  Job resumed = start_job(dir, "saved", kGpt, load_agents, load, {}, {"--resume", saved.run_dir});
+  expect_same_function(resumed, want.losses, 120, kBatch, 0);
+  EXPECT_EQ(final_checksum(resumed), want.checksum);
+  EXPECT_EQ(resumed_from(resumed), 60);
+}
+
+TEST(Checkpoints, SavedByThreeWorkersInTwoStagesResumedByTwoInOne) {
+  reshard({"parallel.pipeline_stages=2"}, 3, {"parallel.pipeline_stages=1"}, 2);
+}
+
+TEST(Checkpoints, SavedByTwoDataParallelWorkersResumedByTwoStages) {
+  reshard({}, 2, {"parallel.pipeline_stages=2"}, 2);
+}
+
+void flip_a_byte(const std::string& path) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(200);
+  char c = 0;
+  f.get(c);
+  f.seekp(200);
+  f.put(char(c ^ 0x10));
+}
+
+// Runs `troupe run --resume` expecting exit 2; returns what it said.
+std::string refused_resume(const TempDir& dir, const std::string& run_dir,
+                           std::vector<std::string> sets) {
+  Job j = start_job(dir, "refused", kGpt, 1, sets, {}, {"--resume", run_dir});
+  auto st = j.proc->wait(30s);
+  EXPECT_TRUE(st && WEXITSTATUS(*st) == 2) << last_line(j.out);
+  return testing::text_of(j.out);
+}
+
+TEST(Checkpoints, BadCheckpointsAreRefusedNamingTheFileAndTheNewestValidOneIsUsed) {
+  TempDir dir;
+  Reference want = reference(dir, 80);
+  Job saved = start_job(dir, "bad", kGpt, 2, {"job.steps=60"});
+  ASSERT_TRUE(saved.proc->wait(120s));
+  const std::string ckpt = saved.run_dir + "/checkpoints";
+  ASSERT_TRUE(fs::exists(ckpt + "/step-00000060/manifest.json"));
+
+  // A flipped byte in the newest: refused, the one before is used, and the job ends as if it
+  // had never stopped (a copy of the run: the cases below use the original).
+  const std::string copy = dir.path() + "/bad-copy";
+  fs::copy(saved.run_dir, copy, fs::copy_options::recursive);
+  fs::remove(copy + "/run.lock");
+  flip_a_byte(copy + "/checkpoints/step-00000060/block-00001.trpblk");
+  Job resumed = start_job(dir, "bad-copy", kGpt, 2, {"job.steps=80"}, {}, {"--resume", copy});
+  expect_same_function(resumed, want.losses, 80, kBatch, 0);
+  EXPECT_EQ(resumed_from(resumed), 40);
+  EXPECT_NE(text_of(resumed.out).find("step-00000060/block-00001.trpblk does not match its checksum"),
+            std::string::npos)
+      << text_of(resumed.out);
+
+  // Another model, data or seed: every checkpoint refused, exit 2.
+  std::string out = refused_resume(dir, saved.run_dir, {"job.seed=99", "job.steps=80"});
+  EXPECT_NE(out.find("belongs to another model, data or seed"), std::string::npos) << out;
+  EXPECT_NE(out.find("no valid checkpoint"), std::string::npos) << out;
+
+  // The newest cut short by a crash before its manifest, the next with a truncated shard, the
+  // oldest with a flipped byte: nothing valid is left, each named.
+  fs::remove(ckpt + "/step-00000060/manifest.json");
+  fs::resize_file(ckpt + "/step-00000040/block-00002.trpblk", 100);
+  flip_a_byte(ckpt + "/step-00000020/block-00000.trpblk");
+  out = refused_resume(dir, saved.run_dir, {"job.steps=80"});
+  EXPECT_NE(out.find("step-00000060: no manifest"), std::string::npos) << out;
+  EXPECT_NE(out.find("step-00000040/block-00002.trpblk has 100 bytes"), std::string::npos) << out;
+  EXPECT_NE(out.find("step-00000020/block-00000.trpblk does not match its checksum"),
+            std::string::npos)
+      << out;
+}
+
+}  // namespace
+}  // namespace troupe
