@@ -230,6 +230,13 @@ int report_end(const coordinator::JobConfig& cfg, const std::string& dir,
   std::printf("troupe: job '%s' %s after %llu of %lld steps, loss %.4f (%s)\n", cfg.name.c_str(),
               stopped ? "stopped" : "finished", (unsigned long long)end.steps, (long long)cfg.steps,
               end.loss, dir.c_str());
+  // Stopped with a checkpoint where it stopped (the preemption pattern: SIGTERM, then later the
+  // same job again): resumable, and not a failure.
+  if (stopped && !end.checkpoint.empty()) {
+    std::printf("troupe: resumable from %s: troupe run CONFIG --resume %s\n",
+                end.checkpoint.c_str(), dir.c_str());
+    return 0;
+  }
   return stopped && first_signal ? 128 + first_signal : 0;
 }
 

@@ -127,6 +127,7 @@ std::optional<CompletedCheckpoint> Checkpoints::add(const actors::CheckpointWrit
   const std::string path = p.directory + "/manifest.json";
   write_durably(path, m.dump(1) + "\n");
   CompletedCheckpoint done{w.step, path, p.blocking, p.write};
+  if (!newest_ || newest_->step < w.step) newest_ = done;
   pending_.erase(pending_.begin(), pending_.upper_bound(w.step));
   prune();
   return done;

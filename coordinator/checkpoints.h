@@ -40,6 +40,8 @@ class Checkpoints {
   // Throws std::runtime_error when the manifest cannot be written (named).
   std::optional<CompletedCheckpoint> add(const actors::CheckpointWritten& w, uint32_t world_size,
                                          const std::string& plan);
+  // The newest complete checkpoint written by this job (step, manifest), if any.
+  const std::optional<CompletedCheckpoint>& newest() const { return newest_; }
 
  private:
   struct Pending {
@@ -53,6 +55,7 @@ class Checkpoints {
   JobConfig cfg_;
   std::string hash_;
   std::map<uint64_t, Pending> pending_;
+  std::optional<CompletedCheckpoint> newest_;
 };
 
 // The checkpoints under dir, newest first, each checked: manifest readable, the config hash

@@ -481,6 +481,10 @@ class Coordinator : public caf::event_based_actor {
     auto outcome = steps_.done(d, gens_.members().size());
     if (!outcome) return;
     const bool stopped = job_.stop_requested();
+    // Stopped early with a checkpoint where it stopped: resumable (troupe run --resume).
+    if (stopped && checkpoints_ && checkpoints_->newest() &&
+        checkpoints_->newest()->step == steps_.committed())
+      resumable_ = checkpoints_->newest()->manifest;
     log_.event("job_finished",
                Json()
                    .integer("steps", long(steps_.committed()))
@@ -488,7 +492,9 @@ class Coordinator : public caf::event_based_actor {
                    .str("state", stopped ? "stopped" : "completed")
                    .value("checksums", outcome->checksums)
                    .boolean("identical_parameters", outcome->identical)
-                   .num("seconds", std::chrono::duration<double>(Clock::now() - t_start_).count()));
+                   .num("seconds", std::chrono::duration<double>(Clock::now() - t_start_).count())
+                   .boolean("resumable", !resumable_.empty())
+                   .str("checkpoint", resumable_));
     if (outcome->identical)
       finish(0, "", stopped ? elastic::JobOutcome::stopped : elastic::JobOutcome::completed);
     else
@@ -640,7 +646,7 @@ class Coordinator : public caf::event_based_actor {
     for (const auto& a : roster_.agents()) to_agent(a.id, msg);
     if (observer_)
       send(observer_, JobFinished{code, reason, elastic::outcome_name(outcome), steps_.committed(),
-                                  steps_.last_loss()});
+                                  steps_.last_loss(), resumable_});
     become(finished());
   }
 
@@ -669,6 +675,7 @@ class Coordinator : public caf::event_based_actor {
   int64_t interrupts_ = 0;          // SIGINT/SIGTERM to the process
   std::string plan_;                // the generation's pipeline layout, as its rank 0 reported it
   std::optional<Checkpoints> checkpoints_;  // with checkpoint.every_steps
+  std::string resumable_;  // the manifest a stopped job can resume from, once it finished
   std::string last_failure_;        // the last failure, for the message if the job fails
   Clock::time_point t_start_ = Clock::now();
 };

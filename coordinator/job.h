@@ -36,10 +36,12 @@ struct JobFinished {
   std::string state;   // completed | stopped | failed
   uint64_t steps = 0;  // committed
   double loss = 0;     // of the last committed step
+  std::string checkpoint;  // stopped with a checkpoint where it stopped: its manifest (resumable)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, JobFinished& x) {
-  return f(caf::meta::type_name("job_finished"), x.exit_code, x.reason, x.state, x.steps, x.loss);
+  return f(caf::meta::type_name("job_finished"), x.exit_code, x.reason, x.state, x.steps, x.loss,
+           x.checkpoint);
 }
 
 // The coordinator -> the observer: a change of the job's membership, as a line for people

@@ -168,7 +168,12 @@ DeviceSupervisor::Next DeviceSupervisor::train(const actors::GenerationStart& g)
     ++want_;  // the membership changes: on to the next generation
     return Next::generation;
   }
-  worker_->finish_checkpoints();  // (the manifest of the last one before the job's end)
+  // The job's end: the last checkpoint's write finishes (and the job stopped early is left
+  // resumable: a checkpoint where it stopped).
+  if (result.stopped && board_.stop_requested())
+    worker_->checkpoint_at_stop();
+  else
+    worker_->finish_checkpoints();
   ctx_.send(actors::encode(
       actors::WorkerDone{uint32_t(rank_), gen, result.next_step, worker_->final_checksum()}));
   return Next::done;

@@ -142,6 +142,7 @@ TrainResult Worker::run_data_parallel(comm::Communicator& comm, uint64_t start,
   std::vector<uint32_t> written;  // the blocks this rank writes into checkpoints
   for (uint32_t b = uint32_t(comm.rank()); b < num_blocks(); b += uint32_t(comm.size()))
     written.push_back(b);
+  written_ = written;
   auto reduce_block = [&](size_t b) {
     auto& g = model_->block(b).grads();
     comm.allreduce(g.data(), g.data(), g.numel(), comm::DataType::f32, comm::ReduceOp::sum);
@@ -228,6 +229,7 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
   std::vector<uint32_t> written;  // this stage's blocks, spread over its replicas
   for (uint32_t b = mine.begin; active && b < mine.end; ++b)
     if (b % plan.dp == r) written.push_back(b);
+  written_ = written;
   std::unique_ptr<ExactSum> exact;
   if (active && spec_.deterministic)
     exact = std::make_unique<ExactSum>(*model_, mine.begin, mine.end, micro_batches());
@@ -286,11 +288,12 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
   return result;
 }
 
-void Worker::maybe_checkpoint(const std::vector<uint32_t>& blocks) {
+void Worker::maybe_checkpoint(const std::vector<uint32_t>& blocks, bool forced) {
   if (auto done = writer_.take_finished(); done && on_checkpoint_) on_checkpoint_(*done);
   const uint64_t every = uint64_t(spec_.checkpoint_every);
-  if (every == 0 || next_step_ % every != 0 || blocks.empty()) return;
-  if (writer_.busy() && spec_.checkpoint_skip_if_busy) {
+  if (every == 0 || blocks.empty() || last_checkpoint_ == next_step_) return;
+  if (!forced && next_step_ % every != 0) return;
+  if (writer_.busy() && spec_.checkpoint_skip_if_busy && !forced) {
     spdlog::warn("checkpoint at step {} skipped: the one before is still being written",
                  next_step_);
     return;
@@ -304,6 +307,12 @@ void Worker::maybe_checkpoint(const std::vector<uint32_t>& blocks) {
     shards.push_back({b, models::save_block_state(model_->block(b), b, *opt_, at)});
   writer_.start(next_step_, spec_.checkpoint_dir + "/" + checkpoint_dir_name(next_step_),
                 std::move(shards), seconds_since(t0));
+  last_checkpoint_ = next_step_;
+}
+
+void Worker::checkpoint_at_stop() {
+  maybe_checkpoint(written_, /*forced=*/true);
+  finish_checkpoints();
 }
 
 void Worker::finish_checkpoints() {

@@ -109,6 +109,9 @@ class Worker {
   void set_checkpoint_reporter(OnCheckpoint f) { on_checkpoint_ = std::move(f); }
   // Waits for the checkpoint write in flight and reports it (the job's end).
   void finish_checkpoints();
+  // The job stops (a signal, troupe stop): a checkpoint of this worker's blocks at the step
+  // boundary it stopped at, unless one is there already; written and reported before it returns.
+  void checkpoint_at_stop();
   uint64_t next_step() const { return next_step_; }  // steps applied so far
 
   // After a membership change: every member receives, point to point over the new generation's
@@ -144,7 +147,7 @@ class Worker {
   void gather_parameters(comm::Communicator& comm, const elastic::Plan& plan);
   // At a step boundary: reports a finished checkpoint write; when next_step_ is due, copies the
   // state of `blocks` (the ones this rank writes) and starts writing it.
-  void maybe_checkpoint(const std::vector<uint32_t>& blocks);
+  void maybe_checkpoint(const std::vector<uint32_t>& blocks, bool forced = false);
   void before_step(uint64_t step);  // the test's fault injection, if any
   StepInfo step_info(uint64_t step, double loss, elastic::Share share, double seconds,
                      double busy) const;
@@ -161,6 +164,8 @@ class Worker {
   uint64_t next_step_ = 0;
   CheckpointWriter writer_;
   OnCheckpoint on_checkpoint_;
+  std::vector<uint32_t> written_;  // the blocks this rank writes, in the current generation
+  uint64_t last_checkpoint_ = UINT64_MAX;  // the step of the last checkpoint started
   // Per block: the shape of its output for one sample (dim 0 scales with the samples), for the
   // receiving side of a stage boundary.
   std::vector<std::vector<size_t>> out_shape_;

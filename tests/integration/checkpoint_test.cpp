@@ -101,6 +101,32 @@ TEST(Checkpoints, TheWholeJobKilledResumesFromItsCheckpointAtAnotherSize) {
   EXPECT_TRUE(fs::exists(job.run_dir + "/checkpoints/step-00000120/manifest.json"));
 }
 
+// The preemption pattern: SIGTERM, a checkpoint at the next step boundary, every process exits
+// 0, the run says it is resumable; the same job again goes on from there.
+TEST(Checkpoints, SigtermLeavesAResumableRunAndTheResumeGoesOnFromWhereItStopped) {
+  TempDir dir;
+  Reference want = reference(dir, 120);
+  Job job = start_job(dir, "preempted", kGpt, 2, {}, {pace(30000)});
+  wait_steps(job, 30);
+  std::vector<int> agents = member_pids(dir, job);
+  ASSERT_EQ(::kill(job.proc->pid(), SIGTERM), 0);
+  auto st = job.proc->wait(60s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << last_line(job.out);
+  const std::string end = events_of(job).back();
+  EXPECT_EQ(json_field(end, "state"), "stopped") << end;
+  EXPECT_EQ(json_field(end, "resumable"), "true") << end;
+  const int stopped_at = std::stoi(json_field(end, "steps"));
+  EXPECT_LT(stopped_at, 120);
+  EXPECT_NE(text_of(job.out).find("resumable from"), std::string::npos) << text_of(job.out);
+  for (int pid : agents) EXPECT_NE(::kill(pid, 0), 0) << "agent " << pid << " still runs";
+
+  Job resumed = start_job(dir, "preempted", kGpt, 3, {}, {}, {"--resume", job.run_dir});
+  expect_same_function(resumed, want.losses, 120, kBatch, 0);
+  EXPECT_EQ(final_checksum(resumed), want.checksum);
+  EXPECT_EQ(resumed_from(resumed), stopped_at);
+}
+
 // Saved by one layout, resumed by another: the shards are per block, so each member reads the
 // blocks it will own.
 void reshard(const std::vector<std::string>& save, int save_agents,
