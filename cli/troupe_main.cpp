@@ -23,6 +23,7 @@ const char* kUsage = R"(troupe: actor-based elastic training
 
 usage (troupe COMMAND --help: a command's options):
   troupe run CONFIG.toml [--set table.key=value]...   coordinator + local agents; trains; exits when done
+      [--resume RUN_DIR | CHECKPOINT_DIR]            go on from the newest valid checkpoint
   troupe coordinator CONFIG.toml [--listen HOST:PORT]  the same, with agents started by hand
   troupe agent --join HOST:PORT --token-file F [--devices cpu:0,cpu:1]
   troupe status (--run-dir DIR | --coordinator HOST:PORT --token-file F) [--json]
@@ -41,8 +42,9 @@ usage (troupe COMMAND --help: a command's options):
       [--algorithm auto|ring|rd|shm] [--shm-slice-bytes B] [--segment-bytes B] [--window N]
                                     allreduce between processes (ucx) or GPUs (nccl): time, bus bandwidth
   troupe bench model [--model mlp|gpt] [--threads T] [--steps N] [--json] [--curve]
-  troupe bench drift [--optimizer adamw|sgd] [--shards N] [--steps N] [--dump DIR]
                                     single-process training throughput of the reference models
+  troupe bench drift [--optimizer adamw|sgd] [--shards N] [--steps N] [--dump DIR]
+                                    how far a change of world size moves a run (bench/compare_drift.sh)
 )";
 
 int version() {

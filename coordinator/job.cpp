@@ -80,9 +80,9 @@ class Coordinator : public caf::event_based_actor {
                                   .integer("steps", cfg_.steps)
                                   .integer("workers", cfg_.workers()));
     if (!cfg_.resume_dir.empty()) {
-      log_.event("job_resumed", Json()
-                                    .integer("step", long(cfg_.resume_step))
-                                    .str("checkpoint", cfg_.resume_dir));
+      log_.event("resumed_from_checkpoint", Json()
+                                                .integer("step", long(cfg_.resume_step))
+                                                .str("checkpoint", cfg_.resume_dir));
       if (!steps_.resume_at(cfg_.resume_step)) fail("cannot rewrite ledger.jsonl for the resume");
     }
     arm_deadline();

@@ -77,7 +77,8 @@ Reference reference(const TempDir& dir, int steps) {
 
 int resumed_from(const Job& job) {
   for (const auto& e : events_of(job))
-    if (json_field(e, "event") == "job_resumed") return std::stoi(json_field(e, "step"));
+    if (json_field(e, "event") == "resumed_from_checkpoint")
+      return std::stoi(json_field(e, "step"));
   return -1;
 }
 
