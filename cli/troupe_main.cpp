@@ -30,6 +30,7 @@ usage (troupe COMMAND --help: a command's options):
   troupe stop   (--run-dir DIR | --coordinator HOST:PORT --token-file F)
   troupe drain  (--run-dir DIR | ...) --agent ID      the agent leaves at the next step boundary
   troupe scale  (--run-dir DIR | ...) --workers N     grow (local launcher starts agents) or shrink (drains)
+  troupe export RUN_DIR [--step N] -o FILE.safetensors   a checkpoint's parameters (docs/export.md)
   troupe version                    versions of Troupe and its libraries, CUDA devices
   troupe demo control               two-process control-plane demo (what `make run` shows)
   troupe node [options]             a control-plane node with echo and sink services
@@ -82,6 +83,7 @@ int troupe_main(int argc, char** argv, const Hooks& hooks) {
     if (cmd == "stop") return run_stop(rest);
     if (cmd == "drain") return run_drain(rest);
     if (cmd == "scale") return run_scale(rest);
+    if (cmd == "export") return run_export(rest);
     if (cmd == "demo" && !rest.empty() && rest[0] == "control")
       return run_demo_control({rest.begin() + 1, rest.end()});
     if (cmd == "bench" && !rest.empty() && rest[0] == "control")
@@ -102,7 +104,7 @@ int troupe_main(int argc, char** argv, const Hooks& hooks) {
         word,
         bench ? std::vector<std::string>{"control", "allreduce", "model", "drift"}
               : std::vector<std::string>{"run", "coordinator", "agent", "status", "stop", "drain",
-                                         "scale", "version", "demo", "node", "bench", "help"});
+                                         "scale", "export", "version", "demo", "node", "bench", "help"});
     const std::string hint =
         near.empty() ? "" : "; did you mean '" + std::string(bench ? "bench " : "") + near + "'?";
     std::fprintf(stderr, "troupe: unknown command '%s%s'%s\n\n%s", bench ? "bench " : "",

@@ -13,9 +13,10 @@ packages=(
   libgtest-dev libgmock-dev
   clang libclang-rt-14-dev   # make fuzz: libFuzzer, ASan, UBSan
   base-files   # /usr/share/common-licenses/GPL-3, the quickstart's text
+  python3-torch   # a test loads `troupe export` into the PyTorch twin (the benchmarks' peer too)
 )
 if [[ "${1:-}" == "--peers" ]]; then
-  packages+=(python3-torch openmpi-bin libopenmpi-dev hyperfine)
+  packages+=(openmpi-bin libopenmpi-dev hyperfine)
 fi
 
 missing=()

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -208,6 +209,34 @@ TEST(Checkpoints, BadCheckpointsAreRefusedNamingTheFileAndTheNewestValidOneIsUse
   EXPECT_NE(out.find("step-00000020/block-00000.trpblk does not match its checksum"),
             std::string::npos)
       << out;
+}
+
+// `troupe export` into the PyTorch twin: the same weights give the same function. Troupe's loss
+// on step 40's batch with the checkpoint of step 40 is step 40's loss in events.jsonl.
+TEST(Checkpoints, AnExportComputesTheSameLossInPyTorch) {
+  if (std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") != 0)
+    GTEST_SKIP() << "python3-torch is not installed (scripts/install-deps.sh installs it)";
+  TempDir dir;
+  Job job = start_job(dir, "exported", kGpt, 2, {"job.steps=60", "parallel.deterministic=false"});
+  ASSERT_TRUE(job.proc->wait(120s));
+  const std::string model = dir.path() + "/model.safetensors";
+  admin(dir, {"export", job.run_dir, "--step", "40", "-o", model, "--batch-of-step", "40"});
+  const std::string out = dir.path() + "/torch.out";
+  coordinator::ChildProcess py({{"/usr/bin/python3",
+                                 std::string(TROUPE_SOURCE_DIR) + "/bench/peers/torch_check_export.py",
+                                 model, model + ".batch.safetensors"},
+                                out,
+                                out,
+                                {}});
+  auto st = py.wait(120s);
+  ASSERT_TRUE(st && WEXITSTATUS(*st) == 0) << text_of(out);
+  const double torch_loss = std::stod(json_field(last_line(out), "loss"));
+  double troupe_loss = -1;
+  for (const auto& e : events_of(job))
+    if (is("step_committed", "step", "40")(e)) troupe_loss = std::stod(json_field(e, "loss"));
+  ASSERT_GT(troupe_loss, 0);
+  EXPECT_NEAR(torch_loss, troupe_loss, 1e-5 * troupe_loss);
+  std::printf("step 40 loss: troupe %.9f, pytorch %.9f\n", troupe_loss, torch_loss);
 }
 
 }  // namespace

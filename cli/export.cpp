@@ -1,0 +1,127 @@
+// `troupe export RUN_DIR [--step N] [--format safetensors] -o FILE`: a checkpoint's model
+// parameters in the safetensors format, named as the PyTorch twin's state_dict
+// (bench/peers/torch_models.py; docs/export.md), with the model's shape in the metadata.
+// --batch-of-step S also writes the tokens of step S's global batch (FILE.batch.safetensors),
+// so another framework can check that the same weights compute the same loss on them.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "cli/commands.h"
+#include "coordinator/checkpoints.h"
+#include "coordinator/config.h"
+#include "coordinator/job_spec.h"
+#include "models/data.h"
+#include "models/safetensors.h"
+#include "models/state.h"
+#include "workers/checkpoint_writer.h"
+#include "workers/device_supervisor.h"
+
+namespace troupe::cli {
+namespace {
+
+namespace st = models::safetensors;
+
+// The checkpoint to export: --step N, or the newest valid one. Throws naming why there is none.
+coordinator::ValidCheckpoint choose(const coordinator::JobConfig& cfg, const std::string& run_dir,
+                                    int64_t step) {
+  const std::string dir = cfg.checkpoint_dir.empty() ? run_dir + "/checkpoints" : cfg.checkpoint_dir;
+  const std::string hash = coordinator::checkpoint_config_hash(cfg);
+  std::string why;
+  if (step >= 0) {
+    const std::string at = dir + "/" + workers::checkpoint_dir_name(uint64_t(step));
+    if (auto c = coordinator::valid_checkpoint(at, hash, &why)) return *c;
+    throw std::invalid_argument(at + ": " + why);
+  }
+  std::vector<std::string> refused;
+  auto c = coordinator::newest_valid_checkpoint(dir, hash, &refused);
+  for (const auto& r : refused) std::fprintf(stderr, "troupe: skipping checkpoint %s\n", r.c_str());
+  if (!c) throw std::invalid_argument("no valid checkpoint in " + dir);
+  return *c;
+}
+
+std::vector<char> bytes_of(const float* p, size_t n) {
+  const char* c = reinterpret_cast<const char*>(p);
+  return std::vector<char>(c, c + n * sizeof(float));
+}
+
+void write_batch(const std::string& path, const models::Dataset& data, uint64_t seed,
+                 uint64_t step, uint64_t B) {
+  models::GlobalSampler sampler(seed, data.size());
+  models::Batch b = models::make_batch(data, sampler, step * B, (step + 1) * B);
+  std::vector<int32_t> in(b.inputs.numel());
+  for (size_t i = 0; i < in.size(); ++i) in[i] = int32_t(b.inputs.data()[i]);
+  const size_t T = in.size() / B;
+  auto raw = [](const std::vector<int32_t>& v) {
+    const char* p = reinterpret_cast<const char*>(v.data());
+    return std::vector<char>(p, p + v.size() * 4);
+  };
+  const std::vector<size_t> shape{size_t(B), T};
+  st::write(path, {{"inputs", "I32", shape, raw(in)}, {"targets", "I32", {b.targets.size()}, raw(b.targets)}},
+            {{"step", std::to_string(step)}});
+}
+
+}  // namespace
+
+int run_export(const std::vector<std::string>& words) {
+  CLI::App app{"A checkpoint's model parameters as a safetensors file (the PyTorch twin's names).",
+               "troupe export"};
+  std::string run_dir, out, format = "safetensors";
+  int64_t step = -1, batch_step = -1;
+  app.add_option("RUN_DIR", run_dir, "the run directory")->required();
+  app.add_option("-o,--output", out, "the file to write")->required();
+  app.add_option("--step", step, "the checkpoint's step (default: the newest valid one)");
+  app.add_option("--format", format, "safetensors")->check(CLI::IsMember({"safetensors"}));
+  app.add_option("--batch-of-step", batch_step,
+                 "also write step S's global batch (tokens) to OUTPUT.batch.safetensors");
+  if (auto rc = parse(app, words)) return *rc;
+  coordinator::JobConfig cfg = coordinator::load_config(run_dir + "/config.toml", {});
+  const coordinator::ValidCheckpoint ckpt = choose(cfg, run_dir, step);
+  workers::WorkerSpec w = workers::worker_spec_of(coordinator::job_spec_of(cfg, 0, 1));
+  models::ModelSpec spec = w.model;
+  std::unique_ptr<models::Dataset> data;
+  if (w.data_kind == "text") {
+    auto text = std::make_unique<models::CharText>(w.data_path, spec.context);
+    spec.vocab = text->vocab();
+    data = std::move(text);
+  }
+  models::Model model(spec);
+  std::vector<size_t> counts;
+  for (size_t b = 0; b < model.num_blocks(); ++b) counts.push_back(model.block(b).param_count());
+  models::Optimizer opt(w.optimizer, counts);
+  for (uint32_t b = 0; b < model.num_blocks(); ++b) {
+    const std::string path = ckpt.directory + "/" + workers::shard_file_name(b);
+    std::ifstream in(path, std::ios::binary);
+    std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    try {
+      models::load_block_state(bytes, model.block(b), b, opt);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(path + ": " + e.what());
+    }
+  }
+  std::vector<st::Tensor> tensors;
+  for (const auto& p : model.parameters()) {
+    size_t n = 1;
+    for (size_t d : p.shape) n *= d;
+    tensors.push_back({p.name, "F32", p.shape, bytes_of(model.block(p.block).params().data() + p.offset, n)});
+  }
+  std::map<std::string, std::string> meta{{"format", "troupe"},
+                                          {"job", cfg.name},
+                                          {"step", std::to_string(ckpt.step)},
+                                          {"model.kind", spec.kind}};
+  if (spec.kind == "gpt")
+    for (auto [k, v] : {std::pair{"vocab", spec.vocab}, {"context", spec.context}, {"d_model", spec.d_model},
+                        {"heads", spec.heads}, {"layers", spec.layers}})
+      meta[std::string("model.") + k] = std::to_string(v);
+  st::write(out, tensors, meta);
+  std::printf("troupe: step %llu of %s -> %s (%zu tensors, %zu parameters)\n",
+              (unsigned long long)ckpt.step, run_dir.c_str(), out.c_str(), tensors.size(),
+              model.param_count());
+  if (batch_step >= 0 && data)
+    write_batch(out + ".batch.safetensors", *data, w.seed, uint64_t(batch_step),
+                uint64_t(cfg.global_batch));
+  return 0;
+}
+
+}  // namespace troupe::cli
