@@ -12,6 +12,7 @@ int run_control_bench(const std::vector<std::string>& args);
 int run_raw_ucx_server(const std::vector<std::string>& args);
 int run_model_bench(const std::vector<std::string>& args);
 int run_drift_bench(const std::vector<std::string>& args);
+int run_checkpoint_bench(const std::vector<std::string>& args);
 int run_allreduce_bench(const std::vector<std::string>& args);
 int run_allreduce_worker(const std::vector<std::string>& args);
 int run_nccl_allreduce_bench(const std::vector<size_t>& sizes, bool json);

@@ -92,13 +92,7 @@ int run_export(const std::vector<std::string>& words) {
   models::Optimizer opt(w.optimizer, counts);
   for (uint32_t b = 0; b < model.num_blocks(); ++b) {
     const std::string path = ckpt.directory + "/" + workers::shard_file_name(b);
-    std::ifstream in(path, std::ios::binary);
-    std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    try {
-      models::load_block_state(bytes, model.block(b), b, opt);
-    } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument(path + ": " + e.what());
-    }
+    models::load_block_state_file(path, model.block(b), b, opt);
   }
   std::vector<st::Tensor> tensors;
   for (const auto& p : model.parameters()) {

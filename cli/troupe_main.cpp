@@ -46,6 +46,8 @@ usage (troupe COMMAND --help: a command's options):
                                     single-process training throughput of the reference models
   troupe bench drift [--optimizer adamw|sgd] [--shards N] [--steps N] [--dump DIR]
                                     how far a change of world size moves a run (bench/compare_drift.sh)
+  troupe bench checkpoint [--params N] [--dir DIR] [--json]
+                                    a checkpoint's blocking copy, write and restore (bench/compare_checkpoint.sh)
 )";
 
 int version() {
@@ -94,6 +96,8 @@ int troupe_main(int argc, char** argv, const Hooks& hooks) {
       return troupe::bench::run_allreduce_worker({rest.begin() + 1, rest.end()});
     if (cmd == "bench" && !rest.empty() && rest[0] == "model")
       return troupe::bench::run_model_bench({rest.begin() + 1, rest.end()});
+    if (cmd == "bench" && !rest.empty() && rest[0] == "checkpoint")
+      return troupe::bench::run_checkpoint_bench({rest.begin() + 1, rest.end()});
     if (cmd == "bench" && !rest.empty() && rest[0] == "drift")
       return troupe::bench::run_drift_bench({rest.begin() + 1, rest.end()});
     if (cmd == "bench" && !rest.empty() && rest[0] == "raw-ucx-server")
@@ -102,7 +106,7 @@ int troupe_main(int argc, char** argv, const Hooks& hooks) {
     const std::string word = bench ? (rest.empty() ? "" : rest[0]) : cmd;
     const std::string near = cli::did_you_mean(
         word,
-        bench ? std::vector<std::string>{"control", "allreduce", "model", "drift"}
+        bench ? std::vector<std::string>{"control", "allreduce", "model", "drift", "checkpoint"}
               : std::vector<std::string>{"run", "coordinator", "agent", "status", "stop", "drain",
                                          "scale", "export", "version", "demo", "node", "bench", "help"});
     const std::string hint =

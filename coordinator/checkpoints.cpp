@@ -74,9 +74,12 @@ std::string check(const fs::path& dir, const std::string& hash, uint64_t& step) 
   for (const auto& s : shards) {
     const std::string file = s.value("file", "");
     if (file.empty() || file.find('/') != std::string::npos) return "a shard has a bad file name";
-    std::ifstream f(dir / file, std::ios::binary);
+    std::ifstream f(dir / file, std::ios::binary | std::ios::ate);
     if (!f) return (dir / file).string() + " is missing";
-    std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::vector<char> bytes(size_t(f.tellg()));
+    f.seekg(0);
+    if (!f.read(bytes.data(), std::streamsize(bytes.size())))
+      return (dir / file).string() + " cannot be read";
     if (bytes.size() != s.value("bytes", uint64_t(0)))
       return (dir / file).string() + " has " + std::to_string(bytes.size()) + " bytes, the manifest says " +
              std::to_string(s.value("bytes", uint64_t(0)));

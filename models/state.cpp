@@ -1,5 +1,12 @@
 #include "models/state.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -38,9 +45,15 @@ struct Reader {
 std::vector<uint8_t> save_block_state(Block& block, size_t index, Optimizer& opt,
                                       const BlockState& s) {
   std::vector<uint8_t> out;
+  save_block_state_into(out, block, index, opt, s);
+  return out;
+}
+
+void save_block_state_into(std::vector<uint8_t>& into, Block& block, size_t index, Optimizer& opt,
+                           const BlockState& s) {
+  std::vector<uint8_t> out;  // the header
   const size_t n = block.param_count();
   const uint8_t moments = opt.has_v() ? 2 : 1;
-  out.reserve(64 + (1 + moments) * n * sizeof(float));
   out.insert(out.end(), kMagic, kMagic + 8);
   put(out, kVersion);
   const std::string kind = block.kind();
@@ -51,18 +64,22 @@ std::vector<uint8_t> save_block_state(Block& block, size_t index, Optimizer& opt
   put(out, s.step);
   put(out, s.cursor);
   put(out, moments);
-  auto append = [&](const Tensor& t) {
-    const uint8_t* p = reinterpret_cast<const uint8_t*>(t.data());
-    out.insert(out.end(), p, p + n * sizeof(float));
-  };
-  append(block.params());
-  append(opt.m(index));
-  if (moments == 2) append(opt.v(index));
-  return out;
+  const size_t bytes_per = n * sizeof(float);
+  into.resize(out.size() + (1 + moments) * bytes_per);  // (same size again: nothing to touch)
+  uint8_t* at = into.data();
+  std::memcpy(at, out.data(), out.size());
+  at += out.size();
+  std::memcpy(at, block.params().data(), bytes_per);
+  std::memcpy(at + bytes_per, opt.m(index).data(), bytes_per);
+  if (moments == 2) std::memcpy(at + 2 * bytes_per, opt.v(index).data(), bytes_per);
 }
 
-BlockState load_block_state(const std::vector<uint8_t>& bytes, Block& block, size_t index,
-                            Optimizer& opt) {
+namespace {
+
+// Checks a block state's header (the first `bytes` bytes; `total` the whole state's size) against
+// the block and the optimizer; returns where the arrays start. Throws std::invalid_argument.
+size_t check_header(const std::vector<uint8_t>& bytes, size_t total, Block& block, size_t index,
+                    Optimizer& opt, BlockState& s, uint8_t& moments) {
   Reader r{bytes};
   r.need(8, "magic");
   if (std::memcmp(bytes.data(), kMagic, 8) != 0)
@@ -90,20 +107,69 @@ BlockState load_block_state(const std::vector<uint8_t>& bytes, Block& block, siz
                                 " parameters; the block has " +
                                 std::to_string(block.param_count()));
   }
-  BlockState s;
   s.step = r.get<uint64_t>("step");
   s.cursor = r.get<uint64_t>("cursor");
-  uint8_t moments = r.get<uint8_t>("moments");
+  moments = r.get<uint8_t>("moments");
   if (moments != (opt.has_v() ? 2 : 1))
     throw std::invalid_argument("block state was saved with another optimizer");
-  size_t bytes_per = n * sizeof(float);
-  r.need((1 + moments) * bytes_per, "arrays");
-  if (bytes.size() != r.at + (1 + moments) * bytes_per)
-    throw std::invalid_argument("block state has trailing bytes");
-  std::memcpy(block.params().data(), bytes.data() + r.at, bytes_per);
-  std::memcpy(opt.m(index).data(), bytes.data() + r.at + bytes_per, bytes_per);
-  if (moments == 2)
-    std::memcpy(opt.v(index).data(), bytes.data() + r.at + 2 * bytes_per, bytes_per);
+  const size_t arrays = (1 + moments) * n * sizeof(float);
+  if (total < r.at + arrays) throw std::invalid_argument("block state is truncated (reading arrays)");
+  if (total != r.at + arrays) throw std::invalid_argument("block state has trailing bytes");
+  return r.at;
+}
+
+std::vector<float*> destinations(Block& block, size_t index, Optimizer& opt, uint8_t moments) {
+  std::vector<float*> out{block.params().data(), opt.m(index).data()};
+  if (moments == 2) out.push_back(opt.v(index).data());
+  return out;
+}
+
+}  // namespace
+
+BlockState load_block_state(const std::vector<uint8_t>& bytes, Block& block, size_t index,
+                            Optimizer& opt) {
+  BlockState s;
+  uint8_t moments = 0;
+  const size_t at = check_header(bytes, bytes.size(), block, index, opt, s, moments);
+  const size_t bytes_per = block.param_count() * sizeof(float);
+  auto dst = destinations(block, index, opt, moments);
+  for (size_t i = 0; i < dst.size(); ++i)
+    std::memcpy(dst[i], bytes.data() + at + i * bytes_per, bytes_per);
+  return s;
+}
+
+BlockState load_block_state_file(const std::string& path, Block& block, size_t index,
+                                 Optimizer& opt) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error("cannot open " + path + ": " + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  ::fstat(fd, &st);
+  std::vector<uint8_t> head(std::min<size_t>(size_t(st.st_size), 4096));
+  auto read_at = [&](void* dst, size_t n, size_t off) {
+    size_t got = 0;
+    while (got < n) {
+      ssize_t r = ::pread(fd, static_cast<uint8_t*>(dst) + got, n - got, off_t(off + got));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) throw std::runtime_error("cannot read " + path + ": cut short");
+      got += size_t(r);
+    }
+  };
+  read_at(head.data(), head.size(), 0);
+  BlockState s;
+  uint8_t moments = 0;
+  size_t at = 0;
+  try {
+    at = check_header(head, size_t(st.st_size), block, index, opt, s, moments);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(path + ": " + e.what());
+  }
+  const size_t bytes_per = block.param_count() * sizeof(float);
+  auto dst = destinations(block, index, opt, moments);
+  for (size_t i = 0; i < dst.size(); ++i) read_at(dst[i], bytes_per, at + i * bytes_per);
   return s;
 }
 

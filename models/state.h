@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "models/blocks.h"
@@ -20,9 +21,17 @@ struct BlockState {
 
 std::vector<uint8_t> save_block_state(Block& block, size_t index, Optimizer& opt,
                                       const BlockState& s);
+// The same into a buffer kept from an earlier save (a checkpoint's staging copy): when the size
+// is unchanged it is a plain copy into memory already touched.
+void save_block_state_into(std::vector<uint8_t>& into, Block& block, size_t index, Optimizer& opt,
+                           const BlockState& s);
 // Restores into block and opt; throws std::invalid_argument naming the mismatch (magic, version,
 // kind, index, size, truncation). On a throw, nothing was modified.
 BlockState load_block_state(const std::vector<uint8_t>& bytes, Block& block, size_t index,
                             Optimizer& opt);
+// The same from a file, read straight into the block's and the optimizer's buffers (no staging
+// copy: a restore reads each byte once). Throws std::runtime_error naming the file.
+BlockState load_block_state_file(const std::string& path, Block& block, size_t index,
+                                 Optimizer& opt);
 
 }  // namespace troupe::models

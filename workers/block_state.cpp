@@ -55,19 +55,11 @@ void BlockStates::materialize(uint32_t b) {
   } else {
     // (The coordinator checked every shard's checksum before the job started.)
     const std::string path = origin_.checkpoint + "/" + shard_file_name(b);
-    std::ifstream in(path, std::ios::binary);
-    std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
-                               std::istreambuf_iterator<char>());
-    if (!in.good() && !in.eof()) throw std::runtime_error("cannot read " + path);
     opt_.ensure(b);
-    try {
-      models::BlockState s = models::load_block_state(bytes, model_.block(b), b, opt_);
-      if (s.step != origin_.step)
-        throw std::invalid_argument("it holds step " + std::to_string(s.step) + ", not " +
-                                    std::to_string(origin_.step));
-    } catch (const std::invalid_argument& e) {
-      throw std::runtime_error(path + ": " + e.what());
-    }
+    models::BlockState s = models::load_block_state_file(path, model_.block(b), b, opt_);
+    if (s.step != origin_.step)
+      throw std::runtime_error(path + ": it holds step " + std::to_string(s.step) + ", not " +
+                               std::to_string(origin_.step));
   }
   pending_init_[b] = false;
 }

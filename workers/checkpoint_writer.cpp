@@ -101,8 +101,8 @@ void CheckpointWriter::write(std::vector<Shard> shards) {
     result_.error = write_durably(result_.directory + "/" + file, s.bytes);
     result_.shards.push_back(
         {s.block, file, s.bytes.size(), comm::fnv1a(s.bytes.data(), s.bytes.size())});
-    std::vector<uint8_t>().swap(s.bytes);  // the copy's memory goes back as soon as it is on disk
   }
+  result_.buffers = std::move(shards);
   if (result_.error.empty()) result_.error = fsync_dir(result_.directory);
   result_.write_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -1,5 +1,6 @@
 // A worker's checkpoint shards, written in the background: training stops only while the state
-// is copied into host memory (the caller does that, into `Shard::bytes`); one thread then writes
+// is copied into host memory (the caller does that, into `Shard::bytes`, buffers it gets back
+// with the result and reuses: a copy into memory already touched); one thread then writes
 // each shard to a temporary name, fsyncs it, renames it and fsyncs the directory. At most one
 // write is in flight. What was written (files, sizes, checksums, times) is taken back by the
 // worker's thread and reported to the coordinator, which writes the manifest once every block of
@@ -39,6 +40,7 @@ class CheckpointWriter {
     std::vector<WrittenShard> shards;
     double blocking_seconds = 0, write_seconds = 0;
     std::string error;  // "" or why a file could not be written (nothing is reported complete)
+    std::vector<Shard> buffers;  // the staging copies, back to be reused by the next checkpoint
   };
 
   CheckpointWriter() = default;

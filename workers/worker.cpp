@@ -288,8 +288,17 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
   return result;
 }
 
+void Worker::take_checkpoint_result(bool wait) {
+  if (wait) writer_.wait();
+  auto done = writer_.take_finished();
+  if (!done) return;
+  for (auto& s : done->buffers) staging_[s.block] = std::move(s.bytes);
+  done->buffers.clear();
+  if (on_checkpoint_) on_checkpoint_(*done);
+}
+
 void Worker::maybe_checkpoint(const std::vector<uint32_t>& blocks, bool forced) {
-  if (auto done = writer_.take_finished(); done && on_checkpoint_) on_checkpoint_(*done);
+  take_checkpoint_result(false);
   const uint64_t every = uint64_t(spec_.checkpoint_every);
   if (every == 0 || blocks.empty() || last_checkpoint_ == next_step_) return;
   if (!forced && next_step_ % every != 0) return;
@@ -298,13 +307,14 @@ void Worker::maybe_checkpoint(const std::vector<uint32_t>& blocks, bool forced) 
                  next_step_);
     return;
   }
-  writer_.wait();
-  if (auto done = writer_.take_finished(); done && on_checkpoint_) on_checkpoint_(*done);
+  take_checkpoint_result(true);
   const auto t0 = Clock::now();
   std::vector<CheckpointWriter::Shard> shards;
   const models::BlockState at{next_step_, next_step_ * uint64_t(spec_.global_batch)};
-  for (uint32_t b : blocks)
-    shards.push_back({b, models::save_block_state(model_->block(b), b, *opt_, at)});
+  for (uint32_t b : blocks) {
+    shards.push_back({b, std::move(staging_[b])});
+    models::save_block_state_into(shards.back().bytes, model_->block(b), b, *opt_, at);
+  }
   writer_.start(next_step_, spec_.checkpoint_dir + "/" + checkpoint_dir_name(next_step_),
                 std::move(shards), seconds_since(t0));
   last_checkpoint_ = next_step_;
@@ -315,10 +325,7 @@ void Worker::checkpoint_at_stop() {
   finish_checkpoints();
 }
 
-void Worker::finish_checkpoints() {
-  writer_.wait();
-  if (auto done = writer_.take_finished(); done && on_checkpoint_) on_checkpoint_(*done);
-}
+void Worker::finish_checkpoints() { take_checkpoint_result(true); }
 
 // The squared gradient norm summed block by block in block order, as a data-parallel worker sums
 // it: each block's from one replica of its stage (the others add zeros: exact), gathered by an
