@@ -278,10 +278,11 @@ ControlMessage encode(const CheckpointWritten& m) {
 }
 
 CheckpointWritten decode(proto::CheckpointWritten::Reader r) {
-  CheckpointWritten m{r.getGeneration(), r.getRank(), r.getStep(), r.getBlocks(),
-                      r.getDirectory(),  {},          r.getBlockingSeconds(), r.getWriteSeconds(),
-                      r.getError()};
-  for (auto s : r.getShards()) m.shards.push_back({s.getBlock(), s.getFile(), s.getBytes(), s.getChecksum()});
+  CheckpointWritten m{r.getGeneration(),      r.getRank(),         r.getStep(),
+                      r.getBlocks(),          r.getDirectory(),    {},
+                      r.getBlockingSeconds(), r.getWriteSeconds(), r.getError()};
+  for (auto s : r.getShards())
+    m.shards.push_back({s.getBlock(), s.getFile(), s.getBytes(), s.getChecksum()});
   return m;
 }
 

@@ -36,8 +36,8 @@ double since(Clock::time_point t0) {
 // The disk's rate for `bytes` written and fsynced, by dd, in seconds.
 double dd_seconds(const std::string& dir, size_t bytes) {
   const std::string file = dir + "/dd.tmp";
-  const std::string cmd = "dd if=/dev/zero of=" + file + " bs=16M count=" +
-                          std::to_string((bytes + (16 << 20) - 1) / (16 << 20)) +
+  const std::string cmd = "dd if=/dev/zero of=" + file +
+                          " bs=16M count=" + std::to_string((bytes + (16 << 20) - 1) / (16 << 20)) +
                           " conv=fsync status=none";
   auto t0 = Clock::now();
   const int rc = std::system(cmd.c_str());
@@ -59,8 +59,8 @@ int run_checkpoint_bench(const std::vector<std::string>& words) {
   app.add_option("--dir", dir, "where to write (default: a directory under /tmp)");
   app.add_flag("--json", json, "one JSON line");
   if (auto rc = cli::parse(app, words)) return *rc;
-  const size_t width = 4096,
-               blocks = std::max<size_t>(1, size_t(std::ceil(params / double(width * width + width))));
+  const size_t width = 4096, blocks = std::max<size_t>(
+                                 1, size_t(std::ceil(params / double(width * width + width))));
   models::ModelSpec spec;
   spec.kind = "mlp";
   spec.mlp_sizes.assign(blocks + 1, width);
@@ -74,7 +74,9 @@ int run_checkpoint_bench(const std::vector<std::string>& words) {
     std::memcpy(opt.m(b).data(), model.block(b).params().data(), counts[b] * 4);
     std::memcpy(opt.v(b).data(), model.block(b).params().data(), counts[b] * 4);
   }
-  if (dir.empty()) dir = std::filesystem::temp_directory_path() / ("troupe-ckpt-bench-" + std::to_string(getpid()));
+  if (dir.empty())
+    dir =
+        std::filesystem::temp_directory_path() / ("troupe-ckpt-bench-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
 
   // Blocking: the copies a checkpoint takes at the step boundary. The first one allocates its
@@ -120,11 +122,13 @@ int run_checkpoint_bench(const std::vector<std::string>& words) {
   std::filesystem::remove_all(dir);
   const double gb = double(bytes) / 1e9;
   if (json) {
-    std::printf("{\"bench\":\"checkpoint\",\"impl\":\"troupe\",\"params\":%zu,\"bytes\":%zu,"
-                "\"first_blocking_s\":%.4f,\"blocking_s\":%.4f,\"memcpy_s\":%.4f,\"write_s\":%.4f,\"dd_fsync_s\":%.4f,"
-                "\"restore_s\":%.4f,\"error\":\"%s\"}\n",
-                model.param_count(), bytes, first_blocking, blocking, copy, write, disk, restore,
-                done ? done->error.c_str() : "");
+    std::printf(
+        "{\"bench\":\"checkpoint\",\"impl\":\"troupe\",\"params\":%zu,\"bytes\":%zu,"
+        "\"first_blocking_s\":%.4f,\"blocking_s\":%.4f,\"memcpy_s\":%.4f,\"write_s\":%.4f,\"dd_"
+        "fsync_s\":%.4f,"
+        "\"restore_s\":%.4f,\"error\":\"%s\"}\n",
+        model.param_count(), bytes, first_blocking, blocking, copy, write, disk, restore,
+        done ? done->error.c_str() : "");
   } else {
     std::printf("state: %zu parameters with AdamW moments, %.2f GB in %zu shards\n",
                 model.param_count(), gb, size_t(model.num_blocks()));

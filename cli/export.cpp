@@ -26,7 +26,8 @@ namespace st = models::safetensors;
 // The checkpoint to export: --step N, or the newest valid one. Throws naming why there is none.
 coordinator::ValidCheckpoint choose(const coordinator::JobConfig& cfg, const std::string& run_dir,
                                     int64_t step) {
-  const std::string dir = cfg.checkpoint_dir.empty() ? run_dir + "/checkpoints" : cfg.checkpoint_dir;
+  const std::string dir =
+      cfg.checkpoint_dir.empty() ? run_dir + "/checkpoints" : cfg.checkpoint_dir;
   const std::string hash = coordinator::checkpoint_config_hash(cfg);
   std::string why;
   if (step >= 0) {
@@ -46,8 +47,8 @@ std::vector<char> bytes_of(const float* p, size_t n) {
   return std::vector<char>(c, c + n * sizeof(float));
 }
 
-void write_batch(const std::string& path, const models::Dataset& data, uint64_t seed,
-                 uint64_t step, uint64_t B) {
+void write_batch(const std::string& path, const models::Dataset& data, uint64_t seed, uint64_t step,
+                 uint64_t B) {
   models::GlobalSampler sampler(seed, data.size());
   models::Batch b = models::make_batch(data, sampler, step * B, (step + 1) * B);
   std::vector<int32_t> in(b.inputs.numel());
@@ -58,8 +59,10 @@ void write_batch(const std::string& path, const models::Dataset& data, uint64_t 
     return std::vector<char>(p, p + v.size() * 4);
   };
   const std::vector<size_t> shape{size_t(B), T};
-  st::write(path, {{"inputs", "I32", shape, raw(in)}, {"targets", "I32", {b.targets.size()}, raw(b.targets)}},
-            {{"step", std::to_string(step)}});
+  st::write(
+      path,
+      {{"inputs", "I32", shape, raw(in)}, {"targets", "I32", {b.targets.size()}, raw(b.targets)}},
+      {{"step", std::to_string(step)}});
 }
 
 }  // namespace
@@ -98,15 +101,19 @@ int run_export(const std::vector<std::string>& words) {
   for (const auto& p : model.parameters()) {
     size_t n = 1;
     for (size_t d : p.shape) n *= d;
-    tensors.push_back({p.name, "F32", p.shape, bytes_of(model.block(p.block).params().data() + p.offset, n)});
+    tensors.push_back(
+        {p.name, "F32", p.shape, bytes_of(model.block(p.block).params().data() + p.offset, n)});
   }
   std::map<std::string, std::string> meta{{"format", "troupe"},
                                           {"job", cfg.name},
                                           {"step", std::to_string(ckpt.step)},
                                           {"model.kind", spec.kind}};
   if (spec.kind == "gpt")
-    for (auto [k, v] : {std::pair{"vocab", spec.vocab}, {"context", spec.context}, {"d_model", spec.d_model},
-                        {"heads", spec.heads}, {"layers", spec.layers}})
+    for (auto [k, v] : {std::pair{"vocab", spec.vocab},
+                        {"context", spec.context},
+                        {"d_model", spec.d_model},
+                        {"heads", spec.heads},
+                        {"layers", spec.layers}})
       meta[std::string("model.") + k] = std::to_string(v);
   st::write(out, tensors, meta);
   std::printf("troupe: step %llu of %s -> %s (%zu tensors, %zu parameters)\n",

@@ -14,13 +14,13 @@
 #include "actors/signals.h"
 #include "cli/commands.h"
 #include "cli/parse.h"
+#include "coordinator/checkpoints.h"
 #include "coordinator/config.h"
 #include "coordinator/events.h"
 #include "coordinator/job.h"
 #include "coordinator/job_spec.h"
 #include "coordinator/launcher.h"
 #include "coordinator/process.h"
-#include "coordinator/checkpoints.h"
 #include "coordinator/run_dir.h"
 #include "models/model.h"
 #include "workers/agent.h"
@@ -74,12 +74,14 @@ std::string prepare_resume(coordinator::JobConfig& cfg, const std::string& path,
     if (!found) return "--resume " + path + ": " + why;
   } else {
     if (!fs::exists(fs::path(path) / "events.jsonl"))
-      return "--resume " + path + ": neither a run directory (no events.jsonl) nor a checkpoint "
+      return "--resume " + path +
+             ": neither a run directory (no events.jsonl) nor a checkpoint "
              "(no manifest.json)";
     const std::string dir = cfg.checkpoint_dir.empty() ? path + "/checkpoints" : cfg.checkpoint_dir;
     std::vector<std::string> refused;
     found = coordinator::newest_valid_checkpoint(dir, hash, &refused);
-    for (const auto& r : refused) std::fprintf(stderr, "troupe: skipping checkpoint %s\n", r.c_str());
+    for (const auto& r : refused)
+      std::fprintf(stderr, "troupe: skipping checkpoint %s\n", r.c_str());
     if (!found) return "--resume " + path + ": no valid checkpoint in " + dir;
     cfg.run_dir = path;
   }

@@ -105,10 +105,11 @@ int troupe_main(int argc, char** argv, const Hooks& hooks) {
     const bool bench = cmd == "bench";
     const std::string word = bench ? (rest.empty() ? "" : rest[0]) : cmd;
     const std::string near = cli::did_you_mean(
-        word,
-        bench ? std::vector<std::string>{"control", "allreduce", "model", "drift", "checkpoint"}
-              : std::vector<std::string>{"run", "coordinator", "agent", "status", "stop", "drain",
-                                         "scale", "export", "version", "demo", "node", "bench", "help"});
+        word, bench
+                  ? std::vector<std::string>{"control", "allreduce", "model", "drift", "checkpoint"}
+                  : std::vector<std::string>{"run", "coordinator", "agent", "status", "stop",
+                                             "drain", "scale", "export", "version", "demo", "node",
+                                             "bench", "help"});
     const std::string hint =
         near.empty() ? "" : "; did you mean '" + std::string(bench ? "bench " : "") + near + "'?";
     std::fprintf(stderr, "troupe: unknown command '%s%s'%s\n\n%s", bench ? "bench " : "",

@@ -29,8 +29,8 @@ std::string hex(uint64_t v) {
 void write_durably(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  bool ok = fd >= 0 && ::write(fd, text.data(), text.size()) == ssize_t(text.size()) &&
-            ::fsync(fd) == 0;
+  bool ok =
+      fd >= 0 && ::write(fd, text.data(), text.size()) == ssize_t(text.size()) && ::fsync(fd) == 0;
   if (fd >= 0) ::close(fd);
   ok = ok && ::rename(tmp.c_str(), path.c_str()) == 0;
   if (!ok) throw std::runtime_error("cannot write the checkpoint manifest " + path);
@@ -62,7 +62,8 @@ std::string check(const fs::path& dir, const std::string& hash, uint64_t& step) 
   if (!in) return "no manifest (a checkpoint still being written, or cut short by a crash)";
   json m = json::parse(in, nullptr, false);
   if (m.is_discarded() || !m.is_object()) return "the manifest is not JSON";
-  if (m.value("format", "") != kFormat) return "the manifest's format is not " + std::string(kFormat);
+  if (m.value("format", "") != kFormat)
+    return "the manifest's format is not " + std::string(kFormat);
   if (step == UINT64_MAX) step = m.value("step", uint64_t(0));
   if (m.value("step", uint64_t(0)) != step) return "the manifest's step is not the directory's";
   if (m.value("config_hash", "") != hash)
@@ -81,10 +82,9 @@ std::string check(const fs::path& dir, const std::string& hash, uint64_t& step) 
     if (!f.read(bytes.data(), std::streamsize(bytes.size())))
       return (dir / file).string() + " cannot be read";
     if (bytes.size() != s.value("bytes", uint64_t(0)))
-      return (dir / file).string() + " has " + std::to_string(bytes.size()) + " bytes, the manifest says " +
-             std::to_string(s.value("bytes", uint64_t(0)));
-    const uint64_t sum =
-        comm::fnv1a(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+      return (dir / file).string() + " has " + std::to_string(bytes.size()) +
+             " bytes, the manifest says " + std::to_string(s.value("bytes", uint64_t(0)));
+    const uint64_t sum = comm::fnv1a(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
     if (hex(sum) != s.value("checksum", ""))
       return (dir / file).string() + " does not match its checksum (damaged)";
   }
@@ -94,10 +94,10 @@ std::string check(const fs::path& dir, const std::string& hash, uint64_t& step) 
 }  // namespace
 
 std::string checkpoint_config_hash(const JobConfig& c) {
-  json j = {{"model", c.model_kind}, {"hidden", c.hidden},     {"inputs", c.inputs},
-            {"classes", c.classes},  {"layers", c.layers},     {"d_model", c.d_model},
-            {"heads", c.heads},      {"context", c.context},   {"tied_head", c.tied_head},
-            {"data", c.data_kind},   {"path", c.data_path},    {"samples", c.samples},
+  json j = {{"model", c.model_kind}, {"hidden", c.hidden},      {"inputs", c.inputs},
+            {"classes", c.classes},  {"layers", c.layers},      {"d_model", c.d_model},
+            {"heads", c.heads},      {"context", c.context},    {"tied_head", c.tied_head},
+            {"data", c.data_kind},   {"path", c.data_path},     {"samples", c.samples},
             {"seed", c.seed},        {"batch", c.global_batch}, {"optimizer", c.optimizer}};
   const std::string text = j.dump();
   return hex(comm::fnv1a(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
@@ -116,13 +116,16 @@ std::optional<CompletedCheckpoint> Checkpoints::add(const actors::CheckpointWrit
   if (p.blocks == 0 || p.shards.size() < p.blocks) return std::nullopt;
   json shards = json::array();
   for (const auto& [b, s] : p.shards)
-    shards.push_back({{"block", b}, {"file", s.file}, {"bytes", s.bytes}, {"checksum", hex(s.checksum)}});
+    shards.push_back(
+        {{"block", b}, {"file", s.file}, {"bytes", s.bytes}, {"checksum", hex(s.checksum)}});
   json m = {{"format", kFormat},
             {"job", cfg_.name},
             {"step", w.step},
             {"config_hash", hash_},
-            {"data", {{"seed", cfg_.seed}, {"global_batch", cfg_.global_batch},
-                      {"cursor", w.step * uint64_t(cfg_.global_batch)}}},
+            {"data",
+             {{"seed", cfg_.seed},
+              {"global_batch", cfg_.global_batch},
+              {"cursor", w.step * uint64_t(cfg_.global_batch)}}},
             {"ledger", {{"committed_steps", w.step}}},
             {"layout", {{"world_size", world_size}, {"plan", plan}}},
             {"blocks", p.blocks},

@@ -28,7 +28,7 @@ std::string checkpoint_config_hash(const JobConfig& cfg);
 
 struct CompletedCheckpoint {
   uint64_t step = 0;
-  std::string manifest;  // its path
+  std::string manifest;                            // its path
   double blocking_seconds = 0, write_seconds = 0;  // the slowest writer's
 };
 

@@ -67,9 +67,9 @@ struct JobConfig {
   int64_t worker_max_restarts = 3;    // a worker thread that throws: restarts per window
   int64_t worker_restart_window_ms = 60000;
   // [checkpoint]
-  std::string checkpoint_dir;           // "": the run directory's checkpoints/
-  int64_t checkpoint_every_steps = 0;   // 0: no checkpoints
-  int64_t checkpoint_keep = 3;          // the newest complete checkpoints kept
+  std::string checkpoint_dir;               // "": the run directory's checkpoints/
+  int64_t checkpoint_every_steps = 0;       // 0: no checkpoints
+  int64_t checkpoint_keep = 3;              // the newest complete checkpoints kept
   std::string checkpoint_if_busy = "wait";  // the previous write still going: wait | skip
   // Not keys: set by `troupe run --resume` (the checkpoint the job starts from).
   std::string resume_dir;

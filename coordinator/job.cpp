@@ -80,9 +80,8 @@ class Coordinator : public caf::event_based_actor {
                                   .integer("steps", cfg_.steps)
                                   .integer("workers", cfg_.workers()));
     if (!cfg_.resume_dir.empty()) {
-      log_.event("resumed_from_checkpoint", Json()
-                                                .integer("step", long(cfg_.resume_step))
-                                                .str("checkpoint", cfg_.resume_dir));
+      log_.event("resumed_from_checkpoint",
+                 Json().integer("step", long(cfg_.resume_step)).str("checkpoint", cfg_.resume_dir));
       if (!steps_.resume_at(cfg_.resume_step)) fail("cannot rewrite ledger.jsonl for the resume");
     }
     arm_deadline();
@@ -675,8 +674,8 @@ class Coordinator : public caf::event_based_actor {
   int64_t interrupts_ = 0;          // SIGINT/SIGTERM to the process
   std::string plan_;                // the generation's pipeline layout, as its rank 0 reported it
   std::optional<Checkpoints> checkpoints_;  // with checkpoint.every_steps
-  std::string resumable_;  // the manifest a stopped job can resume from, once it finished
-  std::string last_failure_;        // the last failure, for the message if the job fails
+  std::string resumable_;     // the manifest a stopped job can resume from, once it finished
+  std::string last_failure_;  // the last failure, for the message if the job fails
   Clock::time_point t_start_ = Clock::now();
 };
 

@@ -32,10 +32,10 @@ typename Inspector::result_type inspect(Inspector& f, JobProgress& x) {
 
 struct JobFinished {
   int exit_code = 0;
-  std::string reason;  // one line
-  std::string state;   // completed | stopped | failed
-  uint64_t steps = 0;  // committed
-  double loss = 0;     // of the last committed step
+  std::string reason;      // one line
+  std::string state;       // completed | stopped | failed
+  uint64_t steps = 0;      // committed
+  double loss = 0;         // of the last committed step
   std::string checkpoint;  // stopped with a checkpoint where it stopped: its manifest (resumable)
 };
 template <class Inspector>

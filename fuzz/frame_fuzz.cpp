@@ -48,6 +48,9 @@ void read_body(proto::Envelope::Reader e) {
     case B::STATE_RECEIVED:
       (void)actors::decode(b.getStateReceived());
       break;
+    case B::CHECKPOINT_WRITTEN:
+      (void)actors::decode(b.getCheckpointWritten());
+      break;
     case B::SHUTDOWN:
       (void)actors::decode(b.getShutdown());
       break;

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cerrno>
-
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -113,7 +112,8 @@ size_t check_header(const std::vector<uint8_t>& bytes, size_t total, Block& bloc
   if (moments != (opt.has_v() ? 2 : 1))
     throw std::invalid_argument("block state was saved with another optimizer");
   const size_t arrays = (1 + moments) * n * sizeof(float);
-  if (total < r.at + arrays) throw std::invalid_argument("block state is truncated (reading arrays)");
+  if (total < r.at + arrays)
+    throw std::invalid_argument("block state is truncated (reading arrays)");
   if (total != r.at + arrays) throw std::invalid_argument("block state has trailing bytes");
   return r.at;
 }

@@ -155,9 +155,8 @@ DeviceSupervisor::Next DeviceSupervisor::train(const actors::GenerationStart& g)
                                                 s.seconds, s.busy_seconds}));
   };
   auto stop = [&] { return board_.stop_requested() || board_.leaving(gen); };
-  worker_->set_checkpoint_reporter([&](const CheckpointWriter::Written& w) {
-    report_checkpoint(gen, w);
-  });
+  worker_->set_checkpoint_reporter(
+      [&](const CheckpointWriter::Written& w) { report_checkpoint(gen, w); });
   TrainResult result = worker_->run(*comm_, g.start_step, on_step, stop);
   // The step's vote said stop: another member's agent may have heard why (a stop or a
   // membership change) before this one did. Wait for the reason before acting.
@@ -181,10 +180,15 @@ DeviceSupervisor::Next DeviceSupervisor::train(const actors::GenerationStart& g)
 
 void DeviceSupervisor::report_checkpoint(uint64_t gen, const CheckpointWriter::Written& w) {
   if (!w.error.empty())
-    spdlog::error("worker {}: checkpoint at step {} not written: {}", id_.device, w.step,
-                  w.error);
-  actors::CheckpointWritten m{gen,         uint32_t(rank_), w.step,          worker_->num_blocks(),
-                              w.directory, {},              w.blocking_seconds, w.write_seconds,
+    spdlog::error("worker {}: checkpoint at step {} not written: {}", id_.device, w.step, w.error);
+  actors::CheckpointWritten m{gen,
+                              uint32_t(rank_),
+                              w.step,
+                              worker_->num_blocks(),
+                              w.directory,
+                              {},
+                              w.blocking_seconds,
+                              w.write_seconds,
                               w.error};
   for (const auto& s : w.shards) m.shards.push_back({s.block, s.file, s.bytes, s.checksum});
   ctx_.send(actors::encode(m));

@@ -1,11 +1,11 @@
 #include "workers/worker.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <chrono>
 #include <optional>
 #include <stdexcept>
-
-#include <spdlog/spdlog.h>
 
 #include "comm/checksum.h"
 #include "elastic/membership.h"

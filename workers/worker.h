@@ -167,8 +167,8 @@ class Worker {
   OnCheckpoint on_checkpoint_;
   std::vector<uint32_t> written_;  // the blocks this rank writes, in the current generation
   std::map<uint32_t, std::vector<uint8_t>> staging_;  // checkpoint copies, kept for the next one
-  void take_checkpoint_result(bool wait);  // reports a finished write, keeps its buffers
-  uint64_t last_checkpoint_ = UINT64_MAX;  // the step of the last checkpoint started
+  void take_checkpoint_result(bool wait);             // reports a finished write, keeps its buffers
+  uint64_t last_checkpoint_ = UINT64_MAX;             // the step of the last checkpoint started
   // Per block: the shape of its output for one sample (dim 0 scales with the samples), for the
   // receiving side of a stage boundary.
   std::vector<std::vector<size_t>> out_shape_;

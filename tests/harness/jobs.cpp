@@ -18,8 +18,8 @@ std::string pace(int step_delay_us) {
 }
 
 Job start_job(const TempDir& dir, const std::string& name, const std::string& config_text,
-              int agents, const std::vector<std::string>& sets,
-              const std::vector<std::string>& env, const std::vector<std::string>& args) {
+              int agents, const std::vector<std::string>& sets, const std::vector<std::string>& env,
+              const std::vector<std::string>& args) {
   Job j;
   std::string config = dir.path() + "/" + name + ".toml";
   std::ofstream(config) << config_text;

@@ -189,8 +189,9 @@ TEST(Checkpoints, BadCheckpointsAreRefusedNamingTheFileAndTheNewestValidOneIsUse
   Job resumed = start_job(dir, "bad-copy", kGpt, 2, {"job.steps=80"}, {}, {"--resume", copy});
   expect_same_function(resumed, want.losses, 80, kBatch, 0);
   EXPECT_EQ(resumed_from(resumed), 40);
-  EXPECT_NE(text_of(resumed.out).find("step-00000060/block-00001.trpblk does not match its checksum"),
-            std::string::npos)
+  EXPECT_NE(
+      text_of(resumed.out).find("step-00000060/block-00001.trpblk does not match its checksum"),
+      std::string::npos)
       << text_of(resumed.out);
 
   // Another model, data or seed: every checkpoint refused, exit 2.
@@ -222,12 +223,12 @@ TEST(Checkpoints, AnExportComputesTheSameLossInPyTorch) {
   const std::string model = dir.path() + "/model.safetensors";
   admin(dir, {"export", job.run_dir, "--step", "40", "-o", model, "--batch-of-step", "40"});
   const std::string out = dir.path() + "/torch.out";
-  coordinator::ChildProcess py({{"/usr/bin/python3",
-                                 std::string(TROUPE_SOURCE_DIR) + "/bench/peers/torch_check_export.py",
-                                 model, model + ".batch.safetensors"},
-                                out,
-                                out,
-                                {}});
+  coordinator::ChildProcess py(
+      {{"/usr/bin/python3", std::string(TROUPE_SOURCE_DIR) + "/bench/peers/torch_check_export.py",
+        model, model + ".batch.safetensors"},
+       out,
+       out,
+       {}});
   auto st = py.wait(120s);
   ASSERT_TRUE(st && WEXITSTATUS(*st) == 0) << text_of(out);
   const double torch_loss = std::stod(json_field(last_line(out), "loss"));

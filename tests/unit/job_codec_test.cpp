@@ -51,6 +51,12 @@ TEST(JobCodec, JoinAndJobSpecRoundTrip) {
   s.pipeline_stages = 0;
   s.stage_backup_steps = 20;
   s.recompute_activations = true;
+  s.deterministic = true;
+  s.checkpoint_dir = "/runs/x/checkpoints";
+  s.checkpoint_every = 20;
+  s.checkpoint_skip_if_busy = true;
+  s.resume_dir = "/runs/x/checkpoints/step-00000040";
+  s.resume_step = 40;
   s.failure_timeout_ms = 4000;
   s.worker_max_restarts = 9;
   s.worker_restart_window_ms = 12345;
@@ -64,6 +70,12 @@ TEST(JobCodec, JoinAndJobSpecRoundTrip) {
   EXPECT_EQ(t.clip_norm, 1.5);
   EXPECT_TRUE(t.tied_head);
   EXPECT_TRUE(t.recompute_activations);
+  EXPECT_TRUE(t.deterministic);
+  EXPECT_EQ(t.checkpoint_dir, s.checkpoint_dir);
+  EXPECT_EQ(t.checkpoint_every, 20);
+  EXPECT_TRUE(t.checkpoint_skip_if_busy);
+  EXPECT_EQ(t.resume_dir, s.resume_dir);
+  EXPECT_EQ(t.resume_step, 40u);
   EXPECT_EQ(t.pipeline_stages, 0);
   EXPECT_EQ(t.worker_max_restarts, 9);
   EXPECT_EQ(t.worker_restart_window_ms, 12345);
@@ -104,6 +116,18 @@ TEST(JobCodec, ReportsAndAnswersRoundTrip) {
   EXPECT_EQ(b.plan, a.plan);
   EXPECT_EQ(b.bytes, 4096u);
   EXPECT_TRUE(b.needed);
+
+  CheckpointWritten c{
+      3,    1,   40, 5, "/ckpt/step-00000040", {{2, "block-00002.trpblk", 1234, 0xabcULL}},
+      0.01, 0.2, ""};
+  CheckpointWritten c2 = decode(body(encode(c)).getCheckpointWritten());
+  EXPECT_EQ(c2.step, 40u);
+  EXPECT_EQ(c2.blocks, 5u);
+  EXPECT_EQ(c2.directory, c.directory);
+  ASSERT_EQ(c2.shards.size(), 1u);
+  EXPECT_EQ(c2.shards[0].file, "block-00002.trpblk");
+  EXPECT_EQ(c2.shards[0].checksum, 0xabcULL);
+  EXPECT_EQ(c2.write_seconds, 0.2);
 
   WorkerDone d{1, 3, 100, 0xfeedULL};
   EXPECT_EQ(decode(body(encode(d)).getWorkerDone()).checksum, 0xfeedULL);

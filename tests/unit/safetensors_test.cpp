@@ -67,7 +67,8 @@ TEST(Safetensors, DamagedFilesAreRefusedNamingTheReason) {
   };
   const Case cases[] = {
       {"not JSON", "{\"a\":", 0, "the header is not a JSON object"},
-      {"no offsets", R"({"a":{"dtype":"F32","shape":[1]}})", 4, "lacks dtype, shape or data_offsets"},
+      {"no offsets", R"({"a":{"dtype":"F32","shape":[1]}})", 4,
+       "lacks dtype, shape or data_offsets"},
       {"a dtype not read here", R"({"a":{"dtype":"F16","shape":[2],"data_offsets":[0,4]}})", 4,
        "dtype 'F16'"},
       {"past the data", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4,
