@@ -124,6 +124,16 @@ std::unique_ptr<coordinator::ChildProcess> join_agent(const TempDir& dir, const 
                                          env});
 }
 
+std::string final_checksum(const Job& job) {
+  auto events = events_of(job);
+  if (events.empty()) return "";
+  const std::string& last = events.back();
+  auto at = last.find("\"checksums\":[\"");
+  if (at == std::string::npos) return "";
+  at += 14;
+  return last.substr(at, last.find('"', at) - at);
+}
+
 void admin(const TempDir& dir, std::vector<std::string> args) {
   std::string out = dir.path() + "/admin.out";
   args.insert(args.begin(), troupe_binary());

@@ -54,6 +54,8 @@ std::vector<int> member_pids(const TempDir& dir, const Job& job);
 std::unique_ptr<coordinator::ChildProcess> join_agent(const TempDir& dir, const Job& job,
                                                       const std::string& name,
                                                       const std::vector<std::string>& env = {});
+// The first member's parameter checksum in the job's job_finished event ("" if none).
+std::string final_checksum(const Job& job);
 // Runs `troupe ARGS...` (status, drain, scale, ...) and expects exit 0.
 void admin(const TempDir& dir, std::vector<std::string> args);
 

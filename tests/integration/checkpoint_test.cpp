@@ -55,14 +55,6 @@ std::string last_line(const std::string& path) {
   return lines.empty() ? "" : lines.back();
 }
 
-std::string final_checksum(const Job& job) {
-  const std::string last = events_of(job).back();
-  auto at = last.find("\"checksums\":[\"");
-  if (at == std::string::npos) return "";
-  at += 14;
-  return last.substr(at, last.find('"', at) - at);
-}
-
 struct Reference {
   std::vector<double> losses;
   std::string checksum;

@@ -50,17 +50,6 @@ Job start(const TempDir& dir, const std::string& name, int agents,
   return start_job(dir, name, kGpt, agents, sets, env);
 }
 
-// The checksum of the members' parameters at the end (they must agree among themselves).
-std::string final_checksum(const Job& job) {
-  auto events = events_of(job);
-  if (events.empty()) return "";
-  const std::string& last = events.back();
-  auto at = last.find("\"checksums\":[\"");
-  if (at == std::string::npos) return "";
-  at += 14;
-  return last.substr(at, last.find('"', at) - at);
-}
-
 struct Reference {
   std::vector<double> losses;
   std::string checksum;
