@@ -77,7 +77,7 @@ void CheckpointWriter::wait() {
 void CheckpointWriter::start(uint64_t step, std::string directory, std::vector<Shard> shards,
                              double blocking_seconds) {
   wait();
-  result_ = Written{step, std::move(directory), {}, blocking_seconds, 0, ""};
+  result_ = Written{step, std::move(directory), {}, blocking_seconds, 0, "", {}};
   taken_ = false;
   done_.store(false, std::memory_order_release);
   thread_ = std::thread([this, s = std::move(shards)]() mutable { write(std::move(s)); });
