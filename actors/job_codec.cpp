@@ -355,6 +355,8 @@ ControlMessage encode(const JobStatus& m) {
     s.setPlan(m.plan);
     set_members(s.initMembers(unsigned(m.members.size())), m.members);
     set_members(s.initStandbys(unsigned(m.standbys.size())), m.standbys);
+    s.setCheckpointStep(m.checkpoint_step);
+    s.setCheckpointPath(m.checkpoint_path);
   });
 }
 
@@ -367,7 +369,9 @@ JobStatus decode(proto::JobStatus::Reader r) {
           r.getSteps(),
           r.getLastLoss(),
           members_of(r.getMembers()),
-          members_of(r.getStandbys())};
+          members_of(r.getStandbys()),
+          r.getCheckpointStep(),
+          r.getCheckpointPath()};
 }
 
 ControlMessage encode(const LeaveGeneration& m) {
@@ -388,6 +392,12 @@ ControlMessage make_stop_request() {
 }
 ControlMessage make_drain_request(uint32_t agent) {
   return ControlMessage::build([&](Env e) { e.initBody().setDrainRequest(agent); });
+}
+ControlMessage make_checkpoint_request(bool stop) {
+  return ControlMessage::build([&](Env e) { e.initBody().initCheckpointRequest().setStop(stop); });
+}
+ControlMessage make_checkpoint_at_step(uint64_t step) {
+  return ControlMessage::build([&](Env e) { e.initBody().setCheckpointAtStep(step); });
 }
 ControlMessage make_scale_request(uint32_t workers) {
   return ControlMessage::build([&](Env e) { e.initBody().setScaleRequest(workers); });

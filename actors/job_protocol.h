@@ -171,6 +171,8 @@ struct JobStatus {
   double last_loss = 0;
   std::vector<MemberStatus> members;   // by rank
   std::vector<MemberStatus> standbys;  // live workers that are not members
+  uint64_t checkpoint_step = 0;        // the newest complete checkpoint (0: none yet)
+  std::string checkpoint_path;         // its manifest
 };
 
 // Coordinator -> agents control (one-way, no payload beyond what is named).
@@ -198,6 +200,10 @@ ControlMessage make_status_request();
 ControlMessage make_stop_request();
 ControlMessage make_drain_request(uint32_t agent);
 ControlMessage make_scale_request(uint32_t workers);
+// admin -> coordinator: a checkpoint at the next step boundary (and a stop there).
+ControlMessage make_checkpoint_request(bool stop);
+// coordinator -> agents: a checkpoint at the first step boundary at or after `step`.
+ControlMessage make_checkpoint_at_step(uint64_t step);
 
 Join decode(proto::Join::Reader r);
 JobSpec decode(proto::JobSpec::Reader r);

@@ -29,6 +29,7 @@ int run_coordinator(const std::vector<std::string>& args);
 int run_agent_command(const std::vector<std::string>& args, const Hooks& hooks);
 int run_status(const std::vector<std::string>& args);
 int run_stop(const std::vector<std::string>& args);
+int run_checkpoint(const std::vector<std::string>& args);
 int run_drain(const std::vector<std::string>& args);
 int run_scale(const std::vector<std::string>& args);
 int run_export(const std::vector<std::string>& args);

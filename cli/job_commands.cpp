@@ -48,12 +48,14 @@ struct RunDir {
 };
 
 // Checkpoints go to checkpoint.dir, by default the run directory's checkpoints/ (made absolute:
-// agents may run elsewhere). Throws RunDirError when it cannot be created.
+// agents may run elsewhere), every checkpoint.every_steps and on request (troupe checkpoint, troupe
+// stop --checkpoint, SIGTERM). Created up front for periodic ones (throws RunDirError when it
+// cannot be), else by the first checkpoint asked for.
 void resolve_checkpoint_dir(coordinator::JobConfig& cfg, const std::string& run_dir) {
-  if (cfg.checkpoint_every_steps == 0) return;
   if (cfg.checkpoint_dir.empty()) cfg.checkpoint_dir = run_dir + "/checkpoints";
   std::error_code ec;
   cfg.checkpoint_dir = std::filesystem::absolute(cfg.checkpoint_dir, ec).lexically_normal();
+  if (cfg.checkpoint_every_steps == 0) return;
   std::filesystem::create_directories(cfg.checkpoint_dir, ec);
   if (ec)
     throw coordinator::RunDirError("checkpoint.dir: cannot create " + cfg.checkpoint_dir + ": " +
@@ -199,7 +201,7 @@ void print_start(const coordinator::JobConfig& cfg, const std::string& dir,
 // deadlines bound every phase, and its monitor ends the wait if the actor itself is gone.
 coordinator::JobFinished wait_for_end(caf::scoped_actor& self, const caf::actor& coord,
                                       actors::SignalWatcher& signals, ProgressPrinter& progress) {
-  coordinator::JobFinished end{1, "the coordinator stopped without a result", "failed", 0, 0};
+  coordinator::JobFinished end{1, "the coordinator stopped without a result", "failed", 0, 0, ""};
   int seen = 0;
   for (bool done = false; !done;) {
     self->receive([&](coordinator::JobProgress& p) { progress.print(p); },
@@ -347,81 +349,6 @@ int run_job(const std::vector<std::string>& words, bool spawn_agents) {
   return report_end(cfg, dir.path, end, signals.first());
 }
 
-// The address and token of a running job: --run-dir DIR, or --coordinator HOST:PORT --token-file F.
-// How an admin command names its job: --run-dir DIR, or --coordinator HOST:PORT --token-file F.
-struct JobName {
-  std::string run_dir, coordinator, token_file;
-  void add_to(CLI::App& app) {
-    app.add_option("--run-dir", run_dir, "the job's run directory (its address and token)");
-    app.add_option("--coordinator", coordinator, "the coordinator's HOST:PORT")
-        ->excludes("--run-dir");
-    app.add_option("--token-file", token_file, "the job's token file (with --coordinator)")
-        ->excludes("--run-dir");
-  }
-};
-
-struct JobRef {
-  std::string address, job_id, token;
-};
-JobRef job_ref(const JobName& n) {
-  JobRef r;
-  std::string token_file = n.token_file;
-  if (!n.run_dir.empty()) {
-    std::ifstream in(n.run_dir + "/coordinator.addr");
-    if (!(in >> r.address))
-      throw std::invalid_argument("no coordinator.addr in " + n.run_dir +
-                                  " (is a job running there?)");
-    token_file = n.run_dir + "/job.token";
-  } else {
-    r.address = n.coordinator;
-    if (r.address.empty() || token_file.empty()) {
-      throw std::invalid_argument(
-          "name the job with --run-dir DIR, or --coordinator HOST:PORT --token-file F");
-    }
-  }
-  std::tie(r.job_id, r.token) = workers::read_token_file(token_file);
-  return r;
-}
-
-// One request to a running job's coordinator; returns the reply or exits with a message.
-int admin_request(const JobName& job, const actors::ControlMessage& request,
-                  const std::function<int(actors::ControlMessage&)>& on_reply) {
-  JobRef ref = job_ref(job);
-  caf::actor_system_config cfg;
-  actors::configure_system(cfg);
-  caf::actor_system system{cfg};
-  actors::BridgeConfig bc = actors::job_bridge_config(ref.job_id, ref.token);
-  auto bridge = actors::spawn_bridge(system, bc);
-  caf::scoped_actor self{system};
-  int rc = 1;
-  uint64_t node = 0;
-  std::optional<caf::error> error;
-  self->request(bridge, std::chrono::seconds(10), actors::connect_atom::value, ref.address)
-      .receive([&](uint64_t n) { node = n; }, [&](caf::error& e) { error = e; });
-  if (!error) {
-    self->request(bridge, std::chrono::seconds(10), actors::request_atom::value,
-                  actors::RemoteAddress{node, actors::kCoordinatorActorId}, request, uint32_t(5000))
-        .receive([&](actors::ControlMessage& r) { rc = on_reply(r); },
-                 [&](caf::error& e) { error = e; });
-  }
-  caf::anon_send_exit(bridge, caf::exit_reason::user_shutdown);
-  if (!error) return rc;
-  // A refusal is an answer: say what the coordinator said, not that it did not answer.
-  auto ce = actors::control_error(*error);
-  const bool answer =
-      ce && (ce->code == comm::Errc::refused || ce->code == comm::Errc::invalid_input);
-  const std::string text = ce ? ce->message : system.render(*error);
-  if (node == 0)
-    std::fprintf(stderr, "troupe: cannot reach the job at %s: %s\n", ref.address.c_str(),
-                 text.c_str());
-  else if (answer)
-    std::fprintf(stderr, "troupe: the job at %s refused: %s\n", ref.address.c_str(), text.c_str());
-  else
-    std::fprintf(stderr, "troupe: the job at %s did not answer: %s: %s\n", ref.address.c_str(),
-                 ce ? comm::errc_name(ce->code) : "error", text.c_str());
-  return 1;
-}
-
 // A device an agent offers: cpu:N. cuda:N is refused (exit 2) until the models run on CUDA:
 // never a CPU worker in its place.
 std::string checked_device(const std::string& d) {
@@ -477,151 +404,6 @@ int run_agent_command(const std::vector<std::string>& words, const Hooks& hooks)
   spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [job " + o.job_id + "] [" +
                       (o.name.empty() ? "agent" : o.name) + "] [%l] %v");
   return workers::run_agent(o);
-}
-
-nlohmann::ordered_json status_rows(const std::vector<actors::MemberStatus>& rows) {
-  nlohmann::ordered_json out = nlohmann::ordered_json::array();
-  for (const auto& m : rows)
-    out.push_back({{"rank", m.rank},
-                   {"agent", m.agent},
-                   {"name", m.name},
-                   {"pid", m.pid},
-                   {"host", m.host},
-                   {"device", m.device}});
-  return out;
-}
-
-void print_status(const actors::JobStatus& s, bool json) {
-  if (json) {
-    std::printf("%s\n", coordinator::Json()
-                            .str("job", s.job_name)
-                            .str("state", s.state)
-                            .integer("generation", long(s.generation))
-                            .integer("step", long(s.step))
-                            .integer("steps", long(s.steps))
-                            .num("loss", s.last_loss)
-                            .str("plan", s.plan)
-                            .value("members", status_rows(s.members))
-                            .value("standbys", status_rows(s.standbys))
-                            .text()
-                            .c_str());
-    return;
-  }
-  std::printf("job %s: %s, generation %llu, step %llu/%llu, loss %.4f\n", s.job_name.c_str(),
-              s.state.c_str(), (unsigned long long)s.generation, (unsigned long long)s.step,
-              (unsigned long long)s.steps, s.last_loss);
-  if (!s.plan.empty())
-    std::printf("pipeline: %s (rank = replica x stages + stage)\n", s.plan.c_str());
-  std::printf("%6s %6s %-12s %8s %-16s %s\n", "rank", "agent", "name", "pid", "host", "device");
-  for (const auto& m : s.members)
-    std::printf("%6u %6u %-12s %8u %-16s %s\n", m.rank, m.agent, m.name.c_str(), m.pid,
-                m.host.c_str(), m.device.c_str());
-  for (const auto& m : s.standbys)
-    std::printf("%6s %6u %-12s %8u %-16s %s\n", "standby", m.agent, m.name.c_str(), m.pid,
-                m.host.c_str(), m.device.c_str());
-}
-
-// A job no process runs any more (its run directory is not locked): its events say how it
-// ended. nullopt when a job runs there (ask its coordinator).
-std::optional<int> status_from_run_dir(const std::string& dir, bool json) {
-  if (dir.empty() || coordinator::run_dir_in_use(dir)) return std::nullopt;
-  std::ifstream in(dir + "/events.jsonl");
-  if (!in) return std::nullopt;
-  nlohmann::json first, last;
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) continue;
-    if (first.is_null()) first = j;
-    last = j;
-  }
-  if (last.is_null()) return std::nullopt;
-  const std::string event = last.value("event", ""), name = first.value("job", "?");
-  const bool finished = event == "job_finished", failed = event == "job_failed";
-  nlohmann::ordered_json out = {{"job", name},
-                                {"state", finished || failed ? "finished" : "not running"},
-                                {"outcome", finished ? last.value("state", "completed")
-                                            : failed ? "failed"
-                                                     : "unknown"},
-                                {"step", last.value("steps", last.value("step", 0))}};
-  if (finished) out["loss"] = last.value("loss", 0.0);
-  if (failed) out["reason"] = last.value("reason", "");
-  if (!finished && !failed) out["last_event"] = event;
-  if (json) {
-    std::printf("%s\n", out.dump().c_str());
-  } else if (finished || failed) {
-    std::printf("job %s: finished (%s) at step %lld%s\n", name.c_str(),
-                out["outcome"].get<std::string>().c_str(), (long long)out["step"].get<int64_t>(),
-                failed ? (": " + last.value("reason", "")).c_str() : "");
-  } else {
-    std::printf("job %s: not running, and it did not finish (its last event: %s)\n", name.c_str(),
-                event.c_str());
-  }
-  return finished || failed ? 0 : 1;
-}
-
-int run_status(const std::vector<std::string>& words) {
-  CLI::App app{"Shows a running job: its phase, generation, step, loss and members.",
-               "troupe status"};
-  JobName job;
-  bool json = false;
-  job.add_to(app);
-  app.add_flag("--json", json, "one JSON object (job, state, generation, step, members...)");
-  if (auto rc = parse(app, words)) return *rc;
-  if (auto rc = status_from_run_dir(job.run_dir, json)) return *rc;
-  return admin_request(job, actors::make_status_request(), [&](actors::ControlMessage& r) {
-    auto body = r.envelope().getBody();
-    if (!body.isStatus()) {
-      std::fprintf(stderr, "troupe status: unexpected answer\n");
-      return 1;
-    }
-    print_status(actors::decode(body.getStatus()), json);
-    return 0;
-  });
-}
-
-int run_drain(const std::vector<std::string>& words) {
-  CLI::App app{"Lets an agent leave the job at the next step boundary (nothing is redone).",
-               "troupe drain"};
-  JobName job;
-  uint32_t id = 0;
-  job.add_to(app);
-  app.add_option("--agent", id, "the agent's id (troupe status)")->required();
-  if (auto rc = parse(app, words)) return *rc;
-  return admin_request(job, actors::make_drain_request(id), [&](actors::ControlMessage&) {
-    std::printf("troupe: agent %u leaves at the next step boundary\n", id);
-    return 0;
-  });
-}
-
-int run_scale(const std::vector<std::string>& words) {
-  CLI::App app{"Grows (the local launcher starts agents) or shrinks (drains) a running job.",
-               "troupe scale"};
-  JobName job;
-  uint32_t n = 0;
-  job.add_to(app);
-  app.add_option("--workers", n, "the number of workers to run with")
-      ->required()
-      ->check(CLI::Range(uint32_t(1), uint32_t(1000000)));
-  if (auto rc = parse(app, words)) return *rc;
-  return admin_request(job, actors::make_scale_request(n), [&](actors::ControlMessage&) {
-    std::printf("troupe: scaling the job to %u worker(s) at the next step boundary\n", n);
-    return 0;
-  });
-}
-
-int run_stop(const std::vector<std::string>& words) {
-  CLI::App app{
-      "Stops a running job after the current step (its last event: job_finished, "
-      "state stopped).",
-      "troupe stop"};
-  JobName job;
-  job.add_to(app);
-  if (auto rc = parse(app, words)) return *rc;
-  return admin_request(job, actors::make_stop_request(), [](actors::ControlMessage& r) {
-    if (!r.envelope().getBody().isAck()) return 1;
-    std::printf("troupe: stop requested; the job stops after the current step\n");
-    return 0;
-  });
 }
 
 }  // namespace troupe::cli

@@ -27,7 +27,8 @@ usage (troupe COMMAND --help: a command's options):
   troupe coordinator CONFIG.toml [--listen HOST:PORT]  the same, with agents started by hand
   troupe agent --join HOST:PORT --token-file F [--devices cpu:0,cpu:1]
   troupe status (--run-dir DIR | --coordinator HOST:PORT --token-file F) [--json]
-  troupe stop   (--run-dir DIR | --coordinator HOST:PORT --token-file F)
+  troupe stop   (--run-dir DIR | --coordinator HOST:PORT --token-file F) [--checkpoint]
+  troupe checkpoint (--run-dir DIR | ...) [--no-wait]   checkpoint at the next step boundary
   troupe drain  (--run-dir DIR | ...) --agent ID      the agent leaves at the next step boundary
   troupe scale  (--run-dir DIR | ...) --workers N     grow (local launcher starts agents) or shrink (drains)
   troupe export RUN_DIR [--step N] -o FILE.safetensors   a checkpoint's parameters (docs/export.md)
@@ -83,6 +84,7 @@ int troupe_main(int argc, char** argv, const Hooks& hooks) {
     if (cmd == "agent") return run_agent_command(rest, hooks);
     if (cmd == "status") return run_status(rest);
     if (cmd == "stop") return run_stop(rest);
+    if (cmd == "checkpoint") return run_checkpoint(rest);
     if (cmd == "drain") return run_drain(rest);
     if (cmd == "scale") return run_scale(rest);
     if (cmd == "export") return run_export(rest);

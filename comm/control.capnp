@@ -40,6 +40,8 @@ struct Envelope {
     scaleRequest @29 :UInt32;              # admin -> coordinator (request): run with this many workers
     stateReceived @30 :StateReceived;      # worker -> coordinator (one way): it took the state source's state
     checkpointWritten @31 :CheckpointWritten;  # worker -> coordinator (one way): its shards of a checkpoint are durable
+    checkpointRequest @32 :CheckpointRequest;  # admin -> coordinator (request): a checkpoint at the next step boundary
+    checkpointAtStep @33 :UInt64;          # coordinator -> agents: a checkpoint at the first step boundary at or after this step
   }
 }
 
@@ -190,6 +192,12 @@ struct JobStatus {
   lastLoss @6 :Float64;             # loss of the last committed step
   plan @7 :Text;                    # the pipeline layout of the generation ("" without pipelines)
   standbys @8 :List(MemberStatus);  # live workers that are not members (rank 0: none)
+  checkpointStep @9 :UInt64;        # the newest complete checkpoint's step (0: none yet)
+  checkpointPath @10 :Text;         # its manifest ("" none)
+}
+
+struct CheckpointRequest {
+  stop @0 :Bool;            # and stop there (troupe stop --checkpoint)
 }
 
 struct WorkerFailed {

@@ -222,6 +222,8 @@ std::variant<std::shared_ptr<const DecodedFrame>, Rejection> FrameValidator::dec
     case proto::Envelope::Body::SCALE_REQUEST:
     case proto::Envelope::Body::STATE_RECEIVED:
     case proto::Envelope::Body::CHECKPOINT_WRITTEN:
+    case proto::Envelope::Body::CHECKPOINT_REQUEST:
+    case proto::Envelope::Body::CHECKPOINT_AT_STEP:
       break;
     default:
       return reject(Reject::unknown_kind,

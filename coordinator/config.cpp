@@ -235,10 +235,12 @@ void refuse_what_cannot_act(const JobConfig& c, const std::string& source, const
     throw ConfigError(place("parallel.backend") +
                       ": parallel.backend = \"nccl\" needs CUDA workers, and this job's workers "
                       "are CPU devices (cpu:N): use \"ucx\" or \"auto\"");
-  if (at.count("checkpoint.dir") && !c.checkpoint_dir.empty() && c.checkpoint_every_steps == 0)
-    throw ConfigError(place("checkpoint.dir") +
-                      ": checkpoint.dir is set but checkpoint.every_steps is 0: no checkpoint "
-                      "would be written there (set checkpoint.every_steps)");
+  // (checkpoint.dir acts without every_steps: troupe checkpoint, stop --checkpoint and SIGTERM
+  // write there; a checkpoint asked for always waits for the write before it.)
+  if (c.checkpoint_if_busy == "skip" && c.checkpoint_every_steps == 0)
+    throw ConfigError(place("checkpoint.if_busy") +
+                      ": checkpoint.if_busy = \"skip\" skips periodic checkpoints, and "
+                      "checkpoint.every_steps is 0 (a checkpoint asked for is never skipped)");
   if (c.change_timeout_ms > 0 && c.change_timeout_ms <= c.failure_timeout_ms)
     throw ConfigError(place("elastic.change_timeout_ms") +
                       ": elastic.change_timeout_ms must be larger than "

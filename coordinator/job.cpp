@@ -64,7 +64,7 @@ class Coordinator : public caf::event_based_actor {
     // A write to the run directory that fails (a full disk) fails the job, naming the file:
     // handled as a message of its own, after the handler that wrote.
     log_.on_error([this](const std::string& why) { send(this, log_failed_atom::value, why); });
-    if (cfg_.checkpoint_every_steps > 0) checkpoints_.emplace(cfg_);
+    if (!cfg_.checkpoint_dir.empty()) checkpoints_.emplace(cfg_);
   }
 
   void on_exit() override {
@@ -150,7 +150,9 @@ class Coordinator : public caf::event_based_actor {
       case B::STATUS_REQUEST:
         return encode(status());
       case B::STOP_REQUEST:
-        return stop();
+        return stop(/*with_checkpoint=*/cfg_.checkpoint_every_steps > 0);
+      case B::CHECKPOINT_REQUEST:
+        return checkpoint(body.getCheckpointRequest().getStop());
       case B::DRAIN_REQUEST:
         return drain(body.getDrainRequest());
       default:
@@ -502,9 +504,32 @@ class Coordinator : public caf::event_based_actor {
 
   // ---- admin -----------------------------------------------------------------------------------
 
-  actors::JobStatus status() const { return job_status(cfg_, job_, roster_, gens_, steps_, plan_); }
+  actors::JobStatus status() const {
+    auto s = job_status(cfg_, job_, roster_, gens_, steps_, plan_);
+    if (checkpoints_ && checkpoints_->newest()) {
+      s.checkpoint_step = checkpoints_->newest()->step;
+      s.checkpoint_path = checkpoints_->newest()->manifest;
+    }
+    return s;
+  }
 
-  ControlMessage stop() {
+  // A checkpoint at the next step boundary (troupe checkpoint; with a stop: troupe stop
+  // --checkpoint, SIGTERM). Every agent hears the step at or after which it is wanted (the next
+  // one to commit); the members vote on it at their next step boundary, so all of them take it
+  // at the same step, and the stop, sent after it, at that step too.
+  ControlMessage checkpoint(bool and_stop) {
+    if (!checkpoints_)
+      return actors::make_error_reply(Errc::refused, "this job has no checkpoint directory");
+    if (!job_.started()) return actors::make_error_reply(Errc::refused, "the job is not running");
+    const uint64_t at = steps_.committed() + 1;
+    log_.event("checkpoint_requested", Json().integer("step", long(at)).boolean("stop", and_stop));
+    auto msg = actors::make_checkpoint_at_step(at);
+    for (const auto& a : roster_.agents()) to_agent(a.id, msg);
+    return and_stop ? stop(false) : actors::make_ack();
+  }
+
+  ControlMessage stop(bool with_checkpoint) {
+    if (with_checkpoint && checkpoints_ && !job_.stop_requested()) return checkpoint(true);
     if (job_.request_stop()) {
       log_.event("stop_requested", Json().integer("step", long(steps_.committed())));
       auto msg = actors::make_stop_at_next_step();
@@ -611,8 +636,8 @@ class Coordinator : public caf::event_based_actor {
                                   .integer("count", interrupts_)
                                   .integer("step", long(steps_.committed())));
     if (interrupts_ == 1 && job_.started()) {
-      spdlog::warn("{}: stopping after the current step", name);
-      stop();
+      spdlog::warn("{}: stopping after the current step, with a checkpoint there", name);
+      stop(/*with_checkpoint=*/true);
       return;
     }
     fail(interrupts_ == 1
@@ -673,7 +698,7 @@ class Coordinator : public caf::event_based_actor {
   int64_t reforms_ = 0;             // generations broken in a row without a committed step
   int64_t interrupts_ = 0;          // SIGINT/SIGTERM to the process
   std::string plan_;                // the generation's pipeline layout, as its rank 0 reported it
-  std::optional<Checkpoints> checkpoints_;  // with checkpoint.every_steps
+  std::optional<Checkpoints> checkpoints_;  // with a checkpoint directory (troupe run resolves one)
   std::string resumable_;     // the manifest a stopped job can resume from, once it finished
   std::string last_failure_;  // the last failure, for the message if the job fails
   Clock::time_point t_start_ = Clock::now();

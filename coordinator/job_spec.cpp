@@ -33,7 +33,7 @@ actors::JobSpec job_spec_of(const JobConfig& c, uint32_t agent_id, uint64_t firs
   s.threads_per_worker = c.threads_per_worker;
   s.overlap_reduce = c.overlap_reduce;
   s.deterministic = c.deterministic;
-  if (c.checkpoint_every_steps > 0) s.checkpoint_dir = c.checkpoint_dir;  // (resolved by then)
+  s.checkpoint_dir = c.checkpoint_dir;  // (resolved by then; "" only outside troupe run)
   s.checkpoint_every = c.checkpoint_every_steps;
   s.checkpoint_skip_if_busy = c.checkpoint_if_busy == "skip";
   s.resume_dir = c.resume_dir;

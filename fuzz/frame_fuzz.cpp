@@ -57,6 +57,9 @@ void read_body(proto::Envelope::Reader e) {
     case B::STATUS:
       (void)actors::decode(b.getStatus());
       break;
+    case B::CHECKPOINT_REQUEST:
+      (void)b.getCheckpointRequest().getStop();
+      break;
     case B::ERROR:
       (void)comm::errc_from_wire(uint32_t(b.getError().getErrc()));
       break;
@@ -81,7 +84,9 @@ void write_seeds(const std::string& dir) {
       actors::encode(actors::WorkerFailed{{1, 0}, 0, 3, "boom", true, false}),
       actors::encode(actors::StateReceived{3, 1, 0, 4096, 0.1, true, 2, "dp 1 x pp 2"}),
       actors::encode(actors::Shutdown{"drained", 0}),
-      actors::encode(actors::JobStatus{"job", "running", "", 2, 10, 100, 1.5, {}, {}}),
+      actors::encode(actors::JobStatus{"job", "running", "", 2, 10, 100, 1.5, {}, {}, 8, "m"}),
+      actors::make_checkpoint_request(true),
+      actors::make_checkpoint_at_step(12),
       actors::make_error_reply(comm::Errc::refused, "no"),
       actors::make_ack()};
   int i = 0;

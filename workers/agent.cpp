@@ -52,6 +52,8 @@ caf::actor spawn_agent_actor(caf::actor_system& system, std::shared_ptr<Generati
         auto g = actors::decode(body.getGenerationStart());
         log_as(job, name, g, agent_id->load());
         board->start(std::move(g));
+      } else if (body.isCheckpointAtStep()) {
+        board->checkpoint_at_step(body.getCheckpointAtStep());
       } else if (body.isStopAtNextStep()) {
         board->stop_at_next_step();
       } else if (body.isLeaveGeneration()) {

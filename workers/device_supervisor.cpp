@@ -46,7 +46,7 @@ WorkerSpec worker_spec_of(const actors::JobSpec& s) {
   w.recompute_activations = s.recompute_activations;
   w.deterministic = s.deterministic;
   w.checkpoint_dir = s.checkpoint_dir;
-  w.checkpoint_every = s.checkpoint_dir.empty() ? 0 : s.checkpoint_every;
+  w.checkpoint_every = s.checkpoint_every;
   w.checkpoint_skip_if_busy = s.checkpoint_skip_if_busy;
   w.resume_dir = s.resume_dir;
   w.resume_step = s.resume_step;
@@ -154,10 +154,11 @@ DeviceSupervisor::Next DeviceSupervisor::train(const actors::GenerationStart& g)
                                                 s.tokens, s.position_begin, s.position_end,
                                                 s.seconds, s.busy_seconds}));
   };
-  auto stop = [&] { return board_.stop_requested() || board_.leaving(gen); };
+  Requests requests{[&] { return board_.stop_requested() || board_.leaving(gen); },
+                    [&] { return board_.checkpoint_wanted(); }};
   worker_->set_checkpoint_reporter(
       [&](const CheckpointWriter::Written& w) { report_checkpoint(gen, w); });
-  TrainResult result = worker_->run(*comm_, g.start_step, on_step, stop);
+  TrainResult result = worker_->run(*comm_, g.start_step, on_step, requests);
   // The step's vote said stop: another member's agent may have heard why (a stop or a
   // membership change) before this one did. Wait for the reason before acting.
   if (result.stopped)
@@ -167,12 +168,9 @@ DeviceSupervisor::Next DeviceSupervisor::train(const actors::GenerationStart& g)
     ++want_;  // the membership changes: on to the next generation
     return Next::generation;
   }
-  // The job's end: the last checkpoint's write finishes (and the job stopped early is left
-  // resumable: a checkpoint where it stopped).
-  if (result.stopped && board_.stop_requested())
-    worker_->checkpoint_at_stop();
-  else
-    worker_->finish_checkpoints();
+  // The job's end: the last checkpoint's write finishes (a job stopped with a checkpoint, the
+  // coordinator asked for it with the stop, is left resumable).
+  worker_->finish_checkpoints();
   ctx_.send(actors::encode(
       actors::WorkerDone{uint32_t(rank_), gen, result.next_step, worker_->final_checksum()}));
   return Next::done;

@@ -14,6 +14,12 @@ void GenerationBoard::stop_at_next_step() {
   cv_.notify_all();
 }
 
+void GenerationBoard::checkpoint_at_step(uint64_t step) {
+  uint64_t seen = checkpoint_at_.load();
+  while (step > seen && !checkpoint_at_.compare_exchange_weak(seen, step)) {
+  }
+}
+
 void GenerationBoard::leave(uint64_t generation) {
   std::lock_guard<std::mutex> lock(mu_);
   leave_.store(generation);

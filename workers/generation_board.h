@@ -1,6 +1,7 @@
 // What an agent learns from its coordinator, for its device supervisors (one thread per device)
-// and its main thread: the newest generation, a stop at the next step, a generation to leave at
-// the next step boundary, and the shutdown (with the exit code). The agent's actor writes it;
+// and its main thread: the newest generation, a stop at the next step, a checkpoint wanted at a
+// step boundary, a generation to leave at the next step boundary, and the shutdown (with the exit
+// code). The agent's actor writes it;
 // the threads wait on it.
 //
 // Thread-safety: every member function may be called from any thread.
@@ -22,6 +23,7 @@ class GenerationBoard {
   // From the agent's actor.
   void start(actors::GenerationStart g);
   void stop_at_next_step();
+  void checkpoint_at_step(uint64_t step);  // keeps the highest asked for
   void leave(uint64_t generation);
   void shut_down(int exit_code, const std::string& reason);  // the first call wins
 
@@ -36,6 +38,8 @@ class GenerationBoard {
   bool await_shutdown(std::chrono::milliseconds timeout);
 
   bool stop_requested() const { return stop_.load(); }
+  // The step at or after which a checkpoint is wanted (troupe checkpoint); 0: none asked for.
+  uint64_t checkpoint_wanted() const { return checkpoint_at_.load(); }
   bool leaving(uint64_t generation) const { return leave_.load() == generation; }
   bool shutting_down() const;
   uint64_t generation() const;
@@ -48,6 +52,7 @@ class GenerationBoard {
   std::optional<actors::GenerationStart> latest_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> leave_{0};
+  std::atomic<uint64_t> checkpoint_at_{0};
   bool shutdown_ = false;
   int exit_code_ = 0;
   std::string reason_;

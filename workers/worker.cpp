@@ -125,24 +125,23 @@ StepInfo Worker::step_info(uint64_t step, double loss, elastic::Share share, dou
 }
 
 TrainResult Worker::run(comm::Communicator& comm, uint64_t start, const OnStep& on_step,
-                        const StopRequested& stop_requested) {
+                        const Requests& requests) {
   if (pipelined() && plan_for(uint32_t(comm.size())).pp > 1)
-    return run_pipeline(comm, start, on_step, stop_requested);
-  return run_data_parallel(comm, start, on_step, stop_requested);
+    return run_pipeline(comm, start, on_step, requests);
+  return run_data_parallel(comm, start, on_step, requests);
 }
 
 // Forward + backward over this rank's positions (weights 1/B: shares add up), one allreduce per
 // block's flat gradient buffer (or each on the reducer thread as soon as its backward is done,
-// in reverse block order: the same order on every rank), the loss and stop vote, the update.
+// in reverse block order: the same order on every rank), the loss and the votes, the update.
 TrainResult Worker::run_data_parallel(comm::Communicator& comm, uint64_t start,
-                                      const OnStep& on_step, const StopRequested& stop_requested) {
+                                      const OnStep& on_step, const Requests& requests) {
   TrainResult result{start, false};
   const elastic::Share share = share_of(uint32_t(comm.rank()), uint32_t(comm.size()));
   ExactSum exact(*model_, 0, num_blocks(), micro_batches());
   std::vector<uint32_t> written;  // the blocks this rank writes into checkpoints
   for (uint32_t b = uint32_t(comm.rank()); b < num_blocks(); b += uint32_t(comm.size()))
     written.push_back(b);
-  written_ = written;
   auto reduce_block = [&](size_t b) {
     auto& g = model_->block(b).grads();
     comm.allreduce(g.data(), g.data(), g.numel(), comm::DataType::f32, comm::ReduceOp::sum);
@@ -165,8 +164,8 @@ TrainResult Worker::run_data_parallel(comm::Communicator& comm, uint64_t start,
       busy = seconds_since(t0);
       for (size_t b = model_->num_blocks(); b-- > 0;) reduce_block(b);
     }
-    double control[2] = {stats.loss, stop_requested() ? 1.0 : 0.0};
-    comm.allreduce(control, control, 2, comm::DataType::f64, comm::ReduceOp::sum);
+    double control[3] = {stats.loss, requests.stop() ? 1.0 : 0.0, checkpoint_vote(requests)};
+    comm.allreduce(control, control, 3, comm::DataType::f64, comm::ReduceOp::sum);
     if (spec_.deterministic) control[0] = loss_from_fixed_point(control[0]);
     // Update: the same clipped step everywhere (the gradients are identical after the sum).
     double norm_sq = 0;
@@ -175,7 +174,7 @@ TrainResult Worker::run_data_parallel(comm::Communicator& comm, uint64_t start,
     trainer_->apply(step, norm_sq, stats);
     next_step_ = step + 1;
     for (uint32_t b = 0; b < num_blocks(); ++b) states_->hold(b, next_step_);
-    maybe_checkpoint(written);
+    maybe_checkpoint(written, control[2] > 0);
     on_step(step_info(step, control[0], share, seconds_since(t0), busy));
     result.next_step = step + 1;
     if (control[1] > 0) {
@@ -208,11 +207,11 @@ elastic::Share Worker::share_of(uint32_t r, uint32_t n) const {
 
 // The steps of a pipeline stage: its part of the 1F1B schedule (PipelineStage), its replicas'
 // gradients summed in their own group (every replica ends with the same bits), then one
-// allreduce over everyone of the loss (from the last stages), the stop vote and the squared
+// allreduce over everyone of the loss (from the last stages), the votes and the squared
 // gradient norm (from one replica of each stage), so every stage clips by the global norm.
 // Standbys take part in that allreduce only.
 TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const OnStep& on_step,
-                                 const StopRequested& stop_requested) {
+                                 const Requests& requests) {
   TrainResult result{start, false};
   const elastic::Plan plan = plan_for(uint32_t(comm.size()));
   const uint32_t me = uint32_t(comm.rank());
@@ -229,7 +228,6 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
   std::vector<uint32_t> written;  // this stage's blocks, spread over its replicas
   for (uint32_t b = mine.begin; active && b < mine.end; ++b)
     if (b % plan.dp == r) written.push_back(b);
-  written_ = written;
   std::unique_ptr<ExactSum> exact;
   if (active && spec_.deterministic)
     exact = std::make_unique<ExactSum>(*model_, mine.begin, mine.end, micro_batches());
@@ -258,9 +256,10 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
           norm_sq += models::grad_norm_sq(model_->block(b).grads());
     }
     if (spec_.deterministic) norm_sq = global_norm_sq_exact(comm, plan, active && r == 0);
-    double control[3] = {spec_.deterministic ? res.loss_fixed : res.loss,
-                         stop_requested() ? 1.0 : 0.0, spec_.deterministic ? 0.0 : norm_sq};
-    comm.allreduce(control, control, 3, comm::DataType::f64, comm::ReduceOp::sum);
+    double control[4] = {spec_.deterministic ? res.loss_fixed : res.loss,
+                         requests.stop() ? 1.0 : 0.0, spec_.deterministic ? 0.0 : norm_sq,
+                         checkpoint_vote(requests)};
+    comm.allreduce(control, control, 4, comm::DataType::f64, comm::ReduceOp::sum);
     if (spec_.deterministic)
       control[0] = loss_from_fixed_point(control[0]);
     else
@@ -273,7 +272,7 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
     for (uint32_t b = mine.begin; b < mine.end; ++b) states_->hold(b, next_step_);
     if (backups && next_step_ % uint64_t(spec_.stage_backup_steps) == 0)
       backups_->take(comm, plan, s, r, *states_, next_step_);
-    maybe_checkpoint(written);
+    maybe_checkpoint(written, control[3] > 0);
     // The samples are counted once, by the first stage of each pipeline.
     const elastic::Share counted = active && s == 0 ? share : elastic::Share{};
     on_step(step_info(step, control[0], counted, seconds_since(t0), res.busy));
@@ -297,12 +296,19 @@ void Worker::take_checkpoint_result(bool wait) {
   if (on_checkpoint_) on_checkpoint_(*done);
 }
 
-void Worker::maybe_checkpoint(const std::vector<uint32_t>& blocks, bool forced) {
+double Worker::checkpoint_vote(const Requests& requests) const {
+  const uint64_t wanted = requests.checkpoint_at ? requests.checkpoint_at() : 0;
+  return wanted > requested_through_ ? 1.0 : 0.0;
+}
+
+void Worker::maybe_checkpoint(const std::vector<uint32_t>& blocks, bool requested) {
   take_checkpoint_result(false);
+  if (requested) requested_through_ = next_step_;  // (also on a rank that writes no block)
   const uint64_t every = uint64_t(spec_.checkpoint_every);
-  if (every == 0 || blocks.empty() || last_checkpoint_ == next_step_) return;
-  if (!forced && next_step_ % every != 0) return;
-  if (writer_.busy() && spec_.checkpoint_skip_if_busy && !forced) {
+  const bool due = requested || (every > 0 && next_step_ % every == 0);
+  if (!due || spec_.checkpoint_dir.empty() || blocks.empty() || last_checkpoint_ == next_step_)
+    return;
+  if (writer_.busy() && spec_.checkpoint_skip_if_busy && !requested) {
     spdlog::warn("checkpoint at step {} skipped: the one before is still being written",
                  next_step_);
     return;
@@ -318,11 +324,6 @@ void Worker::maybe_checkpoint(const std::vector<uint32_t>& blocks, bool forced) 
   writer_.start(next_step_, spec_.checkpoint_dir + "/" + checkpoint_dir_name(next_step_),
                 std::move(shards), seconds_since(t0));
   last_checkpoint_ = next_step_;
-}
-
-void Worker::checkpoint_at_stop() {
-  maybe_checkpoint(written_, /*forced=*/true);
-  finish_checkpoints();
 }
 
 void Worker::finish_checkpoints() { take_checkpoint_result(true); }

@@ -89,19 +89,27 @@ struct TrainResult {
   bool stopped = false;  // a stop was voted
 };
 
+// What the members vote on at every step boundary: any rank's yes is everyone's, so all of them
+// act at the same step.
+struct Requests {
+  std::function<bool()> stop;               // stop after this step
+  std::function<uint64_t()> checkpoint_at;  // a checkpoint at or after this step (0: none wanted)
+};
+
 class Worker {
  public:
   using OnStep = std::function<void(const StepInfo&)>;
-  using StopRequested = std::function<bool()>;
 
   // Builds the model (initialised from the seed; a pipeline worker: its blocks lazily, see
   // design.md "Memory"), optimizer and data. Throws std::invalid_argument.
   explicit Worker(const WorkerSpec& spec);
 
   // Runs steps [start, spec.steps) with the members of comm; stops early after a step in which any
-  // rank's stop_requested() was true. Throws comm::Error when the data plane fails.
+  // rank's requests.stop() was true, and checkpoints after a step in which any rank wanted one
+  // (requests.checkpoint_at() above the last step it checkpointed for a request). Throws
+  // comm::Error when the data plane fails.
   TrainResult run(comm::Communicator& comm, uint64_t start, const OnStep& on_step,
-                  const StopRequested& stop_requested);
+                  const Requests& requests);
 
   uint64_t checksum() const;  // FNV-1a over all parameters
   uint64_t final_checksum();  // the job's end: checksum() (after a test's injector, if any)
@@ -110,9 +118,6 @@ class Worker {
   void set_checkpoint_reporter(OnCheckpoint f) { on_checkpoint_ = std::move(f); }
   // Waits for the checkpoint write in flight and reports it (the job's end).
   void finish_checkpoints();
-  // The job stops (a signal, troupe stop): a checkpoint of this worker's blocks at the step
-  // boundary it stopped at, unless one is there already; written and reported before it returns.
-  void checkpoint_at_stop();
   uint64_t next_step() const { return next_step_; }  // steps applied so far
 
   // After a membership change: every member receives, point to point over the new generation's
@@ -135,9 +140,9 @@ class Worker {
   bool pipelined() const { return spec_.pipeline_stages != 1; }
   uint64_t micro_batches() const { return uint64_t(spec_.global_batch / spec_.micro_batch); }
   TrainResult run_data_parallel(comm::Communicator& comm, uint64_t start, const OnStep& on_step,
-                                const StopRequested& stop_requested);
+                                const Requests& requests);
   TrainResult run_pipeline(comm::Communicator& comm, uint64_t start, const OnStep& on_step,
-                           const StopRequested& stop_requested);
+                           const Requests& requests);
   // parallel.deterministic: this rank's global micro-batches, each computed alone, their
   // gradients summed exactly over everyone; stats.loss is the rank's loss in fixed point.
   models::StepStats forward_backward_exact(comm::Communicator& comm, ExactSum& exact, uint64_t step,
@@ -146,9 +151,13 @@ class Worker {
   // The share of rank r of n data-parallel replicas (whole micro-batches when deterministic).
   elastic::Share share_of(uint32_t r, uint32_t n) const;
   void gather_parameters(comm::Communicator& comm, const elastic::Plan& plan);
-  // At a step boundary: reports a finished checkpoint write; when next_step_ is due, copies the
-  // state of `blocks` (the ones this rank writes) and starts writing it.
-  void maybe_checkpoint(const std::vector<uint32_t>& blocks, bool forced = false);
+  // This rank's checkpoint vote: 1 when a checkpoint is wanted at or after a step above the last
+  // one it checkpointed for a request (a late copy of a request already served is not).
+  double checkpoint_vote(const Requests& requests) const;
+  // At a step boundary: reports a finished checkpoint write; when next_step_ is due (every
+  // checkpoint.every_steps) or `requested` (the vote), copies the state of `blocks` (the ones this
+  // rank writes) and starts writing it.
+  void maybe_checkpoint(const std::vector<uint32_t>& blocks, bool requested);
   void before_step(uint64_t step);  // the test's fault injection, if any
   StepInfo step_info(uint64_t step, double loss, elastic::Share share, double seconds,
                      double busy) const;
@@ -165,10 +174,10 @@ class Worker {
   uint64_t next_step_ = 0;
   CheckpointWriter writer_;
   OnCheckpoint on_checkpoint_;
-  std::vector<uint32_t> written_;  // the blocks this rank writes, in the current generation
   std::map<uint32_t, std::vector<uint8_t>> staging_;  // checkpoint copies, kept for the next one
   void take_checkpoint_result(bool wait);             // reports a finished write, keeps its buffers
   uint64_t last_checkpoint_ = UINT64_MAX;             // the step of the last checkpoint started
+  uint64_t requested_through_ = 0;  // the step of the last checkpoint taken for a request
   // Per block: the shape of its output for one sample (dim 0 scales with the samples), for the
   // receiving side of a stage boundary.
   std::vector<std::vector<size_t>> out_shape_;

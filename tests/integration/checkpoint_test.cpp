@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -95,12 +96,13 @@ TEST(Checkpoints, TheWholeJobKilledResumesFromItsCheckpointAtAnotherSize) {
   EXPECT_TRUE(fs::exists(job.run_dir + "/checkpoints/step-00000120/manifest.json"));
 }
 
-// The preemption pattern: SIGTERM, a checkpoint at the next step boundary, every process exits
-// 0, the run says it is resumable; the same job again goes on from there.
+// The preemption pattern: SIGTERM, a checkpoint at the next step boundary (without periodic
+// ones too), every process exits 0, the run says it is resumable; the same job again goes on
+// from there.
 TEST(Checkpoints, SigtermLeavesAResumableRunAndTheResumeGoesOnFromWhereItStopped) {
   TempDir dir;
   Reference want = reference(dir, 120);
-  Job job = start_job(dir, "preempted", kGpt, 2, {}, {pace(30000)});
+  Job job = start_job(dir, "preempted", kGpt, 2, {"checkpoint.every_steps=0"}, {pace(30000)});
   wait_steps(job, 30);
   std::vector<int> agents = member_pids(dir, job);
   ASSERT_EQ(::kill(job.proc->pid(), SIGTERM), 0);
@@ -116,6 +118,51 @@ TEST(Checkpoints, SigtermLeavesAResumableRunAndTheResumeGoesOnFromWhereItStopped
   for (int pid : agents) EXPECT_NE(::kill(pid, 0), 0) << "agent " << pid << " still runs";
 
   Job resumed = start_job(dir, "preempted", kGpt, 3, {}, {}, {"--resume", job.run_dir});
+  expect_same_function(resumed, want.losses, 120, kBatch, 0);
+  EXPECT_EQ(final_checksum(resumed), want.checksum);
+  EXPECT_EQ(resumed_from(resumed), stopped_at);
+}
+
+std::vector<std::string> checkpoint_dirs(const Job& job) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(job.run_dir + "/checkpoints"))
+    out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// On request: `troupe checkpoint` writes one at the next step boundary and says where, while
+// training goes on; `troupe stop --checkpoint` writes one where it stops. No periodic ones, and
+// each request is served once (all members vote on it at the same step boundary). The resume
+// from the stop's checkpoint computes the same function.
+TEST(Checkpoints, OnRequestTroupeCheckpointAndStopWithACheckpoint) {
+  TempDir dir;
+  Reference want = reference(dir, 120);
+  Job job = start_job(dir, "asked", kGpt, 3, {"checkpoint.every_steps=0"}, {pace(30000)});
+  wait_steps(job, 15);
+  const std::string said = admin(dir, {"checkpoint", "--run-dir", job.run_dir});
+  const size_t at = said.find("checkpoints/step-");
+  ASSERT_NE(at, std::string::npos) << said;
+  const int step = std::stoi(said.substr(at + 17, 8));
+  EXPECT_GE(step, 16) << said;
+  EXPECT_TRUE(
+      fs::exists(job.run_dir + "/checkpoints/" + said.substr(at + 12, 13) + "/manifest.json"))
+      << said;
+  EXPECT_NE(text_of(dir.path() + "/admin.out").find("written"), std::string::npos);
+  wait_steps(job, size_t(step) + 10);  // training went on
+  admin(dir, {"stop", "--run-dir", job.run_dir, "--checkpoint"});
+  auto st = job.proc->wait(60s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << last_line(job.out);
+  const std::string end = events_of(job).back();
+  EXPECT_EQ(json_field(end, "resumable"), "true") << end;
+  const int stopped_at = std::stoi(json_field(end, "steps"));
+  char stop_dir[32];
+  std::snprintf(stop_dir, sizeof stop_dir, "step-%08d", stopped_at);
+  EXPECT_EQ(checkpoint_dirs(job), (std::vector<std::string>{said.substr(at + 12, 13), stop_dir}));
+
+  Job resumed =
+      start_job(dir, "asked", kGpt, 1, {"checkpoint.every_steps=0"}, {}, {"--resume", job.run_dir});
   expect_same_function(resumed, want.losses, 120, kBatch, 0);
   EXPECT_EQ(final_checksum(resumed), want.checksum);
   EXPECT_EQ(resumed_from(resumed), stopped_at);

@@ -154,7 +154,7 @@ TEST(Job, BadConfigsExitNonZeroWithTheReasonAndStartNothing) {
        "GiB per worker"},
       // Keys that would not act are refused, never ignored.
       {"[parallel]\nbackend = \"nccl\"\n", ":2:11: parallel.backend = \"nccl\" needs CUDA workers"},
-      {"[checkpoint]\ndir = \"ckpt\"\n", "checkpoint.dir is set but checkpoint.every_steps is 0"},
+      {"[checkpoint]\nif_busy = \"skip\"\n", ":2:11: checkpoint.if_busy = \"skip\" skips periodic"},
       {"[parallel]\ndeterministic = true\n[batch]\nglobal = 30\nmicro = 8\n",
        "parallel.deterministic needs batch.global (30) to be a multiple of batch.micro (8)"},
   };

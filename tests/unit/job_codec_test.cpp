@@ -150,7 +150,9 @@ TEST(JobCodec, ReportsAndAnswersRoundTrip) {
                100,
                1.5,
                {{0, 1, 99, "h", "cpu:0", "agent-1"}},
-               {{0, 3, 98, "h", "cpu:0", "agent-3"}}};
+               {{0, 3, 98, "h", "cpu:0", "agent-3"}},
+               40,
+               "/r/checkpoints/step-40/manifest.json"};
   JobStatus su = decode(body(encode(st)).getStatus());
   EXPECT_EQ(su.state, "running");
   ASSERT_EQ(su.members.size(), 1u);
@@ -159,10 +161,15 @@ TEST(JobCodec, ReportsAndAnswersRoundTrip) {
   EXPECT_EQ(su.members[0].name, "agent-1");
   ASSERT_EQ(su.standbys.size(), 1u);
   EXPECT_EQ(su.standbys[0].name, "agent-3");
+  EXPECT_EQ(su.checkpoint_step, 40u);
+  EXPECT_EQ(su.checkpoint_path, "/r/checkpoints/step-40/manifest.json");
 
   EXPECT_EQ(body(encode(LeaveGeneration{4})).getLeaveGeneration(), 4u);
   EXPECT_TRUE(body(make_ack()).isAck());
   EXPECT_EQ(body(make_scale_request(3)).getScaleRequest(), 3u);
+  EXPECT_TRUE(body(make_checkpoint_request(true)).getCheckpointRequest().getStop());
+  EXPECT_FALSE(body(make_checkpoint_request(false)).getCheckpointRequest().getStop());
+  EXPECT_EQ(body(make_checkpoint_at_step(12)).getCheckpointAtStep(), 12u);
 }
 
 TEST(JobCodec, ErrorRepliesCarryTheTypedCode) {

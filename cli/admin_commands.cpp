@@ -1,0 +1,328 @@
+// The admin commands: `troupe status`, `troupe stop`, `troupe checkpoint`, `troupe drain`,
+// `troupe scale`. Each names its job (--run-dir DIR, or --coordinator HOST:PORT --token-file F)
+// and sends Cap'n Proto requests to its coordinator over UCX.
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include "actors/bridge.h"
+#include "actors/job_protocol.h"
+#include "actors/messages.h"
+#include "actors/services.h"
+#include "cli/commands.h"
+#include "cli/parse.h"
+#include "coordinator/events.h"
+#include "coordinator/run_dir.h"
+#include "workers/agent.h"
+
+namespace troupe::cli {
+namespace {
+
+// How an admin command names its job: --run-dir DIR, or --coordinator HOST:PORT --token-file F.
+struct JobName {
+  std::string run_dir, coordinator, token_file;
+  void add_to(CLI::App& app) {
+    app.add_option("--run-dir", run_dir, "the job's run directory (its address and token)");
+    app.add_option("--coordinator", coordinator, "the coordinator's HOST:PORT")
+        ->excludes("--run-dir");
+    app.add_option("--token-file", token_file, "the job's token file (with --coordinator)")
+        ->excludes("--run-dir");
+  }
+};
+
+struct JobRef {
+  std::string address, job_id, token;
+};
+JobRef job_ref(const JobName& n) {
+  JobRef r;
+  std::string token_file = n.token_file;
+  if (!n.run_dir.empty()) {
+    std::ifstream in(n.run_dir + "/coordinator.addr");
+    if (!(in >> r.address))
+      throw std::invalid_argument("no coordinator.addr in " + n.run_dir +
+                                  " (is a job running there?)");
+    token_file = n.run_dir + "/job.token";
+  } else {
+    r.address = n.coordinator;
+    if (r.address.empty() || token_file.empty()) {
+      throw std::invalid_argument(
+          "name the job with --run-dir DIR, or --coordinator HOST:PORT --token-file F");
+    }
+  }
+  std::tie(r.job_id, r.token) = workers::read_token_file(token_file);
+  return r;
+}
+
+// A connection to a running job's coordinator, for one request or a series of them (troupe
+// checkpoint polls). Every request has a deadline; a failure is printed, naming the job's address
+// and what went wrong (a refusal is the coordinator's answer, not a silence), and gives nullopt.
+class AdminSession {
+ public:
+  explicit AdminSession(const JobName& job) : ref_(job_ref(job)) {
+    actors::configure_system(cfg_);
+    system_ = std::make_unique<caf::actor_system>(cfg_);
+    bridge_ = actors::spawn_bridge(*system_, actors::job_bridge_config(ref_.job_id, ref_.token));
+    caf::scoped_actor self{*system_};
+    self->request(bridge_, std::chrono::seconds(10), actors::connect_atom::value, ref_.address)
+        .receive([&](uint64_t n) { node_ = n; }, [&](caf::error& e) { error_ = e; });
+  }
+  ~AdminSession() { caf::anon_send_exit(bridge_, caf::exit_reason::user_shutdown); }
+
+  std::optional<actors::ControlMessage> request(const actors::ControlMessage& m,
+                                                bool quiet = false) {
+    std::optional<actors::ControlMessage> reply;
+    if (!error_) {
+      caf::scoped_actor self{*system_};
+      self->request(bridge_, std::chrono::seconds(10), actors::request_atom::value,
+                    actors::RemoteAddress{node_, actors::kCoordinatorActorId}, m, uint32_t(5000))
+          .receive([&](actors::ControlMessage& r) { reply = std::move(r); },
+                   [&](caf::error& e) { error_ = e; });
+    }
+    if (!reply && !quiet) report();
+    return reply;
+  }
+
+  std::optional<actors::JobStatus> status(bool quiet = false) {
+    auto r = request(actors::make_status_request(), quiet);
+    if (!r || !r->envelope().getBody().isStatus()) return std::nullopt;
+    return actors::decode(r->envelope().getBody().getStatus());
+  }
+
+ private:
+  void report() const {
+    auto ce = actors::control_error(*error_);
+    const bool answer =
+        ce && (ce->code == comm::Errc::refused || ce->code == comm::Errc::invalid_input);
+    const std::string text = ce ? ce->message : system_->render(*error_);
+    const char* at = ref_.address.c_str();
+    if (node_ == 0)
+      std::fprintf(stderr, "troupe: cannot reach the job at %s: %s\n", at, text.c_str());
+    else if (answer)
+      std::fprintf(stderr, "troupe: the job at %s refused: %s\n", at, text.c_str());
+    else
+      std::fprintf(stderr, "troupe: the job at %s did not answer: %s: %s\n", at,
+                   ce ? comm::errc_name(ce->code) : "error", text.c_str());
+  }
+
+  JobRef ref_;
+  caf::actor_system_config cfg_;
+  std::unique_ptr<caf::actor_system> system_;
+  caf::actor bridge_;
+  uint64_t node_ = 0;
+  std::optional<caf::error> error_;
+};
+
+// One request to a running job's coordinator: on_reply's exit code, or 1 (printed why).
+int admin_request(const JobName& job, const actors::ControlMessage& request,
+                  const std::function<int(actors::ControlMessage&)>& on_reply) {
+  AdminSession session(job);
+  auto reply = session.request(request);
+  return reply ? on_reply(*reply) : 1;
+}
+
+nlohmann::ordered_json status_rows(const std::vector<actors::MemberStatus>& rows) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const auto& m : rows)
+    out.push_back({{"rank", m.rank},
+                   {"agent", m.agent},
+                   {"name", m.name},
+                   {"pid", m.pid},
+                   {"host", m.host},
+                   {"device", m.device}});
+  return out;
+}
+
+void print_status(const actors::JobStatus& s, bool json) {
+  if (json) {
+    std::printf("%s\n", coordinator::Json()
+                            .str("job", s.job_name)
+                            .str("state", s.state)
+                            .integer("generation", long(s.generation))
+                            .integer("step", long(s.step))
+                            .integer("steps", long(s.steps))
+                            .num("loss", s.last_loss)
+                            .str("plan", s.plan)
+                            .value("members", status_rows(s.members))
+                            .value("standbys", status_rows(s.standbys))
+                            .integer("checkpoint_step", long(s.checkpoint_step))
+                            .str("checkpoint", s.checkpoint_path)
+                            .text()
+                            .c_str());
+    return;
+  }
+  std::printf("job %s: %s, generation %llu, step %llu/%llu, loss %.4f\n", s.job_name.c_str(),
+              s.state.c_str(), (unsigned long long)s.generation, (unsigned long long)s.step,
+              (unsigned long long)s.steps, s.last_loss);
+  if (s.checkpoint_step > 0)
+    std::printf("checkpoint: step %llu, %s\n", (unsigned long long)s.checkpoint_step,
+                s.checkpoint_path.c_str());
+  if (!s.plan.empty())
+    std::printf("pipeline: %s (rank = replica x stages + stage)\n", s.plan.c_str());
+  std::printf("%6s %6s %-12s %8s %-16s %s\n", "rank", "agent", "name", "pid", "host", "device");
+  for (const auto& m : s.members)
+    std::printf("%6u %6u %-12s %8u %-16s %s\n", m.rank, m.agent, m.name.c_str(), m.pid,
+                m.host.c_str(), m.device.c_str());
+  for (const auto& m : s.standbys)
+    std::printf("%6s %6u %-12s %8u %-16s %s\n", "standby", m.agent, m.name.c_str(), m.pid,
+                m.host.c_str(), m.device.c_str());
+}
+
+// A job no process runs any more (its run directory is not locked): its events say how it
+// ended. nullopt when a job runs there (ask its coordinator).
+std::optional<int> status_from_run_dir(const std::string& dir, bool json) {
+  if (dir.empty() || coordinator::run_dir_in_use(dir)) return std::nullopt;
+  std::ifstream in(dir + "/events.jsonl");
+  if (!in) return std::nullopt;
+  nlohmann::json first, last;
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) continue;
+    if (first.is_null()) first = j;
+    last = j;
+  }
+  if (last.is_null()) return std::nullopt;
+  const std::string event = last.value("event", ""), name = first.value("job", "?");
+  const bool finished = event == "job_finished", failed = event == "job_failed";
+  nlohmann::ordered_json out = {{"job", name},
+                                {"state", finished || failed ? "finished" : "not running"},
+                                {"outcome", finished ? last.value("state", "completed")
+                                            : failed ? "failed"
+                                                     : "unknown"},
+                                {"step", last.value("steps", last.value("step", 0))}};
+  if (finished) out["loss"] = last.value("loss", 0.0);
+  if (failed) out["reason"] = last.value("reason", "");
+  if (!finished && !failed) out["last_event"] = event;
+  if (json) {
+    std::printf("%s\n", out.dump().c_str());
+  } else if (finished || failed) {
+    std::printf("job %s: finished (%s) at step %lld%s\n", name.c_str(),
+                out["outcome"].get<std::string>().c_str(), (long long)out["step"].get<int64_t>(),
+                failed ? (": " + last.value("reason", "")).c_str() : "");
+  } else {
+    std::printf("job %s: not running, and it did not finish (its last event: %s)\n", name.c_str(),
+                event.c_str());
+  }
+  return finished || failed ? 0 : 1;
+}
+
+}  // namespace
+
+int run_status(const std::vector<std::string>& words) {
+  CLI::App app{"Shows a running job: its phase, generation, step, loss and members.",
+               "troupe status"};
+  JobName job;
+  bool json = false;
+  job.add_to(app);
+  app.add_flag("--json", json, "one JSON object (job, state, generation, step, members...)");
+  if (auto rc = parse(app, words)) return *rc;
+  if (auto rc = status_from_run_dir(job.run_dir, json)) return *rc;
+  return admin_request(job, actors::make_status_request(), [&](actors::ControlMessage& r) {
+    auto body = r.envelope().getBody();
+    if (!body.isStatus()) {
+      std::fprintf(stderr, "troupe status: unexpected answer\n");
+      return 1;
+    }
+    print_status(actors::decode(body.getStatus()), json);
+    return 0;
+  });
+}
+
+int run_drain(const std::vector<std::string>& words) {
+  CLI::App app{"Lets an agent leave the job at the next step boundary (nothing is redone).",
+               "troupe drain"};
+  JobName job;
+  uint32_t id = 0;
+  job.add_to(app);
+  app.add_option("--agent", id, "the agent's id (troupe status)")->required();
+  if (auto rc = parse(app, words)) return *rc;
+  return admin_request(job, actors::make_drain_request(id), [&](actors::ControlMessage&) {
+    std::printf("troupe: agent %u leaves at the next step boundary\n", id);
+    return 0;
+  });
+}
+
+int run_scale(const std::vector<std::string>& words) {
+  CLI::App app{"Grows (the local launcher starts agents) or shrinks (drains) a running job.",
+               "troupe scale"};
+  JobName job;
+  uint32_t n = 0;
+  job.add_to(app);
+  app.add_option("--workers", n, "the number of workers to run with")
+      ->required()
+      ->check(CLI::Range(uint32_t(1), uint32_t(1000000)));
+  if (auto rc = parse(app, words)) return *rc;
+  return admin_request(job, actors::make_scale_request(n), [&](actors::ControlMessage&) {
+    std::printf("troupe: scaling the job to %u worker(s) at the next step boundary\n", n);
+    return 0;
+  });
+}
+
+int run_stop(const std::vector<std::string>& words) {
+  CLI::App app{
+      "Stops a running job after the current step (its last event: job_finished, "
+      "state stopped). With checkpoint.every_steps, or --checkpoint, it checkpoints there first: "
+      "troupe run --resume RUN_DIR goes on from it.",
+      "troupe stop"};
+  JobName job;
+  bool checkpoint = false;
+  job.add_to(app);
+  app.add_flag("--checkpoint", checkpoint, "checkpoint at the step it stops at");
+  if (auto rc = parse(app, words)) return *rc;
+  auto request = checkpoint ? actors::make_checkpoint_request(true) : actors::make_stop_request();
+  return admin_request(job, request, [&](actors::ControlMessage& r) {
+    if (!r.envelope().getBody().isAck()) return 1;
+    std::printf("troupe: stop requested; the job stops after the current step%s\n",
+                checkpoint ? ", with a checkpoint there" : "");
+    return 0;
+  });
+}
+
+// troupe checkpoint: asks for one at the next step boundary, then polls the job's status until a
+// checkpoint at or after that step is complete (its manifest written) or the deadline passes.
+int run_checkpoint(const std::vector<std::string>& words) {
+  CLI::App app{
+      "Checkpoints a running job at the next step boundary (under checkpoint.dir, by default "
+      "RUN_DIR/checkpoints) and waits until it is written; training goes on.",
+      "troupe checkpoint"};
+  JobName job;
+  bool no_wait = false;
+  double timeout_s = 600;
+  job.add_to(app);
+  app.add_flag("--no-wait", no_wait, "return once the job took the request");
+  app.add_option("--timeout", timeout_s, "seconds to wait for the write (default 600)")
+      ->check(CLI::Range(0.1, 86400.0));
+  if (auto rc = parse(app, words)) return *rc;
+  AdminSession session(job);
+  auto before = session.status();
+  if (!before || !session.request(actors::make_checkpoint_request(false))) return 1;
+  const uint64_t wanted = before->step + 1;  // (the coordinator's target is at least this)
+  std::printf("troupe: checkpoint requested at the first step boundary after step %llu\n",
+              (unsigned long long)before->step);
+  if (no_wait) return 0;
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(timeout_s * 1000));
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    auto now = session.status(/*quiet=*/true);
+    if (!now) {
+      std::fprintf(stderr,
+                   "troupe checkpoint: the job stopped answering before the checkpoint was "
+                   "written (its events.jsonl says how it ended)\n");
+      return 1;
+    }
+    if (now->checkpoint_step >= wanted) {
+      std::printf("troupe: checkpoint at step %llu written: %s\n",
+                  (unsigned long long)now->checkpoint_step, now->checkpoint_path.c_str());
+      return 0;
+    }
+    if (now->state == "finished") break;
+  }
+  std::fprintf(stderr, "troupe checkpoint: no checkpoint at step %llu or later within %.1f s\n",
+               (unsigned long long)wanted, timeout_s);
+  return 1;
+}
+
+}  // namespace troupe::cli
