@@ -18,6 +18,8 @@ void on_signal(int sig) {
   if (fd >= 0) (void)!::write(fd, &byte, 1);  // async-signal-safe; a full pipe drops it
 }
 
+bool hangup_ignored = false;  // SIGHUP was ignored when the watcher started (nohup): it stays so
+
 void install(void (*handler)(int)) {
   struct sigaction sa {};
   sa.sa_handler = handler;
@@ -25,6 +27,7 @@ void install(void (*handler)(int)) {
   sa.sa_flags = SA_RESTART;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  if (!hangup_ignored) sigaction(SIGHUP, &sa, nullptr);
 }
 
 }  // namespace
@@ -35,6 +38,8 @@ SignalWatcher::SignalWatcher() {
     pipe_read = fds[0];
     pipe_write.store(fds[1]);
   }
+  struct sigaction old {};
+  hangup_ignored = sigaction(SIGHUP, nullptr, &old) == 0 && old.sa_handler == SIG_IGN;
   install(&on_signal);
 }
 
@@ -83,6 +88,8 @@ const char* signal_name(int sig) {
       return "SIGINT";
     case SIGTERM:
       return "SIGTERM";
+    case SIGHUP:
+      return "SIGHUP";
     default:
       return "a signal";
   }

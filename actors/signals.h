@@ -1,4 +1,5 @@
-// SIGINT and SIGTERM as events a process handles in its own time: a handler (whichever thread
+// SIGINT, SIGTERM and SIGHUP (unless ignored, as under nohup) as events a process handles in its
+// own time: a handler (whichever thread
 // the kernel picks: libraries such as OpenBLAS start threads before main) writes the signal
 // into a pipe, and the process asks for them with next() (a job finishes its step and writes its
 // final event instead of dying mid-line). The default actions come back when it goes; children
@@ -35,7 +36,7 @@ class SignalWatcher {
   int count_ = 0, first_ = 0;
 };
 
-// "SIGINT", "SIGTERM", or "signal N".
+// "SIGINT", "SIGTERM", "SIGHUP", or "a signal".
 const char* signal_name(int signal);
 
 }  // namespace troupe::actors

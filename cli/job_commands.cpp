@@ -221,8 +221,9 @@ coordinator::JobFinished wait_for_end(caf::scoped_actor& self, const caf::actor&
   return end;
 }
 
-// The job's last line, and the exit status: 0 completed (or `troupe stop`), 1 failed, 2 refused
-// before it started, 128 + the signal when SIGINT/SIGTERM stopped it.
+// The job's last line, and the exit status: 0 completed, or stopped (`troupe stop`; a signal with
+// the checkpoint it asks for: resumable), 1 failed, 2 refused before it started, 128 + the signal
+// when a signal stopped it without a checkpoint.
 int report_end(const coordinator::JobConfig& cfg, const std::string& dir,
                const coordinator::JobFinished& end, int first_signal) {
   if (end.exit_code != 0) {

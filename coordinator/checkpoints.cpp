@@ -107,7 +107,9 @@ Checkpoints::Checkpoints(const JobConfig& cfg) : cfg_(cfg), hash_(checkpoint_con
 
 std::optional<CompletedCheckpoint> Checkpoints::add(const actors::CheckpointWritten& w,
                                                     uint32_t world_size, const std::string& plan) {
-  Pending& p = pending_[w.step];
+  // (By step and generation: a step redone after a rollback may be written again by other
+  // members, whose blocks need not match the first writers'.)
+  Pending& p = pending_[{w.step, w.generation}];
   for (const auto& s : w.shards) p.shards[s.block] = s;
   p.blocks = w.blocks;
   p.directory = w.directory;
@@ -134,7 +136,7 @@ std::optional<CompletedCheckpoint> Checkpoints::add(const actors::CheckpointWrit
   write_durably(path, m.dump(1) + "\n");
   CompletedCheckpoint done{w.step, path, p.blocking, p.write};
   if (!newest_ || newest_->step < w.step) newest_ = done;
-  pending_.erase(pending_.begin(), pending_.upper_bound(w.step));
+  pending_.erase(pending_.begin(), pending_.upper_bound({w.step, UINT64_MAX}));
   prune();
   return done;
 }

@@ -15,6 +15,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "actors/job_protocol.h"
@@ -54,7 +55,7 @@ class Checkpoints {
 
   JobConfig cfg_;
   std::string hash_;
-  std::map<uint64_t, Pending> pending_;
+  std::map<std::pair<uint64_t, uint64_t>, Pending> pending_;  // by (step, generation)
   std::optional<CompletedCheckpoint> newest_;
 };
 

@@ -20,6 +20,7 @@
 #include "actors/bridge.h"
 #include "actors/job_protocol.h"
 #include "actors/services.h"
+#include "actors/signals.h"
 #include "coordinator/admin.h"
 #include "coordinator/checkpoints.h"
 #include "coordinator/events.h"
@@ -627,9 +628,7 @@ class Coordinator : public caf::event_based_actor {
   }
 
   void on_interrupt(int32_t signal) {
-    const std::string name = signal == SIGINT    ? "SIGINT"
-                             : signal == SIGTERM ? "SIGTERM"
-                                                 : "a signal";
+    const std::string name = actors::signal_name(signal);
     ++interrupts_;
     log_.event("interrupted", Json()
                                   .str("signal", name)

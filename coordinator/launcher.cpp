@@ -1,7 +1,9 @@
 #include "coordinator/launcher.h"
 
+#include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <memory>
 
@@ -83,7 +85,10 @@ class Launcher : public caf::event_based_actor {
     std::vector<std::string> argv{opt_.program, "agent"};
     argv.insert(argv.end(), opt_.agent_args.begin(), opt_.agent_args.end());
     argv.insert(argv.end(), {"--name", "agent-" + std::to_string(i)});
-    s.proc = std::make_unique<ChildProcess>(ChildProcess::Options{argv, log, log, {}});
+    // SIGHUP when the coordinator's process ends: the agent, launched (TROUPE_LAUNCHED_BY), knows
+    // what it means and leaves at once, saying why (workers/agent.cpp).
+    s.proc = std::make_unique<ChildProcess>(ChildProcess::Options{
+        argv, log, log, {"TROUPE_LAUNCHED_BY=" + std::to_string(::getpid())}, SIGHUP});
     ++s.incarnation;
     watcher_->watch(uint64_t(i) << 20 | (s.incarnation & 0xFFFFF), s.proc->pid());
   }

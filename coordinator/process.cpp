@@ -46,7 +46,7 @@ ChildProcess::ChildProcess(const Options& options) {
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
     // Die with the parent, however it ends (a SIGKILLed test must not leave children behind).
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    prctl(PR_SET_PDEATHSIG, options.parent_death_signal);
     if (getppid() != parent) _exit(127);
     if (options.stdout_path.empty()) {
       dup2(pipefd[1], STDOUT_FILENO);

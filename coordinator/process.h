@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <csignal>
 #include <optional>
 #include <string>
 #include <vector>
@@ -21,6 +22,9 @@ class ChildProcess {
     std::string stdout_path;        // empty: a pipe readable with read_line()
     std::string stderr_path;        // empty: inherit
     std::vector<std::string> env;   // extra NAME=VALUE entries
+    // Sent to the child when the thread that started it ends (the owner died, however): SIGKILL
+    // by default; the local launcher's agents get SIGHUP, to say why they leave.
+    int parent_death_signal = SIGKILL;
   };
 
   explicit ChildProcess(const Options& options);  // throws std::runtime_error if it cannot start

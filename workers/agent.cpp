@@ -100,12 +100,27 @@ Joined join(caf::scoped_actor& self, const caf::actor& bridge, const AgentOption
   return j;
 }
 
+// The local launcher's coordinator process (TROUPE_LAUNCHED_BY; 0: started by hand). Its agents
+// get SIGHUP when it ends (their parent-death signal).
+pid_t launcher_pid() {
+  const char* by = std::getenv("TROUPE_LAUNCHED_BY");
+  return by ? pid_t(std::atoi(by)) : 0;
+}
+
 // SIGTERM or SIGINT to an agent is a leave: it asks the coordinator to drain it (it then leaves
 // at the next step boundary and exits 0). If the coordinator refuses (too few workers would be
 // left) or cannot be asked, it exits at once with 128 + the signal; so does a second signal.
+// A SIGHUP to a launched agent: the coordinator's process that launched it ended, and nobody is
+// left to ask; it leaves at once with 1, saying so (the coordinator's loss would say it too,
+// within elastic.failure_timeout_ms).
 void on_signal(caf::scoped_actor& self, const caf::actor& bridge, GenerationBoard& board,
                uint64_t coordinator, uint32_t agent_id, int sig, bool again) {
   const std::string name = actors::signal_name(sig);
+  if (sig == SIGHUP && launcher_pid() > 0) {
+    board.shut_down(1, "the coordinator's process (pid " + std::to_string(launcher_pid()) +
+                           "), which launched this agent, ended: leaving");
+    return;
+  }
   if (again) {
     std::fprintf(stderr, "troupe agent: %s again: exiting at once\n", name.c_str());
     std::_Exit(128 + sig);

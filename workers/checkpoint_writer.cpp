@@ -101,6 +101,7 @@ void CheckpointWriter::write(std::vector<Shard> shards) {
     result_.error = write_durably(result_.directory + "/" + file, s.bytes);
     result_.shards.push_back(
         {s.block, file, s.bytes.size(), comm::fnv1a(s.bytes.data(), s.bytes.size())});
+    if (mid_write_ && result_.shards.size() == 1) mid_write_();
   }
   result_.buffers = std::move(shards);
   if (result_.error.empty()) result_.error = fsync_dir(result_.directory);

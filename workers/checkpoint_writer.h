@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
@@ -56,6 +57,9 @@ class CheckpointWriter {
   void wait();
   // The last write, once it is done (and only once).
   std::optional<Written> take_finished();
+  // Called on the writing thread after the first shard is durable (a test's fault injection: a
+  // writer caught in the middle). Set before the first start().
+  void set_mid_write(std::function<void()> f) { mid_write_ = std::move(f); }
 
  private:
   void write(std::vector<Shard> shards);
@@ -64,6 +68,7 @@ class CheckpointWriter {
   std::atomic<bool> done_{false};
   Written result_;
   bool taken_ = true;
+  std::function<void()> mid_write_;
 };
 
 }  // namespace troupe::workers

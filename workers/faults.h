@@ -20,6 +20,9 @@ class FaultInjector {
   // In a state transfer this worker sends, after its first buffer: may sleep (a transfer caught
   // in the middle, so a test can kill the sender then).
   virtual void mid_state_transfer(const std::string& agent, uint32_t device) = 0;
+  // On the checkpoint writer's thread, after the first shard of a write is durable: may sleep (a
+  // checkpoint caught in the middle, so a test can kill the writer then).
+  virtual void mid_checkpoint_write(const std::string& agent, uint32_t device) {}
   // Before worker `device` of `agent` computes its final checksum: may change its parameters
   // (a member that ended different: the job must say so, not report success).
   virtual void before_checksum(const std::string& agent, uint32_t device, float* parameters,

@@ -27,6 +27,9 @@ double seconds_since(Clock::time_point t0) {
 
 Worker::Worker(const WorkerSpec& spec) : spec_(spec) {
   models::set_compute_threads(spec.threads);
+  if (spec_.faults)
+    writer_.set_mid_write(
+        [this] { spec_.faults->mid_checkpoint_write(spec_.agent_name, spec_.device_index); });
   models::ModelSpec m = spec.model;
   if (spec.data_kind == "text") {
     auto text = std::make_unique<models::CharText>(spec.data_path, m.context);

@@ -20,13 +20,14 @@ class EnvFaults : public workers::FaultInjector {
   EnvFaults()
       : step_delay_us_(env_int("TROUPE_TEST_STEP_DELAY_US")),
         throw_at_step_(uint64_t(env_int("TROUPE_TEST_THROW_AT_STEP"))),
-        state_delay_ms_(env_int("TROUPE_TEST_STATE_DELAY_MS")) {
+        state_delay_ms_(env_int("TROUPE_TEST_STATE_DELAY_MS")),
+        checkpoint_delay_ms_(env_int("TROUPE_TEST_CHECKPOINT_DELAY_MS")) {
     if (const char* a = std::getenv("TROUPE_TEST_THROW_AGENT")) throw_agent_ = a;
     if (const char* a = std::getenv("TROUPE_TEST_PERTURB_AGENT")) perturb_agent_ = a;
   }
   bool any() const {
     return step_delay_us_ > 0 || (throw_at_step_ > 0 && !throw_agent_.empty()) ||
-           state_delay_ms_ > 0 || !perturb_agent_.empty();
+           state_delay_ms_ > 0 || checkpoint_delay_ms_ > 0 || !perturb_agent_.empty();
   }
 
   void before_checksum(const std::string& agent, uint32_t, float* parameters,
@@ -48,12 +49,17 @@ class EnvFaults : public workers::FaultInjector {
       std::this_thread::sleep_for(std::chrono::milliseconds(state_delay_ms_));
   }
 
+  void mid_checkpoint_write(const std::string&, uint32_t) override {
+    if (checkpoint_delay_ms_ > 0 && !checkpoint_delayed_.exchange(true))
+      std::this_thread::sleep_for(std::chrono::milliseconds(checkpoint_delay_ms_));
+  }
+
  private:
   int64_t step_delay_us_;
   uint64_t throw_at_step_;
-  int64_t state_delay_ms_;
+  int64_t state_delay_ms_, checkpoint_delay_ms_;
   std::string throw_agent_, perturb_agent_;
-  std::atomic<bool> thrown_{false};
+  std::atomic<bool> thrown_{false}, checkpoint_delayed_{false};
 };
 
 }  // namespace

@@ -7,6 +7,8 @@
 //   TROUPE_TEST_THROW_AT_STEP     name throws once when it reaches this step (counting from 1)
 //   TROUPE_TEST_STATE_DELAY_MS    a state transfer this agent sends pauses this long after its
 //                                 first buffer
+//   TROUPE_TEST_CHECKPOINT_DELAY_MS  an agent's first checkpoint write pauses this long after its
+//                                 first shard
 //   TROUPE_TEST_PERTURB_AGENT     that agent's workers change a parameter before the job's final
 //                                 checksum (the members then end different)
 #pragma once

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "tests/harness/jobs.h"
 
@@ -123,12 +124,80 @@ TEST(Checkpoints, SigtermLeavesAResumableRunAndTheResumeGoesOnFromWhereItStopped
   EXPECT_EQ(resumed_from(resumed), stopped_at);
 }
 
+// Gone, or a zombie nobody reaped yet (the coordinator that started it was SIGKILLed).
+bool ended(int pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string skip, state;
+  return !(stat >> skip >> skip >> state) || state == "Z";
+}
+
+// The coordinator SIGKILLed: no agent lingers, the launched ones and one that joined by hand;
+// each says why and exits non-zero within elastic.failure_timeout_ms. Nobody restarts the
+// coordinator in time, so `troupe run --resume` goes on from the newest checkpoint.
+TEST(Checkpoints, TheCoordinatorKilledLeavesNoAgentAndTheRunResumesFromItsCheckpoint) {
+  TempDir dir;
+  Reference want = reference(dir, 120);
+  Job job = start_job(dir, "headless", kGpt, 2, {"elastic.max_workers=3"}, {pace(30000)});
+  wait_steps(job, 10);
+  auto joiner = join_agent(dir, job, "joiner", {pace(30000)});
+  wait_event(job, is("generation_started", "world_size", "3"), 60s);
+  wait_steps(job, 45);
+  std::vector<int> agents = member_pids(dir, job);
+  ASSERT_EQ(agents.size(), 3u);
+  ASSERT_EQ(::kill(job.proc->pid(), SIGKILL), 0);
+  ASSERT_TRUE(job.proc->wait(10s));
+  auto joiner_status = joiner->wait(10s);  // (its --failure-timeout-ms: 3 s)
+  ASSERT_TRUE(joiner_status) << "the joined agent lingers";
+  EXPECT_NE(WEXITSTATUS(*joiner_status), 0);
+  EXPECT_NE(text_of(dir.path() + "/joiner.out").find("the coordinator was lost"), std::string::npos)
+      << text_of(dir.path() + "/joiner.out");
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  for (int pid : agents)
+    while (!ended(pid) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(50ms);
+  for (int pid : agents) EXPECT_TRUE(ended(pid)) << "agent " << pid << " lingers";
+  for (const char* log : {"/agent-0.log", "/agent-1.log"})
+    EXPECT_NE(text_of(job.run_dir + log).find("troupe agent: the coordinator"), std::string::npos)
+        << text_of(job.run_dir + log);
+
+  Job resumed = start_job(dir, "headless", kGpt, 2, {}, {}, {"--resume", job.run_dir});
+  expect_same_function(resumed, want.losses, 120, kBatch, 0);
+  EXPECT_EQ(final_checksum(resumed), want.checksum);
+  EXPECT_GE(resumed_from(resumed), 40);
+}
+
 std::vector<std::string> checkpoint_dirs(const Job& job) {
   std::vector<std::string> out;
   for (const auto& e : fs::directory_iterator(job.run_dir + "/checkpoints"))
     out.push_back(e.path().filename().string());
   std::sort(out.begin(), out.end());
   return out;
+}
+
+// A member SIGKILLed while its checkpoint write is in flight (every write pauses after its first
+// shard): that checkpoint never gets a manifest, so it does not exist; every checkpoint that
+// has one is complete and valid (troupe export checks it), and the job goes on to the end.
+TEST(Checkpoints, AMemberLostMidWriteLeavesTheCheckpointAbsentAndEveryOtherValid) {
+  TempDir dir;
+  Reference want = reference(dir, 120);
+  Job job = start_job(dir, "lost-writer", kGpt, 3, {"checkpoint.every_steps=10"},
+                      {pace(30000), "TROUPE_TEST_CHECKPOINT_DELAY_MS=1500"});
+  wait_steps(job, 12);  // the write of step 10 is paused on every member
+  const int victim = pid_of(job, "agent-1");
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  expect_same_function(job, want.losses, 120, kBatch, 0);
+  EXPECT_EQ(final_checksum(job), want.checksum);
+  EXPECT_FALSE(fs::exists(job.run_dir + "/checkpoints/step-00000010/manifest.json"));
+  int valid = 0;
+  for (const auto& name : checkpoint_dirs(job)) {
+    const std::string at = job.run_dir + "/checkpoints/" + name;
+    if (!fs::exists(at + "/manifest.json")) continue;
+    admin(dir, {"export", job.run_dir, "--step", std::to_string(std::stoi(name.substr(5))), "-o",
+                dir.path() + "/" + name + ".safetensors"});
+    ++valid;
+  }
+  EXPECT_GE(valid, 2);
 }
 
 // On request: `troupe checkpoint` writes one at the next step boundary and says where, while

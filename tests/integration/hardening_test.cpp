@@ -90,8 +90,9 @@ TEST(RunDirectory, AFinishedJobsDirectoryIsNotAppendedTo) {
   EXPECT_EQ(events_of(done).size(), events) << "the finished run's events changed";
 }
 
-// Ctrl-C: the job stops at the next step boundary, writes its final event (job_finished, state
-// stopped, identical parameters), prints its final line, ends every agent, and exits 130.
+// Ctrl-C: the job stops at the next step boundary with a checkpoint there, writes its final event
+// (job_finished, state stopped, identical parameters, resumable), prints its final line, ends
+// every agent, and exits 0 (resumable; 130 only when no checkpoint could be written).
 TEST(Signals, SigintStopsTheJobAtAStepBoundaryWithAFinalEventAndLine) {
   TempDir dir;
   Job job = start_job(dir, "sigint", kConfig, 2, {}, {pace(5000)});
@@ -103,16 +104,18 @@ TEST(Signals, SigintStopsTheJobAtAStepBoundaryWithAFinalEventAndLine) {
   auto st = job.proc->wait(60s);
   ASSERT_TRUE(st) << "the job did not stop";
   EXPECT_TRUE(WIFEXITED(*st));
-  EXPECT_EQ(WEXITSTATUS(*st), 130) << text_of(job.out);
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
   auto events = events_of(job);
   ASSERT_FALSE(events.empty());
   EXPECT_EQ(json_field(events.back(), "event"), "job_finished") << events.back();
   EXPECT_EQ(json_field(events.back(), "state"), "stopped") << events.back();
+  EXPECT_EQ(json_field(events.back(), "resumable"), "true") << events.back();
   EXPECT_EQ(json_field(events.back(), "identical_parameters"), "true") << events.back();
   EXPECT_EQ(count_events(job, "interrupted"), 1);
   const std::string out = text_of(job.out);
   EXPECT_NE(out.find("SIGINT: stopping after the current step"), std::string::npos) << out;
   EXPECT_NE(out.find("job 'hardening' stopped after"), std::string::npos) << out;
+  EXPECT_NE(out.find("resumable from"), std::string::npos) << out;
   EXPECT_FALSE(alive(a0));
   EXPECT_FALSE(alive(a1));
 }

@@ -1,0 +1,132 @@
+// coordinator::Checkpoints without processes: a manifest only once every block of one step from
+// one generation is durable; keep; and the checks that refuse a checkpoint, each naming why.
+#include "coordinator/checkpoints.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "comm/checksum.h"
+
+namespace troupe::coordinator {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Dir {
+  std::string path;
+  Dir() {
+    std::string t = (fs::temp_directory_path() / "troupe-ckpt-XXXXXX").string();
+    path = ::mkdtemp(t.data());
+  }
+  ~Dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+std::string step_dir(const std::string& root, uint64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08llu", (unsigned long long)step);
+  return root + "/" + name;
+}
+
+// Writes block b's shard of `step` (its bytes: `content`) and returns the worker's report.
+actors::CheckpointShard shard(const std::string& dir, uint32_t b, const std::string& content) {
+  fs::create_directories(dir);
+  const std::string file = "block-" + std::to_string(b) + ".trpblk";
+  std::ofstream(dir + "/" + file, std::ios::binary) << content;
+  return {b, file, content.size(),
+          comm::fnv1a(reinterpret_cast<const uint8_t*>(content.data()), content.size())};
+}
+
+actors::CheckpointWritten report(const std::string& root, uint64_t step, uint64_t generation,
+                                 std::vector<uint32_t> blocks, uint32_t of) {
+  actors::CheckpointWritten w;
+  w.generation = generation;
+  w.step = step;
+  w.blocks = of;
+  w.directory = step_dir(root, step);
+  for (uint32_t b : blocks)
+    w.shards.push_back(shard(w.directory, b, "state of block " + std::to_string(b)));
+  return w;
+}
+
+JobConfig config(const std::string& dir, int64_t keep = 2) {
+  JobConfig c;
+  c.name = "unit";
+  c.checkpoint_dir = dir;
+  c.checkpoint_keep = keep;
+  return c;
+}
+
+TEST(Checkpoints, TheManifestComesWhenEveryBlockIsDurableAndIsThenValid) {
+  Dir d;
+  Checkpoints ck(config(d.path));
+  EXPECT_FALSE(ck.add(report(d.path, 10, 1, {0, 2}, 3), 2, ""));
+  EXPECT_FALSE(fs::exists(step_dir(d.path, 10) + "/manifest.json"));
+  std::string why;
+  EXPECT_FALSE(
+      valid_checkpoint(step_dir(d.path, 10), checkpoint_config_hash(config(d.path)), &why));
+  EXPECT_NE(why.find("no manifest"), std::string::npos) << why;
+  auto done = ck.add(report(d.path, 10, 1, {1}, 3), 2, "");
+  ASSERT_TRUE(done);
+  EXPECT_EQ(done->step, 10u);
+  auto valid = valid_checkpoint(step_dir(d.path, 10), checkpoint_config_hash(config(d.path)), &why);
+  ASSERT_TRUE(valid) << why;
+  EXPECT_EQ(valid->step, 10u);
+  ASSERT_TRUE(ck.newest());
+  EXPECT_EQ(ck.newest()->manifest, step_dir(d.path, 10) + "/manifest.json");
+}
+
+// A step written again by another generation (after a rollback): the first generation's blocks
+// and the second's are not one checkpoint; the second's, complete, is.
+TEST(Checkpoints, BlocksOfOneStepFromTwoGenerationsAreNotOneCheckpoint) {
+  Dir d;
+  Checkpoints ck(config(d.path));
+  EXPECT_FALSE(ck.add(report(d.path, 20, 1, {0}, 2), 2, ""));
+  EXPECT_FALSE(ck.add(report(d.path, 20, 2, {1}, 2), 1, ""));
+  EXPECT_FALSE(fs::exists(step_dir(d.path, 20) + "/manifest.json"));
+  EXPECT_TRUE(ck.add(report(d.path, 20, 2, {0}, 2), 1, ""));
+}
+
+TEST(Checkpoints, KeepDeletesTheOldestCompleteOnes) {
+  Dir d;
+  Checkpoints ck(config(d.path, 2));
+  for (uint64_t step : {10, 20, 30}) ASSERT_TRUE(ck.add(report(d.path, step, 1, {0}, 1), 1, ""));
+  EXPECT_FALSE(fs::exists(step_dir(d.path, 10)));
+  EXPECT_TRUE(fs::exists(step_dir(d.path, 20) + "/manifest.json"));
+  EXPECT_TRUE(fs::exists(step_dir(d.path, 30) + "/manifest.json"));
+}
+
+TEST(Checkpoints, DamagedOrForeignCheckpointsAreRefusedNamingWhyAndTheNewestValidIsFound) {
+  Dir d;
+  const std::string hash = checkpoint_config_hash(config(d.path));
+  Checkpoints ck(config(d.path, 10));
+  for (uint64_t step : {10, 20, 30, 40})
+    ASSERT_TRUE(ck.add(report(d.path, step, 1, {0, 1}, 2), 1, ""));
+  {  // 40: a flipped byte
+    std::fstream f(step_dir(d.path, 40) + "/block-1.trpblk",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(3);
+    f.put('X');
+  }
+  fs::resize_file(step_dir(d.path, 30) + "/block-0.trpblk", 4);  // 30: truncated
+  JobConfig other = config(d.path);
+  other.seed = 99;  // 20: another seed's
+  std::string why;
+  EXPECT_FALSE(valid_checkpoint(step_dir(d.path, 20), checkpoint_config_hash(other), &why));
+  EXPECT_NE(why.find("another model, data or seed"), std::string::npos) << why;
+  std::vector<std::string> refused;
+  auto found = newest_valid_checkpoint(d.path, hash, &refused);
+  ASSERT_TRUE(found);
+  EXPECT_EQ(found->step, 20u);
+  ASSERT_EQ(refused.size(), 2u);
+  EXPECT_NE(refused[0].find("step-00000040"), std::string::npos) << refused[0];
+  EXPECT_NE(refused[1].find("step-00000030"), std::string::npos) << refused[1];
+}
+
+}  // namespace
+}  // namespace troupe::coordinator
