@@ -18,8 +18,10 @@
 #include "coordinator/config.h"
 #include "coordinator/events.h"
 #include "coordinator/job.h"
+#include "coordinator/job_metrics.h"
 #include "coordinator/job_spec.h"
 #include "coordinator/launcher.h"
+#include "coordinator/metrics_server.h"
 #include "coordinator/process.h"
 #include "coordinator/run_dir.h"
 #include "models/model.h"
@@ -272,6 +274,27 @@ std::string memory_refusal(const coordinator::JobConfig& cfg) {
   return msg;
 }
 
+// observability.metrics_listen: the job's metrics and their endpoint (its bound address goes
+// to RUN_DIR/metrics.addr). Nothing when the key is not set; throws std::runtime_error naming the
+// address when it cannot listen.
+struct Metrics {
+  std::shared_ptr<coordinator::JobMetrics> values;
+  std::unique_ptr<coordinator::MetricsServer> server;
+  void write_address(const std::string& run_dir) const {
+    if (!server) return;
+    std::ofstream(run_dir + "/metrics.addr") << server->address() << "\n";
+    spdlog::info("metrics at http://{}/metrics", server->address());
+  }
+};
+Metrics start_metrics(const coordinator::JobConfig& cfg) {
+  Metrics m;
+  if (cfg.metrics_listen.empty()) return m;
+  m.values = std::make_shared<coordinator::JobMetrics>(cfg.name);
+  m.server = std::make_unique<coordinator::MetricsServer>(
+      cfg.metrics_listen, [v = m.values] { return v->exposition(); });
+  return m;
+}
+
 // Runs a job: the coordinator here, agents spawned locally (launcher local) or started by hand.
 int run_job(const std::vector<std::string>& words, bool spawn_agents) {
   CLI::App app{spawn_agents
@@ -310,6 +333,14 @@ int run_job(const std::vector<std::string>& words, bool spawn_agents) {
       return 2;
     }
   }
+  actors::SignalWatcher signals;  // (before any thread starts)
+  Metrics metrics;                // (before the run directory: a refusal leaves none)
+  try {
+    metrics = start_metrics(cfg);
+  } catch (const std::runtime_error& e) {
+    std::fprintf(stderr, "troupe: %s: %s\n", path.c_str(), e.what());
+    return 2;
+  }
   RunDir dir;
   try {
     dir = prepare_run_dir(cfg, into_run);
@@ -317,14 +348,14 @@ int run_job(const std::vector<std::string>& words, bool spawn_agents) {
     std::fprintf(stderr, "troupe: %s\n", e.what());
     return 2;
   }
-  actors::SignalWatcher signals;  // (before any thread starts)
+  metrics.write_address(dir.path);
 
   caf::actor_system_config sys_cfg;
   coordinator::configure_job_system(sys_cfg);
   caf::actor_system system{sys_cfg};
   auto bridge = actors::spawn_bridge(system, bridge_config_of(cfg, dir.token));
   caf::scoped_actor self{system};
-  auto coord = coordinator::spawn_coordinator(system, bridge, cfg, dir.path, self);
+  auto coord = coordinator::spawn_coordinator(system, bridge, cfg, dir.path, self, metrics.values);
   self->monitor(coord);
   std::string address;
   self->request(bridge, std::chrono::seconds(5), actors::info_atom::value)

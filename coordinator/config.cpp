@@ -97,6 +97,7 @@ std::vector<Field> fields_of(JobConfig& c) {
       I("checkpoint", "every_steps", &c.checkpoint_every_steps, 0, 1e12),
       I("checkpoint", "keep", &c.checkpoint_keep, 1, 1e6),
       S("checkpoint", "if_busy", &c.checkpoint_if_busy, {"wait", "skip"}),
+      S("observability", "metrics_listen", &c.metrics_listen),
       S("logging", "level", &c.log_level, {"debug", "info", "warn", "error"}),
       B("logging", "progress", &c.progress),
   };
@@ -282,6 +283,15 @@ void check_text_file(const JobConfig& c, const std::string& at) {
          std::to_string(c.context) + " needs more than " + std::to_string(c.context + 1));
 }
 
+// HOST:PORT or [V6]:PORT, the port 0..65535.
+bool host_and_port(const std::string& a) {
+  const size_t colon = a.rfind(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  const std::string port = a.substr(colon + 1);
+  return !port.empty() && port.size() <= 5 &&
+         port.find_first_not_of("0123456789") == std::string::npos && std::stoi(port) <= 65535;
+}
+
 void validate(const JobConfig& c, const std::string& source, const Places& at) {
   auto place = [&](const std::string& key) {
     auto it = at.find(key);
@@ -289,6 +299,10 @@ void validate(const JobConfig& c, const std::string& source, const Places& at) {
   };
   refuse_what_cannot_act(c, source, at);
   auto fail = [&](const std::string& m) { throw ConfigError(source + ": " + m); };
+  if (!c.metrics_listen.empty() && !host_and_port(c.metrics_listen))
+    throw ConfigError(place("observability.metrics_listen") +
+                      ": observability.metrics_listen = \"" + c.metrics_listen +
+                      "\" is not HOST:PORT (e.g. \"127.0.0.1:9400\"; port 0 picks one)");
   if (c.micro_batch > c.global_batch)
     fail("batch.micro (" + std::to_string(c.micro_batch) + ") exceeds batch.global (" +
          std::to_string(c.global_batch) + ")");

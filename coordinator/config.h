@@ -74,6 +74,8 @@ struct JobConfig {
   // Not keys: set by `troupe run --resume` (the checkpoint the job starts from).
   std::string resume_dir;
   uint64_t resume_step = 0;
+  // [observability]
+  std::string metrics_listen;  // "": no endpoint; HOST:PORT serves GET /metrics (Prometheus)
   // [logging]
   std::string log_level = "info";
   bool progress = true;

@@ -40,6 +40,10 @@ class RunLog {
   // Called once, with "cannot write FILE: REASON", when a write first fails.
   void on_error(std::function<void(const std::string&)> handler) { on_error_ = std::move(handler); }
 
+  // Called with every events.jsonl and metrics.jsonl line as it is written (the metrics
+  // endpoint folds them: coordinator/job_metrics.h).
+  void observe(std::function<void(const nlohmann::ordered_json&)> f) { observer_ = std::move(f); }
+
   void event(const std::string& name, const Json& fields);  // adds ts and event
   void metric(const Json& fields);                          // adds ts
   void ledger(const Json& fields);                          // no-op without data.ledger
@@ -58,6 +62,7 @@ class RunLog {
   File events_, metrics_, ledger_;
   bool failed_ = false;
   std::function<void(const std::string&)> on_error_;
+  std::function<void(const nlohmann::ordered_json&)> observer_;
 };
 
 }  // namespace troupe::coordinator

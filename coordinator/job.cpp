@@ -25,6 +25,7 @@
 #include "coordinator/checkpoints.h"
 #include "coordinator/events.h"
 #include "coordinator/generations.h"
+#include "coordinator/job_metrics.h"
 #include "coordinator/job_spec.h"
 #include "coordinator/roster.h"
 #include "coordinator/step_driver.h"
@@ -43,6 +44,7 @@ using comm::Errc;
 using elastic::JobPhase;
 using deadline_atom = caf::atom_constant<caf::atom("jdeadline")>;
 using log_failed_atom = caf::atom_constant<caf::atom("jlogfail")>;
+using metrics_atom = caf::atom_constant<caf::atom("jmetrics")>;
 
 elastic::JobDeadlines deadlines_of(const JobConfig& c) {
   return {std::chrono::milliseconds(c.start_timeout_ms),
@@ -53,7 +55,7 @@ elastic::JobDeadlines deadlines_of(const JobConfig& c) {
 class Coordinator : public caf::event_based_actor {
  public:
   Coordinator(caf::actor_config& cfg, caf::actor bridge, JobConfig config, std::string run_dir,
-              caf::actor observer)
+              caf::actor observer, std::shared_ptr<JobMetrics> metrics)
       : caf::event_based_actor(cfg),
         bridge_(std::move(bridge)),
         cfg_(std::move(config)),
@@ -61,11 +63,13 @@ class Coordinator : public caf::event_based_actor {
         observer_(std::move(observer)),
         log_(dir_, cfg_.ledger),
         job_(deadlines_of(cfg_), Clock::now()),
-        steps_(log_, cfg_, [this](const StepCommitted& c) { on_commit(c); }) {
+        steps_(log_, cfg_, [this](const StepCommitted& c) { on_commit(c); }),
+        metrics_(std::move(metrics)) {
     // A write to the run directory that fails (a full disk) fails the job, naming the file:
     // handled as a message of its own, after the handler that wrote.
     log_.on_error([this](const std::string& why) { send(this, log_failed_atom::value, why); });
     if (!cfg_.checkpoint_dir.empty()) checkpoints_.emplace(cfg_);
+    if (metrics_) log_.observe([m = metrics_](const nlohmann::ordered_json& j) { m->record(j); });
   }
 
   void on_exit() override {
@@ -86,6 +90,7 @@ class Coordinator : public caf::event_based_actor {
       if (!steps_.resume_at(cfg_.resume_step)) fail("cannot rewrite ledger.jsonl for the resume");
     }
     arm_deadline();
+    if (metrics_) send(this, metrics_atom::value);
     return live();
   }
 
@@ -102,6 +107,7 @@ class Coordinator : public caf::event_based_actor {
         [this](launcher_atom, caf::actor& launcher) { launcher_ = launcher; },
         [this](interrupt_atom, int32_t signal) { on_interrupt(signal); },
         [this](log_failed_atom, const std::string& why) { fail(why); },
+        [this](metrics_atom) { update_metrics(); },
     };
   }
 
@@ -119,6 +125,7 @@ class Coordinator : public caf::event_based_actor {
         [](launcher_atom, caf::actor&) {},
         [](interrupt_atom, int32_t) {},
         [](log_failed_atom, const std::string&) {},
+        [this](metrics_atom) { update_metrics(); },
     };
   }
 
@@ -503,6 +510,31 @@ class Coordinator : public caf::event_based_actor {
       finish(1, "members ended with different parameters", elastic::JobOutcome::failed);
   }
 
+  // ---- metrics endpoint ------------------------------------------------------------------------
+
+  // Once a second (while the endpoint is on): what only this actor knows, into the metrics —
+  // members by state, and the control plane's frame counters (asked of the bridge).
+  void update_metrics() {
+    const auto st = status();
+    metrics_->set_members(uint32_t(st.members.size()), uint32_t(st.standbys.size()));
+    request(bridge_, std::chrono::seconds(2), actors::stats_atom::value)
+        .then(
+            [m = metrics_](ControlMessage& reply) {
+              auto body = reply.envelope().getBody();
+              if (!body.isStats()) return;
+              auto s = body.getStats();
+              m->set_frames(s.getFramesReceived(), {{"malformed", s.getRejectedMalformed()},
+                                                    {"oversized", s.getRejectedOversized()},
+                                                    {"wrong_job", s.getRejectedWrongJob()},
+                                                    {"stale", s.getRejectedStale()},
+                                                    {"fenced", s.getRejectedFenced()},
+                                                    {"no_actor", s.getRejectedNoActor()},
+                                                    {"transport", s.getRejectedTransport()}});
+            },
+            [](caf::error&) {});
+    delayed_send(this, std::chrono::seconds(1), metrics_atom::value);
+  }
+
   // ---- admin -----------------------------------------------------------------------------------
 
   actors::JobStatus status() const {
@@ -698,6 +730,7 @@ class Coordinator : public caf::event_based_actor {
   int64_t interrupts_ = 0;          // SIGINT/SIGTERM to the process
   std::string plan_;                // the generation's pipeline layout, as its rank 0 reported it
   std::optional<Checkpoints> checkpoints_;  // with a checkpoint directory (troupe run resolves one)
+  std::shared_ptr<JobMetrics> metrics_;     // with observability.metrics_listen
   std::string resumable_;     // the manifest a stopped job can resume from, once it finished
   std::string last_failure_;  // the last failure, for the message if the job fails
   Clock::time_point t_start_ = Clock::now();
@@ -715,8 +748,10 @@ void configure_job_system(caf::actor_system_config& cfg) {
 }
 
 caf::actor spawn_coordinator(caf::actor_system& system, caf::actor bridge, const JobConfig& config,
-                             const std::string& run_dir, caf::actor observer) {
-  auto c = system.spawn<Coordinator, caf::detached>(bridge, config, run_dir, observer);
+                             const std::string& run_dir, caf::actor observer,
+                             std::shared_ptr<JobMetrics> metrics) {
+  auto c = system.spawn<Coordinator, caf::detached>(bridge, config, run_dir, observer,
+                                                    std::move(metrics));
   caf::anon_send(bridge, actors::register_atom::value, actors::kCoordinatorActorId, c);
   return c;
 }

@@ -9,11 +9,14 @@
 #pragma once
 
 #include <caf/all.hpp>
+#include <memory>
 #include <string>
 
 #include "coordinator/config.h"
 
 namespace troupe::coordinator {
+
+class JobMetrics;
 
 struct JobProgress {
   uint64_t step = 0;   // committed steps so far
@@ -94,8 +97,10 @@ void configure_job_system(caf::actor_system_config& cfg);
 
 // Spawns the coordinator (detached) and registers it with the bridge. The run directory must
 // exist. observer gets JobProgress after each committed step and one JobFinished.
+// metrics: the endpoint's (observability.metrics_listen), fed from the run logs; null: none.
 caf::actor spawn_coordinator(caf::actor_system& system, caf::actor bridge, const JobConfig& config,
-                             const std::string& run_dir, caf::actor observer);
+                             const std::string& run_dir, caf::actor observer,
+                             std::shared_ptr<JobMetrics> metrics = nullptr);
 
 // Writes `token` for job_id to DIR/job.token readable only by its owner.
 void write_token_file(const std::string& path, const std::string& job_id, const std::string& token);

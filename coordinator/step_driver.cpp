@@ -16,6 +16,8 @@ bool StepDriver::report(const actors::StepReport& r, uint64_t generation, size_t
   p.tokens += r.tokens;
   p.seconds = std::max(p.seconds, r.seconds);
   p.busy += r.busy_seconds;
+  p.rank_seconds.push_back(r.seconds);
+  p.rank_busy.push_back(r.busy_seconds);
   if (p.ranks.size() < world) return false;
   commit(r.step, false, generation, world);
   return true;
@@ -43,6 +45,16 @@ bool StepDriver::start_generation(const elastic::GenerationStart& g, uint64_t ge
   return true;
 }
 
+// Per-rank figures of a step as a JSON array by rank (null for a rank that did not report).
+nlohmann::ordered_json StepDriver::by_rank(const Pending& p, const std::vector<double>& v,
+                                           size_t world) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (size_t r = 0; r < world; ++r) out.push_back(nullptr);
+  for (size_t i = 0; i < p.ranks.size() && i < v.size(); ++i)
+    if (p.ranks[i] < world) out[p.ranks[i]] = v[i];
+  return out;
+}
+
 // Commits a step and writes its ledger lines. recovered: applied by some members of the old
 // generation but not reported by all (the lost one among them).
 void StepDriver::commit(uint64_t step, bool recovered, uint64_t generation, size_t world) {
@@ -67,7 +79,9 @@ void StepDriver::commit(uint64_t step, bool recovered, uint64_t generation, size
                   .num("idle_fraction", idle)
                   .num("samples_per_s", c.samples_per_s)
                   .num("tokens_per_s", c.tokens_per_s)
-                  .integer("world_size", long(world)));
+                  .integer("world_size", long(world))
+                  .value("worker_step_seconds", by_rank(p, p.rank_seconds, world))
+                  .value("worker_compute_seconds", by_rank(p, p.rank_busy, world)));
   if (on_commit_) on_commit_(c);
 }
 

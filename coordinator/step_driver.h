@@ -68,7 +68,10 @@ class StepDriver {
     double loss = 0, seconds = 0;
     double busy = 0;  // summed over the reporting ranks
     uint64_t samples = 0, tokens = 0;
+    std::vector<double> rank_seconds, rank_busy;  // by report (ranks[i])
   };
+  static nlohmann::ordered_json by_rank(const Pending& p, const std::vector<double>& v,
+                                        size_t world);
   void commit(uint64_t step, bool recovered, uint64_t generation, size_t world);
   void write_ledger(uint64_t step, const Pending& p, bool recovered, uint64_t generation);
 

@@ -14,6 +14,8 @@ packages=(
   clang libclang-rt-14-dev   # make fuzz: libFuzzer, ASan, UBSan
   base-files   # /usr/share/common-licenses/GPL-3, the quickstart's text
   python3-torch   # a test loads `troupe export` into the PyTorch twin (the benchmarks' peer too)
+  libcpp-httplib-dev   # the coordinator's metrics endpoint (observability.metrics_listen)
+  prometheus   # a test scrapes a running job with a real Prometheus; promtool checks the output
 )
 if [[ "${1:-}" == "--peers" ]]; then
   packages+=(openmpi-bin libopenmpi-dev hyperfine)

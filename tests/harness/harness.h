@@ -50,6 +50,12 @@ class NodeProcess {
 
 std::string troupe_binary();
 
+// A TCP connection to 127.0.0.1:port (a file descriptor; -1 if refused).
+int connect_loopback(int port);
+// A loopback port free when asked (bound to port 0, then released), for a program that cannot
+// listen on port 0 and say where (Prometheus).
+int free_loopback_port();
+
 // Run-directory readers shared by the job and elasticity tests.
 std::string json_field(const std::string& line, const std::string& key);  // a top-level scalar
 std::vector<std::string> lines_of(const std::string& path);

@@ -304,21 +304,8 @@ int close_wait_on(int port) {
   return n;
 }
 
-int connect_to(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(uint16_t(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 void send_garbage(int port, size_t bytes) {
-  int fd = connect_to(port);
+  int fd = connect_loopback(port);
   if (fd < 0) return;
   std::mt19937 rng{uint32_t(bytes)};
   std::vector<char> junk(bytes);
@@ -357,9 +344,9 @@ TEST(Ports, GarbageSlowClientsAndFloodsLeaveTheCoordinatorAsItWas) {
   const double before = window("before");
   for (size_t bytes : {size_t(36), size_t(4096), size_t(65536), size_t(1) << 20})
     send_garbage(port, bytes);
-  const int slow = connect_to(port);  // says nothing: cut at the gate's deadline
+  const int slow = connect_loopback(port);  // says nothing: cut at the gate's deadline
   std::vector<int> flood;
-  for (int i = 0; i < 200; ++i) flood.push_back(connect_to(port));
+  for (int i = 0; i < 200; ++i) flood.push_back(connect_loopback(port));
   for (int fd : flood)
     if (fd >= 0) ::close(fd);
   std::this_thread::sleep_for(3s);  // (past the gate's 2 s deadline for the silent client)

@@ -155,6 +155,9 @@ TEST(Job, BadConfigsExitNonZeroWithTheReasonAndStartNothing) {
       // Keys that would not act are refused, never ignored.
       {"[parallel]\nbackend = \"nccl\"\n", ":2:11: parallel.backend = \"nccl\" needs CUDA workers"},
       {"[checkpoint]\nif_busy = \"skip\"\n", ":2:11: checkpoint.if_busy = \"skip\" skips periodic"},
+      {"[observability]\nmetrics_listen = \"127.0.0.1\"\n",
+       "observability.metrics_listen = \"127.0.0.1\" is not HOST:PORT"},
+      {"[observability]\nmetrics_listen = \"192.0.2.1:0\"\n", "cannot listen on 192.0.2.1:0"},
       {"[parallel]\ndeterministic = true\n[batch]\nglobal = 30\nmicro = 8\n",
        "parallel.deterministic needs batch.global (30) to be a multiple of batch.micro (8)"},
   };

@@ -1,0 +1,205 @@
+#include "coordinator/job_metrics.h"
+
+#include <cmath>
+
+namespace troupe::coordinator {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+double number(const json& j, const char* key, double otherwise = 0) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() : otherwise;
+}
+
+// A sample value as Prometheus reads it (Go's float syntax; NaN and ±Inf spelled its way).
+std::string value_text(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  if (v == std::floor(v) && std::fabs(v) < 9e15) return std::to_string(int64_t(v));
+  return nlohmann::json(v).dump();  // the shortest text that reads back as v
+}
+
+// A label value, escaped as the text format says (backslash, double quote, line feed).
+std::string label_text(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    out += c == '\n' ? std::string("\\n") : std::string(1, c);
+  }
+  return out;
+}
+
+// One metric family: its HELP and TYPE lines, then its samples.
+struct Family {
+  std::string& out;
+  Family(std::string& o, const std::string& name, const char* type, const char* help) : out(o) {
+    out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+    name_ = name;
+  }
+  Family& sample(double v, const std::string& labels = "") {
+    out += name_ + (labels.empty() ? "" : "{" + labels + "}") + " " + value_text(v) + "\n";
+    return *this;
+  }
+  std::string name_;
+};
+
+}  // namespace
+
+JobMetrics::JobMetrics(std::string job_name) : job_(std::move(job_name)) {}
+
+void JobMetrics::record(const json& line) {
+  if (!line.is_object()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = line.find("event");
+  if (it != line.end() && it->is_string())
+    on_event(it->get<std::string>(), line);
+  else if (line.contains("step_seconds"))
+    on_step_metric(line);
+}
+
+void JobMetrics::on_event(const std::string& name, const json& e) {
+  const double ts = number(e, "ts");
+  auto change = [&] {
+    if (commits_ > 0 && change_ts_ == 0) change_ts_ = ts;
+  };
+  if (name == "job_started") {
+    steps_ = number(e, "steps");
+    started_ts_ = ts;
+  } else if (name == "resumed_from_checkpoint") {
+    step_ = number(e, "step");
+  } else if (name == "step_committed") {
+    const double gen = number(e, "generation");
+    step_ = number(e, "step") + 1;
+    loss_ = number(e, "loss");
+    world_size_ = number(e, "world_size");
+    last_commit_ts_ = ts;
+    ++commits_;
+    if (change_ts_ > 0 && gen > last_commit_generation_) {
+      recovery_seconds_ = ts - change_ts_;
+      change_ts_ = 0;
+    }
+    last_commit_generation_ = gen;
+  } else if (name == "generation_started") {
+    ++generations_;
+    generation_ = number(e, "generation");
+    world_size_ = number(e, "world_size");
+  } else if (name == "member_failed" || name == "worker_failed") {
+    ++failures_;
+    if (name == "worker_failed" && e.value("restarting", false)) ++restarts_;
+    change();
+  } else if (name == "agent_restarted") {
+    ++restarts_;
+  } else if (name == "member_joined") {
+    ++joins_;
+    change();
+  } else if (name == "member_left") {
+    ++leaves_;
+    change();
+  } else if (name == "drain_requested" || name == "scale_requested") {
+    change();
+  } else if (name == "steps_rolled_back") {
+    ++rollbacks_;
+  } else if (name == "checkpoint_written") {
+    ++checkpoints_;
+    checkpoint_step_ = number(e, "step");
+    checkpoint_blocking_ = number(e, "blocking_seconds");
+    checkpoint_write_ = number(e, "write_seconds");
+  } else if (name == "checkpoint_failed") {
+    ++checkpoint_failures_;
+  } else if (name == "job_paused") {
+    paused_ = 1;
+  } else if (name == "job_resumed") {
+    paused_ = 0;
+  }
+}
+
+void JobMetrics::on_step_metric(const json& m) {
+  step_seconds_ = number(m, "step_seconds");
+  idle_ = number(m, "idle_fraction");
+  samples_per_s_ = number(m, "samples_per_s");
+  tokens_per_s_ = number(m, "tokens_per_s");
+  auto by_rank = [&](const char* key, std::vector<double>& out) {
+    out.clear();
+    auto it = m.find(key);
+    if (it == m.end() || !it->is_array()) return;
+    for (const auto& v : *it) out.push_back(v.is_number() ? v.get<double>() : std::nan(""));
+  };
+  by_rank("worker_step_seconds", worker_step_seconds_);
+  by_rank("worker_compute_seconds", worker_compute_seconds_);
+}
+
+void JobMetrics::set_members(uint32_t members, uint32_t standbys) {
+  std::lock_guard<std::mutex> lock(mu_);
+  members_ = members;
+  standbys_ = standbys;
+}
+
+void JobMetrics::set_frames(uint64_t received, const std::map<std::string, uint64_t>& rejected) {
+  std::lock_guard<std::mutex> lock(mu_);
+  frames_received_ = received;
+  rejected_ = rejected;
+}
+
+std::string JobMetrics::exposition() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string o;
+  auto gauge = [&](const char* name, const char* help, double v) {
+    Family(o, std::string("troupe_") + name, "gauge", help).sample(v);
+  };
+  auto counter = [&](const char* name, const char* help, uint64_t v) {
+    Family(o, std::string("troupe_") + name + "_total", "counter", help).sample(double(v));
+  };
+  Family(o, "troupe_job_info", "gauge", "The job (value 1), named by its job.name.")
+      .sample(1, "name=\"" + label_text(job_) + "\"");
+  gauge("job_start_time_seconds", "When the job started (unix seconds).", started_ts_);
+  gauge("step", "Committed steps: the next step to run.", step_);
+  gauge("steps", "The steps the job runs (job.steps).", steps_);
+  gauge("loss", "The loss of the last committed step.", loss_);
+  gauge("last_commit_time_seconds",
+        "When the last step was committed (unix seconds; 0: none yet). Alert when it stalls.",
+        last_commit_ts_);
+  gauge("samples_per_second", "Samples a second over the last committed step.", samples_per_s_);
+  gauge("tokens_per_second", "Tokens a second over the last committed step.", tokens_per_s_);
+  gauge("step_seconds", "The last committed step's time (its slowest worker).", step_seconds_);
+  gauge("idle_fraction", "1 - compute time / step time over the workers, last committed step.",
+        idle_);
+  Family ws(o, "troupe_worker_step_seconds", "gauge",
+            "The last committed step's time on each worker, by rank.");
+  for (size_t r = 0; r < worker_step_seconds_.size(); ++r)
+    ws.sample(worker_step_seconds_[r], "rank=\"" + std::to_string(r) + "\"");
+  Family wc(o, "troupe_worker_compute_seconds", "gauge",
+            "The last committed step's compute time (forward, backward) on each worker, by rank.");
+  for (size_t r = 0; r < worker_compute_seconds_.size(); ++r)
+    wc.sample(worker_compute_seconds_[r], "rank=\"" + std::to_string(r) + "\"");
+  gauge("world_size", "Workers in the current generation.", world_size_);
+  gauge("generation", "The current membership generation.", generation_);
+  Family(o, "troupe_members", "gauge", "Live workers by state.")
+      .sample(members_, "state=\"member\"")
+      .sample(standbys_, "state=\"standby\"");
+  gauge("paused", "1 while the job waits below elastic.min_workers.", paused_);
+  gauge("recovery_seconds",
+        "The last membership change: from its first sign to the next committed step.",
+        recovery_seconds_);
+  counter("failures", "Members and workers lost or failed.", failures_);
+  counter("joins", "Agents that joined (the first ones included).", joins_);
+  counter("leaves", "Agents that left (drained).", leaves_);
+  counter("restarts", "Workers and agent processes restarted.", restarts_);
+  counter("rollbacks", "Rollbacks to a stage backup (steps redone).", rollbacks_);
+  counter("generations", "Generations started.", generations_);
+  counter("checkpoints", "Checkpoints written (manifest durable).", checkpoints_);
+  counter("checkpoint_failures", "Checkpoints that could not be written.", checkpoint_failures_);
+  gauge("checkpoint_step", "The newest checkpoint's step (0: none).", checkpoint_step_);
+  gauge("checkpoint_blocking_seconds",
+        "Training blocked while the last checkpoint's state was copied.", checkpoint_blocking_);
+  gauge("checkpoint_write_seconds", "The last checkpoint's background write.", checkpoint_write_);
+  counter("control_frames_received", "Control-plane frames the coordinator received.",
+          frames_received_);
+  Family rj(o, "troupe_control_frames_rejected_total", "counter",
+            "Control-plane frames the coordinator refused, by reason.");
+  for (const auto& [reason, n] : rejected_)
+    rj.sample(double(n), "reason=\"" + label_text(reason) + "\"");
+  return o;
+}
+
+}  // namespace troupe::coordinator

@@ -1,0 +1,184 @@
+// The metrics endpoint (observability.metrics_listen) with real parts: a real Prometheus
+// (Debian's `prometheus`) scrapes a running job and its query API gives the values back;
+// `promtool check metrics` accepts the exposition; garbage, slow clients and other paths leave
+// the endpoint serving and the job training.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "tests/harness/jobs.h"
+
+namespace troupe {
+namespace {
+
+using namespace std::chrono_literals;
+using namespace testing;
+
+const char* kMlp = R"([job]
+name = "observed"
+steps = 1000000
+[model]
+kind = "mlp"
+[observability]
+metrics_listen = "127.0.0.1:0"
+[logging]
+progress = false
+)";
+
+// HOST:PORT of a job's endpoint, once metrics.addr is there.
+std::string metrics_address(const Job& job) {
+  for (auto deadline = std::chrono::steady_clock::now() + 30s;
+       std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(50ms)) {
+    auto lines = lines_of(job.run_dir + "/metrics.addr");
+    if (!lines.empty() && !lines[0].empty()) return lines[0];
+  }
+  return "";
+}
+
+int port_of(const std::string& address) {
+  return std::stoi(address.substr(address.rfind(':') + 1));
+}
+
+httplib::Result http_get(int port, const std::string& path) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_connection_timeout(5);
+  c.set_read_timeout(10);
+  return c.Get(path.c_str());
+}
+
+std::string url_encoded(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '_' || c == '-' || c == '.') {
+      out += char(c);
+    } else {
+      char hex[4];
+      std::snprintf(hex, sizeof hex, "%%%02X", c);
+      out += hex;
+    }
+  }
+  return out;
+}
+
+// Prometheus' answer to an instant query: the first sample's value, or nullopt.
+std::optional<double> query(int port, const std::string& promql) {
+  auto r = http_get(port, "/api/v1/query?query=" + url_encoded(promql));
+  if (!r || r->status != 200) return std::nullopt;
+  auto j = nlohmann::json::parse(r->body, nullptr, false);
+  if (j.is_discarded() || j["data"]["result"].empty()) return std::nullopt;
+  const nlohmann::json& value = j["data"]["result"][0]["value"][1];
+  return value.is_string() ? std::optional<double>(std::stod(value.get<std::string>()))
+                           : std::nullopt;
+}
+
+void stop_job(const TempDir& dir, Job& job) {
+  admin(dir, {"stop", "--run-dir", job.run_dir});
+  auto st = job.proc->wait(60s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
+}
+
+TEST(Metrics, APrometheusScrapesARunningJobAndPromtoolAcceptsTheOutput) {
+  TempDir dir;
+  Job job = start_job(dir, "observed", kMlp, 2, {}, {pace(20000)});
+  const std::string address = metrics_address(job);
+  ASSERT_FALSE(address.empty()) << "no metrics.addr";
+  wait_steps(job, 5);
+
+  auto body = http_get(port_of(address), "/metrics");
+  ASSERT_TRUE(body && body->status == 200);
+  std::ofstream(dir.path() + "/metrics.txt") << body->body;
+  coordinator::ChildProcess promtool(
+      {{"/bin/sh", "-c", "promtool check metrics < " + dir.path() + "/metrics.txt"},
+       dir.path() + "/promtool.out",
+       dir.path() + "/promtool.out",
+       {}});
+  auto checked = promtool.wait(30s);
+  ASSERT_TRUE(checked);
+  EXPECT_EQ(WEXITSTATUS(*checked), 0) << text_of(dir.path() + "/promtool.out");
+
+  const int prom_port = free_loopback_port();
+  ASSERT_GT(prom_port, 0);
+  std::ofstream(dir.path() + "/prometheus.yml")
+      << "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
+      << "scrape_configs:\n  - job_name: troupe\n    static_configs:\n      - targets: ['"
+      << address << "']\n";
+  coordinator::ChildProcess prometheus(
+      {{"/usr/bin/prometheus", "--config.file=" + dir.path() + "/prometheus.yml",
+        "--storage.tsdb.path=" + dir.path() + "/tsdb",
+        "--web.listen-address=127.0.0.1:" + std::to_string(prom_port)},
+       dir.path() + "/prometheus.log",
+       dir.path() + "/prometheus.log",
+       {}});
+  std::optional<double> step, members, up;
+  for (auto deadline = std::chrono::steady_clock::now() + 60s;
+       std::chrono::steady_clock::now() < deadline && !(step && *step > 5);
+       std::this_thread::sleep_for(500ms))
+    step = query(prom_port, "troupe_step");
+  ASSERT_TRUE(step) << text_of(dir.path() + "/prometheus.log");
+  EXPECT_GT(*step, 5);
+  up = query(prom_port, "up{job=\"troupe\"}");
+  members = query(prom_port, "troupe_members{state=\"member\"}");
+  ASSERT_TRUE(up && members);
+  EXPECT_EQ(*up, 1);
+  EXPECT_EQ(*members, 2);
+  auto stalled = query(prom_port, "time() - troupe_last_commit_time_seconds");
+  ASSERT_TRUE(stalled);
+  EXPECT_LT(*stalled, 30);  // the alert an operator writes: no commit for a while
+  prometheus.kill_and_reap();
+  stop_job(dir, job);
+}
+
+// Anything but GET /metrics is a 404; garbage is answered 400 and dropped; clients that send
+// half a request and wait hold a thread for the read deadline only, so a scrape still gets its
+// answer while more of them than the server has threads hang on.
+TEST(Metrics, TheEndpointSurvivesGarbageSlowClientsAndOtherPaths) {
+  TempDir dir;
+  Job job = start_job(dir, "observed", kMlp, 2, {}, {pace(20000)});
+  const std::string address = metrics_address(job);
+  ASSERT_FALSE(address.empty());
+  const int port = port_of(address);
+  auto other = http_get(port, "/");
+  ASSERT_TRUE(other);
+  EXPECT_EQ(other->status, 404);
+  {
+    httplib::Client c("127.0.0.1", port);
+    auto posted = c.Post("/metrics", "x=1", "application/x-www-form-urlencoded");
+    ASSERT_TRUE(posted);
+    EXPECT_EQ(posted->status, 404);
+  }
+  int fd = connect_loopback(port);
+  ASSERT_GE(fd, 0);
+  const std::string junk = "\x16\x03\x01 not http at all\r\n\r\n";
+  ASSERT_GT(::send(fd, junk.data(), junk.size(), MSG_NOSIGNAL), 0);
+  char answer[64] = {};
+  ASSERT_GT(::recv(fd, answer, sizeof answer - 1, 0), 0);
+  EXPECT_EQ(std::string(answer).rfind("HTTP/1.1 400", 0), 0u) << answer;
+  ::close(fd);
+
+  std::vector<int> slow;
+  for (int i = 0; i < 8; ++i) {
+    slow.push_back(connect_loopback(port));
+    ASSERT_GE(slow.back(), 0);
+    const std::string half = "GET /metr";
+    ::send(slow.back(), half.data(), half.size(), MSG_NOSIGNAL);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto scraped = http_get(port, "/metrics");
+  ASSERT_TRUE(scraped) << "no answer while slow clients hang on";
+  EXPECT_EQ(scraped->status, 200);
+  EXPECT_NE(scraped->body.find("troupe_step "), std::string::npos);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+  for (int s : slow) ::close(s);
+  const size_t before = committed_losses(job.run_dir).size();
+  wait_steps(job, before + 5);  // the job trained on throughout
+  stop_job(dir, job);
+}
+
+}  // namespace
+}  // namespace troupe

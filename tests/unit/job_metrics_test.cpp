@@ -1,0 +1,84 @@
+// coordinator::JobMetrics: run-log lines folded into Prometheus gauges and counters.
+#include "coordinator/job_metrics.h"
+
+#include <gtest/gtest.h>
+
+namespace troupe::coordinator {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+bool has(const std::string& text, const std::string& line) {
+  return text.find("\n" + line + "\n") != std::string::npos;
+}
+
+TEST(JobMetrics, StepsChangesAndCheckpointsBecomeGaugesAndCounters) {
+  JobMetrics m("my \"job\"");
+  m.record({{"ts", 100.0}, {"event", "job_started"}, {"steps", 50}});
+  m.record({{"ts", 100.5}, {"event", "member_joined"}, {"member", 0}});
+  m.record({{"ts", 100.6}, {"event", "generation_started"}, {"generation", 1}, {"world_size", 2}});
+  m.record({{"ts", 101.0},
+            {"event", "step_committed"},
+            {"step", 0},
+            {"loss", 2.5},
+            {"generation", 1},
+            {"world_size", 2}});
+  m.record({{"ts", 101.0},
+            {"step", 0},
+            {"step_seconds", 0.25},
+            {"idle_fraction", 0.1},
+            {"samples_per_s", 96.0},
+            {"tokens_per_s", 1536.0},
+            {"worker_step_seconds", {0.25, 0.2}},
+            {"worker_compute_seconds", {0.2, nullptr}}});
+  // A failure at 102, the next generation's first commit at 104.5: recovery 2.5 s.
+  m.record({{"ts", 102.0}, {"event", "member_failed"}, {"member", 1}});
+  m.record({{"ts", 102.1}, {"event", "worker_failed"}, {"restarting", true}});
+  m.record({{"ts", 103.0}, {"event", "generation_started"}, {"generation", 2}, {"world_size", 1}});
+  m.record({{"ts", 104.5},
+            {"event", "step_committed"},
+            {"step", 1},
+            {"loss", 2.25},
+            {"generation", 2},
+            {"world_size", 1}});
+  m.record({{"ts", 105.0},
+            {"event", "checkpoint_written"},
+            {"step", 2},
+            {"blocking_seconds", 0.01},
+            {"write_seconds", 0.5}});
+  m.set_members(1, 1);
+  m.set_frames(40, {{"malformed", 3}, {"stale", 1}});
+  const std::string t = "\n" + m.exposition();
+
+  EXPECT_TRUE(has(t, "troupe_job_info{name=\"my \\\"job\\\"\"} 1")) << t;
+  EXPECT_TRUE(has(t, "troupe_step 2")) << t;
+  EXPECT_TRUE(has(t, "troupe_steps 50")) << t;
+  EXPECT_TRUE(has(t, "troupe_loss 2.25")) << t;
+  EXPECT_TRUE(has(t, "troupe_last_commit_time_seconds 104.5")) << t;
+  EXPECT_TRUE(has(t, "troupe_tokens_per_second 1536")) << t;
+  EXPECT_TRUE(has(t, "troupe_worker_step_seconds{rank=\"1\"} 0.2")) << t;
+  EXPECT_TRUE(has(t, "troupe_worker_compute_seconds{rank=\"1\"} NaN")) << t;
+  EXPECT_TRUE(has(t, "troupe_world_size 1")) << t;
+  EXPECT_TRUE(has(t, "troupe_generation 2")) << t;
+  EXPECT_TRUE(has(t, "troupe_members{state=\"standby\"} 1")) << t;
+  EXPECT_TRUE(has(t, "troupe_recovery_seconds 2.5")) << t;
+  EXPECT_TRUE(has(t, "troupe_failures_total 2")) << t;
+  EXPECT_TRUE(has(t, "troupe_restarts_total 1")) << t;
+  EXPECT_TRUE(has(t, "troupe_joins_total 1")) << t;
+  EXPECT_TRUE(has(t, "troupe_checkpoints_total 1")) << t;
+  EXPECT_TRUE(has(t, "troupe_checkpoint_write_seconds 0.5")) << t;
+  EXPECT_TRUE(has(t, "troupe_control_frames_rejected_total{reason=\"malformed\"} 3")) << t;
+  EXPECT_TRUE(has(t, "# TYPE troupe_failures_total counter")) << t;
+  EXPECT_TRUE(has(t, "# TYPE troupe_loss gauge")) << t;
+}
+
+// Joins before the first commit are the job forming, not a change to recover from.
+TEST(JobMetrics, TheFirstMembersAreNotARecovery) {
+  JobMetrics m("j");
+  m.record({{"ts", 1.0}, {"event", "member_joined"}});
+  m.record({{"ts", 9.0}, {"event", "step_committed"}, {"step", 0}, {"generation", 1}});
+  EXPECT_TRUE(has("\n" + m.exposition(), "troupe_recovery_seconds 0"));
+}
+
+}  // namespace
+}  // namespace troupe::coordinator
