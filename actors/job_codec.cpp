@@ -329,6 +329,10 @@ void set_members(List list, const std::vector<MemberStatus>& v) {
     list[i].setHost(v[i].host);
     list[i].setDevice(v[i].device);
     list[i].setName(v[i].name);
+    list[i].setStage(v[i].stage);
+    list[i].setStepSeconds(v[i].step_seconds);
+    list[i].setComputeSeconds(v[i].compute_seconds);
+    list[i].setLastReportMs(v[i].last_report_ms);
   }
 }
 
@@ -336,8 +340,8 @@ template <typename Reader>
 std::vector<MemberStatus> members_of(Reader r) {
   std::vector<MemberStatus> out;
   for (auto x : r)
-    out.push_back(
-        {x.getRank(), x.getAgentId(), x.getPid(), x.getHost(), x.getDevice(), x.getName()});
+    out.push_back({x.getRank(), x.getAgentId(), x.getPid(), x.getHost(), x.getDevice(), x.getName(),
+                   x.getStage(), x.getStepSeconds(), x.getComputeSeconds(), x.getLastReportMs()});
   return out;
 }
 

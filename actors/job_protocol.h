@@ -162,6 +162,9 @@ struct Shutdown {
 struct MemberStatus {
   uint32_t rank = 0, agent = 0, pid = 0;
   std::string host, device, name;
+  int32_t stage = -1;                            // -1: the whole model
+  double step_seconds = 0, compute_seconds = 0;  // its last report in this generation
+  int64_t last_report_ms = -1;                   // since that report; -1: none yet
 };
 
 // The answer to a status request.

@@ -1,6 +1,8 @@
 // The admin commands: `troupe status`, `troupe stop`, `troupe checkpoint`, `troupe drain`,
 // `troupe scale`. Each names its job (--run-dir DIR, or --coordinator HOST:PORT --token-file F)
 // and sends Cap'n Proto requests to its coordinator over UCX.
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -131,8 +133,25 @@ nlohmann::ordered_json status_rows(const std::vector<actors::MemberStatus>& rows
                    {"name", m.name},
                    {"pid", m.pid},
                    {"host", m.host},
-                   {"device", m.device}});
+                   {"device", m.device},
+                   {"stage", m.stage},
+                   {"step_seconds", m.step_seconds},
+                   {"compute_seconds", m.compute_seconds},
+                   {"last_report_ms", m.last_report_ms}});
   return out;
+}
+
+// A member's row: the columns of print_status.
+void print_row(const char* rank, const actors::MemberStatus& m) {
+  char stage[16] = "-", step[16] = "-", compute[16] = "-", seen[16] = "-";
+  if (m.stage >= 0) std::snprintf(stage, sizeof stage, "%d", m.stage);
+  if (m.last_report_ms >= 0) {
+    std::snprintf(step, sizeof step, "%.1f", m.step_seconds * 1e3);
+    std::snprintf(compute, sizeof compute, "%.1f", m.compute_seconds * 1e3);
+    std::snprintf(seen, sizeof seen, "%.1f s", double(m.last_report_ms) / 1e3);
+  }
+  std::printf("%7s %5u %-12s %8u %-12s %-7s %5s %8s %10s %9s\n", rank, m.agent, m.name.c_str(),
+              m.pid, m.host.c_str(), m.device.c_str(), stage, step, compute, seen);
 }
 
 void print_status(const actors::JobStatus& s, bool json) {
@@ -161,13 +180,10 @@ void print_status(const actors::JobStatus& s, bool json) {
                 s.checkpoint_path.c_str());
   if (!s.plan.empty())
     std::printf("pipeline: %s (rank = replica x stages + stage)\n", s.plan.c_str());
-  std::printf("%6s %6s %-12s %8s %-16s %s\n", "rank", "agent", "name", "pid", "host", "device");
-  for (const auto& m : s.members)
-    std::printf("%6u %6u %-12s %8u %-16s %s\n", m.rank, m.agent, m.name.c_str(), m.pid,
-                m.host.c_str(), m.device.c_str());
-  for (const auto& m : s.standbys)
-    std::printf("%6s %6u %-12s %8u %-16s %s\n", "standby", m.agent, m.name.c_str(), m.pid,
-                m.host.c_str(), m.device.c_str());
+  std::printf("%7s %5s %-12s %8s %-12s %-7s %5s %8s %10s %9s\n", "rank", "agent", "name", "pid",
+              "host", "device", "stage", "step ms", "compute ms", "last step");
+  for (const auto& m : s.members) print_row(std::to_string(m.rank).c_str(), m);
+  for (const auto& m : s.standbys) print_row("standby", m);
 }
 
 // A job no process runs any more (its run directory is not locked): its events say how it
@@ -210,14 +226,42 @@ std::optional<int> status_from_run_dir(const std::string& dir, bool json) {
 
 }  // namespace
 
+// troupe status --watch: the status again every interval, in place on a terminal (a new block
+// otherwise), until the job ends or stops answering.
+int watch_status(const JobName& job, double interval_s) {
+  AdminSession session(job);
+  const bool tty = ::isatty(STDOUT_FILENO);
+  for (bool seen = false;; seen = true) {
+    auto st = session.status(/*quiet=*/seen);
+    if (!st) {
+      if (seen)
+        std::printf("troupe: the job stopped answering (its events.jsonl says how it ended)\n");
+      return seen ? 0 : 1;
+    }
+    if (tty) std::printf("\033[H\033[2J");
+    print_status(*st, false);
+    if (!tty) std::printf("\n");
+    std::fflush(stdout);
+    if (st->state == "finished") return 0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(int64_t(interval_s * 1000)));
+  }
+}
+
 int run_status(const std::vector<std::string>& words) {
   CLI::App app{"Shows a running job: its phase, generation, step, loss and members.",
                "troupe status"};
   JobName job;
   bool json = false;
   job.add_to(app);
+  bool watch = false;
+  double interval_s = 1;
   app.add_flag("--json", json, "one JSON object (job, state, generation, step, members...)");
+  app.add_flag("--watch", watch, "refresh in place until the job ends (troupe top)")
+      ->excludes("--json");
+  app.add_option("--interval", interval_s, "seconds between refreshes with --watch (default 1)")
+      ->check(CLI::Range(0.05, 3600.0));
   if (auto rc = parse(app, words)) return *rc;
+  if (watch) return watch_status(job, interval_s);
   if (auto rc = status_from_run_dir(job.run_dir, json)) return *rc;
   return admin_request(job, actors::make_status_request(), [&](actors::ControlMessage& r) {
     auto body = r.envelope().getBody();

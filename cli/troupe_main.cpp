@@ -26,7 +26,8 @@ usage (troupe COMMAND --help: a command's options):
       [--resume RUN_DIR | CHECKPOINT_DIR]            go on from the newest valid checkpoint
   troupe coordinator CONFIG.toml [--listen HOST:PORT]  the same, with agents started by hand
   troupe agent --join HOST:PORT --token-file F [--devices cpu:0,cpu:1]
-  troupe status (--run-dir DIR | --coordinator HOST:PORT --token-file F) [--json]
+  troupe status (--run-dir DIR | --coordinator HOST:PORT --token-file F) [--json | --watch]
+  troupe top    (--run-dir DIR | ...)                  per-worker live view (status --watch)
   troupe stop   (--run-dir DIR | --coordinator HOST:PORT --token-file F) [--checkpoint]
   troupe checkpoint (--run-dir DIR | ...) [--no-wait]   checkpoint at the next step boundary
   troupe drain  (--run-dir DIR | ...) --agent ID      the agent leaves at the next step boundary
@@ -83,6 +84,10 @@ int troupe_main(int argc, char** argv, const Hooks& hooks) {
     if (cmd == "coordinator") return run_coordinator(rest);
     if (cmd == "agent") return run_agent_command(rest, hooks);
     if (cmd == "status") return run_status(rest);
+    if (cmd == "top") {  // troupe top ARGS = troupe status --watch ARGS
+      rest.push_back("--watch");
+      return run_status(rest);
+    }
     if (cmd == "stop") return run_stop(rest);
     if (cmd == "checkpoint") return run_checkpoint(rest);
     if (cmd == "drain") return run_drain(rest);

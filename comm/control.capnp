@@ -180,6 +180,10 @@ struct MemberStatus {
   host @3 :Text;            # agent host
   device @4 :Text;          # the device
   name @5 :Text;            # the agent's name (its log: RUN_DIR/NAME.log for local agents)
+  stage @6 :Int32 = -1;     # its pipeline stage (-1: the whole model)
+  stepSeconds @7 :Float64;  # its last reported step's time (0: none in this generation yet)
+  computeSeconds @8 :Float64;  # ... and its compute part (forward, backward)
+  lastReportMs @9 :Int64 = -1;  # milliseconds since that report (-1: none yet)
 }
 
 struct JobStatus {

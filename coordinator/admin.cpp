@@ -1,8 +1,39 @@
 #include "coordinator/admin.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 
 namespace troupe::coordinator {
+
+namespace {
+
+// dp and pp of a pipeline plan ("dp 2 x pp 3, stages ..."); {0, 0} without one.
+std::pair<uint32_t, uint32_t> layout_of(const std::string& plan) {
+  unsigned dp = 0, pp = 0;
+  if (std::sscanf(plan.c_str(), "dp %u x pp %u", &dp, &pp) != 2) return {0, 0};
+  return {dp, pp};
+}
+
+// A member's row: its rank's stage, and its last step report in this generation.
+actors::MemberStatus member_row(uint32_t rank, const Agent& a, const std::string& device,
+                                const StepDriver& steps, uint64_t generation,
+                                std::pair<uint32_t, uint32_t> layout) {
+  actors::MemberStatus m{rank, a.id, a.pid, a.host, device, a.name, -1, 0, 0, -1};
+  const auto [dp, pp] = layout;
+  if (pp > 1 && rank < dp * pp) m.stage = int32_t(rank % pp);
+  auto it = steps.last_reports().find(rank);
+  if (it != steps.last_reports().end() && it->second.generation == generation) {
+    m.step_seconds = it->second.step_seconds;
+    m.compute_seconds = it->second.compute_seconds;
+    m.last_report_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                           std::chrono::steady_clock::now() - it->second.at)
+                           .count();
+  }
+  return m;
+}
+
+}  // namespace
 
 actors::JobStatus job_status(const JobConfig& cfg, const elastic::JobLifecycle& job,
                              const Roster& roster, const Generations& gens, const StepDriver& steps,
@@ -15,15 +46,16 @@ actors::JobStatus job_status(const JobConfig& cfg, const elastic::JobLifecycle& 
   s.steps = uint64_t(cfg.steps);
   s.last_loss = steps.last_loss();
   s.plan = plan;
+  const auto layout = layout_of(plan);
   const auto& members = gens.members();
-  for (uint32_t i = 0; i < members.size(); ++i) {
-    const Agent& a = roster.at(members[i].worker.agent);
-    s.members.push_back({i, a.id, a.pid, a.host, roster.device(members[i].worker), a.name});
-  }
+  for (uint32_t i = 0; i < members.size(); ++i)
+    s.members.push_back(member_row(i, roster.at(members[i].worker.agent),
+                                   roster.device(members[i].worker), steps, gens.current(),
+                                   layout));
   for (actors::WorkerId w : roster.usable_workers()) {
     if (gens.is_member(w)) continue;
     const Agent& a = roster.at(w.agent);
-    s.standbys.push_back({0, a.id, a.pid, a.host, roster.device(w), a.name});
+    s.standbys.push_back({0, a.id, a.pid, a.host, roster.device(w), a.name, -1, 0, 0, -1});
   }
   return s;
 }

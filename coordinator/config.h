@@ -66,6 +66,11 @@ struct JobConfig {
   int64_t max_reforms = 3;            // a generation may break this often without a step
   int64_t worker_max_restarts = 3;    // a worker thread that throws: restarts per window
   int64_t worker_restart_window_ms = 60000;
+  // A data-parallel worker computing straggler_factor x slower than the others' median for
+  // straggler_steps committed steps in a row: a `straggler` event; drained with drain_stragglers.
+  double straggler_factor = 2.0;
+  int64_t straggler_steps = 20;
+  bool drain_stragglers = false;
   // [checkpoint]
   std::string checkpoint_dir;               // "": the run directory's checkpoints/
   int64_t checkpoint_every_steps = 0;       // 0: no checkpoints

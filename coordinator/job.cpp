@@ -33,6 +33,7 @@
 #include "elastic/job_phase.h"
 #include "elastic/membership.h"
 #include "elastic/scaling.h"
+#include "elastic/stragglers.h"
 
 namespace troupe::coordinator {
 namespace {
@@ -434,9 +435,50 @@ class Coordinator : public caf::event_based_actor {
 
   void on_commit(const StepCommitted& c) {
     reforms_ = 0;
+    watch_stragglers(c);
     if (observer_)
       send(observer_, JobProgress{c.committed, uint64_t(cfg_.steps), c.loss, c.samples_per_s,
                                   c.tokens_per_s, c.generation, c.world_size});
+  }
+
+  // ---- stragglers -------------------------------------------------------------------------------
+
+  // Data-parallel members only: pipeline stages compute different blocks (elastic/stragglers.h).
+  void watch_stragglers(const StepCommitted& c) {
+    if (c.generation != straggler_generation_) {
+      stragglers_.reset();
+      straggler_generation_ = c.generation;
+    }
+    if (!plan_.empty()) return;
+    for (const auto& s : stragglers_.observe(c.compute_seconds)) on_straggler(s);
+  }
+
+  // A `straggler` event (and a line for people); with elastic.drain_stragglers the agent is
+  // drained like `troupe drain` (refused, it stays: `straggler_kept` says why).
+  void on_straggler(const elastic::Straggler& s) {
+    const auto& members = gens_.members();
+    if (s.rank >= members.size()) return;
+    const actors::WorkerId w = members[s.rank].worker;
+    const Agent& a = roster_.at(w.agent);
+    log_.event("straggler", Json()
+                                .integer("rank", s.rank)
+                                .integer("member", a.id)
+                                .str("name", a.name)
+                                .str("device", roster_.device(w))
+                                .num("compute_seconds", s.seconds)
+                                .num("median_seconds", s.median)
+                                .integer("steps", s.steps)
+                                .boolean("drain", cfg_.drain_stragglers));
+    tell(a.name + " is a straggler: " + fmt::format("{:.1f}", s.seconds * 1e3) +
+         " ms of compute a step, the others " + fmt::format("{:.1f}", s.median * 1e3) +
+         " ms, for " + std::to_string(s.steps) + " steps" +
+         (cfg_.drain_stragglers ? ": draining it" : ""));
+    if (!cfg_.drain_stragglers) return;
+    ControlMessage r = drain(a.id);
+    auto body = r.envelope().getBody();
+    if (body.isError())
+      log_.event("straggler_kept",
+                 Json().integer("member", a.id).str("reason", body.getError().getMessage().cStr()));
   }
 
   // A worker's checkpoint shards are durable: the manifest once every block is.
@@ -731,6 +773,9 @@ class Coordinator : public caf::event_based_actor {
   std::string plan_;                // the generation's pipeline layout, as its rank 0 reported it
   std::optional<Checkpoints> checkpoints_;  // with a checkpoint directory (troupe run resolves one)
   std::shared_ptr<JobMetrics> metrics_;     // with observability.metrics_listen
+  elastic::StragglerDetector stragglers_{
+      {cfg_.straggler_factor, uint32_t(std::max<int64_t>(1, cfg_.straggler_steps))}};
+  uint64_t straggler_generation_ = 0;
   std::string resumable_;     // the manifest a stopped job can resume from, once it finished
   std::string last_failure_;  // the last failure, for the message if the job fails
   Clock::time_point t_start_ = Clock::now();

@@ -107,6 +107,8 @@ void JobMetrics::on_event(const std::string& name, const json& e) {
     checkpoint_write_ = number(e, "write_seconds");
   } else if (name == "checkpoint_failed") {
     ++checkpoint_failures_;
+  } else if (name == "straggler") {
+    ++stragglers_;
   } else if (name == "job_paused") {
     paused_ = 1;
   } else if (name == "job_resumed") {
@@ -187,6 +189,9 @@ std::string JobMetrics::exposition() const {
   counter("restarts", "Workers and agent processes restarted.", restarts_);
   counter("rollbacks", "Rollbacks to a stage backup (steps redone).", rollbacks_);
   counter("generations", "Generations started.", generations_);
+  counter("stragglers",
+          "Workers found computing much slower than the others (elastic.straggler_*).",
+          stragglers_);
   counter("checkpoints", "Checkpoints written (manifest durable).", checkpoints_);
   counter("checkpoint_failures", "Checkpoints that could not be written.", checkpoint_failures_);
   gauge("checkpoint_step", "The newest checkpoint's step (0: none).", checkpoint_step_);

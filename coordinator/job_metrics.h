@@ -45,7 +45,7 @@ class JobMetrics {
   std::vector<double> worker_step_seconds_, worker_compute_seconds_;  // by rank, last step
   // counters
   uint64_t failures_ = 0, joins_ = 0, restarts_ = 0, rollbacks_ = 0, generations_ = 0;
-  uint64_t checkpoints_ = 0, checkpoint_failures_ = 0, leaves_ = 0, commits_ = 0;
+  uint64_t checkpoints_ = 0, checkpoint_failures_ = 0, leaves_ = 0, commits_ = 0, stragglers_ = 0;
   uint64_t frames_received_ = 0;
   std::map<std::string, uint64_t> rejected_;
   // recovery: from the first change after a commit to the next commit of a newer generation

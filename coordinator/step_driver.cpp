@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 
 namespace troupe::coordinator {
 
@@ -18,6 +19,7 @@ bool StepDriver::report(const actors::StepReport& r, uint64_t generation, size_t
   p.busy += r.busy_seconds;
   p.rank_seconds.push_back(r.seconds);
   p.rank_busy.push_back(r.busy_seconds);
+  last_reports_[r.rank] = {r.seconds, r.busy_seconds, std::chrono::steady_clock::now(), generation};
   if (p.ranks.size() < world) return false;
   commit(r.step, false, generation, world);
   return true;
@@ -64,7 +66,15 @@ void StepDriver::commit(uint64_t step, bool recovered, uint64_t generation, size
   committed_ = step + 1;
   last_loss_ = p.loss;
   const double seconds = std::max(p.seconds, 1e-9);
-  StepCommitted c{committed_, p.loss, p.samples / seconds, p.tokens / seconds, generation, world};
+  StepCommitted c{committed_,
+                  p.loss,
+                  p.samples / seconds,
+                  p.tokens / seconds,
+                  generation,
+                  world,
+                  std::vector<double>(world, std::nan(""))};
+  for (size_t i = 0; i < p.ranks.size(); ++i)
+    if (p.ranks[i] < world) c.compute_seconds[p.ranks[i]] = p.rank_busy[i];
   log_.event("step_committed", Json()
                                    .integer("step", long(step))
                                    .num("loss", p.loss)

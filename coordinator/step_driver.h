@@ -9,6 +9,7 @@
 // Thread-safety: none; owned by the coordinator's actor.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <map>
 #include <optional>
@@ -26,6 +27,7 @@ struct StepCommitted {
   uint64_t committed = 0;  // steps committed so far
   double loss = 0, samples_per_s = 0, tokens_per_s = 0;
   uint64_t generation = 0, world_size = 0;
+  std::vector<double> compute_seconds;  // by rank (NaN: it did not report)
 };
 
 class StepDriver {
@@ -47,6 +49,14 @@ class StepDriver {
 
   // A report of the current generation (of `world` members); true when it completed its step.
   bool report(const actors::StepReport& r, uint64_t generation, size_t world);
+
+  // Each rank's last report in the current generation (troupe status --watch).
+  struct RankReport {
+    double step_seconds = 0, compute_seconds = 0;
+    std::chrono::steady_clock::time_point at;
+    uint64_t generation = 0;
+  };
+  const std::map<uint32_t, RankReport>& last_reports() const { return last_reports_; }
 
   // The generation after `generation` (of `world` members) starts as g says: steps the old one
   // completed are committed (recovered), or the steps since a rollback's start are dropped from
@@ -80,6 +90,7 @@ class StepDriver {
   std::function<void(const StepCommitted&)> on_commit_;
   std::map<uint64_t, Pending> steps_;
   std::map<uint32_t, uint64_t> checksums_;
+  std::map<uint32_t, RankReport> last_reports_;
   uint64_t committed_ = 0;
   double last_loss_ = 0;
 };

@@ -161,6 +161,7 @@ TrainResult Worker::run_data_parallel(comm::Communicator& comm, uint64_t start,
       Reducer reducer(reduce_block);
       stats = trainer_->forward_backward(step, share.begin, share.end,
                                          [&](size_t b) { reducer.push(b); });
+      busy = seconds_since(t0);  // (the reductions overlapped it; what is left is waiting)
       reducer.finish();
     } else {
       stats = trainer_->forward_backward(step, share.begin, share.end);

@@ -21,13 +21,16 @@ class EnvFaults : public workers::FaultInjector {
       : step_delay_us_(env_int("TROUPE_TEST_STEP_DELAY_US")),
         throw_at_step_(uint64_t(env_int("TROUPE_TEST_THROW_AT_STEP"))),
         state_delay_ms_(env_int("TROUPE_TEST_STATE_DELAY_MS")),
-        checkpoint_delay_ms_(env_int("TROUPE_TEST_CHECKPOINT_DELAY_MS")) {
+        checkpoint_delay_ms_(env_int("TROUPE_TEST_CHECKPOINT_DELAY_MS")),
+        slow_us_(env_int("TROUPE_TEST_SLOW_STEP_US")) {
+    if (const char* a = std::getenv("TROUPE_TEST_SLOW_AGENT")) slow_agent_ = a;
     if (const char* a = std::getenv("TROUPE_TEST_THROW_AGENT")) throw_agent_ = a;
     if (const char* a = std::getenv("TROUPE_TEST_PERTURB_AGENT")) perturb_agent_ = a;
   }
   bool any() const {
     return step_delay_us_ > 0 || (throw_at_step_ > 0 && !throw_agent_.empty()) ||
-           state_delay_ms_ > 0 || checkpoint_delay_ms_ > 0 || !perturb_agent_.empty();
+           state_delay_ms_ > 0 || checkpoint_delay_ms_ > 0 || !perturb_agent_.empty() ||
+           (slow_us_ > 0 && !slow_agent_.empty());
   }
 
   void before_checksum(const std::string& agent, uint32_t, float* parameters,
@@ -42,6 +45,8 @@ class EnvFaults : public workers::FaultInjector {
       throw std::runtime_error("injected fault at step " + std::to_string(step) +
                                " (TROUPE_TEST_THROW_AT_STEP)");
     if (step_delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(step_delay_us_));
+    if (slow_us_ > 0 && agent == slow_agent_)
+      std::this_thread::sleep_for(std::chrono::microseconds(slow_us_));
   }
 
   void mid_state_transfer(const std::string&, uint32_t) override {
@@ -57,8 +62,8 @@ class EnvFaults : public workers::FaultInjector {
  private:
   int64_t step_delay_us_;
   uint64_t throw_at_step_;
-  int64_t state_delay_ms_, checkpoint_delay_ms_;
-  std::string throw_agent_, perturb_agent_;
+  int64_t state_delay_ms_, checkpoint_delay_ms_, slow_us_;
+  std::string throw_agent_, perturb_agent_, slow_agent_;
   std::atomic<bool> thrown_{false}, checkpoint_delayed_{false};
 };
 

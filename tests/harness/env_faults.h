@@ -9,6 +9,8 @@
 //                                 first buffer
 //   TROUPE_TEST_CHECKPOINT_DELAY_MS  an agent's first checkpoint write pauses this long after its
 //                                 first shard
+//   TROUPE_TEST_SLOW_AGENT        with TROUPE_TEST_SLOW_STEP_US: that agent's workers wait this
+//   TROUPE_TEST_SLOW_STEP_US      long more before every step (a straggler: counted as compute)
 //   TROUPE_TEST_PERTURB_AGENT     that agent's workers change a parameter before the job's final
 //                                 checksum (the members then end different)
 #pragma once

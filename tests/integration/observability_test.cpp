@@ -9,6 +9,7 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
 #include "tests/harness/jobs.h"
@@ -178,6 +179,64 @@ TEST(Metrics, TheEndpointSurvivesGarbageSlowClientsAndOtherPaths) {
   const size_t before = committed_losses(job.run_dir).size();
   wait_steps(job, before + 5);  // the job trained on throughout
   stop_job(dir, job);
+}
+
+// troupe status --watch (troupe top): a block per refresh with one row per worker (its device,
+// rank, step time, compute time, how long ago it last reported) until the job ends, then exit 0.
+TEST(LiveView, StatusWatchRefreshesPerWorkerRowsUntilTheJobEnds) {
+  TempDir dir;
+  Job job = start_job(dir, "observed", kMlp, 2, {"job.steps=150"}, {pace(10000)});
+  wait_steps(job, 5);
+  const std::string out = dir.path() + "/top.out";
+  coordinator::ChildProcess top(
+      {{troupe_binary(), "top", "--run-dir", job.run_dir, "--interval", "0.2"}, out, out, {}});
+  auto st = top.wait(60s);
+  ASSERT_TRUE(st) << "troupe top did not end with the job";
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(out);
+  ASSERT_TRUE(job.proc->wait(30s));
+  const std::string text = text_of(out);
+  size_t blocks = 0;
+  for (size_t at = 0; (at = text.find("job observed:", at)) != std::string::npos; ++at) ++blocks;
+  EXPECT_GE(blocks, 3u) << text;
+  EXPECT_NE(text.find("compute ms"), std::string::npos) << text;
+  int rows = 0;  // member rows with their times: "rank agent name pid host cpu:N - step compute s"
+  for (const auto& line : lines_of(out)) {
+    std::istringstream in(line);
+    std::string rank, agent, name, pid, host, device, stage, step, compute, seen, unit;
+    if (in >> rank >> agent >> name >> pid >> host >> device >> stage >> step >> compute >> seen >>
+            unit &&
+        device.rfind("cpu:", 0) == 0 && unit == "s" && std::stod(step) > 0)
+      ++rows;
+  }
+  EXPECT_GE(rows, 4) << text;
+}
+
+// A worker slowed through the fault-injection interface (30 ms more compute a step than the
+// others' ~5 ms): after elastic.straggler_steps slow steps it gets a `straggler` event, and with
+// elastic.drain_stragglers it is drained; the job finishes without it, every sample used once.
+TEST(Stragglers, ASlowWorkerIsFoundAndDrainedAndTheJobGoesOnWithoutIt) {
+  TempDir dir;
+  Job job =
+      start_job(dir, "observed", kMlp, 3,
+                {"job.steps=300", "data.ledger=true", "elastic.straggler_steps=10",
+                 "elastic.drain_stragglers=true"},
+                {pace(5000), "TROUPE_TEST_SLOW_AGENT=agent-1", "TROUPE_TEST_SLOW_STEP_US=30000"});
+  const std::string found = wait_event(job, is("straggler"), 60s);
+  ASSERT_FALSE(found.empty());
+  EXPECT_EQ(json_field(found, "name"), "agent-1") << found;
+  EXPECT_EQ(json_field(found, "steps"), "10") << found;
+  EXPECT_GT(std::stod(json_field(found, "compute_seconds")),
+            2 * std::stod(json_field(found, "median_seconds")))
+      << found;
+  const std::string left = wait_event(job, is("member_left"), 60s);
+  EXPECT_EQ(json_field(left, "member"), json_field(found, "member")) << left;
+  auto st = job.proc->wait(120s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
+  const std::string end = events_of(job).back();
+  EXPECT_EQ(json_field(end, "identical_parameters"), "true") << end;
+  EXPECT_EQ(count_events(job, "straggler"), 1);
+  check_ledger(job.run_dir, 300, 64);
 }
 
 }  // namespace
