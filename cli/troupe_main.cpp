@@ -33,6 +33,7 @@ usage (troupe COMMAND --help: a command's options):
   troupe drain  (--run-dir DIR | ...) --agent ID      the agent leaves at the next step boundary
   troupe scale  (--run-dir DIR | ...) --workers N     grow (local launcher starts agents) or shrink (drains)
   troupe export RUN_DIR [--step N] -o FILE.safetensors   a checkpoint's parameters (docs/export.md)
+  troupe report RUN_DIR [-o FILE.html]   one self-contained HTML page: loss, throughput, workers, changes
   troupe version                    versions of Troupe and its libraries, CUDA devices
   troupe demo control               two-process control-plane demo (what `make run` shows)
   troupe node [options]             a control-plane node with echo and sink services
@@ -92,6 +93,7 @@ int troupe_main(int argc, char** argv, const Hooks& hooks) {
     if (cmd == "checkpoint") return run_checkpoint(rest);
     if (cmd == "drain") return run_drain(rest);
     if (cmd == "scale") return run_scale(rest);
+    if (cmd == "report") return run_report(rest);
     if (cmd == "export") return run_export(rest);
     if (cmd == "demo" && !rest.empty() && rest[0] == "control")
       return run_demo_control({rest.begin() + 1, rest.end()});

@@ -16,6 +16,7 @@ packages=(
   python3-torch   # a test loads `troupe export` into the PyTorch twin (the benchmarks' peer too)
   libcpp-httplib-dev   # the coordinator's metrics endpoint (observability.metrics_listen)
   prometheus   # a test scrapes a running job with a real Prometheus; promtool checks the output
+  chromium-headless-shell   # a test renders `troupe report`'s HTML in a real browser
 )
 if [[ "${1:-}" == "--peers" ]]; then
   packages+=(openmpi-bin libopenmpi-dev hyperfine)

@@ -4,9 +4,11 @@
 // the endpoint serving and the job training.
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -179,6 +181,82 @@ TEST(Metrics, TheEndpointSurvivesGarbageSlowClientsAndOtherPaths) {
   const size_t before = committed_losses(job.run_dir).size();
   wait_steps(job, before + 5);  // the job trained on throughout
   stop_job(dir, job);
+}
+
+// A command's exit status and output (`troupe report`, chromium).
+int run_command(const TempDir& dir, const std::vector<std::string>& argv, std::string* text) {
+  const std::string out = dir.path() + "/command.out";
+  coordinator::ChildProcess p({argv, out, out, {}});
+  auto st = p.wait(120s);
+  *text = text_of(out);
+  return st && WIFEXITED(*st) ? WEXITSTATUS(*st) : -1;
+}
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = 0; (at = text.find(what, at)) != std::string::npos; at += what.size()) ++n;
+  return n;
+}
+
+// troupe report on a run with a failure, a restart (join) and checkpoints, while it runs and
+// after: one HTML file that needs nothing else (no script, no link, nothing fetched), rendered in
+// a real browser (headless Chromium): its plots are in the DOM with their lines, the failure and
+// the join are marked on the timeline, the change's recovery time is in the table, and the
+// screenshot is far from blank.
+TEST(Report, AReportOfAnElasticRunIsSelfContainedAndDrawnInABrowser) {
+  TempDir dir;
+  Job job = start_job(dir, "observed", kMlp, 3, {"job.steps=400", "checkpoint.every_steps=50"},
+                      {pace(5000)});
+  wait_steps(job, 60);
+  std::string said;
+  ASSERT_EQ(
+      run_command(dir, {troupe_binary(), "report", job.run_dir, "-o", dir.path() + "/live.html"},
+                  &said),
+      0)
+      << said;  // a running job's directory
+  const int victim = pid_of(job, "agent-1");
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  auto st = job.proc->wait(120s);
+  ASSERT_TRUE(st);
+  ASSERT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
+  const std::string html = dir.path() + "/report.html";
+  ASSERT_EQ(run_command(dir, {troupe_binary(), "report", job.run_dir, "-o", html}, &said), 0)
+      << said;
+  const std::string page = text_of(html);
+  for (const char* network : {"<script", "<link", "src=", "url(", "@import"})
+    EXPECT_EQ(page.find(network), std::string::npos) << network;
+  EXPECT_NE(page.find("class=\"mark failure\""), std::string::npos);
+  EXPECT_NE(page.find("class=\"mark join\""), std::string::npos);
+  EXPECT_NE(page.find("class=\"mark checkpoint\""), std::string::npos);
+  EXPECT_EQ(page.find("not yet"), std::string::npos) << "a change without its recovery time";
+
+  const std::string browser = "/usr/bin/chromium-headless-shell";
+  const std::vector<std::string> flags{browser, "--no-sandbox", "--disable-gpu",
+                                       "--hide-scrollbars", "--window-size=1000,2400"};
+  std::vector<std::string> dump = flags;
+  dump.push_back("--dump-dom");
+  dump.push_back("file://" + html);
+  std::string dom;
+  ASSERT_EQ(run_command(dir, dump, &dom), 0) << dom;
+  EXPECT_EQ(count_of(dom, "<svg class=\"plot\""), 6u) << dom.substr(0, 2000);
+  EXPECT_GE(count_of(dom, "<polyline"), 8u);  // loss, throughput, 3 + 3 per worker, idle, ...
+  EXPECT_NE(dom.find("recovery (s)"), std::string::npos);
+  auto shot = [&](const std::string& file, const std::string& png) {
+    std::vector<std::string> a = flags;
+    a.push_back("--screenshot=" + png);
+    a.push_back("file://" + file);
+    std::string out;
+    EXPECT_EQ(run_command(dir, a, &out), 0) << out;
+    std::error_code ec;
+    return std::filesystem::file_size(png, ec);
+  };
+  std::ofstream(dir.path() + "/blank.html") << "<!DOCTYPE html><html><body></body></html>";
+  const auto blank = shot(dir.path() + "/blank.html", dir.path() + "/blank.png");
+  const auto drawn = shot(html, dir.path() + "/report.png");
+  EXPECT_GT(blank, 0u);
+  EXPECT_GT(drawn, 5 * blank) << "the report renders as (nearly) blank: " << drawn << " vs "
+                              << blank << " bytes";
 }
 
 // troupe status --watch (troupe top): a block per refresh with one row per worker (its device,

@@ -1,0 +1,48 @@
+// `troupe report RUN_DIR [-o FILE.html]`: the run directory as one self-contained HTML page
+// (coordinator/run_report.h); a running job's directory too.
+#include <cstdio>
+#include <fstream>
+
+#include "cli/commands.h"
+#include "cli/parse.h"
+#include "coordinator/run_report.h"
+
+namespace troupe::cli {
+
+int run_report(const std::vector<std::string>& words) {
+  CLI::App app{
+      "Writes a run's report: one HTML file with its loss, throughput, step times per worker, "
+      "idle fraction, membership timeline and recovery times (no network needed to view it).",
+      "troupe report"};
+  std::string dir, out;
+  app.add_option("RUN_DIR", dir, "the run directory (a running job's too)")->required();
+  app.add_option("-o,--output", out, "the HTML file (default RUN_DIR/report.html)");
+  if (auto rc = parse(app, words)) return *rc;
+  if (out.empty()) out = dir + "/report.html";
+  coordinator::RunReport report;
+  try {
+    report = coordinator::read_run(dir);
+  } catch (const std::runtime_error& e) {
+    std::fprintf(stderr, "troupe report: %s\n", e.what());
+    return 2;
+  }
+  const std::string tmp = out + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << coordinator::render_report(report);
+    if (!f.flush()) {
+      std::fprintf(stderr, "troupe report: cannot write %s\n", tmp.c_str());
+      std::remove(tmp.c_str());
+      return 1;
+    }
+  }
+  if (std::rename(tmp.c_str(), out.c_str()) != 0) {
+    std::fprintf(stderr, "troupe report: cannot write %s\n", out.c_str());
+    return 1;
+  }
+  std::printf("troupe: report of %s (%s, %llu steps): %s\n", report.job.c_str(),
+              report.state.c_str(), (unsigned long long)report.steps, out.c_str());
+  return 0;
+}
+
+}  // namespace troupe::cli
