@@ -101,6 +101,8 @@ ControlMessage encode(const JobSpec& m) {
     s.setCheckpointSkipIfBusy(m.checkpoint_skip_if_busy);
     s.setResumeDir(m.resume_dir);
     s.setResumeStep(m.resume_step);
+    s.setTraceFirst(m.trace_first);
+    s.setTraceLast(m.trace_last);
     s.setFailureTimeoutMs(m.failure_timeout_ms);
     s.setWorkerMaxRestarts(m.worker_max_restarts);
     s.setWorkerRestartWindowMs(m.worker_restart_window_ms);
@@ -147,6 +149,8 @@ JobSpec decode(proto::JobSpec::Reader s) {
   m.checkpoint_skip_if_busy = s.getCheckpointSkipIfBusy();
   m.resume_dir = s.getResumeDir();
   m.resume_step = s.getResumeStep();
+  m.trace_first = s.getTraceFirst();
+  m.trace_last = s.getTraceLast();
   m.failure_timeout_ms = s.getFailureTimeoutMs();
   m.worker_max_restarts = s.getWorkerMaxRestarts();
   m.worker_restart_window_ms = s.getWorkerRestartWindowMs();
@@ -214,13 +218,14 @@ ControlMessage encode(const StepReport& m) {
     r.setPositionEnd(m.position_end);
     r.setSeconds(m.seconds);
     r.setBusySeconds(m.busy_seconds);
+    r.setDataSeconds(m.data_seconds);
   });
 }
 
 StepReport decode(proto::StepReport::Reader r) {
-  return {r.getGeneration(), r.getStep(),       r.getRank(),          r.getLoss(),
-          r.getSamples(),    r.getTokens(),     r.getPositionBegin(), r.getPositionEnd(),
-          r.getSeconds(),    r.getBusySeconds()};
+  return {r.getGeneration(), r.getStep(),        r.getRank(),          r.getLoss(),
+          r.getSamples(),    r.getTokens(),      r.getPositionBegin(), r.getPositionEnd(),
+          r.getSeconds(),    r.getBusySeconds(), r.getDataSeconds()};
 }
 
 ControlMessage encode(const StateReceived& m) {
@@ -380,6 +385,33 @@ JobStatus decode(proto::JobStatus::Reader r) {
 
 ControlMessage encode(const LeaveGeneration& m) {
   return ControlMessage::build([&](Env e) { e.initBody().setLeaveGeneration(m.generation); });
+}
+
+ControlMessage encode(const TraceChunk& m) {
+  return ControlMessage::build([&](Env e) {
+    auto c = e.initBody().initTraceChunk();
+    c.setAgentId(m.agent);
+    c.setDevice(m.device);
+    c.setRank(m.rank);
+    auto list = c.initEvents(unsigned(m.events.size()));
+    for (unsigned i = 0; i < m.events.size(); ++i) {
+      const TraceEvent& t = m.events[i];
+      list[i].setName(t.name);
+      list[i].setCategory(t.category);
+      list[i].setTsUs(t.ts_us);
+      list[i].setDurUs(t.dur_us);
+      list[i].setThread(t.thread);
+      list[i].setStep(t.step);
+    }
+  });
+}
+
+TraceChunk decode(proto::TraceChunk::Reader r) {
+  TraceChunk c{r.getAgentId(), r.getDevice(), r.getRank(), {}};
+  for (auto t : r.getEvents())
+    c.events.push_back(
+        {t.getName(), t.getCategory(), t.getTsUs(), t.getDurUs(), t.getThread(), t.getStep()});
+  return c;
 }
 
 ControlMessage make_ack() {

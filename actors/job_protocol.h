@@ -65,7 +65,8 @@ struct JobSpec {
   std::string checkpoint_dir;  // resolved; "" = no checkpoints
   int64_t checkpoint_every = 0;
   bool checkpoint_skip_if_busy = false;
-  std::string resume_dir;  // the checkpoint to start from ("" = the seed)
+  std::string resume_dir;                     // the checkpoint to start from ("" = the seed)
+  int64_t trace_first = -1, trace_last = -1;  // observability.trace_steps (-1: none)
   uint64_t resume_step = 0;
   // [elastic]
   int64_t failure_timeout_ms = 3000;
@@ -105,6 +106,7 @@ struct StepReport {
   uint64_t samples = 0, tokens = 0;
   uint64_t position_begin = 0, position_end = 0;
   double seconds = 0, busy_seconds = 0;
+  double data_seconds = 0;  // of busy_seconds: assembling batches
 };
 
 // worker -> coordinator (one way): it took the state at a generation's start (or reports the
@@ -183,6 +185,18 @@ struct LeaveGeneration {
   uint64_t generation = 0;  // end this generation at the next step boundary
 };
 
+// worker -> coordinator (one way): its trace of observability.trace_steps (Chrome trace spans).
+struct TraceEvent {
+  std::string name, category;
+  int64_t ts_us = 0, dur_us = 0;
+  uint32_t thread = 0;
+  int64_t step = -1;
+};
+struct TraceChunk {
+  uint32_t agent = 0, device = 0, rank = 0;
+  std::vector<TraceEvent> events;
+};
+
 // ---- the codec -------------------------------------------------------------------------------
 
 ControlMessage encode(const Join& m);
@@ -197,6 +211,7 @@ ControlMessage encode(const WorkerFailed& m);
 ControlMessage encode(const Shutdown& m);
 ControlMessage encode(const JobStatus& m);
 ControlMessage encode(const LeaveGeneration& m);
+ControlMessage encode(const TraceChunk& m);
 ControlMessage make_ack();
 ControlMessage make_stop_at_next_step();
 ControlMessage make_status_request();
@@ -219,5 +234,6 @@ CheckpointWritten decode(proto::CheckpointWritten::Reader r);
 WorkerFailed decode(proto::WorkerFailed::Reader r);
 Shutdown decode(proto::Shutdown::Reader r);
 JobStatus decode(proto::JobStatus::Reader r);
+TraceChunk decode(proto::TraceChunk::Reader r);
 
 }  // namespace troupe::actors

@@ -42,6 +42,7 @@ struct Envelope {
     checkpointWritten @31 :CheckpointWritten;  # worker -> coordinator (one way): its shards of a checkpoint are durable
     checkpointRequest @32 :CheckpointRequest;  # admin -> coordinator (request): a checkpoint at the next step boundary
     checkpointAtStep @33 :UInt64;          # coordinator -> agents: a checkpoint at the first step boundary at or after this step
+    traceChunk @34 :TraceChunk;            # worker -> coordinator (one way): its trace of observability.trace_steps
   }
 }
 
@@ -94,6 +95,24 @@ struct JobSpec {
   checkpointSkipIfBusy @38 :Bool; # checkpoint.if_busy = "skip"
   resumeDir @39 :Text;            # the checkpoint a resumed job starts from ("" = from the seed)
   resumeStep @40 :UInt64;         # its step (the next step to run)
+  traceFirst @41 :Int64 = -1;     # observability.trace_steps: the first step traced (-1: none)
+  traceLast @42 :Int64 = -1;      # ... and the last
+}
+
+struct TraceEvent {
+  name @0 :Text;            # forward, backward, allreduce, update, ...
+  category @1 :Text;        # compute | data | comm | wait | state
+  tsUs @2 :Int64;           # its start, unix microseconds
+  durUs @3 :Int64;          # its length
+  thread @4 :UInt32;        # 0: the worker's thread; 1: its reducer thread
+  step @5 :Int64;           # the step it belongs to (-1: between steps)
+}
+
+struct TraceChunk {
+  agentId @0 :UInt32;       # the worker's agent
+  device @1 :UInt32;        # and device index
+  rank @2 :UInt32;          # its rank when it traced
+  events @3 :List(TraceEvent);
 }
 
 struct CheckpointShard {
@@ -159,6 +178,7 @@ struct StepReport {
   seconds @7 :Float64;      # wall time of the step on this rank
   tokens @8 :UInt64;        # tokens this rank used (samples for the mlp)
   busySeconds @9 :Float64;  # of `seconds`, the time it computed (the rest: waiting on others)
+  dataSeconds @10 :Float64; # of `busySeconds`, the time it assembled its batches
 }
 
 struct WorkerDone {

@@ -224,6 +224,7 @@ std::variant<std::shared_ptr<const DecodedFrame>, Rejection> FrameValidator::dec
     case proto::Envelope::Body::CHECKPOINT_WRITTEN:
     case proto::Envelope::Body::CHECKPOINT_REQUEST:
     case proto::Envelope::Body::CHECKPOINT_AT_STEP:
+    case proto::Envelope::Body::TRACE_CHUNK:
       break;
     default:
       return reject(Reject::unknown_kind,

@@ -101,6 +101,7 @@ std::vector<Field> fields_of(JobConfig& c) {
       I("checkpoint", "keep", &c.checkpoint_keep, 1, 1e6),
       S("checkpoint", "if_busy", &c.checkpoint_if_busy, {"wait", "skip"}),
       S("observability", "metrics_listen", &c.metrics_listen),
+      S("observability", "trace_steps", &c.trace_steps),
       S("logging", "level", &c.log_level, {"debug", "info", "warn", "error"}),
       B("logging", "progress", &c.progress),
   };
@@ -286,6 +287,20 @@ void check_text_file(const JobConfig& c, const std::string& at) {
          std::to_string(c.context) + " needs more than " + std::to_string(c.context + 1));
 }
 
+// "A-B" (A <= B) or "N": the first and last step; false when it is neither.
+bool step_range(const std::string& text, int64_t& first, int64_t& last) {
+  const size_t dash = text.find('-');
+  const std::string a = text.substr(0, dash),
+                    b = dash == std::string::npos ? a : text.substr(dash + 1);
+  auto digits = [](const std::string& x) {
+    return !x.empty() && x.size() <= 12 && x.find_first_not_of("0123456789") == std::string::npos;
+  };
+  if (!digits(a) || !digits(b)) return false;
+  first = std::stoll(a);
+  last = std::stoll(b);
+  return first <= last;
+}
+
 // HOST:PORT or [V6]:PORT, the port 0..65535.
 bool host_and_port(const std::string& a) {
   const size_t colon = a.rfind(':');
@@ -415,6 +430,12 @@ JobConfig parse_config(const std::string& text, const std::string& source,
       assign(*it, knode, source);
       places[tname + "." + kname] = where(source, knode);
     }
+  }
+  if (!c.trace_steps.empty() && !step_range(c.trace_steps, c.trace_first, c.trace_last)) {
+    auto it = places.find("observability.trace_steps");
+    throw ConfigError((it == places.end() ? source : it->second) +
+                      ": observability.trace_steps = \"" + c.trace_steps +
+                      "\" is not a step range: \"A-B\" (A <= B) or \"N\"");
   }
   validate(c, source, places);
   return c;

@@ -81,6 +81,8 @@ struct JobConfig {
   uint64_t resume_step = 0;
   // [observability]
   std::string metrics_listen;  // "": no endpoint; HOST:PORT serves GET /metrics (Prometheus)
+  std::string trace_steps;     // "A-B" or "N": those steps' spans in RUN_DIR/trace.json
+  int64_t trace_first = -1, trace_last = -1;  // (parsed from trace_steps; -1: none)
   // [logging]
   std::string log_level = "info";
   bool progress = true;

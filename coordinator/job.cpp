@@ -29,6 +29,7 @@
 #include "coordinator/job_spec.h"
 #include "coordinator/roster.h"
 #include "coordinator/step_driver.h"
+#include "coordinator/trace_file.h"
 #include "elastic/generation.h"
 #include "elastic/job_phase.h"
 #include "elastic/membership.h"
@@ -162,6 +163,9 @@ class Coordinator : public caf::event_based_actor {
         return stop(/*with_checkpoint=*/cfg_.checkpoint_every_steps > 0);
       case B::CHECKPOINT_REQUEST:
         return checkpoint(body.getCheckpointRequest().getStop());
+      case B::TRACE_CHUNK:
+        on_trace(actors::decode(body.getTraceChunk()));
+        break;
       case B::DRAIN_REQUEST:
         return drain(body.getDrainRequest());
       default:
@@ -439,6 +443,15 @@ class Coordinator : public caf::event_based_actor {
     if (observer_)
       send(observer_, JobProgress{c.committed, uint64_t(cfg_.steps), c.loss, c.samples_per_s,
                                   c.tokens_per_s, c.generation, c.world_size});
+  }
+
+  // A worker's spans of observability.trace_steps: into trace.json (a failed write is logged;
+  // the trace is a diagnostic, not the job's state).
+  void on_trace(const actors::TraceChunk& c) {
+    if (cfg_.trace_first < 0 || !roster_.known(actors::WorkerId{c.agent, c.device})) return;
+    if (!trace_) trace_.emplace(dir_ + "/trace.json");
+    const std::string why = trace_->add(c, roster_.at(c.agent).name);
+    if (!why.empty()) spdlog::warn("trace.json: {}", why);
   }
 
   // ---- stragglers -------------------------------------------------------------------------------
@@ -776,8 +789,9 @@ class Coordinator : public caf::event_based_actor {
   elastic::StragglerDetector stragglers_{
       {cfg_.straggler_factor, uint32_t(std::max<int64_t>(1, cfg_.straggler_steps))}};
   uint64_t straggler_generation_ = 0;
-  std::string resumable_;     // the manifest a stopped job can resume from, once it finished
-  std::string last_failure_;  // the last failure, for the message if the job fails
+  std::optional<TraceFile> trace_;  // with observability.trace_steps, from the first chunk
+  std::string resumable_;           // the manifest a stopped job can resume from, once it finished
+  std::string last_failure_;        // the last failure, for the message if the job fails
   Clock::time_point t_start_ = Clock::now();
 };
 

@@ -119,6 +119,7 @@ void JobMetrics::on_event(const std::string& name, const json& e) {
 void JobMetrics::on_step_metric(const json& m) {
   step_seconds_ = number(m, "step_seconds");
   idle_ = number(m, "idle_fraction");
+  data_seconds_ = number(m, "data_seconds");
   samples_per_s_ = number(m, "samples_per_s");
   tokens_per_s_ = number(m, "tokens_per_s");
   auto by_rank = [&](const char* key, std::vector<double>& out) {
@@ -164,6 +165,9 @@ std::string JobMetrics::exposition() const {
   gauge("samples_per_second", "Samples a second over the last committed step.", samples_per_s_);
   gauge("tokens_per_second", "Tokens a second over the last committed step.", tokens_per_s_);
   gauge("step_seconds", "The last committed step's time (its slowest worker).", step_seconds_);
+  gauge("data_seconds",
+        "The last committed step's time assembling batches (its slowest worker; part of compute).",
+        data_seconds_);
   gauge("idle_fraction", "1 - compute time / step time over the workers, last committed step.",
         idle_);
   Family ws(o, "troupe_worker_step_seconds", "gauge",

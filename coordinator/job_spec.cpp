@@ -38,6 +38,8 @@ actors::JobSpec job_spec_of(const JobConfig& c, uint32_t agent_id, uint64_t firs
   s.checkpoint_skip_if_busy = c.checkpoint_if_busy == "skip";
   s.resume_dir = c.resume_dir;
   s.resume_step = c.resume_step;
+  s.trace_first = c.trace_first;
+  s.trace_last = c.trace_last;
   s.pipeline_stages = c.pipeline_stages;
   s.max_params_per_worker = c.max_params_per_worker;
   s.stage_backup_steps = c.stage_backup_steps;

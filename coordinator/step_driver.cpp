@@ -17,6 +17,7 @@ bool StepDriver::report(const actors::StepReport& r, uint64_t generation, size_t
   p.tokens += r.tokens;
   p.seconds = std::max(p.seconds, r.seconds);
   p.busy += r.busy_seconds;
+  p.data = std::max(p.data, r.data_seconds);
   p.rank_seconds.push_back(r.seconds);
   p.rank_busy.push_back(r.busy_seconds);
   last_reports_[r.rank] = {r.seconds, r.busy_seconds, std::chrono::steady_clock::now(), generation};
@@ -87,6 +88,7 @@ void StepDriver::commit(uint64_t step, bool recovered, uint64_t generation, size
                   .num("loss", p.loss)
                   .num("step_seconds", p.seconds)
                   .num("idle_fraction", idle)
+                  .num("data_seconds", p.data)
                   .num("samples_per_s", c.samples_per_s)
                   .num("tokens_per_s", c.tokens_per_s)
                   .integer("world_size", long(world))

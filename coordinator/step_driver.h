@@ -77,6 +77,7 @@ class StepDriver {
     std::vector<std::pair<uint64_t, uint64_t>> ranges;  // their sample positions, [begin, end)
     double loss = 0, seconds = 0;
     double busy = 0;  // summed over the reporting ranks
+    double data = 0;  // the slowest rank's batch assembly
     uint64_t samples = 0, tokens = 0;
     std::vector<double> rank_seconds, rank_busy;  // by report (ranks[i])
   };

@@ -57,6 +57,9 @@ void read_body(proto::Envelope::Reader e) {
     case B::STATUS:
       (void)actors::decode(b.getStatus());
       break;
+    case B::TRACE_CHUNK:
+      (void)actors::decode(b.getTraceChunk());
+      break;
     case B::CHECKPOINT_REQUEST:
       (void)b.getCheckpointRequest().getStop();
       break;
@@ -79,7 +82,7 @@ void write_seeds(const std::string& dir) {
       actors::encode(actors::JobSpec{}),
       actors::encode(actors::WorkerReady{{1, 0}, 3, "1@h@00", holding, 5, "peer_lost"}),
       actors::encode(actors::GenerationStart{3, 40, 1, {{0, {1, 0}, "a", holding}}}),
-      actors::encode(actors::StepReport{3, 17, 0, 1.5, 8, 8, 0, 8, 0.1, 0.09}),
+      actors::encode(actors::StepReport{3, 17, 0, 1.5, 8, 8, 0, 8, 0.1, 0.09, 0.01}),
       actors::encode(actors::WorkerDone{0, 3, 100, 0xfeed}),
       actors::encode(actors::WorkerFailed{{1, 0}, 0, 3, "boom", true, false}),
       actors::encode(actors::StateReceived{3, 1, 0, 4096, 0.1, true, 2, "dp 1 x pp 2"}),
@@ -87,6 +90,7 @@ void write_seeds(const std::string& dir) {
       actors::encode(actors::JobStatus{"job", "running", "", 2, 10, 100, 1.5, {}, {}, 8, "m"}),
       actors::make_checkpoint_request(true),
       actors::make_checkpoint_at_step(12),
+      actors::encode(actors::TraceChunk{1, 0, 2, {{"forward", "compute", 1000, 50, 0, 7}}}),
       actors::make_error_reply(comm::Errc::refused, "no"),
       actors::make_ack()};
   int i = 0;

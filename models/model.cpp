@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 
+#include <chrono>
 #include <stdexcept>
 
 #include "models/kernels.h"
@@ -91,6 +92,8 @@ void Model::zero_grads() {
 
 ForwardResult Model::forward_backward(const Batch& batch, double loss_scale,
                                       const std::function<void(size_t)>& block_done) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
   Tensor x = batch.inputs;
   for (auto& b : blocks_) x = b->forward(x, batch.size);
   size_t rows = batch.targets.size();
@@ -102,11 +105,14 @@ ForwardResult Model::forward_backward(const Batch& batch, double loss_scale,
   r.rows = rows;
   r.loss = kernels::softmax_cross_entropy(dlogits_.data(), x.data(), batch.targets.data(), rows,
                                           classes, loss_scale, &r.correct);
+  const auto t1 = Clock::now();
   Tensor d = dlogits_;
   for (size_t i = blocks_.size(); i-- > 0;) {
     d = blocks_[i]->backward(d);
     if (block_done) block_done(i);
   }
+  r.forward_seconds = std::chrono::duration<double>(t1 - t0).count();
+  r.backward_seconds = std::chrono::duration<double>(Clock::now() - t1).count();
   return r;
 }
 

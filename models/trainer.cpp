@@ -1,5 +1,6 @@
 #include "models/trainer.h"
 
+#include <chrono>
 #include <cmath>
 #include <stdexcept>
 
@@ -25,9 +26,13 @@ StepStats Trainer::forward_backward(uint64_t step, uint64_t begin, uint64_t end,
   size_t rows = 0, correct = 0;
   for (uint64_t at = begin; at < end; at += micro_batch_) {
     uint64_t stop = std::min<uint64_t>(end, at + micro_batch_);
+    const auto t0 = std::chrono::steady_clock::now();
     Batch b = make_batch(data_, sampler_, base + at, base + stop);
+    s.data_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const bool last = stop == end;
     auto r = model_.forward_backward(b, loss_scale(), last ? block_done : nullptr);
+    s.forward_seconds += r.forward_seconds;
+    s.backward_seconds += r.backward_seconds;
     s.loss += r.loss;
     rows += r.rows;
     correct += r.correct;

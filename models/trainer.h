@@ -16,6 +16,9 @@ struct StepStats {
   double grad_norm = 0;
   double lr = 0;
   size_t samples = 0;
+  // Where forward_backward's time went: assembling the batches, forward (with the loss),
+  // backward (with the gradient hooks it calls).
+  double data_seconds = 0, forward_seconds = 0, backward_seconds = 0;
 };
 
 class Trainer {

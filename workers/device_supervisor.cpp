@@ -50,6 +50,8 @@ WorkerSpec worker_spec_of(const actors::JobSpec& s) {
   w.checkpoint_skip_if_busy = s.checkpoint_skip_if_busy;
   w.resume_dir = s.resume_dir;
   w.resume_step = s.resume_step;
+  w.trace_first = s.trace_first;
+  w.trace_last = s.trace_last;
   // Joining a running job: the state comes from the members (take_state), not the seed.
   w.init_state = s.first_generation == 1;
   return w;
@@ -152,12 +154,16 @@ DeviceSupervisor::Next DeviceSupervisor::train(const actors::GenerationStart& g)
   auto on_step = [&](const StepInfo& s) {
     ctx_.send(actors::encode(actors::StepReport{gen, s.step, uint32_t(rank_), s.loss, s.samples,
                                                 s.tokens, s.position_begin, s.position_end,
-                                                s.seconds, s.busy_seconds}));
+                                                s.seconds, s.busy_seconds, s.data_seconds}));
   };
   Requests requests{[&] { return board_.stop_requested() || board_.leaving(gen); },
                     [&] { return board_.checkpoint_wanted(); }};
   worker_->set_checkpoint_reporter(
       [&](const CheckpointWriter::Written& w) { report_checkpoint(gen, w); });
+  worker_->set_trace_reporter([&](std::vector<actors::TraceEvent> events) {
+    ctx_.send(actors::encode(
+        actors::TraceChunk{ctx_.agent_id, id_.device, uint32_t(rank_), std::move(events)}));
+  });
   TrainResult result = worker_->run(*comm_, g.start_step, on_step, requests);
   // The step's vote said stop: another member's agent may have heard why (a stop or a
   // membership change) before this one did. Wait for the reason before acting.

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <optional>
 #include <stdexcept>
+#include <tuple>
 
 #include "comm/checksum.h"
 #include "elastic/membership.h"
@@ -25,7 +26,7 @@ double seconds_since(Clock::time_point t0) {
 
 }  // namespace
 
-Worker::Worker(const WorkerSpec& spec) : spec_(spec) {
+Worker::Worker(const WorkerSpec& spec) : spec_(spec), trace_(spec.trace_first, spec.trace_last) {
   models::set_compute_threads(spec.threads);
   if (spec_.faults)
     writer_.set_mid_write(
@@ -145,12 +146,17 @@ TrainResult Worker::run_data_parallel(comm::Communicator& comm, uint64_t start,
   std::vector<uint32_t> written;  // the blocks this rank writes into checkpoints
   for (uint32_t b = uint32_t(comm.rank()); b < num_blocks(); b += uint32_t(comm.size()))
     written.push_back(b);
+  uint64_t at_step = start;  // (for the reductions' trace spans)
   auto reduce_block = [&](size_t b) {
+    const int64_t r0 = StepTrace::now_us();
     auto& g = model_->block(b).grads();
     comm.allreduce(g.data(), g.data(), g.numel(), comm::DataType::f32, comm::ReduceOp::sum);
+    trace_.span(at_step, "allreduce", "comm", r0, spec_.overlap_reduce ? 1 : 0);
   };
   for (uint64_t step = start; step < spec_.steps; ++step) {
     const auto t0 = Clock::now();
+    const int64_t t0_us = StepTrace::now_us();
+    at_step = step;
     before_step(step);
     models::StepStats stats;
     double busy = 0;
@@ -168,18 +174,26 @@ TrainResult Worker::run_data_parallel(comm::Communicator& comm, uint64_t start,
       busy = seconds_since(t0);
       for (size_t b = model_->num_blocks(); b-- > 0;) reduce_block(b);
     }
+    trace_compute(step, t0_us, stats);
+    const int64_t v0 = StepTrace::now_us();
     double control[3] = {stats.loss, requests.stop() ? 1.0 : 0.0, checkpoint_vote(requests)};
     comm.allreduce(control, control, 3, comm::DataType::f64, comm::ReduceOp::sum);
+    trace_.span(step, "vote (loss, stop, checkpoint)", "wait", v0);
     if (spec_.deterministic) control[0] = loss_from_fixed_point(control[0]);
     // Update: the same clipped step everywhere (the gradients are identical after the sum).
     double norm_sq = 0;
     for (size_t b = 0; b < model_->num_blocks(); ++b)
       norm_sq += models::grad_norm_sq(model_->block(b).grads());
+    const int64_t u0 = StepTrace::now_us();
     trainer_->apply(step, norm_sq, stats);
+    trace_.span(step, "update", "compute", u0);
     next_step_ = step + 1;
     for (uint32_t b = 0; b < num_blocks(); ++b) states_->hold(b, next_step_);
     maybe_checkpoint(written, control[2] > 0);
-    on_step(step_info(step, control[0], share, seconds_since(t0), busy));
+    StepInfo info = step_info(step, control[0], share, seconds_since(t0), busy);
+    info.data_seconds = stats.data_seconds;
+    on_step(info);
+    report_trace(false);
     result.next_step = step + 1;
     if (control[1] > 0) {
       result.stopped = true;
@@ -187,7 +201,24 @@ TrainResult Worker::run_data_parallel(comm::Communicator& comm, uint64_t start,
     }
   }
   comm.barrier();  // nobody leaves while another still waits on it
+  report_trace(true);
   return result;
+}
+
+void Worker::trace_compute(uint64_t step, int64_t start_us, const models::StepStats& stats) {
+  if (!trace_.tracing(step)) return;
+  int64_t at = start_us;
+  for (auto [name, cat, seconds] : {std::tuple{"data", "data", stats.data_seconds},
+                                    std::tuple{"forward", "compute", stats.forward_seconds},
+                                    std::tuple{"backward", "compute", stats.backward_seconds}}) {
+    trace_.span_of(step, name, cat, at, seconds);
+    at += int64_t(seconds * 1e6);
+  }
+}
+
+void Worker::report_trace(bool run_ended) {
+  auto events = trace_.take_if_done(next_step_, run_ended);
+  if (!events.empty() && on_trace_) on_trace_(std::move(events));
 }
 
 models::StepStats Worker::forward_backward_exact(comm::Communicator& comm, ExactSum& exact,
@@ -247,8 +278,10 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
     double norm_sq = 0;
     if (active) {
       for (uint32_t b = mine.begin; b < mine.end; ++b) model_->block(b).grads().zero();
+      const int64_t p0 = StepTrace::now_us();
       res = stage.run(comm, step, share, uint64_t(spec_.micro_batch),
                       exact ? std::function<void()>([&] { exact->keep(); }) : nullptr);
+      trace_.span(step, "pipeline stage (1F1B)", "compute", p0);
       if (exact) exact->reduce(*replicas, false);  // (every micro-batch was kept)
       for (uint32_t b = mine.begin; b < mine.end && plan.dp > 1 && !exact; ++b) {
         auto& g = model_->block(b).grads();
@@ -271,7 +304,9 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
     models::StepStats stats;
     stats.loss = control[0];
     for (uint32_t b = mine.begin; b < mine.end; ++b) states_->snapshot(b, step);
+    const int64_t u0 = StepTrace::now_us();
     if (active) trainer_->apply_blocks(step, norm_sq, mine.begin, mine.end, stats);
+    trace_.span(step, "update", "compute", u0);
     next_step_ = step + 1;
     for (uint32_t b = mine.begin; b < mine.end; ++b) states_->hold(b, next_step_);
     if (backups && next_step_ % uint64_t(spec_.stage_backup_steps) == 0)
@@ -280,6 +315,7 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
     // The samples are counted once, by the first stage of each pipeline.
     const elastic::Share counted = active && s == 0 ? share : elastic::Share{};
     on_step(step_info(step, control[0], counted, seconds_since(t0), res.busy));
+    report_trace(false);
     result.next_step = step + 1;
     if (control[1] > 0) {
       result.stopped = true;
@@ -288,6 +324,7 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
   }
   if (!result.stopped) gather_parameters(comm, plan);
   comm.barrier();
+  report_trace(true);
   return result;
 }
 
@@ -325,6 +362,8 @@ void Worker::maybe_checkpoint(const std::vector<uint32_t>& blocks, bool requeste
     shards.push_back({b, std::move(staging_[b])});
     models::save_block_state_into(shards.back().bytes, model_->block(b), b, *opt_, at);
   }
+  trace_.span_of(next_step_ - 1, "checkpoint copy", "state",
+                 StepTrace::now_us() - int64_t(seconds_since(t0) * 1e6), seconds_since(t0));
   writer_.start(next_step_, spec_.checkpoint_dir + "/" + checkpoint_dir_name(next_step_),
                 std::move(shards), seconds_since(t0));
   last_checkpoint_ = next_step_;
@@ -379,7 +418,9 @@ StateTransfer Worker::take_state(comm::Communicator& comm, uint64_t start_step,
   std::function<void()> mid_send;
   if (spec_.faults)
     mid_send = [this] { spec_.faults->mid_state_transfer(spec_.agent_name, spec_.device_index); };
+  const int64_t s0 = StepTrace::now_us();
   StateTransfer t = execute_migration(comm, mig, start_step, *states_, *backups_, mid_send);
+  trace_.span(start_step, "state transfer", "state", s0);
   // A pipeline worker keeps parameters, gradients and optimizer moments for its own blocks only.
   if (pipelined() && plan.pp > 1)
     for (uint32_t b = 0; b < num_blocks(); ++b)

@@ -28,6 +28,7 @@
 #include "workers/faults.h"
 #include "workers/stage_backups.h"
 #include "workers/state_transfer.h"
+#include "workers/step_trace.h"
 
 namespace troupe::workers {
 
@@ -68,6 +69,8 @@ struct WorkerSpec {
   // the seed; each worker reads the blocks it keeps (all, or a pipeline stage's).
   std::string resume_dir;
   uint64_t resume_step = 0;
+  // observability.trace_steps: these steps' spans go to the trace reporter (-1: none).
+  int64_t trace_first = -1, trace_last = -1;
   // Initialise the parameters from the seed. A worker that joins a running job (or restarts)
   // receives the state from the members instead and skips it (seconds for large models).
   bool init_state = true;
@@ -82,6 +85,7 @@ struct StepInfo {
   uint64_t samples = 0, tokens = 0;
   double seconds = 0;
   double busy_seconds = 0;  // of which computing (the rest: waiting on the data plane)
+  double data_seconds = 0;  // of busy_seconds, assembling the batches
 };
 
 struct TrainResult {
@@ -118,6 +122,9 @@ class Worker {
   void set_checkpoint_reporter(OnCheckpoint f) { on_checkpoint_ = std::move(f); }
   // Waits for the checkpoint write in flight and reports it (the job's end).
   void finish_checkpoints();
+  // Called on the worker's thread with its spans of observability.trace_steps, once they are done.
+  using OnTrace = std::function<void(std::vector<actors::TraceEvent>)>;
+  void set_trace_reporter(OnTrace f) { on_trace_ = std::move(f); }
   uint64_t next_step() const { return next_step_; }  // steps applied so far
 
   // After a membership change: every member receives, point to point over the new generation's
@@ -161,6 +168,9 @@ class Worker {
   void before_step(uint64_t step);  // the test's fault injection, if any
   StepInfo step_info(uint64_t step, double loss, elastic::Share share, double seconds,
                      double busy) const;
+  // The traced parts of forward_backward (data, forward, backward, laid end to end from start).
+  void trace_compute(uint64_t step, int64_t start_us, const models::StepStats& stats);
+  void report_trace(bool run_ended);  // hands a finished trace to the reporter
   // The blocks rank r owns under plan (all for pure data parallelism; none for a standby).
   elastic::BlockRange owned(const elastic::Plan& plan, uint32_t rank) const;
 
@@ -174,6 +184,8 @@ class Worker {
   uint64_t next_step_ = 0;
   CheckpointWriter writer_;
   OnCheckpoint on_checkpoint_;
+  StepTrace trace_;
+  OnTrace on_trace_;
   std::map<uint32_t, std::vector<uint8_t>> staging_;  // checkpoint copies, kept for the next one
   void take_checkpoint_result(bool wait);             // reports a finished write, keeps its buffers
   uint64_t last_checkpoint_ = UINT64_MAX;             // the step of the last checkpoint started

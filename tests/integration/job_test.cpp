@@ -158,6 +158,8 @@ TEST(Job, BadConfigsExitNonZeroWithTheReasonAndStartNothing) {
       {"[observability]\nmetrics_listen = \"127.0.0.1\"\n",
        "observability.metrics_listen = \"127.0.0.1\" is not HOST:PORT"},
       {"[observability]\nmetrics_listen = \"192.0.2.1:0\"\n", "cannot listen on 192.0.2.1:0"},
+      {"[observability]\ntrace_steps = \"9-3\"\n",
+       ":2:15: observability.trace_steps = \"9-3\" is not a step range"},
       {"[parallel]\ndeterministic = true\n[batch]\nglobal = 30\nmicro = 8\n",
        "parallel.deterministic needs batch.global (30) to be a multiple of batch.micro (8)"},
   };

@@ -10,7 +10,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -257,6 +259,41 @@ TEST(Report, AReportOfAnElasticRunIsSelfContainedAndDrawnInABrowser) {
   EXPECT_GT(blank, 0u);
   EXPECT_GT(drawn, 5 * blank) << "the report renders as (nearly) blank: " << drawn << " vs "
                               << blank << " bytes";
+}
+
+// observability.trace_steps = "5-7": trace.json in the Chrome trace format with, for each of
+// the two workers (a process per agent), its data, forward, backward, allreduce, vote and update
+// spans of exactly those steps, named processes and threads, nothing of other steps.
+TEST(Trace, TheTracedStepsOfEveryWorkerAreInTraceJson) {
+  TempDir dir;
+  Job job =
+      start_job(dir, "observed", kMlp, 2, {"job.steps=20", "observability.trace_steps=\"5-7\""});
+  auto st = job.proc->wait(60s);
+  ASSERT_TRUE(st);
+  ASSERT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
+  auto trace = nlohmann::json::parse(text_of(job.run_dir + "/trace.json"), nullptr, false);
+  ASSERT_FALSE(trace.is_discarded());
+  ASSERT_TRUE(trace["traceEvents"].is_array());
+  std::map<int, std::set<std::string>> names;  // by pid
+  std::set<int64_t> steps;
+  int process_names = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] == "M") {
+      process_names += e["name"] == "process_name";
+      continue;
+    }
+    ASSERT_EQ(e["ph"], "X") << e.dump();
+    EXPECT_GE(e["dur"].get<int64_t>(), 0) << e.dump();
+    EXPECT_GT(e["ts"].get<int64_t>(), int64_t(1.7e15)) << "not unix microseconds: " << e.dump();
+    names[e["pid"].get<int>()].insert(e["name"].get<std::string>());
+    steps.insert(e["args"]["step"].get<int64_t>());
+  }
+  EXPECT_EQ(process_names, 2);
+  ASSERT_EQ(names.size(), 2u);
+  for (const auto& [pid, n] : names)
+    for (const char* want : {"data", "forward", "backward", "allreduce", "update"})
+      EXPECT_TRUE(n.count(want)) << "worker of agent " << pid << " has no " << want;
+  EXPECT_EQ(steps, (std::set<int64_t>{5, 6, 7}));
 }
 
 // troupe status --watch (troupe top): a block per refresh with one row per worker (its device,

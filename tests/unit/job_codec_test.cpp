@@ -175,6 +175,15 @@ TEST(JobCodec, ReportsAndAnswersRoundTrip) {
   EXPECT_TRUE(body(make_checkpoint_request(true)).getCheckpointRequest().getStop());
   EXPECT_FALSE(body(make_checkpoint_request(false)).getCheckpointRequest().getStop());
   EXPECT_EQ(body(make_checkpoint_at_step(12)).getCheckpointAtStep(), 12u);
+  TraceChunk tc{3, 1, 2, {{"allreduce", "comm", 1796000000000000, 250, 1, 41}}};
+  TraceChunk td = decode(body(encode(tc)).getTraceChunk());
+  EXPECT_EQ(td.agent, 3u);
+  EXPECT_EQ(td.rank, 2u);
+  ASSERT_EQ(td.events.size(), 1u);
+  EXPECT_EQ(td.events[0].name, "allreduce");
+  EXPECT_EQ(td.events[0].ts_us, 1796000000000000);
+  EXPECT_EQ(td.events[0].thread, 1u);
+  EXPECT_EQ(td.events[0].step, 41);
 }
 
 TEST(JobCodec, ErrorRepliesCarryTheTypedCode) {
