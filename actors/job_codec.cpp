@@ -338,6 +338,7 @@ void set_members(List list, const std::vector<MemberStatus>& v) {
     list[i].setStepSeconds(v[i].step_seconds);
     list[i].setComputeSeconds(v[i].compute_seconds);
     list[i].setLastReportMs(v[i].last_report_ms);
+    list[i].setDataSeconds(v[i].data_seconds);
   }
 }
 
@@ -346,7 +347,8 @@ std::vector<MemberStatus> members_of(Reader r) {
   std::vector<MemberStatus> out;
   for (auto x : r)
     out.push_back({x.getRank(), x.getAgentId(), x.getPid(), x.getHost(), x.getDevice(), x.getName(),
-                   x.getStage(), x.getStepSeconds(), x.getComputeSeconds(), x.getLastReportMs()});
+                   x.getStage(), x.getStepSeconds(), x.getComputeSeconds(), x.getLastReportMs(),
+                   x.getDataSeconds()});
   return out;
 }
 

@@ -167,6 +167,7 @@ struct MemberStatus {
   int32_t stage = -1;                            // -1: the whole model
   double step_seconds = 0, compute_seconds = 0;  // its last report in this generation
   int64_t last_report_ms = -1;                   // since that report; -1: none yet
+  double data_seconds = 0;                       // of compute_seconds: assembling batches
 };
 
 // The answer to a status request.

@@ -137,21 +137,23 @@ nlohmann::ordered_json status_rows(const std::vector<actors::MemberStatus>& rows
                    {"stage", m.stage},
                    {"step_seconds", m.step_seconds},
                    {"compute_seconds", m.compute_seconds},
+                   {"data_seconds", m.data_seconds},
                    {"last_report_ms", m.last_report_ms}});
   return out;
 }
 
 // A member's row: the columns of print_status.
 void print_row(const char* rank, const actors::MemberStatus& m) {
-  char stage[16] = "-", step[16] = "-", compute[16] = "-", seen[16] = "-";
+  char stage[16] = "-", step[16] = "-", compute[16] = "-", data[16] = "-", seen[16] = "-";
   if (m.stage >= 0) std::snprintf(stage, sizeof stage, "%d", m.stage);
   if (m.last_report_ms >= 0) {
     std::snprintf(step, sizeof step, "%.1f", m.step_seconds * 1e3);
     std::snprintf(compute, sizeof compute, "%.1f", m.compute_seconds * 1e3);
+    std::snprintf(data, sizeof data, "%.2f", m.data_seconds * 1e3);
     std::snprintf(seen, sizeof seen, "%.1f s", double(m.last_report_ms) / 1e3);
   }
-  std::printf("%7s %5u %-12s %8u %-12s %-7s %5s %8s %10s %9s\n", rank, m.agent, m.name.c_str(),
-              m.pid, m.host.c_str(), m.device.c_str(), stage, step, compute, seen);
+  std::printf("%7s %5u %-12s %8u %-12s %-7s %5s %8s %10s %8s %9s\n", rank, m.agent, m.name.c_str(),
+              m.pid, m.host.c_str(), m.device.c_str(), stage, step, compute, data, seen);
 }
 
 void print_status(const actors::JobStatus& s, bool json) {
@@ -180,8 +182,8 @@ void print_status(const actors::JobStatus& s, bool json) {
                 s.checkpoint_path.c_str());
   if (!s.plan.empty())
     std::printf("pipeline: %s (rank = replica x stages + stage)\n", s.plan.c_str());
-  std::printf("%7s %5s %-12s %8s %-12s %-7s %5s %8s %10s %9s\n", "rank", "agent", "name", "pid",
-              "host", "device", "stage", "step ms", "compute ms", "last step");
+  std::printf("%7s %5s %-12s %8s %-12s %-7s %5s %8s %10s %8s %9s\n", "rank", "agent", "name", "pid",
+              "host", "device", "stage", "step ms", "compute ms", "data ms", "last step");
   for (const auto& m : s.members) print_row(std::to_string(m.rank).c_str(), m);
   for (const auto& m : s.standbys) print_row("standby", m);
 }

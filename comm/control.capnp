@@ -204,6 +204,7 @@ struct MemberStatus {
   stepSeconds @7 :Float64;  # its last reported step's time (0: none in this generation yet)
   computeSeconds @8 :Float64;  # ... and its compute part (forward, backward)
   lastReportMs @9 :Int64 = -1;  # milliseconds since that report (-1: none yet)
+  dataSeconds @10 :Float64;  # ... and the part of compute spent assembling batches
 }
 
 struct JobStatus {

@@ -19,13 +19,14 @@ std::pair<uint32_t, uint32_t> layout_of(const std::string& plan) {
 actors::MemberStatus member_row(uint32_t rank, const Agent& a, const std::string& device,
                                 const StepDriver& steps, uint64_t generation,
                                 std::pair<uint32_t, uint32_t> layout) {
-  actors::MemberStatus m{rank, a.id, a.pid, a.host, device, a.name, -1, 0, 0, -1};
+  actors::MemberStatus m{rank, a.id, a.pid, a.host, device, a.name, -1, 0, 0, -1, 0};
   const auto [dp, pp] = layout;
   if (pp > 1 && rank < dp * pp) m.stage = int32_t(rank % pp);
   auto it = steps.last_reports().find(rank);
   if (it != steps.last_reports().end() && it->second.generation == generation) {
     m.step_seconds = it->second.step_seconds;
     m.compute_seconds = it->second.compute_seconds;
+    m.data_seconds = it->second.data_seconds;
     m.last_report_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                            std::chrono::steady_clock::now() - it->second.at)
                            .count();
@@ -55,7 +56,7 @@ actors::JobStatus job_status(const JobConfig& cfg, const elastic::JobLifecycle& 
   for (actors::WorkerId w : roster.usable_workers()) {
     if (gens.is_member(w)) continue;
     const Agent& a = roster.at(w.agent);
-    s.standbys.push_back({0, a.id, a.pid, a.host, roster.device(w), a.name, -1, 0, 0, -1});
+    s.standbys.push_back({0, a.id, a.pid, a.host, roster.device(w), a.name, -1, 0, 0, -1, 0});
   }
   return s;
 }

@@ -20,7 +20,8 @@ bool StepDriver::report(const actors::StepReport& r, uint64_t generation, size_t
   p.data = std::max(p.data, r.data_seconds);
   p.rank_seconds.push_back(r.seconds);
   p.rank_busy.push_back(r.busy_seconds);
-  last_reports_[r.rank] = {r.seconds, r.busy_seconds, std::chrono::steady_clock::now(), generation};
+  last_reports_[r.rank] = {r.seconds, r.busy_seconds, r.data_seconds,
+                           std::chrono::steady_clock::now(), generation};
   if (p.ranks.size() < world) return false;
   commit(r.step, false, generation, world);
   return true;

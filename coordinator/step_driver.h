@@ -52,7 +52,7 @@ class StepDriver {
 
   // Each rank's last report in the current generation (troupe status --watch).
   struct RankReport {
-    double step_seconds = 0, compute_seconds = 0;
+    double step_seconds = 0, compute_seconds = 0, data_seconds = 0;
     std::chrono::steady_clock::time_point at;
     uint64_t generation = 0;
   };

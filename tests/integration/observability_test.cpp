@@ -314,12 +314,13 @@ TEST(LiveView, StatusWatchRefreshesPerWorkerRowsUntilTheJobEnds) {
   for (size_t at = 0; (at = text.find("job observed:", at)) != std::string::npos; ++at) ++blocks;
   EXPECT_GE(blocks, 3u) << text;
   EXPECT_NE(text.find("compute ms"), std::string::npos) << text;
-  int rows = 0;  // member rows with their times: "rank agent name pid host cpu:N - step compute s"
+  int rows =
+      0;  // member rows with their times: "rank agent name pid host cpu:N - step compute data N s"
   for (const auto& line : lines_of(out)) {
     std::istringstream in(line);
-    std::string rank, agent, name, pid, host, device, stage, step, compute, seen, unit;
-    if (in >> rank >> agent >> name >> pid >> host >> device >> stage >> step >> compute >> seen >>
-            unit &&
+    std::string rank, agent, name, pid, host, device, stage, step, compute, data, seen, unit;
+    if (in >> rank >> agent >> name >> pid >> host >> device >> stage >> step >> compute >> data >>
+            seen >> unit &&
         device.rfind("cpu:", 0) == 0 && unit == "s" && std::stod(step) > 0)
       ++rows;
   }
