@@ -295,6 +295,31 @@ Metrics start_metrics(const coordinator::JobConfig& cfg) {
   return m;
 }
 
+// The job's config: loaded with the overrides, checked against this machine's memory, and
+// --resume applied (into_run: it goes on in that run directory). 0, or 2 with the reason printed.
+int configure_job(const std::string& path, const std::vector<std::string>& sets,
+                  const std::string& listen, const std::string& resume, bool spawn_agents,
+                  coordinator::JobConfig& cfg, bool& into_run) {
+  try {
+    cfg = coordinator::load_config(path, sets);
+  } catch (const coordinator::ConfigError& e) {
+    std::fprintf(stderr, "troupe: %s\n", e.what());
+    return 2;
+  }
+  if (!listen.empty()) cfg.listen = listen;
+  if (!spawn_agents) cfg.launcher = "external";
+  if (std::string why = memory_refusal(cfg); !why.empty()) {
+    std::fprintf(stderr, "troupe: %s: %s\n", path.c_str(), why.c_str());
+    return 2;
+  }
+  if (resume.empty()) return 0;
+  if (std::string why = prepare_resume(cfg, resume, into_run); !why.empty()) {
+    std::fprintf(stderr, "troupe: %s\n", why.c_str());
+    return 2;
+  }
+  return 0;
+}
+
 // Runs a job: the coordinator here, agents spawned locally (launcher local) or started by hand.
 int run_job(const std::vector<std::string>& words, bool spawn_agents) {
   CLI::App app{spawn_agents
@@ -314,25 +339,8 @@ int run_job(const std::vector<std::string>& words, bool spawn_agents) {
                  "directory: a new run starts from it");
   if (auto rc = parse(app, words)) return *rc;
   coordinator::JobConfig cfg;
-  try {
-    cfg = coordinator::load_config(path, sets);
-  } catch (const coordinator::ConfigError& e) {
-    std::fprintf(stderr, "troupe: %s\n", e.what());
-    return 2;
-  }
-  if (!listen.empty()) cfg.listen = listen;
-  if (!spawn_agents) cfg.launcher = "external";
-  if (std::string why = memory_refusal(cfg); !why.empty()) {
-    std::fprintf(stderr, "troupe: %s: %s\n", path.c_str(), why.c_str());
-    return 2;
-  }
   bool into_run = false;
-  if (!resume.empty()) {
-    if (std::string why = prepare_resume(cfg, resume, into_run); !why.empty()) {
-      std::fprintf(stderr, "troupe: %s\n", why.c_str());
-      return 2;
-    }
-  }
+  if (int rc = configure_job(path, sets, listen, resume, spawn_agents, cfg, into_run)) return rc;
   actors::SignalWatcher signals;  // (before any thread starts)
   Metrics metrics;                // (before the run directory: a refusal leaves none)
   try {

@@ -170,14 +170,15 @@ std::string JobMetrics::exposition() const {
         data_seconds_);
   gauge("idle_fraction", "1 - compute time / step time over the workers, last committed step.",
         idle_);
-  Family ws(o, "troupe_worker_step_seconds", "gauge",
-            "The last committed step's time on each worker, by rank.");
-  for (size_t r = 0; r < worker_step_seconds_.size(); ++r)
-    ws.sample(worker_step_seconds_[r], "rank=\"" + std::to_string(r) + "\"");
-  Family wc(o, "troupe_worker_compute_seconds", "gauge",
-            "The last committed step's compute time (forward, backward) on each worker, by rank.");
-  for (size_t r = 0; r < worker_compute_seconds_.size(); ++r)
-    wc.sample(worker_compute_seconds_[r], "rank=\"" + std::to_string(r) + "\"");
+  auto by_rank = [&](const char* name, const char* help, const std::vector<double>& v) {
+    Family f(o, std::string("troupe_") + name, "gauge", help);
+    for (size_t r = 0; r < v.size(); ++r) f.sample(v[r], "rank=\"" + std::to_string(r) + "\"");
+  };
+  by_rank("worker_step_seconds", "The last committed step's time on each worker, by rank.",
+          worker_step_seconds_);
+  by_rank("worker_compute_seconds",
+          "The last committed step's compute time (forward, backward) on each worker, by rank.",
+          worker_compute_seconds_);
   gauge("world_size", "Workers in the current generation.", world_size_);
   gauge("generation", "The current membership generation.", generation_);
   Family(o, "troupe_members", "gauge", "Live workers by state.")

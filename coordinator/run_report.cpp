@@ -65,6 +65,8 @@ class EventReader {
       if (r_.world_size.empty()) r_.world_size.push_back({0, 0});  // (forming)
       r_.world_size.push_back({t, r_.world_size.back().y});
       r_.world_size.push_back({t, num(e, "world_size")});
+    } else if (ev == "eval") {
+      eval_[uint64_t(num(e, "step"))] = num(e, "loss");
     } else if (ev == "job_finished") {
       r_.state = e.value("state", "completed");
     } else if (ev == "job_failed") {
@@ -79,6 +81,7 @@ class EventReader {
 
   void finish() {
     for (auto& [step, loss] : loss_) r_.loss.push_back({double(step), loss});
+    for (auto& [step, loss] : eval_) r_.eval_loss.push_back({double(step), loss});
     if (!r_.world_size.empty())
       r_.world_size.push_back({r_.end_ts - r_.start_ts, r_.world_size.back().y});
   }
@@ -108,7 +111,7 @@ class EventReader {
   }
 
   RunReport& r_;
-  std::map<uint64_t, double> loss_;
+  std::map<uint64_t, double> loss_, eval_;
   uint64_t commits_ = 0;
   double last_generation_ = 0;
   bool pending_ = false;
@@ -313,8 +316,12 @@ std::string render_report(const RunReport& r) {
        fmt(r.end_ts - r.start_ts) + " s" +
        (r.loss.empty() ? std::string() : ", last loss " + fmt(r.loss.back().y)) + ", " +
        std::to_string(r.changes.size()) + " membership change(s)</p>\n";
-  s += plot("loss", "Training loss", "step", "loss", {{"train", &r.loss}});
-  s += "<p class=\"empty\">No eval loss: this run has no evaluation set.</p>\n";
+  if (r.eval_loss.empty()) {
+    s += plot("loss", "Loss", "step", "loss", {{"train", &r.loss}});
+    s += "<p class=\"empty\">No eval loss: this run has no evaluation set.</p>\n";
+  } else {
+    s += plot("loss", "Loss", "step", "loss", {{"train", &r.loss}, {"eval", &r.eval_loss}});
+  }
   s += plot("throughput", "Throughput", "step", "samples/s", {{"samples/s", &r.samples_per_s}});
   s += plot("step_time", "Step time per worker", "step", "ms", per_rank(r.worker_step_ms));
   s += plot("compute_time", "Compute time per worker (forward, backward)", "step", "ms",

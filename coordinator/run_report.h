@@ -20,7 +20,8 @@ struct RunReport {
   struct Point {
     double x = 0, y = 0;
   };
-  std::vector<Point> loss, samples_per_s, idle;                       // by step
+  std::vector<Point> loss, samples_per_s, idle;  // by step
+  std::vector<Point> eval_loss;                  // by step: `eval` events (step, loss)
   std::vector<std::vector<Point>> worker_step_ms, worker_compute_ms;  // by rank, by step
   std::vector<Point> world_size;                                      // by seconds since start
   struct Mark {

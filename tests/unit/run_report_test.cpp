@@ -1,0 +1,93 @@
+// coordinator::read_run / render_report on a run directory written by hand: what the events say
+// (losses, eval, membership, the change's recovery time) and a half-written last line skipped.
+#include "coordinator/run_report.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace troupe::coordinator {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Dir {
+  std::string path;
+  Dir() {
+    std::string t = (fs::temp_directory_path() / "troupe-report-XXXXXX").string();
+    path = ::mkdtemp(t.data());
+  }
+  ~Dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+size_t count(const std::string& s, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = 0; (at = s.find(what, at)) != std::string::npos; at += what.size()) ++n;
+  return n;
+}
+
+TEST(RunReport, EventsAndMetricsBecomeSeriesMarksAndRecoveryTimes) {
+  Dir d;
+  std::ofstream(d.path + "/events.jsonl")
+      << R"({"ts":100,"event":"job_started","job":"r","steps":10})"
+         "\n"
+      << R"({"ts":100.5,"event":"generation_started","generation":1,"world_size":2})"
+         "\n"
+      << R"({"ts":101,"event":"step_committed","step":0,"loss":3.0,"generation":1})"
+         "\n"
+      << R"({"ts":102,"event":"step_committed","step":1,"loss":2.5,"generation":1})"
+         "\n"
+      << R"({"ts":102.5,"event":"eval","step":1,"loss":2.75})"
+         "\n"
+      << R"({"ts":103,"event":"member_failed","member":1,"name":"agent-1","reason":"lost"})"
+         "\n"
+      << R"({"ts":103.5,"event":"generation_started","generation":2,"world_size":1})"
+         "\n"
+      << R"({"ts":104.25,"event":"step_committed","step":2,"loss":2.0,"generation":2})"
+         "\n"
+      << R"({"ts":105,"event":"checkpoint_written","step":3,"path":"m"})"
+         "\n"
+      << R"({"ts":105.5,"event":"step_comm)";  // a running job's half-written line
+  std::ofstream(d.path + "/metrics.jsonl")
+      << R"({"ts":101,"step":0,"step_seconds":0.5,"idle_fraction":0.25,"samples_per_s":64,)"
+      << R"("worker_step_seconds":[0.5,0.4],"worker_compute_seconds":[0.3,null]})"
+         "\n";
+  RunReport r = read_run(d.path);
+  EXPECT_EQ(r.job, "r");
+  EXPECT_EQ(r.state, "running");
+  EXPECT_EQ(r.steps, 3u);
+  ASSERT_EQ(r.loss.size(), 3u);
+  EXPECT_EQ(r.loss[2].y, 2.0);
+  ASSERT_EQ(r.eval_loss.size(), 1u);
+  ASSERT_EQ(r.changes.size(), 1u);
+  EXPECT_DOUBLE_EQ(r.changes[0].recovery_s, 1.25);  // 103 -> 104.25
+  ASSERT_EQ(r.marks.size(), 2u);
+  EXPECT_EQ(r.marks[0].kind, "failure");
+  EXPECT_EQ(r.marks[1].kind, "checkpoint");
+  ASSERT_EQ(r.worker_compute_ms.size(), 2u);
+  EXPECT_EQ(r.worker_compute_ms[1].size(), 0u);  // (null: not reported)
+
+  const std::string html = render_report(r);
+  EXPECT_EQ(count(html, "<svg class=\"plot\""), 6u);
+  EXPECT_NE(html.find(">eval</text>"), std::string::npos);
+  EXPECT_NE(html.find("class=\"mark failure\""), std::string::npos);
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+}
+
+TEST(RunReport, ADirectoryWithoutEventsIsRefusedNamingTheFile) {
+  Dir d;
+  try {
+    read_run(d.path);
+    FAIL() << "read a directory without events.jsonl";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(d.path + "/events.jsonl"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace troupe::coordinator
