@@ -88,16 +88,20 @@ std::string json_field(const std::string& line, const std::string& key) {
 }
 
 std::vector<std::string> lines_of(const std::string& path) {
-  std::ifstream in(path);
+  // Only whole lines: a running job's last line may be half-written when it is read (seen: a
+  // step_committed line cut inside its loss).
+  const std::string text = text_of(path);
   std::vector<std::string> out;
-  for (std::string l; std::getline(in, l);) out.push_back(l);
+  for (size_t at = 0, end; (end = text.find('\n', at)) != std::string::npos; at = end + 1)
+    out.push_back(text.substr(at, end - at));
   return out;
 }
 
 std::string text_of(const std::string& path) {
-  std::string out;
-  for (auto& l : lines_of(path)) out += l + "\n";
-  return out;
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream all;
+  all << in.rdbuf();
+  return all.str();
 }
 
 std::vector<double> committed_losses(const std::string& run_dir) {
