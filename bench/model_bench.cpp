@@ -7,6 +7,7 @@
 
 #include "bench/bench.h"
 #include "cli/parse.h"
+#include "models/blas_kernels.h"
 #include "models/data.h"
 #include "models/trainer.h"
 
@@ -91,14 +92,18 @@ int run_model_bench(const std::vector<std::string>& words) {
   double samples_per_s = double(steps) * double(s.batch) / secs;
   double tokens_per_s = samples_per_s * double(s.tokens_per_sample);
   double gflops = model.flops_per_sample() * samples_per_s / 1e9;
+  const std::string core = models::loaded_blas_core();
+  const std::string features = models::describe(models::cpu_features());
   if (json) {
     std::printf(
         "{\"bench\":\"model\",\"impl\":\"troupe\",\"model\":\"%s\",\"threads\":%d,\"batch\":%zu,"
         "\"params\":%zu,\"steps\":%d,\"samples_per_s\":%.1f,\"tokens_per_s\":%.1f,\"gflops\":%.2f,"
-        "\"first_loss\":%.4f,\"last_loss\":%.4f}\n",
+        "\"first_loss\":%.4f,\"last_loss\":%.4f,\"blas\":\"openblas\",\"blas_core\":\"%s\","
+        "\"cpu_features\":\"%s\"}\n",
         name.c_str(), threads, s.batch, model.param_count(), steps, samples_per_s, tokens_per_s,
-        gflops, first_loss, last_loss);
+        gflops, first_loss, last_loss, core.c_str(), features.c_str());
   } else {
+    std::printf("BLAS: %s\n", models::blas_summary().c_str());
     std::printf("%s: %zu parameters, batch %zu, %d threads, %d steps\n", name.c_str(),
                 model.param_count(), s.batch, threads, steps);
     std::printf("  %.1f samples/s, %.1f tokens/s, %.2f GFLOP/s; loss %.4f -> %.4f\n", samples_per_s,

@@ -4,9 +4,12 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <ucp/api/ucp.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -16,6 +19,7 @@
 #include "cli/parse.h"
 #include "comm/cuda_info.h"
 #include "comm/error.h"
+#include "models/blas_kernels.h"
 
 namespace {
 
@@ -61,11 +65,31 @@ int version() {
   return 0;
 }
 
+// The BLAS kernels by the CPU's features (models/blas_kernels.h): when the library loaded weaker
+// ones than the CPU runs, the process executes itself again with OPENBLAS_CORETYPE set (once;
+// TROUPE_BLAS_RESTARTED names the core OpenBLAS chose alone, for the workers' log line).
+void choose_blas_kernels(char** argv) {
+  const char* restarted = std::getenv("TROUPE_BLAS_RESTARTED");
+  auto d = troupe::models::decide_blas_kernels(troupe::models::cpu_features(),
+                                               troupe::models::loaded_blas_core(),
+                                               std::getenv("TROUPE_BLAS_CORE"), restarted);
+  if (!d.restart) {
+    if (d.not_taken) std::fprintf(stderr, "troupe: %s\n", d.reason.c_str());
+    return;
+  }
+  ::setenv("OPENBLAS_CORETYPE", d.wanted.c_str(), 1);
+  ::setenv("TROUPE_BLAS_RESTARTED", troupe::models::loaded_blas_core().c_str(), 1);
+  ::execv("/proc/self/exe", argv);
+  std::fprintf(stderr, "troupe: cannot execute itself again for the %s kernels (%s); going on\n",
+               d.wanted.c_str(), std::strerror(errno));
+}
+
 }  // namespace
 
 namespace troupe::cli {
 
 int troupe_main(int argc, char** argv, const Hooks& hooks) {
+  choose_blas_kernels(argv);
   // A write past the file-size limit (or onto a full disk) is an error the writer reports
   // (RunLog fails the job naming the file), not a signal that kills the process mid-line.
   ::signal(SIGXFSZ, SIG_IGN);

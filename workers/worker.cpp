@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <optional>
 #include <stdexcept>
 #include <tuple>
 
 #include "comm/checksum.h"
 #include "elastic/membership.h"
+#include "models/blas_kernels.h"
 #include "models/kernels.h"
 #include "models/state.h"
 #include "workers/pipeline_stage.h"
@@ -28,6 +30,9 @@ double seconds_since(Clock::time_point t0) {
 
 Worker::Worker(const WorkerSpec& spec) : spec_(spec), trace_(spec.trace_first, spec.trace_last) {
   models::set_compute_threads(spec.threads);
+  const char* alone = std::getenv("TROUPE_BLAS_RESTARTED");
+  spdlog::info("worker {}: BLAS {}{}", spec.device, models::blas_summary(),
+               alone ? std::string("; OpenBLAS alone chose ") + alone : std::string());
   if (spec_.faults)
     writer_.set_mid_write(
         [this] { spec_.faults->mid_checkpoint_write(spec_.agent_name, spec_.device_index); });

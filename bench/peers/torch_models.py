@@ -24,12 +24,28 @@ import torch.nn.functional as F
 TEXT = "/usr/share/common-licenses/GPL-3"
 
 
-def blas_name():
+def blas_library():
     with open("/proc/self/maps") as f:
         for line in f:
             if "libblas.so" in line or "libopenblas" in line:
-                return "openblas" if "openblas" in line else line.split()[-1]
-    return "unknown"
+                return line.split()[-1]
+    return ""
+
+
+def blas_name():
+    lib = blas_library()
+    return "openblas" if "openblas" in lib else (lib or "unknown")
+
+
+def blas_core():
+    """The OpenBLAS kernels this process runs (as `troupe bench model` reports its own)."""
+    import ctypes
+    try:
+        name = ctypes.CDLL(blas_library()).openblas_get_corename
+        name.restype = ctypes.c_char_p
+        return name().decode()
+    except (OSError, AttributeError):
+        return "unknown"
 
 
 class Block(nn.Module):
@@ -136,7 +152,7 @@ def main():
     print(json.dumps({"bench": "model", "impl": "pytorch", "model": a.model, "threads": a.threads,
                       "batch": batch, "params": params, "steps": a.steps, "samples_per_s": round(sps, 1),
                       "tokens_per_s": round(sps * per_sample, 1), "first_loss": round(first, 4),
-                      "last_loss": round(last, 4), "blas": blas_name(), "torch": torch.__version__}))
+                      "last_loss": round(last, 4), "blas": blas_name(), "blas_core": blas_core(), "torch": torch.__version__}))
 
 
 if __name__ == "__main__":
