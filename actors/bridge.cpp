@@ -502,6 +502,12 @@ class Back : public caf::event_based_actor {
                                            true);
         },
         [this](stats_atom) -> ControlMessage { return stats_message(); },
+        [this](silence_atom) {
+          std::vector<uint64_t> out;
+          for (const auto& s : detector_.silences(Clock::now()))
+            out.insert(out.end(), {s.node, uint64_t(std::max<int64_t>(0, s.silent_for.count()))});
+          return out;
+        },
         [this](heard_atom, uint64_t node) { detector_.heard(node, Clock::now()); },
         [this](up_atom, uint64_t node) {
           detector_.watch(node, Clock::now());

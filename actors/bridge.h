@@ -13,6 +13,8 @@
 //   - info:      (info_atom) -> (uint64 node_id, std::string address)
 //   - generation:(generation_atom, uint64 g)  stamps outbound messages, drops older inbound ones
 //   - disconnect:(disconnect_atom, uint64 node) cut and fence a node
+//   - silence:   (silence_atom) -> std::vector<uint64> {node, milliseconds since last heard, ...}
+//                for every node the failure detector watches
 //
 // A registered actor receives one-way messages as ControlMessage and requests as a CAF request
 // whose reply (a ControlMessage) the bridge sends back. Messages to this node's own actors are

@@ -48,6 +48,14 @@ class FailureDetector {
     return out;
   }
 
+  // How long each watched node has been silent (for status displays).
+  std::vector<Expired> silences(Clock::time_point now) const {
+    std::vector<Expired> out;
+    for (const auto& [node, at] : last_heard_)
+      out.push_back({node, std::chrono::duration_cast<std::chrono::milliseconds>(now - at)});
+    return out;
+  }
+
   std::chrono::milliseconds timeout() const { return timeout_; }
 
  private:

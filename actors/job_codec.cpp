@@ -339,6 +339,7 @@ void set_members(List list, const std::vector<MemberStatus>& v) {
     list[i].setComputeSeconds(v[i].compute_seconds);
     list[i].setLastReportMs(v[i].last_report_ms);
     list[i].setDataSeconds(v[i].data_seconds);
+    list[i].setLastHeardMs(v[i].last_heard_ms);
   }
 }
 
@@ -348,7 +349,7 @@ std::vector<MemberStatus> members_of(Reader r) {
   for (auto x : r)
     out.push_back({x.getRank(), x.getAgentId(), x.getPid(), x.getHost(), x.getDevice(), x.getName(),
                    x.getStage(), x.getStepSeconds(), x.getComputeSeconds(), x.getLastReportMs(),
-                   x.getDataSeconds()});
+                   x.getDataSeconds(), x.getLastHeardMs()});
   return out;
 }
 

@@ -168,6 +168,7 @@ struct MemberStatus {
   double step_seconds = 0, compute_seconds = 0;  // its last report in this generation
   int64_t last_report_ms = -1;                   // since that report; -1: none yet
   double data_seconds = 0;                       // of compute_seconds: assembling batches
+  int64_t last_heard_ms = -1;  // since the coordinator last heard from its agent; -1: not known
 };
 
 // The answer to a status request.

@@ -125,10 +125,19 @@ int admin_request(const JobName& job, const actors::ControlMessage& request,
   return reply ? on_reply(*reply) : 1;
 }
 
-nlohmann::ordered_json status_rows(const std::vector<actors::MemberStatus>& rows) {
+// A worker's state in a row: a member that has reported a step of this generation is
+// "training"; one that has not yet (it is being admitted, receiving state, or in its first
+// step) "starting"; a live worker outside the generation "standby".
+const char* row_state(bool member, const actors::MemberStatus& m) {
+  if (!member) return "standby";
+  return m.last_report_ms >= 0 ? "training" : "starting";
+}
+
+nlohmann::ordered_json status_rows(const std::vector<actors::MemberStatus>& rows, bool member) {
   nlohmann::ordered_json out = nlohmann::ordered_json::array();
   for (const auto& m : rows)
-    out.push_back({{"rank", m.rank},
+    out.push_back({{"state", row_state(member, m)},
+                   {"rank", m.rank},
                    {"agent", m.agent},
                    {"name", m.name},
                    {"pid", m.pid},
@@ -138,13 +147,17 @@ nlohmann::ordered_json status_rows(const std::vector<actors::MemberStatus>& rows
                    {"step_seconds", m.step_seconds},
                    {"compute_seconds", m.compute_seconds},
                    {"data_seconds", m.data_seconds},
-                   {"last_report_ms", m.last_report_ms}});
+                   {"last_report_ms", m.last_report_ms},
+                   {"last_heard_ms", m.last_heard_ms}});
   return out;
 }
 
-// A member's row: the columns of print_status.
-void print_row(const char* rank, const actors::MemberStatus& m) {
-  char stage[16] = "-", step[16] = "-", compute[16] = "-", data[16] = "-", seen[16] = "-";
+// A worker's row: the columns of print_status.
+void print_row(const char* rank, const char* state, const actors::MemberStatus& m) {
+  char stage[16] = "-", step[16] = "-", compute[16] = "-", data[16] = "-", seen[16] = "-",
+       heard[16] = "-";
+  if (m.last_heard_ms >= 0)
+    std::snprintf(heard, sizeof heard, "%.1f s", double(m.last_heard_ms) / 1e3);
   if (m.stage >= 0) std::snprintf(stage, sizeof stage, "%d", m.stage);
   if (m.last_report_ms >= 0) {
     std::snprintf(step, sizeof step, "%.1f", m.step_seconds * 1e3);
@@ -152,8 +165,9 @@ void print_row(const char* rank, const actors::MemberStatus& m) {
     std::snprintf(data, sizeof data, "%.2f", m.data_seconds * 1e3);
     std::snprintf(seen, sizeof seen, "%.1f s", double(m.last_report_ms) / 1e3);
   }
-  std::printf("%7s %5u %-12s %8u %-12s %-7s %5s %8s %10s %8s %9s\n", rank, m.agent, m.name.c_str(),
-              m.pid, m.host.c_str(), m.device.c_str(), stage, step, compute, data, seen);
+  std::printf("%7s %5u %-12s %8u %-12s %-7s %5s %8s %10s %8s %9s %9s %-8s\n", rank, m.agent,
+              m.name.c_str(), m.pid, m.host.c_str(), m.device.c_str(), stage, step, compute, data,
+              seen, heard, state);
 }
 
 void print_status(const actors::JobStatus& s, bool json) {
@@ -166,8 +180,8 @@ void print_status(const actors::JobStatus& s, bool json) {
                             .integer("steps", long(s.steps))
                             .num("loss", s.last_loss)
                             .str("plan", s.plan)
-                            .value("members", status_rows(s.members))
-                            .value("standbys", status_rows(s.standbys))
+                            .value("members", status_rows(s.members, true))
+                            .value("standbys", status_rows(s.standbys, false))
                             .integer("checkpoint_step", long(s.checkpoint_step))
                             .str("checkpoint", s.checkpoint_path)
                             .text()
@@ -182,10 +196,11 @@ void print_status(const actors::JobStatus& s, bool json) {
                 s.checkpoint_path.c_str());
   if (!s.plan.empty())
     std::printf("pipeline: %s (rank = replica x stages + stage)\n", s.plan.c_str());
-  std::printf("%7s %5s %-12s %8s %-12s %-7s %5s %8s %10s %8s %9s\n", "rank", "agent", "name", "pid",
-              "host", "device", "stage", "step ms", "compute ms", "data ms", "last step");
-  for (const auto& m : s.members) print_row(std::to_string(m.rank).c_str(), m);
-  for (const auto& m : s.standbys) print_row("standby", m);
+  std::printf("%7s %5s %-12s %8s %-12s %-7s %5s %8s %10s %8s %9s %9s %-8s\n", "rank", "agent",
+              "name", "pid", "host", "device", "stage", "step ms", "compute ms", "data ms",
+              "last step", "heard", "state");
+  for (const auto& m : s.members) print_row(std::to_string(m.rank).c_str(), row_state(true, m), m);
+  for (const auto& m : s.standbys) print_row("standby", row_state(false, m), m);
 }
 
 // A job no process runs any more (its run directory is not locked): its events say how it

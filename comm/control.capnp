@@ -205,6 +205,8 @@ struct MemberStatus {
   computeSeconds @8 :Float64;  # ... and its compute part (forward, backward)
   lastReportMs @9 :Int64 = -1;  # milliseconds since that report (-1: none yet)
   dataSeconds @10 :Float64;  # ... and the part of compute spent assembling batches
+  lastHeardMs @11 :Int64 = -1;  # milliseconds since the coordinator last heard from its agent
+                                # (a heartbeat or any frame; -1: not known)
 }
 
 struct JobStatus {

@@ -47,6 +47,7 @@ using elastic::JobPhase;
 using deadline_atom = caf::atom_constant<caf::atom("jdeadline")>;
 using log_failed_atom = caf::atom_constant<caf::atom("jlogfail")>;
 using metrics_atom = caf::atom_constant<caf::atom("jmetrics")>;
+using hearing_atom = caf::atom_constant<caf::atom("jhearing")>;
 
 elastic::JobDeadlines deadlines_of(const JobConfig& c) {
   return {std::chrono::milliseconds(c.start_timeout_ms),
@@ -93,6 +94,7 @@ class Coordinator : public caf::event_based_actor {
     }
     arm_deadline();
     if (metrics_) send(this, metrics_atom::value);
+    send(this, hearing_atom::value);
     return live();
   }
 
@@ -110,6 +112,7 @@ class Coordinator : public caf::event_based_actor {
         [this](interrupt_atom, int32_t signal) { on_interrupt(signal); },
         [this](log_failed_atom, const std::string& why) { fail(why); },
         [this](metrics_atom) { update_metrics(); },
+        [this](hearing_atom) { update_hearing(); },
     };
   }
 
@@ -128,6 +131,7 @@ class Coordinator : public caf::event_based_actor {
         [](interrupt_atom, int32_t) {},
         [](log_failed_atom, const std::string&) {},
         [this](metrics_atom) { update_metrics(); },
+        [](hearing_atom) {},
     };
   }
 
@@ -590,10 +594,37 @@ class Coordinator : public caf::event_based_actor {
     delayed_send(this, std::chrono::seconds(1), metrics_atom::value);
   }
 
+  // Every heartbeat interval: when the bridge last heard from each node (heartbeats or any frame),
+  // for the status rows (troupe top's "heard" column).
+  void update_hearing() {
+    request(bridge_, std::chrono::seconds(2), actors::silence_atom::value)
+        .then(
+            [this](const std::vector<uint64_t>& silences) {
+              const auto now = Clock::now();
+              heard_at_.clear();
+              for (size_t i = 0; i + 1 < silences.size(); i += 2)
+                heard_at_[silences[i]] = now - std::chrono::milliseconds(silences[i + 1]);
+            },
+            [](caf::error&) {});
+    delayed_send(this, std::chrono::milliseconds(cfg_.heartbeat_interval_ms), hearing_atom::value);
+  }
+
+  void fill_heard(std::vector<actors::MemberStatus>& rows) const {
+    const auto now = Clock::now();
+    for (auto& r : rows) {
+      auto it = heard_at_.find(roster_.at(r.agent).node);
+      if (it != heard_at_.end())
+        r.last_heard_ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>(now - it->second).count();
+    }
+  }
+
   // ---- admin -----------------------------------------------------------------------------------
 
   actors::JobStatus status() const {
     auto s = job_status(cfg_, job_, roster_, gens_, steps_, plan_);
+    fill_heard(s.members);
+    fill_heard(s.standbys);
     if (checkpoints_ && checkpoints_->newest()) {
       s.checkpoint_step = checkpoints_->newest()->step;
       s.checkpoint_path = checkpoints_->newest()->manifest;
@@ -786,6 +817,7 @@ class Coordinator : public caf::event_based_actor {
   std::string plan_;                // the generation's pipeline layout, as its rank 0 reported it
   std::optional<Checkpoints> checkpoints_;  // with a checkpoint directory (troupe run resolves one)
   std::shared_ptr<JobMetrics> metrics_;     // with observability.metrics_listen
+  std::unordered_map<uint64_t, Clock::time_point> heard_at_;  // by node, from the bridge
   elastic::StragglerDetector stragglers_{
       {cfg_.straggler_factor, uint32_t(std::max<int64_t>(1, cfg_.straggler_steps))}};
   uint64_t straggler_generation_ = 0;

@@ -297,7 +297,8 @@ TEST(Trace, TheTracedStepsOfEveryWorkerAreInTraceJson) {
 }
 
 // troupe status --watch (troupe top): a block per refresh with one row per worker (its device,
-// rank, step time, compute time, how long ago it last reported) until the job ends, then exit 0.
+// rank, step time, compute time, how long ago it last reported, how long ago its agent was last
+// heard, its state) until the job ends, then exit 0.
 TEST(LiveView, StatusWatchRefreshesPerWorkerRowsUntilTheJobEnds) {
   TempDir dir;
   Job job = start_job(dir, "observed", kMlp, 2, {"job.steps=150"}, {pace(10000)});
@@ -314,15 +315,23 @@ TEST(LiveView, StatusWatchRefreshesPerWorkerRowsUntilTheJobEnds) {
   for (size_t at = 0; (at = text.find("job observed:", at)) != std::string::npos; ++at) ++blocks;
   EXPECT_GE(blocks, 3u) << text;
   EXPECT_NE(text.find("compute ms"), std::string::npos) << text;
-  int rows =
-      0;  // member rows with their times: "rank agent name pid host cpu:N - step compute data N s"
+  EXPECT_NE(text.find("heard"), std::string::npos) << text;
+  // Member rows with their times, heartbeat and state:
+  // "rank agent name pid host cpu:N - step compute data N s N s training"
+  int rows = 0;
   for (const auto& line : lines_of(out)) {
     std::istringstream in(line);
-    std::string rank, agent, name, pid, host, device, stage, step, compute, data, seen, unit;
+    std::string rank, agent, name, pid, host, device, stage, step, compute, data, seen, unit, heard,
+        heard_unit, state;
     if (in >> rank >> agent >> name >> pid >> host >> device >> stage >> step >> compute >> data >>
-            seen >> unit &&
-        device.rfind("cpu:", 0) == 0 && unit == "s" && std::stod(step) > 0)
+            seen >> unit >> heard >> heard_unit >> state &&
+        device.rfind("cpu:", 0) == 0 && unit == "s" && std::stod(step) > 0 && heard_unit == "s" &&
+        state == "training") {
+      // Heartbeats every 200 ms, refreshed as often: a live agent is never near the failure
+      // timeout (3 s).
+      EXPECT_LT(std::stod(heard), 3.0) << line;
       ++rows;
+    }
   }
   EXPECT_GE(rows, 4) << text;
 }

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+
 namespace troupe::actors {
 namespace {
 
@@ -59,6 +61,20 @@ TEST(FailureDetector, OutOfOrderTimesNeverMoveLastHeardBackwards) {
   d.watch(4, t0 + 400ms);
   d.heard(4, t0);  // older observation
   EXPECT_TRUE(d.expire(t0 + 800ms).empty());
+}
+
+TEST(FailureDetector, SilencesSayHowLongEachWatchedNodeHasBeenQuiet) {
+  FailureDetector d(500ms);
+  Clock::time_point t0{};
+  d.watch(1, t0);
+  d.watch(2, t0);
+  d.heard(2, t0 + 300ms);
+  std::map<uint64_t, std::chrono::milliseconds> by_node;
+  for (const auto& s : d.silences(t0 + 400ms)) by_node[s.node] = s.silent_for;
+  EXPECT_EQ(by_node, (std::map<uint64_t, std::chrono::milliseconds>{{1, 400ms}, {2, 100ms}}));
+  d.expire(t0 + 600ms);  // node 1 is gone: no longer listed
+  ASSERT_EQ(d.silences(t0 + 600ms).size(), 1u);
+  EXPECT_EQ(d.silences(t0 + 600ms)[0].node, 2u);
 }
 
 }  // namespace

@@ -149,7 +149,7 @@ TEST(JobCodec, ReportsAndAnswersRoundTrip) {
                10,
                100,
                1.5,
-               {{0, 1, 99, "h", "cpu:0", "agent-1", 1, 0.5, 0.25, 120, 0.125}},
+               {{0, 1, 99, "h", "cpu:0", "agent-1", 1, 0.5, 0.25, 120, 0.125, 180}},
                {{0, 3, 98, "h", "cpu:0", "agent-3"}},
                40,
                "/r/checkpoints/step-40/manifest.json"};
@@ -164,7 +164,9 @@ TEST(JobCodec, ReportsAndAnswersRoundTrip) {
   EXPECT_EQ(su.members[0].compute_seconds, 0.25);
   EXPECT_EQ(su.members[0].last_report_ms, 120);
   EXPECT_EQ(su.members[0].data_seconds, 0.125);
+  EXPECT_EQ(su.members[0].last_heard_ms, 180);
   EXPECT_EQ(su.standbys[0].last_report_ms, -1);
+  EXPECT_EQ(su.standbys[0].last_heard_ms, -1);
   ASSERT_EQ(su.standbys.size(), 1u);
   EXPECT_EQ(su.standbys[0].name, "agent-3");
   EXPECT_EQ(su.checkpoint_step, 40u);
