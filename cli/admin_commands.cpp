@@ -136,8 +136,7 @@ const char* row_state(bool member, const actors::MemberStatus& m) {
 nlohmann::ordered_json status_rows(const std::vector<actors::MemberStatus>& rows, bool member) {
   nlohmann::ordered_json out = nlohmann::ordered_json::array();
   for (const auto& m : rows)
-    out.push_back({{"state", row_state(member, m)},
-                   {"rank", m.rank},
+    out.push_back({{"rank", m.rank},
                    {"agent", m.agent},
                    {"name", m.name},
                    {"pid", m.pid},
@@ -148,7 +147,8 @@ nlohmann::ordered_json status_rows(const std::vector<actors::MemberStatus>& rows
                    {"compute_seconds", m.compute_seconds},
                    {"data_seconds", m.data_seconds},
                    {"last_report_ms", m.last_report_ms},
-                   {"last_heard_ms", m.last_heard_ms}});
+                   {"last_heard_ms", m.last_heard_ms},
+                   {"state", row_state(member, m)}});
   return out;
 }
 
