@@ -79,6 +79,9 @@ ControlMessage encode(const JobSpec& m) {
     s.setTiedHead(m.tied_head);
     s.setDataKind(m.data_kind);
     s.setDataPath(m.data_path);
+    auto mix = s.initDataMix(unsigned(m.data_mix.size()));
+    for (unsigned i = 0; i < m.data_mix.size(); ++i) mix.set(i, m.data_mix[i].c_str());
+    set_list(s.initDataMixWeights(unsigned(m.data_mix_weights.size())), m.data_mix_weights);
     s.setSamples(m.samples);
     s.setGlobalBatch(m.global_batch);
     s.setMicroBatch(m.micro_batch);
@@ -127,6 +130,8 @@ JobSpec decode(proto::JobSpec::Reader s) {
   m.tied_head = s.getTiedHead();
   m.data_kind = s.getDataKind();
   m.data_path = s.getDataPath();
+  for (auto p : s.getDataMix()) m.data_mix.emplace_back(p.cStr());
+  m.data_mix_weights = list_of<double>(s.getDataMixWeights());
   m.samples = s.getSamples();
   m.global_batch = s.getGlobalBatch();
   m.micro_batch = s.getMicroBatch();

@@ -48,6 +48,8 @@ struct JobSpec {
   bool tied_head = false;
   // [data]
   std::string data_kind, data_path;
+  std::vector<std::string> data_mix;  // data.mix: token data sets and their weights
+  std::vector<double> data_mix_weights;
   int64_t samples = 0;
   // [batch]
   int64_t global_batch = 0, micro_batch = 0;

@@ -34,6 +34,7 @@ int run_drain(const std::vector<std::string>& args);
 int run_scale(const std::vector<std::string>& args);
 int run_export(const std::vector<std::string>& args);
 int run_report(const std::vector<std::string>& args);
+int run_data(const std::vector<std::string>& args);  // prepare | encode | decode
 // The control-plane flags of `troupe node` (and the benchmarks that start nodes).
 struct BridgeFlags {
   std::string listen, job_id = "troupe-demo", token = "demo-token", token_file;

@@ -25,7 +25,9 @@
 #include "coordinator/process.h"
 #include "coordinator/run_dir.h"
 #include "models/model.h"
+#include "data/token_data.h"
 #include "workers/agent.h"
+#include "workers/datasets.h"
 #include "workers/device_supervisor.h"
 
 namespace troupe::cli {
@@ -252,8 +254,16 @@ int report_end(const coordinator::JobConfig& cfg, const std::string& dir,
 // top). With the local launcher every worker is here; a pipeline splits the model over them.
 // parallel.deterministic keeps a gradient copy per local micro-batch but the last (ExactSum).
 std::string memory_refusal(const coordinator::JobConfig& cfg) {
-  models::ModelSpec m = workers::worker_spec_of(coordinator::job_spec_of(cfg, 0, 1)).model;
+  const workers::WorkerSpec w = workers::worker_spec_of(coordinator::job_spec_of(cfg, 0, 1));
+  models::ModelSpec m = w.model;
   if (m.kind == "gpt") m.vocab = 256;  // (byte-level text: at most 256 characters)
+  if (cfg.data_kind == "tokens") {  // (the data sets opened as the workers will: a clear refusal)
+    try {
+      m.vocab = data::TokenData(workers::token_sources(w), m.context, w.seed).vocab();
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+  }
   const double params = double(models::Model::planned_param_count(m));
   const int64_t micro_batches = cfg.global_batch / cfg.micro_batch, workers = cfg.workers();
   const double stashed =

@@ -38,6 +38,9 @@ usage (troupe COMMAND --help: a command's options):
   troupe scale  (--run-dir DIR | ...) --workers N     grow (local launcher starts agents) or shrink (drains)
   troupe export RUN_DIR [--step N] -o FILE.safetensors   a checkpoint's parameters (docs/export.md)
   troupe report RUN_DIR [-o FILE.html]   one self-contained HTML page: loss, throughput, workers, changes
+  troupe data prepare INPUT... --out DIR [--tokenizer byte|bpe --vocab N] [--field F]
+                                    text, directories, JSON lines -> a token data set (data.kind = "tokens")
+  troupe data encode|decode --data DIR   stdin -> stdout: bytes -> ids, ids -> bytes
   troupe version                    versions of Troupe and its libraries, CUDA devices
   troupe demo control               two-process control-plane demo (what `make run` shows)
   troupe node [options]             a control-plane node with echo and sink services
@@ -119,6 +122,7 @@ int troupe_main(int argc, char** argv, const Hooks& hooks) {
     if (cmd == "scale") return run_scale(rest);
     if (cmd == "report") return run_report(rest);
     if (cmd == "export") return run_export(rest);
+    if (cmd == "data") return run_data(rest);
     if (cmd == "demo" && !rest.empty() && rest[0] == "control")
       return run_demo_control({rest.begin() + 1, rest.end()});
     if (cmd == "bench" && !rest.empty() && rest[0] == "control")
@@ -141,7 +145,7 @@ int troupe_main(int argc, char** argv, const Hooks& hooks) {
         word, bench
                   ? std::vector<std::string>{"control", "allreduce", "model", "drift", "checkpoint"}
                   : std::vector<std::string>{"run", "coordinator", "agent", "status", "stop",
-                                             "drain", "scale", "export", "version", "demo", "node",
+                                             "drain", "scale", "export", "data", "version", "demo", "node",
                                              "bench", "help"});
     const std::string hint =
         near.empty() ? "" : "; did you mean '" + std::string(bench ? "bench " : "") + near + "'?";

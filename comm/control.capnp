@@ -67,7 +67,7 @@ struct JobSpec {
   heads @10 :Int64;         # model.heads (gpt)
   context @11 :Int64;       # model.context (gpt)
   tiedHead @12 :Bool;       # model.tied_head
-  dataKind @13 :Text;       # data.kind: synthetic | text
+  dataKind @13 :Text;       # data.kind: synthetic | text | tokens
   dataPath @14 :Text;       # data.path
   samples @15 :Int64;       # data.samples (synthetic)
   globalBatch @16 :Int64;   # batch.global
@@ -97,6 +97,8 @@ struct JobSpec {
   resumeStep @40 :UInt64;         # its step (the next step to run)
   traceFirst @41 :Int64 = -1;     # observability.trace_steps: the first step traced (-1: none)
   traceLast @42 :Int64 = -1;      # ... and the last
+  dataMix @43 :List(Text);        # data.mix: token data sets (data.kind = "tokens") ...
+  dataMixWeights @44 :List(Float64);  # ... and their weights, one each
 }
 
 struct TraceEvent {

@@ -17,7 +17,7 @@
 namespace troupe::coordinator {
 namespace {
 
-enum class Kind { integer, real, string, boolean, int_array, int_or_auto };
+enum class Kind { integer, real, string, boolean, int_array, int_or_auto, weights };
 
 // A text data set is read whole into every worker's memory (as 32-bit character indices).
 constexpr int64_t kMaxTextBytes = int64_t(1) << 30;
@@ -57,8 +57,9 @@ std::vector<Field> fields_of(JobConfig& c) {
       I("model", "heads", &c.heads, 1, 1024),
       I("model", "context", &c.context, 1, 1e6),
       B("model", "tied_head", &c.tied_head),
-      S("data", "kind", &c.data_kind, {"synthetic", "text"}),
+      S("data", "kind", &c.data_kind, {"synthetic", "text", "tokens"}),
       S("data", "path", &c.data_path),
+      Field{"data", "mix", Kind::weights, &c.data_mix, 0, 1e12, {}},
       I("data", "samples", &c.samples, 1, 1e12),
       B("data", "ledger", &c.ledger),
       I("batch", "global", &c.global_batch, 1, 1e9),
@@ -127,6 +128,8 @@ const char* kind_name(Kind k) {
       return "an array of integers";
     case Kind::int_or_auto:
       return "an integer or \"auto\"";
+    case Kind::weights:
+      return "a table of data sets and their weights ({ \"DIR\" = 3, \"DIR2\" = 1 })";
   }
   return "?";
 }
@@ -202,6 +205,20 @@ void assign(const Field& f, const toml::node& n, const std::string& source) {
         out.push_back(v);
       }
       *static_cast<std::vector<int64_t>*>(f.target) = out;
+      break;
+    }
+    case Kind::weights: {
+      auto* t = n.as_table();
+      if (!t) throw wrong();
+      std::map<std::string, double> out;
+      for (auto&& [k, v] : *t) {
+        const std::string set(k.str());
+        if (!v.is_number() || !std::isfinite(*v.value<double>()) || *v.value<double>() <= 0)
+          throw ConfigError(where(source, v) + ": " + name + ": the weight of '" + set +
+                            "' must be a positive number");
+        out[set] = *v.value<double>();
+      }
+      *static_cast<std::map<std::string, double>*>(f.target) = out;
       break;
     }
   }
@@ -287,6 +304,36 @@ void check_text_file(const JobConfig& c, const std::string& at) {
          std::to_string(c.context) + " needs more than " + std::to_string(c.context + 1));
 }
 
+// data.kind = "tokens": data.path, or data.mix's sets, are directories with a manifest (what is
+// in them is checked when they are opened: troupe run does before anything starts).
+void check_token_sets(const JobConfig& c, const std::map<std::string, std::string>& at,
+                      const std::string& source) {
+  auto place = [&](const std::string& key) {
+    auto it = at.find(key);
+    return it == at.end() ? source : it->second;
+  };
+  const bool path_set = at.count("data.path") > 0;
+  if (path_set && !c.data_mix.empty())
+    throw ConfigError(place("data.mix") +
+                      ": data.mix names the data sets; data.path is set too (set one of them)");
+  if (!path_set && c.data_mix.empty())
+    throw ConfigError(place("data.kind") + ": data.kind = \"tokens\" needs data.path (a "
+                      "directory made by troupe data prepare) or data.mix");
+  std::vector<std::pair<std::string, std::string>> dirs;  // (dir, key)
+  if (path_set) dirs.emplace_back(c.data_path, "data.path");
+  for (const auto& [dir, w] : c.data_mix) dirs.emplace_back(dir, "data.mix");
+  for (const auto& [dir, key] : dirs) {
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      throw ConfigError(place(key) + ": " + key + ": '" + dir +
+                        "' is not a directory (troupe data prepare INPUT... --out DIR makes one)");
+    if (::stat((dir + "/manifest.json").c_str(), &st) != 0)
+      throw ConfigError(place(key) + ": " + key + ": '" + dir +
+                        "' has no manifest.json: not a prepared data set, or its prepare did "
+                        "not finish");
+  }
+}
+
 // "A-B" (A <= B) or "N": the first and last step; false when it is neither.
 bool step_range(const std::string& text, int64_t& first, int64_t& last) {
   const size_t dash = text.find('-');
@@ -329,8 +376,8 @@ void validate(const JobConfig& c, const std::string& source, const Places& at) {
          ") is smaller than the number of workers (" + std::to_string(c.workers()) + ")");
   if (c.model_kind == "gpt" && c.d_model % c.heads != 0)
     fail("model.d_model must be divisible by model.heads");
-  if (c.model_kind == "gpt" && c.data_kind != "text")
-    fail("model.kind = \"gpt\" needs data.kind = \"text\"");
+  if (c.model_kind == "gpt" && c.data_kind != "text" && c.data_kind != "tokens")
+    fail("model.kind = \"gpt\" needs data.kind = \"text\" or \"tokens\"");
   if (c.model_kind == "mlp" && c.data_kind != "synthetic")
     fail("model.kind = \"mlp\" needs data.kind = \"synthetic\"");
   if (c.failure_timeout_ms <= c.heartbeat_interval_ms)
@@ -354,6 +401,10 @@ void validate(const JobConfig& c, const std::string& source, const Places& at) {
         "parallel.deterministic sums every micro-batch's gradient after the backward pass; "
         "it cannot overlap the reduction (set parallel.overlap_reduce = false)");
   if (c.data_kind == "text") check_text_file(c, place("data.path"));
+  if (c.data_kind == "tokens") check_token_sets(c, at, source);
+  if (c.data_kind != "tokens" && !c.data_mix.empty())
+    throw ConfigError(place("data.mix") + ": data.mix mixes token data sets: it needs "
+                      "data.kind = \"tokens\"");
 }
 
 }  // namespace
@@ -488,6 +539,14 @@ std::string to_toml(const JobConfig& config) {
         toml::array a;
         for (int64_t v : *static_cast<std::vector<int64_t>*>(f.target)) a.push_back(v);
         t->insert(f.key, a);
+        break;
+      }
+      case Kind::weights: {
+        toml::table w;
+        for (const auto& [k, v] : *static_cast<std::map<std::string, double>*>(f.target))
+          w.insert(k, v);
+        w.is_inline(true);
+        t->insert(f.key, w);
         break;
       }
     }

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <stdexcept>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,7 @@ struct JobConfig {
   // [data]
   std::string data_kind = "synthetic";
   std::string data_path = "/usr/share/common-licenses/GPL-3";
+  std::map<std::string, double> data_mix;  // data.mix: token data set -> weight
   int64_t samples = 20000;  // synthetic samples per epoch
   bool ledger = false;
   // [batch]

@@ -20,6 +20,10 @@ actors::JobSpec job_spec_of(const JobConfig& c, uint32_t agent_id, uint64_t firs
   s.tied_head = c.tied_head;
   s.data_kind = c.data_kind;
   s.data_path = c.data_path;
+  for (const auto& [dir, w] : c.data_mix) {
+    s.data_mix.push_back(dir);
+    s.data_mix_weights.push_back(w);
+  }
   s.samples = c.samples;
   s.global_batch = c.global_batch;
   s.micro_batch = c.micro_batch;

@@ -91,7 +91,9 @@ Batch make_batch(const Dataset& data, GlobalSampler& sampler, uint64_t begin, ui
   b.inputs = Tensor({b.size, w});
   b.targets.resize(b.size * k);
   for (size_t i = 0; i < b.size; ++i) {
-    data.fill(sampler.sample_at(begin + i), b.inputs.data() + i * w, b.targets.data() + i * k);
+    const uint64_t p = begin + i;
+    data.fill(data.orders_itself() ? size_t(p) : sampler.sample_at(p), b.inputs.data() + i * w,
+              b.targets.data() + i * k);
   }
   return b;
 }

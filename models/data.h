@@ -22,6 +22,9 @@ class Dataset {
   virtual size_t input_width() const = 0;         // floats per sample's input
   virtual size_t targets_per_sample() const = 0;  // 1 (class) or T (next tokens)
   virtual void fill(size_t index, float* input, int32_t* targets) const = 0;
+  // True for a data set that orders its samples itself (a token mixture, data/token_data.h):
+  // fill() is then given the global position, not a sample the sampler chose.
+  virtual bool orders_itself() const { return false; }
 };
 
 // Gaussian clusters around seeded class centroids: learnable, not noise.

@@ -27,6 +27,8 @@ WorkerSpec worker_spec_of(const actors::JobSpec& s) {
   w.model.tied_head = s.tied_head;
   w.data_kind = s.data_kind;
   w.data_path = s.data_path;
+  w.data_mix = s.data_mix;
+  w.data_mix_weights = s.data_mix_weights;
   w.samples = s.samples;
   w.global_batch = s.global_batch;
   w.micro_batch = s.micro_batch;

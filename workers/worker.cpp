@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "comm/checksum.h"
+#include "workers/datasets.h"
 #include "elastic/membership.h"
 #include "models/blas_kernels.h"
 #include "models/kernels.h"
@@ -37,15 +38,7 @@ Worker::Worker(const WorkerSpec& spec) : spec_(spec), trace_(spec.trace_first, s
     writer_.set_mid_write(
         [this] { spec_.faults->mid_checkpoint_write(spec_.agent_name, spec_.device_index); });
   models::ModelSpec m = spec.model;
-  if (spec.data_kind == "text") {
-    auto text = std::make_unique<models::CharText>(spec.data_path, m.context);
-    m.vocab = text->vocab();
-    data_ = std::move(text);
-  } else {
-    if (m.mlp_sizes.size() < 2) throw std::invalid_argument("the mlp needs inputs and classes");
-    data_ = std::make_unique<models::SyntheticClassification>(
-        spec.seed, size_t(spec.samples), m.mlp_sizes.front(), m.mlp_sizes.back());
-  }
+  data_ = open_dataset(spec, m);
   // A pipeline worker builds every block lazily (no memory until written) and backs, initialises
   // and keeps only those of its stage (take_state); a data-parallel one has them all at once.
   {
@@ -127,7 +120,7 @@ StepInfo Worker::step_info(uint64_t step, double loss, elastic::Share share, dou
   info.position_begin = step * B + share.begin;
   info.position_end = step * B + share.end;
   info.samples = share.size();
-  info.tokens = info.samples * (spec_.data_kind == "text" ? uint64_t(spec_.model.context) : 1);
+  info.tokens = info.samples * (spec_.data_kind != "synthetic" ? uint64_t(spec_.model.context) : 1);
   info.seconds = seconds;
   info.busy_seconds = busy;
   return info;

@@ -27,6 +27,7 @@
 #include "workers/exact_sum.h"
 #include "workers/faults.h"
 #include "workers/stage_backups.h"
+#include "data/token_data.h"
 #include "workers/state_transfer.h"
 #include "workers/step_trace.h"
 
@@ -40,6 +41,8 @@ struct WorkerSpec {
   uint64_t seed = 0, steps = 0;
   models::ModelSpec model;
   std::string data_kind = "synthetic", data_path;
+  std::vector<std::string> data_mix;   // data.mix: token data sets ...
+  std::vector<double> data_mix_weights;  // ... and their weights (empty: data.path alone)
   int64_t samples = 20000;
   int64_t global_batch = 64, micro_batch = 64;
   models::OptimizerSpec optimizer;

@@ -1,0 +1,176 @@
+// troupe data prepare | encode | decode: token data sets (data/prepare.h, data/shards.h).
+#include <unistd.h>
+
+#include <cctype>
+#include <cstdio>
+#include <iostream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/parse.h"
+#include "data/prepare.h"
+#include "data/shards.h"
+#include "data/tokenizer.h"
+
+namespace troupe::cli {
+namespace {
+
+std::string megabytes(uint64_t bytes) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.1f MB", double(bytes) / 1e6);
+  return s;
+}
+
+// On a terminal: one line redrawn in place, with the rate and the time left.
+void draw_progress(const data::Progress& p) {
+  const double rate = p.seconds > 0 ? double(p.bytes_done) / p.seconds : 0;
+  const double left = rate > 0 ? double(p.bytes_total - p.bytes_done) / rate : 0;
+  const int width = 28;
+  const int full =
+      p.bytes_total ? int(double(width) * double(p.bytes_done) / double(p.bytes_total)) : width;
+  std::string bar = std::string(size_t(full), '#') + std::string(size_t(width - full), '.');
+  std::fprintf(stderr, "\r%-15s [%s] %s / %s  %.1f MB/s  ETA %.0f s   ", p.phase, bar.c_str(),
+               megabytes(p.bytes_done).c_str(), megabytes(p.bytes_total).c_str(), rate / 1e6, left);
+  if (p.bytes_done == p.bytes_total) std::fputc('\n', stderr);
+  std::fflush(stderr);
+}
+
+int prepare(const std::vector<std::string>& words) {
+  CLI::App app{"Tokenizes text files, directories and JSON-lines files into a token data set.",
+               "troupe data prepare"};
+  data::PrepareOptions o;
+  bool json = false;
+  app.add_option("inputs", o.inputs, "text files, directories (recursively), *.jsonl files")
+      ->required();
+  app.add_option("--out", o.out, "the data set's directory (must not exist)")->required();
+  app.add_option("--tokenizer", o.tokenizer, "byte (257 ids) or bpe (trained on the inputs)")
+      ->check(CLI::IsMember({"byte", "bpe"}));
+  app.add_option("--vocab", o.vocab, "bpe: ids in all, >= 257 (256 bytes, merges, end of text)");
+  app.add_option("--field", o.jsonl_field, "the text's field in JSON-lines files (default text)");
+  app.add_option("--shard-tokens", o.shard_tokens, "ids per shard file")
+      ->check(CLI::Range(uint64_t(1), uint64_t(1) << 40));
+  app.add_flag("--json", json, "the summary as one JSON line");
+  if (auto rc = parse(app, words)) return *rc;
+  const bool tty = ::isatty(2) && !json;
+  const data::PrepareSummary s =
+      data::prepare(o, tty ? std::function<void(const data::Progress&)>(draw_progress) : nullptr);
+  const uint64_t skipped =
+      s.skipped_binary + s.skipped_invalid_utf8 + s.skipped_empty + s.skipped_bad_json;
+  if (json) {
+    nlohmann::json j = {{"out", o.out},
+                        {"tokenizer", o.tokenizer},
+                        {"vocab", s.vocab},
+                        {"files", s.files},
+                        {"documents", s.documents},
+                        {"bytes", s.bytes},
+                        {"tokens", s.tokens},
+                        {"skipped_binary", s.skipped_binary},
+                        {"skipped_invalid_utf8", s.skipped_invalid_utf8},
+                        {"skipped_empty", s.skipped_empty},
+                        {"skipped_bad_json", s.skipped_bad_json},
+                        {"train_s", s.seconds_train},
+                        {"encode_s", s.seconds_encode}};
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf(
+      "troupe data prepare: %s: %llu documents from %llu files (%s) -> %llu tokens, %s "
+      "tokenizer, %zu ids; train %.1f s, encode %.1f s (%.1f MB/s)\n",
+      o.out.c_str(), (unsigned long long)s.documents, (unsigned long long)s.files,
+      megabytes(s.bytes).c_str(), (unsigned long long)s.tokens, o.tokenizer.c_str(), s.vocab,
+      s.seconds_train, s.seconds_encode,
+      s.seconds_encode > 0 ? double(s.bytes) / s.seconds_encode / 1e6 : 0.0);
+  if (skipped)
+    std::printf(
+        "skipped %llu documents: %llu binary, %llu invalid UTF-8, %llu empty, %llu not "
+        "JSON with the field; the first: %s\n",
+        (unsigned long long)skipped, (unsigned long long)s.skipped_binary,
+        (unsigned long long)s.skipped_invalid_utf8, (unsigned long long)s.skipped_empty,
+        (unsigned long long)s.skipped_bad_json, s.first_skipped.c_str());
+  return 0;
+}
+
+// The data set's tokenizer, opened through its manifest (so a half-written set is refused).
+data::Tokenizer tokenizer_of(const std::string& dir) {
+  data::TokenShards::open(dir);
+  return data::Tokenizer::load(dir + "/" + data::kTokenizerFile);
+}
+
+int encode(const std::vector<std::string>& words) {
+  CLI::App app{"Standard input's bytes -> token ids (space-separated) on standard output.",
+               "troupe data encode"};
+  std::string dir;
+  bool lines = false;
+  app.add_option("--data", dir, "a data set made by troupe data prepare")->required();
+  app.add_flag("--lines", lines, "one id a line");
+  if (auto rc = parse(app, words)) return *rc;
+  data::Tokenizer tok = tokenizer_of(dir);
+  const std::string in((std::istreambuf_iterator<char>(std::cin)),
+                       std::istreambuf_iterator<char>());
+  const std::vector<uint32_t> ids = tok.encode(in);
+  std::string out;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) out += lines ? '\n' : ' ';
+    out += std::to_string(ids[i]);
+  }
+  if (!ids.empty()) out += '\n';
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return 0;
+}
+
+int decode(const std::vector<std::string>& words) {
+  CLI::App app{"Token ids on standard input (separated by white space) -> their bytes.",
+               "troupe data decode"};
+  std::string dir;
+  app.add_option("--data", dir, "a data set made by troupe data prepare")->required();
+  if (auto rc = parse(app, words)) return *rc;
+  const data::Tokenizer tok = tokenizer_of(dir);
+  const std::string in((std::istreambuf_iterator<char>(std::cin)),
+                       std::istreambuf_iterator<char>());
+  std::vector<uint32_t> ids;
+  size_t i = 0, n = 0;
+  while (i < in.size()) {
+    while (i < in.size() && std::isspace(static_cast<unsigned char>(in[i]))) ++i;
+    if (i == in.size()) break;
+    const size_t start = i;
+    uint64_t v = 0;
+    while (i < in.size() && std::isdigit(static_cast<unsigned char>(in[i])) && v < (1ull << 32))
+      v = v * 10 + uint64_t(in[i++] - '0');
+    ++n;
+    if (i == start || (i < in.size() && !std::isspace(static_cast<unsigned char>(in[i]))) ||
+        v >= tok.vocab_size()) {
+      const size_t end = in.find_first_of(" \t\r\n", start);
+      std::fprintf(stderr,
+                   "troupe data decode: token %zu ('%s') is not an id of this vocabulary "
+                   "(0..%zu)\n",
+                   n, in.substr(start, std::min<size_t>(end - start, 40)).c_str(),
+                   tok.vocab_size() - 1);
+      return 2;
+    }
+    ids.push_back(uint32_t(v));
+  }
+  std::string out;
+  tok.decode(ids.data(), ids.size(), out);
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return 0;
+}
+
+}  // namespace
+
+int run_data(const std::vector<std::string>& args) {
+  const std::string sub = args.empty() ? "" : args[0];
+  const std::vector<std::string> rest(args.begin() + (args.empty() ? 0 : 1), args.end());
+  if (sub == "prepare") return prepare(rest);
+  if (sub == "encode") return encode(rest);
+  if (sub == "decode") return decode(rest);
+  std::fprintf(stderr,
+               "troupe data: expected prepare, encode or decode%s\n"
+               "  troupe data prepare INPUT... --out DIR [--tokenizer byte|bpe --vocab N]\n"
+               "  troupe data encode --data DIR   (stdin bytes -> ids)\n"
+               "  troupe data decode --data DIR   (stdin ids -> bytes)\n",
+               sub.empty() ? "" : (", not '" + sub + "'").c_str());
+  return 2;
+}
+
+}  // namespace troupe::cli

@@ -1,0 +1,317 @@
+#include "data/prepare.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "data/shards.h"
+#include "data/tokenizer.h"
+
+namespace troupe::data {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+bool valid_utf8(const char* s, size_t n) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s);
+  size_t i = 0;
+  while (i < n) {
+    if (i + 8 <= n) {  // ASCII fast path
+      uint64_t w;
+      std::memcpy(&w, p + i, 8);
+      if ((w & 0x8080808080808080ull) == 0) {
+        i += 8;
+        continue;
+      }
+    }
+    const unsigned char c = p[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len;
+    uint32_t cp;
+    if ((c & 0xe0) == 0xc0) {
+      len = 2, cp = c & 0x1f;
+    } else if ((c & 0xf0) == 0xe0) {
+      len = 3, cp = c & 0x0f;
+    } else if ((c & 0xf8) == 0xf0) {
+      len = 4, cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + len > n) return false;
+    for (size_t k = 1; k < len; ++k) {
+      if ((p[i + k] & 0xc0) != 0x80) return false;
+      cp = cp << 6 | (p[i + k] & 0x3f);
+    }
+    static const uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += len;
+  }
+  return true;
+}
+
+namespace {
+
+struct Input {
+  std::string path;
+  uint64_t bytes;
+  bool jsonl;
+};
+
+bool is_jsonl(const fs::path& p) {
+  const std::string e = p.extension().string();
+  return e == ".jsonl" || e == ".ndjson";
+}
+
+// Every input file, directories expanded recursively in name order.
+std::vector<Input> collect(const std::vector<std::string>& inputs) {
+  std::vector<Input> files;
+  for (const std::string& in : inputs) {
+    std::error_code ec;
+    const fs::file_status st = fs::status(in, ec);
+    if (ec || !fs::exists(st)) throw std::invalid_argument("input '" + in + "' does not exist");
+    if (fs::is_directory(st)) {
+      std::vector<Input> here;
+      for (auto it = fs::recursive_directory_iterator(
+               in, fs::directory_options::skip_permission_denied, ec);
+           !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+        if (it->is_regular_file(ec))
+          here.push_back({it->path().string(), uint64_t(it->file_size(ec)), is_jsonl(it->path())});
+      }
+      if (ec) throw std::invalid_argument("input '" + in + "' cannot be listed: " + ec.message());
+      std::sort(here.begin(), here.end(),
+                [](const Input& a, const Input& b) { return a.path < b.path; });
+      files.insert(files.end(), here.begin(), here.end());
+    } else if (fs::is_regular_file(st)) {
+      files.push_back({in, uint64_t(fs::file_size(in)), is_jsonl(in)});
+    } else {
+      throw std::invalid_argument("input '" + in +
+                                  "' is neither a file nor a directory (a FIFO or a device)");
+    }
+  }
+  return files;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read '" + path + "': " + std::strerror(errno));
+  std::string s;
+  in.seekg(0, std::ios::end);
+  s.resize(size_t(in.tellg()));
+  in.seekg(0);
+  in.read(s.data(), std::streamsize(s.size()));
+  s.resize(size_t(in.gcount()));
+  return s;
+}
+
+// Walks the documents of every input, calling use(text) for each that can be trained on and
+// counting the rest in the summary (when count is set).
+class Documents {
+ public:
+  Documents(const std::vector<Input>& files, std::string field, PrepareSummary* summary,
+            const std::function<void(const Progress&)>& progress)
+      : files_(files), field_(std::move(field)), summary_(summary), progress_(progress) {
+    for (const Input& f : files_) total_ += f.bytes;
+  }
+
+  template <class F>
+  void each(const char* phase, bool count, F&& use) {
+    const auto t0 = Clock::now();
+    auto last = t0;
+    uint64_t done = 0;
+    for (const Input& f : files_) {
+      const std::string body = slurp(f.path);
+      if (f.jsonl) {
+        size_t line = 0;
+        for (size_t at = 0; at < body.size();) {
+          size_t end = body.find('\n', at);
+          if (end == std::string::npos) end = body.size();
+          ++line;
+          json_line(std::string_view(body).substr(at, end - at), f.path, line, count, use);
+          at = end + 1;
+        }
+      } else {
+        document(body, f.path, count, use);
+      }
+      done += f.bytes;
+      if (progress_ && Clock::now() - last > std::chrono::milliseconds(200)) {
+        last = Clock::now();
+        progress_({phase, done, total_, std::chrono::duration<double>(last - t0).count()});
+      }
+    }
+    if (progress_)
+      progress_({phase, total_, total_, std::chrono::duration<double>(Clock::now() - t0).count()});
+  }
+
+  uint64_t total_bytes() const { return total_; }
+
+ private:
+  void skipped(uint64_t PrepareSummary::*counter, const std::string& where, bool count) {
+    if (!count) return;
+    ++(summary_->*counter);
+    if (summary_->first_skipped.empty()) summary_->first_skipped = where;
+  }
+
+  template <class F>
+  void document(std::string_view text, const std::string& where, bool count, F&& use) {
+    if (text.empty()) return skipped(&PrepareSummary::skipped_empty, where + " (empty)", count);
+    if (std::memchr(text.data(), 0, text.size()))
+      return skipped(&PrepareSummary::skipped_binary, where + " (binary: a NUL byte)", count);
+    if (!valid_utf8(text.data(), text.size()))
+      return skipped(&PrepareSummary::skipped_invalid_utf8, where + " (invalid UTF-8)", count);
+    if (count) {
+      ++summary_->documents;
+      summary_->bytes += text.size();
+    }
+    use(text);
+  }
+
+  template <class F>
+  void json_line(std::string_view line, const std::string& path, size_t n, bool count, F&& use) {
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) return;  // (blank line)
+    const std::string where = path + ":" + std::to_string(n);
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    auto it = j.is_object() ? j.find(field_) : j.end();
+    if (j.is_discarded() || !j.is_object() || it == j.end() || !it->is_string())
+      return skipped(&PrepareSummary::skipped_bad_json,
+                     where + " (not a JSON object with a string \"" + field_ + "\")", count);
+    document(it->template get_ref<const std::string&>(), where, count, use);
+  }
+
+  const std::vector<Input>& files_;
+  std::string field_;
+  PrepareSummary* summary_;
+  const std::function<void(const Progress&)>& progress_;
+  uint64_t total_ = 0;
+};
+
+// Removes OUT.partial-PID directories whose process is gone (an interrupted prepare's).
+void remove_stale_partials(const std::string& out) {
+  const fs::path p(out);
+  const fs::path parent = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  const std::string prefix = p.filename().string() + ".partial-";
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(parent, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string pid = name.substr(prefix.size());
+    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (::kill(pid_t(std::stol(pid)), 0) != 0 && errno == ESRCH) fs::remove_all(e.path(), ec);
+  }
+}
+
+void write_manifest(const std::string& dir, const PrepareOptions& o, const PrepareSummary& s,
+                    const std::vector<Input>& files, const std::vector<ShardWriter::Shard>& shards,
+                    const Tokenizer& tok, unsigned width) {
+  nlohmann::json m;
+  m["format"] = "troupe-tokens";
+  m["version"] = 1;
+  m["tokenizer"] = {{"kind", tok.kind()}, {"file", kTokenizerFile}};
+  m["vocab"] = tok.vocab_size();
+  m["end_of_document"] = tok.end_of_document();
+  m["token_bytes"] = width;
+  m["tokens"] = s.tokens;
+  m["documents"] = s.documents;
+  m["bytes"] = s.bytes;
+  auto& sh = m["shards"] = nlohmann::json::array();
+  char hex[17];
+  for (const auto& x : shards) {
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(x.checksum));
+    sh.push_back({{"file", x.file}, {"tokens", x.tokens}, {"fnv1a64", hex}});
+  }
+  auto& src = m["sources"] = nlohmann::json::array();
+  for (const Input& f : files)
+    src.push_back({{"path", f.path}, {"bytes", f.bytes}, {"jsonl", f.jsonl}});
+  if (!o.jsonl_field.empty()) m["jsonl_field"] = o.jsonl_field;
+  m["skipped"] = {{"binary", s.skipped_binary},
+                  {"invalid_utf8", s.skipped_invalid_utf8},
+                  {"empty", s.skipped_empty},
+                  {"bad_json", s.skipped_bad_json}};
+  const std::string path = dir + "/" + kManifestFile;
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << m.dump(1) << '\n';
+  if (!out.flush()) throw std::runtime_error("cannot write " + path);
+}
+
+}  // namespace
+
+PrepareSummary prepare(const PrepareOptions& o,
+                       const std::function<void(const Progress&)>& progress) {
+  if (o.inputs.empty()) throw std::invalid_argument("no inputs: name text files or directories");
+  if (o.out.empty()) throw std::invalid_argument("--out: the data set's directory is required");
+  if (o.tokenizer != "byte" && o.tokenizer != "bpe")
+    throw std::invalid_argument("--tokenizer must be byte or bpe, not '" + o.tokenizer + "'");
+  if (o.tokenizer == "bpe" && o.vocab < 257)
+    throw std::invalid_argument(
+        "--tokenizer bpe needs --vocab N with N >= 257 (256 bytes and "
+        "the end of a document), got " +
+        std::to_string(o.vocab));
+  if (o.tokenizer == "byte" && o.vocab != 0 && o.vocab != 257)
+    throw std::invalid_argument("--tokenizer byte has 257 ids; --vocab " + std::to_string(o.vocab) +
+                                " is for --tokenizer bpe");
+  if (o.vocab > (uint64_t(1) << 31)) throw std::invalid_argument("--vocab is too large");
+  std::error_code ec;
+  if (fs::exists(o.out, ec))
+    throw std::invalid_argument("--out '" + o.out +
+                                "' exists: a data set is written once (remove it or choose "
+                                "another directory)");
+  const std::vector<Input> files = collect(o.inputs);
+  PrepareSummary s;
+  s.files = files.size();
+  Documents docs(files, o.jsonl_field, &s, progress);
+
+  Tokenizer tok = Tokenizer::bytes();
+  bool counted = false;
+  if (o.tokenizer == "bpe") {
+    const auto t0 = Clock::now();
+    WordCounts words;
+    docs.each("counting words", true, [&](std::string_view text) { words.add(text); });
+    counted = true;
+    if (progress) progress({"training", 0, 1, 0});
+    tok = Tokenizer::train_bpe(words, o.vocab);
+    s.seconds_train = std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+
+  remove_stale_partials(o.out);
+  const std::string partial = o.out + ".partial-" + std::to_string(::getpid());
+  fs::create_directories(partial);
+  try {
+    const auto t0 = Clock::now();
+    const unsigned width = tok.vocab_size() <= 65536 ? 2 : 4;
+    ShardWriter writer(partial, width, o.shard_tokens);
+    std::vector<uint32_t> ids;
+    docs.each("encoding", !counted, [&](std::string_view text) {
+      ids.clear();
+      tok.encode(text, ids);
+      writer.add_document(ids, tok.end_of_document());
+    });
+    if (s.documents == 0)
+      throw std::invalid_argument(
+          "no text in the inputs (" + std::to_string(files.size()) + " file(s)" +
+          (s.first_skipped.empty() ? std::string() : ", all skipped; first: " + s.first_skipped) +
+          ")");
+    const auto shards = writer.finish();
+    s.tokens = writer.tokens();
+    s.vocab = tok.vocab_size();
+    tok.save(partial + "/" + kTokenizerFile);
+    write_manifest(partial, o, s, files, shards, tok, width);
+    s.seconds_encode = std::chrono::duration<double>(Clock::now() - t0).count();
+    fs::rename(partial, o.out);
+  } catch (...) {
+    fs::remove_all(partial, ec);
+    throw;
+  }
+  return s;
+}
+
+}  // namespace troupe::data

@@ -1,0 +1,48 @@
+// troupe data prepare: text files, directories (recursively, in name order) and JSON-lines files
+// (one document per line, the text in a named field) -> a token data set (data/shards.h).
+//
+// A document is a text file or a JSON line. Documents that cannot be text are skipped and
+// counted, never trained on: binary (a NUL byte), invalid UTF-8, empty. The set is written into
+// OUT.partial-PID and renamed to OUT when complete, so an interrupted prepare leaves nothing that
+// looks like a data set; OUT must not exist.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace troupe::data {
+
+struct PrepareOptions {
+  std::vector<std::string> inputs;
+  std::string out;
+  std::string tokenizer = "byte";  // byte | bpe
+  size_t vocab = 0;                // bpe: ids in all (>= 257)
+  std::string jsonl_field = "text";
+  uint64_t shard_tokens = uint64_t(1) << 27;  // 256 MiB of 16-bit ids a shard
+};
+
+struct Progress {
+  const char* phase;  // "counting words" (bpe), "training", "encoding"
+  uint64_t bytes_done, bytes_total;
+  double seconds;
+};
+
+struct PrepareSummary {
+  uint64_t files = 0, documents = 0, bytes = 0, tokens = 0;
+  uint64_t skipped_binary = 0, skipped_invalid_utf8 = 0, skipped_empty = 0, skipped_bad_json = 0;
+  std::string first_skipped;  // where the first skipped document was, for the message
+  size_t vocab = 0;
+  double seconds_train = 0, seconds_encode = 0;
+};
+
+// Throws std::invalid_argument for bad options or inputs (a missing input, OUT existing, no
+// text at all), std::runtime_error for I/O failures; OUT is then absent.
+PrepareSummary prepare(const PrepareOptions& options,
+                       const std::function<void(const Progress&)>& progress = nullptr);
+
+// True when the bytes are valid UTF-8 (no overlong forms, no surrogates, <= U+10FFFF).
+bool valid_utf8(const char* p, size_t n);
+
+}  // namespace troupe::data

@@ -1,0 +1,197 @@
+#include "data/shards.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "data/tokenizer.h"
+
+namespace troupe::data {
+
+std::string shard_name(size_t index) {
+  char name[32];
+  std::snprintf(name, sizeof name, "tokens-%05zu.bin", index);
+  return name;
+}
+
+ShardWriter::ShardWriter(std::string dir, unsigned token_bytes, uint64_t shard_tokens)
+    : dir_(std::move(dir)), width_(token_bytes), shard_tokens_(shard_tokens) {
+  if (width_ != 2 && width_ != 4) throw std::invalid_argument("token ids are 2 or 4 bytes");
+  if (shard_tokens_ == 0) throw std::invalid_argument("a shard holds at least one token");
+  buffer_.reserve(1 << 20);
+}
+
+ShardWriter::~ShardWriter() {
+  if (out_) std::fclose(out_);
+}
+
+void ShardWriter::write(const void* p, size_t n) {
+  if (std::fwrite(p, 1, n, out_) != n)
+    throw std::runtime_error("cannot write " + dir_ + "/" + shards_.back().file + ": " +
+                             std::strerror(errno));
+  shards_.back().checksum = fnv1a64(p, n, shards_.back().checksum);
+}
+
+void ShardWriter::roll() {
+  if (out_) {
+    if (!buffer_.empty()) write(buffer_.data(), buffer_.size());
+    buffer_.clear();
+    if (std::fclose(out_) != 0)
+      throw std::runtime_error("cannot close " + dir_ + "/" + shards_.back().file);
+    out_ = nullptr;
+  }
+  shards_.push_back({shard_name(shards_.size()), 0, 1469598103934665603ull});
+  const std::string path = dir_ + "/" + shards_.back().file;
+  out_ = std::fopen(path.c_str(), "wb");
+  if (!out_) throw std::runtime_error("cannot create " + path + ": " + std::strerror(errno));
+}
+
+void ShardWriter::add_document(const std::vector<uint32_t>& ids, uint32_t end_of_document) {
+  starts_.push_back(total_);
+  auto put = [&](uint32_t id) {
+    if (!out_ || shards_.back().tokens == shard_tokens_) roll();
+    unsigned char b[4] = {uint8_t(id), uint8_t(id >> 8), uint8_t(id >> 16), uint8_t(id >> 24)};
+    buffer_.insert(buffer_.end(), b, b + width_);
+    ++shards_.back().tokens;
+    ++total_;
+    if (buffer_.size() >= (1 << 20)) {
+      write(buffer_.data(), buffer_.size());
+      buffer_.clear();
+    }
+  };
+  for (uint32_t id : ids) put(id);
+  put(end_of_document);
+}
+
+std::vector<ShardWriter::Shard> ShardWriter::finish() {
+  if (out_) {
+    if (!buffer_.empty()) write(buffer_.data(), buffer_.size());
+    buffer_.clear();
+    const bool ok = std::fflush(out_) == 0 && ::fsync(fileno(out_)) == 0;
+    std::fclose(out_);
+    out_ = nullptr;
+    if (!ok) throw std::runtime_error("cannot flush " + dir_ + "/" + shards_.back().file);
+  }
+  const std::string index = dir_ + "/" + kDocumentsFile;
+  std::ofstream out(index, std::ios::binary | std::ios::trunc);
+  for (uint64_t s : starts_) {
+    unsigned char b[8];
+    for (int i = 0; i < 8; ++i) b[i] = uint8_t(s >> (8 * i));
+    out.write(reinterpret_cast<const char*>(b), 8);
+  }
+  if (!out.flush()) throw std::runtime_error("cannot write " + index);
+  return shards_;
+}
+
+namespace {
+
+[[noreturn]] void bad(const std::string& dir, const std::string& what) {
+  throw std::invalid_argument("data set '" + dir + "': " + what);
+}
+
+nlohmann::json read_manifest(const std::string& dir) {
+  const std::string path = dir + "/" + kManifestFile;
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) bad(dir, std::string("cannot be read: ") + strerror(errno));
+  if (!S_ISDIR(st.st_mode)) bad(dir, "is not a directory (troupe data prepare makes one)");
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    bad(dir, std::string("has no ") + kManifestFile +
+                 ": not a prepared data set, or its prepare did not finish");
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    bad(dir, std::string(kManifestFile) + " is not JSON: " + e.what());
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<const TokenShards> TokenShards::open(const std::string& dir) {
+  const nlohmann::json m = read_manifest(dir);
+  if (!m.is_object() || m.value("format", "") != "troupe-tokens" || m.value("version", 0) != 1)
+    bad(dir, std::string(kManifestFile) + " is not a troupe token manifest of version 1");
+  std::shared_ptr<TokenShards> t(new TokenShards);
+  t->dir_ = dir;
+  try {
+    t->vocab_ = m.at("vocab").get<size_t>();
+    t->width_ = m.at("token_bytes").get<unsigned>();
+    const Tokenizer tok = Tokenizer::load(dir + "/" + kTokenizerFile);
+    if (tok.vocab_size() != t->vocab_)
+      bad(dir, "the manifest's vocabulary (" + std::to_string(t->vocab_) +
+                   ") is not its tokenizer's (" + std::to_string(tok.vocab_size()) + ")");
+    if (t->width_ != 2 && t->width_ != 4) bad(dir, "token_bytes must be 2 or 4");
+    if (t->width_ == 2 && t->vocab_ > 65536) bad(dir, "16-bit ids cannot hold its vocabulary");
+    for (const auto& s : m.at("shards")) {
+      const std::string file = s.at("file").get<std::string>();
+      if (file.find('/') != std::string::npos) bad(dir, "shard file '" + file + "' has a '/'");
+      const uint64_t tokens = s.at("tokens").get<uint64_t>();
+      const std::string path = dir + "/" + file;
+      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) bad(dir, "shard " + file + " cannot be opened: " + strerror(errno));
+      struct stat st {};
+      ::fstat(fd, &st);
+      if (uint64_t(st.st_size) != tokens * t->width_) {
+        ::close(fd);
+        bad(dir, "shard " + file + " has " + std::to_string(st.st_size) +
+                     " bytes; the manifest says " + std::to_string(tokens) + " tokens of " +
+                     std::to_string(t->width_) + " bytes (truncated or replaced?)");
+      }
+      void* p =
+          tokens ? ::mmap(nullptr, size_t(st.st_size), PROT_READ, MAP_SHARED, fd, 0) : nullptr;
+      ::close(fd);
+      if (p == MAP_FAILED) bad(dir, "shard " + file + " cannot be mapped: " + strerror(errno));
+      t->maps_.push_back(
+          {static_cast<const unsigned char*>(p), size_t(st.st_size), t->total_, tokens});
+      t->total_ += tokens;
+    }
+    if (t->total_ != m.at("tokens").get<uint64_t>())
+      bad(dir, "its shards hold " + std::to_string(t->total_) + " tokens; the manifest says " +
+                   m.at("tokens").dump());
+  } catch (const nlohmann::json::exception& e) {
+    bad(dir, std::string(kManifestFile) + ": " + e.what());
+  }
+  return t;
+}
+
+TokenShards::~TokenShards() {
+  for (const Map& m : maps_)
+    if (m.base) ::munmap(const_cast<unsigned char*>(m.base), m.bytes);
+}
+
+void TokenShards::read(uint64_t begin, size_t n, int32_t* out) const {
+  if (begin + n > total_ || begin + n < begin)
+    throw std::out_of_range("tokens [" + std::to_string(begin) + ", +" + std::to_string(n) +
+                            ") past the end of " + dir_ + " (" + std::to_string(total_) + ")");
+  // The shard holding `begin`: the last whose first id is <= begin.
+  size_t s = 0, lo = 0, hi = maps_.size();
+  while (hi - lo > 1) {
+    const size_t mid = (lo + hi) / 2;
+    (maps_[mid].first <= begin ? lo : hi) = mid;
+  }
+  s = lo;
+  while (n > 0) {
+    const Map& m = maps_[s];
+    const uint64_t at = begin - m.first;
+    const size_t take = size_t(std::min<uint64_t>(n, m.tokens - at));
+    if (width_ == 2) {
+      const unsigned char* p = m.base + at * 2;
+      for (size_t i = 0; i < take; ++i) out[i] = int32_t(p[2 * i] | p[2 * i + 1] << 8);
+    } else {
+      std::memcpy(out, m.base + at * 4, take * 4);  // (little-endian hosts only: x86, arm64)
+    }
+    out += take;
+    n -= take;
+    begin += take;
+    ++s;
+  }
+}
+
+}  // namespace troupe::data

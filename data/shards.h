@@ -1,0 +1,96 @@
+// A prepared token data set: a directory with
+//   manifest.json    what is there: tokenizer, vocabulary, id width, shards with token counts
+//                    and checksums, documents, sources, what was skipped. Written last: a
+//                    directory without it is not a data set.
+//   tokenizer.json   the tokenizer (data/tokenizer.h), for training and generation alike
+//   tokens-NNNNN.bin the token stream, ids as little-endian uint16 (vocabulary <= 65,536) or
+//                    uint32; documents follow each other, each ended by the end-of-document id
+//   documents.bin    the index: the first token of each document, uint64 little-endian
+//
+// TokenShards maps the shards read-only; read() is const and safe from any number of threads.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace troupe::data {
+
+constexpr const char* kManifestFile = "manifest.json";
+constexpr const char* kTokenizerFile = "tokenizer.json";
+constexpr const char* kDocumentsFile = "documents.bin";
+
+// 64-bit FNV-1a, the checksum of shard files.
+inline uint64_t fnv1a64(const void* bytes, size_t n, uint64_t h = 1469598103934665603ull) {
+  const auto* p = static_cast<const unsigned char*>(bytes);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+std::string shard_name(size_t index);  // tokens-00000.bin
+
+// Appends token ids to shard files of at most shard_tokens ids each, and the document index.
+// Not thread-safe.
+class ShardWriter {
+ public:
+  ShardWriter(std::string dir, unsigned token_bytes, uint64_t shard_tokens);
+  ~ShardWriter();
+  ShardWriter(const ShardWriter&) = delete;
+  ShardWriter& operator=(const ShardWriter&) = delete;
+
+  // One document's ids, then the end-of-document id.
+  void add_document(const std::vector<uint32_t>& ids, uint32_t end_of_document);
+  // Flushes and closes every file; the shards' (file, tokens, checksum).
+  struct Shard {
+    std::string file;
+    uint64_t tokens, checksum;
+  };
+  std::vector<Shard> finish();
+  uint64_t tokens() const { return total_; }
+  uint64_t documents() const { return starts_.size(); }
+
+ private:
+  void write(const void* p, size_t n);
+  void roll();
+  std::string dir_;
+  unsigned width_;
+  uint64_t shard_tokens_, total_ = 0;
+  std::vector<Shard> shards_;
+  std::vector<uint64_t> starts_;
+  std::FILE* out_ = nullptr;
+  std::vector<unsigned char> buffer_;
+};
+
+class TokenShards {
+ public:
+  // Throws std::invalid_argument naming the directory and what is wrong or missing.
+  static std::shared_ptr<const TokenShards> open(const std::string& dir);
+  ~TokenShards();
+  TokenShards(const TokenShards&) = delete;
+  TokenShards& operator=(const TokenShards&) = delete;
+
+  uint64_t tokens() const { return total_; }
+  size_t vocab() const { return vocab_; }
+  uint32_t end_of_document() const { return uint32_t(vocab_ - 1); }
+  unsigned token_bytes() const { return width_; }
+  const std::string& dir() const { return dir_; }
+  // Ids [begin, begin + n) of the stream into out; begin + n <= tokens().
+  void read(uint64_t begin, size_t n, int32_t* out) const;
+
+ private:
+  TokenShards() = default;
+  struct Map {
+    const unsigned char* base;
+    size_t bytes;
+    uint64_t first, tokens;  // its ids' place in the stream
+  };
+  std::string dir_;
+  size_t vocab_ = 0;
+  unsigned width_ = 2;
+  uint64_t total_ = 0;
+  std::vector<Map> maps_;
+};
+
+}  // namespace troupe::data

@@ -1,0 +1,272 @@
+#include "data/tokenizer.h"
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <queue>
+#include <sstream>
+#include <stdexcept>
+
+namespace troupe::data {
+namespace {
+
+uint64_t key(uint32_t a, uint32_t b) { return uint64_t(a) << 32 | b; }
+
+// BPE training state: the distinct words as symbol sequences, how often each adjacent pair
+// occurs (weighted by word counts) and in which words. A merge rewrites only the words that
+// hold its pair and adjusts the counts of the pairs it destroys and creates.
+class BpeTrainer {
+ public:
+  explicit BpeTrainer(const WordCounts& counts) {
+    // Sorted words: the same result whatever the hash map's iteration order.
+    std::vector<std::pair<std::string_view, uint64_t>> sorted;
+    sorted.reserve(counts.distinct());
+    for (const auto& [w, c] : counts.counts()) sorted.emplace_back(w, c);
+    std::sort(sorted.begin(), sorted.end());
+    words_.reserve(sorted.size());
+    for (const auto& [w, c] : sorted) {
+      Word word{{}, c};
+      for (unsigned char ch : w) word.symbols.push_back(ch);
+      words_.push_back(std::move(word));
+    }
+    for (uint32_t w = 0; w < words_.size(); ++w) add_pairs(w, +1);
+    for (const auto& [k, c] : count_)
+      if (c > 0) heap_.push({c, k});
+  }
+
+  std::vector<Tokenizer::Merge> run(size_t merges) {
+    std::vector<Tokenizer::Merge> out;
+    while (out.size() < merges && !heap_.empty()) {
+      auto [c, k] = heap_.top();
+      heap_.pop();
+      const int64_t now = count_of(k);
+      if (now <= 0) continue;
+      if (now != c) {  // stale: counts of old pairs only fall, so re-queue at the true count
+        heap_.push({now, k});
+        continue;
+      }
+      const uint32_t id = uint32_t(256 + out.size());
+      out.emplace_back(uint32_t(k >> 32), uint32_t(k & 0xffffffffu));
+      merge(k, id);
+    }
+    return out;
+  }
+
+ private:
+  struct Word {
+    std::vector<uint32_t> symbols;
+    uint64_t count;
+  };
+  // Highest count first; among equal counts the smallest pair.
+  struct Entry {
+    int64_t count;
+    uint64_t pair;
+    bool operator<(const Entry& o) const {
+      return count != o.count ? count < o.count : pair > o.pair;
+    }
+  };
+
+  int64_t count_of(uint64_t k) const {
+    auto it = count_.find(k);
+    return it == count_.end() ? 0 : it->second;
+  }
+
+  void add_pairs(uint32_t w, int sign) {
+    const Word& word = words_[w];
+    for (size_t i = 0; i + 1 < word.symbols.size(); ++i) {
+      const uint64_t k = key(word.symbols[i], word.symbols[i + 1]);
+      count_[k] += sign * int64_t(word.count);
+      if (sign > 0) where_[k].push_back(w);
+    }
+  }
+
+  void merge(uint64_t k, uint32_t id) {
+    const uint32_t a = uint32_t(k >> 32), b = uint32_t(k & 0xffffffffu);
+    std::vector<uint32_t> holders = std::move(where_[k]);
+    where_.erase(k);
+    std::sort(holders.begin(), holders.end());
+    holders.erase(std::unique(holders.begin(), holders.end()), holders.end());
+    std::vector<uint64_t> created;
+    for (uint32_t w : holders) {
+      Word& word = words_[w];
+      auto& s = word.symbols;
+      bool has = false;
+      for (size_t i = 0; i + 1 < s.size() && !has; ++i) has = s[i] == a && s[i + 1] == b;
+      if (!has) continue;  // (an earlier merge rewrote this word)
+      add_pairs_counts_only(w, -1);
+      size_t out = 0;
+      for (size_t i = 0; i < s.size(); ++i) {
+        if (i + 1 < s.size() && s[i] == a && s[i + 1] == b) {
+          s[out++] = id;
+          ++i;
+        } else {
+          s[out++] = s[i];
+        }
+      }
+      s.resize(out);
+      for (size_t i = 0; i + 1 < s.size(); ++i) {
+        const uint64_t p = key(s[i], s[i + 1]);
+        count_[p] += int64_t(word.count);
+        if (s[i] == id || s[i + 1] == id) {
+          where_[p].push_back(w);
+          created.push_back(p);
+        }
+      }
+    }
+    count_.erase(k);
+    std::sort(created.begin(), created.end());
+    created.erase(std::unique(created.begin(), created.end()), created.end());
+    for (uint64_t p : created) heap_.push({count_of(p), p});
+  }
+
+  void add_pairs_counts_only(uint32_t w, int sign) {
+    const Word& word = words_[w];
+    for (size_t i = 0; i + 1 < word.symbols.size(); ++i)
+      count_[key(word.symbols[i], word.symbols[i + 1])] += sign * int64_t(word.count);
+  }
+
+  std::vector<Word> words_;
+  std::unordered_map<uint64_t, int64_t> count_;
+  std::unordered_map<uint64_t, std::vector<uint32_t>> where_;
+  std::priority_queue<Entry> heap_;
+};
+
+[[noreturn]] void bad_file(const std::string& path, const std::string& what) {
+  throw std::invalid_argument("tokenizer file '" + path + "': " + what);
+}
+
+}  // namespace
+
+void WordCounts::add(std::string_view text) {
+  split_words(text, [&](std::string_view w) {
+    auto it = counts_.find(std::string(w));
+    if (it == counts_.end()) {
+      counts_.emplace(std::string(w), 1);
+    } else {
+      ++it->second;
+    }
+    ++total_;
+  });
+}
+
+Tokenizer::Tokenizer(std::vector<Merge> merges) : merges_(std::move(merges)) {
+  pieces_.reserve(vocab_size());
+  for (int c = 0; c < 256; ++c) pieces_.emplace_back(1, char(c));
+  for (size_t i = 0; i < merges_.size(); ++i) {
+    const auto [a, b] = merges_[i];
+    if (a >= 256 + i || b >= 256 + i)
+      throw std::invalid_argument("merge " + std::to_string(i) + " (" + std::to_string(a) + ", " +
+                                  std::to_string(b) + ") names an id not yet defined");
+    pieces_.push_back(pieces_[a] + pieces_[b]);
+    rank_.emplace(key(a, b), uint32_t(i));
+  }
+  pieces_.emplace_back("<|endoftext|>");
+}
+
+Tokenizer Tokenizer::train_bpe(const WordCounts& words, size_t vocab) {
+  if (vocab < 257)
+    throw std::invalid_argument(
+        "a BPE vocabulary needs at least 257 ids (256 bytes and the "
+        "end of a document); asked for " +
+        std::to_string(vocab));
+  return Tokenizer(BpeTrainer(words).run(vocab - 257));
+}
+
+void Tokenizer::encode_word(std::string_view word, std::vector<uint32_t>& out) {
+  if (merges_.empty()) {
+    for (unsigned char c : word) out.push_back(c);
+    return;
+  }
+  auto hit = cache_.find(std::string(word));
+  if (hit != cache_.end()) {
+    out.insert(out.end(), hit->second.begin(), hit->second.end());
+    return;
+  }
+  std::vector<uint32_t> s(word.begin(), word.end());
+  for (auto& c : s) c &= 0xff;
+  // Merge the adjacent pair of lowest rank, everywhere in the word, until none is a merge.
+  while (s.size() > 1) {
+    uint32_t best = UINT32_MAX;
+    for (size_t i = 0; i + 1 < s.size(); ++i) {
+      auto it = rank_.find(key(s[i], s[i + 1]));
+      if (it != rank_.end() && it->second < best) best = it->second;
+    }
+    if (best == UINT32_MAX) break;
+    const auto [a, b] = merges_[best];
+    size_t o = 0;
+    for (size_t i = 0; i < s.size(); ++i) {
+      if (i + 1 < s.size() && s[i] == a && s[i + 1] == b) {
+        s[o++] = 256 + best;
+        ++i;
+      } else {
+        s[o++] = s[i];
+      }
+    }
+    s.resize(o);
+  }
+  out.insert(out.end(), s.begin(), s.end());
+  if (cache_.size() > (1u << 20)) cache_.clear();  // (bounded memory on any corpus)
+  cache_.emplace(std::string(word), std::move(s));
+}
+
+void Tokenizer::encode(std::string_view text, std::vector<uint32_t>& out) {
+  split_words(text, [&](std::string_view w) { encode_word(w, out); });
+}
+
+void Tokenizer::decode(const uint32_t* ids, size_t n, std::string& out) const {
+  for (size_t i = 0; i < n; ++i) {
+    if (ids[i] >= pieces_.size())
+      throw std::invalid_argument("token id " + std::to_string(ids[i]) +
+                                  " is outside the vocabulary (" + std::to_string(pieces_.size()) +
+                                  " ids)");
+    out += pieces_[ids[i]];
+  }
+}
+
+void Tokenizer::save(const std::string& path) const {
+  nlohmann::json j;
+  j["format"] = "troupe-tokenizer";
+  j["version"] = 1;
+  j["kind"] = kind();
+  j["vocab"] = vocab_size();
+  j["end_of_document"] = end_of_document();
+  auto& m = j["merges"] = nlohmann::json::array();
+  for (const auto& [a, b] : merges_) m.push_back({a, b});
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << j.dump() << '\n';
+  if (!out.flush()) throw std::runtime_error("cannot write '" + path + "'");
+}
+
+Tokenizer Tokenizer::load(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) bad_file(path, "cannot be opened");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    bad_file(path, std::string("is not JSON: ") + e.what());
+  }
+  if (!j.is_object() || j.value("format", "") != "troupe-tokenizer")
+    bad_file(path, "is not a troupe tokenizer (no \"format\": \"troupe-tokenizer\")");
+  if (j.value("version", 0) != 1) bad_file(path, "has an unknown version (this build reads 1)");
+  const auto& m = j.find("merges");
+  if (m == j.end() || !m->is_array()) bad_file(path, "has no \"merges\" array");
+  std::vector<Merge> merges;
+  for (size_t i = 0; i < m->size(); ++i) {
+    const auto& p = (*m)[i];
+    if (!p.is_array() || p.size() != 2 || !p[0].is_number_unsigned() || !p[1].is_number_unsigned())
+      bad_file(path, "merge " + std::to_string(i) + " is not a pair of ids");
+    const uint64_t a = p[0], b = p[1];
+    if (a >= 256 + i || b >= 256 + i)
+      bad_file(path, "merge " + std::to_string(i) + " names an id not yet defined");
+    merges.emplace_back(uint32_t(a), uint32_t(b));
+  }
+  Tokenizer t(std::move(merges));
+  if (j.value("vocab", uint64_t(0)) != t.vocab_size())
+    bad_file(path, "says \"vocab\": " + j.value("vocab", nlohmann::json()).dump() + " but its " +
+                       std::to_string(t.merges().size()) + " merges make " +
+                       std::to_string(t.vocab_size()));
+  return t;
+}
+
+}  // namespace troupe::data

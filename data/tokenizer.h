@@ -1,0 +1,123 @@
+// Tokenizers: byte-level, and byte-level BPE trained on a corpus.
+//
+// Ids: 0..255 are the bytes; 256..256+M-1 the M merges in the order they were learned; the last
+// id (256+M) is the end-of-document token that separates documents in a data set. So
+// vocab_size() = 257 + M, and any byte string encodes and decodes back to itself:
+// decode(encode(x)) == x for every x (encode never emits the end-of-document token).
+//
+// BPE works on words, never across them: split_words() cuts text into chunks the way GPT-2's
+// pattern does (an optional leading space and a run of letters, of digits or of other symbols;
+// runs of whitespace), at most kMaxWordBytes each. Bytes >= 0x80 count as letters, so a UTF-8
+// character stays inside its word.
+//
+// A Tokenizer is immutable after construction and safe to share between threads, except
+// encode(), which keeps a per-object cache: give each thread its own copy.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace troupe::data {
+
+constexpr size_t kMaxWordBytes = 64;
+
+// Calls emit(chunk) for each word of text, in order; the chunks concatenate to text.
+template <class F>
+void split_words(std::string_view text, F&& emit);
+
+// Counts of distinct words, the input of BPE training; fed text by text.
+class WordCounts {
+ public:
+  void add(std::string_view text);
+  size_t distinct() const { return counts_.size(); }
+  uint64_t total() const { return total_; }
+  const std::unordered_map<std::string, uint64_t>& counts() const { return counts_; }
+
+ private:
+  std::unordered_map<std::string, uint64_t> counts_;
+  uint64_t total_ = 0;
+};
+
+class Tokenizer {
+ public:
+  using Merge = std::pair<uint32_t, uint32_t>;
+
+  static Tokenizer bytes() { return Tokenizer({}); }
+  // Learns vocab - 257 merges (fewer when the words run out of pairs: vocab_size() says).
+  // Deterministic: the most frequent pair first, ties to the smallest (left, right) ids.
+  static Tokenizer train_bpe(const WordCounts& words, size_t vocab);
+  // Throws std::invalid_argument naming the file and what is wrong.
+  static Tokenizer load(const std::string& path);
+  void save(const std::string& path) const;
+
+  explicit Tokenizer(std::vector<Merge> merges);
+
+  std::string kind() const { return merges_.empty() ? "byte" : "bpe"; }
+  size_t vocab_size() const { return 257 + merges_.size(); }
+  uint32_t end_of_document() const { return uint32_t(256 + merges_.size()); }
+  const std::vector<Merge>& merges() const { return merges_; }
+
+  // Appends the ids of text to out.
+  void encode(std::string_view text, std::vector<uint32_t>& out);
+  std::vector<uint32_t> encode(std::string_view text) {
+    std::vector<uint32_t> out;
+    encode(text, out);
+    return out;
+  }
+  // Appends the bytes of the ids to out; the end-of-document id as "<|endoftext|>".
+  // Throws std::invalid_argument for an id outside the vocabulary.
+  void decode(const uint32_t* ids, size_t n, std::string& out) const;
+
+ private:
+  void encode_word(std::string_view word, std::vector<uint32_t>& out);
+
+  std::vector<Merge> merges_;
+  std::vector<std::string> pieces_;              // id -> its bytes
+  std::unordered_map<uint64_t, uint32_t> rank_;  // (left << 32 | right) -> merge index
+  std::unordered_map<std::string, std::vector<uint32_t>> cache_;  // word -> ids
+};
+
+// ---- implementation of the template ----
+
+namespace detail {
+// 0 whitespace, 1 letter (and every byte >= 0x80), 2 digit, 3 other.
+inline int byte_class(unsigned char c) {
+  if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f') return 0;
+  if ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') return 1;
+  if (c >= 0x80) return 1;
+  if (c >= '0' && c <= '9') return 2;
+  return 3;
+}
+}  // namespace detail
+
+template <class F>
+void split_words(std::string_view text, F&& emit) {
+  const size_t n = text.size();
+  size_t i = 0;
+  while (i < n) {
+    size_t j = i;
+    int cls = detail::byte_class(static_cast<unsigned char>(text[i]));
+    if (cls == 0) {
+      // A run of whitespace; its last space goes with the word that follows it.
+      while (j < n && detail::byte_class(static_cast<unsigned char>(text[j])) == 0) ++j;
+      if (j < n && j - i > 1 && text[j - 1] == ' ') --j;
+      if (j < n && j - i == 1 && text[i] == ' ') {
+        cls = detail::byte_class(static_cast<unsigned char>(text[j]));
+        while (j < n && detail::byte_class(static_cast<unsigned char>(text[j])) == cls) ++j;
+      }
+    } else {
+      while (j < n && detail::byte_class(static_cast<unsigned char>(text[j])) == cls) ++j;
+    }
+    while (j - i > kMaxWordBytes) {
+      emit(text.substr(i, kMaxWordBytes));
+      i += kMaxWordBytes;
+    }
+    emit(text.substr(i, j - i));
+    i = j;
+  }
+}
+
+}  // namespace troupe::data

@@ -1,0 +1,50 @@
+#include "workers/datasets.h"
+
+#include "data/token_data.h"
+
+namespace troupe::workers {
+namespace {
+
+// Token windows in their own global order (data/token_data.h): the trainer passes positions.
+class TokenWindows : public models::Dataset {
+ public:
+  explicit TokenWindows(std::unique_ptr<data::TokenData> d) : d_(std::move(d)) {}
+  size_t size() const override { return size_t(d_->windows()); }
+  size_t input_width() const override { return d_->context(); }
+  size_t targets_per_sample() const override { return d_->context(); }
+  void fill(size_t position, float* input, int32_t* targets) const override {
+    d_->fill(position, input, targets);
+  }
+  bool orders_itself() const override { return true; }
+
+ private:
+  std::unique_ptr<data::TokenData> d_;
+};
+
+}  // namespace
+
+std::vector<data::Source> token_sources(const WorkerSpec& spec) {
+  std::vector<data::Source> sources;
+  for (size_t i = 0; i < spec.data_mix.size(); ++i)
+    sources.push_back({spec.data_mix[i], spec.data_mix_weights.at(i)});
+  if (sources.empty()) sources.push_back({spec.data_path, 1.0});
+  return sources;
+}
+
+std::unique_ptr<models::Dataset> open_dataset(const WorkerSpec& spec, models::ModelSpec& m) {
+  if (spec.data_kind == "text") {
+    auto text = std::make_unique<models::CharText>(spec.data_path, m.context);
+    m.vocab = text->vocab();
+    return text;
+  }
+  if (spec.data_kind == "tokens") {
+    auto d = std::make_unique<data::TokenData>(token_sources(spec), m.context, spec.seed);
+    m.vocab = d->vocab();
+    return std::make_unique<TokenWindows>(std::move(d));
+  }
+  if (m.mlp_sizes.size() < 2) throw std::invalid_argument("the mlp needs inputs and classes");
+  return std::make_unique<models::SyntheticClassification>(spec.seed, size_t(spec.samples),
+                                                           m.mlp_sizes.front(), m.mlp_sizes.back());
+}
+
+}  // namespace troupe::workers
