@@ -103,8 +103,9 @@ void split_words(std::string_view text, F&& emit) {
     if (cls == 0) {
       // A run of whitespace; its last space goes with the word that follows it.
       while (j < n && detail::byte_class(static_cast<unsigned char>(text[j])) == 0) ++j;
-      if (j < n && j - i > 1 && text[j - 1] == ' ') --j;
-      if (j < n && j - i == 1 && text[i] == ' ') {
+      if (j < n && j - i > 1 && text[j - 1] == ' ') {
+        --j;
+      } else if (j < n && j - i == 1 && text[i] == ' ') {
         cls = detail::byte_class(static_cast<unsigned char>(text[j]));
         while (j < n && detail::byte_class(static_cast<unsigned char>(text[j])) == cls) ++j;
       }

@@ -1,0 +1,339 @@
+// data/: the tokenizers (any bytes round-trip; BPE training is deterministic and learns the
+// most frequent pair first), the token shards and their manifest (every defect named), the global
+// order (a bijection per epoch, mixtures in proportion), and prepare's handling of bad input.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+
+#include "data/prepare.h"
+#include "data/shards.h"
+#include "data/token_data.h"
+#include "data/tokenizer.h"
+
+namespace troupe::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Dir {
+  Dir() {
+    char t[] = "/tmp/troupe-data-XXXXXX";
+    path = ::mkdtemp(t);
+  }
+  ~Dir() { fs::remove_all(path); }
+  std::string operator/(const std::string& name) const { return path + "/" + name; }
+  std::string path;
+};
+
+void write(const std::string& path, const std::string& body) {
+  fs::create_directories(fs::path(path).parent_path());
+  std::ofstream(path, std::ios::binary) << body;
+}
+
+std::string read(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+const std::string kGpl = read("/usr/share/common-licenses/GPL-3");
+
+Tokenizer trained(size_t vocab) {
+  WordCounts w;
+  w.add(kGpl);
+  return Tokenizer::train_bpe(w, vocab);
+}
+
+std::string random_bytes(std::mt19937& rng, size_t n) {
+  std::string s(n, '\0');
+  for (auto& c : s) c = char(rng() & 0xff);
+  return s;
+}
+
+TEST(Tokenizer, SplitWordsCoversTheTextAndKeepsWordsShort) {
+  std::mt19937 rng(1);
+  for (const std::string& text : {kGpl, random_bytes(rng, 5000), std::string(300, ' '),
+                                  std::string("a"), std::string()}) {
+    std::string joined;
+    split_words(text, [&](std::string_view w) {
+      EXPECT_FALSE(w.empty());
+      EXPECT_LE(w.size(), kMaxWordBytes);
+      joined += w;
+    });
+    EXPECT_EQ(joined, text);
+  }
+  std::vector<std::string> words;
+  split_words("Hello  world, 42x\n", [&](std::string_view w) { words.emplace_back(w); });
+  EXPECT_EQ(words, (std::vector<std::string>{"Hello", " ", " world", ",", " 42", "x", "\n"}));
+}
+
+TEST(Tokenizer, AnyBytesRoundTripThroughByteAndBpe) {
+  std::mt19937 rng(7);
+  Tokenizer bpe = trained(600), bytes = Tokenizer::bytes();
+  ASSERT_EQ(bpe.vocab_size(), 600u);
+  EXPECT_EQ(bytes.vocab_size(), 257u);
+  std::vector<std::string> inputs = {kGpl, "", "\xff\xfe\x00\x80 invalid \xc3\x28 UTF-8",
+                                     std::string(1000, '\0'), "<|endoftext|>"};
+  for (size_t n : {1, 2, 3, 63, 64, 65, 1000, 70000}) inputs.push_back(random_bytes(rng, n));
+  for (auto* t : {&bpe, &bytes}) {
+    for (const std::string& x : inputs) {
+      const std::vector<uint32_t> ids = t->encode(x);
+      for (uint32_t id : ids) ASSERT_LT(id, t->end_of_document()) << "never the end id";
+      std::string back;
+      t->decode(ids.data(), ids.size(), back);
+      ASSERT_EQ(back, x) << t->kind() << " on " << x.size() << " bytes";
+    }
+  }
+  EXPECT_LT(bpe.encode(kGpl).size() * 5, kGpl.size() * 2) << "600 ids: English > 2.5x smaller";
+}
+
+TEST(Tokenizer, BpeLearnsTheMostFrequentPairFirstAndIsDeterministic) {
+  WordCounts w;
+  w.add("aab aab aab abb abb cd");  // words "aab", " aab" x2, " abb" x2, " cd"
+  const Tokenizer t = Tokenizer::train_bpe(w, 257 + 3);
+  ASSERT_EQ(t.merges().size(), 3u);
+  // Pairs: (a,b) 5 times; (" ",a) 4; (a,a) 3; (b,b) 2: (a,b) first. Then, with X = ab:
+  // (a,X) 3; (" ",a) 2; (" ",X) 2; (X,b) 2: (a,X) = Y, which takes every (" ",a). Then
+  // (" ",X), (" ",Y) and (X,b) tie at 2: the smallest pair, (" ",X).
+  EXPECT_EQ(t.merges()[0], Tokenizer::Merge('a', 'b'));
+  EXPECT_EQ(t.merges()[1], Tokenizer::Merge('a', 256));
+  EXPECT_EQ(t.merges()[2], Tokenizer::Merge(' ', 256));
+  EXPECT_EQ(trained(700).merges(), trained(700).merges());
+  const Tokenizer small = trained(300), large = trained(700);
+  EXPECT_TRUE(std::equal(small.merges().begin(), small.merges().end(), large.merges().begin()))
+      << "a larger vocabulary extends a smaller one";
+}
+
+TEST(Tokenizer, SavedAndLoadedAlikeAndBadFilesNamed) {
+  Dir d;
+  const Tokenizer t = trained(400);
+  t.save(d / "tok.json");
+  EXPECT_EQ(Tokenizer::load(d / "tok.json").merges(), t.merges());
+  auto refused = [&](const std::string& body, const std::string& why) {
+    write(d / "bad.json", body);
+    try {
+      Tokenizer::load(d / "bad.json");
+      ADD_FAILURE() << "accepted: " << body;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("bad.json"), std::string::npos) << e.what();
+    }
+  };
+  refused("not json", "is not JSON");
+  refused("{}", "not a troupe tokenizer");
+  refused(R"({"format":"troupe-tokenizer","version":2,"merges":[]})", "unknown version");
+  refused(R"({"format":"troupe-tokenizer","version":1,"vocab":258,"merges":[[256,1]]})",
+          "not yet defined");
+  refused(R"({"format":"troupe-tokenizer","version":1,"vocab":300,"merges":[[1,2]]})",
+          "make 258");
+  refused(R"({"format":"troupe-tokenizer","version":1,"vocab":258,"merges":[[1,"x"]]})",
+          "not a pair of ids");
+  EXPECT_THROW(Tokenizer::load(d / "absent.json"), std::invalid_argument);
+  std::string out;
+  const uint32_t bad = 400;
+  EXPECT_THROW(t.decode(&bad, 1, out), std::invalid_argument);
+}
+
+TEST(Permutation, IsABijectionAtAnySizeAndDependsOnSeedAndEpoch) {
+  for (uint64_t n : {1, 2, 3, 7, 64, 1000, 65537}) {
+    Permutation p(n, 5, 0);
+    std::vector<bool> seen(n);
+    for (uint64_t i = 0; i < n; ++i) {
+      const uint64_t v = p(i);
+      ASSERT_LT(v, n);
+      ASSERT_FALSE(seen[v]) << "n " << n << " value " << v << " twice";
+      seen[v] = true;
+    }
+  }
+  size_t same_epoch = 0, same_seed = 0;
+  for (uint64_t i = 0; i < 1000; ++i) {
+    same_epoch += Permutation(1000, 5, 0)(i) == Permutation(1000, 5, 1)(i);
+    same_seed += Permutation(1000, 5, 0)(i) == Permutation(1000, 6, 0)(i);
+  }
+  EXPECT_LT(same_epoch, 20u);
+  EXPECT_LT(same_seed, 20u);
+}
+
+// A data set of the given ids (one document), written as prepare writes one.
+void make_set(const std::string& dir, const std::vector<uint32_t>& ids, const Tokenizer& t,
+              uint64_t shard_tokens) {
+  fs::create_directories(dir);
+  ShardWriter w(dir, 2, shard_tokens);
+  w.add_document(ids, t.end_of_document());
+  auto shards = w.finish();
+  t.save(dir + "/" + kTokenizerFile);
+  std::string list;
+  for (const auto& s : shards)
+    list += (list.empty() ? "" : ",") + std::string("{\"file\":\"") + s.file +
+            "\",\"tokens\":" + std::to_string(s.tokens) + "}";
+  write(dir + "/" + kManifestFile,
+        "{\"format\":\"troupe-tokens\",\"version\":1,\"vocab\":" + std::to_string(t.vocab_size()) +
+            ",\"token_bytes\":2,\"tokens\":" + std::to_string(w.tokens()) + ",\"shards\":[" +
+            list + "]}");
+}
+
+TEST(TokenShards, ReadAcrossShardsAndEveryDefectNamed) {
+  Dir d;
+  std::vector<uint32_t> ids;
+  for (uint32_t i = 0; i < 1000; ++i) ids.push_back(i % 256);
+  make_set(d / "s", ids, Tokenizer::bytes(), 97);  // 11 shards, the last partial
+  auto t = TokenShards::open(d / "s");
+  ASSERT_EQ(t->tokens(), 1001u);
+  std::vector<int32_t> got(300);
+  t->read(90, 300, got.data());
+  for (size_t i = 0; i < 300; ++i) ASSERT_EQ(got[i], int32_t((90 + i) % 256));
+  int32_t last;
+  t->read(1000, 1, &last);
+  EXPECT_EQ(last, 256) << "the end-of-document id";
+  EXPECT_THROW(t->read(1000, 2, got.data()), std::out_of_range);
+
+  auto refused = [&](const std::string& dir, const std::string& why) {
+    try {
+      TokenShards::open(dir);
+      ADD_FAILURE() << "accepted " << dir;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  refused(d / "absent", "cannot be read");
+  fs::create_directories(d / "empty");
+  refused(d / "empty", "has no manifest.json");
+  fs::copy(d / "s", d / "truncated");
+  fs::resize_file(d / "truncated/tokens-00003.bin", 10);
+  refused(d / "truncated", "tokens-00003.bin has 10 bytes");
+  fs::copy(d / "s", d / "other_tokenizer");
+  trained(300).save(d / "other_tokenizer/tokenizer.json");
+  refused(d / "other_tokenizer", "is not its tokenizer's");
+  fs::copy(d / "s", d / "garbled");
+  write(d / "garbled/manifest.json", "{\"format\":\"troupe-tokens\",\"version\":1}");
+  refused(d / "garbled", "manifest.json");
+}
+
+TEST(TokenData, WindowsInAGlobalOrderEachOncePerEpoch) {
+  Dir d;
+  std::vector<uint32_t> ids;
+  for (uint32_t i = 0; i < 1600; ++i) ids.push_back(i % 251);
+  make_set(d / "s", ids, Tokenizer::bytes(), 1 << 20);
+  const size_t T = 16;
+  TokenData data({{d / "s", 1.0}}, T, 3);
+  ASSERT_EQ(data.windows(), 100u);  // (1601 - 1) / 16
+  std::vector<float> in(T);
+  std::vector<int32_t> tg(T);
+  for (uint64_t epoch = 0; epoch < 2; ++epoch) {
+    std::set<uint64_t> seen;
+    for (uint64_t p = epoch * 100; p < (epoch + 1) * 100; ++p) seen.insert(data.locate(p).window);
+    EXPECT_EQ(seen.size(), 100u) << "epoch " << epoch;
+  }
+  EXPECT_NE(data.locate(0).window, data.locate(100).window) << "each epoch shuffles anew";
+  data.fill(42, in.data(), tg.data());
+  const uint64_t w = data.locate(42).window;
+  for (size_t t = 0; t < T; ++t) {
+    EXPECT_EQ(in[t], float((w * T + t) % 251));
+    EXPECT_EQ(tg[t], int32_t((w * T + t + 1) % 251)) << "targets: the next tokens";
+  }
+  EXPECT_EQ(TokenData({{d / "s", 1.0}}, T, 3).locate(77).window, data.locate(77).window);
+  EXPECT_EQ(TokenData({{d / "s", 1.0}}, 1600, 3).windows(), 1u);
+  EXPECT_THROW(TokenData({{d / "s", 1.0}}, 1601, 3), std::invalid_argument)
+      << "fewer tokens than a window";
+}
+
+TEST(TokenData, AMixtureKeepsItsProportionsAndVisitsEachSetsWindowsOnce) {
+  Dir d;
+  for (const char* name : {"a", "b", "c"}) make_set(d / name, std::vector<uint32_t>(5000, 65),
+                                                    Tokenizer::bytes(), 1 << 20);
+  TokenData mix({{d / "a", 0.5}, {d / "b", 0.3}, {d / "c", 0.2}}, 10, 9);
+  std::map<size_t, std::vector<uint64_t>> by_set;
+  for (uint64_t p = 0; p < 10000; ++p) {
+    const auto at = mix.locate(p);
+    by_set[at.set].push_back(at.window);
+  }
+  EXPECT_NEAR(double(by_set[0].size()) / 10000, 0.5, 0.01);
+  EXPECT_NEAR(double(by_set[1].size()) / 10000, 0.3, 0.01);
+  EXPECT_NEAR(double(by_set[2].size()) / 10000, 0.2, 0.01);
+  // Set c (500 windows) got 2000 positions: 4 whole epochs, each a permutation, so every
+  // window appears exactly 4 times.
+  std::map<uint64_t, int> times;
+  for (uint64_t w : by_set[2]) ++times[w];
+  EXPECT_EQ(times.size(), 500u);
+  for (auto [w, n] : times) EXPECT_EQ(n, 4) << "window " << w;
+  // The first 1000 positions interleave the sets (not 500 a's, then b's).
+  size_t changes = 0;
+  for (uint64_t p = 1; p < 1000; ++p) changes += mix.locate(p).set != mix.locate(p - 1).set;
+  EXPECT_GT(changes, 300u);
+  EXPECT_THROW(TokenData({{d / "a", 1.0}, {d / "b", 0.0001}}, 10, 9), std::invalid_argument);
+  make_set(d / "other", std::vector<uint32_t>(5000, 65), trained(300), 1 << 20);
+  EXPECT_THROW(TokenData({{d / "a", 1.0}, {d / "other", 1.0}}, 10, 9), std::invalid_argument)
+      << "one vocabulary";
+}
+
+TEST(Prepare, TextDirectoriesAndJsonLinesWithBadDocumentsSkippedAndCounted) {
+  Dir d;
+  write(d / "in/a.txt", "hello world\n");
+  write(d / "in/sub/b.txt", "second document\n");
+  write(d / "in/sub/binary.dat", std::string("ELF\0\1\2", 6));
+  write(d / "in/sub/latin1.txt", "caf\xe9\n");
+  write(d / "in/empty.txt", "");
+  write(d / "in/docs.jsonl",
+        "{\"text\": \"from json \\u00e9\"}\nnot json\n{\"other\": 1}\n\n{\"text\": \"again\"}\n");
+  const PrepareSummary s = prepare({{d / "in"}, d / "out", "bpe", 300});
+  EXPECT_EQ(s.files, 6u);
+  EXPECT_EQ(s.documents, 4u);
+  EXPECT_EQ(s.skipped_binary, 1u);
+  EXPECT_EQ(s.skipped_invalid_utf8, 1u);
+  EXPECT_EQ(s.skipped_empty, 1u);
+  EXPECT_EQ(s.skipped_bad_json, 2u);
+  EXPECT_NE(s.first_skipped.find("docs.jsonl:2"), std::string::npos) << s.first_skipped;
+  auto t = TokenShards::open(d / "out");
+  EXPECT_EQ(t->tokens(), s.tokens);
+  std::vector<int32_t> ids(t->tokens());
+  t->read(0, ids.size(), ids.data());
+  Tokenizer tok = Tokenizer::load(d / "out/tokenizer.json");
+  std::string text;
+  for (int32_t id : ids) {
+    const uint32_t u = uint32_t(id);
+    tok.decode(&u, 1, text);
+  }
+  EXPECT_EQ(text,
+            "hello world\n<|endoftext|>from json \xc3\xa9<|endoftext|>again<|endoftext|>"
+            "second document\n<|endoftext|>");
+  EXPECT_EQ(read(d / "out/documents.bin").size(), 4u * 8);
+  for (const auto& e : fs::directory_iterator(d.path))
+    EXPECT_EQ(e.path().filename().string().find("partial"), std::string::npos);
+}
+
+TEST(Prepare, BadInputsAreRefusedAndLeaveNoDataSet) {
+  Dir d;
+  write(d / "bin/x.dat", std::string("\0\0\0", 3));
+  write(d / "bin/y.txt", "");
+  write(d / "text.txt", "some text");
+  auto refused = [&](PrepareOptions o, const std::string& why) {
+    try {
+      prepare(o);
+      ADD_FAILURE() << "accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+    if (o.out != d / "exists") {
+      EXPECT_FALSE(fs::exists(o.out)) << o.out;
+    }
+  };
+  refused({{d / "absent"}, d / "o1"}, "does not exist");
+  refused({{d / "bin"}, d / "o2"}, "no text in the inputs");
+  fs::create_directories(d / "exists");
+  refused({{d / "text.txt"}, d / "exists"}, "exists");
+  refused({{d / "text.txt"}, d / "o3", "bpe", 100}, "N >= 257");
+  refused({{d / "text.txt"}, d / "o4", "word"}, "byte or bpe");
+  refused({{"/dev/null"}, d / "o5"}, "neither a file nor a directory");
+  // A dead prepare's partial directory goes.
+  fs::create_directories(d / "o6.partial-999999999");
+  prepare({{d / "text.txt"}, d / "o6"});
+  EXPECT_TRUE(fs::exists(d / "o6/manifest.json"));
+  EXPECT_FALSE(fs::exists(d / "o6.partial-999999999"));
+}
+
+}  // namespace
+}  // namespace troupe::data
