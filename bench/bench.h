@@ -13,6 +13,7 @@ int run_raw_ucx_server(const std::vector<std::string>& args);
 int run_model_bench(const std::vector<std::string>& args);
 int run_drift_bench(const std::vector<std::string>& args);
 int run_checkpoint_bench(const std::vector<std::string>& args);
+int run_data_bench(const std::vector<std::string>& args);  // troupe bench data
 int run_allreduce_bench(const std::vector<std::string>& args);
 int run_allreduce_worker(const std::vector<std::string>& args);
 int run_nccl_allreduce_bench(const std::vector<size_t>& sizes, bool json);

@@ -56,6 +56,8 @@ usage (troupe COMMAND --help: a command's options):
                                     single-process training throughput of the reference models
   troupe bench drift [--optimizer adamw|sgd] [--shards N] [--steps N] [--dump DIR]
                                     how far a change of world size moves a run (bench/compare_drift.sh)
+  troupe bench data --data DIR [--context T] [--batch B] [--json]
+                                    micro-batches from a token data set, as a worker gets them (bench/compare_data.sh)
   troupe bench checkpoint [--params N] [--dir DIR] [--json]
                                     a checkpoint's blocking copy, write and restore (bench/compare_checkpoint.sh)
 )";
@@ -133,6 +135,8 @@ int troupe_main(int argc, char** argv, const Hooks& hooks) {
       return troupe::bench::run_allreduce_worker({rest.begin() + 1, rest.end()});
     if (cmd == "bench" && !rest.empty() && rest[0] == "model")
       return troupe::bench::run_model_bench({rest.begin() + 1, rest.end()});
+    if (cmd == "bench" && !rest.empty() && rest[0] == "data")
+      return troupe::bench::run_data_bench({rest.begin() + 1, rest.end()});
     if (cmd == "bench" && !rest.empty() && rest[0] == "checkpoint")
       return troupe::bench::run_checkpoint_bench({rest.begin() + 1, rest.end()});
     if (cmd == "bench" && !rest.empty() && rest[0] == "drift")
@@ -142,11 +146,11 @@ int troupe_main(int argc, char** argv, const Hooks& hooks) {
     const bool bench = cmd == "bench";
     const std::string word = bench ? (rest.empty() ? "" : rest[0]) : cmd;
     const std::string near = cli::did_you_mean(
-        word, bench
-                  ? std::vector<std::string>{"control", "allreduce", "model", "drift", "checkpoint"}
-                  : std::vector<std::string>{"run", "coordinator", "agent", "status", "stop",
-                                             "drain", "scale", "export", "data", "version", "demo", "node",
-                                             "bench", "help"});
+        word, bench ? std::vector<std::string>{"control", "allreduce", "model", "drift",
+                                               "checkpoint", "data"}
+                    : std::vector<std::string>{"run", "coordinator", "agent", "status", "stop",
+                                               "drain", "scale", "export", "data", "version",
+                                               "demo", "node", "bench", "help"});
     const std::string hint =
         near.empty() ? "" : "; did you mean '" + std::string(bench ? "bench " : "") + near + "'?";
     std::fprintf(stderr, "troupe: unknown command '%s%s'%s\n\n%s", bench ? "bench " : "",

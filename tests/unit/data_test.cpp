@@ -56,8 +56,8 @@ std::string random_bytes(std::mt19937& rng, size_t n) {
 
 TEST(Tokenizer, SplitWordsCoversTheTextAndKeepsWordsShort) {
   std::mt19937 rng(1);
-  for (const std::string& text : {kGpl, random_bytes(rng, 5000), std::string(300, ' '),
-                                  std::string("a"), std::string()}) {
+  for (const std::string& text :
+       {kGpl, random_bytes(rng, 5000), std::string(300, ' '), std::string("a"), std::string()}) {
     std::string joined;
     split_words(text, [&](std::string_view w) {
       EXPECT_FALSE(w.empty());
@@ -128,8 +128,7 @@ TEST(Tokenizer, SavedAndLoadedAlikeAndBadFilesNamed) {
   refused(R"({"format":"troupe-tokenizer","version":2,"merges":[]})", "unknown version");
   refused(R"({"format":"troupe-tokenizer","version":1,"vocab":258,"merges":[[256,1]]})",
           "not yet defined");
-  refused(R"({"format":"troupe-tokenizer","version":1,"vocab":300,"merges":[[1,2]]})",
-          "make 258");
+  refused(R"({"format":"troupe-tokenizer","version":1,"vocab":300,"merges":[[1,2]]})", "make 258");
   refused(R"({"format":"troupe-tokenizer","version":1,"vocab":258,"merges":[[1,"x"]]})",
           "not a pair of ids");
   EXPECT_THROW(Tokenizer::load(d / "absent.json"), std::invalid_argument);
@@ -172,8 +171,8 @@ void make_set(const std::string& dir, const std::vector<uint32_t>& ids, const To
             "\",\"tokens\":" + std::to_string(s.tokens) + "}";
   write(dir + "/" + kManifestFile,
         "{\"format\":\"troupe-tokens\",\"version\":1,\"vocab\":" + std::to_string(t.vocab_size()) +
-            ",\"token_bytes\":2,\"tokens\":" + std::to_string(w.tokens()) + ",\"shards\":[" +
-            list + "]}");
+            ",\"token_bytes\":2,\"tokens\":" + std::to_string(w.tokens()) + ",\"shards\":[" + list +
+            "]}");
 }
 
 TEST(TokenShards, ReadAcrossShardsAndEveryDefectNamed) {
@@ -243,8 +242,8 @@ TEST(TokenData, WindowsInAGlobalOrderEachOncePerEpoch) {
 
 TEST(TokenData, AMixtureKeepsItsProportionsAndVisitsEachSetsWindowsOnce) {
   Dir d;
-  for (const char* name : {"a", "b", "c"}) make_set(d / name, std::vector<uint32_t>(5000, 65),
-                                                    Tokenizer::bytes(), 1 << 20);
+  for (const char* name : {"a", "b", "c"})
+    make_set(d / name, std::vector<uint32_t>(5000, 65), Tokenizer::bytes(), 1 << 20);
   TokenData mix({{d / "a", 0.5}, {d / "b", 0.3}, {d / "c", 0.2}}, 10, 9);
   std::map<size_t, std::vector<uint64_t>> by_set;
   for (uint64_t p = 0; p < 10000; ++p) {

@@ -1,0 +1,205 @@
+// Token data sets as a user makes and trains on them: `troupe data prepare` (BPE), a GPT job on
+// data.kind = "tokens" with an agent SIGKILLed mid-run that finishes with the static run's
+// losses, every sample once (the ledger) and every window once per epoch; the encode/decode
+// commands; bad inputs refused with the reason; a prepare killed midway leaves no data set.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "coordinator/process.h"
+#include "data/token_data.h"
+#include "tests/harness/jobs.h"
+
+namespace troupe {
+namespace {
+
+using namespace std::chrono_literals;
+using namespace testing;
+namespace fs = std::filesystem;
+
+const char* kConfig = R"([job]
+name = "tokens"
+seed = 11
+steps = 150
+[model]
+kind = "gpt"
+layers = 1
+d_model = 32
+heads = 2
+context = 16
+[data]
+kind = "tokens"
+ledger = true
+[batch]
+global = 24
+micro = 8
+[optimizer]
+kind = "adamw"
+lr = 0.002
+)";
+
+struct Result {
+  int exit_code = -1;
+  std::string output;
+};
+
+// `sh -c COMMAND` (troupe is $T), its exit status and what it printed (both streams).
+Result shell(const TempDir& dir, const std::string& command, std::chrono::seconds limit = 120s) {
+  static int n = 0;
+  const std::string out = dir.path() + "/shell" + std::to_string(n++) + ".out";
+  coordinator::ChildProcess p({{"/bin/sh", "-c", command}, out, out, {"T=" + troupe_binary()}});
+  Result r;
+  auto status = p.wait(limit);
+  if (status && WIFEXITED(*status)) r.exit_code = WEXITSTATUS(*status);
+  r.output = text_of(out);
+  return r;
+}
+
+std::string prepare_gpl(const TempDir& dir) {
+  const std::string ds = dir.path() + "/gpl";
+  Result r = shell(dir, "\"$T\" data prepare /usr/share/common-licenses/GPL-3 --out " + ds +
+                            " --tokenizer bpe --vocab 320");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("-> "), std::string::npos) << r.output;
+  return ds;
+}
+
+// Positions [s*B, (s+1)*B) of every committed step, read from the ledger, name each window of
+// each epoch once: the ledger's exactly-once holds for the windows themselves.
+void expect_each_window_once_per_epoch(const std::string& run_dir, const std::string& ds) {
+  data::TokenData d({{ds, 1.0}}, 16, 11);
+  std::map<uint64_t, std::set<uint64_t>> seen;  // epoch -> windows
+  size_t positions = 0;
+  for (const std::string& line : lines_of(run_dir + "/ledger.jsonl")) {
+    const size_t at = line.find("\"positions\":[");
+    ASSERT_NE(at, std::string::npos) << line;
+    std::istringstream in(line.substr(at + 13));
+    char c;
+    uint64_t a, b;
+    while (in >> c && c == '[' && in >> a >> c >> b >> c) {
+      for (uint64_t p = a; p < b; ++p, ++positions) {
+        const auto w = d.locate(p).window;
+        EXPECT_TRUE(seen[p / d.windows()].insert(w).second)
+            << "window " << w << " twice in epoch " << p / d.windows();
+      }
+      if (!(in >> c) || c != ',') break;
+    }
+  }
+  EXPECT_EQ(positions, 150u * 24);
+  EXPECT_GE(seen.size(), 2u) << "the run should cross an epoch (" << d.windows() << " windows)";
+}
+
+TEST(TokenJob, PreparedBpeDataTrainsAndSurvivesAKillWithEveryWindowOnce) {
+  TempDir dir;
+  const std::string ds = prepare_gpl(dir);
+  const std::string path = "data.path=\"" + ds + "\"";
+  Job reference = start_job(dir, "static", kConfig, 1, {path});
+  ASSERT_TRUE(reference.proc->wait(180s));
+  const std::vector<double> want = committed_losses(reference.run_dir);
+  ASSERT_EQ(want.size(), 150u);
+  EXPECT_LT(want.back(), want.front() - 0.5) << "it learns";
+
+  Job job =
+      start_job(dir, "killed", kConfig, 3,
+                {path, "elastic.failure_timeout_ms=4000", "elastic.max_restarts=0"}, {pace(3000)});
+  wait_steps(job, 20);
+  auto members = members_of(dir, job);
+  ASSERT_EQ(members.size(), 3u);
+  ASSERT_EQ(::kill(members[1].pid, SIGKILL), 0);
+  expect_same_function(job, want, 150, 24);
+  EXPECT_EQ(count_events(job, "member_failed"), 1);
+  expect_each_window_once_per_epoch(job.run_dir, ds);
+}
+
+TEST(DataCommands, EncodeAndDecodeCommandsRoundTripAnyBytes) {
+  TempDir dir;
+  const std::string ds = prepare_gpl(dir);
+  std::mt19937 rng(3);
+  std::string bytes(20000, '\0');
+  for (auto& c : bytes) c = char(rng() & 0xff);
+  std::ofstream(dir.path() + "/random.bin", std::ios::binary) << bytes;
+  Result r = shell(dir, "\"$T\" data encode --data " + ds + " < " + dir.path() +
+                            "/random.bin > ids.txt && \"$T\" data decode --data " + ds +
+                            " < ids.txt > back.bin && cmp back.bin " + dir.path() + "/random.bin");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  r = shell(dir, "echo 'Copyright' | \"$T\" data encode --data " + ds +
+                     " --lines | \"$T\" data decode --data " + ds);
+  EXPECT_EQ(r.output, "Copyright\n");
+  r = shell(dir, "echo '1 2 999' | \"$T\" data decode --data " + ds);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("token 3 ('999') is not an id of this vocabulary (0..319)"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST(DataCommands, BadInputsAreRefusedWithTheReason) {
+  TempDir dir;
+  const std::string d = dir.path();
+  fs::create_directories(d + "/in/deep");
+  std::ofstream(d + "/in/a.txt") << "text\n";
+  std::ofstream(d + "/in/deep/b.bin", std::ios::binary) << std::string(
+      "\x7f"
+      "ELF\0\0",
+      6);
+  std::ofstream(d + "/in/deep/c.txt", std::ios::binary) << "caf\xe9";
+  std::ofstream(d + "/in/empty.txt");
+  std::ofstream(d + "/in/x.jsonl") << "{\"body\": \"in json\"}\n[1]\n";
+  auto expect = [&](const std::string& cmd, int code, const std::string& says) {
+    const Result r = shell(dir, cmd);
+    EXPECT_EQ(r.exit_code, code) << cmd << "\n" << r.output;
+    EXPECT_NE(r.output.find(says), std::string::npos) << cmd << "\n" << r.output;
+  };
+  expect("\"$T\" data prepare " + d + "/in --out " + d + "/ok --field body", 0,
+         "skipped 4 documents: 1 binary, 1 invalid UTF-8, 1 empty, 1 not JSON with the field");
+  expect("\"$T\" data prepare " + d + "/in --out " + d + "/ok", 2, "exists");
+  expect("\"$T\" data prepare " + d + "/absent --out " + d + "/o2", 2, "does not exist");
+  expect("\"$T\" data prepare " + d + "/in/deep --out " + d + "/o3", 2, "no text in the inputs");
+  expect("\"$T\" data prepare " + d + "/in --out " + d + "/o4 --tokenizer bpe", 2, "--vocab");
+  expect("\"$T\" data encode --data " + d + "/in < /dev/null", 2, "has no manifest.json");
+  EXPECT_FALSE(fs::exists(d + "/o3"));
+  // The job refuses a directory that is not a data set, and a mixture with a text model's kind.
+  const std::string cfg = d + "/tokens.toml";
+  std::ofstream(cfg) << kConfig;
+  expect("\"$T\" run " + cfg + " --set data.path=\\\"" + d + "/in\\\"", 2, "has no manifest.json");
+  expect("\"$T\" run " + cfg + " --set data.kind=text --set 'data.mix={\"" + d + "/ok\"=1}'", 2,
+         "data.mix mixes token data sets");
+  expect("\"$T\" run " + cfg + " --set model.kind=mlp", 2,
+         "model.kind = \"mlp\" needs data.kind = \"synthetic\"");
+  std::ofstream(d + "/ok/tokens-00000.bin", std::ios::app) << "xx";
+  expect("\"$T\" run " + cfg + " --set data.path=\\\"" + d + "/ok\\\"", 2, "tokens-00000.bin has");
+}
+
+TEST(DataCommands, APrepareKilledMidwayLeavesNoDataSetAndTheNextOneFinishes) {
+  TempDir dir;
+  const std::string d = dir.path(), in = d + "/big.txt", out = d + "/big";
+  {
+    const std::string gpl = text_of("/usr/share/common-licenses/GPL-3");
+    std::ofstream f(in);
+    for (int i = 0; i < 1200; ++i) f << gpl;  // 42 MB
+  }
+  const std::string cmd =
+      troupe_binary() + " data prepare " + in + " --out " + out + " --tokenizer bpe --vocab 400";
+  coordinator::ChildProcess p({{"/bin/sh", "-c", "exec " + cmd}, d + "/p.out", d + "/p.out", {}});
+  const std::string partial = out + ".partial-" + std::to_string(p.pid());
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (!fs::exists(partial) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(2ms);
+  ASSERT_TRUE(fs::exists(partial)) << text_of(d + "/p.out");
+  std::this_thread::sleep_for(50ms);
+  ASSERT_TRUE(p.signal(SIGKILL));
+  ASSERT_TRUE(p.wait(30s));
+  EXPECT_FALSE(fs::exists(out)) << "a killed prepare made something that looks like a data set";
+  const Result r = shell(dir, "\"$T\" data prepare " + in + " --out " + out);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(out + "/manifest.json"));
+  EXPECT_FALSE(fs::exists(partial)) << "the dead prepare's partial directory was removed";
+}
+
+}  // namespace
+}  // namespace troupe
