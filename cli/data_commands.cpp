@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <charconv>
 #include <cstdio>
 #include <iostream>
 #include <iterator>
@@ -106,17 +107,42 @@ int encode(const std::vector<std::string>& words) {
   app.add_flag("--lines", lines, "one id a line");
   if (auto rc = parse(app, words)) return *rc;
   data::Tokenizer tok = tokenizer_of(dir);
-  const std::string in((std::istreambuf_iterator<char>(std::cin)),
-                       std::istreambuf_iterator<char>());
-  const std::vector<uint32_t> ids = tok.encode(in);
-  std::string out;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (i) out += lines ? '\n' : ' ';
-    out += std::to_string(ids[i]);
+  // Streamed: each chunk is encoded up to the start of its second-to-last word (where the whole
+  // text's split would cut too: a word's end depends on at most one byte after it), the rest
+  // carried into the next chunk. So the ids equal encode(whole input), in bounded memory.
+  std::string buffer, out;
+  std::vector<uint32_t> ids;
+  std::vector<char> chunk(1 << 20);
+  bool first = true, eof = false;
+  while (!eof) {
+    const size_t got = std::fread(chunk.data(), 1, chunk.size(), stdin);
+    eof = got < chunk.size();
+    buffer.append(chunk.data(), got);
+    size_t cut = buffer.size();
+    if (!eof) {
+      size_t last = 0, before = 0, at = 0;
+      data::split_words(buffer, [&](std::string_view w) {
+        before = last;
+        last = at;
+        at += w.size();
+      });
+      cut = before;
+    }
+    ids.clear();
+    tok.encode(std::string_view(buffer).substr(0, cut), ids);
+    buffer.erase(0, cut);
+    out.clear();
+    char num[16];
+    for (uint32_t id : ids) {
+      if (!first) out += lines ? '\n' : ' ';
+      first = false;
+      const auto r = std::to_chars(num, num + sizeof num, id);
+      out.append(num, r.ptr);
+    }
+    std::fwrite(out.data(), 1, out.size(), stdout);
   }
-  if (!ids.empty()) out += '\n';
-  std::fwrite(out.data(), 1, out.size(), stdout);
-  return 0;
+  if (!first) std::fputc('\n', stdout);
+  return std::ferror(stdin) ? 1 : 0;
 }
 
 int decode(const std::vector<std::string>& words) {

@@ -19,7 +19,8 @@ packages=(
   chromium-headless-shell   # a test renders `troupe report`'s HTML in a real browser
 )
 if [[ "${1:-}" == "--peers" ]]; then
-  packages+=(openmpi-bin libopenmpi-dev hyperfine)
+  # sentencepiece and linux-source-6.1 (a 170 MB text corpus): bench/compare_data.sh
+  packages+=(openmpi-bin libopenmpi-dev hyperfine sentencepiece linux-source-6.1)
 fi
 
 missing=()
