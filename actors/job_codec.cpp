@@ -82,6 +82,9 @@ ControlMessage encode(const JobSpec& m) {
     auto mix = s.initDataMix(unsigned(m.data_mix.size()));
     for (unsigned i = 0; i < m.data_mix.size(); ++i) mix.set(i, m.data_mix[i].c_str());
     set_list(s.initDataMixWeights(unsigned(m.data_mix_weights.size())), m.data_mix_weights);
+    s.setEvalEvery(m.eval_every);
+    s.setEvalPath(m.eval_path);
+    s.setEvalFraction(m.eval_fraction);
     s.setSamples(m.samples);
     s.setGlobalBatch(m.global_batch);
     s.setMicroBatch(m.micro_batch);
@@ -132,6 +135,9 @@ JobSpec decode(proto::JobSpec::Reader s) {
   m.data_path = s.getDataPath();
   for (auto p : s.getDataMix()) m.data_mix.emplace_back(p.cStr());
   m.data_mix_weights = list_of<double>(s.getDataMixWeights());
+  m.eval_every = s.getEvalEvery();
+  m.eval_path = s.getEvalPath();
+  m.eval_fraction = s.getEvalFraction();
   m.samples = s.getSamples();
   m.global_batch = s.getGlobalBatch();
   m.micro_batch = s.getMicroBatch();
@@ -224,13 +230,16 @@ ControlMessage encode(const StepReport& m) {
     r.setSeconds(m.seconds);
     r.setBusySeconds(m.busy_seconds);
     r.setDataSeconds(m.data_seconds);
+    r.setEvalLoss(m.eval_loss);
+    r.setEvalTokens(m.eval_tokens);
   });
 }
 
 StepReport decode(proto::StepReport::Reader r) {
   return {r.getGeneration(), r.getStep(),        r.getRank(),          r.getLoss(),
           r.getSamples(),    r.getTokens(),      r.getPositionBegin(), r.getPositionEnd(),
-          r.getSeconds(),    r.getBusySeconds(), r.getDataSeconds()};
+          r.getSeconds(),    r.getBusySeconds(), r.getDataSeconds(),   r.getEvalLoss(),
+          r.getEvalTokens()};
 }
 
 ControlMessage encode(const StateReceived& m) {

@@ -50,6 +50,9 @@ struct JobSpec {
   std::string data_kind, data_path;
   std::vector<std::string> data_mix;  // data.mix: token data sets and their weights
   std::vector<double> data_mix_weights;
+  int64_t eval_every = 0;    // eval.every_steps
+  std::string eval_path;     // data.eval_path
+  double eval_fraction = 0;  // data.eval_fraction
   int64_t samples = 0;
   // [batch]
   int64_t global_batch = 0, micro_batch = 0;
@@ -108,7 +111,9 @@ struct StepReport {
   uint64_t samples = 0, tokens = 0;
   uint64_t position_begin = 0, position_end = 0;
   double seconds = 0, busy_seconds = 0;
-  double data_seconds = 0;  // of busy_seconds: assembling batches
+  double data_seconds = 0;   // of busy_seconds: assembling batches
+  double eval_loss = 0;      // the held-out loss at the step's start ...
+  uint64_t eval_tokens = 0;  // ... over this many tokens (0: not evaluated)
 };
 
 // worker -> coordinator (one way): it took the state at a generation's start (or reports the

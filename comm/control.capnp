@@ -99,6 +99,9 @@ struct JobSpec {
   traceLast @42 :Int64 = -1;      # ... and the last
   dataMix @43 :List(Text);        # data.mix: token data sets (data.kind = "tokens") ...
   dataMixWeights @44 :List(Float64);  # ... and their weights, one each
+  evalEvery @45 :Int64;           # eval.every_steps (0: no evaluation)
+  evalPath @46 :Text;             # data.eval_path ("": the held-out tail of the training sets)
+  evalFraction @47 :Float64;      # data.eval_fraction
 }
 
 struct TraceEvent {
@@ -181,6 +184,8 @@ struct StepReport {
   tokens @8 :UInt64;        # tokens this rank used (samples for the mlp)
   busySeconds @9 :Float64;  # of `seconds`, the time it computed (the rest: waiting on others)
   dataSeconds @10 :Float64; # of `busySeconds`, the time it assembled its batches
+  evalLoss @11 :Float64;    # the held-out loss of the parameters the step started from
+  evalTokens @12 :UInt64;   # the tokens it scored over (0: the step did not evaluate)
 }
 
 struct WorkerDone {

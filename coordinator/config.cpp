@@ -60,6 +60,9 @@ std::vector<Field> fields_of(JobConfig& c) {
       S("data", "kind", &c.data_kind, {"synthetic", "text", "tokens"}),
       S("data", "path", &c.data_path),
       Field{"data", "mix", Kind::weights, &c.data_mix, 0, 1e12, {}},
+      S("data", "eval_path", &c.eval_path),
+      R("data", "eval_fraction", &c.eval_fraction, 0, 0.5),
+      I("eval", "every_steps", &c.eval_every_steps, 0, 1e12),
       I("data", "samples", &c.samples, 1, 1e12),
       B("data", "ledger", &c.ledger),
       I("batch", "global", &c.global_batch, 1, 1e9),
@@ -317,7 +320,8 @@ void check_token_sets(const JobConfig& c, const std::map<std::string, std::strin
     throw ConfigError(place("data.mix") +
                       ": data.mix names the data sets; data.path is set too (set one of them)");
   if (!path_set && c.data_mix.empty())
-    throw ConfigError(place("data.kind") + ": data.kind = \"tokens\" needs data.path (a "
+    throw ConfigError(place("data.kind") +
+                      ": data.kind = \"tokens\" needs data.path (a "
                       "directory made by troupe data prepare) or data.mix");
   std::vector<std::pair<std::string, std::string>> dirs;  // (dir, key)
   if (path_set) dirs.emplace_back(c.data_path, "data.path");
@@ -331,6 +335,41 @@ void check_token_sets(const JobConfig& c, const std::map<std::string, std::strin
       throw ConfigError(place(key) + ": " + key + ": '" + dir +
                         "' has no manifest.json: not a prepared data set, or its prepare did "
                         "not finish");
+  }
+}
+
+// eval.every_steps evaluates on data.eval_path or data.eval_fraction of a token job, data
+// parallel; either without the other would not act.
+void check_evaluation(const JobConfig& c, const std::map<std::string, std::string>& at,
+                      const std::string& source) {
+  auto place = [&](const std::string& key) {
+    auto it = at.find(key);
+    return it == at.end() ? source : it->second;
+  };
+  const bool held_out = !c.eval_path.empty() || c.eval_fraction > 0;
+  if (c.eval_every_steps == 0) {
+    if (held_out)
+      throw ConfigError(place(c.eval_path.empty() ? "data.eval_fraction" : "data.eval_path") +
+                        ": a held-out set without eval.every_steps is never evaluated (set "
+                        "eval.every_steps = N)");
+    return;
+  }
+  auto fail = [&](const std::string& m) {
+    throw ConfigError(place("eval.every_steps") + ": eval.every_steps " + m);
+  };
+  if (c.data_kind != "tokens") fail("needs data.kind = \"tokens\"");
+  if (!held_out) fail("needs a held-out set: data.eval_path = DIR or data.eval_fraction = F");
+  if (!c.eval_path.empty() && c.eval_fraction > 0)
+    throw ConfigError(place("data.eval_fraction") +
+                      ": data.eval_path and data.eval_fraction both name the held-out set (set "
+                      "one of them)");
+  if (c.pipeline_stages != 1)
+    fail("evaluates with data parallelism only (parallel.pipeline_stages = 1)");
+  if (!c.eval_path.empty()) {
+    struct stat st {};
+    if (::stat((c.eval_path + "/manifest.json").c_str(), &st) != 0)
+      throw ConfigError(place("data.eval_path") + ": data.eval_path: '" + c.eval_path +
+                        "' is not a prepared data set (no manifest.json)");
   }
 }
 
@@ -402,8 +441,10 @@ void validate(const JobConfig& c, const std::string& source, const Places& at) {
         "it cannot overlap the reduction (set parallel.overlap_reduce = false)");
   if (c.data_kind == "text") check_text_file(c, place("data.path"));
   if (c.data_kind == "tokens") check_token_sets(c, at, source);
+  check_evaluation(c, at, source);
   if (c.data_kind != "tokens" && !c.data_mix.empty())
-    throw ConfigError(place("data.mix") + ": data.mix mixes token data sets: it needs "
+    throw ConfigError(place("data.mix") +
+                      ": data.mix mixes token data sets: it needs "
                       "data.kind = \"tokens\"");
 }
 

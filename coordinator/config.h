@@ -38,6 +38,9 @@ struct JobConfig {
   std::string data_kind = "synthetic";
   std::string data_path = "/usr/share/common-licenses/GPL-3";
   std::map<std::string, double> data_mix;  // data.mix: token data set -> weight
+  std::string eval_path;                   // data.eval_path: a held-out token data set
+  double eval_fraction = 0;                // data.eval_fraction: or the training sets' tail
+  int64_t eval_every_steps = 0;            // eval.every_steps (0: never)
   int64_t samples = 20000;  // synthetic samples per epoch
   bool ledger = false;
   // [batch]

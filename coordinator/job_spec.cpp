@@ -20,6 +20,9 @@ actors::JobSpec job_spec_of(const JobConfig& c, uint32_t agent_id, uint64_t firs
   s.tied_head = c.tied_head;
   s.data_kind = c.data_kind;
   s.data_path = c.data_path;
+  s.eval_every = c.eval_every_steps;
+  s.eval_path = c.eval_path;
+  s.eval_fraction = c.eval_fraction;
   for (const auto& [dir, w] : c.data_mix) {
     s.data_mix.push_back(dir);
     s.data_mix_weights.push_back(w);

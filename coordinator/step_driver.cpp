@@ -18,6 +18,10 @@ bool StepDriver::report(const actors::StepReport& r, uint64_t generation, size_t
   p.seconds = std::max(p.seconds, r.seconds);
   p.busy += r.busy_seconds;
   p.data = std::max(p.data, r.data_seconds);
+  if (r.eval_tokens > 0) {  // (every rank has the whole sum: any report will do)
+    p.eval_loss = r.eval_loss;
+    p.eval_tokens = r.eval_tokens;
+  }
   p.rank_seconds.push_back(r.seconds);
   p.rank_busy.push_back(r.busy_seconds);
   last_reports_[r.rank] = {r.seconds, r.busy_seconds, r.data_seconds,
@@ -83,18 +87,26 @@ void StepDriver::commit(uint64_t step, bool recovered, uint64_t generation, size
                                    .integer("samples", long(cfg_.global_batch))
                                    .integer("generation", long(generation))
                                    .integer("world_size", long(world)));
+  if (p.eval_tokens > 0)
+    log_.event("evaluated", Json()
+                                .integer("step", long(step))
+                                .num("loss", p.eval_loss)
+                                .integer("tokens", long(p.eval_tokens))
+                                .integer("world_size", long(world)));
   const double idle = p.ranks.empty() ? 0.0 : 1.0 - p.busy / (double(p.ranks.size()) * seconds);
-  log_.metric(Json()
-                  .integer("step", long(step))
-                  .num("loss", p.loss)
-                  .num("step_seconds", p.seconds)
-                  .num("idle_fraction", idle)
-                  .num("data_seconds", p.data)
-                  .num("samples_per_s", c.samples_per_s)
-                  .num("tokens_per_s", c.tokens_per_s)
-                  .integer("world_size", long(world))
-                  .value("worker_step_seconds", by_rank(p, p.rank_seconds, world))
-                  .value("worker_compute_seconds", by_rank(p, p.rank_busy, world)));
+  Json metric = std::move(Json()
+                              .integer("step", long(step))
+                              .num("loss", p.loss)
+                              .num("step_seconds", p.seconds)
+                              .num("idle_fraction", idle)
+                              .num("data_seconds", p.data)
+                              .num("samples_per_s", c.samples_per_s)
+                              .num("tokens_per_s", c.tokens_per_s)
+                              .integer("world_size", long(world))
+                              .value("worker_step_seconds", by_rank(p, p.rank_seconds, world))
+                              .value("worker_compute_seconds", by_rank(p, p.rank_busy, world)));
+  if (p.eval_tokens > 0) metric.num("eval_loss", p.eval_loss);
+  log_.metric(metric);
   if (on_commit_) on_commit_(c);
 }
 

@@ -80,6 +80,8 @@ class StepDriver {
     double data = 0;  // the slowest rank's batch assembly
     uint64_t samples = 0, tokens = 0;
     std::vector<double> rank_seconds, rank_busy;  // by report (ranks[i])
+    double eval_loss = 0;  // the held-out loss at the step's start, when it evaluated
+    uint64_t eval_tokens = 0;
   };
   static nlohmann::ordered_json by_rank(const Pending& p, const std::vector<double>& v,
                                         size_t world);

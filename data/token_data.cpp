@@ -41,10 +41,13 @@ uint64_t Permutation::operator()(uint64_t i) const {
   return x;
 }
 
-TokenData::TokenData(const std::vector<Source>& sources, size_t context, uint64_t seed)
+TokenData::TokenData(const std::vector<Source>& sources, size_t context, uint64_t seed,
+                     double eval_fraction)
     : context_(context), seed_(seed) {
   if (sources.empty()) throw std::invalid_argument("no token data set named");
   if (context == 0) throw std::invalid_argument("model.context is zero");
+  if (!(eval_fraction >= 0 && eval_fraction <= 1))
+    throw std::invalid_argument("the held-out fraction must be in [0, 1]");
   double total = 0;
   for (const Source& s : sources) {
     if (!(s.weight > 0) || !std::isfinite(s.weight))
@@ -52,7 +55,7 @@ TokenData::TokenData(const std::vector<Source>& sources, size_t context, uint64_
     total += s.weight;
   }
   for (const Source& s : sources) {
-    Set set{TokenShards::open(s.path), 0, 0};
+    Set set{TokenShards::open(s.path), 0, 0, 0};
     if (vocab_ == 0) vocab_ = set.shards->vocab();
     if (set.shards->vocab() != vocab_)
       throw std::invalid_argument("data set '" + s.path + "' has a vocabulary of " +
@@ -64,6 +67,14 @@ TokenData::TokenData(const std::vector<Source>& sources, size_t context, uint64_
       throw std::invalid_argument(
           "data set '" + s.path + "' has " + std::to_string(set.shards->tokens()) +
           " tokens, fewer than model.context + 1 (" + std::to_string(context + 1) + ")");
+    if (eval_fraction > 0) {
+      set.eval = std::max<uint64_t>(1, uint64_t(eval_fraction * double(set.windows)));
+      set.windows -= set.eval;
+      if (set.windows == 0 && eval_fraction < 1)
+        throw std::invalid_argument("data set '" + s.path + "' has " + std::to_string(set.eval) +
+                                    " window(s): none is left for training once "
+                                    "data.eval_fraction holds out its share");
+    }
     sets_.push_back(std::move(set));
   }
   // Per block of kMixBlock positions: floor(share), then the largest remainders get one more.
@@ -92,6 +103,12 @@ uint64_t TokenData::windows() const {
   return n;
 }
 
+uint64_t TokenData::eval_windows() const {
+  uint64_t n = 0;
+  for (const Set& s : sets_) n += s.eval;
+  return n;
+}
+
 TokenData::Place TokenData::locate(uint64_t position) const {
   size_t d = 0;
   uint64_t k = position;  // the set's own position
@@ -102,11 +119,24 @@ TokenData::Place TokenData::locate(uint64_t position) const {
     k = block * sets_[d].per_block + slot;
   }
   const uint64_t w = sets_[d].windows;
+  if (w == 0) throw std::logic_error("a held-out set has no training windows");
   return {d, Permutation(w, seed_ + d, k / w)(k % w)};
 }
 
 void TokenData::fill(uint64_t position, float* input, int32_t* targets) const {
+  if (windows() == 0) throw std::logic_error("a held-out set has no training windows");
   const Place at = locate(position);
+  read_window(at.set, at.window, input, targets);
+}
+
+void TokenData::fill_eval(uint64_t i, float* input, int32_t* targets) const {
+  size_t d = 0;
+  while (d < sets_.size() && i >= sets_[d].eval) i -= sets_[d++].eval;
+  if (d == sets_.size()) throw std::out_of_range("evaluation window past the held-out set");
+  read_window(d, sets_[d].windows + i, input, targets);
+}
+
+void TokenData::read_window(size_t set, uint64_t window, float* input, int32_t* targets) const {
   const size_t T = context_;
   int32_t ids[4096];
   std::vector<int32_t> big;
@@ -115,7 +145,7 @@ void TokenData::fill(uint64_t position, float* input, int32_t* targets) const {
     big.resize(T + 1);
     buf = big.data();
   }
-  sets_[at.set].shards->read(at.window * T, T + 1, buf);
+  sets_[set].shards->read(window * T, T + 1, buf);
   for (size_t t = 0; t < T; ++t) {
     input[t] = float(buf[t]);
     targets[t] = buf[t + 1];

@@ -11,7 +11,12 @@
 // of set d anywhere is that set's k-th sample in its own order above. Both depend only on the
 // seed and the position: not on the world size, the membership or where a run resumed.
 //
-// Thread-safety: fill() and locate() are const and safe from any number of threads.
+// Held out: with eval_fraction f > 0, the last max(1, floor(f * W)) windows of each set are
+// its evaluation windows (a contiguous tail: no training window shares their text) and the
+// rest its training windows; f = 1 makes a set all evaluation (data.eval_path). The evaluation
+// windows are numbered set by set, in stream order.
+//
+// Thread-safety: fill(), fill_eval() and locate() are const and safe from any number of threads.
 #pragma once
 
 #include <cstdint>
@@ -46,13 +51,15 @@ class TokenData {
  public:
   // Opens every set (throws std::invalid_argument naming the one that is wrong): they must share
   // one vocabulary and each hold at least one window.
-  TokenData(const std::vector<Source>& sources, size_t context, uint64_t seed);
+  TokenData(const std::vector<Source>& sources, size_t context, uint64_t seed,
+            double eval_fraction = 0);
 
   size_t vocab() const { return vocab_; }
   size_t context() const { return context_; }
   size_t sets() const { return sets_.size(); }
-  uint64_t windows(size_t set) const { return sets_[set].windows; }
-  uint64_t windows() const;  // over all sets: the samples of one pass
+  uint64_t windows(size_t set) const { return sets_[set].windows; }  // training windows
+  uint64_t windows() const;       // over all sets: the training samples of one pass
+  uint64_t eval_windows() const;  // over all sets
 
   // The set and window at a global position.
   struct Place {
@@ -62,13 +69,17 @@ class TokenData {
   Place locate(uint64_t position) const;
   // input: T ids (as floats, the model's input); targets: the next T ids.
   void fill(uint64_t position, float* input, int32_t* targets) const;
+  // Evaluation window i (< eval_windows()).
+  void fill_eval(uint64_t i, float* input, int32_t* targets) const;
 
  private:
   struct Set {
     std::shared_ptr<const TokenShards> shards;
-    uint64_t windows;
+    uint64_t windows;    // for training: [0, windows)
+    uint64_t eval;       // held out: [windows, windows + eval)
     uint64_t per_block;  // its positions in each block of kMixBlock (a mixture)
   };
+  void read_window(size_t set, uint64_t window, float* input, int32_t* targets) const;
   std::vector<Set> sets_;
   size_t context_, vocab_ = 0;
   uint64_t seed_;

@@ -8,7 +8,8 @@ namespace {
 // Token windows in their own global order (data/token_data.h): the trainer passes positions.
 class TokenWindows : public models::Dataset {
  public:
-  explicit TokenWindows(std::unique_ptr<data::TokenData> d) : d_(std::move(d)) {}
+  explicit TokenWindows(std::shared_ptr<const data::TokenData> d) : d_(std::move(d)) {}
+  const std::shared_ptr<const data::TokenData>& tokens() const { return d_; }
   size_t size() const override { return size_t(d_->windows()); }
   size_t input_width() const override { return d_->context(); }
   size_t targets_per_sample() const override { return d_->context(); }
@@ -18,7 +19,7 @@ class TokenWindows : public models::Dataset {
   bool orders_itself() const override { return true; }
 
  private:
-  std::unique_ptr<data::TokenData> d_;
+  std::shared_ptr<const data::TokenData> d_;
 };
 
 }  // namespace
@@ -38,13 +39,30 @@ std::unique_ptr<models::Dataset> open_dataset(const WorkerSpec& spec, models::Mo
     return text;
   }
   if (spec.data_kind == "tokens") {
-    auto d = std::make_unique<data::TokenData>(token_sources(spec), m.context, spec.seed);
+    const double held_out = spec.eval_every > 0 && spec.eval_path.empty() ? spec.eval_fraction : 0;
+    auto d = std::make_shared<data::TokenData>(token_sources(spec), m.context, spec.seed, held_out);
     m.vocab = d->vocab();
     return std::make_unique<TokenWindows>(std::move(d));
   }
   if (m.mlp_sizes.size() < 2) throw std::invalid_argument("the mlp needs inputs and classes");
   return std::make_unique<models::SyntheticClassification>(spec.seed, size_t(spec.samples),
                                                            m.mlp_sizes.front(), m.mlp_sizes.back());
+}
+
+std::shared_ptr<const data::TokenData> open_eval_set(const WorkerSpec& spec,
+                                                     const models::Dataset& train) {
+  if (spec.eval_every <= 0) return nullptr;
+  const auto* tokens = dynamic_cast<const TokenWindows*>(&train);
+  if (!tokens) throw std::invalid_argument("eval.every_steps needs data.kind = \"tokens\"");
+  if (spec.eval_path.empty()) return tokens->tokens();
+  auto eval = std::make_shared<data::TokenData>(std::vector<data::Source>{{spec.eval_path, 1.0}},
+                                                tokens->tokens()->context(), spec.seed, 1.0);
+  if (eval->vocab() != tokens->tokens()->vocab())
+    throw std::invalid_argument("data.eval_path '" + spec.eval_path + "' has a vocabulary of " +
+                                std::to_string(eval->vocab()) + " ids, the training data " +
+                                std::to_string(tokens->tokens()->vocab()) +
+                                ": it needs the same tokenizer");
+  return eval;
 }
 
 }  // namespace troupe::workers

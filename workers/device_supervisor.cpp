@@ -29,6 +29,9 @@ WorkerSpec worker_spec_of(const actors::JobSpec& s) {
   w.data_path = s.data_path;
   w.data_mix = s.data_mix;
   w.data_mix_weights = s.data_mix_weights;
+  w.eval_every = s.eval_every;
+  w.eval_path = s.eval_path;
+  w.eval_fraction = s.eval_fraction;
   w.samples = s.samples;
   w.global_batch = s.global_batch;
   w.micro_batch = s.micro_batch;
@@ -154,9 +157,9 @@ void DeviceSupervisor::take_state(const actors::GenerationStart& g) {
 DeviceSupervisor::Next DeviceSupervisor::train(const actors::GenerationStart& g) {
   const uint64_t gen = g.generation;
   auto on_step = [&](const StepInfo& s) {
-    ctx_.send(actors::encode(actors::StepReport{gen, s.step, uint32_t(rank_), s.loss, s.samples,
-                                                s.tokens, s.position_begin, s.position_end,
-                                                s.seconds, s.busy_seconds, s.data_seconds}));
+    ctx_.send(actors::encode(actors::StepReport{
+        gen, s.step, uint32_t(rank_), s.loss, s.samples, s.tokens, s.position_begin, s.position_end,
+        s.seconds, s.busy_seconds, s.data_seconds, s.eval_loss, s.eval_tokens}));
   };
   Requests requests{[&] { return board_.stop_requested() || board_.leaving(gen); },
                     [&] { return board_.checkpoint_wanted(); }};

@@ -4,17 +4,18 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <optional>
 #include <stdexcept>
 #include <tuple>
 
 #include "comm/checksum.h"
-#include "workers/datasets.h"
 #include "elastic/membership.h"
 #include "models/blas_kernels.h"
 #include "models/kernels.h"
 #include "models/state.h"
+#include "workers/datasets.h"
 #include "workers/pipeline_stage.h"
 #include "workers/reducer.h"
 
@@ -39,6 +40,7 @@ Worker::Worker(const WorkerSpec& spec) : spec_(spec), trace_(spec.trace_first, s
         [this] { spec_.faults->mid_checkpoint_write(spec_.agent_name, spec_.device_index); });
   models::ModelSpec m = spec.model;
   data_ = open_dataset(spec, m);
+  eval_ = open_eval_set(spec, *data_);
   // A pipeline worker builds every block lazily (no memory until written) and backs, initialises
   // and keeps only those of its stage (take_state); a data-parallel one has them all at once.
   {
@@ -155,6 +157,12 @@ TrainResult Worker::run_data_parallel(comm::Communicator& comm, uint64_t start,
     const auto t0 = Clock::now();
     const int64_t t0_us = StepTrace::now_us();
     at_step = step;
+    std::pair<double, uint64_t> eval{0, 0};
+    if (eval_ && step % uint64_t(spec_.eval_every) == 0) {
+      const int64_t e0 = StepTrace::now_us();
+      eval = evaluate(comm);
+      trace_.span(step, "evaluate", "compute", e0);
+    }
     before_step(step);
     models::StepStats stats;
     double busy = 0;
@@ -190,6 +198,7 @@ TrainResult Worker::run_data_parallel(comm::Communicator& comm, uint64_t start,
     maybe_checkpoint(written, control[2] > 0);
     StepInfo info = step_info(step, control[0], share, seconds_since(t0), busy);
     info.data_seconds = stats.data_seconds;
+    std::tie(info.eval_loss, info.eval_tokens) = eval;
     on_step(info);
     report_trace(false);
     result.next_step = step + 1;
@@ -201,6 +210,27 @@ TrainResult Worker::run_data_parallel(comm::Communicator& comm, uint64_t start,
   comm.barrier();  // nobody leaves while another still waits on it
   report_trace(true);
   return result;
+}
+
+std::pair<double, uint64_t> Worker::evaluate(comm::Communicator& comm) {
+  const size_t T = eval_->context(), m = size_t(spec_.micro_batch);
+  const uint64_t windows = eval_->eval_windows(), groups = (windows + m - 1) / m;
+  constexpr double kScale = 65536.0;
+  double sums[2] = {0, 0};  // fixed-point loss, tokens: integers
+  models::Batch b;
+  for (uint64_t g = uint64_t(comm.rank()); g < groups; g += uint64_t(comm.size())) {
+    const uint64_t first = g * m, n = std::min<uint64_t>(m, windows - first);
+    b.size = size_t(n);
+    b.inputs = models::Tensor({b.size, T});
+    b.targets.resize(b.size * T);
+    for (uint64_t i = 0; i < n; ++i)
+      eval_->fill_eval(first + i, b.inputs.data() + i * T, b.targets.data() + i * T);
+    const models::ForwardResult r = model_->evaluate(b);
+    sums[0] += std::nearbyint(r.loss * double(r.rows) * kScale);
+    sums[1] += double(r.rows);
+  }
+  comm.allreduce(sums, sums, 2, comm::DataType::f64, comm::ReduceOp::sum);
+  return {sums[1] > 0 ? sums[0] / kScale / sums[1] : 0.0, uint64_t(sums[1])};
 }
 
 void Worker::trace_compute(uint64_t step, int64_t start_us, const models::StepStats& stats) {

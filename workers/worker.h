@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "data/token_data.h"
 #include "elastic/generation.h"
 #include "elastic/membership.h"
 #include "elastic/planner.h"
@@ -27,7 +28,6 @@
 #include "workers/exact_sum.h"
 #include "workers/faults.h"
 #include "workers/stage_backups.h"
-#include "data/token_data.h"
 #include "workers/state_transfer.h"
 #include "workers/step_trace.h"
 
@@ -41,8 +41,13 @@ struct WorkerSpec {
   uint64_t seed = 0, steps = 0;
   models::ModelSpec model;
   std::string data_kind = "synthetic", data_path;
-  std::vector<std::string> data_mix;   // data.mix: token data sets ...
+  std::vector<std::string> data_mix;     // data.mix: token data sets ...
   std::vector<double> data_mix_weights;  // ... and their weights (empty: data.path alone)
+  // Evaluation: every eval_every steps (0: never), the loss over every held-out window once:
+  // data.eval_path's windows, or the tail eval_fraction of each training set's.
+  int64_t eval_every = 0;
+  std::string eval_path;
+  double eval_fraction = 0;
   int64_t samples = 20000;
   int64_t global_batch = 64, micro_batch = 64;
   models::OptimizerSpec optimizer;
@@ -89,6 +94,9 @@ struct StepInfo {
   double seconds = 0;
   double busy_seconds = 0;  // of which computing (the rest: waiting on the data plane)
   double data_seconds = 0;  // of busy_seconds, assembling the batches
+  // The held-out loss of the parameters this step started from (eval_tokens 0: not evaluated).
+  double eval_loss = 0;
+  uint64_t eval_tokens = 0;
 };
 
 struct TrainResult {
@@ -179,6 +187,12 @@ class Worker {
 
   WorkerSpec spec_;
   std::unique_ptr<models::Dataset> data_;
+  std::shared_ptr<const data::TokenData> eval_;  // held-out windows (null: no evaluation)
+  // The held-out loss of the current parameters and the tokens scored (data parallel only):
+  // groups of batch.micro windows, group g on rank g mod world, each computed alone; each
+  // group's loss sum in fixed point (2^-16 nats), added exactly (integers in a double allreduce
+  // stay exact below 2^53): the same bits at any world size.
+  std::pair<double, uint64_t> evaluate(comm::Communicator& comm);
   std::unique_ptr<models::Model> model_;
   std::unique_ptr<models::Optimizer> opt_;
   std::unique_ptr<models::Trainer> trainer_;

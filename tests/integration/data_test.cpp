@@ -73,7 +73,7 @@ std::string prepare_gpl(const TempDir& dir) {
 // Positions [s*B, (s+1)*B) of every committed step, read from the ledger, name each window of
 // each epoch once: the ledger's exactly-once holds for the windows themselves.
 void expect_each_window_once_per_epoch(const std::string& run_dir, const std::string& ds) {
-  data::TokenData d({{ds, 1.0}}, 16, 11);
+  data::TokenData d({{ds, 1.0}}, 16, 11, 0.1);
   std::map<uint64_t, std::set<uint64_t>> seen;  // epoch -> windows
   size_t positions = 0;
   for (const std::string& line : lines_of(run_dir + "/ledger.jsonl")) {
@@ -85,6 +85,7 @@ void expect_each_window_once_per_epoch(const std::string& run_dir, const std::st
     while (in >> c && c == '[' && in >> a >> c >> b >> c) {
       for (uint64_t p = a; p < b; ++p, ++positions) {
         const auto w = d.locate(p).window;
+        EXPECT_LT(w, d.windows()) << "a held-out window was trained on";
         EXPECT_TRUE(seen[p / d.windows()].insert(w).second)
             << "window " << w << " twice in epoch " << p / d.windows();
       }
@@ -95,19 +96,30 @@ void expect_each_window_once_per_epoch(const std::string& run_dir, const std::st
   EXPECT_GE(seen.size(), 2u) << "the run should cross an epoch (" << d.windows() << " windows)";
 }
 
+// The "evaluated" events' losses, by step, as written (full precision).
+std::map<long, std::string> eval_losses(const Job& job) {
+  std::map<long, std::string> out;
+  for (const std::string& e : events_of(job))
+    if (json_field(e, "event") == "evaluated")
+      out[std::stol(json_field(e, "step"))] = json_field(e, "loss");
+  return out;
+}
+
 TEST(TokenJob, PreparedBpeDataTrainsAndSurvivesAKillWithEveryWindowOnce) {
   TempDir dir;
   const std::string ds = prepare_gpl(dir);
   const std::string path = "data.path=\"" + ds + "\"";
-  Job reference = start_job(dir, "static", kConfig, 1, {path});
+  const std::string every = "eval.every_steps=25", held_out = "data.eval_fraction=0.1";
+  Job reference = start_job(dir, "static", kConfig, 1, {path, every, held_out});
   ASSERT_TRUE(reference.proc->wait(180s));
   const std::vector<double> want = committed_losses(reference.run_dir);
   ASSERT_EQ(want.size(), 150u);
   EXPECT_LT(want.back(), want.front() - 0.5) << "it learns";
 
-  Job job =
-      start_job(dir, "killed", kConfig, 3,
-                {path, "elastic.failure_timeout_ms=4000", "elastic.max_restarts=0"}, {pace(3000)});
+  Job job = start_job(
+      dir, "killed", kConfig, 3,
+      {path, every, held_out, "elastic.failure_timeout_ms=4000", "elastic.max_restarts=0"},
+      {pace(3000)});
   wait_steps(job, 20);
   auto members = members_of(dir, job);
   ASSERT_EQ(members.size(), 3u);
@@ -115,6 +127,58 @@ TEST(TokenJob, PreparedBpeDataTrainsAndSurvivesAKillWithEveryWindowOnce) {
   expect_same_function(job, want, 150, 24);
   EXPECT_EQ(count_events(job, "member_failed"), 1);
   expect_each_window_once_per_epoch(job.run_dir, ds);
+  // Every evaluation once (a step redone evaluates again, written when it commits), and the
+  // same held-out losses as the static run's.
+  const auto want_eval = eval_losses(reference), got_eval = eval_losses(job);
+  ASSERT_EQ(want_eval.size(), 6u) << "steps 0, 25, ..., 125";
+  ASSERT_EQ(got_eval.size(), 6u);
+  EXPECT_EQ(count_events(job, "evaluated"), 6);
+  for (const auto& [step, loss] : want_eval)
+    EXPECT_NEAR(std::stod(got_eval.at(step)), std::stod(loss), 1e-4 * std::stod(loss)) << step;
+}
+
+// The held-out loss counts every evaluation window once, in groups computed alone and summed
+// exactly: the same bits at 1 and 3 workers (with parallel.deterministic the parameters are
+// too, so every evaluation matches; without it, the first, of the initial parameters).
+TEST(TokenJob, TheHeldOutLossIsTheSameAtWorldSizesOneAndThree) {
+  TempDir dir;
+  const std::string ds = prepare_gpl(dir);
+  for (const char* deterministic : {"true", "false"}) {
+    const std::vector<std::string> sets = {"data.path=\"" + ds + "\"", "job.steps=30",
+                                           "eval.every_steps=10", "data.eval_fraction=0.1",
+                                           std::string("parallel.deterministic=") + deterministic};
+    Job one = start_job(dir, std::string("one-") + deterministic, kConfig, 1, sets);
+    Job three = start_job(dir, std::string("three-") + deterministic, kConfig, 3, sets);
+    ASSERT_TRUE(one.proc->wait(180s));
+    ASSERT_TRUE(three.proc->wait(180s));
+    const auto a = eval_losses(one), b = eval_losses(three);
+    ASSERT_EQ(a.size(), 3u) << "steps 0, 10, 20";
+    ASSERT_EQ(b.size(), 3u);
+    EXPECT_EQ(a.at(0), b.at(0)) << "the initial parameters' held-out loss";
+    if (std::string(deterministic) == "true") {
+      EXPECT_EQ(a, b);
+    }
+    EXPECT_LT(std::stod(a.at(20)), std::stod(a.at(0))) << "it learns";
+    const std::string first = wait_event(one, is("evaluated"), 0s);
+    data::TokenData d({{ds, 1.0}}, 16, 11, 0.1);
+    EXPECT_EQ(json_field(first, "tokens"), std::to_string(d.eval_windows() * 16)) << first;
+    const std::string metrics = text_of(one.run_dir + "/metrics.jsonl");
+    EXPECT_NE(metrics.find("\"eval_loss\":"), std::string::npos);
+  }
+}
+
+// configs/gpt_tokens.toml as its comment says to run it (with the set made where the test is).
+TEST(DataCommands, TheTokensConfigTrainsOnTheSetItsCommentPrepares) {
+  TempDir dir;
+  const std::string ds = dir.path() + "/licenses-bpe";
+  Result r = shell(dir, "\"$T\" data prepare /usr/share/common-licenses --out " + ds +
+                            " --tokenizer bpe --vocab 1024");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = shell(dir, "\"$T\" run " + std::string(TROUPE_SOURCE_DIR) +
+                     "/configs/gpt_tokens.toml --set job.steps=6 --set data.path=\\\"" + ds +
+                     "\\\" --set job.run_dir=\\\"" + dir.path() + "/run\\\"");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("finished after 6 of 6 steps"), std::string::npos) << r.output;
 }
 
 TEST(DataCommands, EncodeAndDecodeCommandsRoundTripAnyBytes) {
@@ -169,6 +233,10 @@ TEST(DataCommands, BadInputsAreRefusedWithTheReason) {
   expect("\"$T\" run " + cfg + " --set data.path=\\\"" + d + "/in\\\"", 2, "has no manifest.json");
   expect("\"$T\" run " + cfg + " --set data.kind=text --set 'data.mix={\"" + d + "/ok\"=1}'", 2,
          "data.mix mixes token data sets");
+  expect("\"$T\" run " + cfg + " --set data.path=\\\"" + d + "/ok\\\" --set eval.every_steps=5", 2,
+         "needs a held-out set");
+  expect("\"$T\" run " + cfg + " --set data.path=\\\"" + d + "/ok\\\" --set data.eval_fraction=0.1",
+         2, "without eval.every_steps is never evaluated");
   expect("\"$T\" run " + cfg + " --set model.kind=mlp", 2,
          "model.kind = \"mlp\" needs data.kind = \"synthetic\"");
   std::ofstream(d + "/ok/tokens-00000.bin", std::ios::app) << "xx";

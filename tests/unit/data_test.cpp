@@ -240,6 +240,25 @@ TEST(TokenData, WindowsInAGlobalOrderEachOncePerEpoch) {
       << "fewer tokens than a window";
 }
 
+TEST(TokenData, AHeldOutTailIsNeverTrainedOn) {
+  Dir d;
+  std::vector<uint32_t> ids;
+  for (uint32_t i = 0; i < 1600; ++i) ids.push_back(i % 251);
+  make_set(d / "s", ids, Tokenizer::bytes(), 1 << 20);
+  TokenData data({{d / "s", 1.0}}, 16, 3, 0.1);
+  EXPECT_EQ(data.windows(), 90u);
+  EXPECT_EQ(data.eval_windows(), 10u);
+  for (uint64_t p = 0; p < 900; ++p) ASSERT_LT(data.locate(p).window, 90u);
+  std::vector<float> in(16);
+  std::vector<int32_t> tg(16);
+  data.fill_eval(3, in.data(), tg.data());
+  EXPECT_EQ(in[0], float((93 * 16) % 251)) << "evaluation window 3 is window 93";
+  EXPECT_THROW(data.fill_eval(10, in.data(), tg.data()), std::out_of_range);
+  TokenData all({{d / "s", 1.0}}, 16, 3, 1.0);
+  EXPECT_EQ(all.eval_windows(), 100u);
+  EXPECT_THROW(all.fill(0, in.data(), tg.data()), std::logic_error);
+}
+
 TEST(TokenData, AMixtureKeepsItsProportionsAndVisitsEachSetsWindowsOnce) {
   Dir d;
   for (const char* name : {"a", "b", "c"})
