@@ -62,14 +62,19 @@ TEST(BlasKernels, TheEnvironmentOverridesAndARestartHappensOnce) {
   EXPECT_NE(again.reason.find("still runs Prescott"), std::string::npos) << again.reason;
 }
 
-TEST(BlasKernels, ThisCpuRunsTheBestClassItsFeaturesAllow) {
-  // The unit-test binary is not the command (it does not execute itself again), so this checks
-  // that OpenBLAS's own choice on this host is right, or says which host needs the restart.
+TEST(BlasKernels, ThisCpuRunsTheBestClassItsFeaturesAllowOrTheCommandRestartsForIt) {
+  // The unit-test binary is not the command (it does not execute itself again): OpenBLAS's own
+  // choice here is either right, or the command's decision on this host restarts it with a
+  // class that is (an Intel CPU newer than OpenBLAS 0.3.21 falls back to Prescott). The
+  // command itself is checked in Kernels.* (tests/integration/kernels_test.cpp).
   const CpuFeatures f = cpu_features();
   if (!f.avx2) GTEST_SKIP() << "this CPU has no AVX2: " << describe(f);
   const std::string loaded = loaded_blas_core();
-  EXPECT_NE(kernel_class(loaded), KernelClass::generic) << loaded << " on " << describe(f);
   std::printf("BLAS: %s\n", blas_summary().c_str());
+  if (kernel_class(loaded) != KernelClass::generic) return;
+  const auto d = decide_blas_kernels(f, loaded, nullptr, false);
+  EXPECT_TRUE(d.restart) << loaded << " on " << describe(f) << ": " << d.reason;
+  EXPECT_NE(kernel_class(d.wanted), KernelClass::generic) << d.wanted;
 }
 
 }  // namespace
