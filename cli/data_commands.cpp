@@ -48,6 +48,8 @@ int prepare(const std::vector<std::string>& words) {
   app.add_option("--tokenizer", o.tokenizer, "byte (257 ids) or bpe (trained on the inputs)")
       ->check(CLI::IsMember({"byte", "bpe"}));
   app.add_option("--vocab", o.vocab, "bpe: ids in all, >= 257 (256 bytes, merges, end of text)");
+  app.add_option("--tokenizer-from", o.tokenizer_from,
+                 "use this data set's tokenizer (for a mixture's other sets, an eval set)");
   app.add_option("--field", o.jsonl_field, "the text's field in JSON-lines files (default text)");
   app.add_option("--shard-tokens", o.shard_tokens, "ids per shard file")
       ->check(CLI::Range(uint64_t(1), uint64_t(1) << 40));
@@ -60,7 +62,7 @@ int prepare(const std::vector<std::string>& words) {
       s.skipped_binary + s.skipped_invalid_utf8 + s.skipped_empty + s.skipped_bad_json;
   if (json) {
     nlohmann::json j = {{"out", o.out},
-                        {"tokenizer", o.tokenizer},
+                        {"tokenizer", s.tokenizer},
                         {"vocab", s.vocab},
                         {"files", s.files},
                         {"documents", s.documents},
@@ -79,7 +81,7 @@ int prepare(const std::vector<std::string>& words) {
       "troupe data prepare: %s: %llu documents from %llu files (%s) -> %llu tokens, %s "
       "tokenizer, %zu ids; train %.1f s, encode %.1f s (%.1f MB/s)\n",
       o.out.c_str(), (unsigned long long)s.documents, (unsigned long long)s.files,
-      megabytes(s.bytes).c_str(), (unsigned long long)s.tokens, o.tokenizer.c_str(), s.vocab,
+      megabytes(s.bytes).c_str(), (unsigned long long)s.tokens, s.tokenizer.c_str(), s.vocab,
       s.seconds_train, s.seconds_encode,
       s.seconds_encode > 0 ? double(s.bytes) / s.seconds_encode / 1e6 : 0.0);
   if (skipped)

@@ -24,8 +24,8 @@
 #include "coordinator/metrics_server.h"
 #include "coordinator/process.h"
 #include "coordinator/run_dir.h"
-#include "models/model.h"
 #include "data/token_data.h"
+#include "models/model.h"
 #include "workers/agent.h"
 #include "workers/datasets.h"
 #include "workers/device_supervisor.h"
@@ -259,7 +259,14 @@ std::string memory_refusal(const coordinator::JobConfig& cfg) {
   if (m.kind == "gpt") m.vocab = 256;  // (byte-level text: at most 256 characters)
   if (cfg.data_kind == "tokens") {  // (the data sets opened as the workers will: a clear refusal)
     try {
-      m.vocab = data::TokenData(workers::token_sources(w), m.context, w.seed).vocab();
+      const data::TokenData train(workers::token_sources(w), m.context, w.seed, w.eval_fraction);
+      m.vocab = train.vocab();
+      if (w.eval_every > 0 && !w.eval_path.empty() &&
+          data::TokenData({{w.eval_path, 1.0}}, m.context, w.seed, 1.0).tokenizer_fingerprint() !=
+              train.tokenizer_fingerprint())
+        return "data.eval_path '" + w.eval_path +
+               "' was tokenized differently from the training data (prepare it with "
+               "--tokenizer-from the training set)";
     } catch (const std::exception& e) {
       return e.what();
     }

@@ -259,7 +259,12 @@ PrepareSummary prepare(const PrepareOptions& o,
   if (o.tokenizer == "byte" && o.vocab != 0 && o.vocab != 257)
     throw std::invalid_argument("--tokenizer byte has 257 ids; --vocab " + std::to_string(o.vocab) +
                                 " is for --tokenizer bpe");
-  if (o.vocab > (uint64_t(1) << 31)) throw std::invalid_argument("--vocab is too large");
+  if (o.vocab > (uint64_t(1) << 24))
+    throw std::invalid_argument("--vocab is at most 16,777,216 (ids reach the model as floats)");
+  if (!o.tokenizer_from.empty() && (o.vocab != 0 || o.tokenizer != "byte"))
+    throw std::invalid_argument(
+        "--tokenizer-from takes its tokenizer from a data set: it "
+        "cannot be given with --tokenizer or --vocab");
   std::error_code ec;
   if (fs::exists(o.out, ec))
     throw std::invalid_argument("--out '" + o.out +
@@ -272,7 +277,10 @@ PrepareSummary prepare(const PrepareOptions& o,
 
   Tokenizer tok = Tokenizer::bytes();
   bool counted = false;
-  if (o.tokenizer == "bpe") {
+  if (!o.tokenizer_from.empty()) {
+    TokenShards::open(o.tokenizer_from);  // (a whole data set, not a stray file)
+    tok = Tokenizer::load(o.tokenizer_from + "/" + kTokenizerFile);
+  } else if (o.tokenizer == "bpe") {
     const auto t0 = Clock::now();
     WordCounts words;
     docs.each("counting words", true, [&](std::string_view text) { words.add(text); });
@@ -303,6 +311,7 @@ PrepareSummary prepare(const PrepareOptions& o,
     const auto shards = writer.finish();
     s.tokens = writer.tokens();
     s.vocab = tok.vocab_size();
+    s.tokenizer = tok.kind();
     tok.save(partial + "/" + kTokenizerFile);
     write_manifest(partial, o, s, files, shards, tok, width);
     s.seconds_encode = std::chrono::duration<double>(Clock::now() - t0).count();

@@ -17,8 +17,9 @@ namespace troupe::data {
 struct PrepareOptions {
   std::vector<std::string> inputs;
   std::string out;
-  std::string tokenizer = "byte";  // byte | bpe
-  size_t vocab = 0;                // bpe: ids in all (>= 257)
+  std::string tokenizer = "byte";   // byte | bpe
+  size_t vocab = 0;                 // bpe: ids in all (>= 257)
+  std::string tokenizer_from = "";  // a data set whose tokenizer to use (none is trained)
   std::string jsonl_field = "text";
   uint64_t shard_tokens = uint64_t(1) << 27;  // 256 MiB of 16-bit ids a shard
 };
@@ -34,6 +35,7 @@ struct PrepareSummary {
   uint64_t skipped_binary = 0, skipped_invalid_utf8 = 0, skipped_empty = 0, skipped_bad_json = 0;
   std::string first_skipped;  // where the first skipped document was, for the message
   size_t vocab = 0;
+  std::string tokenizer;  // byte | bpe
   double seconds_train = 0, seconds_encode = 0;
 };
 

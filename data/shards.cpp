@@ -124,6 +124,7 @@ std::shared_ptr<const TokenShards> TokenShards::open(const std::string& dir) {
     t->vocab_ = m.at("vocab").get<size_t>();
     t->width_ = m.at("token_bytes").get<unsigned>();
     const Tokenizer tok = Tokenizer::load(dir + "/" + kTokenizerFile);
+    t->fingerprint_ = tok.fingerprint();
     if (tok.vocab_size() != t->vocab_)
       bad(dir, "the manifest's vocabulary (" + std::to_string(t->vocab_) +
                    ") is not its tokenizer's (" + std::to_string(tok.vocab_size()) + ")");

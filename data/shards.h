@@ -75,6 +75,7 @@ class TokenShards {
   size_t vocab() const { return vocab_; }
   uint32_t end_of_document() const { return uint32_t(vocab_ - 1); }
   unsigned token_bytes() const { return width_; }
+  uint64_t tokenizer_fingerprint() const { return fingerprint_; }  // Tokenizer::fingerprint()
   const std::string& dir() const { return dir_; }
   // Ids [begin, begin + n) of the stream into out; begin + n <= tokens().
   void read(uint64_t begin, size_t n, int32_t* out) const;
@@ -89,7 +90,7 @@ class TokenShards {
   std::string dir_;
   size_t vocab_ = 0;
   unsigned width_ = 2;
-  uint64_t total_ = 0;
+  uint64_t total_ = 0, fingerprint_ = 0;
   std::vector<Map> maps_;
 };
 

@@ -57,11 +57,13 @@ TokenData::TokenData(const std::vector<Source>& sources, size_t context, uint64_
   for (const Source& s : sources) {
     Set set{TokenShards::open(s.path), 0, 0, 0};
     if (vocab_ == 0) vocab_ = set.shards->vocab();
-    if (set.shards->vocab() != vocab_)
-      throw std::invalid_argument("data set '" + s.path + "' has a vocabulary of " +
-                                  std::to_string(set.shards->vocab()) + " ids; '" +
-                                  sources[0].path + "' has " + std::to_string(vocab_) +
-                                  ": a mixture needs one tokenizer");
+    if (sets_.empty()) fingerprint_ = set.shards->tokenizer_fingerprint();
+    if (set.shards->tokenizer_fingerprint() != fingerprint_)
+      throw std::invalid_argument("data set '" + s.path + "' was tokenized differently from '" +
+                                  sources[0].path +
+                                  "': sets trained on together need one tokenizer (troupe data "
+                                  "prepare --tokenizer-from " +
+                                  sources[0].path + ")");
     set.windows = set.shards->tokens() > 0 ? (set.shards->tokens() - 1) / context : 0;
     if (set.windows == 0)
       throw std::invalid_argument(

@@ -50,7 +50,7 @@ struct Source {
 class TokenData {
  public:
   // Opens every set (throws std::invalid_argument naming the one that is wrong): they must share
-  // one vocabulary and each hold at least one window.
+  // one tokenizer and each hold at least one window.
   TokenData(const std::vector<Source>& sources, size_t context, uint64_t seed,
             double eval_fraction = 0);
 
@@ -60,6 +60,7 @@ class TokenData {
   uint64_t windows(size_t set) const { return sets_[set].windows; }  // training windows
   uint64_t windows() const;       // over all sets: the training samples of one pass
   uint64_t eval_windows() const;  // over all sets
+  uint64_t tokenizer_fingerprint() const { return fingerprint_; }
 
   // The set and window at a global position.
   struct Place {
@@ -82,7 +83,7 @@ class TokenData {
   void read_window(size_t set, uint64_t window, float* input, int32_t* targets) const;
   std::vector<Set> sets_;
   size_t context_, vocab_ = 0;
-  uint64_t seed_;
+  uint64_t seed_, fingerprint_ = 0;
 };
 
 }  // namespace troupe::data

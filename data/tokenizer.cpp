@@ -223,6 +223,14 @@ void Tokenizer::decode(const uint32_t* ids, size_t n, std::string& out) const {
   }
 }
 
+uint64_t Tokenizer::fingerprint() const {
+  uint64_t h = 1469598103934665603ull;
+  for (const auto& [a, b] : merges_)
+    for (uint32_t v : {a, b})
+      for (int i = 0; i < 4; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
+  return h;
+}
+
 void Tokenizer::save(const std::string& path) const {
   nlohmann::json j;
   j["format"] = "troupe-tokenizer";

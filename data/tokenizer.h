@@ -59,6 +59,8 @@ class Tokenizer {
   size_t vocab_size() const { return 257 + merges_.size(); }
   uint32_t end_of_document() const { return uint32_t(256 + merges_.size()); }
   const std::vector<Merge>& merges() const { return merges_; }
+  // FNV-1a over the merges: equal exactly when two tokenizers map every text alike.
+  uint64_t fingerprint() const;
 
   // Appends the ids of text to out.
   void encode(std::string_view text, std::vector<uint32_t>& out);

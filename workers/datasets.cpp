@@ -57,11 +57,10 @@ std::shared_ptr<const data::TokenData> open_eval_set(const WorkerSpec& spec,
   if (spec.eval_path.empty()) return tokens->tokens();
   auto eval = std::make_shared<data::TokenData>(std::vector<data::Source>{{spec.eval_path, 1.0}},
                                                 tokens->tokens()->context(), spec.seed, 1.0);
-  if (eval->vocab() != tokens->tokens()->vocab())
-    throw std::invalid_argument("data.eval_path '" + spec.eval_path + "' has a vocabulary of " +
-                                std::to_string(eval->vocab()) + " ids, the training data " +
-                                std::to_string(tokens->tokens()->vocab()) +
-                                ": it needs the same tokenizer");
+  if (eval->tokenizer_fingerprint() != tokens->tokens()->tokenizer_fingerprint())
+    throw std::invalid_argument("data.eval_path '" + spec.eval_path +
+                                "' was tokenized differently from the training data: prepare "
+                                "it with --tokenizer-from the training set");
   return eval;
 }
 

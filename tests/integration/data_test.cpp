@@ -167,6 +167,38 @@ TEST(TokenJob, TheHeldOutLossIsTheSameAtWorldSizesOneAndThree) {
   }
 }
 
+// A mixture of two sets with one tokenizer (the second prepared --tokenizer-from the first) and a
+// held-out set of its own: the job trains on both, evaluates on the third; a held-out set with
+// another tokenizer is refused before anything starts.
+TEST(TokenJob, AMixtureWithAHeldOutSetOfItsOwn) {
+  TempDir dir;
+  const std::string a = prepare_gpl(dir), d = dir.path();
+  const std::string lic = "/usr/share/common-licenses/";
+  for (const auto& [name, from] :
+       {std::pair{"apache", " --tokenizer-from " + a}, std::pair{"eval", " --tokenizer-from " + a},
+        std::pair{"alien", std::string(" --tokenizer bpe --vocab 320")}}) {
+    const std::string input = std::string(name) == "apache" ? lic + "Apache-2.0" : lic + "LGPL-2.1";
+    const Result r = shell(dir, "\"$T\" data prepare " + input + " --out " + d + "/" + name + from);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  const std::vector<std::string> sets = {"data.mix={\"" + a + "\"=3, \"" + d + "/apache\"=1}",
+                                         "job.steps=20", "eval.every_steps=10",
+                                         "data.eval_path=\"" + d + "/eval\""};
+  Job job = start_job(dir, "mix", kConfig, 2, sets);
+  const auto done = job.proc->wait(180s);
+  ASSERT_TRUE(done);
+  EXPECT_EQ(WEXITSTATUS(*done), 0) << text_of(job.out);
+  EXPECT_EQ(eval_losses(job).size(), 2u) << text_of(job.out);
+  std::vector<std::string> alien = sets;
+  alien.back() = "data.eval_path=\"" + d + "/alien\"";
+  Job refused = start_job(dir, "alien", kConfig, 2, alien);
+  auto status = refused.proc->wait(60s);
+  ASSERT_TRUE(status);
+  EXPECT_EQ(WEXITSTATUS(*status), 2);
+  EXPECT_NE(text_of(refused.out).find("tokenized differently"), std::string::npos)
+      << text_of(refused.out);
+}
+
 // configs/gpt_tokens.toml as its comment says to run it (with the set made where the test is).
 TEST(DataCommands, TheTokensConfigTrainsOnTheSetItsCommentPrepares) {
   TempDir dir;

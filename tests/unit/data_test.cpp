@@ -286,6 +286,13 @@ TEST(TokenData, AMixtureKeepsItsProportionsAndVisitsEachSetsWindowsOnce) {
   make_set(d / "other", std::vector<uint32_t>(5000, 65), trained(300), 1 << 20);
   EXPECT_THROW(TokenData({{d / "a", 1.0}, {d / "other", 1.0}}, 10, 9), std::invalid_argument)
       << "one vocabulary";
+  // The same vocabulary size from other merges is another tokenizer.
+  WordCounts apache;
+  apache.add(read("/usr/share/common-licenses/Apache-2.0"));
+  make_set(d / "p", std::vector<uint32_t>(5000, 65), trained(300), 1 << 20);
+  make_set(d / "q", std::vector<uint32_t>(5000, 65), Tokenizer::train_bpe(apache, 300), 1 << 20);
+  EXPECT_NO_THROW(TokenData({{d / "p", 1.0}, {d / "other", 1.0}}, 10, 9));
+  EXPECT_THROW(TokenData({{d / "p", 1.0}, {d / "q", 1.0}}, 10, 9), std::invalid_argument);
 }
 
 TEST(Prepare, TextDirectoriesAndJsonLinesWithBadDocumentsSkippedAndCounted) {
