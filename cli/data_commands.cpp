@@ -109,9 +109,8 @@ int encode(const std::vector<std::string>& words) {
   app.add_flag("--lines", lines, "one id a line");
   if (auto rc = parse(app, words)) return *rc;
   data::Tokenizer tok = tokenizer_of(dir);
-  // Streamed: each chunk is encoded up to the start of its second-to-last word (where the whole
-  // text's split would cut too: a word's end depends on at most one byte after it), the rest
-  // carried into the next chunk. So the ids equal encode(whole input), in bounded memory.
+  // Streamed: each chunk is encoded up to its stable prefix, the rest carried into the next
+  // chunk. So the ids equal encode(whole input), in bounded memory.
   std::string buffer, out;
   std::vector<uint32_t> ids;
   std::vector<char> chunk(1 << 20);
@@ -120,16 +119,7 @@ int encode(const std::vector<std::string>& words) {
     const size_t got = std::fread(chunk.data(), 1, chunk.size(), stdin);
     eof = got < chunk.size();
     buffer.append(chunk.data(), got);
-    size_t cut = buffer.size();
-    if (!eof) {
-      size_t last = 0, before = 0, at = 0;
-      data::split_words(buffer, [&](std::string_view w) {
-        before = last;
-        last = at;
-        at += w.size();
-      });
-      cut = before;
-    }
+    const size_t cut = eof ? buffer.size() : data::stable_prefix(buffer);
     ids.clear();
     tok.encode(std::string_view(buffer).substr(0, cut), ids);
     buffer.erase(0, cut);

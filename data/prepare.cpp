@@ -124,11 +124,13 @@ class Documents {
     for (const Input& f : files_) total_ += f.bytes;
   }
 
+  // use(piece, first, last): a document in word-aligned pieces of about kPiece bytes (whole
+  // when smaller), so memory stays bounded and the progress moves within a large file.
   template <class F>
   void each(const char* phase, bool count, F&& use) {
-    const auto t0 = Clock::now();
-    auto last = t0;
-    uint64_t done = 0;
+    phase_ = phase;
+    t0_ = last_ = Clock::now();
+    done_ = 0;
     for (const Input& f : files_) {
       const std::string body = slurp(f.path);
       if (f.jsonl) {
@@ -139,18 +141,14 @@ class Documents {
           ++line;
           json_line(std::string_view(body).substr(at, end - at), f.path, line, count, use);
           at = end + 1;
+          tick(at);
         }
       } else {
-        document(body, f.path, count, use);
+        document(body, f.path, count, use, body.data());
       }
-      done += f.bytes;
-      if (progress_ && Clock::now() - last > std::chrono::milliseconds(200)) {
-        last = Clock::now();
-        progress_({phase, done, total_, std::chrono::duration<double>(last - t0).count()});
-      }
+      done_ += f.bytes;
     }
-    if (progress_)
-      progress_({phase, total_, total_, std::chrono::duration<double>(Clock::now() - t0).count()});
+    if (progress_) progress_({phase_, total_, total_, seconds()});
   }
 
   uint64_t total_bytes() const { return total_; }
@@ -162,8 +160,18 @@ class Documents {
     if (summary_->first_skipped.empty()) summary_->first_skipped = where;
   }
 
+  double seconds() const { return std::chrono::duration<double>(Clock::now() - t0_).count(); }
+
+  // Progress at most every 200 ms: the files before this one, and `in_file` bytes of it.
+  void tick(uint64_t in_file) {
+    if (!progress_ || Clock::now() - last_ < std::chrono::milliseconds(200)) return;
+    last_ = Clock::now();
+    progress_({phase_, std::min(total_, done_ + in_file), total_, seconds()});
+  }
+
   template <class F>
-  void document(std::string_view text, const std::string& where, bool count, F&& use) {
+  void document(std::string_view text, const std::string& where, bool count, F&& use,
+                const char* file_start = nullptr) {
     if (text.empty()) return skipped(&PrepareSummary::skipped_empty, where + " (empty)", count);
     if (std::memchr(text.data(), 0, text.size()))
       return skipped(&PrepareSummary::skipped_binary, where + " (binary: a NUL byte)", count);
@@ -173,7 +181,17 @@ class Documents {
       ++summary_->documents;
       summary_->bytes += text.size();
     }
-    use(text);
+    constexpr size_t kPiece = size_t(4) << 20;
+    bool first = true;
+    while (text.size() > kPiece) {
+      const size_t cut = stable_prefix(text.substr(0, kPiece));
+      if (cut == 0) break;  // (cannot happen: 4 MiB hold many 64-byte words)
+      use(text.substr(0, cut), first, false);
+      first = false;
+      text.remove_prefix(cut);
+      if (file_start) tick(uint64_t(text.data() - file_start));
+    }
+    use(text, first, true);
   }
 
   template <class F>
@@ -185,14 +203,16 @@ class Documents {
     if (j.is_discarded() || !j.is_object() || it == j.end() || !it->is_string())
       return skipped(&PrepareSummary::skipped_bad_json,
                      where + " (not a JSON object with a string \"" + field_ + "\")", count);
-    document(it->template get_ref<const std::string&>(), where, count, use);
+    document(std::string_view(it->template get_ref<const std::string&>()), where, count, use);
   }
 
   const std::vector<Input>& files_;
   std::string field_;
   PrepareSummary* summary_;
   const std::function<void(const Progress&)>& progress_;
-  uint64_t total_ = 0;
+  uint64_t total_ = 0, done_ = 0;
+  const char* phase_ = "";
+  Clock::time_point t0_, last_;
 };
 
 // Removes OUT.partial-PID directories whose process is gone (an interrupted prepare's).
@@ -283,7 +303,7 @@ PrepareSummary prepare(const PrepareOptions& o,
   } else if (o.tokenizer == "bpe") {
     const auto t0 = Clock::now();
     WordCounts words;
-    docs.each("counting words", true, [&](std::string_view text) { words.add(text); });
+    docs.each("counting words", true, [&](std::string_view text, bool, bool) { words.add(text); });
     counted = true;
     if (progress) progress({"training", 0, 1, 0});
     tok = Tokenizer::train_bpe(words, o.vocab);
@@ -298,10 +318,12 @@ PrepareSummary prepare(const PrepareOptions& o,
     const unsigned width = tok.vocab_size() <= 65536 ? 2 : 4;
     ShardWriter writer(partial, width, o.shard_tokens);
     std::vector<uint32_t> ids;
-    docs.each("encoding", !counted, [&](std::string_view text) {
+    docs.each("encoding", !counted, [&](std::string_view text, bool first, bool last) {
       ids.clear();
       tok.encode(text, ids);
-      writer.add_document(ids, tok.end_of_document());
+      if (first) writer.begin_document();
+      writer.append(ids);
+      if (last) writer.end_document(tok.end_of_document());
     });
     if (s.documents == 0)
       throw std::invalid_argument(

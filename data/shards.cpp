@@ -53,22 +53,23 @@ void ShardWriter::roll() {
   if (!out_) throw std::runtime_error("cannot create " + path + ": " + std::strerror(errno));
 }
 
-void ShardWriter::add_document(const std::vector<uint32_t>& ids, uint32_t end_of_document) {
-  starts_.push_back(total_);
-  auto put = [&](uint32_t id) {
-    if (!out_ || shards_.back().tokens == shard_tokens_) roll();
-    unsigned char b[4] = {uint8_t(id), uint8_t(id >> 8), uint8_t(id >> 16), uint8_t(id >> 24)};
-    buffer_.insert(buffer_.end(), b, b + width_);
-    ++shards_.back().tokens;
-    ++total_;
-    if (buffer_.size() >= (1 << 20)) {
-      write(buffer_.data(), buffer_.size());
-      buffer_.clear();
-    }
-  };
-  for (uint32_t id : ids) put(id);
-  put(end_of_document);
+void ShardWriter::put(uint32_t id) {
+  if (!out_ || shards_.back().tokens == shard_tokens_) roll();
+  unsigned char b[4] = {uint8_t(id), uint8_t(id >> 8), uint8_t(id >> 16), uint8_t(id >> 24)};
+  buffer_.insert(buffer_.end(), b, b + width_);
+  ++shards_.back().tokens;
+  ++total_;
+  if (buffer_.size() >= (1 << 20)) {
+    write(buffer_.data(), buffer_.size());
+    buffer_.clear();
+  }
 }
+
+void ShardWriter::append(const std::vector<uint32_t>& ids) {
+  for (uint32_t id : ids) put(id);
+}
+
+void ShardWriter::end_document(uint32_t end_of_document) { put(end_of_document); }
 
 std::vector<ShardWriter::Shard> ShardWriter::finish() {
   if (out_) {

@@ -41,7 +41,15 @@ class ShardWriter {
   ShardWriter& operator=(const ShardWriter&) = delete;
 
   // One document's ids, then the end-of-document id.
-  void add_document(const std::vector<uint32_t>& ids, uint32_t end_of_document);
+  void add_document(const std::vector<uint32_t>& ids, uint32_t end_of_document) {
+    begin_document();
+    append(ids);
+    end_document(end_of_document);
+  }
+  // The same in pieces: begin, any number of appends, end.
+  void begin_document() { starts_.push_back(total_); }
+  void append(const std::vector<uint32_t>& ids);
+  void end_document(uint32_t end_of_document);
   // Flushes and closes every file; the shards' (file, tokens, checksum).
   struct Shard {
     std::string file;
@@ -52,6 +60,7 @@ class ShardWriter {
   uint64_t documents() const { return starts_.size(); }
 
  private:
+  void put(uint32_t id);
   void write(const void* p, size_t n);
   void roll();
   std::string dir_;

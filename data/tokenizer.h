@@ -28,6 +28,14 @@ constexpr size_t kMaxWordBytes = 64;
 template <class F>
 void split_words(std::string_view text, F&& emit);
 
+// A prefix of text that ends where the whole text's split ends a word, whatever follows text:
+// near its end, a position p whose byte before is not whitespace and of another class than
+// text[p] (a run ends there, and nothing before it looks past it); failing that, the start of
+// its second-to-last word (a word's end depends on at most one byte after it). 0 when text has
+// fewer than two words. Text encoded, or its words counted, piece by piece at these cuts gives
+// the same result as whole.
+inline size_t stable_prefix(std::string_view text);
+
 // Counts of distinct words, the input of BPE training; fed text by text.
 class WordCounts {
  public:
@@ -121,6 +129,20 @@ void split_words(std::string_view text, F&& emit) {
     emit(text.substr(i, j - i));
     i = j;
   }
+}
+
+inline size_t stable_prefix(std::string_view text) {
+  auto cls = [&](size_t i) { return detail::byte_class(static_cast<unsigned char>(text[i])); };
+  const size_t stop = text.size() > 4096 ? text.size() - 4096 : 1;
+  for (size_t p = text.size(); p-- > stop;)
+    if (cls(p - 1) != 0 && cls(p) != cls(p - 1)) return p;
+  size_t last = 0, before = 0, at = 0;
+  split_words(text, [&](std::string_view w) {
+    before = last;
+    last = at;
+    at += w.size();
+  });
+  return before;
 }
 
 }  // namespace troupe::data

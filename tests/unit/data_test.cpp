@@ -91,6 +91,50 @@ TEST(Tokenizer, AnyBytesRoundTripThroughByteAndBpe) {
   EXPECT_LT(bpe.encode(kGpl).size() * 5, kGpl.size() * 2) << "600 ids: English > 2.5x smaller";
 }
 
+// What prepare and `troupe data encode` rely on to work in pieces: cut at stable_prefix, the
+// pieces encode (and count) exactly as the whole text does.
+TEST(Tokenizer, PiecesCutAtTheStablePrefixEncodeAsTheWhole) {
+  std::mt19937 rng(11);
+  Tokenizer bpe = trained(500);
+  std::string mixed;  // runs of every class, whitespace of every kind, long runs
+  const std::string parts[] = {" ",
+                               "  ",
+                               "\n",
+                               "\n\n ",
+                               "\t",
+                               "word",
+                               "Word",
+                               "42",
+                               "1234567",
+                               ",",
+                               "...",
+                               "\xc3\xa9t\xc3\xa9",
+                               std::string(70, 'x').c_str(),
+                               "   z"};
+  for (int i = 0; i < 20000; ++i) mixed += parts[rng() % 14];
+  for (const std::string& text : {kGpl, mixed, random_bytes(rng, 30000)}) {
+    const std::vector<uint32_t> whole = bpe.encode(text);
+    std::vector<uint32_t> pieces;
+    WordCounts a, b;
+    a.add(text);
+    std::string_view rest(text);
+    while (!rest.empty()) {
+      const size_t want = 1 + rng() % 300;
+      size_t cut = want >= rest.size() ? rest.size() : stable_prefix(rest.substr(0, want));
+      if (cut == 0) cut = std::min(rest.size(), want) == rest.size() ? rest.size() : 0;
+      if (cut == 0) {  // (fewer than two words in the window: take a longer one)
+        cut = stable_prefix(rest.substr(0, std::min(rest.size(), want + 300)));
+        if (cut == 0) cut = rest.size();
+      }
+      bpe.encode(rest.substr(0, cut), pieces);
+      b.add(rest.substr(0, cut));
+      rest.remove_prefix(cut);
+    }
+    EXPECT_EQ(pieces, whole);
+    EXPECT_EQ(a.counts(), b.counts());
+  }
+}
+
 TEST(Tokenizer, BpeLearnsTheMostFrequentPairFirstAndIsDeterministic) {
   WordCounts w;
   w.add("aab aab aab abb abb cd");  // words "aab", " aab" x2, " abb" x2, " cd"
