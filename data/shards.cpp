@@ -117,11 +117,11 @@ nlohmann::json read_manifest(const std::string& dir) {
 
 std::shared_ptr<const TokenShards> TokenShards::open(const std::string& dir) {
   const nlohmann::json m = read_manifest(dir);
-  if (!m.is_object() || m.value("format", "") != "troupe-tokens" || m.value("version", 0) != 1)
-    bad(dir, std::string(kManifestFile) + " is not a troupe token manifest of version 1");
   std::shared_ptr<TokenShards> t(new TokenShards);
   t->dir_ = dir;
   try {
+    if (!m.is_object() || m.value("format", "") != "troupe-tokens" || m.value("version", 0) != 1)
+      bad(dir, std::string(kManifestFile) + " is not a troupe token manifest of version 1");
     t->vocab_ = m.at("vocab").get<size_t>();
     t->width_ = m.at("token_bytes").get<unsigned>();
     const Tokenizer tok = Tokenizer::load(dir + "/" + kTokenizerFile);

@@ -248,12 +248,26 @@ void Tokenizer::save(const std::string& path) const {
 Tokenizer Tokenizer::load(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) bad_file(path, "cannot be opened");
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse(text.str(), path);
+}
+
+Tokenizer Tokenizer::parse(const std::string& text, const std::string& path) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     bad_file(path, std::string("is not JSON: ") + e.what());
   }
+  try {
+    return from_json(j, path);
+  } catch (const nlohmann::json::exception& e) {  // (a field of the wrong type)
+    bad_file(path, e.what());
+  }
+}
+
+Tokenizer Tokenizer::from_json(const nlohmann::json& j, const std::string& path) {
   if (!j.is_object() || j.value("format", "") != "troupe-tokenizer")
     bad_file(path, "is not a troupe tokenizer (no \"format\": \"troupe-tokenizer\")");
   if (j.value("version", 0) != 1) bad_file(path, "has an unknown version (this build reads 1)");

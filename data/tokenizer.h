@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -59,6 +60,8 @@ class Tokenizer {
   static Tokenizer train_bpe(const WordCounts& words, size_t vocab);
   // Throws std::invalid_argument naming the file and what is wrong.
   static Tokenizer load(const std::string& path);
+  // The same from the file's text; `name` says where it came from in messages.
+  static Tokenizer parse(const std::string& text, const std::string& name);
   void save(const std::string& path) const;
 
   explicit Tokenizer(std::vector<Merge> merges);
@@ -83,6 +86,7 @@ class Tokenizer {
 
  private:
   void encode_word(std::string_view word, std::vector<uint32_t>& out);
+  static Tokenizer from_json(const nlohmann::json& j, const std::string& path);
 
   std::vector<Merge> merges_;
   std::vector<std::string> pieces_;              // id -> its bytes
