@@ -16,6 +16,7 @@
 #include "models/safetensors.h"
 #include "models/state.h"
 #include "workers/checkpoint_writer.h"
+#include "workers/datasets.h"
 #include "workers/device_supervisor.h"
 
 namespace troupe::cli {
@@ -83,12 +84,9 @@ int run_export(const std::vector<std::string>& words) {
   const coordinator::ValidCheckpoint ckpt = choose(cfg, run_dir, step);
   workers::WorkerSpec w = workers::worker_spec_of(coordinator::job_spec_of(cfg, 0, 1));
   models::ModelSpec spec = w.model;
+  // The data set as the workers opened it (text and tokens set the vocabulary from it).
   std::unique_ptr<models::Dataset> data;
-  if (w.data_kind == "text") {
-    auto text = std::make_unique<models::CharText>(w.data_path, spec.context);
-    spec.vocab = text->vocab();
-    data = std::move(text);
-  }
+  if (w.data_kind != "synthetic") data = workers::open_dataset(w, spec);
   models::Model model(spec);
   std::vector<size_t> counts;
   for (size_t b = 0; b < model.num_blocks(); ++b) counts.push_back(model.block(b).param_count());

@@ -208,9 +208,15 @@ TEST(DataCommands, TheTokensConfigTrainsOnTheSetItsCommentPrepares) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   r = shell(dir, "\"$T\" run " + std::string(TROUPE_SOURCE_DIR) +
                      "/configs/gpt_tokens.toml --set job.steps=6 --set data.path=\\\"" + ds +
-                     "\\\" --set job.run_dir=\\\"" + dir.path() + "/run\\\"");
+                     "\\\" --set job.run_dir=\\\"" + dir.path() +
+                     "/run\\\" --set checkpoint.every_steps=3");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("finished after 6 of 6 steps"), std::string::npos) << r.output;
+  // Its weights export with the tokenizer's vocabulary, and a step's batch of token ids.
+  r = shell(dir, "\"$T\" export " + dir.path() + "/run -o " + dir.path() +
+                     "/m.safetensors --batch-of-step 2");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(dir.path() + "/m.safetensors.batch.safetensors")) << r.output;
 }
 
 TEST(DataCommands, EncodeAndDecodeCommandsRoundTripAnyBytes) {
