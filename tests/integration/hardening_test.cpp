@@ -228,7 +228,10 @@ TEST(Status, AnEndedJobsStatusComesFromItsRunDirectory) {
 // Standbys are listed, and every row names its agent as its log file does (agent-N).
 TEST(Status, StandbysAndAgentNamesAreListed) {
   TempDir dir;
-  Job job = start_job(dir, "standby", kConfig, 1, {"elastic.max_workers=1"}, {pace(5000)});
+  // (Steps enough that the job still runs when the standby is in, however slow the machine:
+  // under a sanitizer with a neighbour, 400 paced steps ended before the status call.)
+  Job job = start_job(dir, "standby", kConfig, 1, {"elastic.max_workers=1", "job.steps=100000"},
+                      {pace(5000)});
   wait_steps(job, 3);
   auto extra = join_agent(dir, job, "spare", {pace(5000)});
   ASSERT_FALSE(wait_event(job, is("member_standby"), 60s).empty());
