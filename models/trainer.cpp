@@ -12,6 +12,7 @@ Trainer::Trainer(Model& model, Optimizer& opt, const Dataset& data, uint64_t see
       opt_(opt),
       data_(data),
       sampler_(seed, data.size()),
+      seed_(seed),
       global_batch_(global_batch),
       micro_batch_(micro_batch) {
   if (global_batch == 0) throw std::invalid_argument("batch.global is zero");
@@ -27,8 +28,14 @@ StepStats Trainer::forward_backward(uint64_t step, uint64_t begin, uint64_t end,
   for (uint64_t at = begin; at < end; at += micro_batch_) {
     uint64_t stop = std::min<uint64_t>(end, at + micro_batch_);
     const auto t0 = std::chrono::steady_clock::now();
-    Batch b = make_batch(data_, sampler_, base + at, base + stop);
+    Batch b = prefetch_ ? prefetch_->take(base + at, base + stop)
+                        : make_batch(data_, sampler_, base + at, base + stop);
     s.data_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (prefetch_) {  // the next: this step's next micro-batch, or the next step's first
+      const uint64_t from = stop < end ? base + stop : base + global_batch_ + begin;
+      prefetch_->expect(
+          from, from + std::min<uint64_t>(micro_batch_, stop < end ? end - stop : end - begin));
+    }
     const bool last = stop == end;
     auto r = model_.forward_backward(b, loss_scale(), last ? block_done : nullptr);
     s.forward_seconds += r.forward_seconds;

@@ -3,10 +3,12 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 
 #include "models/data.h"
 #include "models/model.h"
 #include "models/optim.h"
+#include "models/prefetch.h"
 
 namespace troupe::models {
 
@@ -45,13 +47,20 @@ class Trainer {
   StepStats step(uint64_t step);
 
   size_t global_batch() const { return global_batch_; }
+  // From now on forward_backward takes its micro-batches from a background thread that
+  // assembles the next one (this step's next, or the next step's first for the same share)
+  // while the current one computes; StepStats::data_seconds is then the time it waited.
+  void enable_prefetch() { prefetch_ = std::make_unique<BatchPrefetcher>(data_, seed_); }
+  const BatchPrefetcher* prefetcher() const { return prefetch_.get(); }
 
  private:
   Model& model_;
   Optimizer& opt_;
   const Dataset& data_;
   GlobalSampler sampler_;
+  uint64_t seed_;
   size_t global_batch_, micro_batch_;
+  std::unique_ptr<BatchPrefetcher> prefetch_;
 };
 
 }  // namespace troupe::models

@@ -102,6 +102,51 @@ TEST(Sampler, PositionsMapToTheSameSampleWhateverTheSplit) {
   EXPECT_LT(same, 20);
 }
 
+// A prefetched batch is the batch of its range; a range not expected is assembled at once; the
+// trainer with prefetching computes the same bits as without.
+TEST(Prefetch, GivesTheBatchOfTheRangeExpectedOrNot) {
+  SyntheticClassification data(3, 500, 16, 4);
+  GlobalSampler direct(9, data.size());
+  BatchPrefetcher p(data, 9);
+  auto same = [&](const Batch& b, uint64_t first, uint64_t last) {
+    const Batch want = make_batch(data, direct, first, last);
+    ASSERT_EQ(b.size, want.size);
+    EXPECT_EQ(0, std::memcmp(b.inputs.data(), want.inputs.data(), want.inputs.numel() * 4));
+    EXPECT_EQ(b.targets, want.targets);
+  };
+  p.expect(100, 116);
+  same(p.take(100, 116), 100, 116);
+  p.expect(116, 132);
+  same(p.take(700, 710), 700, 710);  // (another range: at once; the expected one is dropped)
+  same(p.take(116, 132), 116, 132);
+  p.expect(132, 148);
+  p.expect(1400, 1403);  // (a later expectation replaces the earlier)
+  same(p.take(1400, 1403), 1400, 1403);
+  EXPECT_EQ(p.hits(), 2u);
+  EXPECT_EQ(p.misses(), 2u);
+
+  auto losses = [&](bool prefetch) {
+    CharText text(kDefaultTextPath, 16);
+    Model m(tiny_gpt(text.vocab()));
+    m.init(1);
+    std::vector<size_t> counts;
+    for (size_t i = 0; i < m.num_blocks(); ++i) counts.push_back(m.block(i).param_count());
+    OptimizerSpec o;
+    o.kind = "adamw";
+    o.lr = 1e-3;
+    Optimizer opt(o, counts);
+    Trainer t(m, opt, text, 4, 12, 4);
+    if (prefetch) t.enable_prefetch();
+    std::vector<double> out;
+    for (uint64_t s = 0; s < 5; ++s) out.push_back(t.step(s).loss);
+    if (prefetch) {
+      EXPECT_EQ(t.prefetcher()->hits(), 14u) << "all but the first micro-batch";
+    }
+    return out;
+  };
+  EXPECT_EQ(losses(true), losses(false));
+}
+
 TEST(Init, IsAPureFunctionOfSeedAndBlockIndex) {
   Model a(tiny_gpt(12)), b(tiny_gpt(12));
   a.init(5);
