@@ -137,6 +137,33 @@ TEST(TokenJob, PreparedBpeDataTrainsAndSurvivesAKillWithEveryWindowOnce) {
     EXPECT_NEAR(std::stod(got_eval.at(step)), std::stod(loss), 1e-4 * std::stod(loss)) << step;
 }
 
+// Preempted (SIGTERM: a checkpoint where it stops) at 3 workers and resumed at 2: the global
+// order goes on from the checkpoint's step, so the job computes the static run's losses and
+// the ledger names every position once and every window once per epoch.
+TEST(TokenJob, APreemptedRunResumesWithTheSameWindows) {
+  TempDir dir;
+  const std::string ds = prepare_gpl(dir);
+  const std::string path = "data.path=\"" + ds + "\"", held_out = "data.eval_fraction=0.1",
+                    every = "eval.every_steps=25";
+  Job reference = start_job(dir, "static", kConfig, 1, {path, held_out, every});
+  ASSERT_TRUE(reference.proc->wait(180s));
+  const std::vector<double> want = committed_losses(reference.run_dir);
+  Job job = start_job(dir, "preempted", kConfig, 3, {path, held_out, every}, {pace(5000)});
+  wait_steps(job, 40);
+  ASSERT_EQ(::kill(job.proc->pid(), SIGTERM), 0);
+  auto st = job.proc->wait(60s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
+  const std::string end = events_of(job).back();
+  ASSERT_EQ(json_field(end, "resumable"), "true") << end;
+  EXPECT_LT(std::stoi(json_field(end, "steps")), 150) << "it stopped before the end";
+  Job resumed = start_job(dir, "preempted", kConfig, 2, {path, held_out, every}, {},
+                          {"--resume", job.run_dir});
+  expect_same_function(resumed, want, 150, 24);
+  expect_each_window_once_per_epoch(resumed.run_dir, ds);
+  EXPECT_EQ(count_events(resumed, "resumed_from_checkpoint"), 1);
+}
+
 // The held-out loss counts every evaluation window once, in groups computed alone and summed
 // exactly: the same bits at 1 and 3 workers (with parallel.deterministic the parameters are
 // too, so every evaluation matches; without it, the first, of the initial parameters).
