@@ -9,8 +9,8 @@
 #pragma once
 
 #include <cstdint>
-#include <stdexcept>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -41,7 +41,7 @@ struct JobConfig {
   std::string eval_path;                   // data.eval_path: a held-out token data set
   double eval_fraction = 0;                // data.eval_fraction: or the training sets' tail
   int64_t eval_every_steps = 0;            // eval.every_steps (0: never)
-  int64_t samples = 20000;  // synthetic samples per epoch
+  int64_t samples = 20000;                 // synthetic samples per epoch
   bool ledger = false;
   // [batch]
   int64_t global_batch = 64, micro_batch = 64;
