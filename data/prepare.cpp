@@ -268,7 +268,9 @@ void write_manifest(const std::string& dir, const PrepareOptions& o, const Prepa
 PrepareSummary prepare(const PrepareOptions& o,
                        const std::function<void(const Progress&)>& progress) {
   if (o.inputs.empty()) throw std::invalid_argument("no inputs: name text files or directories");
-  if (o.out.empty()) throw std::invalid_argument("--out: the data set's directory is required");
+  std::string out = o.out;  // ("runs/x/" is "runs/x": its partial is a sibling, not a child)
+  while (out.size() > 1 && out.back() == '/') out.pop_back();
+  if (out.empty()) throw std::invalid_argument("--out: the data set's directory is required");
   if (o.tokenizer != "byte" && o.tokenizer != "bpe")
     throw std::invalid_argument("--tokenizer must be byte or bpe, not '" + o.tokenizer + "'");
   if (o.tokenizer == "bpe" && o.vocab < 257)
@@ -286,8 +288,8 @@ PrepareSummary prepare(const PrepareOptions& o,
         "--tokenizer-from takes its tokenizer from a data set: it "
         "cannot be given with --tokenizer or --vocab");
   std::error_code ec;
-  if (fs::exists(o.out, ec))
-    throw std::invalid_argument("--out '" + o.out +
+  if (fs::exists(out, ec))
+    throw std::invalid_argument("--out '" + out +
                                 "' exists: a data set is written once (remove it or choose "
                                 "another directory)");
   const std::vector<Input> files = collect(o.inputs);
@@ -310,8 +312,8 @@ PrepareSummary prepare(const PrepareOptions& o,
     s.seconds_train = std::chrono::duration<double>(Clock::now() - t0).count();
   }
 
-  remove_stale_partials(o.out);
-  const std::string partial = o.out + ".partial-" + std::to_string(::getpid());
+  remove_stale_partials(out);
+  const std::string partial = out + ".partial-" + std::to_string(::getpid());
   fs::create_directories(partial);
   try {
     const auto t0 = Clock::now();
@@ -337,7 +339,7 @@ PrepareSummary prepare(const PrepareOptions& o,
     tok.save(partial + "/" + kTokenizerFile);
     write_manifest(partial, o, s, files, shards, tok, width);
     s.seconds_encode = std::chrono::duration<double>(Clock::now() - t0).count();
-    fs::rename(partial, o.out);
+    fs::rename(partial, out);
   } catch (...) {
     fs::remove_all(partial, ec);
     throw;

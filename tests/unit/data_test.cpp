@@ -397,6 +397,10 @@ TEST(Prepare, BadInputsAreRefusedAndLeaveNoDataSet) {
   refused({{d / "text.txt"}, d / "o3", "bpe", 100}, "N >= 257");
   refused({{d / "text.txt"}, d / "o4", "word"}, "byte or bpe");
   refused({{"/dev/null"}, d / "o5"}, "neither a file nor a directory");
+  // A trailing slash names the same directory (its partial is a sibling, not inside it).
+  prepare({{d / "text.txt"}, d / "slash/"});
+  EXPECT_TRUE(fs::exists(d / "slash/manifest.json"));
+  EXPECT_THROW(prepare({{d / "text.txt"}, d / "slash"}), std::invalid_argument);
   // A dead prepare's partial directory goes.
   fs::create_directories(d / "o6.partial-999999999");
   prepare({{d / "text.txt"}, d / "o6"});
