@@ -7,6 +7,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "data/shards.h"
+
 namespace troupe::data {
 namespace {
 
@@ -224,11 +226,8 @@ void Tokenizer::decode(const uint32_t* ids, size_t n, std::string& out) const {
 }
 
 uint64_t Tokenizer::fingerprint() const {
-  uint64_t h = 1469598103934665603ull;
-  for (const auto& [a, b] : merges_)
-    for (uint32_t v : {a, b})
-      for (int i = 0; i < 4; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
-  return h;
+  static_assert(sizeof(Merge) == 8, "a merge is two uint32 ids");
+  return fnv1a64(merges_.data(), merges_.size() * sizeof(Merge));  // (little-endian hosts)
 }
 
 void Tokenizer::save(const std::string& path) const {
