@@ -60,6 +60,46 @@ Join decode(proto::Join::Reader r) {
   return m;
 }
 
+namespace {
+
+void set_options(capnp::List<proto::Option>::Builder out, const JobSpec::Options& in) {
+  unsigned i = 0;
+  for (const auto& [name, value] : in) {
+    auto o = out[i++];
+    o.setName(name);
+    auto v = o.initValue();
+    if (auto* x = std::get_if<int64_t>(&value)) v.setInteger(*x);
+    if (auto* x = std::get_if<double>(&value)) v.setNumber(*x);
+    if (auto* x = std::get_if<bool>(&value)) v.setBoolean(*x);
+    if (auto* x = std::get_if<std::string>(&value)) v.setText(*x);
+  }
+}
+
+JobSpec::Options options_of(capnp::List<proto::Option>::Reader in) {
+  JobSpec::Options out;
+  for (auto o : in) {
+    auto v = o.getValue();
+    auto& value = out[o.getName()];
+    switch (v.which()) {
+      case proto::Option::Value::INTEGER:
+        value = v.getInteger();
+        break;
+      case proto::Option::Value::NUMBER:
+        value = v.getNumber();
+        break;
+      case proto::Option::Value::BOOLEAN:
+        value = v.getBoolean();
+        break;
+      case proto::Option::Value::TEXT:
+        value = std::string(v.getText());
+        break;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 ControlMessage encode(const JobSpec& m) {
   return ControlMessage::build([&](Env e) {
     auto s = e.initBody().initJobSpec();
@@ -85,6 +125,8 @@ ControlMessage encode(const JobSpec& m) {
     s.setEvalEvery(m.eval_every);
     s.setEvalPath(m.eval_path);
     s.setEvalFraction(m.eval_fraction);
+    set_options(s.initModelOptions(unsigned(m.model_options.size())), m.model_options);
+    set_options(s.initDataOptions(unsigned(m.data_options.size())), m.data_options);
     s.setSamples(m.samples);
     s.setGlobalBatch(m.global_batch);
     s.setMicroBatch(m.micro_batch);
@@ -138,6 +180,8 @@ JobSpec decode(proto::JobSpec::Reader s) {
   m.eval_every = s.getEvalEvery();
   m.eval_path = s.getEvalPath();
   m.eval_fraction = s.getEvalFraction();
+  m.model_options = options_of(s.getModelOptions());
+  m.data_options = options_of(s.getDataOptions());
   m.samples = s.getSamples();
   m.global_batch = s.getGlobalBatch();
   m.micro_batch = s.getMicroBatch();

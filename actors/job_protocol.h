@@ -8,7 +8,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "actors/control_message.h"
@@ -53,6 +55,9 @@ struct JobSpec {
   int64_t eval_every = 0;    // eval.every_steps
   std::string eval_path;     // data.eval_path
   double eval_fraction = 0;  // data.eval_fraction
+  // A program's own model and data kinds: their keys' values (models::OptionValue).
+  using Options = std::map<std::string, std::variant<int64_t, double, bool, std::string>>;
+  Options model_options, data_options;
   int64_t samples = 0;
   // [batch]
   int64_t global_batch = 0, micro_batch = 0;

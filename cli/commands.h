@@ -9,14 +9,20 @@
 
 #include "actors/bridge.h"
 #include "cli/parse.h"
+#include "coordinator/config.h"
+#include "models/extension.h"
 #include "workers/faults.h"
 
 namespace troupe::cli {
 
 // What a build wires into the command: the release `troupe` passes none; the test build
-// (`troupe_test`) a fault injector for its agents' workers.
+// (`troupe_test`) a fault injector for its agents' workers; a program of its own (troupe::main,
+// cli/main.h) its model and data set kinds.
 struct Hooks {
   std::function<std::shared_ptr<workers::FaultInjector>()> faults;
+  std::shared_ptr<const models::Extensions> extensions;
+  // The program's kinds as the config checks their keys.
+  coordinator::ExtensionKinds kinds() const;
 };
 
 // The command: `troupe ARGS...`; returns the exit code.
@@ -24,15 +30,15 @@ int troupe_main(int argc, char** argv, const Hooks& hooks);
 
 int run_node(const std::vector<std::string>& args);
 int run_demo_control(const std::vector<std::string>& args);
-int run_run(const std::vector<std::string>& args);
-int run_coordinator(const std::vector<std::string>& args);
+int run_run(const std::vector<std::string>& args, const Hooks& hooks);
+int run_coordinator(const std::vector<std::string>& args, const Hooks& hooks);
 int run_agent_command(const std::vector<std::string>& args, const Hooks& hooks);
 int run_status(const std::vector<std::string>& args);
 int run_stop(const std::vector<std::string>& args);
 int run_checkpoint(const std::vector<std::string>& args);
 int run_drain(const std::vector<std::string>& args);
 int run_scale(const std::vector<std::string>& args);
-int run_export(const std::vector<std::string>& args);
+int run_export(const std::vector<std::string>& args, const Hooks& hooks);
 int run_report(const std::vector<std::string>& args);
 int run_data(const std::vector<std::string>& args);  // prepare | encode | decode
 // The control-plane flags of `troupe node` (and the benchmarks that start nodes).

@@ -68,7 +68,7 @@ void write_batch(const std::string& path, const models::Dataset& data, uint64_t 
 
 }  // namespace
 
-int run_export(const std::vector<std::string>& words) {
+int run_export(const std::vector<std::string>& words, const Hooks& hooks) {
   CLI::App app{"A checkpoint's model parameters as a safetensors file (the PyTorch twin's names).",
                "troupe export"};
   std::string run_dir, out, format = "safetensors";
@@ -80,14 +80,16 @@ int run_export(const std::vector<std::string>& words) {
   app.add_option("--batch-of-step", batch_step,
                  "also write step S's global batch (tokens) to OUTPUT.batch.safetensors");
   if (auto rc = parse(app, words)) return *rc;
-  coordinator::JobConfig cfg = coordinator::load_config(run_dir + "/config.toml", {});
+  coordinator::JobConfig cfg =
+      coordinator::load_config(run_dir + "/config.toml", {}, hooks.kinds());
   const coordinator::ValidCheckpoint ckpt = choose(cfg, run_dir, step);
   workers::WorkerSpec w = workers::worker_spec_of(coordinator::job_spec_of(cfg, 0, 1));
+  w.extensions = hooks.extensions;
   models::ModelSpec spec = w.model;
   // The data set as the workers opened it (text and tokens set the vocabulary from it).
-  std::unique_ptr<models::Dataset> data;
-  if (w.data_kind != "synthetic") data = workers::open_dataset(w, spec);
-  models::Model model(spec);
+  std::unique_ptr<models::Dataset> data = workers::open_dataset(w, spec);
+  std::unique_ptr<models::Model> built = workers::build_model(w, spec, *data);
+  models::Model& model = *built;
   std::vector<size_t> counts;
   for (size_t b = 0; b < model.num_blocks(); ++b) counts.push_back(model.block(b).param_count());
   models::Optimizer opt(w.optimizer, counts);
@@ -117,7 +119,7 @@ int run_export(const std::vector<std::string>& words) {
   std::printf("troupe: step %llu of %s -> %s (%zu tensors, %zu parameters)\n",
               (unsigned long long)ckpt.step, run_dir.c_str(), out.c_str(), tensors.size(),
               model.param_count());
-  if (batch_step >= 0 && data)
+  if (batch_step >= 0 && (w.data_kind == "text" || w.data_kind == "tokens"))
     write_batch(out + ".batch.safetensors", *data, w.seed, uint64_t(batch_step),
                 uint64_t(cfg.global_batch));
   return 0;

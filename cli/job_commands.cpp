@@ -253,9 +253,31 @@ int report_end(const coordinator::JobConfig& cfg, const std::string& dir,
 // its parameters, gradients and optimizer moments in f32 (a lower bound: activations come on
 // top). With the local launcher every worker is here; a pipeline splits the model over them.
 // parallel.deterministic keeps a gradient copy per local micro-batch but the last (ExactSum).
-std::string memory_refusal(const coordinator::JobConfig& cfg) {
+//
+// A program's own model or data set is opened and built as its workers will (the model lazily:
+// no memory), so a kind that cannot be built is refused here too.
+std::string added_kinds_refusal(const coordinator::JobConfig& cfg, const Hooks& hooks,
+                                double& params) {
+  workers::WorkerSpec w = workers::worker_spec_of(coordinator::job_spec_of(cfg, 0, 1));
+  w.extensions = hooks.extensions;
+  try {
+    models::ModelSpec m = w.model;
+    auto data = workers::open_dataset(w, m);
+    models::LazyParameters lazy;
+    params = double(workers::build_model(w, m, *data)->param_count());
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string memory_refusal(const coordinator::JobConfig& cfg, const Hooks& hooks) {
   const workers::WorkerSpec w = workers::worker_spec_of(coordinator::job_spec_of(cfg, 0, 1));
   models::ModelSpec m = w.model;
+  double params = 0;
+  if (!cfg.builtin_model() || !cfg.builtin_data()) {
+    if (std::string why = added_kinds_refusal(cfg, hooks, params); !why.empty()) return why;
+  }
   if (m.kind == "gpt") m.vocab = 256;  // (byte-level text: at most 256 characters)
   if (cfg.data_kind == "tokens") {  // (the data sets opened as the workers will: a clear refusal)
     try {
@@ -271,7 +293,7 @@ std::string memory_refusal(const coordinator::JobConfig& cfg) {
       return e.what();
     }
   }
-  const double params = double(models::Model::planned_param_count(m));
+  if (params == 0) params = double(models::Model::planned_param_count(m));
   const int64_t micro_batches = cfg.global_batch / cfg.micro_batch, workers = cfg.workers();
   const double stashed =
       cfg.deterministic ? double((micro_batches + workers - 1) / workers - 1) : 0.0;
@@ -316,16 +338,16 @@ Metrics start_metrics(const coordinator::JobConfig& cfg) {
 // --resume applied (into_run: it goes on in that run directory). 0, or 2 with the reason printed.
 int configure_job(const std::string& path, const std::vector<std::string>& sets,
                   const std::string& listen, const std::string& resume, bool spawn_agents,
-                  coordinator::JobConfig& cfg, bool& into_run) {
+                  const Hooks& hooks, coordinator::JobConfig& cfg, bool& into_run) {
   try {
-    cfg = coordinator::load_config(path, sets);
+    cfg = coordinator::load_config(path, sets, hooks.kinds());
   } catch (const coordinator::ConfigError& e) {
     std::fprintf(stderr, "troupe: %s\n", e.what());
     return 2;
   }
   if (!listen.empty()) cfg.listen = listen;
   if (!spawn_agents) cfg.launcher = "external";
-  if (std::string why = memory_refusal(cfg); !why.empty()) {
+  if (std::string why = memory_refusal(cfg, hooks); !why.empty()) {
     std::fprintf(stderr, "troupe: %s: %s\n", path.c_str(), why.c_str());
     return 2;
   }
@@ -338,7 +360,7 @@ int configure_job(const std::string& path, const std::vector<std::string>& sets,
 }
 
 // Runs a job: the coordinator here, agents spawned locally (launcher local) or started by hand.
-int run_job(const std::vector<std::string>& words, bool spawn_agents) {
+int run_job(const std::vector<std::string>& words, bool spawn_agents, const Hooks& hooks) {
   CLI::App app{spawn_agents
                    ? "Trains a job: the coordinator here and its agents on this machine "
                      "(cluster.agents), until the job ends."
@@ -357,7 +379,8 @@ int run_job(const std::vector<std::string>& words, bool spawn_agents) {
   if (auto rc = parse(app, words)) return *rc;
   coordinator::JobConfig cfg;
   bool into_run = false;
-  if (int rc = configure_job(path, sets, listen, resume, spawn_agents, cfg, into_run)) return rc;
+  if (int rc = configure_job(path, sets, listen, resume, spawn_agents, hooks, cfg, into_run))
+    return rc;
   actors::SignalWatcher signals;  // (before any thread starts)
   Metrics metrics;                // (before the run directory: a refusal leaves none)
   try {
@@ -423,8 +446,12 @@ std::string checked_device(const std::string& d) {
 
 }  // namespace
 
-int run_run(const std::vector<std::string>& words) { return run_job(words, true); }
-int run_coordinator(const std::vector<std::string>& words) { return run_job(words, false); }
+int run_run(const std::vector<std::string>& words, const Hooks& hooks) {
+  return run_job(words, true, hooks);
+}
+int run_coordinator(const std::vector<std::string>& words, const Hooks& hooks) {
+  return run_job(words, false, hooks);
+}
 
 int run_agent_command(const std::vector<std::string>& words, const Hooks& hooks) {
   CLI::App app{
@@ -456,6 +483,7 @@ int run_agent_command(const std::vector<std::string>& words, const Hooks& hooks)
   }
   std::tie(o.job_id, o.token) = workers::read_token_file(token_file);
   if (hooks.faults) o.faults = hooks.faults();
+  o.extensions = hooks.extensions;
   o.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
   o.failure_timeout = std::chrono::milliseconds(failure_ms);
   spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [job " + o.job_id + "] [" +

@@ -16,6 +16,7 @@
 
 #include "bench/bench.h"
 #include "cli/commands.h"
+#include "cli/main.h"
 #include "cli/parse.h"
 #include "comm/cuda_info.h"
 #include "comm/error.h"
@@ -93,6 +94,19 @@ void choose_blas_kernels(char** argv) {
 
 namespace troupe::cli {
 
+coordinator::ExtensionKinds Hooks::kinds() const {
+  coordinator::ExtensionKinds k;
+  if (!extensions) return k;
+  auto keys = [](const std::vector<models::OptionSpec>& specs) {
+    std::vector<coordinator::OptionKey> out;
+    for (const auto& o : specs) out.push_back({o.name, o.default_value, o.min, o.max});
+    return out;
+  };
+  for (const auto& m : extensions->models()) k.models[m.name] = keys(m.options);
+  for (const auto& d : extensions->datasets()) k.datasets[d.name] = keys(d.options);
+  return k;
+}
+
 int troupe_main(int argc, char** argv, const Hooks& hooks) {
   choose_blas_kernels(argv);
   // A write past the file-size limit (or onto a full disk) is an error the writer reports
@@ -110,8 +124,8 @@ int troupe_main(int argc, char** argv, const Hooks& hooks) {
   try {
     if (cmd == "version") return version();
     if (cmd == "node") return run_node(rest);
-    if (cmd == "run") return run_run(rest);
-    if (cmd == "coordinator") return run_coordinator(rest);
+    if (cmd == "run") return run_run(rest, hooks);
+    if (cmd == "coordinator") return run_coordinator(rest, hooks);
     if (cmd == "agent") return run_agent_command(rest, hooks);
     if (cmd == "status") return run_status(rest);
     if (cmd == "top") {  // troupe top ARGS = troupe status --watch ARGS
@@ -123,7 +137,7 @@ int troupe_main(int argc, char** argv, const Hooks& hooks) {
     if (cmd == "drain") return run_drain(rest);
     if (cmd == "scale") return run_scale(rest);
     if (cmd == "report") return run_report(rest);
-    if (cmd == "export") return run_export(rest);
+    if (cmd == "export") return run_export(rest, hooks);
     if (cmd == "data") return run_data(rest);
     if (cmd == "demo" && !rest.empty() && rest[0] == "control")
       return run_demo_control({rest.begin() + 1, rest.end()});
@@ -166,3 +180,13 @@ int troupe_main(int argc, char** argv, const Hooks& hooks) {
 }
 
 }  // namespace troupe::cli
+
+namespace troupe {
+
+int main(int argc, char** argv, const models::Extensions& extensions) {
+  cli::Hooks hooks;
+  hooks.extensions = std::make_shared<const models::Extensions>(extensions);
+  return cli::troupe_main(argc, argv, hooks);
+}
+
+}  // namespace troupe

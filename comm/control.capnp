@@ -102,6 +102,19 @@ struct JobSpec {
   evalEvery @45 :Int64;           # eval.every_steps (0: no evaluation)
   evalPath @46 :Text;             # data.eval_path ("": the held-out tail of the training sets)
   evalFraction @47 :Float64;      # data.eval_fraction
+  modelOptions @48 :List(Option); # a program's own model.kind: its keys' values
+  dataOptions @49 :List(Option);  # a program's own data.kind: its keys' values
+}
+
+# A value of a program's own config key (models/extension.h).
+struct Option {
+  name @0 :Text;            # the key, under [model] or [data]
+  value :union {
+    integer @1 :Int64;
+    number @2 :Float64;
+    boolean @3 :Bool;
+    text @4 :Text;
+  }
 }
 
 struct TraceEvent {

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <variant>
 
 #include "comm/checksum.h"
 
@@ -99,6 +100,11 @@ std::string checkpoint_config_hash(const JobConfig& c) {
             {"heads", c.heads},      {"context", c.context},    {"tied_head", c.tied_head},
             {"data", c.data_kind},   {"path", c.data_path},     {"samples", c.samples},
             {"seed", c.seed},        {"batch", c.global_batch}, {"optimizer", c.optimizer}};
+  // A program's own kinds: their keys too (absent for the built-in kinds: their hashes stay).
+  for (const auto& [table, options] :
+       {std::pair{"model_options", &c.model_options}, std::pair{"data_options", &c.data_options}})
+    for (const auto& [key, value] : *options)
+      std::visit([&, table = table, key = key](const auto& v) { j[table][key] = v; }, value);
   const std::string text = j.dump();
   return hex(comm::fnv1a(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
 }

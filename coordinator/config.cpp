@@ -12,12 +12,15 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <sstream>
+#include <tuple>
+#include <variant>
 
 namespace troupe::coordinator {
 namespace {
 
-enum class Kind { integer, real, string, boolean, int_array, int_or_auto, weights };
+enum class Kind { integer, real, string, boolean, int_array, int_or_auto, weights, option };
 
 // A text data set is read whole into every worker's memory (as 32-bit character indices).
 constexpr int64_t kMaxTextBytes = int64_t(1) << 30;
@@ -28,9 +31,36 @@ struct Field {
   void* target;
   double min = -1e300, max = 1e300;
   std::vector<std::string> choices;
+  size_t option_type = 0;  // Kind::option: the OptionValue alternative (integer, number, ...)
 };
 
-std::vector<Field> fields_of(JobConfig& c) {
+// The built-in kinds and the program's, for model.kind and data.kind.
+std::vector<std::string> kind_names(std::vector<std::string> builtin,
+                                    const std::map<std::string, std::vector<OptionKey>>& added) {
+  for (const auto& [name, keys] : added) builtin.push_back(name);
+  return builtin;
+}
+
+// A program's kind's keys, from the values the config holds for them (their defaults first):
+// Kind::option fields of the value's type, with the ranges `keys` give.
+void add_option_fields(std::vector<Field>& fields, const char* table,
+                       std::map<std::string, OptionValue>& values,
+                       const std::vector<OptionKey>* keys) {
+  for (auto& [name, value] : values) {
+    Field f{table, name, Kind::option, &value, -1e300, 1e300, {}, value.index()};
+    for (size_t i = 0; keys && i < keys->size(); ++i)
+      if ((*keys)[i].name == name)
+        std::tie(f.min, f.max) = std::pair((*keys)[i].min, (*keys)[i].max);
+    fields.push_back(std::move(f));
+  }
+}
+
+// The built-in keys of a table that a program's kind replaces: all but these.
+bool kept_for_added_kind(const Field& f) {
+  return f.key == "kind" || (f.table == "data" && f.key == "ledger");
+}
+
+std::vector<Field> builtin_fields(JobConfig& c, const ExtensionKinds& kinds) {
   auto I = [](const char* t, const char* k, int64_t* p, double lo, double hi) {
     return Field{t, k, Kind::integer, p, lo, hi, {}};
   };
@@ -48,7 +78,7 @@ std::vector<Field> fields_of(JobConfig& c) {
       I("job", "seed", &c.seed, 0, 9e18),
       I("job", "steps", &c.steps, 1, 1e12),
       S("job", "run_dir", &c.run_dir),
-      S("model", "kind", &c.model_kind, {"mlp", "gpt"}),
+      S("model", "kind", &c.model_kind, kind_names({"mlp", "gpt"}, kinds.models)),
       Field{"model", "hidden", Kind::int_array, &c.hidden, 1, 1e7, {}},
       I("model", "inputs", &c.inputs, 1, 1e7),
       I("model", "classes", &c.classes, 2, 1e7),
@@ -57,7 +87,7 @@ std::vector<Field> fields_of(JobConfig& c) {
       I("model", "heads", &c.heads, 1, 1024),
       I("model", "context", &c.context, 1, 1e6),
       B("model", "tied_head", &c.tied_head),
-      S("data", "kind", &c.data_kind, {"synthetic", "text", "tokens"}),
+      S("data", "kind", &c.data_kind, kind_names({"synthetic", "text", "tokens"}, kinds.datasets)),
       S("data", "path", &c.data_path),
       Field{"data", "mix", Kind::weights, &c.data_mix, 0, 1e12, {}},
       S("data", "eval_path", &c.eval_path),
@@ -111,6 +141,26 @@ std::vector<Field> fields_of(JobConfig& c) {
   };
 }
 
+// Every key the config takes: the built-in ones, where a program's own model or data kind is
+// chosen its keys instead of the built-in ones of that table.
+std::vector<Field> fields_of(JobConfig& c, const ExtensionKinds& kinds = {}) {
+  std::vector<Field> all = builtin_fields(c, kinds), out;
+  for (auto& f : all) {
+    const bool replaced =
+        (f.table == "model" && !c.builtin_model()) || (f.table == "data" && !c.builtin_data());
+    if (!replaced || kept_for_added_kind(f)) out.push_back(std::move(f));
+  }
+  auto keys = [](const auto& added, const std::string& kind) {
+    auto it = added.find(kind);
+    return it == added.end() ? nullptr : &it->second;
+  };
+  if (!c.builtin_model())
+    add_option_fields(out, "model", c.model_options, keys(kinds.models, c.model_kind));
+  if (!c.builtin_data())
+    add_option_fields(out, "data", c.data_options, keys(kinds.datasets, c.data_kind));
+  return out;
+}
+
 std::string where(const std::string& source, const toml::node& n) {
   const auto& s = n.source();
   if (!s.begin) return source;
@@ -133,8 +183,40 @@ const char* kind_name(Kind k) {
       return "an integer or \"auto\"";
     case Kind::weights:
       return "a table of data sets and their weights ({ \"DIR\" = 3, \"DIR2\" = 1 })";
+    case Kind::option:
+      return "a value";
   }
   return "?";
+}
+
+void assign(const Field& f, const toml::node& n, const std::string& source);
+
+// A program's key: checked as the built-in key of its type would be, then stored.
+void assign_option(const Field& f, const toml::node& n, const std::string& source) {
+  int64_t i = 0;
+  double d = 0;
+  bool b = false;
+  std::string s;
+  static const Kind kinds[] = {Kind::integer, Kind::real, Kind::boolean, Kind::string};
+  void* targets[] = {&i, &d, &b, &s};
+  Field scalar = f;
+  scalar.kind = kinds[f.option_type];
+  scalar.target = targets[f.option_type];
+  assign(scalar, n, source);
+  auto& out = *static_cast<OptionValue*>(f.target);
+  switch (f.option_type) {
+    case 0:
+      out = i;
+      break;
+    case 1:
+      out = d;
+      break;
+    case 2:
+      out = b;
+      break;
+    default:
+      out = s;
+  }
 }
 
 void assign(const Field& f, const toml::node& n, const std::string& source) {
@@ -224,6 +306,9 @@ void assign(const Field& f, const toml::node& n, const std::string& source) {
       *static_cast<std::map<std::string, double>*>(f.target) = out;
       break;
     }
+    case Kind::option:
+      assign_option(f, n, source);
+      break;
   }
 }
 
@@ -417,8 +502,8 @@ void validate(const JobConfig& c, const std::string& source, const Places& at) {
     fail("model.d_model must be divisible by model.heads");
   if (c.model_kind == "gpt" && c.data_kind != "text" && c.data_kind != "tokens")
     fail("model.kind = \"gpt\" needs data.kind = \"text\" or \"tokens\"");
-  if (c.model_kind == "mlp" && c.data_kind != "synthetic")
-    fail("model.kind = \"mlp\" needs data.kind = \"synthetic\"");
+  if (c.model_kind == "mlp" && (c.data_kind == "text" || c.data_kind == "tokens"))
+    fail("model.kind = \"mlp\" needs data.kind = \"synthetic\" (or a program's own)");
   if (c.failure_timeout_ms <= c.heartbeat_interval_ms)
     fail("elastic.failure_timeout_ms must be larger than elastic.heartbeat_interval_ms");
   if (c.pipeline_stages != 1 && c.tied_head)
@@ -476,8 +561,51 @@ std::string nearest_word(const std::string& word, const std::vector<std::string>
   return best_d <= std::max<size_t>(2, word.size() / 2) ? best : "";
 }
 
+namespace {
+
+// A table's "kind" string in the file ("" if none).
+std::string kind_in(toml::table& root, const char* table) {
+  auto* t = root[table].as_table();
+  auto v = t ? (*t)["kind"].value<std::string>() : std::nullopt;
+  return v ? *v : "";
+}
+
+// A program's kinds chosen in the file: the config takes their keys, with their defaults.
+void choose_added_kinds(toml::table& root, const ExtensionKinds& kinds, JobConfig& c) {
+  if (auto it = kinds.models.find(kind_in(root, "model")); it != kinds.models.end()) {
+    c.model_kind = it->first;
+    for (const auto& k : it->second) c.model_options[k.name] = k.default_value;
+  }
+  if (auto it = kinds.datasets.find(kind_in(root, "data")); it != kinds.datasets.end()) {
+    c.data_kind = it->first;
+    for (const auto& k : it->second) c.data_options[k.name] = k.default_value;
+  }
+}
+
+// The message for a key the table does not take (with the nearest one, or the keys a
+// program's kind takes).
+std::string unknown_key(const JobConfig& c, const std::vector<Field>& fields,
+                        const std::string& table, const std::string& key) {
+  std::vector<std::string> keys;
+  for (auto& f : fields)
+    if (f.table == table) keys.push_back(f.key);
+  const bool added =
+      (table == "model" && !c.builtin_model()) || (table == "data" && !c.builtin_data());
+  std::string msg = "unknown key " + table + "." + key;
+  if (added) {
+    std::string list;
+    for (auto& k : keys) list += (list.empty() ? "" : ", ") + k;
+    return msg + " (" + table + ".kind = \"" + (table == "model" ? c.model_kind : c.data_kind) +
+           "\" takes: " + list + ")";
+  }
+  std::string hint = nearest_word(key, keys);
+  return msg + (hint.empty() ? "" : "; did you mean " + table + "." + hint + "?");
+}
+
+}  // namespace
+
 JobConfig parse_config(const std::string& text, const std::string& source,
-                       const std::vector<std::string>& overrides) {
+                       const std::vector<std::string>& overrides, const ExtensionKinds& kinds) {
   toml::table root;
   try {
     root = toml::parse(std::string_view(text), source);
@@ -489,8 +617,9 @@ JobConfig parse_config(const std::string& text, const std::string& source,
   }
   for (auto& ov : overrides) apply_override(root, ov);
   JobConfig c;
+  choose_added_kinds(root, kinds, c);
   Places places;
-  auto fields = fields_of(c);
+  auto fields = fields_of(c, kinds);
   std::vector<std::string> tables;
   for (auto& f : fields)
     if (std::find(tables.begin(), tables.end(), f.table) == tables.end()) tables.push_back(f.table);
@@ -508,16 +637,11 @@ JobConfig parse_config(const std::string& text, const std::string& source,
       auto it = std::find_if(fields.begin(), fields.end(),
                              [&](const Field& f) { return f.table == tname && f.key == kname; });
       if (it == fields.end()) {
-        std::vector<std::string> keys;
-        for (auto& f : fields)
-          if (f.table == tname) keys.push_back(f.key);
-        std::string hint = nearest_word(kname, keys);
         const auto& ks = kkey.source();
         std::string at = ks.begin ? source + ":" + std::to_string(ks.begin.line) + ":" +
                                         std::to_string(ks.begin.column)
                                   : where(source, knode);
-        throw ConfigError(at + ": unknown key " + tname + "." + kname +
-                          (hint.empty() ? "" : "; did you mean " + tname + "." + hint + "?"));
+        throw ConfigError(at + ": " + unknown_key(c, fields, tname, kname));
       }
       assign(*it, knode, source);
       places[tname + "." + kname] = where(source, knode);
@@ -533,7 +657,8 @@ JobConfig parse_config(const std::string& text, const std::string& source,
   return c;
 }
 
-JobConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+JobConfig load_config(const std::string& path, const std::vector<std::string>& overrides,
+                      const ExtensionKinds& kinds) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0)
     throw ConfigError(path + ": cannot open the config file: " + std::strerror(errno));
@@ -546,7 +671,7 @@ JobConfig load_config(const std::string& path, const std::vector<std::string>& o
   if (!in) throw ConfigError(path + ": cannot open the config file");
   std::stringstream ss;
   ss << in.rdbuf();
-  return parse_config(ss.str(), path, overrides);
+  return parse_config(ss.str(), path, overrides, kinds);
 }
 
 std::string to_toml(const JobConfig& config) {
@@ -582,6 +707,10 @@ std::string to_toml(const JobConfig& config) {
         t->insert(f.key, a);
         break;
       }
+      case Kind::option:
+        std::visit([&](const auto& v) { t->insert(f.key, v); },
+                   *static_cast<OptionValue*>(f.target));
+        break;
       case Kind::weights: {
         toml::table w;
         for (const auto& [k, v] : *static_cast<std::map<std::string, double>*>(f.target))

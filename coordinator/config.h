@@ -12,6 +12,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <variant>
 #include <vector>
 
 namespace troupe::coordinator {
@@ -19,6 +20,24 @@ namespace troupe::coordinator {
 class ConfigError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+// A value of a program's own config key (models::OptionValue, the same type): an integer, a
+// number, true or false, or a string.
+using OptionValue = std::variant<int64_t, double, bool, std::string>;
+
+// The model and data set kinds a program added (models/extension.h), as the config checks
+// them: each kind's keys under [model] or [data], with their defaults (whose type is the key's)
+// and ranges. The command (cli/) fills it from the program's models::Extensions.
+struct OptionKey {
+  OptionKey(std::string name, OptionValue default_value, double min = -1e300, double max = 1e300)
+      : name(std::move(name)), default_value(std::move(default_value)), min(min), max(max) {}
+  std::string name;
+  OptionValue default_value;
+  double min, max;
+};
+struct ExtensionKinds {
+  std::map<std::string, std::vector<OptionKey>> models, datasets;
 };
 
 struct JobConfig {
@@ -34,6 +53,9 @@ struct JobConfig {
   int64_t classes = 10;              // mlp outputs (synthetic data)
   int64_t layers = 4, d_model = 128, heads = 4, context = 64;
   bool tied_head = false;
+  // A program's own model.kind: its keys' values (every key, defaults included); the built-in
+  // keys above are then refused in the file.
+  std::map<std::string, OptionValue> model_options;
   // [data]
   std::string data_kind = "synthetic";
   std::string data_path = "/usr/share/common-licenses/GPL-3";
@@ -43,6 +65,8 @@ struct JobConfig {
   int64_t eval_every_steps = 0;            // eval.every_steps (0: never)
   int64_t samples = 20000;                 // synthetic samples per epoch
   bool ledger = false;
+  // A program's own data.kind: its keys' values (data.ledger is the only built-in key it takes).
+  std::map<std::string, OptionValue> data_options;
   // [batch]
   int64_t global_batch = 64, micro_batch = 64;
   // [optimizer]
@@ -93,6 +117,10 @@ struct JobConfig {
   bool progress = true;
 
   int64_t workers() const { return agents * devices_per_agent; }
+  bool builtin_model() const { return model_kind == "mlp" || model_kind == "gpt"; }
+  bool builtin_data() const {
+    return data_kind == "synthetic" || data_kind == "text" || data_kind == "tokens";
+  }
   // elastic.change_timeout_ms, or its default.
   int64_t change_timeout() const {
     return change_timeout_ms > 0 ? change_timeout_ms : 2 * failure_timeout_ms + 30000;
@@ -100,11 +128,14 @@ struct JobConfig {
 };
 
 // Loads path, applies overrides ("table.key=value", value in TOML syntax; a bare word is taken
-// as a string), validates. Throws ConfigError.
-JobConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// as a string), validates. model.kind and data.kind may also name the kinds in `kinds`, whose
+// keys are then checked instead of the built-in ones. Throws ConfigError.
+JobConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {},
+                      const ExtensionKinds& kinds = {});
 // Parses TOML text (source names the origin in messages).
 JobConfig parse_config(const std::string& text, const std::string& source,
-                       const std::vector<std::string>& overrides = {});
+                       const std::vector<std::string>& overrides = {},
+                       const ExtensionKinds& kinds = {});
 // The effective configuration as TOML (written to the run directory).
 std::string to_toml(const JobConfig& config);
 

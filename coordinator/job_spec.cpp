@@ -23,6 +23,8 @@ actors::JobSpec job_spec_of(const JobConfig& c, uint32_t agent_id, uint64_t firs
   s.eval_every = c.eval_every_steps;
   s.eval_path = c.eval_path;
   s.eval_fraction = c.eval_fraction;
+  s.model_options = c.model_options;
+  s.data_options = c.data_options;
   for (const auto& [dir, w] : c.data_mix) {
     s.data_mix.push_back(dir);
     s.data_mix_weights.push_back(w);

@@ -21,7 +21,13 @@ class Dataset {
   virtual size_t size() const = 0;                // samples per epoch
   virtual size_t input_width() const = 0;         // floats per sample's input
   virtual size_t targets_per_sample() const = 0;  // 1 (class) or T (next tokens)
+  // Sample `index` (< size()): input_width() floats and targets_per_sample() targets. Called
+  // from several threads at once (a worker's prefetch thread among them): it must not change
+  // the data set.
   virtual void fill(size_t index, float* input, int32_t* targets) const = 0;
+  // The targets lie in [0, classes()) (classes or vocabulary ids); 0: not known. A model may
+  // size its output from it.
+  virtual size_t classes() const { return 0; }
   // True for a data set that orders its samples itself (a token mixture, data/token_data.h):
   // fill() is then given the global position, not a sample the sampler chose.
   virtual bool orders_itself() const { return false; }
@@ -36,6 +42,7 @@ class SyntheticClassification : public Dataset {
   size_t input_width() const override { return dim_; }
   size_t targets_per_sample() const override { return 1; }
   void fill(size_t index, float* input, int32_t* targets) const override;
+  size_t classes() const override { return classes_; }
 
  private:
   uint64_t seed_;
@@ -53,6 +60,7 @@ class CharText : public Dataset {
   size_t input_width() const override { return context_; }
   size_t targets_per_sample() const override { return context_; }
   void fill(size_t index, float* input, int32_t* targets) const override;
+  size_t classes() const override { return vocab_.size(); }
   size_t vocab() const { return vocab_.size(); }
   const std::string& vocabulary() const { return vocab_; }
 

@@ -43,6 +43,16 @@ Model::Model(const ModelSpec& spec) : spec_(spec) {
   blocks_.front()->set_needs_input_grad(false);
 }
 
+Model::Model(const ModelSpec& spec, std::vector<std::unique_ptr<Block>> blocks)
+    : spec_(spec), blocks_(std::move(blocks)) {
+  if (blocks_.empty()) throw std::invalid_argument("model '" + spec.kind + "' has no blocks");
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    if (!blocks_[i])
+      throw std::invalid_argument("model '" + spec.kind + "': block " + std::to_string(i) +
+                                  " is null");
+  blocks_.front()->set_needs_input_grad(false);
+}
+
 size_t Model::planned_param_count(const ModelSpec& s) {
   size_t n = 0;
   if (s.kind == "mlp") {
@@ -70,6 +80,7 @@ std::vector<Model::Parameter> Model::parameters() const {
     std::string prefix;
     if (kind == "transformer") prefix = "blocks." + std::to_string(b - 1) + ".";
     if (kind == "linear" || kind == "linear_relu") prefix = "layers." + std::to_string(b) + ".";
+    if (spec_.kind != "mlp" && spec_.kind != "gpt") prefix = "blocks." + std::to_string(b) + ".";
     for (const auto& v : blocks_[b]->param_views())
       out.push_back({prefix + v.name, v.shape, b, v.offset});
   }
@@ -96,10 +107,7 @@ ForwardResult Model::forward_backward(const Batch& batch, double loss_scale,
   const auto t0 = Clock::now();
   Tensor x = batch.inputs;
   for (auto& b : blocks_) x = b->forward(x, batch.size);
-  size_t rows = batch.targets.size();
-  if (rows == 0 || x.numel() % rows != 0)
-    throw std::invalid_argument("targets do not match the model's output");
-  size_t classes = x.numel() / rows;
+  const size_t rows = batch.targets.size(), classes = scored_classes(x, batch.targets);
   if (!dlogits_.defined() || dlogits_.numel() != x.numel()) dlogits_ = Tensor({rows, classes});
   ForwardResult r;
   r.rows = rows;
@@ -119,14 +127,30 @@ ForwardResult Model::forward_backward(const Batch& batch, double loss_scale,
 ForwardResult Model::evaluate(const Batch& batch) {
   Tensor x = batch.inputs;
   for (auto& b : blocks_) x = b->forward(x, batch.size);
-  size_t rows = batch.targets.size();
-  size_t classes = x.numel() / rows;
+  const size_t rows = batch.targets.size(), classes = scored_classes(x, batch.targets);
   Tensor scratch({rows, classes});
   ForwardResult r;
   r.rows = rows;
   r.loss = kernels::softmax_cross_entropy(scratch.data(), x.data(), batch.targets.data(), rows,
                                           classes, 1.0 / double(rows), &r.correct);
   return r;
+}
+
+size_t scored_classes(const Tensor& logits, const std::vector<int32_t>& targets) {
+  const size_t rows = targets.size();
+  if (rows == 0 || logits.numel() % rows != 0)
+    throw std::invalid_argument("the model's output (" + std::to_string(logits.numel()) +
+                                " values) does not divide into the batch's " +
+                                std::to_string(rows) + " target rows");
+  const size_t classes = logits.numel() / rows;
+  for (size_t i = 0; i < rows; ++i)
+    if (targets[i] < 0 || size_t(targets[i]) >= classes)
+      throw std::invalid_argument("target " + std::to_string(targets[i]) + " (row " +
+                                  std::to_string(i) + ") is outside the model's " +
+                                  std::to_string(classes) +
+                                  " outputs: the data set's classes "
+                                  "do not fit the model");
+  return classes;
 }
 
 void set_compute_threads(int threads) { openblas_set_num_threads(threads < 1 ? 1 : threads); }

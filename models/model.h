@@ -16,7 +16,7 @@
 namespace troupe::models {
 
 struct ModelSpec {
-  std::string kind = "mlp";                            // mlp | gpt
+  std::string kind = "mlp";                            // mlp | gpt | a program's own (extension.h)
   std::vector<size_t> mlp_sizes{784, 1024, 1024, 10};  // input, hidden..., classes
   size_t vocab = 0;                                    // gpt: from the data set
   size_t context = 64;
@@ -42,8 +42,12 @@ struct ForwardResult {
 
 class Model {
  public:
-  // Validates the spec; throws std::invalid_argument with a message naming the bad field.
+  // A built-in model (mlp, gpt). Validates the spec; throws std::invalid_argument with a message
+  // naming the bad field.
   explicit Model(const ModelSpec& spec);
+  // A model of the given blocks, in order (a program's own kind: models/extension.h). spec.kind
+  // names it; its other fields are not read. Throws std::invalid_argument when there is none.
+  Model(const ModelSpec& spec, std::vector<std::unique_ptr<Block>> blocks);
 
   const ModelSpec& spec() const { return spec_; }
   size_t num_blocks() const { return blocks_.size(); }
@@ -55,7 +59,8 @@ class Model {
   double flops_per_sample() const;
   // Every named parameter tensor, in block order: the names of the PyTorch twin's state_dict
   // (bench/peers/torch_models.py): gpt "tok.weight", "blocks.{l}.qkv.weight", ..., "head.weight";
-  // mlp "layers.{i}.weight" and ".bias". A tied head lists no weight of its own.
+  // mlp "layers.{i}.weight" and ".bias"; another kind's "blocks.{b}.NAME". A tied head lists no
+  // weight of its own.
   struct Parameter {
     std::string name;
     std::vector<size_t> shape;
@@ -78,6 +83,11 @@ class Model {
   std::vector<std::unique_ptr<Block>> blocks_;
   Tensor dlogits_;
 };
+
+// The classes the logits score per target row: logits.numel() / targets.size(). Throws
+// std::invalid_argument when they do not divide or a target lies outside [0, classes): a data
+// set and a model that do not fit (the message says which target).
+size_t scored_classes(const Tensor& logits, const std::vector<int32_t>& targets);
 
 // Intra-op threads for the BLAS (process-wide; default 1 per worker: several share a machine).
 void set_compute_threads(int threads);

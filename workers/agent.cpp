@@ -100,6 +100,23 @@ Joined join(caf::scoped_actor& self, const caf::actor& bridge, const AgentOption
   return j;
 }
 
+// Why this program cannot train the job's kinds ("" when it can): a job of a program's own
+// model or data set needs agents from that program.
+std::string missing_kind(const actors::JobSpec& spec, const models::Extensions* ext) {
+  auto has = [&](bool builtin, bool added, const char* key, const std::string& kind) {
+    return builtin || added ? std::string()
+                            : std::string("the job's ") + key + " = \"" + kind +
+                                  "\" is not a kind this program has: run the agents from the "
+                                  "program that added it (its troupe::main)";
+  };
+  const std::string m = has(spec.model_kind == "mlp" || spec.model_kind == "gpt",
+                            ext && ext->model(spec.model_kind), "model.kind", spec.model_kind);
+  if (!m.empty()) return m;
+  return has(
+      spec.data_kind == "synthetic" || spec.data_kind == "text" || spec.data_kind == "tokens",
+      ext && ext->dataset(spec.data_kind), "data.kind", spec.data_kind);
+}
+
 // The local launcher's coordinator process (TROUPE_LAUNCHED_BY; 0: started by hand). Its agents
 // get SIGHUP when it ends (their parent-death signal).
 pid_t launcher_pid() {
@@ -201,6 +218,10 @@ int run_agent(const AgentOptions& o) {
     std::fprintf(stderr, "troupe agent: %s\n", joined.error.c_str());
     return stop_all(1);
   }
+  if (std::string why = missing_kind(joined.spec, o.extensions.get()); !why.empty()) {
+    std::fprintf(stderr, "troupe agent: %s\n", why.c_str());
+    return stop_all(2);
+  }
   agent_id->store(joined.spec.agent_id);
   spdlog::info("agent {} joined job '{}' as agent {} with {} device(s)", name, joined.spec.job_name,
                joined.spec.agent_id, o.devices.size());
@@ -209,6 +230,7 @@ int run_agent(const AgentOptions& o) {
   ctx.spec = worker_spec_of(joined.spec);
   ctx.spec.agent_name = name;
   ctx.spec.faults = o.faults;
+  ctx.spec.extensions = o.extensions;
   ctx.agent_id = joined.spec.agent_id;
   ctx.first_generation = joined.spec.first_generation;
   ctx.board = board.get();

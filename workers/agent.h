@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "models/extension.h"
 #include "workers/faults.h"
 
 namespace troupe::workers {
@@ -23,6 +24,9 @@ struct AgentOptions {
   std::chrono::milliseconds failure_timeout{3000};
   // Faults a test injects into the workers (the test build's `troupe_test` only; null here).
   std::shared_ptr<FaultInjector> faults;
+  // The program's own model and data kinds (troupe::main); null: the built-in ones only. A job
+  // whose kind the program lacks is refused at the join (exit 2).
+  std::shared_ptr<const models::Extensions> extensions;
 };
 
 int run_agent(const AgentOptions& options);

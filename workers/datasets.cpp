@@ -17,6 +17,7 @@ class TokenWindows : public models::Dataset {
     d_->fill(position, input, targets);
   }
   bool orders_itself() const override { return true; }
+  size_t classes() const override { return d_->vocab(); }
 
  private:
   std::shared_ptr<const data::TokenData> d_;
@@ -32,7 +33,25 @@ std::vector<data::Source> token_sources(const WorkerSpec& spec) {
   return sources;
 }
 
+// A program's own data set (data.kind names it).
+std::unique_ptr<models::Dataset> open_added_dataset(const WorkerSpec& spec) {
+  const models::DatasetKind* kind =
+      spec.extensions ? spec.extensions->dataset(spec.data_kind) : nullptr;
+  if (!kind)
+    throw std::invalid_argument("data.kind = \"" + spec.data_kind +
+                                "\" is not a kind this program has (it is built into the "
+                                "program that started the job: run its agents from it)");
+  auto d = kind->open(models::options_of(kind->options, spec.data_options), spec.seed);
+  if (!d || d->size() == 0 || d->input_width() == 0 || d->targets_per_sample() == 0)
+    throw std::invalid_argument("data.kind = \"" + spec.data_kind +
+                                "\": its open gave no samples (or samples of no width)");
+  return d;
+}
+
 std::unique_ptr<models::Dataset> open_dataset(const WorkerSpec& spec, models::ModelSpec& m) {
+  const bool builtin =
+      spec.data_kind == "synthetic" || spec.data_kind == "text" || spec.data_kind == "tokens";
+  if (!builtin) return open_added_dataset(spec);
   if (spec.data_kind == "text") {
     auto text = std::make_unique<models::CharText>(spec.data_path, m.context);
     m.vocab = text->vocab();
@@ -62,6 +81,32 @@ std::shared_ptr<const data::TokenData> open_eval_set(const WorkerSpec& spec,
                                 "' was tokenized differently from the training data: prepare "
                                 "it with --tokenizer-from the training set");
   return eval;
+}
+
+}  // namespace troupe::workers
+
+namespace troupe::workers {
+
+std::unique_ptr<models::Model> build_model(const WorkerSpec& spec, const models::ModelSpec& m,
+                                           const models::Dataset& data) {
+  if (m.kind == "mlp" || m.kind == "gpt") {
+    if (m.kind == "mlp" && m.mlp_sizes.front() != data.input_width())
+      throw std::invalid_argument("model.inputs = " + std::to_string(m.mlp_sizes.front()) +
+                                  " but data.kind = \"" + spec.data_kind + "\" has " +
+                                  std::to_string(data.input_width()) + " inputs per sample");
+    if (m.kind == "mlp" && data.classes() > m.mlp_sizes.back())
+      throw std::invalid_argument("model.classes = " + std::to_string(m.mlp_sizes.back()) +
+                                  " but data.kind = \"" + spec.data_kind + "\" has " +
+                                  std::to_string(data.classes()) + " classes");
+    return std::make_unique<models::Model>(m);
+  }
+  const models::ModelKind* kind = spec.extensions ? spec.extensions->model(m.kind) : nullptr;
+  if (!kind)
+    throw std::invalid_argument("model.kind = \"" + m.kind +
+                                "\" is not a kind this program has (it is built into the "
+                                "program that started the job: run its agents from it)");
+  return std::make_unique<models::Model>(
+      m, kind->build(models::options_of(kind->options, spec.model_options), data));
 }
 
 }  // namespace troupe::workers

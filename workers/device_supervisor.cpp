@@ -25,6 +25,8 @@ WorkerSpec worker_spec_of(const actors::JobSpec& s) {
   w.model.heads = size_t(s.heads);
   w.model.context = size_t(s.context);
   w.model.tied_head = s.tied_head;
+  w.model_options = s.model_options;
+  w.data_options = s.data_options;
   w.data_kind = s.data_kind;
   w.data_path = s.data_path;
   w.data_mix = s.data_mix;

@@ -100,7 +100,7 @@ void PipelineStage::loss(uint32_t j) {
   if (m.batch.targets.empty()) m.batch = trainer_.batch(step_, m.begin, m.end);
   Busy timer(result_.busy);
   const auto& targets = m.batch.targets;
-  const size_t n = targets.size(), classes = m.output.numel() / n;
+  const size_t n = targets.size(), classes = models::scored_classes(m.output, targets);
   models::Tensor d({n, classes});
   size_t correct = 0;
   const double loss = models::kernels::softmax_cross_entropy(

@@ -46,7 +46,7 @@ Worker::Worker(const WorkerSpec& spec) : spec_(spec), trace_(spec.trace_first, s
   {
     std::optional<models::LazyParameters> lazy;
     if (pipelined()) lazy.emplace();
-    model_ = std::make_unique<models::Model>(m);
+    model_ = build_model(spec, m, *data_);
     std::vector<size_t> counts;
     for (size_t i = 0; i < model_->num_blocks(); ++i)
       counts.push_back(model_->block(i).param_count());
@@ -124,7 +124,7 @@ StepInfo Worker::step_info(uint64_t step, double loss, elastic::Share share, dou
   info.position_begin = step * B + share.begin;
   info.position_end = step * B + share.end;
   info.samples = share.size();
-  info.tokens = info.samples * (spec_.data_kind != "synthetic" ? uint64_t(spec_.model.context) : 1);
+  info.tokens = info.samples * uint64_t(data_->targets_per_sample());
   info.seconds = seconds;
   info.busy_seconds = busy;
   return info;

@@ -22,6 +22,7 @@
 #include "elastic/membership.h"
 #include "elastic/planner.h"
 #include "models/data.h"
+#include "models/extension.h"
 #include "models/trainer.h"
 #include "workers/block_state.h"
 #include "workers/checkpoint_writer.h"
@@ -41,6 +42,10 @@ struct WorkerSpec {
   uint64_t seed = 0, steps = 0;
   models::ModelSpec model;
   std::string data_kind = "synthetic", data_path;
+  // A program's own model or data kind (model.kind, data.kind): its keys' values, and the
+  // program's kinds that build them (null: only the built-in kinds).
+  std::map<std::string, models::OptionValue> model_options, data_options;
+  std::shared_ptr<const models::Extensions> extensions;
   std::vector<std::string> data_mix;     // data.mix: token data sets ...
   std::vector<double> data_mix_weights;  // ... and their weights (empty: data.path alone)
   // Evaluation: every eval_every steps (0: never), the loss over every held-out window once:

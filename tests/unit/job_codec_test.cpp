@@ -60,7 +60,11 @@ TEST(JobCodec, JoinAndJobSpecRoundTrip) {
   s.failure_timeout_ms = 4000;
   s.worker_max_restarts = 9;
   s.worker_restart_window_ms = 12345;
+  s.model_options = {{"channels", int64_t(-8)}, {"rate", 0.25}, {"on", true}, {"name", "x y"}};
+  s.data_options = {{"size", int64_t(12)}};
   JobSpec t = decode(body(encode(s)).getJobSpec());
+  EXPECT_EQ(t.model_options, s.model_options);
+  EXPECT_EQ(t.data_options, s.data_options);
   EXPECT_EQ(t.agent_id, 7u);
   EXPECT_EQ(t.first_generation, 5u);
   EXPECT_EQ(t.hidden, s.hidden);

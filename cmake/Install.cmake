@@ -1,0 +1,40 @@
+# `cmake --install BUILD --prefix P`: the troupe command, the libraries, the public headers and a
+# CMake package (find_package(Troupe) -> Troupe::troupe). docs/api.md lists the public headers
+# and what is stable.
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+# The public headers: the API a program of its own uses. Installed under include/troupe/ with
+# their folders (#include <troupe/models/blocks.h>); the headers they include come along.
+set(TROUPE_PUBLIC_HEADERS
+  cli/main.h
+  models/extension.h models/blocks.h models/tensor.h models/model.h models/data.h
+  models/kernels.h models/random.h)
+
+# The libraries behind them, every one (static), and one target that carries them all.
+set(TROUPE_LIBRARIES troupe_frame troupe_comm troupe_models troupe_data troupe_elastic
+    troupe_job_protocol troupe_actors troupe_config troupe_checkpoints troupe_metrics
+    troupe_coordinator troupe_worker troupe_workers troupe_nccl_bench troupe_bench troupe_cli)
+add_library(troupe_package INTERFACE)
+set_target_properties(troupe_package PROPERTIES EXPORT_NAME troupe)
+target_link_libraries(troupe_package INTERFACE ${TROUPE_LIBRARIES})
+# <troupe/...> for the program; the folder itself for the headers' own includes ("models/x.h").
+target_include_directories(troupe_package INTERFACE
+  $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
+  $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}/troupe>)
+
+install(TARGETS troupe RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(TARGETS ${TROUPE_LIBRARIES} troupe_package EXPORT TroupeTargets
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}/troupe)
+foreach(h ${TROUPE_PUBLIC_HEADERS})
+  get_filename_component(dir ${h} DIRECTORY)
+  install(FILES ${h} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/troupe/${dir})
+endforeach()
+install(EXPORT TroupeTargets NAMESPACE Troupe:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/Troupe)
+configure_package_config_file(cmake/TroupeConfig.cmake.in
+  ${CMAKE_BINARY_DIR}/TroupeConfig.cmake
+  INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/Troupe)
+write_basic_package_version_file(${CMAKE_BINARY_DIR}/TroupeConfigVersion.cmake
+  VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
+install(FILES ${CMAKE_BINARY_DIR}/TroupeConfig.cmake ${CMAKE_BINARY_DIR}/TroupeConfigVersion.cmake
+        DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/Troupe)

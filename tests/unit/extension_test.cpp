@@ -1,0 +1,163 @@
+// A program's own model and data set kinds (models/extension.h): the kinds refuse bad
+// definitions, their keys are checked by the config like the built-in ones (unknown, mistyped and
+// out-of-range keys named with file:line:col), the values round-trip through the effective
+// config, and a model of user blocks trains like a built-in one.
+#include "models/extension.h"
+
+#include <gtest/gtest.h>
+
+#include "coordinator/config.h"
+#include "models/model.h"
+#include "models/optim.h"
+#include "models/trainer.h"
+
+namespace troupe {
+namespace {
+
+models::ModelKind mlp_of(const std::string& name) {
+  return {name,
+          {{"width", int64_t(16), 1, 4096}, {"relu", true}},
+          [](const models::Options& o, const models::Dataset& data) {
+            std::vector<std::unique_ptr<models::Block>> blocks;
+            const size_t w = size_t(o.integer("width"));
+            blocks.push_back(models::make_linear_block(data.input_width(), w, o.boolean("relu")));
+            blocks.push_back(models::make_linear_block(w, data.classes(), false));
+            return blocks;
+          }};
+}
+
+models::DatasetKind blobs() {
+  return {"blobs",
+          {{"samples", int64_t(512), 1, 1e9},
+           {"dim", int64_t(8), 1, 1024},
+           {"noise", 0.5, 0, 10},
+           {"label", "x"}},
+          [](const models::Options& o, uint64_t seed) {
+            return std::make_unique<models::SyntheticClassification>(
+                seed, size_t(o.integer("samples")), size_t(o.integer("dim")), 3, 0.3,
+                o.number("noise"));
+          }};
+}
+
+TEST(Extensions, BadKindsAreRefused) {
+  models::Extensions ext;
+  ext.add_model(mlp_of("mine"));
+  EXPECT_THROW(ext.add_model(mlp_of("mine")), std::invalid_argument);  // taken
+  EXPECT_THROW(ext.add_model(mlp_of("gpt")), std::invalid_argument);   // built in
+  EXPECT_THROW(ext.add_model(mlp_of("Has Space")), std::invalid_argument);
+  auto reserved = mlp_of("other");
+  reserved.options.push_back({"kind", int64_t(1)});
+  EXPECT_THROW(ext.add_model(reserved), std::invalid_argument);
+  auto twice = mlp_of("twice");
+  twice.options.push_back({"width", int64_t(1)});
+  EXPECT_THROW(ext.add_model(twice), std::invalid_argument);
+  auto out_of_range = mlp_of("range");
+  out_of_range.options[0].default_value = int64_t(0);
+  EXPECT_THROW(ext.add_model(out_of_range), std::invalid_argument);
+  auto ledger = blobs();
+  ledger.options.push_back({"ledger", false});
+  EXPECT_THROW(ext.add_dataset(ledger), std::invalid_argument);
+  ext.add_dataset(blobs());
+  EXPECT_NE(ext.model("mine"), nullptr);
+  EXPECT_NE(ext.dataset("blobs"), nullptr);
+  EXPECT_EQ(ext.model("blobs"), nullptr);
+}
+
+TEST(Extensions, OptionsAreTyped) {
+  models::Options o = models::options_of(blobs().options, {{"dim", int64_t(3)}});
+  EXPECT_EQ(o.integer("dim"), 3);
+  EXPECT_EQ(o.integer("samples"), 512);  // the default
+  EXPECT_EQ(o.number("dim"), 3.0);       // an integer is a number too
+  EXPECT_EQ(o.string("label"), "x");
+  EXPECT_THROW(o.integer("noise"), std::invalid_argument);
+  EXPECT_THROW(o.boolean("dim"), std::invalid_argument);
+  EXPECT_THROW(o.integer("missing"), std::invalid_argument);
+}
+
+coordinator::ExtensionKinds kinds() {
+  coordinator::ExtensionKinds k;
+  k.models["mine"] = {{"width", int64_t(16), 1, 4096}, {"relu", true}};
+  k.datasets["blobs"] = {{"samples", int64_t(512), 1, 1e9},
+                         {"dim", int64_t(8), 1, 1024},
+                         {"noise", 0.5, 0, 10},
+                         {"label", std::string("x")}};
+  return k;
+}
+
+std::string refusal(const std::string& text) {
+  try {
+    coordinator::parse_config(text, "job.toml", {}, kinds());
+  } catch (const coordinator::ConfigError& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+TEST(Extensions, TheConfigChecksAProgramsKeys) {
+  const std::string head = "[model]\nkind = \"mine\"\n";
+  EXPECT_EQ(refusal(head + "hidden = [3]\n"),
+            "job.toml:3:1: unknown key model.hidden (model.kind = \"mine\" takes: kind, relu, "
+            "width)");
+  EXPECT_EQ(refusal(head + "width = \"wide\"\n"),
+            "job.toml:3:9: model.width must be an integer, not a string");
+  EXPECT_EQ(refusal(head + "width = 0\n"),
+            "job.toml:3:9: model.width = 0 is out of range [1, 4096]");
+  EXPECT_EQ(refusal("[data]\nkind = \"blobs\"\nnoise = true\n"),
+            "job.toml:3:9: data.noise must be a number, not a boolean");
+  EXPECT_EQ(refusal("[data]\nkind = \"blobs\"\npath = \"/tmp\"\n"),
+            "job.toml:3:1: unknown key data.path (data.kind = \"blobs\" takes: kind, ledger, dim, "
+            "label, noise, samples)");
+  EXPECT_NE(refusal("[model]\nkind = \"theirs\"\n").find("is not one of: mlp, gpt, mine"),
+            std::string::npos);
+  // Without the program's kinds (the release `troupe`), the kind itself is unknown.
+  EXPECT_THROW(coordinator::parse_config(head, "job.toml"), coordinator::ConfigError);
+}
+
+TEST(Extensions, ValuesAndDefaultsRoundTripThroughTheEffectiveConfig) {
+  auto c = coordinator::parse_config(
+      "[model]\nkind = \"mine\"\nwidth = 32\n[data]\nkind = \"blobs\"\nnoise = 2\nledger = true\n",
+      "job.toml", {"data.label=\"a b\""}, kinds());
+  EXPECT_EQ(std::get<int64_t>(c.model_options.at("width")), 32);
+  EXPECT_EQ(std::get<bool>(c.model_options.at("relu")), true);   // the default
+  EXPECT_EQ(std::get<double>(c.data_options.at("noise")), 2.0);  // an integer given: a number
+  EXPECT_EQ(std::get<std::string>(c.data_options.at("label")), "a b");
+  EXPECT_TRUE(c.ledger);
+  auto again = coordinator::parse_config(coordinator::to_toml(c), "effective.toml", {}, kinds());
+  EXPECT_EQ(again.model_options, c.model_options);
+  EXPECT_EQ(again.data_options, c.data_options);
+  EXPECT_EQ(again.model_kind, "mine");
+  EXPECT_TRUE(again.ledger);
+}
+
+TEST(Extensions, AModelOfUserBlocksTrains) {
+  models::Extensions ext;
+  ext.add_model(mlp_of("mine")).add_dataset(blobs());
+  auto data = ext.dataset("blobs")->open(models::options_of(ext.dataset("blobs")->options, {}), 3);
+  models::ModelSpec spec;
+  spec.kind = "mine";
+  models::Model model(
+      spec, ext.model("mine")->build(models::options_of(ext.model("mine")->options, {}), *data));
+  EXPECT_EQ(model.parameters().front().name, "blocks.0.weight");
+  model.init(5);
+  std::vector<size_t> counts;
+  for (size_t b = 0; b < model.num_blocks(); ++b) counts.push_back(model.block(b).param_count());
+  models::OptimizerSpec os;
+  os.lr = 0.01;
+  models::Optimizer opt(os, counts);
+  models::Trainer trainer(model, opt, *data, 5, 32, 32);
+  const double first = trainer.step(0).loss;
+  double last = first;
+  for (uint64_t s = 1; s < 60; ++s) last = trainer.step(s).loss;
+  EXPECT_LT(last, 0.7 * first);
+}
+
+TEST(Extensions, TargetsOutsideTheModelsOutputsAreRefused) {
+  models::Tensor logits({2, 3});
+  EXPECT_EQ(models::scored_classes(logits, {0, 2}), 3u);
+  EXPECT_THROW(models::scored_classes(logits, {0, 3}), std::invalid_argument);
+  EXPECT_THROW(models::scored_classes(logits, {-1, 0}), std::invalid_argument);
+  EXPECT_THROW(models::scored_classes(logits, {0, 1, 2, 0}), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace troupe
