@@ -272,6 +272,7 @@ std::string added_kinds_refusal(const coordinator::JobConfig& cfg, const Hooks& 
 }
 
 std::string memory_refusal(const coordinator::JobConfig& cfg, const Hooks& hooks) {
+  if (cfg.external()) return "";  // (the members' own loop holds its own state)
   const workers::WorkerSpec w = workers::worker_spec_of(coordinator::job_spec_of(cfg, 0, 1));
   models::ModelSpec m = w.model;
   double params = 0;
@@ -346,7 +347,7 @@ int configure_job(const std::string& path, const std::vector<std::string>& sets,
     return 2;
   }
   if (!listen.empty()) cfg.listen = listen;
-  if (!spawn_agents) cfg.launcher = "external";
+  if (!spawn_agents || cfg.external()) cfg.launcher = "external";
   if (std::string why = memory_refusal(cfg, hooks); !why.empty()) {
     std::fprintf(stderr, "troupe: %s: %s\n", path.c_str(), why.c_str());
     return 2;

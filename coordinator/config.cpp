@@ -78,7 +78,7 @@ std::vector<Field> builtin_fields(JobConfig& c, const ExtensionKinds& kinds) {
       I("job", "seed", &c.seed, 0, 9e18),
       I("job", "steps", &c.steps, 1, 1e12),
       S("job", "run_dir", &c.run_dir),
-      S("model", "kind", &c.model_kind, kind_names({"mlp", "gpt"}, kinds.models)),
+      S("model", "kind", &c.model_kind, kind_names({"mlp", "gpt", "external"}, kinds.models)),
       Field{"model", "hidden", Kind::int_array, &c.hidden, 1, 1e7, {}},
       I("model", "inputs", &c.inputs, 1, 1e7),
       I("model", "classes", &c.classes, 2, 1e7),
@@ -87,7 +87,8 @@ std::vector<Field> builtin_fields(JobConfig& c, const ExtensionKinds& kinds) {
       I("model", "heads", &c.heads, 1, 1024),
       I("model", "context", &c.context, 1, 1e6),
       B("model", "tied_head", &c.tied_head),
-      S("data", "kind", &c.data_kind, kind_names({"synthetic", "text", "tokens"}, kinds.datasets)),
+      S("data", "kind", &c.data_kind,
+        kind_names({"synthetic", "text", "tokens", "external"}, kinds.datasets)),
       S("data", "path", &c.data_path),
       Field{"data", "mix", Kind::weights, &c.data_mix, 0, 1e12, {}},
       S("data", "eval_path", &c.eval_path),
@@ -458,6 +459,28 @@ void check_evaluation(const JobConfig& c, const std::map<std::string, std::strin
   }
 }
 
+// model.kind = "external": the members' own loop computes and updates; the keys that would ask
+// Troupe to compute something for it are refused.
+void check_external(const JobConfig& c, const std::string& source, const Places& at) {
+  auto place = [&](const std::string& key) {
+    auto it = at.find(key);
+    return it == at.end() ? source : it->second;
+  };
+  auto refuse = [&](const std::string& key, const std::string& why) {
+    throw ConfigError(place(key) + ": " + key + " " + why +
+                      " (model.kind = \"external\": the members run their own loop)");
+  };
+  if (c.pipeline_stages != 1) refuse("parallel.pipeline_stages", "must be 1");
+  if (c.deterministic) refuse("parallel.deterministic", "cannot make another loop's sums exact");
+  if (c.overlap_reduce) refuse("parallel.overlap_reduce", "acts on Troupe's own workers only");
+  if (c.checkpoint_every_steps > 0 || !c.checkpoint_dir.empty())
+    refuse(c.checkpoint_dir.empty() ? "checkpoint.every_steps" : "checkpoint.dir",
+           "needs Troupe's workers: the loop keeps its own checkpoints");
+  if (c.launcher != "external")
+    refuse("cluster.launcher",
+           "must be \"external\": the members are processes of your program, started by you");
+}
+
 // "A-B" (A <= B) or "N": the first and last step; false when it is neither.
 bool step_range(const std::string& text, int64_t& first, int64_t& last) {
   const size_t dash = text.find('-');
@@ -524,6 +547,11 @@ void validate(const JobConfig& c, const std::string& source, const Places& at) {
     fail(
         "parallel.deterministic sums every micro-batch's gradient after the backward pass; "
         "it cannot overlap the reduction (set parallel.overlap_reduce = false)");
+  if (c.external() != (c.data_kind == "external"))
+    fail(
+        "model.kind = \"external\" and data.kind = \"external\" go together: the members' "
+        "own loop brings its model and its data");
+  if (c.external()) check_external(c, source, at);
   if (c.data_kind == "text") check_text_file(c, place("data.path"));
   if (c.data_kind == "tokens") check_token_sets(c, at, source);
   check_evaluation(c, at, source);
@@ -572,6 +600,11 @@ std::string kind_in(toml::table& root, const char* table) {
 
 // A program's kinds chosen in the file: the config takes their keys, with their defaults.
 void choose_added_kinds(toml::table& root, const ExtensionKinds& kinds, JobConfig& c) {
+  if (kind_in(root, "model") == "external") {  // (its data and its members are its own too)
+    c.model_kind = "external";
+    c.data_kind = "external";
+    c.launcher = "external";
+  }
   if (auto it = kinds.models.find(kind_in(root, "model")); it != kinds.models.end()) {
     c.model_kind = it->first;
     for (const auto& k : it->second) c.model_options[k.name] = k.default_value;

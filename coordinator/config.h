@@ -118,6 +118,9 @@ struct JobConfig {
 
   int64_t workers() const { return agents * devices_per_agent; }
   bool builtin_model() const { return model_kind == "mlp" || model_kind == "gpt"; }
+  // model.kind = "external": the members run their own training loop (workers/elastic_loop.h);
+  // Troupe keeps the membership, the data positions, the state of joiners and the ledger.
+  bool external() const { return model_kind == "external"; }
   bool builtin_data() const {
     return data_kind == "synthetic" || data_kind == "text" || data_kind == "tokens";
   }

@@ -107,10 +107,38 @@ TEST(Extensions, TheConfigChecksAProgramsKeys) {
   EXPECT_EQ(refusal("[data]\nkind = \"blobs\"\npath = \"/tmp\"\n"),
             "job.toml:3:1: unknown key data.path (data.kind = \"blobs\" takes: kind, ledger, dim, "
             "label, noise, samples)");
-  EXPECT_NE(refusal("[model]\nkind = \"theirs\"\n").find("is not one of: mlp, gpt, mine"),
+  EXPECT_NE(refusal("[model]\nkind = \"theirs\"\n").find("is not one of: mlp, gpt, external, mine"),
             std::string::npos);
   // Without the program's kinds (the release `troupe`), the kind itself is unknown.
   EXPECT_THROW(coordinator::parse_config(head, "job.toml"), coordinator::ConfigError);
+}
+
+TEST(Extensions, AnExternalLoopsJobTakesOnlyWhatActsOnIt) {
+  const std::string head = "[model]\nkind = \"external\"\n";
+  auto c = coordinator::parse_config(head + "[data]\nledger = true\n", "job.toml");
+  EXPECT_TRUE(c.external());
+  EXPECT_EQ(c.data_kind, "external");
+  auto again = coordinator::parse_config(coordinator::to_toml(c), "effective.toml");
+  EXPECT_TRUE(again.external());
+  EXPECT_TRUE(again.ledger);
+  const std::pair<std::string, std::string> refused[] = {
+      {"layers = 3\n", "unknown key model.layers"},
+      {"[data]\npath = \"x\"\n", "unknown key data.path"},
+      {"[data]\nkind = \"synthetic\"\n", "go together"},
+      {"[parallel]\npipeline_stages = 2\n", "job.toml:4:19: parallel.pipeline_stages must be 1"},
+      {"[parallel]\ndeterministic = true\n", "parallel.deterministic cannot make"},
+      {"[checkpoint]\nevery_steps = 5\n", "checkpoint.every_steps needs Troupe's workers"},
+      {"[cluster]\nlauncher = \"local\"\n", "cluster.launcher must be \"external\""},
+  };
+  for (const auto& [text, expect] : refused) {
+    std::string got = "(accepted)";
+    try {
+      coordinator::parse_config(head + text, "job.toml");
+    } catch (const coordinator::ConfigError& e) {
+      got = e.what();
+    }
+    EXPECT_NE(got.find(expect), std::string::npos) << text << " -> " << got;
+  }
 }
 
 TEST(Extensions, ValuesAndDefaultsRoundTripThroughTheEffectiveConfig) {

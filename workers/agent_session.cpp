@@ -1,0 +1,181 @@
+// The agent session (workers/agent_session.h): the join, the agent's actor and the watch.
+#include "workers/agent_session.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "actors/bridge.h"
+#include "actors/services.h"
+
+namespace troupe::workers {
+namespace {
+
+using actors::ControlMessage;
+
+std::string host_name() {
+  char buf[256] = {};
+  gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+// Every log line names the job, the agent, the generation and this agent's ranks.
+void log_as(const std::string& job, const std::string& agent, const actors::GenerationStart& g,
+            uint32_t agent_id) {
+  std::string ranks;
+  for (const auto& m : g.members)
+    if (m.worker.agent == agent_id) ranks += (ranks.empty() ? "" : ",") + std::to_string(m.rank);
+  spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [job " + job + "] [" + agent + "] [gen " +
+                      std::to_string(g.generation) + " rank " + (ranks.empty() ? "-" : ranks) +
+                      "] [%l] %v");
+}
+
+// The agent's actor: the coordinator's pushes, onto the board.
+// (It shares the board: it may run after run_agent has returned.)
+caf::actor spawn_agent_actor(caf::actor_system& system, std::shared_ptr<GenerationBoard> board,
+                             const std::string& job, const std::string& name,
+                             std::shared_ptr<std::atomic<uint32_t>> agent_id) {
+  return system.spawn([board, job, name, agent_id](caf::event_based_actor*) -> caf::behavior {
+    return {[board, job, name, agent_id](ControlMessage& m) -> ControlMessage {
+      auto body = m.envelope().getBody();
+      if (body.isGenerationStart()) {
+        auto g = actors::decode(body.getGenerationStart());
+        log_as(job, name, g, agent_id->load());
+        board->start(std::move(g));
+      } else if (body.isCheckpointAtStep()) {
+        board->checkpoint_at_step(body.getCheckpointAtStep());
+      } else if (body.isStopAtNextStep()) {
+        board->stop_at_next_step();
+      } else if (body.isLeaveGeneration()) {
+        board->leave(body.getLeaveGeneration());
+      } else if (body.isShutdown()) {
+        auto s = actors::decode(body.getShutdown());
+        board->shut_down(s.exit_code, s.reason);
+      }
+      return actors::make_ack();
+    }};
+  });
+}
+
+// Connects to the coordinator and joins: its node and the job spec, or the reason it cannot.
+struct Joined {
+  uint64_t coordinator = 0;
+  actors::JobSpec spec;
+  std::string error;
+};
+
+Joined join(caf::scoped_actor& self, const caf::actor& bridge, const AgentOptions& o,
+            const std::string& name) {
+  Joined j;
+  auto render = [&](const caf::error& e) { j.error = self->system().render(e); };
+  self->request(bridge, std::chrono::seconds(30), actors::connect_atom::value, o.join)
+      .receive([&](uint64_t n) { j.coordinator = n; }, render);
+  if (!j.error.empty()) {
+    j.error = "cannot reach the coordinator at " + o.join + ": " + j.error;
+    return j;
+  }
+  self->send(bridge, actors::monitor_atom::value, j.coordinator);
+  actors::Join request{name, host_name(), uint32_t(getpid()), o.devices};
+  ControlMessage reply;
+  self->request(bridge, std::chrono::seconds(35), actors::request_atom::value,
+                actors::RemoteAddress{j.coordinator, actors::kCoordinatorActorId},
+                actors::encode(request), uint32_t(30000))
+      .receive([&](ControlMessage& r) { reply = r; }, render);
+  if (j.error.empty() && !reply.envelope().getBody().isJobSpec())
+    j.error = "the coordinator answered without a job spec";
+  if (!j.error.empty())
+    j.error = "join refused: " + j.error;
+  else
+    j.spec = actors::decode(reply.envelope().getBody().getJobSpec());
+  return j;
+}
+
+// The local launcher's coordinator process (TROUPE_LAUNCHED_BY; 0: started by hand). Its agents
+// get SIGHUP when it ends (their parent-death signal).
+pid_t launcher_pid() {
+  const char* by = std::getenv("TROUPE_LAUNCHED_BY");
+  return by ? pid_t(std::atoi(by)) : 0;
+}
+
+}  // namespace
+
+AgentSession::AgentSession(const AgentOptions& o)
+    : board_(std::make_shared<GenerationBoard>()),
+      agent_id_(std::make_shared<std::atomic<uint32_t>>(UINT32_MAX)) {
+  actors::configure_system(config_);
+  system_ = std::make_unique<caf::actor_system>(config_);
+  actors::BridgeConfig bc = actors::job_bridge_config(o.job_id, o.token);
+  bc.heartbeat_interval = o.heartbeat_interval;
+  bc.failure_timeout = o.failure_timeout;
+  bridge_ = actors::spawn_bridge(*system_, bc);
+  self_ = std::make_unique<caf::scoped_actor>(*system_);
+  name_ = o.name.empty() ? host_name() + ":" + std::to_string(getpid()) : o.name;
+  agent_ = spawn_agent_actor(*system_, board_, o.job_id, name_, agent_id_);
+  (*self_)->send(bridge_, actors::register_atom::value, actors::kAgentActorId, agent_);
+  Joined joined = join(*self_, bridge_, o, name_);
+  error_ = joined.error;
+  coordinator_ = joined.coordinator;
+  spec_ = joined.spec;
+  if (error_.empty()) agent_id_->store(spec_.agent_id);
+}
+
+AgentSession::~AgentSession() {
+  caf::anon_send_exit(agent_, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(bridge_, caf::exit_reason::user_shutdown);
+  self_.reset();
+}
+
+void AgentSession::send(ControlMessage m) {
+  caf::anon_send(bridge_, actors::send_atom::value,
+                 actors::RemoteAddress{coordinator_, actors::kCoordinatorActorId}, std::move(m));
+}
+
+// SIGTERM or SIGINT to an agent is a leave: it asks the coordinator to drain it (it then leaves
+// at the next step boundary and exits 0). If the coordinator refuses (too few workers would be
+// left) or cannot be asked, it exits at once with 128 + the signal; so does a second signal.
+// A SIGHUP to a launched agent: the coordinator's process that launched it ended, and nobody is
+// left to ask; it leaves at once with 1, saying so (the coordinator's loss would say it too,
+// within elastic.failure_timeout_ms).
+void AgentSession::on_signal(int sig, bool again) {
+  const std::string name = actors::signal_name(sig);
+  if (sig == SIGHUP && launcher_pid() > 0) {
+    board_->shut_down(1, "the coordinator's process (pid " + std::to_string(launcher_pid()) +
+                             "), which launched this agent, ended: leaving");
+    return;
+  }
+  if (again) {
+    std::fprintf(stderr, "troupe agent: %s again: exiting at once\n", name.c_str());
+    std::_Exit(128 + sig);
+  }
+  spdlog::warn("{}: asking the coordinator to drain this agent", name);
+  std::string error;
+  (*self_)
+      ->request(bridge_, std::chrono::seconds(10), actors::request_atom::value,
+                actors::RemoteAddress{coordinator_, actors::kCoordinatorActorId},
+                actors::make_drain_request(spec_.agent_id), uint32_t(5000))
+      .receive([](ControlMessage&) {},
+               [&](caf::error& e) {
+                 auto ce = actors::control_error(e);
+                 error = ce ? ce->message : system_->render(e);
+               });
+  if (!error.empty())
+    board_->shut_down(128 + sig, name + " and the coordinator did not drain this agent (" + error +
+                                     "): leaving at once");
+}
+
+void AgentSession::watch(actors::SignalWatcher* signals) {
+  int seen = 0;
+  while (!board_->shutting_down()) {
+    (*self_)->receive(
+        [&](actors::NodeDown& d) {
+          if (d.node == coordinator_)
+            board_->shut_down(1, "the coordinator was lost (" +
+                                     std::string(comm::errc_name(d.code)) + ": " + d.reason + ")");
+        },
+        caf::after(std::chrono::milliseconds(100)) >> [] {});
+    for (int sig; signals && (sig = signals->next()) != 0; ++seen) on_signal(sig, seen > 0);
+  }
+}
+
+}  // namespace troupe::workers

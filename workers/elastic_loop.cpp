@@ -1,0 +1,287 @@
+// The user's own loop (workers/elastic_loop.h) on an agent session: the same protocol as a
+// DeviceSupervisor's worker (publish, await, connect, take state, train, report), with the
+// user's thread driving it from next_step(), allreduce() and commit(). The whole state is one
+// block: the members that lack it as of the generation's start step receive it from the state
+// source, point to point.
+#include "workers/elastic_loop.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <stdexcept>
+#include <thread>
+
+#include "comm/checksum.h"
+#include "comm/ucx_communicator.h"
+#include "elastic/membership.h"
+#include "workers/agent.h"
+#include "workers/agent_session.h"
+#include "workers/tags.h"
+
+namespace troupe {
+
+using Clock = std::chrono::steady_clock;
+
+class ElasticLoop::Impl {
+ public:
+  Impl(const LoopOptions& o, LoopState state);
+  ~Impl();
+
+  std::optional<LoopStep> next_step();
+  bool allreduce(void* data, size_t count, comm::DataType type);
+  std::optional<double> commit(double loss);
+
+  LoopJob job;
+  int exit_code = 0;
+  std::string reason;
+
+ private:
+  bool join_generation();  // false: the agent shuts down first
+  void publish();
+  void take_state(const actors::GenerationStart& g);
+  LoopStep open_step();
+  void broken(const comm::Error& e);
+  void end_job();  // the job's end for this member: its checksum, then the coordinator's word
+
+  workers::AgentSession session_;
+  std::thread watcher_;
+  LoopState state_;
+  int64_t failure_timeout_ms_;
+  std::unique_ptr<comm::UcxCommunicator> comm_;
+  uint64_t want_ = 1;       // the generation it publishes for next
+  uint64_t applied_ = 0;    // steps applied so far (the state is as of this step)
+  bool has_state_ = false;  // a first member starts from its own (identical) initial state
+  bool in_generation_ = false, step_open_ = false, stop_voted_ = false, received_ = false;
+  bool ended_ = false;
+  uint32_t rank_ = 0, world_ = 0;
+  uint64_t generation_ = 0;
+  LoopStep step_;
+  Clock::time_point step_start_;
+  std::string last_error_;
+};
+
+namespace {
+
+workers::AgentOptions agent_options(const LoopOptions& o) {
+  workers::AgentOptions a;
+  a.join = o.join;
+  std::tie(a.job_id, a.token) = workers::read_token_file(o.token_file);
+  a.name = o.name;
+  a.devices = {"cpu:0"};
+  a.heartbeat_interval = std::chrono::milliseconds(o.heartbeat_interval_ms);
+  a.failure_timeout = std::chrono::milliseconds(o.failure_timeout_ms);
+  return a;
+}
+
+}  // namespace
+
+ElasticLoop::Impl::Impl(const LoopOptions& o, LoopState state)
+    : session_(agent_options(o)),
+      state_(std::move(state)),
+      failure_timeout_ms_(o.failure_timeout_ms) {
+  if (!state_.save || !state_.load) throw std::invalid_argument("LoopState needs save and load");
+  if (!session_.error().empty()) throw std::runtime_error(session_.error());
+  const actors::JobSpec& s = session_.spec();
+  if (s.model_kind != "external")
+    throw std::runtime_error("job '" + s.job_name + "' trains model.kind = \"" + s.model_kind +
+                             "\": a loop of its own joins a job of model.kind = \"external\"");
+  job = {s.job_name, s.seed, s.steps, uint64_t(s.global_batch), uint64_t(s.micro_batch), s.lr};
+  want_ = s.first_generation;
+  has_state_ = s.first_generation == 1;  // (a joiner receives it)
+  watcher_ = std::thread([this] { session_.watch(nullptr); });
+  spdlog::info("loop {} joined job '{}' as agent {}", session_.name(), s.job_name, s.agent_id);
+}
+
+ElasticLoop::Impl::~Impl() {
+  if (comm_) comm_->abort();
+  session_.board().shut_down(exit_code, "the loop ended");
+  watcher_.join();
+}
+
+void ElasticLoop::Impl::publish() {
+  comm::UcxCommOptions co;
+  co.timeout = std::chrono::milliseconds(failure_timeout_ms_);
+  comm_ = std::make_unique<comm::UcxCommunicator>(want_, co);
+  elastic::Holding h;
+  h.applied = applied_;
+  if (has_state_) h.held = {0};
+  session_.send(actors::encode(actors::WorkerReady{
+      {session_.spec().agent_id, 0}, want_, comm_->address(), h, 1, last_error_}));
+  last_error_.clear();
+}
+
+bool ElasticLoop::Impl::join_generation() {
+  while (true) {
+    publish();
+    auto g = session_.board().await(want_);
+    if (!g) return false;
+    int rank = -1;
+    std::vector<std::string> addresses(g->members.size());
+    for (const auto& m : g->members) {
+      addresses[m.rank] = m.address;
+      if (m.worker.agent == session_.spec().agent_id) rank = int(m.rank);
+    }
+    if (rank < 0 || g->generation != want_) {  // a standby, or a newer generation formed
+      want_ = g->generation + 1;
+      continue;
+    }
+    try {
+      comm_->connect(rank, addresses,
+                     std::chrono::milliseconds(std::max<int64_t>(10000, failure_timeout_ms_)));
+      rank_ = uint32_t(rank);
+      world_ = uint32_t(g->members.size());
+      generation_ = g->generation;
+      take_state(*g);
+    } catch (const comm::Error& e) {
+      broken(e);
+      continue;
+    }
+    in_generation_ = true;
+    stop_voted_ = false;
+    applied_ = g->start_step;
+    return true;
+  }
+}
+
+// The members whose state is not as of the start step receive it from the state source: its
+// size, then its bytes.
+void ElasticLoop::Impl::take_state(const actors::GenerationStart& g) {
+  received_ = false;
+  const auto t0 = Clock::now();
+  auto lacks = [&](const actors::GenerationMember& m) {
+    return m.holding.held.empty() || m.holding.applied != g.start_step;
+  };
+  std::vector<uint8_t> bytes;
+  uint64_t size = 0;
+  for (const auto& m : g.members) {
+    if (!lacks(m) || m.rank == g.state_source) continue;
+    if (rank_ == g.state_source) {
+      if (bytes.empty()) bytes = state_.save();
+      size = bytes.size();
+      comm_->send(&size, sizeof size, int(m.rank), workers::tags::kState);
+      comm_->send(bytes.data(), bytes.size(), int(m.rank), workers::tags::kState);
+    } else if (m.rank == rank_) {
+      comm_->recv(&size, sizeof size, int(g.state_source), workers::tags::kState);
+      bytes.resize(size);
+      comm_->recv(bytes.data(), bytes.size(), int(g.state_source), workers::tags::kState);
+      state_.load(bytes);
+      has_state_ = received_ = true;
+      const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      session_.send(actors::encode(
+          actors::StateReceived{g.generation, rank_, g.state_source, size, seconds, true, 1, ""}));
+    }
+  }
+}
+
+LoopStep ElasticLoop::Impl::open_step() {
+  const elastic::Share share = elastic::data_share(job.global_batch, rank_, world_);
+  const uint64_t first = applied_ * job.global_batch;
+  step_ = {applied_, generation_, rank_, world_, first + share.begin, first + share.end, received_};
+  received_ = false;
+  step_open_ = true;
+  step_start_ = Clock::now();
+  return step_;
+}
+
+std::optional<LoopStep> ElasticLoop::Impl::next_step() {
+  if (ended_) return std::nullopt;
+  if (step_open_ && in_generation_)
+    throw std::logic_error("next_step() before commit() of step " + std::to_string(step_.step));
+  auto& board = session_.board();
+  while (true) {
+    if (board.shutting_down()) break;
+    if (!in_generation_) {
+      if (!join_generation()) break;
+      return open_step();
+    }
+    if (stop_voted_) {  // another member's agent may have heard why first: wait for it here
+      board.await_reason(generation_, std::chrono::milliseconds(failure_timeout_ms_ + 5000));
+      if (board.shutting_down()) break;
+      if (!board.stop_requested() && board.leaving(generation_)) {
+        in_generation_ = false;
+        ++want_;
+        continue;
+      }
+    }
+    if (stop_voted_ || applied_ >= job.steps) {
+      end_job();
+      break;
+    }
+    return open_step();
+  }
+  ended_ = true;
+  exit_code = board.exit_code();
+  reason = board.reason();
+  return std::nullopt;
+}
+
+bool ElasticLoop::Impl::allreduce(void* data, size_t count, comm::DataType type) {
+  if (!in_generation_ || !step_open_) return false;
+  try {
+    comm_->allreduce(data, data, count, type, comm::ReduceOp::sum);
+    return true;
+  } catch (const comm::Error& e) {
+    broken(e);
+    return false;
+  }
+}
+
+std::optional<double> ElasticLoop::Impl::commit(double loss) {
+  if (!in_generation_ || !step_open_) return std::nullopt;
+  auto& board = session_.board();
+  double control[2] = {loss, board.stop_requested() || board.leaving(generation_) ? 1.0 : 0.0};
+  try {
+    comm_->allreduce(control, control, 2, comm::DataType::f64, comm::ReduceOp::sum);
+  } catch (const comm::Error& e) {
+    broken(e);
+    return std::nullopt;
+  }
+  step_open_ = false;
+  applied_ = step_.step + 1;
+  stop_voted_ = control[1] > 0;
+  const double seconds = std::chrono::duration<double>(Clock::now() - step_start_).count();
+  const uint64_t samples = step_.end - step_.begin;
+  session_.send(actors::encode(actors::StepReport{generation_, step_.step, rank_, control[0],
+                                                  samples, samples, step_.begin, step_.end, seconds,
+                                                  seconds, 0, 0, 0}));
+  return control[0];
+}
+
+void ElasticLoop::Impl::broken(const comm::Error& e) {
+  spdlog::warn("loop {} (rank {}, generation {}): {}; waiting for the next generation",
+               session_.name(), rank_, generation_, e.what());
+  last_error_ = e.what();
+  in_generation_ = step_open_ = false;
+  if (comm_) comm_->abort();
+  ++want_;
+}
+
+void ElasticLoop::Impl::end_job() {
+  try {
+    comm_->barrier();  // nobody leaves while another still waits on it
+  } catch (const comm::Error&) {
+  }
+  const std::vector<uint8_t> bytes = state_.save();
+  session_.send(actors::encode(
+      actors::WorkerDone{rank_, generation_, applied_, comm::fnv1a(bytes.data(), bytes.size())}));
+  auto& board = session_.board();
+  if (!board.await_shutdown(std::chrono::milliseconds(failure_timeout_ms_ + 30000)))
+    board.shut_down(1, "the coordinator did not end the job after this member's last step");
+}
+
+ElasticLoop::ElasticLoop(const LoopOptions& options, LoopState state)
+    : impl_(std::make_unique<Impl>(options, std::move(state))) {}
+ElasticLoop::~ElasticLoop() = default;
+const LoopJob& ElasticLoop::job() const { return impl_->job; }
+std::optional<LoopStep> ElasticLoop::next_step() { return impl_->next_step(); }
+bool ElasticLoop::allreduce(float* data, size_t count) {
+  return impl_->allreduce(data, count, comm::DataType::f32);
+}
+bool ElasticLoop::allreduce(double* data, size_t count) {
+  return impl_->allreduce(data, count, comm::DataType::f64);
+}
+std::optional<double> ElasticLoop::commit(double loss) { return impl_->commit(loss); }
+int ElasticLoop::exit_code() const { return impl_->exit_code; }
+std::string ElasticLoop::reason() const { return impl_->reason; }
+
+}  // namespace troupe

@@ -1,0 +1,106 @@
+// Your own training loop, made elastic: your model code, your optimizer, your data; Troupe keeps
+// the membership, the data assignment, the state of members that join, and the exactly-once
+// ledger. As TorchFT's manager does for PyTorch, the loop calls Troupe at step boundaries:
+//
+//   troupe::ElasticLoop loop({"127.0.0.1:4000", "run/job.token"}, {save_state, load_state});
+//   while (auto step = loop.next_step()) {          // the step, this member's rank and samples
+//     compute_gradients(step->begin, step->end);    // global sample positions [begin, end)
+//     if (!loop.allreduce(grads.data(), grads.size())) continue;  // a member was lost: redo
+//     if (loop.commit(my_loss)) apply_update();     // everyone agreed the step happened
+//   }
+//   return loop.exit_code();
+//
+// The job is a `troupe run` / `troupe coordinator` of a config with model.kind = "external"
+// (docs/config.md): it says job.steps, batch.global and the elastic settings; the members are
+// processes of your program, started by hand or by a scheduler (cluster.launcher =
+// "external"), that may die, join and leave at any time:
+//   - next_step() waits until this member trains a step in a generation with the others, and
+//     holds the job's state as of that step: a member that lacks it (a joiner; one that missed
+//     the last commit) receives it from one that has it (LoopState::save on that one,
+//     LoopState::load on this one) before next_step() returns.
+//   - allreduce() sums over the step's members; false when a member was lost: the step is
+//     discarded (do not update) and next_step() forms the next generation and gives the step
+//     again.
+//   - commit(loss) ends the step: the step's loss when every member agreed on it (apply your
+//     update then, before the next call), nullopt when the step is discarded. `loss` is this
+//     member's part (its samples' loss / batch.global): the step's loss is their sum, as the
+//     run's metrics record it.
+// Each step's global batch is [step * B, (step + 1) * B) of positions; a member's share moves
+// with the membership, and every position of every committed step is used once (ledger.jsonl).
+// At the job's end every member reports a checksum of its saved state: job_finished says
+// whether they are identical.
+//
+// Thread-safety: one thread calls everything. Your update must be a deterministic function of
+// the state and the summed gradients (every member applies the same one).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace troupe {
+
+struct LoopOptions {
+  std::string join;        // the coordinator's HOST:PORT (RUN_DIR/coordinator.addr)
+  std::string token_file;  // the job's token file (RUN_DIR/job.token)
+  std::string name;        // in the job's events and logs; default host:pid
+  int64_t heartbeat_interval_ms = 200;
+  int64_t failure_timeout_ms = 3000;  // a silent coordinator or member is lost after this
+};
+
+// The state every member keeps identical (parameters, optimizer moments, counters): as bytes,
+// for a member that lacks it and for the final checksum. load() gets what save() returned on
+// another member at the same step.
+struct LoopState {
+  std::function<std::vector<uint8_t>()> save;
+  std::function<void(const std::vector<uint8_t>&)> load;
+};
+
+// What the job's config says.
+struct LoopJob {
+  std::string name;
+  uint64_t seed = 0, steps = 0;
+  uint64_t global_batch = 0, micro_batch = 0;
+  double lr = 0;  // optimizer.lr (the loop may use it, or its own)
+};
+
+struct LoopStep {
+  uint64_t step = 0;  // the same on every member
+  uint64_t generation = 0;
+  uint32_t rank = 0, world_size = 0;
+  uint64_t begin = 0, end = 0;  // this member's global sample positions
+  bool state_received = false;  // load() ran just before this step
+};
+
+class ElasticLoop {
+ public:
+  // Joins the job; throws std::runtime_error saying why it cannot (the coordinator unreachable,
+  // the token refused, a job whose model is not "external").
+  ElasticLoop(const LoopOptions& options, LoopState state);
+  ~ElasticLoop();  // leaves (the others go on without it)
+  ElasticLoop(const ElasticLoop&) = delete;
+  ElasticLoop& operator=(const ElasticLoop&) = delete;
+
+  const LoopJob& job() const;
+  // The next step to train; nullopt when the job has ended for this member (done, stopped,
+  // drained, the coordinator lost): exit_code() and reason() say how.
+  std::optional<LoopStep> next_step();
+  // Sums count values over the step's members, in place. false: the generation broke.
+  bool allreduce(float* data, size_t count);
+  bool allreduce(double* data, size_t count);
+  // The step's end: its loss (the members' parts summed), and apply the update now; nullopt:
+  // discard the step.
+  std::optional<double> commit(double loss);
+  int exit_code() const;  // 0: the job completed or stopped cleanly
+  std::string reason() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace troupe
