@@ -240,6 +240,7 @@ ControlMessage encode(const GenerationStart& m) {
     g.setGeneration(m.generation);
     g.setStartStep(m.start_step);
     g.setStateSource(m.state_source);
+    g.setLr(m.lr);
     auto ms = g.initMembers(unsigned(m.members.size()));
     for (unsigned i = 0; i < m.members.size(); ++i) {
       const GenerationMember& x = m.members[i];
@@ -253,7 +254,7 @@ ControlMessage encode(const GenerationStart& m) {
 }
 
 GenerationStart decode(proto::GenerationStart::Reader r) {
-  GenerationStart m{r.getGeneration(), r.getStartStep(), r.getStateSource(), {}};
+  GenerationStart m{r.getGeneration(), r.getStartStep(), r.getStateSource(), {}, r.getLr()};
   for (auto x : r.getMembers())
     m.members.push_back(
         {x.getRank(), {x.getAgentId(), x.getDevice()}, x.getAddress(), holding_of(x)});
@@ -492,6 +493,9 @@ ControlMessage make_drain_request(uint32_t agent) {
 }
 ControlMessage make_checkpoint_request(bool stop) {
   return ControlMessage::build([&](Env e) { e.initBody().initCheckpointRequest().setStop(stop); });
+}
+ControlMessage make_learning_rate_request(double lr) {
+  return ControlMessage::build([&](Env e) { e.initBody().setLearningRateRequest(lr); });
 }
 ControlMessage make_checkpoint_at_step(uint64_t step) {
   return ControlMessage::build([&](Env e) { e.initBody().setCheckpointAtStep(step); });

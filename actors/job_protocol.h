@@ -106,6 +106,7 @@ struct GenerationStart {
   uint64_t generation = 0, start_step = 0;
   uint32_t state_source = 0;
   std::vector<GenerationMember> members;  // by rank
+  double lr = 0;                          // optimizer.lr from start_step on (0: the job's)
 };
 
 // worker -> coordinator (one way): a step it applied.
@@ -234,6 +235,8 @@ ControlMessage make_drain_request(uint32_t agent);
 ControlMessage make_scale_request(uint32_t workers);
 // admin -> coordinator: a checkpoint at the next step boundary (and a stop there).
 ControlMessage make_checkpoint_request(bool stop);
+// admin -> coordinator: optimizer.lr (the schedule's peak) from the next step boundary.
+ControlMessage make_learning_rate_request(double lr);
 // coordinator -> agents: a checkpoint at the first step boundary at or after `step`.
 ControlMessage make_checkpoint_at_step(uint64_t step);
 

@@ -321,6 +321,22 @@ int run_scale(const std::vector<std::string>& words) {
   });
 }
 
+int run_lr(const std::vector<std::string>& words) {
+  CLI::App app{
+      "Sets the optimizer's learning rate (optimizer.lr, the schedule's peak) of a running job "
+      "from the next step boundary, on every member (joiners and a resume too).",
+      "troupe lr"};
+  JobName job;
+  double lr = 0;
+  job.add_to(app);
+  app.add_option("LR", lr, "the new learning rate")->required()->check(CLI::Range(1e-12, 1e3));
+  if (auto rc = parse(app, words)) return *rc;
+  return admin_request(job, actors::make_learning_rate_request(lr), [&](actors::ControlMessage&) {
+    std::printf("troupe: learning rate %g from the next step boundary\n", lr);
+    return 0;
+  });
+}
+
 int run_stop(const std::vector<std::string>& words) {
   CLI::App app{
       "Stops a running job after the current step (its last event: job_finished, "

@@ -38,6 +38,7 @@ int run_stop(const std::vector<std::string>& args);
 int run_checkpoint(const std::vector<std::string>& args);
 int run_drain(const std::vector<std::string>& args);
 int run_scale(const std::vector<std::string>& args);
+int run_lr(const std::vector<std::string>& args);
 int run_export(const std::vector<std::string>& args, const Hooks& hooks);
 int run_report(const std::vector<std::string>& args);
 int run_data(const std::vector<std::string>& args);  // prepare | encode | decode

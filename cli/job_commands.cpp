@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -69,7 +70,11 @@ void resolve_checkpoint_dir(coordinator::JobConfig& cfg, const std::string& run_
 // --resume PATH: a checkpoint directory (a new run starts from it) or a run directory (the run
 // goes on there from its newest valid checkpoint; newer ones that are not valid are named on
 // stderr). Sets cfg.resume_* (and cfg.run_dir for a run directory); "" or why it cannot resume.
-std::string prepare_resume(coordinator::JobConfig& cfg, const std::string& path, bool& into_run) {
+//
+// The learning rate: the one in effect at the checkpoint (troupe lr, or an actor, may have
+// changed it while the job ran), unless the command line sets optimizer.lr (lr_set).
+std::string prepare_resume(coordinator::JobConfig& cfg, const std::string& path, bool lr_set,
+                           bool& into_run) {
   namespace fs = std::filesystem;
   const std::string hash = coordinator::checkpoint_config_hash(cfg);
   std::optional<coordinator::ValidCheckpoint> found;
@@ -97,6 +102,7 @@ std::string prepare_resume(coordinator::JobConfig& cfg, const std::string& path,
   std::error_code ec;
   cfg.resume_dir = fs::absolute(found->directory, ec).lexically_normal().string();
   cfg.resume_step = found->step;
+  if (found->lr > 0 && !lr_set) cfg.lr = found->lr;
   return "";
 }
 
@@ -353,7 +359,10 @@ int configure_job(const std::string& path, const std::vector<std::string>& sets,
     return 2;
   }
   if (resume.empty()) return 0;
-  if (std::string why = prepare_resume(cfg, resume, into_run); !why.empty()) {
+  const bool lr_set = std::any_of(sets.begin(), sets.end(), [](const std::string& s) {
+    return s.rfind("optimizer.lr=", 0) == 0;
+  });
+  if (std::string why = prepare_resume(cfg, resume, lr_set, into_run); !why.empty()) {
     std::fprintf(stderr, "troupe: %s\n", why.c_str());
     return 2;
   }

@@ -37,6 +37,7 @@ usage (troupe COMMAND --help: a command's options):
   troupe checkpoint (--run-dir DIR | ...) [--no-wait]   checkpoint at the next step boundary
   troupe drain  (--run-dir DIR | ...) --agent ID      the agent leaves at the next step boundary
   troupe scale  (--run-dir DIR | ...) --workers N     grow (local launcher starts agents) or shrink (drains)
+  troupe lr     (--run-dir DIR | ...) LR             optimizer.lr from the next step boundary
   troupe export RUN_DIR [--step N] -o FILE.safetensors   a checkpoint's parameters (docs/export.md)
   troupe report RUN_DIR [-o FILE.html]   one self-contained HTML page: loss, throughput, workers, changes
   troupe data prepare INPUT... --out DIR [--tokenizer byte|bpe --vocab N] [--field F]
@@ -136,6 +137,7 @@ int troupe_main(int argc, char** argv, const Hooks& hooks) {
     if (cmd == "checkpoint") return run_checkpoint(rest);
     if (cmd == "drain") return run_drain(rest);
     if (cmd == "scale") return run_scale(rest);
+    if (cmd == "lr") return run_lr(rest);
     if (cmd == "report") return run_report(rest);
     if (cmd == "export") return run_export(rest, hooks);
     if (cmd == "data") return run_data(rest);
@@ -163,7 +165,7 @@ int troupe_main(int argc, char** argv, const Hooks& hooks) {
         word, bench ? std::vector<std::string>{"control", "allreduce", "model", "drift",
                                                "checkpoint", "data"}
                     : std::vector<std::string>{"run", "coordinator", "agent", "status", "stop",
-                                               "drain", "scale", "export", "data", "version",
+                                               "drain", "scale", "lr", "export", "data", "version",
                                                "demo", "node", "bench", "help"});
     const std::string hint =
         near.empty() ? "" : "; did you mean '" + std::string(bench ? "bench " : "") + near + "'?";

@@ -10,7 +10,8 @@ set(TROUPE_PUBLIC_HEADERS
   cli/main.h
   models/extension.h models/blocks.h models/tensor.h models/model.h models/data.h
   models/kernels.h models/random.h
-  workers/elastic_loop.h)
+  workers/elastic_loop.h
+  coordinator/job.h coordinator/config.h workers/agent.h workers/faults.h)
 
 # The libraries behind them, every one (static), and one target that carries them all.
 set(TROUPE_LIBRARIES troupe_frame troupe_comm troupe_models troupe_data troupe_elastic

@@ -43,6 +43,7 @@ struct Envelope {
     checkpointRequest @32 :CheckpointRequest;  # admin -> coordinator (request): a checkpoint at the next step boundary
     checkpointAtStep @33 :UInt64;          # coordinator -> agents: a checkpoint at the first step boundary at or after this step
     traceChunk @34 :TraceChunk;            # worker -> coordinator (one way): its trace of observability.trace_steps
+    learningRateRequest @35 :Float64;      # admin -> coordinator (request): optimizer.lr from the next step boundary
   }
 }
 
@@ -183,6 +184,7 @@ struct GenerationStart {
   startStep @1 :UInt64;     # the first step to run
   members @2 :List(Member); # by rank
   stateSource @3 :UInt32;   # the rank whose parameters and optimizer state everyone takes
+  lr @4 :Float64;           # optimizer.lr from startStep on (0: the job's optimizer.lr)
 }
 
 struct StepReport {

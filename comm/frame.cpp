@@ -70,6 +70,7 @@ bool body_is_flat(proto::Envelope::Body::Which kind) {
     case B::STATUS_REQUEST:
     case B::STOP_REQUEST:
     case B::STATS_REQUEST:
+    case B::LEARNING_RATE_REQUEST:
       return true;
     default:
       return false;
@@ -225,6 +226,7 @@ std::variant<std::shared_ptr<const DecodedFrame>, Rejection> FrameValidator::dec
     case proto::Envelope::Body::CHECKPOINT_REQUEST:
     case proto::Envelope::Body::CHECKPOINT_AT_STEP:
     case proto::Envelope::Body::TRACE_CHUNK:
+    case proto::Envelope::Body::LEARNING_RATE_REQUEST:
       break;
     default:
       return reject(Reject::unknown_kind,

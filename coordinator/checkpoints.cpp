@@ -57,7 +57,8 @@ std::map<uint64_t, fs::path> checkpoint_dirs(const std::string& dir) {
 
 // "" when the checkpoint in dir is complete and intact, else why not. step: the step its name
 // says (UINT64_MAX: take the manifest's).
-std::string check(const fs::path& dir, const std::string& hash, uint64_t& step) {
+std::string check(const fs::path& dir, const std::string& hash, uint64_t& step,
+                  double* lr = nullptr) {
   const fs::path manifest = dir / "manifest.json";
   std::ifstream in(manifest);
   if (!in) return "no manifest (a checkpoint still being written, or cut short by a crash)";
@@ -70,6 +71,8 @@ std::string check(const fs::path& dir, const std::string& hash, uint64_t& step) 
   if (m.value("config_hash", "") != hash)
     return "it belongs to another model, data or seed (config hash " + m.value("config_hash", "?") +
            ", this job's " + hash + ")";
+  if (lr && m.contains("optimizer") && m["optimizer"].is_object())
+    *lr = m["optimizer"].value("lr", 0.0);
   const auto& shards = m["shards"];
   if (!shards.is_array() || shards.size() != m.value("blocks", size_t(0)) || shards.empty())
     return "the manifest does not list one shard per block";
@@ -112,7 +115,8 @@ std::string checkpoint_config_hash(const JobConfig& c) {
 Checkpoints::Checkpoints(const JobConfig& cfg) : cfg_(cfg), hash_(checkpoint_config_hash(cfg)) {}
 
 std::optional<CompletedCheckpoint> Checkpoints::add(const actors::CheckpointWritten& w,
-                                                    uint32_t world_size, const std::string& plan) {
+                                                    uint32_t world_size, const std::string& plan,
+                                                    double lr) {
   // (By step and generation: a step redone after a rollback may be written again by other
   // members, whose blocks need not match the first writers'.)
   Pending& p = pending_[{w.step, w.generation}];
@@ -136,6 +140,7 @@ std::optional<CompletedCheckpoint> Checkpoints::add(const actors::CheckpointWrit
               {"cursor", w.step * uint64_t(cfg_.global_batch)}}},
             {"ledger", {{"committed_steps", w.step}}},
             {"layout", {{"world_size", world_size}, {"plan", plan}}},
+            {"optimizer", {{"lr", lr}}},
             {"blocks", p.blocks},
             {"shards", shards}};
   const std::string path = p.directory + "/manifest.json";
@@ -167,8 +172,9 @@ std::optional<ValidCheckpoint> newest_valid_checkpoint(const std::string& dir,
   auto dirs = checkpoint_dirs(dir);
   for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
     uint64_t step = it->first;
-    std::string why = check(it->second, hash, step);
-    if (why.empty()) return ValidCheckpoint{it->first, it->second.string()};
+    double lr = 0;
+    std::string why = check(it->second, hash, step, &lr);
+    if (why.empty()) return ValidCheckpoint{it->first, it->second.string(), lr};
     if (refused) refused->push_back(it->second.string() + ": " + why);
   }
   return std::nullopt;
@@ -177,8 +183,9 @@ std::optional<ValidCheckpoint> newest_valid_checkpoint(const std::string& dir,
 std::optional<ValidCheckpoint> valid_checkpoint(const std::string& directory,
                                                 const std::string& hash, std::string* why) {
   uint64_t step = UINT64_MAX;
-  std::string reason = check(directory, hash, step);
-  if (reason.empty()) return ValidCheckpoint{step, directory};
+  double lr = 0;
+  std::string reason = check(directory, hash, step, &lr);
+  if (reason.empty()) return ValidCheckpoint{step, directory, lr};
   if (why) *why = reason;
   return std::nullopt;
 }

@@ -39,8 +39,9 @@ class Checkpoints {
 
   // A worker's shards. Returns the checkpoint this completed (its manifest written), if any.
   // Throws std::runtime_error when the manifest cannot be written (named).
+  // lr: optimizer.lr in effect at the checkpoint's step (a resume goes on with it).
   std::optional<CompletedCheckpoint> add(const actors::CheckpointWritten& w, uint32_t world_size,
-                                         const std::string& plan);
+                                         const std::string& plan, double lr);
   // The newest complete checkpoint written by this job (step, manifest), if any.
   const std::optional<CompletedCheckpoint>& newest() const { return newest_; }
 
@@ -65,6 +66,7 @@ class Checkpoints {
 struct ValidCheckpoint {
   uint64_t step = 0;
   std::string directory;
+  double lr = 0;  // optimizer.lr at its step, when the manifest says (0: the config's)
 };
 // One checkpoint directory, checked as above: its step, or the reason it is not valid.
 std::optional<ValidCheckpoint> valid_checkpoint(const std::string& directory,

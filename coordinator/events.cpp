@@ -82,14 +82,14 @@ void RunLog::event(const std::string& name, const Json& fields) {
   nlohmann::ordered_json j = {{"ts", unix_seconds()}, {"event", name}};
   for (auto& [k, v] : fields.object().items()) j[k] = v;
   append(events_, j.dump());
-  if (observer_) observer_(j);
+  for (const auto& f : observers_) f(j);
 }
 
 void RunLog::metric(const Json& fields) {
   nlohmann::ordered_json j = {{"ts", unix_seconds()}};
   for (auto& [k, v] : fields.object().items()) j[k] = v;
   append(metrics_, j.dump());
-  if (observer_) observer_(j);
+  for (const auto& f : observers_) f(j);
 }
 
 void RunLog::ledger(const Json& fields) { append(ledger_, fields.text()); }

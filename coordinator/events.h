@@ -10,6 +10,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace troupe::coordinator {
 
@@ -42,7 +43,9 @@ class RunLog {
 
   // Called with every events.jsonl and metrics.jsonl line as it is written (the metrics
   // endpoint folds them: coordinator/job_metrics.h).
-  void observe(std::function<void(const nlohmann::ordered_json&)> f) { observer_ = std::move(f); }
+  void observe(std::function<void(const nlohmann::ordered_json&)> f) {
+    observers_.push_back(std::move(f));
+  }
 
   void event(const std::string& name, const Json& fields);  // adds ts and event
   void metric(const Json& fields);                          // adds ts
@@ -62,7 +65,7 @@ class RunLog {
   File events_, metrics_, ledger_;
   bool failed_ = false;
   std::function<void(const std::string&)> on_error_;
-  std::function<void(const nlohmann::ordered_json&)> observer_;
+  std::vector<std::function<void(const nlohmann::ordered_json&)>> observers_;
 };
 
 }  // namespace troupe::coordinator

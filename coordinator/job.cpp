@@ -55,6 +55,34 @@ elastic::JobDeadlines deadlines_of(const JobConfig& c) {
           std::chrono::milliseconds(c.rejoin_timeout_ms)};
 }
 
+// An embedding program's request as the CLI's message, and the answer as the program's reply.
+ControlMessage control_of(const AdminRequest& r) {
+  using K = AdminRequest::Kind;
+  switch (r.kind) {
+    case K::status:
+      return actors::make_status_request();
+    case K::stop:
+      return actors::make_stop_request();
+    case K::checkpoint:
+      return actors::make_checkpoint_request(false);
+    case K::checkpoint_and_stop:
+      return actors::make_checkpoint_request(true);
+    case K::drain:
+      return actors::make_drain_request(uint32_t(r.value));
+    case K::scale:
+      return actors::make_scale_request(uint32_t(r.value));
+    case K::learning_rate:
+      return actors::make_learning_rate_request(r.value);
+  }
+  return actors::make_status_request();
+}
+
+AdminReply reply_of(const ControlMessage& m) {
+  auto body = m.envelope().getBody();
+  if (body.isError()) return {false, body.getError().getMessage()};
+  return {true, ""};
+}
+
 class Coordinator : public caf::event_based_actor {
  public:
   Coordinator(caf::actor_config& cfg, caf::actor bridge, JobConfig config, std::string run_dir,
@@ -67,12 +95,14 @@ class Coordinator : public caf::event_based_actor {
         log_(dir_, cfg_.ledger),
         job_(deadlines_of(cfg_), Clock::now()),
         steps_(log_, cfg_, [this](const StepCommitted& c) { on_commit(c); }),
-        metrics_(std::move(metrics)) {
+        metrics_(std::move(metrics)),
+        lr_(cfg_.lr) {
     // A write to the run directory that fails (a full disk) fails the job, naming the file:
     // handled as a message of its own, after the handler that wrote.
     log_.on_error([this](const std::string& why) { send(this, log_failed_atom::value, why); });
     if (!cfg_.checkpoint_dir.empty()) checkpoints_.emplace(cfg_);
     if (metrics_) log_.observe([m = metrics_](const nlohmann::ordered_json& j) { m->record(j); });
+    log_.observe([this](const nlohmann::ordered_json& j) { publish_event(j); });
   }
 
   void on_exit() override {
@@ -92,6 +122,7 @@ class Coordinator : public caf::event_based_actor {
                  Json().integer("step", long(cfg_.resume_step)).str("checkpoint", cfg_.resume_dir));
       if (!steps_.resume_at(cfg_.resume_step)) fail("cannot rewrite ledger.jsonl for the resume");
     }
+    set_down_handler([this](caf::down_msg& d) { unsubscribe(d.source); });
     arm_deadline();
     if (metrics_) send(this, metrics_atom::value);
     send(this, hearing_atom::value);
@@ -104,6 +135,11 @@ class Coordinator : public caf::event_based_actor {
   caf::behavior live() {
     return {
         [this](ControlMessage& m) -> ControlMessage { return on_message(m); },
+        [this](const AdminRequest& r) -> AdminReply {
+          ControlMessage m = control_of(r);
+          return reply_of(on_message(m));
+        },
+        [this](subscribe_atom, caf::actor& who) { subscribe(who); },
         [this](actors::NodeDown& d) { on_node_down(d); },
         [this](actors::NodeUp&) {},
         [this](deadline_atom, uint64_t epoch) { on_deadline(epoch); },
@@ -123,6 +159,10 @@ class Coordinator : public caf::event_based_actor {
           if (m.envelope().getBody().isStatusRequest()) return encode(status());
           return actors::make_error_reply(Errc::refused, "the job is finished");
         },
+        [](const AdminRequest&) {
+          return AdminReply{false, "the job is finished"};
+        },
+        [](subscribe_atom, caf::actor&) {},
         [this](LauncherEvent& e) { on_launcher_event(e); },
         [](actors::NodeDown&) {},
         [](actors::NodeUp&) {},
@@ -172,11 +212,32 @@ class Coordinator : public caf::event_based_actor {
         break;
       case B::DRAIN_REQUEST:
         return drain(body.getDrainRequest());
+      case B::LEARNING_RATE_REQUEST:
+        return set_lr(body.getLearningRateRequest());
       default:
         return actors::make_error_reply(Errc::invalid_input,
                                         "the coordinator does not take this message");
     }
     return actors::make_ack();
+  }
+
+  // ---- actors of the embedding program ---------------------------------------------------------
+
+  void subscribe(const caf::actor& who) {
+    if (!who || std::count(subscribers_.begin(), subscribers_.end(), who)) return;
+    monitor(who);
+    subscribers_.push_back(who);
+  }
+  void unsubscribe(const caf::actor_addr& who) {
+    subscribers_.erase(std::remove_if(subscribers_.begin(), subscribers_.end(),
+                                      [&](const caf::actor& a) { return a.address() == who; }),
+                       subscribers_.end());
+  }
+  // Every events.jsonl line, as it is written, to the subscribers.
+  void publish_event(const nlohmann::ordered_json& j) {
+    if (subscribers_.empty() || !j.contains("event")) return;
+    JobEvent e{j["event"].get<std::string>(), j.value("step", int64_t(-1)), j.dump()};
+    for (const auto& a : subscribers_) send(a, e);
   }
 
   // ---- admission -------------------------------------------------------------------------------
@@ -405,7 +466,8 @@ class Coordinator : public caf::event_based_actor {
     const uint64_t gen = gens_.current();
     spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [job " + cfg_.name + "] [coordinator] [gen " +
                         std::to_string(gen) + "] [%l] %v");
-    actors::GenerationStart msg{gen, g.start_step, g.state_source, {}};
+    actors::GenerationStart msg{gen, g.start_step, g.state_source, {}, lr_};
+    note_lr(gen, g.start_step);
     const auto& members = gens_.members();
     for (uint32_t i = 0; i < members.size(); ++i)
       msg.members.push_back({i, members[i].worker, members[i].address, members[i].holding});
@@ -508,7 +570,7 @@ class Coordinator : public caf::event_based_actor {
     if (!w.error.empty()) return failed("rank " + std::to_string(w.rank) + ": " + w.error);
     std::optional<CompletedCheckpoint> done;
     try {
-      done = checkpoints_->add(w, uint32_t(gens_.members().size()), plan_);
+      done = checkpoints_->add(w, uint32_t(gens_.members().size()), plan_, lr_at(w.step));
     } catch (const std::exception& e) {
       return failed(e.what());
     }
@@ -698,6 +760,48 @@ class Coordinator : public caf::event_based_actor {
     return act_on(d);
   }
 
+  // optimizer.lr from the next step boundary: the members end the generation there and the same
+  // members start the next one with it (every member, joiners too, from the same step); a change
+  // already under way carries it.
+  ControlMessage set_lr(double lr) {
+    if (!(lr >= 1e-12 && lr <= 1e3))
+      return actors::make_error_reply(
+          Errc::invalid_input,
+          "a learning rate must lie in [1e-12, 1000], not " + fmt::format("{}", lr));
+    if (!job_.started()) return actors::make_error_reply(Errc::refused, "the job is not running");
+    lr_ = lr;
+    log_.event("lr_change_requested",
+               Json().num("lr", lr).integer("step", long(steps_.committed())));
+    if (!gens_.expected().empty() || job_.phase() != JobPhase::running) return actors::make_ack();
+    std::vector<WorkerId> same;
+    for (const auto& m : gens_.members()) same.push_back(m.worker);
+    gens_.expect(same);
+    auto leave = encode(actors::LeaveGeneration{gens_.current()});
+    for (const auto& a : roster_.agents())
+      if (a.alive) to_agent(a.id, leave);
+    if (job_.change_decided(Clock::now())) arm_deadline();
+    try_start();
+    return actors::make_ack();
+  }
+
+  // The learning rate of the generation starting at `step` (the steps before it keep theirs: a
+  // rollback drops what came after).
+  void note_lr(uint64_t gen, uint64_t step) {
+    const double before = lr_at(step);
+    lr_from_.erase(lr_from_.upper_bound(step), lr_from_.end());
+    lr_from_[step] = lr_;
+    if (gen > 1 && before != lr_) {
+      log_.event(
+          "lr_changed",
+          Json().num("lr", lr_).integer("step", long(step)).integer("generation", long(gen)));
+      tell("learning rate " + fmt::format("{}", lr_) + " from step " + std::to_string(step));
+    }
+  }
+  double lr_at(uint64_t step) const {
+    auto it = lr_from_.upper_bound(step);
+    return it == lr_from_.begin() ? cfg_.lr : std::prev(it)->second;
+  }
+
   // Agents leave at the next step boundary: everyone ends the generation there, the next one is
   // built without them, then they are told to shut down. Nothing is redone. An agent that is not
   // a member (a standby) leaves at once.
@@ -824,6 +928,9 @@ class Coordinator : public caf::event_based_actor {
   std::optional<TraceFile> trace_;  // with observability.trace_steps, from the first chunk
   std::string resumable_;           // the manifest a stopped job can resume from, once it finished
   std::string last_failure_;        // the last failure, for the message if the job fails
+  double lr_;                       // optimizer.lr now (the config's, or the last one asked for)
+  std::map<uint64_t, double> lr_from_;   // each generation's start step -> its optimizer.lr
+  std::vector<caf::actor> subscribers_;  // actors that get every event (subscribe_atom)
   Clock::time_point t_start_ = Clock::now();
 };
 
@@ -836,6 +943,33 @@ void configure_job_system(caf::actor_system_config& cfg) {
   cfg.add_message_type<JobNotice>("troupe_job_notice");
   cfg.add_message_type<LauncherEvent>("troupe_launcher_event");
   cfg.add_message_type<ScaleAgents>("troupe_scale_agents");
+  cfg.add_message_type<JobEvent>("troupe_job_event");
+  cfg.add_message_type<AdminRequest>("troupe_admin_request");
+  cfg.add_message_type<AdminReply>("troupe_admin_reply");
+}
+
+EmbeddedJob start_embedded_job(caf::actor_system& system, const JobConfig& config,
+                               const std::string& run_dir, caf::actor observer) {
+  EmbeddedJob job;
+  job.job_id = config.name;
+  job.token = new_token();
+  actors::BridgeConfig bc = actors::job_bridge_config(config.name, job.token);
+  auto [host, port] = comm::split_host_port(config.listen);
+  bc.transport.listen_host = host;
+  bc.transport.listen_port = port;
+  bc.heartbeat_interval = std::chrono::milliseconds(config.heartbeat_interval_ms);
+  bc.failure_timeout = std::chrono::milliseconds(config.failure_timeout_ms);
+  job.bridge = actors::spawn_bridge(system, bc);
+  job.coordinator = spawn_coordinator(system, job.bridge, config, run_dir, std::move(observer));
+  caf::scoped_actor self{system};
+  self->request(job.bridge, std::chrono::seconds(5), actors::info_atom::value)
+      .receive([&](uint64_t, std::string& a) { job.address = a; }, [](caf::error&) {});
+  return job;
+}
+
+void stop_embedded_job(EmbeddedJob& job) {
+  caf::anon_send_exit(job.coordinator, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(job.bridge, caf::exit_reason::user_shutdown);
 }
 
 caf::actor spawn_coordinator(caf::actor_system& system, caf::actor bridge, const JobConfig& config,

@@ -6,6 +6,15 @@
 // It is a CAF actor registered with the bridge as kCoordinatorActorId; the `troupe run` and
 // `troupe coordinator` commands and embedding programs (examples/embed) start it with
 // spawn_coordinator and receive JobProgress / JobFinished in an observer actor of their own.
+//
+// A program that embeds a job (start_embedded_job) talks to it with actors of its own:
+//   - events: an actor sends (subscribe_atom, itself) to the coordinator and then receives a
+//     JobEvent for every line of events.jsonl as it is written (steps, members joining, failing
+//     and leaving, generations, checkpoints, learning-rate changes, the end);
+//   - requests: an actor sends an AdminRequest (status, stop, checkpoint, drain, scale, learning
+//     rate) and gets an AdminReply. They are the CLI's own messages (troupe stop, checkpoint,
+//     drain, scale, lr), served by the same code with the same answers.
+// This header is public (installed): the API of embedding, stable within a minor version.
 #pragma once
 
 #include <caf/all.hpp>
@@ -58,6 +67,57 @@ typename Inspector::result_type inspect(Inspector& f, JobNotice& x) {
   return f(caf::meta::type_name("job_notice"), x.text);
 }
 
+// The coordinator -> a subscriber: one line of events.jsonl as it was written (`json`), its
+// "event" and its "step" (-1 when it has none).
+struct JobEvent {
+  std::string event;
+  int64_t step = -1;
+  std::string json;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, JobEvent& x) {
+  return f(caf::meta::type_name("job_event"), x.event, x.step, x.json);
+}
+
+// An actor -> the coordinator: (subscribe_atom, the actor) for every JobEvent from now on, until
+// the actor ends.
+using subscribe_atom = caf::atom_constant<caf::atom("jsubscr")>;
+
+// An actor -> the coordinator: what the CLI asks for, answered with an AdminReply.
+struct AdminRequest {
+  enum class Kind : uint8_t {
+    status,
+    stop,
+    checkpoint,
+    checkpoint_and_stop,
+    drain,
+    scale,
+    learning_rate
+  };
+  Kind kind = Kind::status;
+  double value = 0;  // drain: the agent id; scale: the workers; learning_rate: optimizer.lr
+  static AdminRequest stop() { return {Kind::stop, 0}; }
+  static AdminRequest checkpoint(bool and_stop = false) {
+    return {and_stop ? Kind::checkpoint_and_stop : Kind::checkpoint, 0};
+  }
+  static AdminRequest drain(uint32_t agent) { return {Kind::drain, double(agent)}; }
+  static AdminRequest scale(uint32_t workers) { return {Kind::scale, double(workers)}; }
+  // optimizer.lr (the schedule's peak) from the next step boundary, on every member.
+  static AdminRequest learning_rate(double lr) { return {Kind::learning_rate, lr}; }
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, AdminRequest& x) {
+  return f(caf::meta::type_name("admin_request"), x.kind, x.value);
+}
+struct AdminReply {
+  bool ok = false;
+  std::string error;  // why not, when !ok
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, AdminReply& x) {
+  return f(caf::meta::type_name("admin_reply"), x.ok, x.error);
+}
+
 // The local launcher (the process that runs `troupe run`) -> the coordinator: something happened
 // to an agent process it owns (agent_restarted, agent_gave_up, agent_started), for events.jsonl.
 struct LauncherEvent {
@@ -101,6 +161,19 @@ void configure_job_system(caf::actor_system_config& cfg);
 caf::actor spawn_coordinator(caf::actor_system& system, caf::actor bridge, const JobConfig& config,
                              const std::string& run_dir, caf::actor observer,
                              std::shared_ptr<JobMetrics> metrics = nullptr);
+
+// A job inside a program's own actor system: its coordinator, listening for agents at
+// `address` (config.listen; port 0 picks one) with the job's token. The run directory must
+// exist. observer: as spawn_coordinator's. Agents join with workers::run_agent
+// (workers/agent.h), in this process or others.
+struct EmbeddedJob {
+  caf::actor coordinator, bridge;
+  std::string address, job_id, token;
+};
+EmbeddedJob start_embedded_job(caf::actor_system& system, const JobConfig& config,
+                               const std::string& run_dir, caf::actor observer);
+// Ends the job's actors (after its JobFinished, or to abandon it).
+void stop_embedded_job(EmbeddedJob& job);
 
 // Writes `token` for job_id to DIR/job.token readable only by its owner.
 void write_token_file(const std::string& path, const std::string& job_id, const std::string& token);

@@ -30,6 +30,12 @@ void Optimizer::ensure(size_t b) {
   if (has_v() && !v_.at(b).defined()) v_[b] = Tensor(std::vector<size_t>{counts_.at(b)});
 }
 
+void Optimizer::set_lr(double lr) {
+  if (!(lr > 0) || !std::isfinite(lr))
+    throw std::invalid_argument("the learning rate must be positive and finite");
+  spec_.lr = lr;
+}
+
 double Optimizer::lr_at(uint64_t step) const {
   const double lr = spec_.lr;
   if (step < spec_.warmup_steps) return lr * double(step + 1) / double(spec_.warmup_steps);

@@ -30,6 +30,9 @@ class Optimizer {
 
   const OptimizerSpec& spec() const { return spec_; }
   double lr_at(uint64_t step) const;
+  // A new peak learning rate (spec().lr) for the steps from now on; the schedule (warmup,
+  // decay) goes on around it. Throws std::invalid_argument unless it is positive and finite.
+  void set_lr(double lr);
   // One update of block b at (0-based) step; grads are multiplied by grad_scale first.
   void update(size_t b, Tensor& params, const Tensor& grads, uint64_t step, double grad_scale);
   Tensor& m(size_t b) { return m_.at(b); }

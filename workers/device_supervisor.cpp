@@ -158,6 +158,7 @@ void DeviceSupervisor::take_state(const actors::GenerationStart& g) {
 
 DeviceSupervisor::Next DeviceSupervisor::train(const actors::GenerationStart& g) {
   const uint64_t gen = g.generation;
+  if (g.lr > 0) worker_->set_lr(g.lr);  // (the same on every member, from the start step)
   auto on_step = [&](const StepInfo& s) {
     ctx_.send(actors::encode(actors::StepReport{
         gen, s.step, uint32_t(rank_), s.loss, s.samples, s.tokens, s.position_begin, s.position_end,

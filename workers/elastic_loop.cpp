@@ -55,6 +55,7 @@ class ElasticLoop::Impl {
   bool ended_ = false;
   uint32_t rank_ = 0, world_ = 0;
   uint64_t generation_ = 0;
+  double lr_ = 0;  // the generation's optimizer.lr
   LoopStep step_;
   Clock::time_point step_start_;
   std::string last_error_;
@@ -131,6 +132,7 @@ bool ElasticLoop::Impl::join_generation() {
       rank_ = uint32_t(rank);
       world_ = uint32_t(g->members.size());
       generation_ = g->generation;
+      lr_ = g->lr > 0 ? g->lr : job.lr;
       take_state(*g);
     } catch (const comm::Error& e) {
       broken(e);
@@ -176,7 +178,8 @@ void ElasticLoop::Impl::take_state(const actors::GenerationStart& g) {
 LoopStep ElasticLoop::Impl::open_step() {
   const elastic::Share share = elastic::data_share(job.global_batch, rank_, world_);
   const uint64_t first = applied_ * job.global_batch;
-  step_ = {applied_, generation_, rank_, world_, first + share.begin, first + share.end, received_};
+  step_ = {applied_,          generation_, rank_, world_, first + share.begin,
+           first + share.end, received_,   lr_};
   received_ = false;
   step_open_ = true;
   step_start_ = Clock::now();

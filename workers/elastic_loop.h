@@ -74,6 +74,7 @@ struct LoopStep {
   uint32_t rank = 0, world_size = 0;
   uint64_t begin = 0, end = 0;  // this member's global sample positions
   bool state_received = false;  // load() ran just before this step
+  double lr = 0;  // optimizer.lr now: the job's, or what `troupe lr` (or an actor) set since
 };
 
 class ElasticLoop {

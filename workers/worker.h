@@ -142,6 +142,8 @@ class Worker {
   using OnTrace = std::function<void(std::vector<actors::TraceEvent>)>;
   void set_trace_reporter(OnTrace f) { on_trace_ = std::move(f); }
   uint64_t next_step() const { return next_step_; }  // steps applied so far
+  // optimizer.lr from the next step on (a generation's, when the job changed it).
+  void set_lr(double lr) { opt_->set_lr(lr); }
 
   // After a membership change: every member receives, point to point over the new generation's
   // communicator, the state of each block it will own but does not hold as of start_step

@@ -177,7 +177,7 @@ int main(int argc, char** argv) try {
     if (!loop.allreduce(grad.data(), grad.size())) continue;  // a member was lost: redo the step
     const std::optional<double> total = loop.commit(loss);    // the step's loss, all members'
     if (!total) continue;
-    model->adam(grad, job.lr);
+    model->adam(grad, step->lr);  // (the job's optimizer.lr, or what `troupe lr` set since)
     if (first < 0) first = *total;
     last = *total;
     ++trained;

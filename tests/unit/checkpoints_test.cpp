@@ -65,18 +65,19 @@ JobConfig config(const std::string& dir, int64_t keep = 2) {
 TEST(Checkpoints, TheManifestComesWhenEveryBlockIsDurableAndIsThenValid) {
   Dir d;
   Checkpoints ck(config(d.path));
-  EXPECT_FALSE(ck.add(report(d.path, 10, 1, {0, 2}, 3), 2, ""));
+  EXPECT_FALSE(ck.add(report(d.path, 10, 1, {0, 2}, 3), 2, "", 1e-3));
   EXPECT_FALSE(fs::exists(step_dir(d.path, 10) + "/manifest.json"));
   std::string why;
   EXPECT_FALSE(
       valid_checkpoint(step_dir(d.path, 10), checkpoint_config_hash(config(d.path)), &why));
   EXPECT_NE(why.find("no manifest"), std::string::npos) << why;
-  auto done = ck.add(report(d.path, 10, 1, {1}, 3), 2, "");
+  auto done = ck.add(report(d.path, 10, 1, {1}, 3), 2, "", 2.5e-4);
   ASSERT_TRUE(done);
   EXPECT_EQ(done->step, 10u);
   auto valid = valid_checkpoint(step_dir(d.path, 10), checkpoint_config_hash(config(d.path)), &why);
   ASSERT_TRUE(valid) << why;
   EXPECT_EQ(valid->step, 10u);
+  EXPECT_EQ(valid->lr, 2.5e-4);  // (the learning rate at its step: a resume goes on with it)
   ASSERT_TRUE(ck.newest());
   EXPECT_EQ(ck.newest()->manifest, step_dir(d.path, 10) + "/manifest.json");
 }
@@ -86,16 +87,17 @@ TEST(Checkpoints, TheManifestComesWhenEveryBlockIsDurableAndIsThenValid) {
 TEST(Checkpoints, BlocksOfOneStepFromTwoGenerationsAreNotOneCheckpoint) {
   Dir d;
   Checkpoints ck(config(d.path));
-  EXPECT_FALSE(ck.add(report(d.path, 20, 1, {0}, 2), 2, ""));
-  EXPECT_FALSE(ck.add(report(d.path, 20, 2, {1}, 2), 1, ""));
+  EXPECT_FALSE(ck.add(report(d.path, 20, 1, {0}, 2), 2, "", 1e-3));
+  EXPECT_FALSE(ck.add(report(d.path, 20, 2, {1}, 2), 1, "", 1e-3));
   EXPECT_FALSE(fs::exists(step_dir(d.path, 20) + "/manifest.json"));
-  EXPECT_TRUE(ck.add(report(d.path, 20, 2, {0}, 2), 1, ""));
+  EXPECT_TRUE(ck.add(report(d.path, 20, 2, {0}, 2), 1, "", 1e-3));
 }
 
 TEST(Checkpoints, KeepDeletesTheOldestCompleteOnes) {
   Dir d;
   Checkpoints ck(config(d.path, 2));
-  for (uint64_t step : {10, 20, 30}) ASSERT_TRUE(ck.add(report(d.path, step, 1, {0}, 1), 1, ""));
+  for (uint64_t step : {10, 20, 30})
+    ASSERT_TRUE(ck.add(report(d.path, step, 1, {0}, 1), 1, "", 1e-3));
   EXPECT_FALSE(fs::exists(step_dir(d.path, 10)));
   EXPECT_TRUE(fs::exists(step_dir(d.path, 20) + "/manifest.json"));
   EXPECT_TRUE(fs::exists(step_dir(d.path, 30) + "/manifest.json"));
@@ -106,7 +108,7 @@ TEST(Checkpoints, DamagedOrForeignCheckpointsAreRefusedNamingWhyAndTheNewestVali
   const std::string hash = checkpoint_config_hash(config(d.path));
   Checkpoints ck(config(d.path, 10));
   for (uint64_t step : {10, 20, 30, 40})
-    ASSERT_TRUE(ck.add(report(d.path, step, 1, {0, 1}, 2), 1, ""));
+    ASSERT_TRUE(ck.add(report(d.path, step, 1, {0, 1}, 2), 1, "", 1e-3));
   {  // 40: a flipped byte
     std::fstream f(step_dir(d.path, 40) + "/block-1.trpblk",
                    std::ios::in | std::ios::out | std::ios::binary);

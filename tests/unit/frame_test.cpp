@@ -117,7 +117,7 @@ TEST(FrameSchema, KindsReadByHandHoldNoOtherPointer) {
     else
       EXPECT_FALSE(t.isText() || t.isData() || t.isList()) << f.getProto().getName().cStr();
   }
-  EXPECT_EQ(flat, 12);
+  EXPECT_EQ(flat, 13);
   EXPECT_EQ(pointers(capnp::Schema::from<proto::Echo>()),
             (std::vector<std::string>{"payload", "note"}));
   EXPECT_EQ(pointers(capnp::Schema::from<proto::Envelope>()),

@@ -96,8 +96,9 @@ TEST(JobCodec, WorkerReadyAndGenerationStartCarryTheWholeHolding) {
   EXPECT_EQ(q.num_blocks, 5u);
   EXPECT_EQ(q.last_error, r.last_error);
 
-  GenerationStart g{6, 40, 1, {{0, {0, 0}, "a", holding()}, {1, {2, 1}, "b", {}}}};
+  GenerationStart g{6, 40, 1, {{0, {0, 0}, "a", holding()}, {1, {2, 1}, "b", {}}}, 2.5e-4};
   GenerationStart h = decode(body(encode(g)).getGenerationStart());
+  EXPECT_EQ(h.lr, 2.5e-4);
   EXPECT_EQ(h.generation, 6u);
   EXPECT_EQ(h.start_step, 40u);
   EXPECT_EQ(h.state_source, 1u);
