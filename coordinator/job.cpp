@@ -474,6 +474,7 @@ class Coordinator : public caf::event_based_actor {
     auto encoded = encode(msg);
     for (const auto& a : roster_.agents())
       if (a.alive) to_agent(a.id, encoded);
+    if (job_.stop_requested()) tell_agents_to_stop();  // (asked for while the change formed)
     log_.event("generation_started", Json()
                                          .integer("generation", long(gen))
                                          .integer("world_size", long(members.size()))
@@ -713,10 +714,17 @@ class Coordinator : public caf::event_based_actor {
     if (with_checkpoint && checkpoints_ && !job_.stop_requested()) return checkpoint(true);
     if (job_.request_stop()) {
       log_.event("stop_requested", Json().integer("step", long(steps_.committed())));
-      auto msg = actors::make_stop_at_next_step();
-      for (const auto& a : roster_.agents()) to_agent(a.id, msg);
+      // While a change is under way (its LeaveGeneration sent), the next generation carries the
+      // stop (announce): a member that heard only one of the two would leave, another stop.
+      if (gens_.expected().empty()) tell_agents_to_stop();
     }
     return actors::make_ack();
+  }
+
+  void tell_agents_to_stop() {
+    auto msg = actors::make_stop_at_next_step();
+    for (const auto& a : roster_.agents())
+      if (a.alive) to_agent(a.id, msg);
   }
 
   // A scale or drain decision as the admin's answer (and its action).
@@ -769,6 +777,8 @@ class Coordinator : public caf::event_based_actor {
           Errc::invalid_input,
           "a learning rate must lie in [1e-12, 1000], not " + fmt::format("{}", lr));
     if (!job_.started()) return actors::make_error_reply(Errc::refused, "the job is not running");
+    if (job_.stop_requested())
+      return actors::make_error_reply(Errc::refused, "the job is stopping");
     lr_ = lr;
     log_.event("lr_change_requested",
                Json().num("lr", lr).integer("step", long(steps_.committed())));

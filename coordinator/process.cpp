@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -28,8 +29,15 @@ ChildProcess::ChildProcess(const Options& options) {
   std::vector<char*> argv;
   for (auto& a : options.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  // The extra entries replace inherited ones of the same name (getenv takes the first).
+  auto name_of = [](const std::string& e) { return e.substr(0, e.find('=') + 1); };
   std::vector<std::string> env_strings;
-  for (char** e = environ; *e; ++e) env_strings.emplace_back(*e);
+  for (char** e = environ; *e; ++e) {
+    const std::string entry(*e);
+    if (std::none_of(options.env.begin(), options.env.end(),
+                     [&](const std::string& x) { return name_of(x) == name_of(entry); }))
+      env_strings.push_back(entry);
+  }
   for (auto& e : options.env) env_strings.push_back(e);
   std::vector<char*> envp;
   for (auto& e : env_strings) envp.push_back(const_cast<char*>(e.c_str()));

@@ -21,7 +21,7 @@ class ChildProcess {
     std::vector<std::string> argv;  // argv[0] is the program path
     std::string stdout_path;        // empty: a pipe readable with read_line()
     std::string stderr_path;        // empty: inherit
-    std::vector<std::string> env;   // extra NAME=VALUE entries
+    std::vector<std::string> env;   // extra NAME=VALUE entries (replacing inherited ones)
     // Sent to the child when the thread that started it ends (the owner died, however): SIGKILL
     // by default; the local launcher's agents get SIGHUP, to say why they leave.
     int parent_death_signal = SIGKILL;

@@ -10,7 +10,6 @@
 
 namespace troupe::models {
 namespace k = kernels;
-namespace {
 
 void fill_normal(Tensor& t, Rng& rng, double stddev) {
   float* p = t.data();
@@ -20,6 +19,9 @@ void fill_uniform(Tensor& t, Rng& rng, double bound) {
   float* p = t.data();
   for (size_t i = 0; i < t.numel(); ++i) p[i] = float((rng.uniform() * 2 - 1) * bound);
 }
+
+namespace {
+
 void fill_const(Tensor& t, float v) {
   float* p = t.data();
   for (size_t i = 0; i < t.numel(); ++i) p[i] = v;

@@ -81,6 +81,12 @@ class Block {
   bool needs_input_grad_ = true;
 };
 
+// For blocks' init(): t's values drawn in order from rng, uniform in [-bound, bound] or normal
+// with the given standard deviation (models/random.h's Rng: the same numbers on every machine).
+class Rng;
+void fill_uniform(Tensor& t, Rng& rng, double bound);
+void fill_normal(Tensor& t, Rng& rng, double stddev);
+
 // Fully connected layer with optional ReLU: (B, in) -> (B, out).
 std::unique_ptr<Block> make_linear_block(size_t in, size_t out, bool relu);
 

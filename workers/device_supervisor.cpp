@@ -166,8 +166,10 @@ DeviceSupervisor::Next DeviceSupervisor::train(const actors::GenerationStart& g)
   };
   Requests requests{[&] { return board_.stop_requested() || board_.leaving(gen); },
                     [&] { return board_.checkpoint_wanted(); }};
-  worker_->set_checkpoint_reporter(
-      [&](const CheckpointWriter::Written& w) { report_checkpoint(gen, w); });
+  worker_->set_generation(gen);
+  worker_->set_checkpoint_reporter([&](const CheckpointWriter::Written& w, uint64_t taken_in) {
+    report_checkpoint(taken_in, w);
+  });
   worker_->set_trace_reporter([&](std::vector<actors::TraceEvent> events) {
     ctx_.send(actors::encode(
         actors::TraceChunk{ctx_.agent_id, id_.device, uint32_t(rank_), std::move(events)}));

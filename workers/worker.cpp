@@ -364,7 +364,7 @@ void Worker::take_checkpoint_result(bool wait) {
   if (!done) return;
   for (auto& s : done->buffers) staging_[s.block] = std::move(s.bytes);
   done->buffers.clear();
-  if (on_checkpoint_) on_checkpoint_(*done);
+  if (on_checkpoint_) on_checkpoint_(*done, writing_generation_);
 }
 
 double Worker::checkpoint_vote(const Requests& requests) const {
@@ -396,6 +396,7 @@ void Worker::maybe_checkpoint(const std::vector<uint32_t>& blocks, bool requeste
                  StepTrace::now_us() - int64_t(seconds_since(t0) * 1e6), seconds_since(t0));
   writer_.start(next_step_, spec_.checkpoint_dir + "/" + checkpoint_dir_name(next_step_),
                 std::move(shards), seconds_since(t0));
+  writing_generation_ = generation_;
   last_checkpoint_ = next_step_;
 }
 

@@ -133,9 +133,12 @@ class Worker {
 
   uint64_t checksum() const;  // FNV-1a over all parameters
   uint64_t final_checksum();  // the job's end: checksum() (after a test's injector, if any)
-  // Called on the worker's thread with each finished checkpoint write (its agent reports it).
-  using OnCheckpoint = std::function<void(const CheckpointWriter::Written&)>;
+  // Called on the worker's thread with each finished checkpoint write (its agent reports it) and
+  // the generation it was taken in (set_generation's when it started: the report may come in a
+  // later one, and the members' shards of one checkpoint must say the same generation).
+  using OnCheckpoint = std::function<void(const CheckpointWriter::Written&, uint64_t generation)>;
   void set_checkpoint_reporter(OnCheckpoint f) { on_checkpoint_ = std::move(f); }
+  void set_generation(uint64_t generation) { generation_ = generation; }
   // Waits for the checkpoint write in flight and reports it (the job's end).
   void finish_checkpoints();
   // Called on the worker's thread with its spans of observability.trace_steps, once they are done.
@@ -208,6 +211,7 @@ class Worker {
   uint64_t next_step_ = 0;
   CheckpointWriter writer_;
   OnCheckpoint on_checkpoint_;
+  uint64_t generation_ = 0, writing_generation_ = 0;  // now, and of the write in flight
   StepTrace trace_;
   OnTrace on_trace_;
   std::map<uint32_t, std::vector<uint8_t>> staging_;  // checkpoint copies, kept for the next one

@@ -86,8 +86,8 @@ class Conv3x3 : public Block {
   void init(uint64_t seed, size_t index) override {
     models::Rng rng(models::mix(seed, index, 0xc0));
     const double bound = 1.0 / std::sqrt(double(cin_ * 9));
-    for (size_t i = 0; i < w_.numel(); ++i) w_.data()[i] = float((rng.uniform() * 2 - 1) * bound);
-    for (size_t i = 0; i < b_.numel(); ++i) b_.data()[i] = float((rng.uniform() * 2 - 1) * bound);
+    models::fill_uniform(w_, rng, bound);
+    models::fill_uniform(b_, rng, bound);
   }
   Tensor forward(const Tensor& x, size_t B) override {
     if (x.numel() != B * cin_ * hw_ * hw_)
@@ -177,8 +177,8 @@ class PoolHead : public Block {
   void init(uint64_t seed, size_t index) override {
     models::Rng rng(models::mix(seed, index, 0x4e));
     const double bound = 1.0 / std::sqrt(double(c_));
-    for (size_t i = 0; i < w_.numel(); ++i) w_.data()[i] = float((rng.uniform() * 2 - 1) * bound);
-    for (size_t i = 0; i < b_.numel(); ++i) b_.data()[i] = float((rng.uniform() * 2 - 1) * bound);
+    models::fill_uniform(w_, rng, bound);
+    models::fill_uniform(b_, rng, bound);
   }
   Tensor forward(const Tensor& x, size_t B) override {
     if (x.numel() != B * c_ * hw_ * hw_)

@@ -173,7 +173,6 @@ int main() {
   }
   const Seen seen = result.get();
   const auto committed = committed_steps(run_dir);
-  std::filesystem::remove_all(run_dir);
   const bool ok = seen.end == "stopped" && seen.lr_changes >= 1 && seen.checkpoints >= 1 &&
                   seen.drains == 1 && seen.refusals == 1 && seen.steps == committed &&
                   seen.steps.size() >= 260 && seen.steps.size() < 400;
@@ -183,5 +182,9 @@ int main() {
       ok ? "stopped" : "FAILED", seen.steps.size(), seen.end.c_str(), seen.lr_changes,
       seen.checkpoints, seen.drains, seen.refusals, seen.steps.size(), committed.size(),
       seen.steps == committed ? " (the same, each once)" : " (they differ)");
+  if (ok)
+    std::filesystem::remove_all(run_dir);
+  else
+    std::printf("the job's run directory is kept: %s\n", run_dir.c_str());
   return ok ? 0 : 1;
 }

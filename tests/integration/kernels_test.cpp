@@ -73,8 +73,9 @@ progress = false
   for (const char* agent : {"agent-0.log", "agent-1.log"}) {
     const std::string log = text_of(job.run_dir + "/" + agent);
     EXPECT_NE(log.find("worker cpu:0: BLAS OpenBLAS"), std::string::npos) << agent << ":\n" << log;
-    if (!want.empty())
+    if (!want.empty()) {
       EXPECT_NE(log.find(want + " kernels"), std::string::npos) << agent << ":\n" << log;
+    }
   }
 }
 
