@@ -44,7 +44,7 @@ class Stripes : public models::Dataset {
   Stripes(uint64_t seed, size_t samples, size_t size, double noise)
       : seed_(seed), samples_(samples), size_(size), noise_(noise) {}
   size_t size() const override { return samples_; }
-  size_t input_width() const override { return size_ * size_; }  // one channel, size x size
+  size_t input_width() const override { return size_ * size_; }  // (size, size, 1 channel)
   size_t targets_per_sample() const override { return 1; }
   size_t classes() const override { return 4; }
   void fill(size_t index, float* input, int32_t* targets) const override {
@@ -67,16 +67,18 @@ class Stripes : public models::Dataset {
   double noise_;
 };
 
-// ---- The blocks. Legend: B batch, C channels, H = W = size. Activations (B, C, H, W). --------
+// ---- The blocks. Legend: B batch, H = W = size, C channels. Activations (B, H, W, C). ------
 
-// y = relu(conv3x3(x) + bias), plus x when residual (cin == cout). Padding 1: H x W stays.
+// y = relu(conv3x3(x) + bias), plus x when residual (cin == cout); padding 1: H x W stays. As a
+// GEMM on Troupe's kernels (OpenBLAS): the 3x3 windows of every pixel as rows (im2col), times
+// the weights.
 class Conv3x3 : public Block {
  public:
   Conv3x3(size_t cin, size_t cout, size_t size, bool residual)
       : cin_(cin), cout_(cout), hw_(size), residual_(residual) {
-    allocate(cout * cin * 9 + cout);
+    allocate(cout * 9 * cin + cout);
     Carver c{this};
-    std::tie(w_, dw_) = c.take("weight", {cout, cin, 3, 3});
+    std::tie(w_, dw_) = c.take("weight", {cout, 3, 3, cin});
     std::tie(b_, db_) = c.take("bias", {cout});
   }
   std::string kind() const override { return residual_ ? "conv3x3_residual" : "conv3x3"; }
@@ -90,34 +92,30 @@ class Conv3x3 : public Block {
     models::fill_uniform(b_, rng, bound);
   }
   Tensor forward(const Tensor& x, size_t B) override {
-    if (x.numel() != B * cin_ * hw_ * hw_)
-      throw std::invalid_argument("conv3x3: the input is not (B, " + std::to_string(cin_) + ", " +
-                                  std::to_string(hw_) + ", " + std::to_string(hw_) + ")");
-    c_ = Cache{x, Tensor({B, cout_, hw_, hw_}), B};
-    float* y = c_.y.data();
-    for (size_t n = 0; n < B; ++n)
-      for (size_t o = 0; o < cout_; ++o)
-        for (size_t p = 0; p < hw_ * hw_; ++p) {
-          const float v = b_.data()[o] + convolve(x.data(), n, o, p / hw_, p % hw_);
-          y[(n * cout_ + o) * hw_ * hw_ + p] = v > 0 ? v : 0;
-        }
+    if (x.numel() != B * hw_ * hw_ * cin_)
+      throw std::invalid_argument("conv3x3: the input is not (B, " + std::to_string(hw_) + ", " +
+                                  std::to_string(hw_) + ", " + std::to_string(cin_) + ")");
+    const size_t rows = B * hw_ * hw_, k = 9 * cin_;
+    c_ = Cache{im2col(x, B), Tensor({B, hw_, hw_, cout_}), B};
+    Tensor pre({rows, cout_});
+    models::kernels::linear_forward(pre.data(), c_.cols.data(), w_.data(), b_.data(), rows, k,
+                                    cout_);
+    models::kernels::relu_forward(c_.y.data(), pre.data(), pre.numel());
     if (!residual_) return c_.y;
-    Tensor out({B, cout_, hw_, hw_});
-    for (size_t i = 0; i < out.numel(); ++i) out.data()[i] = c_.y.data()[i] + x.data()[i];
+    Tensor out({B, hw_, hw_, cout_});
+    models::kernels::residual_forward(out.data(), c_.y.data(), x.data(), out.numel());
     return out;
   }
   Tensor backward(const Tensor& dy) override {
-    const size_t B = c_.B, plane = hw_ * hw_;
-    Tensor dx({B, cin_, hw_, hw_});  // zeros
-    for (size_t n = 0; n < B; ++n)
-      for (size_t o = 0; o < cout_; ++o)
-        for (size_t p = 0; p < plane; ++p) {
-          const size_t at = (n * cout_ + o) * plane + p;
-          if (c_.y.data()[at] <= 0) continue;  // (the ReLU's gradient)
-          const float g = dy.data()[at];
-          db_.data()[o] += g;
-          scatter(n, o, p / hw_, p % hw_, g, dx.data());
-        }
+    const size_t rows = c_.B * hw_ * hw_, k = 9 * cin_;
+    Tensor dpre({rows, cout_});  // (zeros: the kernels add into it)
+    models::kernels::relu_backward(dpre.data(), dy.data(), c_.y.data(), dpre.numel());
+    Tensor dcols = needs_input_grad_ ? Tensor({rows, k}) : Tensor();
+    models::kernels::linear_backward(needs_input_grad_ ? dcols.data() : nullptr, dw_.data(),
+                                     db_.data(), dpre.data(), c_.cols.data(), w_.data(), rows, k,
+                                     cout_);
+    Tensor dx({c_.B, hw_, hw_, cin_});
+    if (needs_input_grad_) col2im(dcols, dx);
     if (residual_)
       for (size_t i = 0; i < dx.numel(); ++i) dx.data()[i] += dy.data()[i];
     return dx;
@@ -127,33 +125,38 @@ class Conv3x3 : public Block {
 
  private:
   struct Cache {
-    Tensor x, y;  // the input, and relu(conv + bias)
+    Tensor cols, y;  // the input's windows, and relu(conv + bias)
     size_t B = 0;
   };
-  // The 3x3 window of every input channel around (r, c), weighted for output channel o.
-  float convolve(const float* x, size_t n, size_t o, size_t r, size_t c) const {
-    float sum = 0;
-    for (size_t i = 0; i < cin_; ++i)
-      for (int kr = -1; kr <= 1; ++kr)
-        for (int kc = -1; kc <= 1; ++kc) {
-          const long rr = long(r) + kr, cc = long(c) + kc;
-          if (rr < 0 || cc < 0 || rr >= long(hw_) || cc >= long(hw_)) continue;
-          sum += w_.data()[((o * cin_ + i) * 3 + size_t(kr + 1)) * 3 + size_t(kc + 1)] *
-                 x[(n * cin_ + i) * hw_ * hw_ + size_t(rr) * hw_ + size_t(cc)];
-        }
-    return sum;
+  // The pixel at (r + dr, c + dc) of sample n, or null outside the image.
+  long source(size_t n, size_t r, size_t c, int dr, int dc) const {
+    const long rr = long(r) + dr, cc = long(c) + dc;
+    if (rr < 0 || cc < 0 || rr >= long(hw_) || cc >= long(hw_)) return -1;
+    return long((n * hw_ + size_t(rr)) * hw_ + size_t(cc));
   }
-  // The gradient g of output (n, o, r, c) into the weights and (when needed) the input.
-  void scatter(size_t n, size_t o, size_t r, size_t c, float g, float* dx) {
-    for (size_t i = 0; i < cin_; ++i)
-      for (int kr = -1; kr <= 1; ++kr)
-        for (int kc = -1; kc <= 1; ++kc) {
-          const long rr = long(r) + kr, cc = long(c) + kc;
-          if (rr < 0 || cc < 0 || rr >= long(hw_) || cc >= long(hw_)) continue;
-          const size_t w = ((o * cin_ + i) * 3 + size_t(kr + 1)) * 3 + size_t(kc + 1);
-          const size_t xi = (n * cin_ + i) * hw_ * hw_ + size_t(rr) * hw_ + size_t(cc);
-          dw_.data()[w] += g * c_.x.data()[xi];
-          if (needs_input_grad_) dx[xi] += g * w_.data()[w];
+  // Row (n, r, c): the 3 x 3 x cin window around the pixel (zeros past the border).
+  Tensor im2col(const Tensor& x, size_t B) const {
+    Tensor cols({B * hw_ * hw_, 9 * cin_});
+    for (size_t n = 0; n < B; ++n)
+      for (size_t p = 0; p < hw_ * hw_; ++p)
+        for (int k = 0; k < 9; ++k) {
+          const long at = source(n, p / hw_, p % hw_, k / 3 - 1, k % 3 - 1);
+          if (at < 0) continue;
+          std::memcpy(cols.data() + ((n * hw_ * hw_ + p) * 9 + size_t(k)) * cin_,
+                      x.data() + size_t(at) * cin_, cin_ * sizeof(float));
+        }
+    return cols;
+  }
+  // The windows' gradients added back onto the pixels they came from.
+  void col2im(const Tensor& dcols, Tensor& dx) const {
+    for (size_t n = 0; n < c_.B; ++n)
+      for (size_t p = 0; p < hw_ * hw_; ++p)
+        for (int k = 0; k < 9; ++k) {
+          const long at = source(n, p / hw_, p % hw_, k / 3 - 1, k % 3 - 1);
+          if (at < 0) continue;
+          const float* from = dcols.data() + ((n * hw_ * hw_ + p) * 9 + size_t(k)) * cin_;
+          float* to = dx.data() + size_t(at) * cin_;
+          for (size_t i = 0; i < cin_; ++i) to[i] += from[i];
         }
   }
 
@@ -163,7 +166,7 @@ class Conv3x3 : public Block {
   Cache c_;
 };
 
-// Global average pooling over H x W, then a linear layer to the classes: (B, C, H, W) -> (B, K).
+// Global average pooling over H x W, then a linear layer to the classes: (B, H, W, C) -> (B, K).
 class PoolHead : public Block {
  public:
   PoolHead(size_t channels, size_t size, size_t classes) : c_(channels), hw_(size), k_(classes) {
@@ -182,13 +185,13 @@ class PoolHead : public Block {
   }
   Tensor forward(const Tensor& x, size_t B) override {
     if (x.numel() != B * c_ * hw_ * hw_)
-      throw std::invalid_argument("pool_head: the input is not (B, C, H, W)");
-    pooled_ = Tensor({B, c_});
-    for (size_t n = 0; n < B * c_; ++n) {
-      double sum = 0;
-      for (size_t p = 0; p < hw_ * hw_; ++p) sum += x.data()[n * hw_ * hw_ + p];
-      pooled_.data()[n] = float(sum / double(hw_ * hw_));
-    }
+      throw std::invalid_argument("pool_head: the input is not (B, H, W, C)");
+    pooled_ = Tensor({B, c_});  // (zeros)
+    const float scale = 1.0f / float(hw_ * hw_);
+    for (size_t n = 0; n < B; ++n)
+      for (size_t p = 0; p < hw_ * hw_; ++p)
+        for (size_t c = 0; c < c_; ++c)
+          pooled_.data()[n * c_ + c] += x.data()[(n * hw_ * hw_ + p) * c_ + c] * scale;
     Tensor logits({B, k_});
     models::kernels::linear_forward(logits.data(), pooled_.data(), w_.data(), b_.data(), B, c_, k_);
     B_ = B;
@@ -198,10 +201,11 @@ class PoolHead : public Block {
     Tensor dpooled({B_, c_});
     models::kernels::linear_backward(dpooled.data(), dw_.data(), db_.data(), dy.data(),
                                      pooled_.data(), w_.data(), B_, c_, k_);
-    Tensor dx({B_, c_, hw_, hw_});
-    for (size_t n = 0; n < B_ * c_; ++n)
+    Tensor dx({B_, hw_, hw_, c_});
+    for (size_t n = 0; n < B_; ++n)
       for (size_t p = 0; p < hw_ * hw_; ++p)
-        dx.data()[n * hw_ * hw_ + p] = dpooled.data()[n] / float(hw_ * hw_);
+        for (size_t c = 0; c < c_; ++c)
+          dx.data()[(n * hw_ * hw_ + p) * c_ + c] = dpooled.data()[n * c_ + c] / float(hw_ * hw_);
     return dx;
   }
   Saved save() override { return std::make_shared<std::pair<Tensor, size_t>>(pooled_, B_); }

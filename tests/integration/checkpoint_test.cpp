@@ -130,52 +130,59 @@ TEST(Checkpoints, SigtermLeavesAResumableRunAndTheResumeGoesOnFromWhereItStopped
 // apart: the old rate up to that step, then a resume from there with --set optimizer.lr.
 TEST(Checkpoints, ALearningRateChangedWhileRunningActsFromOneStepOnEveryMember) {
   TempDir dir;
-  Job job = start_job(dir, "lr", kGpt, 2, {}, {pace(30000)});
+  const std::vector<std::string> longer{"job.steps=200"};  // (room for slow admin commands)
+  auto with = [&](std::vector<std::string> sets) {
+    sets.insert(sets.end(), longer.begin(), longer.end());
+    return sets;
+  };
+  Job job = start_job(dir, "lr", kGpt, 2, with({"checkpoint.keep=20"}), {pace(50000)});
   wait_steps(job, 25);
   admin(dir, {"lr", "--run-dir", job.run_dir, "0.001"});
   const std::string changed = wait_event(job, is("lr_changed"), 60s);
   ASSERT_NE(changed, "");
   EXPECT_EQ(json_field(changed, "lr"), "0.001");
   const int at = std::stoi(json_field(changed, "step"));
-  ASSERT_LT(at, 100) << "the change came too late for the rest of the test";
+  ASSERT_LT(at, 150) << "the change came too late for the rest of the test";
   wait_steps(job, size_t(at) + 5);
   auto pids = member_pids(dir, job);
   ASSERT_EQ(pids.size(), 2u);
   ASSERT_EQ(::kill(pids[1], SIGKILL), 0);  // (the launcher restarts it: it joins, as of now)
-  auto st = job.proc->wait(120s);
+  auto st = job.proc->wait(180s);
   ASSERT_TRUE(st);
   ASSERT_EQ(WEXITSTATUS(*st), 0) << last_line(job.out);
   const auto losses = committed_losses(job.run_dir);
-  ASSERT_EQ(losses.size(), 120u);
+  ASSERT_EQ(losses.size(), 200u);
   EXPECT_EQ(count_events(job, "member_failed"), 1);
 
   // The same job apart: the old rate up to `at` (a checkpoint there), then the new one.
   const std::string s = std::to_string(at);
   Job before = start_job(dir, "before", kGpt, 1, {"job.steps=" + s, "checkpoint.every_steps=" + s});
-  ASSERT_TRUE(before.proc->wait(120s));
+  ASSERT_TRUE(before.proc->wait(180s));
   char step_dir[32];
   std::snprintf(step_dir, sizeof step_dir, "/checkpoints/step-%08d", at);
-  Job after = start_job(dir, "after", kGpt, 1, {"optimizer.lr=0.001"}, {},
+  Job after = start_job(dir, "after", kGpt, 1, with({"optimizer.lr=0.001"}), {},
                         {"--resume", before.run_dir + step_dir});
-  ASSERT_TRUE(after.proc->wait(120s));
+  ASSERT_TRUE(after.proc->wait(180s));
   std::vector<double> apart = committed_losses(before.run_dir);
   for (double l : committed_losses(after.run_dir)) apart.push_back(l);
   ASSERT_EQ(apart.size(), losses.size());
   for (size_t i = 0; i < losses.size(); ++i) ASSERT_EQ(losses[i], apart[i]) << "step " << i;
   // Without the change the losses after `at` differ: the test would notice a change that did
   // nothing.
-  Job plain = start_job(dir, "plain", kGpt, 1, {"checkpoint.every_steps=0"});
-  ASSERT_TRUE(plain.proc->wait(120s));
+  Job plain = start_job(dir, "plain", kGpt, 1, with({"checkpoint.every_steps=0"}));
+  ASSERT_TRUE(plain.proc->wait(180s));
   EXPECT_NE(committed_losses(plain.run_dir).back(), losses.back());
 
   // A resume from a checkpoint after the change (the config still says 0.003) goes on at 0.001.
-  Job resumed = start_job(dir, "resumed", kGpt, 1, {}, {},
-                          {"--resume", job.run_dir + "/checkpoints/step-00000100"});
-  ASSERT_TRUE(resumed.proc->wait(120s));
+  const int later = (at / 20 + 1) * 20;
+  std::snprintf(step_dir, sizeof step_dir, "/checkpoints/step-%08d", later);
+  Job resumed =
+      start_job(dir, "resumed", kGpt, 1, longer, {}, {"--resume", job.run_dir + step_dir});
+  ASSERT_TRUE(resumed.proc->wait(180s));
   const auto tail = committed_losses(resumed.run_dir);
-  ASSERT_EQ(tail.size(), 20u);
+  ASSERT_EQ(tail.size(), size_t(200 - later));
   for (size_t i = 0; i < tail.size(); ++i)
-    ASSERT_EQ(tail[i], losses[100 + i]) << "step " << 100 + i;
+    ASSERT_EQ(tail[i], losses[size_t(later) + i]) << "step " << later + int(i);
 }
 
 // Gone, or a zombie nobody reaped yet (the coordinator that started it was SIGKILLed).

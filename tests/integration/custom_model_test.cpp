@@ -22,18 +22,18 @@ namespace {
 using namespace std::chrono_literals;
 using namespace testing;
 
-// The example's own keys (model.channels, data.size, ...) set for a step of ~25 ms.
+// The example's own keys (model.channels, data.size, ...) set for a step of ~20 ms.
 const char* kConvnet = R"([job]
 name = "convnet-test"
 seed = 5
 steps = 240
 [model]
 kind = "convnet"
-channels = 12
+channels = 16
 depth = 2
 [data]
 kind = "stripes"
-size = 20
+size = 24
 samples = 3000
 noise = 1.5
 ledger = true
@@ -138,9 +138,9 @@ TEST(CustomModel, PreemptedResumedAtAnotherSizeAndExported) {
   const std::string file = dir.path() + "/convnet.safetensors";
   admin(dir, {"export", job.run_dir, "-o", file});
   const auto tensors = tensors_in(file);
-  EXPECT_EQ(tensors.at("blocks.0.weight"), (std::vector<size_t>{12, 1, 3, 3}));
-  EXPECT_EQ(tensors.at("blocks.1.weight"), (std::vector<size_t>{12, 12, 3, 3}));
-  EXPECT_EQ(tensors.at("blocks.3.weight"), (std::vector<size_t>{4, 12}));  // the head
+  EXPECT_EQ(tensors.at("blocks.0.weight"), (std::vector<size_t>{16, 3, 3, 1}));
+  EXPECT_EQ(tensors.at("blocks.1.weight"), (std::vector<size_t>{16, 3, 3, 16}));
+  EXPECT_EQ(tensors.at("blocks.3.weight"), (std::vector<size_t>{4, 16}));  // the head
   EXPECT_EQ(tensors.size(), 8u);
 }
 
