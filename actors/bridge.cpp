@@ -456,25 +456,30 @@ class Back : public caf::event_based_actor {
               addr, shared_->config.connect_timeout,
               [weak, id](comm::NodeId node, std::exception_ptr err) {
                 std::string what;
+                // (refused: the node there refuses this one, it was fenced; else unreachable)
+                comm::Errc code = comm::Errc::peer_lost;
                 if (err) {
                   try {
                     std::rethrow_exception(err);
+                  } catch (const comm::Error& e) {
+                    what = e.what();
+                    code = e.code();
                   } catch (const std::exception& e) {
                     what = e.what();
                   }
                 }
                 if (auto b = caf::actor_cast<caf::actor>(weak))
-                  caf::anon_send(b, connected_atom::value, id, node, what);
+                  caf::anon_send(b, connected_atom::value, id, node, what, uint8_t(code));
               });
           return rp;
         },
-        [this](connected_atom, uint64_t id, uint64_t node, const std::string& error) {
+        [this](connected_atom, uint64_t id, uint64_t node, const std::string& error, uint8_t code) {
           auto it = connects_.find(id);
           if (it == connects_.end()) return;
           if (error.empty()) {
             it->second.deliver(node);
           } else {
-            it->second.deliver(make_control_error(comm::Errc::refused, error));
+            it->second.deliver(make_control_error(comm::errc_from_wire(code), error));
           }
           connects_.erase(it);
         },

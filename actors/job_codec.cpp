@@ -51,11 +51,12 @@ ControlMessage encode(const Join& m) {
     j.setHost(m.host);
     auto d = j.initDevices(unsigned(m.devices.size()));
     for (unsigned i = 0; i < m.devices.size(); ++i) d.set(i, m.devices[i]);
+    j.setRejoin(m.rejoin);
   });
 }
 
 Join decode(proto::Join::Reader r) {
-  Join m{r.getAgentName(), r.getHost(), r.getPid(), {}};
+  Join m{r.getAgentName(), r.getHost(), r.getPid(), {}, r.getRejoin()};
   for (auto d : r.getDevices()) m.devices.push_back(d);
   return m;
 }
@@ -154,6 +155,8 @@ ControlMessage encode(const JobSpec& m) {
     s.setFailureTimeoutMs(m.failure_timeout_ms);
     s.setWorkerMaxRestarts(m.worker_max_restarts);
     s.setWorkerRestartWindowMs(m.worker_restart_window_ms);
+    s.setRejoinTimeoutMs(m.rejoin_timeout_ms);
+    s.setInitState(m.init_state);
   });
 }
 
@@ -209,6 +212,8 @@ JobSpec decode(proto::JobSpec::Reader s) {
   m.failure_timeout_ms = s.getFailureTimeoutMs();
   m.worker_max_restarts = s.getWorkerMaxRestarts();
   m.worker_restart_window_ms = s.getWorkerRestartWindowMs();
+  m.rejoin_timeout_ms = s.getRejoinTimeoutMs();
+  m.init_state = s.getInitState();
   return m;
 }
 

@@ -34,6 +34,7 @@ struct Join {
   std::string agent_name, host;
   uint32_t pid = 0;
   std::vector<std::string> devices;  // e.g. "cpu:0"
+  bool rejoin = false;  // its coordinator was lost and it holds the job's state: adopt it
 };
 
 // coordinator -> agent: the answer to Join. Workers never read TOML: this is the job as they
@@ -81,6 +82,10 @@ struct JobSpec {
   // [elastic]
   int64_t failure_timeout_ms = 3000;
   int64_t worker_max_restarts = 3, worker_restart_window_ms = 60000;
+  int64_t rejoin_timeout_ms = 0;  // how long its agents wait for a lost coordinator to come back
+  // Its workers start from the seed or the checkpoint (the first generation's); else they receive
+  // the members' state.
+  bool init_state = true;
 };
 
 // agent -> coordinator: a worker's data-plane address for a generation, and what it holds.

@@ -25,6 +25,7 @@
 #include "coordinator/metrics_server.h"
 #include "coordinator/process.h"
 #include "coordinator/run_dir.h"
+#include "coordinator/run_record.h"
 #include "data/token_data.h"
 #include "models/model.h"
 #include "workers/agent.h"
@@ -36,6 +37,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
+
+std::vector<std::string> lines_of(const std::string& path) {
+  std::vector<std::string> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) out.push_back(std::move(line));
+  return out;
+}
 
 std::string eta(double seconds) {
   if (!(seconds >= 0) || seconds > 1e7) return "--:--";
@@ -73,8 +81,25 @@ void resolve_checkpoint_dir(coordinator::JobConfig& cfg, const std::string& run_
 //
 // The learning rate: the one in effect at the checkpoint (troupe lr, or an actor, may have
 // changed it while the job ran), unless the command line sets optimizer.lr (lr_set).
+//
+// A run that did not end (its coordinator was lost) is taken over (cfg.take_over): its agents
+// still alive are adopted and go on from their own state; the checkpoint, if any, is for the
+// workers that start afresh. Its config must be the run's own (the agents run it).
+std::string take_over_refusal(const coordinator::JobConfig& cfg, const std::string& path,
+                              const Hooks& hooks) {
+  try {
+    const auto theirs = coordinator::load_config(path + "/config.toml", {}, hooks.kinds());
+    if (coordinator::checkpoint_config_hash(theirs) == coordinator::checkpoint_config_hash(cfg))
+      return "";
+  } catch (const coordinator::ConfigError& e) {
+    return e.what();
+  }
+  return "the run was started with another model, data or seed (its config.toml): its agents "
+         "may still be training that";
+}
+
 std::string prepare_resume(coordinator::JobConfig& cfg, const std::string& path, bool lr_set,
-                           bool& into_run) {
+                           const Hooks& hooks, bool& into_run) {
   namespace fs = std::filesystem;
   const std::string hash = coordinator::checkpoint_config_hash(cfg);
   std::optional<coordinator::ValidCheckpoint> found;
@@ -88,13 +113,19 @@ std::string prepare_resume(coordinator::JobConfig& cfg, const std::string& path,
       return "--resume " + path +
              ": neither a run directory (no events.jsonl) nor a checkpoint "
              "(no manifest.json)";
+    const auto record = coordinator::read_run_record(lines_of(path + "/events.jsonl"));
+    cfg.take_over = record.started && !record.ended;
+    if (cfg.take_over)
+      if (std::string why = take_over_refusal(cfg, path, hooks); !why.empty())
+        return "--resume " + path + ": " + why;
     const std::string dir = cfg.checkpoint_dir.empty() ? path + "/checkpoints" : cfg.checkpoint_dir;
     std::vector<std::string> refused;
     found = coordinator::newest_valid_checkpoint(dir, hash, &refused);
     for (const auto& r : refused)
       std::fprintf(stderr, "troupe: skipping checkpoint %s\n", r.c_str());
-    if (!found) return "--resume " + path + ": no valid checkpoint in " + dir;
     cfg.run_dir = path;
+    if (!found && cfg.take_over) return "";  // (without adopted agents: from the seed)
+    if (!found) return "--resume " + path + ": no valid checkpoint in " + dir;
   }
   if (found->step >= uint64_t(cfg.steps))
     return "--resume " + path + ": the checkpoint is at step " + std::to_string(found->step) +
@@ -113,9 +144,17 @@ RunDir prepare_run_dir(coordinator::JobConfig& cfg, bool resuming) {
       resuming);
   d.path = d.owned->path();
   resolve_checkpoint_dir(cfg, d.path);
-  d.token = coordinator::new_token();
   { std::ofstream(d.path + "/config.toml") << coordinator::to_toml(cfg); }
-  coordinator::write_token_file(d.path + "/job.token", cfg.name, d.token);
+  if (cfg.take_over) {  // (its agents still alive present this token)
+    auto [job, token] = workers::read_token_file(d.path + "/job.token");
+    if (job != cfg.name)
+      throw coordinator::RunDirError("--resume " + d.path + ": its job.token is job '" + job +
+                                     "', not '" + cfg.name + "'");
+    d.token = token;
+  } else {
+    d.token = coordinator::new_token();
+    coordinator::write_token_file(d.path + "/job.token", cfg.name, d.token);
+  }
   auto log = spdlog::basic_logger_mt("coordinator", d.path + "/coordinator.log");
   log->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [job " + cfg.name + "] [coordinator] [%l] %v");
   log->flush_on(spdlog::level::info);
@@ -179,7 +218,8 @@ coordinator::LauncherOptions launcher_options(const coordinator::JobConfig& cfg,
                   "--failure-timeout-ms",
                   std::to_string(cfg.failure_timeout_ms)};
   o.run_dir = dir.path;
-  o.agents = cfg.agents;
+  // Taking over a run: the coordinator starts the agents that did not come back, after a while.
+  o.agents = cfg.take_over ? 0 : cfg.agents;
   o.restarts.max_restarts = cfg.max_restarts;
   return o;
 }
@@ -198,6 +238,10 @@ void print_start(const coordinator::JobConfig& cfg, const std::string& dir,
                  const std::string& address, bool local_agents) {
   std::printf("troupe: job '%s', %lld worker(s), %lld steps; run directory %s\n", cfg.name.c_str(),
               (long long)cfg.workers(), (long long)cfg.steps, dir.c_str());
+  if (cfg.take_over)
+    std::printf(
+        "troupe: taking the run over: its agents still alive join again (within "
+        "elastic.rejoin_timeout_ms) and go on from their own state\n");
   if (!local_agents)
     std::printf(
         "troupe: coordinator at %s; agents join with: troupe agent --join %s --token-file "
@@ -362,7 +406,7 @@ int configure_job(const std::string& path, const std::vector<std::string>& sets,
   const bool lr_set = std::any_of(sets.begin(), sets.end(), [](const std::string& s) {
     return s.rfind("optimizer.lr=", 0) == 0;
   });
-  if (std::string why = prepare_resume(cfg, resume, lr_set, into_run); !why.empty()) {
+  if (std::string why = prepare_resume(cfg, resume, lr_set, hooks, into_run); !why.empty()) {
     std::fprintf(stderr, "troupe: %s\n", why.c_str());
     return 2;
   }
@@ -492,6 +536,8 @@ int run_agent_command(const std::vector<std::string>& words, const Hooks& hooks)
       throw std::invalid_argument("--devices names no device (cpu:0,cpu:1,...)");
   }
   std::tie(o.job_id, o.token) = workers::read_token_file(token_file);
+  // (A coordinator that takes the run over writes its address next to the token.)
+  o.address_file = (std::filesystem::path(token_file).parent_path() / "coordinator.addr").string();
   if (hooks.faults) o.faults = hooks.faults();
   o.extensions = hooks.extensions;
   o.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);

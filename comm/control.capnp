@@ -52,6 +52,7 @@ struct Join {
   pid @1 :UInt32;           # the agent's process id
   host @2 :Text;            # the agent's host name
   devices @3 :List(Text);   # devices it offers, e.g. "cpu:0"
+  rejoin @4 :Bool;          # its coordinator was lost and it holds the job's state: adopt it
 }
 
 struct JobSpec {
@@ -105,6 +106,8 @@ struct JobSpec {
   evalFraction @47 :Float64;      # data.eval_fraction
   modelOptions @48 :List(Option); # a program's own model.kind: its keys' values
   dataOptions @49 :List(Option);  # a program's own data.kind: its keys' values
+  rejoinTimeoutMs @50 :Int64;     # elastic.rejoin_timeout_ms: how long a lost coordinator is waited for
+  initState @51 :Bool;            # its workers start from the seed or the checkpoint (else: receive it)
 }
 
 # A value of a program's own config key (models/extension.h).

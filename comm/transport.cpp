@@ -558,7 +558,7 @@ struct Transport::Impl {
       return UCS_OK;
     }
     if (!accepted) {
-      lose(peer, Errc::peer_lost,
+      lose(peer, Errc::refused,
            "refused by " + peer->target + ": this node was fenced; rejoin as a new node");
       return UCS_OK;
     }

@@ -105,9 +105,11 @@ struct JobConfig {
   int64_t checkpoint_every_steps = 0;       // 0: no checkpoints
   int64_t checkpoint_keep = 3;              // the newest complete checkpoints kept
   std::string checkpoint_if_busy = "wait";  // the previous write still going: wait | skip
-  // Not keys: set by `troupe run --resume` (the checkpoint the job starts from).
+  // Not keys: set by `troupe run --resume` (the checkpoint the job starts from; with take_over,
+  // a run whose coordinator was lost: its agents still alive are adopted, coordinator/job.h).
   std::string resume_dir;
   uint64_t resume_step = 0;
+  bool take_over = false;
   // [observability]
   std::string metrics_listen;  // "": no endpoint; HOST:PORT serves GET /metrics (Prometheus)
   std::string trace_steps;     // "A-B" or "N": those steps' spans in RUN_DIR/trace.json

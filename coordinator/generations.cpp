@@ -88,6 +88,7 @@ void Generations::start(std::vector<actors::WorkerReady> members) {
   published_.clear();
   expected_.clear();
   restarting_.clear();
+  taken_over_world_ = 0;
   ++generation_;
 }
 

@@ -22,6 +22,14 @@ namespace troupe::coordinator {
 class Generations {
  public:
   uint64_t current() const { return generation_; }  // 0 before the first
+  // Its size (the recorded one, for a generation taken over from a lost coordinator).
+  size_t world() const { return members_.empty() ? taken_over_world_ : members_.size(); }
+  // A coordinator taking over a run: its last generation was `generation`, of `world` members
+  // (whose reports may still come); the next one is generation + 1.
+  void continue_after(uint64_t generation, size_t world) {
+    generation_ = generation;
+    taken_over_world_ = world;
+  }
   const std::vector<actors::WorkerReady>& members() const { return members_; }
   bool is_member(actors::WorkerId w) const;
   bool has_member_on(uint32_t agent) const;
@@ -62,6 +70,7 @@ class Generations {
 
  private:
   uint64_t generation_ = 0;
+  size_t taken_over_world_ = 0;
   std::vector<actors::WorkerReady> members_;
   std::map<actors::WorkerId, actors::WorkerReady> published_;
   std::vector<actors::WorkerId> expected_;

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <random>
 
 #include "actors/bridge.h"
@@ -28,6 +29,7 @@
 #include "coordinator/job_metrics.h"
 #include "coordinator/job_spec.h"
 #include "coordinator/roster.h"
+#include "coordinator/run_record.h"
 #include "coordinator/step_driver.h"
 #include "coordinator/trace_file.h"
 #include "elastic/generation.h"
@@ -48,6 +50,15 @@ using deadline_atom = caf::atom_constant<caf::atom("jdeadline")>;
 using log_failed_atom = caf::atom_constant<caf::atom("jlogfail")>;
 using metrics_atom = caf::atom_constant<caf::atom("jmetrics")>;
 using hearing_atom = caf::atom_constant<caf::atom("jhearing")>;
+using adopted_atom = caf::atom_constant<caf::atom("jadopted")>;
+
+// A file's lines (none when it cannot be read).
+std::vector<std::string> lines_of_file(const std::string& path) {
+  std::vector<std::string> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) out.push_back(std::move(line));
+  return out;
+}
 
 elastic::JobDeadlines deadlines_of(const JobConfig& c) {
   return {std::chrono::milliseconds(c.start_timeout_ms),
@@ -117,7 +128,9 @@ class Coordinator : public caf::event_based_actor {
                                   .str("job", cfg_.name)
                                   .integer("steps", cfg_.steps)
                                   .integer("workers", cfg_.workers()));
-    if (!cfg_.resume_dir.empty()) {
+    if (cfg_.take_over) {
+      take_over();
+    } else if (!cfg_.resume_dir.empty()) {
       log_.event("resumed_from_checkpoint",
                  Json().integer("step", long(cfg_.resume_step)).str("checkpoint", cfg_.resume_dir));
       if (!steps_.resume_at(cfg_.resume_step)) fail("cannot rewrite ledger.jsonl for the resume");
@@ -149,6 +162,7 @@ class Coordinator : public caf::event_based_actor {
         [this](log_failed_atom, const std::string& why) { fail(why); },
         [this](metrics_atom) { update_metrics(); },
         [this](hearing_atom) { update_hearing(); },
+        [this](adopted_atom) { launch_missing(); },
     };
   }
 
@@ -172,6 +186,7 @@ class Coordinator : public caf::event_based_actor {
         [](log_failed_atom, const std::string&) {},
         [this](metrics_atom) { update_metrics(); },
         [](hearing_atom) {},
+        [](adopted_atom) {},
     };
   }
 
@@ -240,6 +255,51 @@ class Coordinator : public caf::event_based_actor {
     for (const auto& a : subscribers_) send(a, e);
   }
 
+  // ---- taking over a run whose coordinator was lost -------------------------------------------
+
+  // troupe run --resume RUN_DIR of a run that did not end: the run directory says how far it got
+  // (coordinator/run_record.h); agents still alive join again and send the step reports the lost
+  // coordinator may not have written; the first generation starts where its members are.
+  void take_over() {
+    const RunRecord rec = read_run_record(lines_of_file(dir_ + "/events.jsonl"));
+    gens_.continue_after(rec.generation, rec.world_size);
+    steps_.continue_at(rec.committed);
+    lr_from_ = rec.lr_from;
+    if (!lr_from_.empty()) lr_ = lr_from_.rbegin()->second;
+    taking_over_ = true;
+    log_.event("coordinator_restarted", Json()
+                                            .integer("generation", long(rec.generation))
+                                            .integer("step", long(rec.committed))
+                                            .str("checkpoint", cfg_.resume_dir));
+    // Agents that were lost with it come back within their failure timeout and a poll of the run
+    // directory's coordinator.addr; after that the launcher starts the ones still missing.
+    delayed_send(this, std::chrono::milliseconds(cfg_.failure_timeout_ms + 2000),
+                 adopted_atom::value);
+  }
+
+  void launch_missing() {
+    if (!launcher_ || job_.finished()) return;
+    int64_t live = 0;
+    for (const auto& a : roster_.agents()) live += a.alive;
+    if (live < cfg_.agents) send(launcher_, ScaleAgents{cfg_.agents - live});
+  }
+
+  // The first generation after a take-over: the members' own state (adopted: nothing is
+  // redone), or the checkpoint (the steps since are rolled back).
+  void note_take_over(const elastic::GenerationStart& g) {
+    taking_over_ = false;
+    if (g.start_step >= steps_.committed()) {
+      log_.event("members_adopted",
+                 Json()
+                     .integer("step", long(g.start_step))
+                     .integer("recovered_steps", long(g.recover_to - g.recover_from)));
+      tell("adopted the agents that came back: on from step " + std::to_string(g.start_step));
+    } else if (!cfg_.resume_dir.empty() && g.start_step == cfg_.resume_step) {
+      log_.event("resumed_from_checkpoint",
+                 Json().integer("step", long(cfg_.resume_step)).str("checkpoint", cfg_.resume_dir));
+    }
+  }
+
   // ---- admission -------------------------------------------------------------------------------
 
   // A member joins a running job (or a paused one) too: once its worker is built and published
@@ -256,11 +316,16 @@ class Coordinator : public caf::event_based_actor {
                                     .str("name", a.name)
                                     .str("host", a.host)
                                     .integer("pid", a.pid)
-                                    .integer("devices", long(a.devices.size())));
+                                    .integer("devices", long(a.devices.size()))
+                                    .boolean("adopted", j.rejoin));
     spdlog::info("agent {} joined: {} (pid {}, {} device(s))", a.id, a.name, a.pid,
                  a.devices.size());
     if (job_.started()) tell(a.name + " joined (agent " + std::to_string(a.id) + ")");
-    return encode(job_spec_of(cfg_, a.id, gens_.current() + 1));
+    actors::JobSpec spec = job_spec_of(cfg_, a.id, gens_.current() + 1);
+    // Only the first generation's workers start from the seed or the checkpoint; later ones
+    // receive the members' state (and a coordinator that took over forms its first one again).
+    spec.init_state = job_.phase() == JobPhase::forming;
+    return encode(spec);
   }
 
   // A worker's address for generation g+1 (g: the current one, 0 before the first).
@@ -439,7 +504,8 @@ class Coordinator : public caf::event_based_actor {
     const auto g = elastic::start_generation(holdings, blocks, steps_.committed());
     if (!g.ok) return fail(g.reason + " (generation " + std::to_string(gens_.current() + 1) + ")");
     if (g.recover_to > g.recover_from) reforms_ = 0;
-    if (!steps_.start_generation(g, gens_.current(), gens_.members().size()))
+    if (taking_over_) note_take_over(g);
+    if (!steps_.start_generation(g, gens_.current(), gens_.world()))
       return fail("cannot rewrite " + dir_ + "/ledger.jsonl for the rollback to step " +
                   std::to_string(g.start_step));
     const bool resumed = job_.resuming();
@@ -501,7 +567,7 @@ class Coordinator : public caf::event_based_actor {
 
   void on_step(const actors::StepReport& r) {
     if (r.generation != gens_.current()) return;  // a late report of an older generation
-    steps_.report(r, gens_.current(), gens_.members().size());
+    steps_.report(r, gens_.current(), gens_.world());
   }
 
   void on_commit(const StepCommitted& c) {
@@ -941,6 +1007,7 @@ class Coordinator : public caf::event_based_actor {
   double lr_;                       // optimizer.lr now (the config's, or the last one asked for)
   std::map<uint64_t, double> lr_from_;   // each generation's start step -> its optimizer.lr
   std::vector<caf::actor> subscribers_;  // actors that get every event (subscribe_atom)
+  bool taking_over_ = false;             // until the first generation after a take-over
   Clock::time_point t_start_ = Clock::now();
 };
 

@@ -56,6 +56,8 @@ actors::JobSpec job_spec_of(const JobConfig& c, uint32_t agent_id, uint64_t firs
   s.failure_timeout_ms = c.failure_timeout_ms;
   s.worker_max_restarts = c.worker_max_restarts;
   s.worker_restart_window_ms = c.worker_restart_window_ms;
+  s.rejoin_timeout_ms = c.rejoin_timeout_ms;
+  s.init_state = first_generation == 1;
   return s;
 }
 

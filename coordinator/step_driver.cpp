@@ -9,7 +9,9 @@
 namespace troupe::coordinator {
 
 bool StepDriver::report(const actors::StepReport& r, uint64_t generation, size_t world) {
+  if (r.step < committed_) return false;  // committed already (a report sent again)
   Pending& p = steps_[r.step];
+  if (std::count(p.ranks.begin(), p.ranks.end(), r.rank)) return false;  // (sent again)
   p.ranks.push_back(r.rank);
   p.ranges.push_back({r.position_begin, r.position_end});
   p.loss = r.loss;
@@ -26,9 +28,15 @@ bool StepDriver::report(const actors::StepReport& r, uint64_t generation, size_t
   p.rank_busy.push_back(r.busy_seconds);
   last_reports_[r.rank] = {r.seconds, r.busy_seconds, r.data_seconds,
                            std::chrono::steady_clock::now(), generation};
-  if (p.ranks.size() < world) return false;
-  commit(r.step, false, generation, world);
-  return true;
+  // Steps commit in order: reports sent again to a coordinator that took over may complete a
+  // later step first.
+  bool any = false;
+  for (auto it = steps_.find(committed_); it != steps_.end() && it->second.ranks.size() >= world;
+       it = steps_.find(committed_)) {
+    commit(committed_, false, generation, world);
+    any = true;
+  }
+  return any;
 }
 
 bool StepDriver::start_generation(const elastic::GenerationStart& g, uint64_t generation,

@@ -45,9 +45,14 @@ class StepDriver {
     committed_ = step;
     return log_.drop_ledger_from(step);
   }
+  // A coordinator taking over a run whose coordinator was lost: `step` steps are committed
+  // (coordinator/run_record.h); what comes next (reports sent again, the first generation's
+  // recovery or rollback) goes on from there.
+  void continue_at(uint64_t step) { committed_ = step; }
   double last_loss() const { return last_loss_; }
 
-  // A report of the current generation (of `world` members); true when it completed its step.
+  // A report of the current generation (of `world` members); true when it completed a step
+  // (steps commit in order). A report of a step committed already, or sent again, is dropped.
   bool report(const actors::StepReport& r, uint64_t generation, size_t world);
 
   // Each rank's last report in the current generation (troupe status --watch).

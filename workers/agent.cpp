@@ -76,7 +76,7 @@ int run_agent(const AgentOptions& o) {
   ctx.spec.agent_name = session.name();
   ctx.spec.faults = o.faults;
   ctx.spec.extensions = o.extensions;
-  ctx.agent_id = spec.agent_id;
+  ctx.agent_id = [&session] { return session.agent_id(); };
   ctx.first_generation = spec.first_generation;
   ctx.board = &session.board();
   ctx.send = [&session](actors::ControlMessage m) { session.send(std::move(m)); };

@@ -19,6 +19,9 @@ struct AgentOptions {
   std::string job_id;  // from the token file
   std::string token;   // from the token file
   std::vector<std::string> devices{"cpu:0"};
+  // Where a coordinator that takes the run over says its address (RUN_DIR/coordinator.addr, next
+  // to the token file); "": it is looked for at `join` only.
+  std::string address_file;
   std::string name;  // for logs; default: host:pid
   std::chrono::milliseconds heartbeat_interval{200};
   std::chrono::milliseconds failure_timeout{3000};

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
 
 #include "actors/bridge.h"
 #include "actors/services.h"
@@ -63,20 +64,25 @@ struct Joined {
   uint64_t coordinator = 0;
   actors::JobSpec spec;
   std::string error;
+  bool fenced = false;  // the coordinator there refused this node: it dropped it (still alive)
 };
 
-Joined join(caf::scoped_actor& self, const caf::actor& bridge, const AgentOptions& o,
-            const std::string& name) {
+Joined join(caf::scoped_actor& self, const caf::actor& bridge, const std::string& address,
+            const AgentOptions& o, const std::string& name, bool rejoin) {
   Joined j;
-  auto render = [&](const caf::error& e) { j.error = self->system().render(e); };
-  self->request(bridge, std::chrono::seconds(30), actors::connect_atom::value, o.join)
+  auto render = [&](const caf::error& e) {
+    const auto ce = actors::control_error(e);
+    j.fenced = ce && ce->code == comm::Errc::refused;
+    j.error = self->system().render(e);
+  };
+  self->request(bridge, std::chrono::seconds(rejoin ? 5 : 30), actors::connect_atom::value, address)
       .receive([&](uint64_t n) { j.coordinator = n; }, render);
   if (!j.error.empty()) {
-    j.error = "cannot reach the coordinator at " + o.join + ": " + j.error;
+    j.error = "cannot reach the coordinator at " + address + ": " + j.error;
     return j;
   }
   self->send(bridge, actors::monitor_atom::value, j.coordinator);
-  actors::Join request{name, host_name(), uint32_t(getpid()), o.devices};
+  actors::Join request{name, host_name(), uint32_t(getpid()), o.devices, rejoin};
   ControlMessage reply;
   self->request(bridge, std::chrono::seconds(35), actors::request_atom::value,
                 actors::RemoteAddress{j.coordinator, actors::kCoordinatorActorId},
@@ -101,7 +107,8 @@ pid_t launcher_pid() {
 }  // namespace
 
 AgentSession::AgentSession(const AgentOptions& o)
-    : board_(std::make_shared<GenerationBoard>()),
+    : options_(o),
+      board_(std::make_shared<GenerationBoard>()),
       agent_id_(std::make_shared<std::atomic<uint32_t>>(UINT32_MAX)) {
   actors::configure_system(config_);
   system_ = std::make_unique<caf::actor_system>(config_);
@@ -113,11 +120,12 @@ AgentSession::AgentSession(const AgentOptions& o)
   name_ = o.name.empty() ? host_name() + ":" + std::to_string(getpid()) : o.name;
   agent_ = spawn_agent_actor(*system_, board_, o.job_id, name_, agent_id_);
   (*self_)->send(bridge_, actors::register_atom::value, actors::kAgentActorId, agent_);
-  Joined joined = join(*self_, bridge_, o, name_);
+  Joined joined = join(*self_, bridge_, o.join, o, name_, false);
   error_ = joined.error;
   coordinator_ = joined.coordinator;
   spec_ = joined.spec;
   if (error_.empty()) agent_id_->store(spec_.agent_id);
+  address_ = o.join;
 }
 
 AgentSession::~AgentSession() {
@@ -127,8 +135,70 @@ AgentSession::~AgentSession() {
 }
 
 void AgentSession::send(ControlMessage m) {
+  if (m.envelope().getBody().isStepReport()) keep_report(m);
   caf::anon_send(bridge_, actors::send_atom::value,
-                 actors::RemoteAddress{coordinator_, actors::kCoordinatorActorId}, std::move(m));
+                 actors::RemoteAddress{coordinator_.load(), actors::kCoordinatorActorId},
+                 std::move(m));
+}
+
+// The newest step reports, for a coordinator that takes over: the lost one may not have
+// written them.
+void AgentSession::keep_report(const ControlMessage& m) {
+  std::lock_guard<std::mutex> lock(reports_mu_);
+  reports_.push_back(m);
+  if (reports_.size() > kKeptReports) reports_.pop_front();
+}
+
+// The coordinator was lost: the workers end the generation at the next step boundary (it cannot
+// commit anything more) and keep their state while this agent waits for a coordinator to take
+// the run over, up to elastic.rejoin_timeout_ms; without one (or a timeout of 0) it leaves.
+void AgentSession::lost(const std::string& why) {
+  if (spec_.rejoin_timeout_ms <= 0) return board_->shut_down(1, why);
+  if (lost_since_) return;
+  lost_since_ = Clock::now();
+  lost_reason_ = why;
+  board_->leave(board_->generation());
+  spdlog::warn("{}: waiting up to {} ms for a coordinator to take the run over", why,
+               spec_.rejoin_timeout_ms);
+}
+
+// Where a coordinator that took the run over listens: the run directory's coordinator.addr
+// (next to the token file), else the address this agent joined.
+std::string AgentSession::address_now() const {
+  std::string a;
+  if (!options_.address_file.empty()) std::ifstream(options_.address_file) >> a;
+  return a.empty() ? address_ : a;
+}
+
+// While lost: tries to join a coordinator that took over (every half second), and gives up past
+// the rejoin timeout.
+void AgentSession::try_rejoin() {
+  const auto now = Clock::now();
+  if (now - *lost_since_ > std::chrono::milliseconds(spec_.rejoin_timeout_ms))
+    return board_->shut_down(1, lost_reason_ + "; no coordinator took the run over within " +
+                                    std::to_string(spec_.rejoin_timeout_ms) +
+                                    " ms (elastic.rejoin_timeout_ms)");
+  if (now < next_try_) return;
+  next_try_ = now + std::chrono::milliseconds(500);
+  const std::string address = address_now();
+  Joined j = join(*self_, bridge_, address, options_, name_, true);
+  if (j.fenced)  // (its coordinator is there and dropped it, e.g. after it stalled: no take-over)
+    return board_->shut_down(1, lost_reason_ + "; the coordinator at " + address +
+                                    " is still there and refuses this agent (" + j.error + ")");
+  if (!j.error.empty()) return;
+  coordinator_ = j.coordinator;
+  agent_id_->store(j.spec.agent_id);
+  address_ = address;
+  lost_since_.reset();
+  std::lock_guard<std::mutex> lock(reports_mu_);
+  for (const auto& m : reports_)
+    caf::anon_send(bridge_, actors::send_atom::value,
+                   actors::RemoteAddress{j.coordinator, actors::kCoordinatorActorId}, m);
+  spdlog::info(
+      "joined the coordinator at {} (agent {}): it took the run over; {} step report(s) "
+      "sent again",
+      address, j.spec.agent_id, reports_.size());
+  board_->rejoined(j.spec.first_generation);
 }
 
 // SIGTERM or SIGINT to an agent is a leave: it asks the coordinator to drain it (it then leaves
@@ -140,8 +210,8 @@ void AgentSession::send(ControlMessage m) {
 void AgentSession::on_signal(int sig, bool again) {
   const std::string name = actors::signal_name(sig);
   if (sig == SIGHUP && launcher_pid() > 0) {
-    board_->shut_down(1, "the coordinator's process (pid " + std::to_string(launcher_pid()) +
-                             "), which launched this agent, ended: leaving");
+    lost("the coordinator's process (pid " + std::to_string(launcher_pid()) +
+         "), which launched this agent, ended");
     return;
   }
   if (again) {
@@ -152,8 +222,8 @@ void AgentSession::on_signal(int sig, bool again) {
   std::string error;
   (*self_)
       ->request(bridge_, std::chrono::seconds(10), actors::request_atom::value,
-                actors::RemoteAddress{coordinator_, actors::kCoordinatorActorId},
-                actors::make_drain_request(spec_.agent_id), uint32_t(5000))
+                actors::RemoteAddress{coordinator_.load(), actors::kCoordinatorActorId},
+                actors::make_drain_request(agent_id_->load()), uint32_t(5000))
       .receive([](ControlMessage&) {},
                [&](caf::error& e) {
                  auto ce = actors::control_error(e);
@@ -169,11 +239,12 @@ void AgentSession::watch(actors::SignalWatcher* signals) {
   while (!board_->shutting_down()) {
     (*self_)->receive(
         [&](actors::NodeDown& d) {
-          if (d.node == coordinator_)
-            board_->shut_down(1, "the coordinator was lost (" +
-                                     std::string(comm::errc_name(d.code)) + ": " + d.reason + ")");
+          if (d.node == coordinator_.load())
+            lost("the coordinator was lost (" + std::string(comm::errc_name(d.code)) + ": " +
+                 d.reason + ")");
         },
         caf::after(std::chrono::milliseconds(100)) >> [] {});
+    if (lost_since_ && !board_->shutting_down()) try_rejoin();
     for (int sig; signals && (sig = signals->next()) != 0; ++seen) on_signal(sig, seen > 0);
   }
 }

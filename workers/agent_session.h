@@ -4,12 +4,16 @@
 // DeviceSupervisor per device, workers/agent.h) and a user's own training loop
 // (workers/elastic_loop.h).
 //
-// Thread-safety: send() and board() from any thread; watch() on one thread.
+// Thread-safety: send(), agent_id() and board() from any thread; watch() on one thread.
 #pragma once
 
 #include <atomic>
 #include <caf/all.hpp>
+#include <chrono>
+#include <deque>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 
 #include "actors/control_message.h"
@@ -31,28 +35,47 @@ class AgentSession {
 
   const std::string& error() const { return error_; }
   const std::string& name() const { return name_; }
-  const actors::JobSpec& spec() const { return spec_; }
+  const actors::JobSpec& spec() const { return spec_; }  // as the first join answered
+  // Its id: the first join's, then the one a coordinator that took the run over gave it.
+  uint32_t agent_id() const { return agent_id_->load(); }
   GenerationBoard& board() { return *board_; }
   // A message to the coordinator, one way.
   void send(actors::ControlMessage m);
 
-  // Until the coordinator's shutdown or its loss (the board's shut_down either way); signals,
-  // when given, ask the coordinator to drain this agent (SIGTERM, SIGINT) or end it (SIGHUP from
-  // the launcher's death, a second signal).
+  // Until the coordinator's shutdown (the board's shut_down). When the coordinator is lost (or,
+  // for a launched agent, its process: SIGHUP) the workers end the generation at the next step
+  // boundary and keep their state, and the agent waits up to elastic.rejoin_timeout_ms for a
+  // coordinator that takes the run over (`troupe run --resume RUN_DIR`; it says where in the
+  // run directory's coordinator.addr): it joins it as an agent to adopt, sends again its recent
+  // step reports, and its workers publish to it (GenerationBoard::rejoined). Past the timeout it
+  // shuts down with 1, saying why. Signals, when given, ask the coordinator to drain this agent
+  // (SIGTERM, SIGINT); a second one ends it at once.
   void watch(actors::SignalWatcher* signals);
 
  private:
+  using Clock = std::chrono::steady_clock;
+  static constexpr size_t kKeptReports = 4096;
   void on_signal(int sig, bool again);
+  void keep_report(const actors::ControlMessage& m);
+  void lost(const std::string& why);
+  std::string address_now() const;
+  void try_rejoin();
 
+  AgentOptions options_;
   caf::actor_system_config config_;
   std::unique_ptr<caf::actor_system> system_;
   caf::actor bridge_, agent_;
   std::unique_ptr<caf::scoped_actor> self_;
   std::shared_ptr<GenerationBoard> board_;
   std::shared_ptr<std::atomic<uint32_t>> agent_id_;
-  std::string name_, error_;
-  uint64_t coordinator_ = 0;
+  std::string name_, error_, address_;
+  std::atomic<uint64_t> coordinator_{0};  // (send() reads it on the workers' threads)
   actors::JobSpec spec_;
+  std::mutex reports_mu_;
+  std::deque<actors::ControlMessage> reports_;
+  std::optional<Clock::time_point> lost_since_;  // the coordinator was lost (watch's thread)
+  std::string lost_reason_;
+  Clock::time_point next_try_{};
 };
 
 }  // namespace troupe::workers

@@ -60,7 +60,7 @@ WorkerSpec worker_spec_of(const actors::JobSpec& s) {
   w.trace_first = s.trace_first;
   w.trace_last = s.trace_last;
   // Joining a running job: the state comes from the members (take_state), not the seed.
-  w.init_state = s.first_generation == 1;
+  w.init_state = s.init_state;
   return w;
 }
 
@@ -68,7 +68,7 @@ DeviceSupervisor::DeviceSupervisor(const DeviceContext& ctx, uint32_t device,
                                    const std::string& name)
     : ctx_(ctx),
       board_(*ctx.board),
-      id_{ctx.agent_id, device},
+      id_{ctx.agent_id(), device},
       spec_(ctx.spec),
       intensity_(ctx.max_restarts, ctx.restart_window),
       want_(ctx.first_generation) {
@@ -97,8 +97,12 @@ void DeviceSupervisor::run() {
 DeviceSupervisor::Next DeviceSupervisor::run_generation() {
   rank_ = -1;
   publish();
-  auto g = board_.await(want_);
-  if (!g) return Next::done;  // the agent shuts down
+  auto g = board_.await(want_, rejoins_);
+  if (!g && board_.shutting_down()) return Next::done;
+  if (!g) {  // the agent joined a coordinator again: publish to it
+    want_ = board_.next_generation();
+    return Next::generation;
+  }
   generation_ = g->generation;
   try {
     if (!connect(*g)) return Next::generation;
@@ -118,6 +122,8 @@ void DeviceSupervisor::publish() {
   comm::UcxCommOptions co;
   co.timeout = std::chrono::milliseconds(spec_.failure_timeout_ms);
   comm_ = std::make_unique<comm::UcxCommunicator>(want_, co);
+  rejoins_ = board_.rejoins();
+  id_.agent = ctx_.agent_id();
   ctx_.send(actors::encode(actors::WorkerReady{id_, want_, comm_->address(), worker_->holding(),
                                                worker_->num_blocks(), last_error_}));
   last_error_.clear();
@@ -172,7 +178,7 @@ DeviceSupervisor::Next DeviceSupervisor::train(const actors::GenerationStart& g)
   });
   worker_->set_trace_reporter([&](std::vector<actors::TraceEvent> events) {
     ctx_.send(actors::encode(
-        actors::TraceChunk{ctx_.agent_id, id_.device, uint32_t(rank_), std::move(events)}));
+        actors::TraceChunk{id_.agent, id_.device, uint32_t(rank_), std::move(events)}));
   });
   TrainResult result = worker_->run(*comm_, g.start_step, on_step, requests);
   // The step's vote said stop: another member's agent may have heard why (a stop or a

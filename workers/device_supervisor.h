@@ -34,7 +34,8 @@ namespace troupe::workers {
 // What the device supervisors of one agent share.
 struct DeviceContext {
   WorkerSpec spec;  // the job's (device fields are set per device)
-  uint32_t agent_id = 0;
+  // The agent's id (a new one when it rejoins a coordinator after losing its own).
+  std::function<uint32_t()> agent_id;
   uint64_t first_generation = 1;
   GenerationBoard* board = nullptr;
   std::function<void(actors::ControlMessage)> send;  // to the coordinator, one way
@@ -67,6 +68,7 @@ class DeviceSupervisor {
   std::unique_ptr<Worker> worker_;
   std::unique_ptr<comm::UcxCommunicator> comm_;
   uint64_t want_;           // the generation it publishes for next
+  uint64_t rejoins_ = 0;    // the agent's rejoins when it last published
   std::string last_error_;  // why the previous generation ended for it, if the data plane broke
   int rank_ = -1;
   uint64_t generation_ = 0;

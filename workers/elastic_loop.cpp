@@ -67,6 +67,7 @@ workers::AgentOptions agent_options(const LoopOptions& o) {
   workers::AgentOptions a;
   a.join = o.join;
   std::tie(a.job_id, a.token) = workers::read_token_file(o.token_file);
+  a.address_file = o.token_file.substr(0, o.token_file.find_last_of('/') + 1) + "coordinator.addr";
   a.name = o.name;
   a.devices = {"cpu:0"};
   a.heartbeat_interval = std::chrono::milliseconds(o.heartbeat_interval_ms);
@@ -88,7 +89,7 @@ ElasticLoop::Impl::Impl(const LoopOptions& o, LoopState state)
                              "\": a loop of its own joins a job of model.kind = \"external\"");
   job = {s.job_name, s.seed, s.steps, uint64_t(s.global_batch), uint64_t(s.micro_batch), s.lr};
   want_ = s.first_generation;
-  has_state_ = s.first_generation == 1;  // (a joiner receives it)
+  has_state_ = s.init_state;  // (a joiner receives it)
   watcher_ = std::thread([this] { session_.watch(nullptr); });
   spdlog::info("loop {} joined job '{}' as agent {}", session_.name(), s.job_name, s.agent_id);
 }
@@ -106,21 +107,27 @@ void ElasticLoop::Impl::publish() {
   elastic::Holding h;
   h.applied = applied_;
   if (has_state_) h.held = {0};
-  session_.send(actors::encode(actors::WorkerReady{
-      {session_.spec().agent_id, 0}, want_, comm_->address(), h, 1, last_error_}));
+  session_.send(actors::encode(
+      actors::WorkerReady{{session_.agent_id(), 0}, want_, comm_->address(), h, 1, last_error_}));
   last_error_.clear();
 }
 
 bool ElasticLoop::Impl::join_generation() {
+  auto& board = session_.board();
   while (true) {
+    const uint64_t rejoins = board.rejoins();
     publish();
-    auto g = session_.board().await(want_);
-    if (!g) return false;
+    auto g = board.await(want_, rejoins);
+    if (!g && board.shutting_down()) return false;
+    if (!g) {  // joined a coordinator again: publish to it
+      want_ = board.next_generation();
+      continue;
+    }
     int rank = -1;
     std::vector<std::string> addresses(g->members.size());
     for (const auto& m : g->members) {
       addresses[m.rank] = m.address;
-      if (m.worker.agent == session_.spec().agent_id) rank = int(m.rank);
+      if (m.worker.agent == session_.agent_id()) rank = int(m.rank);
     }
     if (rank < 0 || g->generation != want_) {  // a standby, or a newer generation formed
       want_ = g->generation + 1;

@@ -36,10 +36,21 @@ void GenerationBoard::shut_down(int exit_code, const std::string& reason) {
   cv_.notify_all();
 }
 
-std::optional<actors::GenerationStart> GenerationBoard::await(uint64_t want) {
+void GenerationBoard::rejoined(uint64_t next_generation) {
+  std::lock_guard<std::mutex> lock(mu_);
+  latest_.reset();  // (the lost coordinator's generations are over; the new one numbers its own)
+  next_generation_.store(next_generation);
+  rejoins_.fetch_add(1);
+  cv_.notify_all();
+}
+
+std::optional<actors::GenerationStart> GenerationBoard::await(uint64_t want,
+                                                              uint64_t rejoins_seen) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return (latest_ && latest_->generation >= want) || shutdown_; });
-  if (shutdown_) return std::nullopt;
+  cv_.wait(lock, [&] {
+    return (latest_ && latest_->generation >= want) || shutdown_ || rejoins_.load() != rejoins_seen;
+  });
+  if (shutdown_ || rejoins_.load() != rejoins_seen) return std::nullopt;
   return latest_;
 }
 
@@ -61,7 +72,9 @@ bool GenerationBoard::shutting_down() const {
 
 uint64_t GenerationBoard::generation() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return latest_ ? latest_->generation : 0;
+  if (latest_) return latest_->generation;
+  const uint64_t next = next_generation_.load();  // (rejoined: before the new coordinator's first)
+  return next > 0 ? next - 1 : 0;
 }
 
 int GenerationBoard::exit_code() const {

@@ -27,10 +27,19 @@ class GenerationBoard {
   void leave(uint64_t generation);
   void shut_down(int exit_code, const std::string& reason);  // the first call wins
 
-  // The newest generation, once it is at least `want`; nullopt when the agent shuts down first.
-  // No deadline of its own: the job may pause (below elastic.min_workers) for as long as the
-  // coordinator allows; the coordinator's end or loss ends the wait (shut_down).
-  std::optional<actors::GenerationStart> await(uint64_t want);
+  // The agent joined a coordinator again (its old one was lost): generations go on from
+  // `next_generation` (the new coordinator's numbering; the lost one's are forgotten), and every
+  // worker publishes again for it (what it published went to the lost one).
+  void rejoined(uint64_t next_generation);
+  uint64_t rejoins() const { return rejoins_.load(); }
+  uint64_t next_generation() const { return next_generation_.load(); }
+
+  // The newest generation, once it is at least `want`; nullopt when the agent shuts down first,
+  // or when it rejoined a coordinator since the caller's publication (rejoins() is no longer
+  // `rejoins_seen`: publish again, for at least next_generation()). No deadline of its own: the
+  // job may pause (below elastic.min_workers) for as long as the coordinator allows; the
+  // coordinator's end, or its loss past elastic.rejoin_timeout_ms, ends the wait (shut_down).
+  std::optional<actors::GenerationStart> await(uint64_t want, uint64_t rejoins_seen);
   // After a step's vote said stop: another member's agent may have heard why (a stop, or a
   // membership change) before this one did. Waits up to `timeout` for the reason.
   void await_reason(uint64_t generation, std::chrono::milliseconds timeout);
@@ -53,6 +62,7 @@ class GenerationBoard {
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> leave_{0};
   std::atomic<uint64_t> checkpoint_at_{0};
+  std::atomic<uint64_t> rejoins_{0}, next_generation_{0};
   bool shutdown_ = false;
   int exit_code_ = 0;
   std::string reason_;

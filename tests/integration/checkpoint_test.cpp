@@ -198,7 +198,8 @@ bool ended(int pid) {
 TEST(Checkpoints, TheCoordinatorKilledLeavesNoAgentAndTheRunResumesFromItsCheckpoint) {
   TempDir dir;
   Reference want = reference(dir, 120);
-  Job job = start_job(dir, "headless", kGpt, 2, {"elastic.max_workers=3"}, {pace(30000)});
+  Job job = start_job(dir, "headless", kGpt, 2,
+                      {"elastic.max_workers=3", "elastic.rejoin_timeout_ms=2000"}, {pace(30000)});
   wait_steps(job, 10);
   auto joiner = join_agent(dir, job, "joiner", {pace(30000)});
   wait_event(job, is("generation_started", "world_size", "3"), 60s);
@@ -207,12 +208,14 @@ TEST(Checkpoints, TheCoordinatorKilledLeavesNoAgentAndTheRunResumesFromItsCheckp
   ASSERT_EQ(agents.size(), 3u);
   ASSERT_EQ(::kill(job.proc->pid(), SIGKILL), 0);
   ASSERT_TRUE(job.proc->wait(10s));
-  auto joiner_status = joiner->wait(10s);  // (its --failure-timeout-ms: 3 s)
+  auto joiner_status = joiner->wait(20s);  // (its --failure-timeout-ms, 3 s, + the rejoin's 2 s)
   ASSERT_TRUE(joiner_status) << "the joined agent lingers";
   EXPECT_NE(WEXITSTATUS(*joiner_status), 0);
   EXPECT_NE(text_of(dir.path() + "/joiner.out").find("the coordinator was lost"), std::string::npos)
       << text_of(dir.path() + "/joiner.out");
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  EXPECT_NE(text_of(dir.path() + "/joiner.out").find("no coordinator took the run over"),
+            std::string::npos);
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
   for (int pid : agents)
     while (!ended(pid) && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(50ms);
@@ -225,6 +228,48 @@ TEST(Checkpoints, TheCoordinatorKilledLeavesNoAgentAndTheRunResumesFromItsCheckp
   expect_same_function(resumed, want.losses, 120, kBatch, 0);
   EXPECT_EQ(final_checksum(resumed), want.checksum);
   EXPECT_GE(resumed_from(resumed), 40);
+}
+
+// The coordinator SIGKILLed and `troupe run --resume RUN_DIR` started again within
+// elastic.rejoin_timeout_ms: it takes the run over, the agents still alive join it again and go on
+// from their own state (nothing is rolled back to the checkpoint, no agent is launched anew), and
+// the job computes the same bits as one never interrupted, every sample once in the ledger.
+TEST(Checkpoints, ARestartedCoordinatorAdoptsTheLiveAgentsAndNothingIsRedone) {
+  TempDir dir;
+  Reference want = reference(dir, 120);
+  const std::vector<std::string> sets{"elastic.rejoin_timeout_ms=60000"};
+  Job job = start_job(dir, "adopted", kGpt, 2, sets, {pace(30000)});
+  wait_steps(job, 45);
+  std::vector<int> agents = member_pids(dir, job);
+  ASSERT_EQ(agents.size(), 2u);
+  ASSERT_EQ(::kill(job.proc->pid(), SIGKILL), 0);
+  ASSERT_TRUE(job.proc->wait(10s));
+  const size_t before = committed_losses(job.run_dir).size();
+  ASSERT_LT(before, 100u) << "the kill came too late to see anything adopted";
+  for (int pid : agents) EXPECT_FALSE(ended(pid)) << "agent " << pid << " did not wait";
+
+  Job taken = start_job(dir, "adopted", kGpt, 2, sets, {}, {"--resume", job.run_dir});
+  expect_same_function(taken, want.losses, 120, kBatch, 0);
+  EXPECT_EQ(final_checksum(taken), want.checksum);
+  const std::string adopted = wait_event(taken, is("members_adopted"), 0s);
+  ASSERT_NE(adopted, "") << "the live agents were not adopted";
+  EXPECT_GE(std::stoul(json_field(adopted, "step")), before);
+  EXPECT_EQ(count_events(taken, "steps_rolled_back"), 0);
+  EXPECT_EQ(count_events(taken, "resumed_from_checkpoint"), 0);
+  int adopted_agents = 0, launched_after = 0;
+  bool restarted = false;
+  for (const auto& e : events_of(taken)) {
+    restarted = restarted || json_field(e, "event") == "coordinator_restarted";
+    adopted_agents += restarted && is("member_joined", "adopted", "true")(e);
+    launched_after += restarted && is("agent_started")(e);
+  }
+  EXPECT_EQ(adopted_agents, 2);
+  EXPECT_EQ(launched_after, 0);
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  for (int pid : agents)
+    while (!ended(pid) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(50ms);
+  for (int pid : agents) EXPECT_TRUE(ended(pid)) << "adopted agent " << pid << " lingers";
 }
 
 std::vector<std::string> checkpoint_dirs(const Job& job) {

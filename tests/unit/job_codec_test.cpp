@@ -20,8 +20,9 @@ elastic::Holding holding() {
 }
 
 TEST(JobCodec, JoinAndJobSpecRoundTrip) {
-  Join j{"agent-3", "host-a", 1234, {"cpu:0", "cpu:1"}};
+  Join j{"agent-3", "host-a", 1234, {"cpu:0", "cpu:1"}, true};
   Join k = decode(body(encode(j)).getJoin());
+  EXPECT_TRUE(k.rejoin);
   EXPECT_EQ(k.agent_name, j.agent_name);
   EXPECT_EQ(k.host, j.host);
   EXPECT_EQ(k.pid, j.pid);
@@ -60,10 +61,12 @@ TEST(JobCodec, JoinAndJobSpecRoundTrip) {
   s.failure_timeout_ms = 4000;
   s.worker_max_restarts = 9;
   s.worker_restart_window_ms = 12345;
+  s.rejoin_timeout_ms = 2500;
   s.model_options = {{"channels", int64_t(-8)}, {"rate", 0.25}, {"on", true}, {"name", "x y"}};
   s.data_options = {{"size", int64_t(12)}};
   JobSpec t = decode(body(encode(s)).getJobSpec());
   EXPECT_EQ(t.model_options, s.model_options);
+  EXPECT_EQ(t.rejoin_timeout_ms, 2500);
   EXPECT_EQ(t.data_options, s.data_options);
   EXPECT_EQ(t.agent_id, 7u);
   EXPECT_EQ(t.first_generation, 5u);

@@ -1,0 +1,31 @@
+#include "coordinator/run_record.h"
+
+#include <nlohmann/json.hpp>
+
+namespace troupe::coordinator {
+
+RunRecord read_run_record(const std::vector<std::string>& event_lines) {
+  RunRecord r;
+  for (const auto& line : event_lines) {
+    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("event") || !j["event"].is_string()) continue;
+    const std::string event = j["event"].get<std::string>();
+    auto number = [&](const char* key) {
+      return j.contains(key) && j[key].is_number_unsigned() ? j[key].get<uint64_t>() : 0;
+    };
+    if (event == "job_started") r.started = true;
+    if (event == "job_finished" || event == "job_failed") r.ended = true;
+    if (event == "generation_started") {
+      r.generation = std::max(r.generation, number("generation"));
+      r.world_size = number("world_size");
+    }
+    if (event == "step_committed") r.committed = std::max(r.committed, number("step") + 1);
+    if (event == "steps_rolled_back") r.committed = number("from");
+    if (event == "resumed_from_checkpoint") r.committed = number("step");
+    if (event == "lr_changed" && j.contains("lr") && j["lr"].is_number())
+      r.lr_from[number("step")] = j["lr"].get<double>();
+  }
+  return r;
+}
+
+}  // namespace troupe::coordinator

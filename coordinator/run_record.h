@@ -1,0 +1,36 @@
+// What a run directory's events.jsonl says about a job, for a coordinator that takes over a run
+// whose coordinator was lost (`troupe run --resume RUN_DIR` while its agents may still be alive):
+// the generation it had reached (the next one continues the numbering, so the agents' workers,
+// which publish for it, are not told to skip one), that generation's size (its members' step
+// reports may still come: the agents send again what the lost coordinator may not have written),
+// the steps committed (after any rollback), the learning rate by step, and whether it ended.
+//
+// Why from the run directory and not from the agents: the run directory is what was committed
+// (the ledger and the losses are written there before anything else happens), it exists when no
+// agent is left, and one reader serves both outcomes (agents adopted, or a resume from the
+// checkpoint). The agents add what the directory cannot know: how far they got since (their
+// holdings and their step reports).
+//
+// Pure: lines in, a record out; no I/O.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace troupe::coordinator {
+
+struct RunRecord {
+  bool started = false;                // job_started was written
+  bool ended = false;                  // job_finished or job_failed was
+  uint64_t generation = 0;             // the newest generation_started
+  uint64_t world_size = 0;             // ... its size
+  uint64_t committed = 0;              // steps committed, after rollbacks
+  std::map<uint64_t, double> lr_from;  // lr_changed: from this step, this learning rate
+};
+
+// Lines that are not JSON objects (a line cut short by a crash) are passed over.
+RunRecord read_run_record(const std::vector<std::string>& event_lines);
+
+}  // namespace troupe::coordinator
