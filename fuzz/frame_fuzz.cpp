@@ -71,6 +71,17 @@ void read_body(proto::Envelope::Reader e) {
   }
 }
 
+// A job spec of a program's own kinds (their keys' values of every type).
+actors::JobSpec extension_spec() {
+  actors::JobSpec s;
+  s.model_kind = "convnet";
+  s.model_options = {{"channels", int64_t(16)}, {"rate", 0.5}, {"on", true}, {"name", "x"}};
+  s.data_options = {{"size", int64_t(24)}};
+  s.rejoin_timeout_ms = 30000;
+  s.init_state = false;
+  return s;
+}
+
 void write_seeds(const std::string& dir) {
   comm::EnvelopeHeader h;
   h.job_id = kJob;
@@ -78,10 +89,12 @@ void write_seeds(const std::string& dir) {
   h.src_node = 7;
   troupe::elastic::Holding holding{41, {0, 1, 2}, {1}, 40, {3}};
   ControlMessage seeds[] = {
-      actors::encode(actors::Join{"agent-0", "host", 12, {"cpu:0", "cpu:1"}}),
+      actors::encode(actors::Join{"agent-0", "host", 12, {"cpu:0", "cpu:1"}, true}),
       actors::encode(actors::JobSpec{}),
+      actors::encode(extension_spec()),
+      actors::make_learning_rate_request(3e-4),
       actors::encode(actors::WorkerReady{{1, 0}, 3, "1@h@00", holding, 5, "peer_lost"}),
-      actors::encode(actors::GenerationStart{3, 40, 1, {{0, {1, 0}, "a", holding}}}),
+      actors::encode(actors::GenerationStart{3, 40, 1, {{0, {1, 0}, "a", holding}}, 1e-3}),
       actors::encode(actors::StepReport{3, 17, 0, 1.5, 8, 8, 0, 8, 0.1, 0.09, 0.01}),
       actors::encode(actors::WorkerDone{0, 3, 100, 0xfeed}),
       actors::encode(actors::WorkerFailed{{1, 0}, 0, 3, "boom", true, false}),
