@@ -12,6 +12,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 #include "bench/bench.h"
@@ -44,6 +46,7 @@ usage (troupe COMMAND --help: a command's options):
                                     text, directories, JSON lines -> a token data set (data.kind = "tokens")
   troupe data encode|decode --data DIR   stdin -> stdout: bytes -> ids, ids -> bytes
   troupe version                    versions of Troupe and its libraries, CUDA devices
+  troupe kinds                      the model and data set kinds this program trains, with their keys
   troupe demo control               two-process control-plane demo (what `make run` shows)
   troupe node [options]             a control-plane node with echo and sink services
       --listen HOST:PORT  --connect HOST:PORT  --rejoin  --job-id ID  --token T | --token-file F
@@ -63,6 +66,46 @@ usage (troupe COMMAND --help: a command's options):
   troupe bench checkpoint [--params N] [--dir DIR] [--json]
                                     a checkpoint's blocking copy, write and restore (bench/compare_checkpoint.sh)
 )";
+
+// `troupe kinds`: the model and data set kinds this program trains, with a program's own keys.
+const char* type_of(const troupe::models::OptionValue& v) {
+  static const char* names[] = {"integer", "number", "boolean", "string"};
+  return names[v.index()];
+}
+std::string text_of(const troupe::models::OptionValue& v) {
+  return std::visit(
+      [](const auto& x) -> std::string {
+        using T = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<T, std::string>) return "\"" + x + "\"";
+        if constexpr (std::is_same_v<T, bool>) return x ? "true" : "false";
+        if constexpr (!std::is_same_v<T, std::string> && !std::is_same_v<T, bool>)
+          return std::to_string(x);
+      },
+      v);
+}
+void print_kind(const char* table, const std::string& name, const std::string& help,
+                const std::vector<troupe::models::OptionSpec>& keys) {
+  std::printf("  %s.kind = \"%s\"%s%s\n", table, name.c_str(), help.empty() ? "" : ": ",
+              help.c_str());
+  for (const auto& k : keys) {
+    std::printf("      %s.%s (%s, default %s", table, k.name.c_str(), type_of(k.default_value),
+                text_of(k.default_value).c_str());
+    if (k.min > -1e300 || k.max < 1e300) std::printf(", in [%g, %g]", k.min, k.max);
+    std::printf(")%s%s\n", k.help.empty() ? "" : ": ", k.help.c_str());
+  }
+}
+int kinds(const troupe::cli::Hooks& hooks) {
+  std::printf("models (docs/config.md for the built-in keys):\n");
+  for (const char* k : {"mlp", "gpt", "external"}) std::printf("  model.kind = \"%s\"\n", k);
+  if (hooks.extensions)
+    for (const auto& m : hooks.extensions->models()) print_kind("model", m.name, m.help, m.options);
+  std::printf("data sets:\n");
+  for (const char* k : {"synthetic", "text", "tokens"}) std::printf("  data.kind = \"%s\"\n", k);
+  if (hooks.extensions)
+    for (const auto& d : hooks.extensions->datasets())
+      print_kind("data", d.name, d.help, d.options);
+  return 0;
+}
 
 int version() {
   unsigned major = 0, minor = 0, release = 0;
@@ -124,6 +167,7 @@ int troupe_main(int argc, char** argv, const Hooks& hooks) {
   std::vector<std::string> rest(words.begin() + 1, words.end());
   try {
     if (cmd == "version") return version();
+    if (cmd == "kinds") return kinds(hooks);
     if (cmd == "node") return run_node(rest);
     if (cmd == "run") return run_run(rest, hooks);
     if (cmd == "coordinator") return run_coordinator(rest, hooks);
@@ -166,7 +210,7 @@ int troupe_main(int argc, char** argv, const Hooks& hooks) {
                                                "checkpoint", "data"}
                     : std::vector<std::string>{"run", "coordinator", "agent", "status", "stop",
                                                "drain", "scale", "lr", "export", "data", "version",
-                                               "demo", "node", "bench", "help"});
+                                               "kinds", "demo", "node", "bench", "help"});
     const std::string hint =
         near.empty() ? "" : "; did you mean '" + std::string(bench ? "bench " : "") + near + "'?";
     std::fprintf(stderr, "troupe: unknown command '%s%s'%s\n\n%s", bench ? "bench " : "",

@@ -268,7 +268,11 @@ void assign(const Field& f, const toml::node& n, const std::string& source) {
           std::find(f.choices.begin(), f.choices.end(), v) == f.choices.end()) {
         std::string list;
         for (auto& c : f.choices) list += (list.empty() ? "" : ", ") + c;
-        throw ConfigError(at + ": " + name + " = \"" + v + "\" is not one of: " + list);
+        const bool kind = f.key == "kind" && (f.table == "model" || f.table == "data");
+        throw ConfigError(at + ": " + name + " = \"" + v + "\" is not one of: " + list +
+                          (kind ? " (a kind a program adds is known to that program: run the "
+                                  "job with it, docs/api.md)"
+                                : ""));
       }
       *static_cast<std::string*>(f.target) = v;
       break;

@@ -146,6 +146,11 @@ TEST(CustomModel, PreemptedResumedAtAnotherSizeAndExported) {
 
 TEST(CustomModel, AnAgentOfAnotherProgramIsRefusedAtItsJoin) {
   TempDir dir;
+  // The program lists its kinds and their keys.
+  const std::string kinds = admin(dir, {"kinds"});
+  EXPECT_NE(kinds.find("model.channels (integer, default 8, in [1, 1024])"), std::string::npos)
+      << kinds;
+  EXPECT_NE(kinds.find("data.kind = \"stripes\""), std::string::npos) << kinds;
   Job job = start_job(dir, "external", kConvnet, 1, {"cluster.launcher=\"external\""});
   std::string addr;
   for (int i = 0; i < 500 && addr.empty(); ++i) {
