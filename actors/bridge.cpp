@@ -27,6 +27,20 @@
 namespace troupe::actors {
 namespace {
 
+// A connection's failure as (code, message): refused when the node there refuses this one (it
+// was fenced), else peer_lost (unreachable); ("") when it did not fail.
+std::pair<comm::Errc, std::string> failure_of(std::exception_ptr err) {
+  if (!err) return {comm::Errc::ok, ""};
+  try {
+    std::rethrow_exception(err);
+  } catch (const comm::Error& e) {
+    return {e.code(), e.what()};
+  } catch (const std::exception& e) {
+    return {comm::Errc::peer_lost, e.what()};
+  }
+  return {comm::Errc::peer_lost, "unknown"};
+}
+
 using Clock = std::chrono::steady_clock;
 
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
@@ -455,19 +469,7 @@ class Back : public caf::event_based_actor {
           shared_->transport()->connect_async(
               addr, shared_->config.connect_timeout,
               [weak, id](comm::NodeId node, std::exception_ptr err) {
-                std::string what;
-                // (refused: the node there refuses this one, it was fenced; else unreachable)
-                comm::Errc code = comm::Errc::peer_lost;
-                if (err) {
-                  try {
-                    std::rethrow_exception(err);
-                  } catch (const comm::Error& e) {
-                    what = e.what();
-                    code = e.code();
-                  } catch (const std::exception& e) {
-                    what = e.what();
-                  }
-                }
+                auto [code, what] = failure_of(err);
                 if (auto b = caf::actor_cast<caf::actor>(weak))
                   caf::anon_send(b, connected_atom::value, id, node, what, uint8_t(code));
               });

@@ -192,6 +192,33 @@ const char* kind_name(Kind k) {
 
 void assign(const Field& f, const toml::node& n, const std::string& source);
 
+// A string key with choices: one of them (model.kind and data.kind say where a program's own
+// kinds come from).
+void check_choice(const Field& f, const std::string& v, const std::string& at) {
+  if (f.choices.empty() || std::find(f.choices.begin(), f.choices.end(), v) != f.choices.end())
+    return;
+  std::string list;
+  for (auto& c : f.choices) list += (list.empty() ? "" : ", ") + c;
+  const bool kind = f.key == "kind" && (f.table == "model" || f.table == "data");
+  throw ConfigError(at + ": " + f.table + "." + f.key + " = \"" + v + "\" is not one of: " + list +
+                    (kind ? " (a kind a program adds is known to that program: run the job "
+                            "with it, docs/api.md)"
+                          : ""));
+}
+
+// data.mix: data sets and their positive weights.
+void assign_weights(const Field& f, const toml::table& t, const std::string& source) {
+  std::map<std::string, double> out;
+  for (auto&& [k, v] : t) {
+    const std::string set(k.str());
+    if (!v.is_number() || !std::isfinite(*v.value<double>()) || *v.value<double>() <= 0)
+      throw ConfigError(where(source, v) + ": " + f.table + "." + f.key + ": the weight of '" +
+                        set + "' must be a positive number");
+    out[set] = *v.value<double>();
+  }
+  *static_cast<std::map<std::string, double>*>(f.target) = out;
+}
+
 // A program's key: checked as the built-in key of its type would be, then stored.
 void assign_option(const Field& f, const toml::node& n, const std::string& source) {
   int64_t i = 0;
@@ -264,16 +291,7 @@ void assign(const Field& f, const toml::node& n, const std::string& source) {
     case Kind::string: {
       if (!n.is_string()) throw wrong();
       std::string v = *n.value<std::string>();
-      if (!f.choices.empty() &&
-          std::find(f.choices.begin(), f.choices.end(), v) == f.choices.end()) {
-        std::string list;
-        for (auto& c : f.choices) list += (list.empty() ? "" : ", ") + c;
-        const bool kind = f.key == "kind" && (f.table == "model" || f.table == "data");
-        throw ConfigError(at + ": " + name + " = \"" + v + "\" is not one of: " + list +
-                          (kind ? " (a kind a program adds is known to that program: run the "
-                                  "job with it, docs/api.md)"
-                                : ""));
-      }
+      check_choice(f, v, at);
       *static_cast<std::string*>(f.target) = v;
       break;
     }
@@ -297,20 +315,10 @@ void assign(const Field& f, const toml::node& n, const std::string& source) {
       *static_cast<std::vector<int64_t>*>(f.target) = out;
       break;
     }
-    case Kind::weights: {
-      auto* t = n.as_table();
-      if (!t) throw wrong();
-      std::map<std::string, double> out;
-      for (auto&& [k, v] : *t) {
-        const std::string set(k.str());
-        if (!v.is_number() || !std::isfinite(*v.value<double>()) || *v.value<double>() <= 0)
-          throw ConfigError(where(source, v) + ": " + name + ": the weight of '" + set +
-                            "' must be a positive number");
-        out[set] = *v.value<double>();
-      }
-      *static_cast<std::map<std::string, double>*>(f.target) = out;
+    case Kind::weights:
+      if (!n.as_table()) throw wrong();
+      assign_weights(f, *n.as_table(), source);
       break;
-    }
     case Kind::option:
       assign_option(f, n, source);
       break;
