@@ -1,5 +1,7 @@
 #include "tests/harness/env_faults.h"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -26,6 +28,7 @@ class EnvFaults : public workers::FaultInjector {
     if (const char* a = std::getenv("TROUPE_TEST_SLOW_AGENT")) slow_agent_ = a;
     if (const char* a = std::getenv("TROUPE_TEST_THROW_AGENT")) throw_agent_ = a;
     if (const char* a = std::getenv("TROUPE_TEST_PERTURB_AGENT")) perturb_agent_ = a;
+    if (const char* f = std::getenv("TROUPE_TEST_STATE_DELAY_FILE")) state_delay_file_ = f;
   }
   bool any() const {
     return step_delay_us_ > 0 || (throw_at_step_ > 0 && !throw_agent_.empty()) ||
@@ -50,8 +53,16 @@ class EnvFaults : public workers::FaultInjector {
   }
 
   void mid_state_transfer(const std::string&, uint32_t) override {
-    if (state_delay_ms_ > 0)
+    if (state_delay_ms_ <= 0) return;
+    if (state_delay_file_.empty()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(state_delay_ms_));
+      return;
+    }
+    const auto until =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(state_delay_ms_);
+    while (::access(state_delay_file_.c_str(), F_OK) == 0 &&
+           std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 
   void mid_checkpoint_write(const std::string&, uint32_t) override {
@@ -63,7 +74,7 @@ class EnvFaults : public workers::FaultInjector {
   int64_t step_delay_us_;
   uint64_t throw_at_step_;
   int64_t state_delay_ms_, checkpoint_delay_ms_, slow_us_;
-  std::string throw_agent_, perturb_agent_, slow_agent_;
+  std::string throw_agent_, perturb_agent_, slow_agent_, state_delay_file_;
   std::atomic<bool> thrown_{false}, checkpoint_delayed_{false};
 };
 

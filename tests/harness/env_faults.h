@@ -7,6 +7,8 @@
 //   TROUPE_TEST_THROW_AT_STEP     name throws once when it reaches this step (counting from 1)
 //   TROUPE_TEST_STATE_DELAY_MS    a state transfer this agent sends pauses this long after its
 //                                 first buffer
+//   TROUPE_TEST_STATE_DELAY_FILE  with the delay: the pause lasts while this file exists (at most
+//                                 the delay)
 //   TROUPE_TEST_CHECKPOINT_DELAY_MS  an agent's first checkpoint write pauses this long after its
 //                                 first shard
 //   TROUPE_TEST_SLOW_AGENT        with TROUPE_TEST_SLOW_STEP_US: that agent's workers wait this

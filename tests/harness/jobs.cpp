@@ -114,6 +114,11 @@ std::vector<int> member_pids(const TempDir& dir, const Job& job) {
 std::unique_ptr<coordinator::ChildProcess> join_agent(const TempDir& dir, const Job& job,
                                                       const std::string& name,
                                                       const std::vector<std::string>& env) {
+  // (The coordinator writes its address once it listens: a join right after start_job waits.)
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (lines_of(job.run_dir + "/coordinator.addr").empty() &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(50ms);
   std::string addr = lines_of(job.run_dir + "/coordinator.addr").at(0);
   std::string out = dir.path() + "/" + name + ".out";
   return std::make_unique<coordinator::ChildProcess>(

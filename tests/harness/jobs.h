@@ -50,7 +50,8 @@ struct MemberInfo {
 };
 std::vector<MemberInfo> members_of(const TempDir& dir, const Job& job);
 std::vector<int> member_pids(const TempDir& dir, const Job& job);
-// `troupe agent --join` of a running job, named `name` (logs in DIR/NAME.out).
+// `troupe agent --join` of a running job, named `name` (logs in DIR/NAME.out); waits (60 s at
+// most) for the coordinator to write its address.
 std::unique_ptr<coordinator::ChildProcess> join_agent(const TempDir& dir, const Job& job,
                                                       const std::string& name,
                                                       const std::vector<std::string>& env = {});

@@ -197,15 +197,20 @@ bool ended(int pid) {
 // coordinator in time, so `troupe run --resume` goes on from the newest checkpoint.
 TEST(Checkpoints, TheCoordinatorKilledLeavesNoAgentAndTheRunResumesFromItsCheckpoint) {
   TempDir dir;
-  Reference want = reference(dir, 120);
+  // 200 paced steps: an agent joining once the first generation trains is in long before the
+  // end, even when it starts slowly (as under a sanitizer). The coordinator dies with the three
+  // training and a checkpoint at step 40 or later written.
+  Reference want = reference(dir, 200);
   Job job = start_job(dir, "headless", kGpt, 2,
-                      {"elastic.max_workers=3", "elastic.rejoin_timeout_ms=2000"}, {pace(30000)});
-  wait_steps(job, 10);
-  auto joiner = join_agent(dir, job, "joiner", {pace(30000)});
-  wait_event(job, is("generation_started", "world_size", "3"), 60s);
-  wait_steps(job, 45);
+                      {"job.steps=200", "elastic.max_workers=3", "elastic.rejoin_timeout_ms=2000"},
+                      {pace(60000)});
+  wait_steps(job, 1);
+  auto joiner = join_agent(dir, job, "joiner", {pace(60000)});
+  const std::string three = wait_event(job, is("generation_started", "world_size", "3"), 60s);
+  ASSERT_NE(three, "") << "the joiner never trained";
+  wait_steps(job, std::max<size_t>(45, std::stoul(json_field(three, "step")) + 5));
   std::vector<int> agents = member_pids(dir, job);
-  ASSERT_EQ(agents.size(), 3u);
+  ASSERT_EQ(agents.size(), 3u) << "the run ended before the kill";
   ASSERT_EQ(::kill(job.proc->pid(), SIGKILL), 0);
   ASSERT_TRUE(job.proc->wait(10s));
   auto joiner_status = joiner->wait(20s);  // (its --failure-timeout-ms, 3 s, + the rejoin's 2 s)
@@ -224,8 +229,9 @@ TEST(Checkpoints, TheCoordinatorKilledLeavesNoAgentAndTheRunResumesFromItsCheckp
     EXPECT_NE(text_of(job.run_dir + log).find("troupe agent: the coordinator"), std::string::npos)
         << text_of(job.run_dir + log);
 
-  Job resumed = start_job(dir, "headless", kGpt, 2, {}, {}, {"--resume", job.run_dir});
-  expect_same_function(resumed, want.losses, 120, kBatch, 0);
+  Job resumed =
+      start_job(dir, "headless", kGpt, 2, {"job.steps=200"}, {}, {"--resume", job.run_dir});
+  expect_same_function(resumed, want.losses, 200, kBatch, 0);
   EXPECT_EQ(final_checksum(resumed), want.checksum);
   EXPECT_GE(resumed_from(resumed), 40);
 }

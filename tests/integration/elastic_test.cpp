@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -327,9 +328,14 @@ TEST(Elastic, ScaleDownDrainsAStandbyFirstAndTheMembersGoOnUntouched) {
 TEST(Elastic, KillTheStateSourceDuringAStateTransfer) {
   TempDir dir;
   auto want = reference_losses(dir);
-  // Every transfer pauses 1.5 s after its first buffer: the test kills the source meanwhile.
-  Job job = start(dir, "source", 2, {"elastic.max_restarts=0"},
-                  {kPace, "TROUPE_TEST_STATE_DELAY_MS=1500"});
+  // A transfer pauses after its first buffer while the file `hold` exists (30 s at most):
+  // however slowly this test gets to it, the kill lands mid-transfer; then the test removes the
+  // file and the other survivor's transfer goes through at once.
+  const std::string hold = dir.path() + "/hold-transfers";
+  std::ofstream(hold) << "\n";
+  Job job =
+      start(dir, "source", 2, {"elastic.max_restarts=0"},
+            {kPace, "TROUPE_TEST_STATE_DELAY_MS=30000", "TROUPE_TEST_STATE_DELAY_FILE=" + hold});
   wait_steps(job, 20);
   admin(dir, {"scale", "--run-dir", job.run_dir, "--workers", "3"});
   auto gen2 = wait_event(job, is("generation_started", "generation", "2"));
@@ -339,6 +345,7 @@ TEST(Elastic, KillTheStateSourceDuringAStateTransfer) {
   int source = std::atoi(testing::json_field(gen2, "state_source").c_str());
   ASSERT_LT(source, int(pids.size()));
   ASSERT_EQ(::kill(pids[source], SIGKILL), 0);
+  std::remove(hold.c_str());
   expect_same_function(job, want);
   // The transfer of generation 2 never completed; generation 3 brought the joiner the state
   // from the other survivor.
@@ -385,20 +392,21 @@ TEST(Elastic, KillAMemberWhileAnAgentJoins) {
 
 TEST(Elastic, ScaleAndDrainRequestsThatCannotBeMetAreRefusedWithTheReason) {
   TempDir dir;
-  Job job = start(dir, "refusals", 2, {"elastic.min_workers=2", "elastic.max_workers=3"});
+  // Paced to outlast the six requests (each a process of its own, slow under a sanitizer): the
+  // last one, stop, ends the job.
+  Job job =
+      start(dir, "refusals", 2, {"elastic.min_workers=2", "elastic.max_workers=3"}, {pace(20000)});
   wait_steps(job, 5);
+  int request = 0;
   auto run = [&](std::vector<std::string> args, int want_rc, const std::string& want_text) {
-    std::string out = dir.path() + "/refusal.out";
+    std::string out = dir.path() + "/refusal-" + std::to_string(request++) + ".out";
     args.insert(args.begin(), troupe_binary());
     coordinator::ChildProcess p({args, out, out, {}});
     auto st = p.wait(30s);
     ASSERT_TRUE(st && WIFEXITED(*st)) << args[1];
-    auto lines = lines_of(out);
-    ASSERT_FALSE(lines.empty()) << args[1];
-    bool said = false;  // (the client's own log lines may follow the answer)
-    for (auto& l : lines) said |= l.find(want_text) != std::string::npos;
-    EXPECT_EQ(WEXITSTATUS(*st), want_rc) << lines.front();
-    EXPECT_TRUE(said) << want_text << " not in: " << lines.front();
+    const std::string said = text_of(out);  // (the client's own log lines may follow the answer)
+    EXPECT_EQ(WEXITSTATUS(*st), want_rc) << said;
+    EXPECT_NE(said.find(want_text), std::string::npos) << want_text << " not in: " << said;
   };
   run({"scale", "--run-dir", job.run_dir, "--workers", "1"}, 1,
       "refused: 1 worker(s) is fewer than the job needs: 2");

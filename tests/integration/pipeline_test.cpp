@@ -195,7 +195,9 @@ TEST(Pipeline, AutoLayoutSplitsAModelThatDoesNotFitOneWorker) {
 TEST(Pipeline, ScaleFourToThreeToTwoToFourOnAPipelinedGptMovesOnlyWhatMoved) {
   TempDir dir;
   auto want = reference(dir, kGpt, 600);
-  Job job = start_job(dir, "scale", kGpt, 4, {"parallel.pipeline_stages=2"}, {pace(4000)});
+  // Paced so that the three changes (each a `troupe scale` and, growing, two agents started:
+  // slow under a sanitizer) come well before the 600th step.
+  Job job = start_job(dir, "scale", kGpt, 4, {"parallel.pipeline_stages=2"}, {pace(15000)});
   wait_steps(job, 20);
   std::string grown;  // the generation that has 4 workers again
   for (int n : {3, 2, 4}) {
@@ -206,8 +208,11 @@ TEST(Pipeline, ScaleFourToThreeToTwoToFourOnAPipelinedGptMovesOnlyWhatMoved) {
           return is("pipeline_plan", "world_size", std::to_string(n))(e) &&
                  (n != 4 || json_field(e, "generation") != "1");
         },
-        30s);
-    ASSERT_NE(plan, "") << "no generation with " << n << " workers";
+        60s);
+    std::string decisions;
+    for (auto& e : events_of(job))
+      if (!is("step_committed")(e)) decisions += e + "\n";
+    ASSERT_NE(plan, "") << "no generation with " << n << " workers:\n" << decisions;
     if (n == 4) grown = json_field(plan, "generation");
   }
   expect_same_function(job, want, 600, 16);
