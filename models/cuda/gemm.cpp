@@ -1,0 +1,143 @@
+#include "models/cuda/gemm.h"
+
+#include <cublasLt.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "models/cuda/kernels.h"
+
+namespace troupe::models::cuda {
+namespace {
+
+void check(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error(std::string("cuBLASLt: ") + what +
+                             " failed: " + cublasLtGetStatusName(status) + " (" +
+                             cublasLtGetStatusString(status) + ")");
+}
+
+cublasLtHandle_t lt(void* h) { return static_cast<cublasLtHandle_t>(h); }
+
+}  // namespace
+
+struct Gemm::Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  ~Plan() {
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+Gemm::Gemm(cudaStream_t stream, size_t workspace_bytes)
+    : stream_(stream), workspace_(workspace_bytes, stream) {
+  cublasLtHandle_t h = nullptr;
+  check(cublasLtCreate(&h), "cublasLtCreate");
+  handle_ = h;
+}
+
+Gemm::~Gemm() {
+  plans_.clear();
+  if (handle_) cublasLtDestroy(lt(handle_));
+}
+
+Gemm::Plan& Gemm::plan_for(const Shape& s) {
+  auto& slot = plans_[s.key()];
+  if (slot) return *slot;
+  auto p = std::make_unique<Plan>();
+  check(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
+  const cublasOperation_t ta = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t tb = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  check(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
+        "TRANSA");
+  check(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
+        "TRANSB");
+  if (s.bias) {
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    check(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                         sizeof(epilogue)),
+          "EPILOGUE");
+    const cudaDataType_t bias_type = CUDA_R_32F;
+    check(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                         sizeof(bias_type)),
+          "BIAS_DATA_TYPE");
+  }
+  const cudaDataType_t in = s.input == GemmInput::bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  // Column-major layouts of the stored matrices: op(A) is (m,k), so A is (k,m) when transposed.
+  check(cublasLtMatrixLayoutCreate(&p->a, in, s.trans_a ? s.k : s.m, s.trans_a ? s.m : s.k, s.lda),
+        "layout A");
+  check(cublasLtMatrixLayoutCreate(&p->b, in, s.trans_b ? s.n : s.k, s.trans_b ? s.k : s.n, s.ldb),
+        "layout B");
+  check(cublasLtMatrixLayoutCreate(&p->d, CUDA_R_32F, s.m, s.n, s.ldd), "layout D");
+  cublasLtMatmulPreference_t pref = nullptr;
+  check(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
+  const size_t ws = workspace_.bytes();
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                       sizeof(ws));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt(handle_), p->op, p->a, p->b, p->d,
+                                                           p->d, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  check(st, "AlgoGetHeuristic");
+  if (found == 0)
+    throw std::runtime_error("cuBLASLt: no algorithm for a " + std::to_string(s.m) + "x" +
+                             std::to_string(s.n) + "x" + std::to_string(s.k) + " GEMM");
+  p->algo = result.algo;
+  slot = std::move(p);
+  return *slot;
+}
+
+void Gemm::matmul(const Shape& s, const void* A, const void* B, float* D, const float* bias) {
+  if (s.m == 0 || s.n == 0) return;
+  if (s.k == 0) {  // an empty sum: D = beta * D (+ bias, which no caller passes with k = 0)
+    if (!s.accumulate) fill_zero(D, size_t(s.m) * size_t(s.n) * sizeof(float), stream_);
+    return;
+  }
+  Plan& p = plan_for(s);
+  if (s.bias)
+    check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                         sizeof(bias)),
+          "BIAS_POINTER");
+  const float alpha = 1.f, beta = s.accumulate ? 1.f : 0.f;
+  check(cublasLtMatmul(lt(handle_), p.op, &alpha, A, p.a, B, p.b, &beta, D, p.d, D, p.d, &p.algo,
+                       workspace_.data(), workspace_.bytes(), stream_),
+        "Matmul");
+}
+
+// A row-major X(r,c) is the column-major X^T(c,r) with leading dimension c. So out^T(OC,N) =
+// W(OC,C) * inp^T(C,N): W is stored as (C,OC), transposed; inp is stored as (C,N), as it is.
+void Gemm::linear_forward(float* out, const float* inp, const float* weight, const float* bias,
+                          size_t N, size_t C, size_t OC) {
+  Shape s{true,   false,   int(OC),         int(N), int(C),        int(C),
+          int(C), int(OC), bias != nullptr, false,  GemmInput::f32};
+  matmul(s, weight, inp, out, bias);
+}
+
+void Gemm::linear_forward_bf16(float* out, const uint16_t* inp, const uint16_t* weight,
+                               const float* bias, size_t N, size_t C, size_t OC) {
+  Shape s{true,   false,   int(OC),         int(N), int(C),         int(C),
+          int(C), int(OC), bias != nullptr, false,  GemmInput::bf16};
+  matmul(s, weight, inp, out, bias);
+}
+
+void Gemm::linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                           const float* inp, const float* weight, size_t N, size_t C, size_t OC) {
+  if (dinp) {  // dinp^T(C,N) += W^T(C,OC) as stored * dout^T(OC,N) as stored
+    Shape s{false,   false,  int(C), int(N), int(OC),       int(C),
+            int(OC), int(C), false,  true,   GemmInput::f32};
+    matmul(s, weight, dout, dinp, nullptr);
+  }
+  if (dweight) {  // dW^T(C,OC) += inp^T(C,N) as stored * op_T(dout^T(OC,N) as stored)
+    Shape s{false,   true,   int(C), int(OC), int(N),        int(C),
+            int(OC), int(C), false,  true,    GemmInput::f32};
+    matmul(s, inp, dout, dweight, nullptr);
+  }
+  if (dbias) bias_backward(dbias, dout, N, OC, stream_);
+}
+
+}  // namespace troupe::models::cuda

@@ -1,0 +1,679 @@
+// The CUDA kernels of models/cuda/kernels.h. Plain, deterministic versions first (every sum in a
+// fixed order, no atomics); each is checked against its CPU kernel by tests/gpu/kernels_test.cpp.
+#include <cuda_bf16.h>
+#include <math_constants.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "models/cuda/kernels.h"
+#include "models/cuda/runtime.h"
+
+namespace troupe::models::cuda {
+namespace {
+
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float kLayerNormEps = 1e-5f;
+constexpr int kThreads = 256;
+constexpr int kWarp = 32;
+constexpr int kMaxHeadPerLane = 8;   // head size <= 256
+constexpr size_t kNormChunk = 1024;  // as the CPU's grad_norm_sq
+constexpr size_t kLayerNormRowsPerBlock = 32;
+
+unsigned blocks_for(size_t n, int threads = kThreads) {
+  const size_t b = (n + threads - 1) / threads;
+  return unsigned(std::min<size_t>(std::max<size_t>(b, 1), 65535 * 16));
+}
+
+void check_launch() { TROUPE_CUDA_CHECK(cudaGetLastError()); }
+
+__device__ float warp_sum(float v) {
+  // A butterfly: every lane ends with the same bits (x + y == y + x at each level).
+  for (int m = kWarp / 2; m > 0; m /= 2) v += __shfl_xor_sync(0xffffffffu, v, m);
+  return v;
+}
+
+#define GRID_STRIDE(i, n)                                                 \
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < (n); \
+       i += size_t(gridDim.x) * blockDim.x)
+
+// ---- elementwise ----------------------------------------------------------------------------
+
+__global__ void relu_forward_kernel(float* out, const float* inp, size_t n) {
+  GRID_STRIDE(i, n) out[i] = inp[i] > 0.f ? inp[i] : 0.f;
+}
+
+__global__ void relu_backward_kernel(float* dinp, const float* dout, const float* inp, size_t n) {
+  GRID_STRIDE(i, n) dinp[i] += dout[i] * float(inp[i] > 0.f);
+}
+
+__global__ void gelu_forward_kernel(float* out, const float* inp, size_t n) {
+  GRID_STRIDE(i, n) {
+    const float x = inp[i];
+    const float cube = 0.044715f * x * x * x;
+    out[i] = 0.5f * x * (1.f + tanhf(kGeluScale * (x + cube)));
+  }
+}
+
+__global__ void gelu_backward_kernel(float* dinp, const float* dout, const float* inp, size_t n) {
+  GRID_STRIDE(i, n) {
+    const float x = inp[i];
+    const float th = tanhf(kGeluScale * (x + 0.044715f * x * x * x));
+    const float sech2 = 1.f - th * th;
+    const float local =
+        0.5f * (1.f + th) + x * 0.5f * sech2 * kGeluScale * (1.f + 3.f * 0.044715f * x * x);
+    dinp[i] += local * dout[i];
+  }
+}
+
+__global__ void residual_forward_kernel(float* out, const float* a, const float* b, size_t n) {
+  GRID_STRIDE(i, n) out[i] = a[i] + b[i];
+}
+
+__global__ void residual_backward_kernel(float* da, float* db, const float* dout, size_t n) {
+  GRID_STRIDE(i, n) {
+    da[i] += dout[i];
+    db[i] += dout[i];
+  }
+}
+
+__global__ void bias_forward_kernel(float* out, const float* bias, size_t N, size_t OC) {
+  GRID_STRIDE(i, N * OC) out[i] += bias[i % OC];
+}
+
+// One thread per column, down the rows in order.
+__global__ void bias_backward_kernel(float* dbias, const float* dout, size_t N, size_t OC) {
+  const size_t c = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+  if (c >= OC) return;
+  float s = 0.f;
+  for (size_t r = 0; r < N; ++r) s += dout[r * OC + c];
+  dbias[c] += s;
+}
+
+// ---- layer norm -----------------------------------------------------------------------------
+
+// One warp per row, two passes over it as the CPU (mean, then the mean squared deviation).
+__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp,
+                                         const float* weight, const float* bias, size_t N, size_t C,
+                                         const float* residual, float* sum) {
+  const size_t row = blockIdx.x * size_t(blockDim.x / kWarp) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= N) return;
+  const float* x = inp + row * C;
+  const float* r = residual ? residual + row * C : nullptr;
+  float* xs = sum ? sum + row * C : nullptr;
+  float m = 0.f;
+  for (size_t i = lane; i < C; i += kWarp) {
+    float xi = r ? x[i] + r[i] : x[i];
+    if (xs) xs[i] = xi;
+    m += xi;
+  }
+  m = warp_sum(m) / float(C);
+  const float* src = xs ? xs : x;
+  if (xs) __syncwarp();
+  float v = 0.f;
+  for (size_t i = lane; i < C; i += kWarp) v += (src[i] - m) * (src[i] - m);
+  v = warp_sum(v) / float(C);
+  const float s = 1.f / sqrtf(v + kLayerNormEps);
+  float* y = out + row * C;
+  for (size_t i = lane; i < C; i += kWarp) y[i] = (src[i] - m) * s * weight[i] + bias[i];
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = s;
+  }
+}
+
+__global__ void layernorm_backward_input_kernel(float* dinp, const float* dout, const float* inp,
+                                                const float* weight, const float* mean,
+                                                const float* rstd, size_t N, size_t C) {
+  const size_t row = blockIdx.x * size_t(blockDim.x / kWarp) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= N) return;
+  const float* dy = dout + row * C;
+  const float* x = inp + row * C;
+  float* dx = dinp + row * C;
+  const float m = mean[row], s = rstd[row];
+  float dmean = 0.f, dnorm_mean = 0.f;
+  for (size_t i = lane; i < C; i += kWarp) {
+    const float dnorm = weight[i] * dy[i];
+    dmean += dnorm;
+    dnorm_mean += dnorm * (x[i] - m) * s;
+  }
+  dmean = warp_sum(dmean) / float(C);
+  dnorm_mean = warp_sum(dnorm_mean) / float(C);
+  for (size_t i = lane; i < C; i += kWarp) {
+    const float norm = (x[i] - m) * s;
+    dx[i] += (weight[i] * dy[i] - dmean - norm * dnorm_mean) * s;
+  }
+}
+
+// Block (g, c-chunk): the parameter gradients of rows [g*R, g*R+R), one thread a channel.
+__global__ void layernorm_backward_partial_kernel(float* scratch, const float* dout,
+                                                  const float* inp, const float* mean,
+                                                  const float* rstd, size_t N, size_t C) {
+  const size_t c = blockIdx.y * size_t(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  const size_t g = blockIdx.x, begin = g * kLayerNormRowsPerBlock;
+  const size_t end = min(N, begin + kLayerNormRowsPerBlock);
+  float dw = 0.f, db = 0.f;
+  for (size_t r = begin; r < end; ++r) {
+    const float dy = dout[r * C + c];
+    dw += (inp[r * C + c] - mean[r]) * rstd[r] * dy;
+    db += dy;
+  }
+  scratch[g * 2 * C + c] = dw;
+  scratch[g * 2 * C + C + c] = db;
+}
+
+__global__ void layernorm_backward_final_kernel(float* dweight, float* dbias, const float* scratch,
+                                                size_t groups, size_t C) {
+  const size_t c = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  float dw = 0.f, db = 0.f;
+  for (size_t g = 0; g < groups; ++g) {
+    dw += scratch[g * 2 * C + c];
+    db += scratch[g * 2 * C + C + c];
+  }
+  dweight[c] += dw;
+  dbias[c] += db;
+}
+
+// ---- embedding ------------------------------------------------------------------------------
+
+__global__ void embedding_forward_kernel(float* out, const int32_t* tokens, const float* wte,
+                                         const float* wpe, size_t B, size_t T, size_t C) {
+  GRID_STRIDE(i, B * T * C) {
+    const size_t c = i % C, bt = i / C, t = bt % T;
+    out[i] = wte[size_t(tokens[bt]) * C + c] + wpe[t * C + c];
+  }
+}
+
+// Thread (t, c): the batch's rows at time t, in batch order.
+__global__ void embedding_backward_position_kernel(float* dwpe, const float* dout, size_t B,
+                                                   size_t T, size_t C) {
+  GRID_STRIDE(i, T * C) {
+    const size_t t = i / C, c = i % C;
+    float s = 0.f;
+    for (size_t b = 0; b < B; ++b) s += dout[(b * T + t) * C + c];
+    dwpe[i] += s;
+  }
+}
+
+// Block (group, c-chunk): one token's rows in position order.
+__global__ void embedding_backward_token_kernel(float* dwte, const float* dout,
+                                                const int32_t* tokens, const int32_t* offsets,
+                                                const int32_t* positions, size_t C) {
+  const size_t c = blockIdx.y * size_t(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  const size_t g = blockIdx.x;
+  float s = 0.f;
+  for (int32_t k = offsets[g]; k < offsets[g + 1]; ++k) s += dout[size_t(positions[k]) * C + c];
+  dwte[size_t(tokens[g]) * C + c] += s;
+}
+
+// ---- attention ------------------------------------------------------------------------------
+
+// A head's row of qkv for one time step: q, k, v at offsets 0, C, 2C.
+struct HeadRows {
+  const float* base;  // qkv + (b*T) * 3C + h*hs
+  size_t C3;
+  __device__ const float* q(size_t t) const { return base + t * C3; }
+  __device__ const float* k(size_t t) const { return base + t * C3 + C3 / 3; }
+  __device__ const float* v(size_t t) const { return base + t * C3 + 2 * (C3 / 3); }
+};
+
+__device__ float head_dot(const float (&a)[kMaxHeadPerLane], const float* b, int lane, int hs) {
+  float p = 0.f;
+#pragma unroll
+  for (int e = 0; e < kMaxHeadPerLane; ++e) {
+    const int d = lane + kWarp * e;
+    if (d < hs) p += a[e] * b[d];
+  }
+  return warp_sum(p);
+}
+
+__device__ void head_load(float (&a)[kMaxHeadPerLane], const float* src, int lane, int hs) {
+#pragma unroll
+  for (int e = 0; e < kMaxHeadPerLane; ++e) {
+    const int d = lane + kWarp * e;
+    a[e] = d < hs ? src[d] : 0.f;
+  }
+}
+
+// One warp per (b, h, t): the keys 0..t with the online softmax (a running max and sum).
+__global__ void attention_forward_kernel(float* out, float* lse, const float* qkv, size_t B,
+                                         size_t T, size_t C, size_t NH) {
+  const size_t w = blockIdx.x * size_t(blockDim.x / kWarp) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (w >= B * NH * T) return;
+  const size_t t = w % T, h = (w / T) % NH, b = w / (T * NH);
+  const int hs = int(C / NH);
+  const float scale = 1.f / sqrtf(float(hs));
+  const HeadRows rows{qkv + b * T * 3 * C + h * hs, 3 * C};
+  float q[kMaxHeadPerLane], acc[kMaxHeadPerLane] = {};
+  head_load(q, rows.q(t), lane, hs);
+  float mx = -CUDART_INF_F, l = 0.f;
+  for (size_t j = 0; j <= t; ++j) {
+    const float s = head_dot(q, rows.k(j), lane, hs) * scale;
+    const float m_new = fmaxf(mx, s);
+    const float corr = expf(mx - m_new), p = expf(s - m_new);
+    l = l * corr + p;
+    const float* v = rows.v(j);
+#pragma unroll
+    for (int e = 0; e < kMaxHeadPerLane; ++e) {
+      const int d = lane + kWarp * e;
+      if (d < hs) acc[e] = acc[e] * corr + p * v[d];
+    }
+    mx = m_new;
+  }
+  float* o = out + (b * T + t) * C + h * hs;
+#pragma unroll
+  for (int e = 0; e < kMaxHeadPerLane; ++e) {
+    const int d = lane + kWarp * e;
+    if (d < hs) o[d] = acc[e] / l;
+  }
+  if (lane == 0) lse[w] = mx + logf(l);
+}
+
+// D[b,h,t] = dot(dout row, out row) over the head.
+__global__ void attention_backward_dot_kernel(float* D, const float* dout, const float* out,
+                                              size_t B, size_t T, size_t C, size_t NH) {
+  const size_t w = blockIdx.x * size_t(blockDim.x / kWarp) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (w >= B * NH * T) return;
+  const size_t t = w % T, h = (w / T) % NH, b = w / (T * NH);
+  const int hs = int(C / NH);
+  const size_t at = (b * T + t) * C + h * hs;
+  float dy[kMaxHeadPerLane];
+  head_load(dy, dout + at, lane, hs);
+  const float d = head_dot(dy, out + at, lane, hs);
+  if (lane == 0) D[w] = d;
+}
+
+// One warp per query row i: dq_i = scale * sum_j ds_ij k_j over the keys j <= i.
+__global__ void attention_backward_q_kernel(float* dqkv, const float* dout, const float* qkv,
+                                            const float* lse, const float* D, size_t B, size_t T,
+                                            size_t C, size_t NH) {
+  const size_t w = blockIdx.x * size_t(blockDim.x / kWarp) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (w >= B * NH * T) return;
+  const size_t i = w % T, h = (w / T) % NH, b = w / (T * NH);
+  const int hs = int(C / NH);
+  const float scale = 1.f / sqrtf(float(hs));
+  const HeadRows rows{qkv + b * T * 3 * C + h * hs, 3 * C};
+  float q[kMaxHeadPerLane], dy[kMaxHeadPerLane], dq[kMaxHeadPerLane] = {};
+  head_load(q, rows.q(i), lane, hs);
+  head_load(dy, dout + (b * T + i) * C + h * hs, lane, hs);
+  for (size_t j = 0; j <= i; ++j) {
+    const float p = expf(head_dot(q, rows.k(j), lane, hs) * scale - lse[w]);
+    const float ds = p * (head_dot(dy, rows.v(j), lane, hs) - D[w]);
+    const float* k = rows.k(j);
+#pragma unroll
+    for (int e = 0; e < kMaxHeadPerLane; ++e) {
+      const int d = lane + kWarp * e;
+      if (d < hs) dq[e] += ds * k[d];
+    }
+  }
+  float* out = dqkv + (b * T + i) * 3 * C + h * hs;
+#pragma unroll
+  for (int e = 0; e < kMaxHeadPerLane; ++e) {
+    const int d = lane + kWarp * e;
+    if (d < hs) out[d] += dq[e] * scale;
+  }
+}
+
+// One warp per key row j: dk_j = scale * sum_i ds_ij q_i, dv_j = sum_i p_ij dout_i over i >= j.
+__global__ void attention_backward_kv_kernel(float* dqkv, const float* dout, const float* qkv,
+                                             const float* lse, const float* D, size_t B, size_t T,
+                                             size_t C, size_t NH) {
+  const size_t w = blockIdx.x * size_t(blockDim.x / kWarp) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (w >= B * NH * T) return;
+  const size_t j = w % T, h = (w / T) % NH, b = w / (T * NH);
+  const size_t row0 = w - j;  // (b, h, 0) in lse and D
+  const int hs = int(C / NH);
+  const float scale = 1.f / sqrtf(float(hs));
+  const HeadRows rows{qkv + b * T * 3 * C + h * hs, 3 * C};
+  float k[kMaxHeadPerLane], v[kMaxHeadPerLane], dk[kMaxHeadPerLane] = {}, dv[kMaxHeadPerLane] = {};
+  head_load(k, rows.k(j), lane, hs);
+  head_load(v, rows.v(j), lane, hs);
+  for (size_t i = j; i < T; ++i) {
+    const float* q = rows.q(i);
+    const float* dy = dout + (b * T + i) * C + h * hs;
+    const float p = expf(head_dot(k, q, lane, hs) * scale - lse[row0 + i]);
+    const float ds = p * (head_dot(v, dy, lane, hs) - D[row0 + i]);
+#pragma unroll
+    for (int e = 0; e < kMaxHeadPerLane; ++e) {
+      const int d = lane + kWarp * e;
+      if (d < hs) {
+        dk[e] += ds * q[d];
+        dv[e] += p * dy[d];
+      }
+    }
+  }
+  float* base = dqkv + (b * T + j) * 3 * C + h * hs;
+#pragma unroll
+  for (int e = 0; e < kMaxHeadPerLane; ++e) {
+    const int d = lane + kWarp * e;
+    if (d < hs) {
+      base[C + d] += dk[e] * scale;
+      base[2 * C + d] += dv[e];
+    }
+  }
+}
+
+// ---- softmax cross-entropy ------------------------------------------------------------------
+
+struct MaxAt {
+  float value;
+  int index;
+};
+
+__device__ MaxAt better(MaxAt a, MaxAt b) {
+  // The larger value; on a tie the first index (as the CPU's strict >).
+  if (b.value > a.value || (b.value == a.value && b.index < a.index)) return b;
+  return a;
+}
+
+// One block per row: the max and its index, the sum of exponentials (in double), then the row
+// overwritten with its gradient. The block-wide reductions have a fixed shape: deterministic.
+__global__ void softmax_cross_entropy_kernel(float* logits, double* losses, int32_t* correct,
+                                             const int32_t* targets, size_t V, float scale) {
+  __shared__ MaxAt best[kThreads];
+  __shared__ double sums[kThreads];
+  __shared__ float target_logit;
+  float* row = logits + blockIdx.x * V;
+  const int tid = threadIdx.x;
+  const int target = targets[blockIdx.x];
+  if (tid == 0) target_logit = row[target];
+  MaxAt mine{-CUDART_INF_F, int(V)};
+  for (size_t i = tid; i < V; i += blockDim.x) mine = better(mine, MaxAt{row[i], int(i)});
+  best[tid] = mine;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s /= 2) {
+    if (tid < s) best[tid] = better(best[tid], best[tid + s]);
+    __syncthreads();
+  }
+  const float mx = best[0].value;
+  double sum = 0;
+  for (size_t i = tid; i < V; i += blockDim.x) sum += double(expf(row[i] - mx));
+  sums[tid] = sum;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s /= 2) {
+    if (tid < s) sums[tid] += sums[tid + s];
+    __syncthreads();
+  }
+  const double total = sums[0];
+  const float inv = float(1.0 / total);
+  for (size_t i = tid; i < V; i += blockDim.x) {
+    double d = double(expf(row[i] - mx) * inv) * double(scale);
+    if (int(i) == target) d -= double(scale);
+    row[i] = float(d);
+  }
+  if (tid == 0) {
+    losses[blockIdx.x] = -(double(target_logit) - double(mx) - log(total)) * double(scale);
+    correct[blockIdx.x] = best[0].index == target;
+  }
+}
+
+// ---- reductions -----------------------------------------------------------------------------
+
+// One block: thread t sums x[t], x[t + blockDim], ... in order; then a fixed tree.
+template <typename In>
+__global__ void sum_to_double_kernel(double* out, const In* x, size_t n) {
+  __shared__ double part[kThreads];
+  double s = 0;
+  for (size_t i = threadIdx.x; i < n; i += blockDim.x) s += double(x[i]);
+  part[threadIdx.x] = s;
+  __syncthreads();
+  for (int k = blockDim.x / 2; k > 0; k /= 2) {
+    if (int(threadIdx.x) < k) part[threadIdx.x] += part[threadIdx.x + k];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *out = part[0];
+}
+
+// One thread per chunk of 1024: eight float lanes as the CPU, their float sum as a double.
+__global__ void norm_chunks_kernel(double* chunks, const float* g, size_t n) {
+  const size_t chunk = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+  const size_t at = chunk * kNormChunk;
+  if (at >= n) return;
+  const size_t end = min(n, at + kNormChunk);
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  size_t i = at;
+  for (; i + 8 <= end; i += 8)
+#pragma unroll
+    for (int l = 0; l < 8; ++l) lanes[l] += g[i + l] * g[i + l];
+  for (; i < end; ++i) lanes[0] += g[i] * g[i];
+  float s = 0.f;
+#pragma unroll
+  for (int l = 0; l < 8; ++l) s += lanes[l];
+  chunks[chunk] = double(s);
+}
+
+// ---- optimizers -----------------------------------------------------------------------------
+
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, size_t n, AdamWStep s) {
+  GRID_STRIDE(i, n) {
+    const float gi = g[i] * s.grad_scale;
+    const float mi = s.beta1 * m[i] + (1 - s.beta1) * gi;
+    const float vi = s.beta2 * v[i] + (1 - s.beta2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] -= s.lr * (mi * s.c1 / (sqrtf(vi * s.c2) + s.eps) + s.weight_decay * p[i]);
+  }
+}
+
+__global__ void sgd_kernel(float* p, const float* g, float* m, size_t n, float lr, float mu,
+                           float wd, float scale) {
+  GRID_STRIDE(i, n) {
+    const float gi = g[i] * scale + wd * p[i];
+    m[i] = mu * m[i] + gi;
+    p[i] -= lr * m[i];
+  }
+}
+
+__global__ void to_bf16_kernel(uint16_t* out, const float* inp, size_t n) {
+  GRID_STRIDE(i, n) out[i] = __bfloat16_as_ushort(__float2bfloat16_rn(inp[i]));
+}
+
+__global__ void from_bf16_kernel(float* out, const uint16_t* inp, size_t n) {
+  GRID_STRIDE(i, n) out[i] = __bfloat162float(__ushort_as_bfloat16(inp[i]));
+}
+
+void check_head_size(size_t C, size_t NH) {
+  if (NH == 0 || C % NH != 0 || C / NH > size_t(kWarp * kMaxHeadPerLane))
+    throw std::invalid_argument("attention: C " + std::to_string(C) + " and NH " +
+                                std::to_string(NH) +
+                                " need a head size that divides C, at most the fused kernel's 256");
+}
+
+unsigned warps_blocks(size_t warps) {
+  return unsigned((warps + kThreads / kWarp - 1) / (kThreads / kWarp));
+}
+
+}  // namespace
+
+void relu_forward(float* out, const float* inp, size_t n, cudaStream_t stream) {
+  relu_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, inp, n);
+  check_launch();
+}
+
+void relu_backward(float* dinp, const float* dout, const float* inp, size_t n,
+                   cudaStream_t stream) {
+  relu_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dinp, dout, inp, n);
+  check_launch();
+}
+
+void gelu_forward(float* out, const float* inp, size_t n, cudaStream_t stream) {
+  gelu_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, inp, n);
+  check_launch();
+}
+
+void gelu_backward(float* dinp, const float* dout, const float* inp, size_t n,
+                   cudaStream_t stream) {
+  gelu_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dinp, dout, inp, n);
+  check_launch();
+}
+
+void residual_forward(float* out, const float* a, const float* b, size_t n, cudaStream_t stream) {
+  residual_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, a, b, n);
+  check_launch();
+}
+
+void residual_backward(float* da, float* db, const float* dout, size_t n, cudaStream_t stream) {
+  residual_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(da, db, dout, n);
+  check_launch();
+}
+
+void bias_forward(float* out, const float* bias, size_t N, size_t OC, cudaStream_t stream) {
+  bias_forward_kernel<<<blocks_for(N * OC), kThreads, 0, stream>>>(out, bias, N, OC);
+  check_launch();
+}
+
+void bias_backward(float* dbias, const float* dout, size_t N, size_t OC, cudaStream_t stream) {
+  bias_backward_kernel<<<blocks_for(OC), kThreads, 0, stream>>>(dbias, dout, N, OC);
+  check_launch();
+}
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, size_t N, size_t C, cudaStream_t stream,
+                       const float* residual, float* sum) {
+  if ((residual == nullptr) != (sum == nullptr))
+    throw std::invalid_argument("layernorm_forward: the residual and the sum go together");
+  layernorm_forward_kernel<<<warps_blocks(N), kThreads, 0, stream>>>(out, mean, rstd, inp, weight,
+                                                                     bias, N, C, residual, sum);
+  check_launch();
+}
+
+size_t layernorm_scratch(size_t N, size_t C) {
+  return (N + kLayerNormRowsPerBlock - 1) / kLayerNormRowsPerBlock * 2 * C;
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        size_t N, size_t C, float* scratch, cudaStream_t stream) {
+  if (N == 0) return;
+  layernorm_backward_input_kernel<<<warps_blocks(N), kThreads, 0, stream>>>(dinp, dout, inp, weight,
+                                                                            mean, rstd, N, C);
+  check_launch();
+  const size_t groups = (N + kLayerNormRowsPerBlock - 1) / kLayerNormRowsPerBlock;
+  const dim3 grid(unsigned(groups), blocks_for(C));
+  layernorm_backward_partial_kernel<<<grid, kThreads, 0, stream>>>(scratch, dout, inp, mean, rstd,
+                                                                   N, C);
+  check_launch();
+  layernorm_backward_final_kernel<<<blocks_for(C), kThreads, 0, stream>>>(dweight, dbias, scratch,
+                                                                          groups, C);
+  check_launch();
+}
+
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                       size_t B, size_t T, size_t C, cudaStream_t stream) {
+  embedding_forward_kernel<<<blocks_for(B * T * C), kThreads, 0, stream>>>(out, tokens, wte, wpe, B,
+                                                                           T, C);
+  check_launch();
+}
+
+TokenGroups group_tokens(const int32_t* host_tokens, size_t n) {
+  std::vector<int32_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return host_tokens[a] < host_tokens[b]; });
+  TokenGroups g;
+  g.positions = order;
+  for (size_t k = 0; k < n; ++k) {
+    if (k == 0 || host_tokens[order[k]] != host_tokens[order[k - 1]]) {
+      g.tokens.push_back(host_tokens[order[k]]);
+      g.offsets.push_back(int32_t(k));
+    }
+  }
+  g.offsets.push_back(int32_t(n));
+  return g;
+}
+
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* group_tokens,
+                        const int32_t* group_offsets, const int32_t* group_positions, size_t groups,
+                        size_t B, size_t T, size_t C, cudaStream_t stream) {
+  embedding_backward_position_kernel<<<blocks_for(T * C), kThreads, 0, stream>>>(dwpe, dout, B, T,
+                                                                                 C);
+  check_launch();
+  if (groups == 0) return;
+  const dim3 grid(unsigned(groups), blocks_for(C));
+  embedding_backward_token_kernel<<<grid, kThreads, 0, stream>>>(dwte, dout, group_tokens,
+                                                                 group_offsets, group_positions, C);
+  check_launch();
+}
+
+void attention_forward(float* out, float* lse, const float* qkv, size_t B, size_t T, size_t C,
+                       size_t NH, cudaStream_t stream) {
+  check_head_size(C, NH);
+  attention_forward_kernel<<<warps_blocks(B * NH * T), kThreads, 0, stream>>>(out, lse, qkv, B, T,
+                                                                              C, NH);
+  check_launch();
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, size_t B, size_t T, size_t C, size_t NH, float* scratch,
+                        cudaStream_t stream) {
+  check_head_size(C, NH);
+  const unsigned grid = warps_blocks(B * NH * T);
+  attention_backward_dot_kernel<<<grid, kThreads, 0, stream>>>(scratch, dout, out, B, T, C, NH);
+  check_launch();
+  attention_backward_q_kernel<<<grid, kThreads, 0, stream>>>(dqkv, dout, qkv, lse, scratch, B, T, C,
+                                                             NH);
+  check_launch();
+  attention_backward_kv_kernel<<<grid, kThreads, 0, stream>>>(dqkv, dout, qkv, lse, scratch, B, T,
+                                                              C, NH);
+  check_launch();
+}
+
+void softmax_cross_entropy(float* logits_then_dlogits, double* losses, int32_t* correct,
+                           const int32_t* targets, size_t N, size_t V, float scale,
+                           cudaStream_t stream) {
+  if (N == 0) return;
+  softmax_cross_entropy_kernel<<<unsigned(N), kThreads, 0, stream>>>(logits_then_dlogits, losses,
+                                                                     correct, targets, V, scale);
+  check_launch();
+}
+
+void sum_to_double(double* out, const double* x, size_t n, cudaStream_t stream) {
+  sum_to_double_kernel<double><<<1, kThreads, 0, stream>>>(out, x, n);
+  check_launch();
+}
+
+size_t norm_scratch(size_t n) { return std::max<size_t>(1, (n + kNormChunk - 1) / kNormChunk); }
+
+void grad_norm_sq(double* out, const float* g, size_t n, double* scratch, cudaStream_t stream) {
+  const size_t chunks = (n + kNormChunk - 1) / kNormChunk;
+  if (chunks > 0) {
+    norm_chunks_kernel<<<blocks_for(chunks), kThreads, 0, stream>>>(scratch, g, n);
+    check_launch();
+  }
+  sum_to_double_kernel<double><<<1, kThreads, 0, stream>>>(out, scratch, chunks);
+  check_launch();
+}
+
+void adamw(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& s,
+           cudaStream_t stream) {
+  adamw_kernel<<<blocks_for(n), kThreads, 0, stream>>>(p, g, m, v, n, s);
+  check_launch();
+}
+
+void sgd(float* p, const float* g, float* m, size_t n, float lr, float momentum, float weight_decay,
+         float grad_scale, cudaStream_t stream) {
+  sgd_kernel<<<blocks_for(n), kThreads, 0, stream>>>(p, g, m, n, lr, momentum, weight_decay,
+                                                     grad_scale);
+  check_launch();
+}
+
+void to_bf16(uint16_t* out, const float* inp, size_t n, cudaStream_t stream) {
+  to_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, inp, n);
+  check_launch();
+}
+
+void from_bf16(float* out, const uint16_t* inp, size_t n, cudaStream_t stream) {
+  from_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, inp, n);
+  check_launch();
+}
+
+}  // namespace troupe::models::cuda
