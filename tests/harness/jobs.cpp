@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -87,6 +88,16 @@ int pid_of(const Job& job, const std::string& name) {
   // Never 0 (kill(0, ...) signals the test's own process group) nor -1 (every process).
   if (pid <= 0) ADD_FAILURE() << "no pid for agent '" << name << "' in " << job.run_dir;
   return pid > 0 ? pid : INT32_MAX;
+}
+
+std::vector<int> joined_pids(const Job& job) {
+  std::vector<int> pids;
+  for (auto& e : events_of(job)) {
+    if (json_field(e, "event") != "member_joined") continue;
+    const int pid = std::atoi(json_field(e, "pid").c_str());
+    if (pid > 0 && std::find(pids.begin(), pids.end(), pid) == pids.end()) pids.push_back(pid);
+  }
+  return pids;
 }
 
 std::vector<MemberInfo> members_of(const TempDir& dir, const Job& job) {

@@ -42,6 +42,9 @@ void wait_steps(const Job& job, size_t steps);
 // The pid of the newest incarnation of an agent named `name`, from its member_joined event; a
 // test failure and a pid that matches no process (never 0 or -1) when there is none.
 int pid_of(const Job& job, const std::string& name);
+// The pid of every agent that ever joined, from the member_joined events, in order (no process
+// started: quick where `troupe status` is slow, as under a sanitizer).
+std::vector<int> joined_pids(const Job& job);
 // The members by rank in the current generation (`troupe status --json`), and their pids.
 struct MemberInfo {
   uint64_t agent = 0;  // the agent id (what drain --agent takes)

@@ -82,7 +82,8 @@ TEST(Checkpoints, TheWholeJobKilledResumesFromItsCheckpointAtAnotherSize) {
   Reference want = reference(dir, 120);
   Job job = start_job(dir, "killed", kGpt, 3, {}, {pace(30000)});
   wait_steps(job, 50);
-  std::vector<int> pids = member_pids(dir, job);
+  std::vector<int> pids = joined_pids(job);
+  ASSERT_EQ(pids.size(), 3u);
   pids.push_back(job.proc->pid());
   for (int pid : pids) ::kill(pid, SIGKILL);
   ASSERT_TRUE(job.proc->wait(10s));
@@ -105,7 +106,7 @@ TEST(Checkpoints, SigtermLeavesAResumableRunAndTheResumeGoesOnFromWhereItStopped
   Reference want = reference(dir, 120);
   Job job = start_job(dir, "preempted", kGpt, 2, {"checkpoint.every_steps=0"}, {pace(30000)});
   wait_steps(job, 30);
-  std::vector<int> agents = member_pids(dir, job);
+  std::vector<int> agents = joined_pids(job);
   ASSERT_EQ(::kill(job.proc->pid(), SIGTERM), 0);
   auto st = job.proc->wait(60s);
   ASSERT_TRUE(st);
@@ -209,7 +210,7 @@ TEST(Checkpoints, TheCoordinatorKilledLeavesNoAgentAndTheRunResumesFromItsCheckp
   const std::string three = wait_event(job, is("generation_started", "world_size", "3"), 60s);
   ASSERT_NE(three, "") << "the joiner never trained";
   wait_steps(job, std::max<size_t>(45, std::stoul(json_field(three, "step")) + 5));
-  std::vector<int> agents = member_pids(dir, job);
+  std::vector<int> agents = joined_pids(job);
   ASSERT_EQ(agents.size(), 3u) << "the run ended before the kill";
   ASSERT_EQ(::kill(job.proc->pid(), SIGKILL), 0);
   ASSERT_TRUE(job.proc->wait(10s));
@@ -246,7 +247,7 @@ TEST(Checkpoints, ARestartedCoordinatorAdoptsTheLiveAgentsAndNothingIsRedone) {
   const std::vector<std::string> sets{"elastic.rejoin_timeout_ms=60000"};
   Job job = start_job(dir, "adopted", kGpt, 2, sets, {pace(30000)});
   wait_steps(job, 45);
-  std::vector<int> agents = member_pids(dir, job);
+  std::vector<int> agents = joined_pids(job);
   ASSERT_EQ(agents.size(), 2u);
   ASSERT_EQ(::kill(job.proc->pid(), SIGKILL), 0);
   ASSERT_TRUE(job.proc->wait(10s));
@@ -319,7 +320,9 @@ TEST(Checkpoints, AMemberLostMidWriteLeavesTheCheckpointAbsentAndEveryOtherValid
 TEST(Checkpoints, OnRequestTroupeCheckpointAndStopWithACheckpoint) {
   TempDir dir;
   Reference want = reference(dir, 120);
-  Job job = start_job(dir, "asked", kGpt, 3, {"checkpoint.every_steps=0"}, {pace(30000)});
+  // Paced so that both requests (a client process each, slow under a sanitizer) come well before
+  // the end.
+  Job job = start_job(dir, "asked", kGpt, 3, {"checkpoint.every_steps=0"}, {pace(100000)});
   wait_steps(job, 15);
   const std::string said = admin(dir, {"checkpoint", "--run-dir", job.run_dir});
   const size_t at = said.find("checkpoints/step-");
