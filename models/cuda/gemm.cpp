@@ -2,6 +2,7 @@
 
 #include <cublasLt.h>
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -18,6 +19,13 @@ void check(cublasStatus_t status, const char* what) {
 }
 
 cublasLtHandle_t lt(void* h) { return static_cast<cublasLtHandle_t>(h); }
+
+int alignment(const void* p) {
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  int a = 256;
+  while (a > 1 && at % uintptr_t(a) != 0) a /= 2;
+  return a;
+}
 
 }  // namespace
 
@@ -45,7 +53,7 @@ Gemm::~Gemm() {
   if (handle_) cublasLtDestroy(lt(handle_));
 }
 
-Gemm::Plan& Gemm::plan_for(const Shape& s) {
+Gemm::Plan& Gemm::plan_for(const Shape& s, const float* bias) {
   auto& slot = plans_[s.key()];
   if (slot) return *slot;
   auto p = std::make_unique<Plan>();
@@ -65,6 +73,10 @@ Gemm::Plan& Gemm::plan_for(const Shape& s) {
     check(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                                          sizeof(bias_type)),
           "BIAS_DATA_TYPE");
+    // (The heuristic reads the bias pointer's alignment from its value.)
+    check(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                         sizeof(bias)),
+          "BIAS_POINTER");
   }
   const cudaDataType_t in = s.input == GemmInput::bf16 ? CUDA_R_16BF : CUDA_R_32F;
   // Column-major layouts of the stored matrices: op(A) is (m,k), so A is (k,m) when transposed.
@@ -78,6 +90,13 @@ Gemm::Plan& Gemm::plan_for(const Shape& s) {
   const size_t ws = workspace_.bytes();
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                        sizeof(ws));
+  const uint32_t aligns[4] = {uint32_t(s.align_a), uint32_t(s.align_b), uint32_t(s.align_d),
+                              uint32_t(s.align_d)};
+  const cublasLtMatmulPreferenceAttributes_t which[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; i < 4; ++i)
+    cublasLtMatmulPreferenceSetAttribute(pref, which[i], &aligns[i], sizeof(aligns[i]));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt(handle_), p->op, p->a, p->b, p->d,
@@ -92,13 +111,18 @@ Gemm::Plan& Gemm::plan_for(const Shape& s) {
   return *slot;
 }
 
-void Gemm::matmul(const Shape& s, const void* A, const void* B, float* D, const float* bias) {
-  if (s.m == 0 || s.n == 0) return;
-  if (s.k == 0) {  // an empty sum: D = beta * D (+ bias, which no caller passes with k = 0)
-    if (!s.accumulate) fill_zero(D, size_t(s.m) * size_t(s.n) * sizeof(float), stream_);
+void Gemm::matmul(const Shape& shape, const void* A, const void* B, float* D, const float* bias) {
+  if (shape.m == 0 || shape.n == 0) return;
+  if (shape.k == 0) {  // an empty sum: D = beta * D (+ bias, which no caller passes with k = 0)
+    if (!shape.accumulate) fill_zero(D, size_t(shape.m) * size_t(shape.n) * sizeof(float), stream_);
     return;
   }
-  Plan& p = plan_for(s);
+  Shape s = shape;
+  s.align_a = alignment(A);
+  s.align_b = alignment(B);
+  s.align_d = alignment(D);
+  s.align_bias = s.bias ? alignment(bias) : 256;
+  Plan& p = plan_for(s, bias);
   if (s.bias)
     check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                          sizeof(bias)),

@@ -46,16 +46,21 @@ class Gemm {
     bool bias;
     bool accumulate;  // beta 1 (else 0)
     GemmInput input;
-    using Key = std::tuple<bool, bool, int, int, int, int, int, int, bool, bool, GemmInput>;
+    // The pointers' alignments (bytes, at most 256), set by matmul: an algorithm chosen for
+    // aligned buffers may fault on a view at an odd offset, so they are part of the plan's key.
+    int align_a = 256, align_b = 256, align_d = 256, align_bias = 256;
+    using Key = std::tuple<bool, bool, int, int, int, int, int, int, bool, bool, GemmInput, int,
+                           int, int, int>;
     Key key() const {
-      return Key(trans_a, trans_b, m, n, k, lda, ldb, ldd, bias, accumulate, input);
+      return Key(trans_a, trans_b, m, n, k, lda, ldb, ldd, bias, accumulate, input, align_a,
+                 align_b, align_d, align_bias);
     }
   };
   void matmul(const Shape& s, const void* A, const void* B, float* D, const float* bias);
 
  private:
   struct Plan;
-  Plan& plan_for(const Shape& s);
+  Plan& plan_for(const Shape& s, const float* bias);
 
   cudaStream_t stream_;
   void* handle_ = nullptr;  // cublasLtHandle_t

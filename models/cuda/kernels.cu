@@ -378,7 +378,7 @@ __device__ MaxAt better(MaxAt a, MaxAt b) {
 // One block per row: the max and its index, the sum of exponentials (in double), then the row
 // overwritten with its gradient. The block-wide reductions have a fixed shape: deterministic.
 __global__ void softmax_cross_entropy_kernel(float* logits, double* losses, int32_t* correct,
-                                             const int32_t* targets, size_t V, float scale) {
+                                             const int32_t* targets, size_t V, double scale) {
   __shared__ MaxAt best[kThreads];
   __shared__ double sums[kThreads];
   __shared__ float target_logit;
@@ -406,12 +406,12 @@ __global__ void softmax_cross_entropy_kernel(float* logits, double* losses, int3
   const double total = sums[0];
   const float inv = float(1.0 / total);
   for (size_t i = tid; i < V; i += blockDim.x) {
-    double d = double(expf(row[i] - mx) * inv) * double(scale);
-    if (int(i) == target) d -= double(scale);
+    double d = double(expf(row[i] - mx) * inv) * scale;
+    if (int(i) == target) d -= scale;
     row[i] = float(d);
   }
   if (tid == 0) {
-    losses[blockIdx.x] = -(double(target_logit) - double(mx) - log(total)) * double(scale);
+    losses[blockIdx.x] = -(double(target_logit) - double(mx) - log(total)) * scale;
     correct[blockIdx.x] = best[0].index == target;
   }
 }
@@ -541,6 +541,7 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
                        const float* residual, float* sum) {
   if ((residual == nullptr) != (sum == nullptr))
     throw std::invalid_argument("layernorm_forward: the residual and the sum go together");
+  if (N == 0) return;
   layernorm_forward_kernel<<<warps_blocks(N), kThreads, 0, stream>>>(out, mean, rstd, inp, weight,
                                                                      bias, N, C, residual, sum);
   check_launch();
@@ -607,6 +608,7 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 void attention_forward(float* out, float* lse, const float* qkv, size_t B, size_t T, size_t C,
                        size_t NH, cudaStream_t stream) {
   check_head_size(C, NH);
+  if (B * NH * T == 0) return;
   attention_forward_kernel<<<warps_blocks(B * NH * T), kThreads, 0, stream>>>(out, lse, qkv, B, T,
                                                                               C, NH);
   check_launch();
@@ -616,6 +618,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
                         const float* lse, size_t B, size_t T, size_t C, size_t NH, float* scratch,
                         cudaStream_t stream) {
   check_head_size(C, NH);
+  if (B * NH * T == 0) return;
   const unsigned grid = warps_blocks(B * NH * T);
   attention_backward_dot_kernel<<<grid, kThreads, 0, stream>>>(scratch, dout, out, B, T, C, NH);
   check_launch();
@@ -628,7 +631,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 }
 
 void softmax_cross_entropy(float* logits_then_dlogits, double* losses, int32_t* correct,
-                           const int32_t* targets, size_t N, size_t V, float scale,
+                           const int32_t* targets, size_t N, size_t V, double scale,
                            cudaStream_t stream) {
   if (N == 0) return;
   softmax_cross_entropy_kernel<<<unsigned(N), kThreads, 0, stream>>>(logits_then_dlogits, losses,

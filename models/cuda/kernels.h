@@ -78,13 +78,14 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 // are not stored twice); losses (N) gets each row's loss times `scale` (in double, as the CPU
 // adds them); correct (N) whether the row's argmax (the first, on ties) is its target.
 void softmax_cross_entropy(float* logits_then_dlogits, double* losses, int32_t* correct,
-                           const int32_t* targets, size_t N, size_t V, float scale,
+                           const int32_t* targets, size_t N, size_t V, double scale,
                            cudaStream_t stream);
 
-// The sum of x (n doubles) into *out, in a fixed order.
+// The sum of x (n doubles) into *out in a fixed order: 256 strided partial sums, then a tree.
 void sum_to_double(double* out, const double* x, size_t n, cudaStream_t stream);
 // Sum of squares of g (n) into *out (one double): per-chunk float partial sums (chunks of 1024,
-// as the CPU's grad_norm_sq) added in double in order. scratch: norm_scratch(n) doubles.
+// eight lanes: the CPU's grad_norm_sq bit for bit), added in double by sum_to_double's fixed tree
+// (not the CPU's sequential order: a last-bit difference). scratch: norm_scratch(n) doubles.
 size_t norm_scratch(size_t n);
 void grad_norm_sq(double* out, const float* g, size_t n, double* scratch, cudaStream_t stream);
 

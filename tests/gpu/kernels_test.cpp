@@ -171,6 +171,28 @@ TEST(CudaKernels, LinearForwardAndBackwardThroughCublasLt) {
   }
 }
 
+TEST(CudaKernels, BiasForwardAndBackward) {
+  SKIP_WITHOUT_GPU();
+  Gpu gpu;
+  for (auto [N, OC] : {std::pair<size_t, size_t>{1, 1}, {37, 257}, {300, 33}}) {
+    const Floats x = random(N * OC, 36), b = random(OC, 37), dout = random(N * OC, 38),
+                 db0 = random(OC, 39);
+    Floats want = x, want_db = db0;
+    for (size_t r = 0; r < N; ++r)
+      for (size_t c = 0; c < OC; ++c) want[r * OC + c] += b[c];
+    for (size_t c = 0; c < OC; ++c) {  // down the rows, as the kernel
+      float s = 0.f;
+      for (size_t r = 0; r < N; ++r) s += dout[r * OC + c];
+      want_db[c] = db0[c] + s;
+    }
+    auto out = gpu.up(x), d_b = gpu.up(b), d_dout = gpu.up(dout), db = gpu.up(db0);
+    cuda::bias_forward(out.data(), d_b.data(), N, OC, gpu.stream());
+    cuda::bias_backward(db.data(), d_dout.data(), N, OC, gpu.stream());
+    expect_close(gpu.down(out), want, 0, "bias forward");
+    expect_close(gpu.down(db), want_db, 1e-6, "bias backward");
+  }
+}
+
 TEST(CudaKernels, Bf16LinearIsTheF32ProductOfTheRoundedInputs) {
   SKIP_WITHOUT_GPU();
   Gpu gpu;
@@ -248,7 +270,8 @@ TEST(CudaKernels, EmbeddingForwardAndBackwardWithRepeatedTokens) {
   Gpu gpu;
   for (auto [B, T, C, V] : {std::tuple<size_t, size_t, size_t, int32_t>{1, 1, 7, 3},
                             {3, 37, 45, 11},
-                            {5, 17, 129, 1003}}) {
+                            {5, 17, 129, 1003},
+                            {2, 9, 300, 5}}) {
     const std::string shape = std::to_string(B) + "x" + std::to_string(T) + "x" + std::to_string(C);
     const auto tokens = random_ids(B * T, V, 23);
     const Floats wte = random(size_t(V) * C, 24), wpe = random(T * C, 25),
@@ -313,24 +336,47 @@ TEST(CudaKernels, FusedSoftmaxCrossEntropy) {
   Gpu gpu;
   for (auto [N, V] : {std::pair<size_t, size_t>{1, 1}, {1, 97}, {37, 1003}, {9, 50257}}) {
     const std::string shape = std::to_string(N) + "x" + std::to_string(V);
-    const Floats logits = random(N * V, 32, 4.f);
-    const auto targets = random_ids(N, int32_t(V), 33);
+    Floats logits = random(N * V, 32, 4.f);
+    auto targets = random_ids(N, int32_t(V), 33);
+    if (V > 2) {  // a tie for the maximum: the first is the argmax (the target, then another)
+      logits[V - 1] = logits[1] = 100.f;
+      targets[0] = 1;
+      if (N > 1) {
+        logits[V + 2] = logits[V + 1] = 100.f;
+        targets[1] = 2;
+      }
+    }
     const double scale = 1.0 / 24;
     Floats want(N * V);
     size_t right = 0;
     const double loss =
         k::softmax_cross_entropy(want.data(), logits.data(), targets.data(), N, V, scale, &right);
+    std::vector<int32_t> want_correct(N);  // row by row: one row at a time on the CPU
+    for (size_t r = 0; r < N; ++r) {
+      size_t one = 0;
+      Floats scratch(V);
+      k::softmax_cross_entropy(scratch.data(), logits.data() + r * V, targets.data() + r, 1, V,
+                               scale, &one);
+      want_correct[r] = int32_t(one);
+    }
     auto d_logits = gpu.up(logits);
     auto d_targets = gpu.up(targets);
     auto losses = gpu.zeros<double>(N), total = gpu.zeros<double>(1);
     auto correct = gpu.zeros<int32_t>(N);
     cuda::softmax_cross_entropy(d_logits.data(), losses.data(), correct.data(), d_targets.data(), N,
-                                V, float(scale), gpu.stream());
+                                V, scale, gpu.stream());
     cuda::sum_to_double(total.data(), losses.data(), N, gpu.stream());
     expect_close(gpu.down(d_logits), want, 1e-5, "dlogits " + shape);
     EXPECT_NEAR(gpu.down(total)[0], loss, 1e-6 * std::fabs(loss)) << shape;
     const auto c = gpu.down(correct);
     EXPECT_EQ(size_t(std::count(c.begin(), c.end(), 1)), right) << shape;
+    EXPECT_EQ(c, want_correct) << shape;
+    if (V > 2) {
+      EXPECT_EQ(c[0], 1) << "a tie: the first maximum is the target";
+      if (N > 1) {
+        EXPECT_EQ(c[1], 0) << "a tie: the first maximum is not the target";
+      }
+    }
   }
 }
 
@@ -394,9 +440,12 @@ TEST(CudaRuntime, ThePoolServesRepeatedAllocationsWithoutGrowing) {
               cudaSuccess);
     return bytes;
   };
-  auto step = [&] {  // two 128 MiB buffers, as a step's activations
-    DeviceBuffer<float> a(size_t(32) << 20, gpu.stream()), b(size_t(32) << 20, gpu.stream());
-    cuda::fill_zero(a.data(), a.bytes(), gpu.stream());
+  auto step = [&] {  // two 128 MiB buffers, as a step's activations; the step ends in a sync
+    {
+      DeviceBuffer<float> a(size_t(32) << 20, gpu.stream()), b(size_t(32) << 20, gpu.stream());
+      cuda::fill_zero(a.data(), a.bytes(), gpu.stream());
+    }
+    ASSERT_EQ(cudaStreamSynchronize(gpu.stream()), cudaSuccess);
   };
   step();
   const uint64_t after_first = reserved();
