@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 out=build-gpu
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
-for bin in build/bin/troupe_gpu_tests build/bin/troupe_nccl_bench; do
+for bin in build/bin/troupe_gpu_tests build/bin/troupe_nccl_bench build/bin/troupe_cuda_kernels_bench; do
   [[ -x $bin ]] || { echo "gpu-bundle: $bin is missing (a build without CUDA?)" >&2; exit 1; }
   strip -o "$out/bin/$(basename "$bin")" "$bin"
   ldd "$bin" | awk '/=> \// {print $3}' | while read -r lib; do

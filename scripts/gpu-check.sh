@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # On a machine with a GPU (CUDA, cuBLAS, NCCL, a driver; none of the project's packages): runs the
 # GPU tests (the models' CUDA kernels against the CPU's, at odd shapes; the NCCL backend at world
-# size 1: init, allreduce, abort, re-init; two devices if there are two) and the NCCL allreduce
-# benchmark, from a build made on a machine without a GPU, then prints a short table.
+# size 1: init, allreduce, abort, re-init; two devices if there are two), the NCCL allreduce
+# benchmark, and the CUDA kernels' benchmark next to PyTorch's (bench/peers/torch_kernels.py),
+# from a build made on a machine without a GPU; prints tables for docs/performance.md.
 # Prepare here first: `make build && scripts/gpu-bundle.sh`; carry `build-gpu` (the run tool's
-# carry). Takes under 5 minutes.
+# carry). Takes under 8 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bundle=build-gpu
@@ -26,5 +27,30 @@ tests_rc=${PIPESTATUS[0]}
 echo "== NCCL allreduce benchmark"
 timeout 120 $bundle/bin/troupe_nccl_bench --sizes 4096,65536,1048576,16777216,67108864,268435456,1073741824
 bench_rc=$?
-echo "== summary: tests exit $tests_rc, benchmark exit $bench_rc"
-[[ $tests_rc -eq 0 && $bench_rc -eq 0 ]]
+echo "== CUDA kernels next to PyTorch (GPT-2 small shapes; ratio = PyTorch time / Troupe time)"
+timeout 180 $bundle/bin/troupe_cuda_kernels_bench --json > /tmp/troupe_kernels.json
+kernels_rc=$?
+timeout 180 /usr/bin/python3 bench/peers/torch_kernels.py --json > /tmp/torch_kernels.json
+torch_rc=$?
+/usr/bin/python3 - <<'PY'
+import json
+try:
+    ours = {r["kernel"]: r for r in json.load(open("/tmp/troupe_kernels.json"))}
+except Exception as e:
+    ours = {}
+    print("troupe: no results (%s)" % e)
+try:
+    peer = {r["kernel"]: r for r in json.load(open("/tmp/torch_kernels.json"))}
+except Exception as e:
+    peer = {}
+    print("PyTorch: no results (%s)" % e)
+print("| kernel | Troupe us | of limit | PyTorch us | of limit | ratio |")
+print("|---|---|---|---|---|---|")
+for k in list(ours) + [k for k in peer if k not in ours]:
+    t, p = ours.get(k), peer.get(k)
+    cell = lambda r: ("%.1f" % r["us"], "%.0f%%" % (100 * r["of_limit"])) if r else ("-", "-")
+    ratio = "%.2fx" % (p["us"] / t["us"]) if t and p else "-"
+    print("| %s | %s | %s | %s | %s | %s |" % ((k,) + cell(t) + cell(p) + (ratio,)))
+PY
+echo "== summary: tests exit $tests_rc, NCCL benchmark exit $bench_rc, kernels exit $kernels_rc, PyTorch exit $torch_rc"
+[[ $tests_rc -eq 0 && $bench_rc -eq 0 && $kernels_rc -eq 0 ]]
