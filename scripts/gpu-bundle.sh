@@ -7,6 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=build-gpu
+cmake --build build -j 2 --target troupe_cuda_kernels_bench > /dev/null  # (not in the default build)
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
 for bin in build/bin/troupe_gpu_tests build/bin/troupe_nccl_bench build/bin/troupe_cuda_kernels_bench; do

@@ -58,16 +58,20 @@ TEST(Training, GptOnGpl3FallsBelowTwoPointFiveNatsWithin300Steps) {
   Optimizer opt(os, counts_of(m));
   Trainer t(m, opt, text, 1234, 32, 32);
   double ema = 0;
-  int reached = -1;
+  int reached = -1, last = 0;
+  // Up to 300 steps; it stops once the smoothed loss is well below the bar (2.4: not a lucky
+  // stretch at 2.49), which it reaches near step 130 (the whole 300 took 55 s of make test).
   for (int s = 0; s < 300; ++s) {
     double loss = t.step(uint64_t(s)).loss;
     ema = s == 0 ? loss : 0.9 * ema + 0.1 * loss;  // smoothed: one lucky batch does not count
     if (s % 50 == 0) std::printf("step %d loss %.4f (smoothed %.4f)\n", s, loss, ema);
     if (ema < 2.5 && reached < 0) reached = s;
+    last = s;
+    if (ema < 2.4) break;
   }
-  std::printf("smoothed loss below 2.5 at step %d; at step 300: %.4f\n", reached, ema);
+  std::printf("smoothed loss below 2.5 at step %d; at step %d: %.4f\n", reached, last, ema);
   EXPECT_GE(reached, 0);
-  EXPECT_LT(ema, 2.5);
+  EXPECT_LT(ema, 2.4);
 }
 
 ModelSpec small_gpt(size_t vocab) {
