@@ -25,7 +25,12 @@ unsigned blocks_for(size_t n, int threads = kThreads) {
   return unsigned(std::min<size_t>(std::max<size_t>(b, 1), 65535 * 16));
 }
 
-void check_launch() { TROUPE_CUDA_CHECK(cudaGetLastError()); }
+// kernel<<<grid, kThreads, 0, stream>>>(args...), and the launch's error as an exception.
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), dim3 grid, cudaStream_t stream, Args... args) {
+  kernel<<<grid, kThreads, 0, stream>>>(args...);
+  TROUPE_CUDA_CHECK(cudaGetLastError());
+}
 
 __device__ float warp_sum(float v) {
   // A butterfly: every lane ends with the same bits (x + y == y + x at each level).
@@ -419,11 +424,10 @@ __global__ void softmax_cross_entropy_kernel(float* logits, double* losses, int3
 // ---- reductions -----------------------------------------------------------------------------
 
 // One block: thread t sums x[t], x[t + blockDim], ... in order; then a fixed tree.
-template <typename In>
-__global__ void sum_to_double_kernel(double* out, const In* x, size_t n) {
+__global__ void sum_to_double_kernel(double* out, const double* x, size_t n) {
   __shared__ double part[kThreads];
   double s = 0;
-  for (size_t i = threadIdx.x; i < n; i += blockDim.x) s += double(x[i]);
+  for (size_t i = threadIdx.x; i < n; i += blockDim.x) s += x[i];
   part[threadIdx.x] = s;
   __syncthreads();
   for (int k = blockDim.x / 2; k > 0; k /= 2) {
@@ -495,45 +499,37 @@ unsigned warps_blocks(size_t warps) {
 }  // namespace
 
 void relu_forward(float* out, const float* inp, size_t n, cudaStream_t stream) {
-  relu_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, inp, n);
-  check_launch();
+  launch(relu_forward_kernel, blocks_for(n), stream, out, inp, n);
 }
 
 void relu_backward(float* dinp, const float* dout, const float* inp, size_t n,
                    cudaStream_t stream) {
-  relu_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dinp, dout, inp, n);
-  check_launch();
+  launch(relu_backward_kernel, blocks_for(n), stream, dinp, dout, inp, n);
 }
 
 void gelu_forward(float* out, const float* inp, size_t n, cudaStream_t stream) {
-  gelu_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, inp, n);
-  check_launch();
+  launch(gelu_forward_kernel, blocks_for(n), stream, out, inp, n);
 }
 
 void gelu_backward(float* dinp, const float* dout, const float* inp, size_t n,
                    cudaStream_t stream) {
-  gelu_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dinp, dout, inp, n);
-  check_launch();
+  launch(gelu_backward_kernel, blocks_for(n), stream, dinp, dout, inp, n);
 }
 
 void residual_forward(float* out, const float* a, const float* b, size_t n, cudaStream_t stream) {
-  residual_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, a, b, n);
-  check_launch();
+  launch(residual_forward_kernel, blocks_for(n), stream, out, a, b, n);
 }
 
 void residual_backward(float* da, float* db, const float* dout, size_t n, cudaStream_t stream) {
-  residual_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(da, db, dout, n);
-  check_launch();
+  launch(residual_backward_kernel, blocks_for(n), stream, da, db, dout, n);
 }
 
 void bias_forward(float* out, const float* bias, size_t N, size_t OC, cudaStream_t stream) {
-  bias_forward_kernel<<<blocks_for(N * OC), kThreads, 0, stream>>>(out, bias, N, OC);
-  check_launch();
+  launch(bias_forward_kernel, blocks_for(N * OC), stream, out, bias, N, OC);
 }
 
 void bias_backward(float* dbias, const float* dout, size_t N, size_t OC, cudaStream_t stream) {
-  bias_backward_kernel<<<blocks_for(OC), kThreads, 0, stream>>>(dbias, dout, N, OC);
-  check_launch();
+  launch(bias_backward_kernel, blocks_for(OC), stream, dbias, dout, N, OC);
 }
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
@@ -542,9 +538,8 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
   if ((residual == nullptr) != (sum == nullptr))
     throw std::invalid_argument("layernorm_forward: the residual and the sum go together");
   if (N == 0) return;
-  layernorm_forward_kernel<<<warps_blocks(N), kThreads, 0, stream>>>(out, mean, rstd, inp, weight,
-                                                                     bias, N, C, residual, sum);
-  check_launch();
+  launch(layernorm_forward_kernel, warps_blocks(N), stream, out, mean, rstd, inp, weight, bias, N,
+         C, residual, sum);
 }
 
 size_t layernorm_scratch(size_t N, size_t C) {
@@ -555,24 +550,18 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         size_t N, size_t C, float* scratch, cudaStream_t stream) {
   if (N == 0) return;
-  layernorm_backward_input_kernel<<<warps_blocks(N), kThreads, 0, stream>>>(dinp, dout, inp, weight,
-                                                                            mean, rstd, N, C);
-  check_launch();
+  launch(layernorm_backward_input_kernel, warps_blocks(N), stream, dinp, dout, inp, weight, mean,
+         rstd, N, C);
   const size_t groups = (N + kLayerNormRowsPerBlock - 1) / kLayerNormRowsPerBlock;
   const dim3 grid(unsigned(groups), blocks_for(C));
-  layernorm_backward_partial_kernel<<<grid, kThreads, 0, stream>>>(scratch, dout, inp, mean, rstd,
-                                                                   N, C);
-  check_launch();
-  layernorm_backward_final_kernel<<<blocks_for(C), kThreads, 0, stream>>>(dweight, dbias, scratch,
-                                                                          groups, C);
-  check_launch();
+  launch(layernorm_backward_partial_kernel, grid, stream, scratch, dout, inp, mean, rstd, N, C);
+  launch(layernorm_backward_final_kernel, blocks_for(C), stream, dweight, dbias, scratch, groups,
+         C);
 }
 
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                        size_t B, size_t T, size_t C, cudaStream_t stream) {
-  embedding_forward_kernel<<<blocks_for(B * T * C), kThreads, 0, stream>>>(out, tokens, wte, wpe, B,
-                                                                           T, C);
-  check_launch();
+  launch(embedding_forward_kernel, blocks_for(B * T * C), stream, out, tokens, wte, wpe, B, T, C);
 }
 
 TokenGroups group_tokens(const int32_t* host_tokens, size_t n) {
@@ -595,23 +584,18 @@ TokenGroups group_tokens(const int32_t* host_tokens, size_t n) {
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* group_tokens,
                         const int32_t* group_offsets, const int32_t* group_positions, size_t groups,
                         size_t B, size_t T, size_t C, cudaStream_t stream) {
-  embedding_backward_position_kernel<<<blocks_for(T * C), kThreads, 0, stream>>>(dwpe, dout, B, T,
-                                                                                 C);
-  check_launch();
+  launch(embedding_backward_position_kernel, blocks_for(T * C), stream, dwpe, dout, B, T, C);
   if (groups == 0) return;
   const dim3 grid(unsigned(groups), blocks_for(C));
-  embedding_backward_token_kernel<<<grid, kThreads, 0, stream>>>(dwte, dout, group_tokens,
-                                                                 group_offsets, group_positions, C);
-  check_launch();
+  launch(embedding_backward_token_kernel, grid, stream, dwte, dout, group_tokens, group_offsets,
+         group_positions, C);
 }
 
 void attention_forward(float* out, float* lse, const float* qkv, size_t B, size_t T, size_t C,
                        size_t NH, cudaStream_t stream) {
   check_head_size(C, NH);
   if (B * NH * T == 0) return;
-  attention_forward_kernel<<<warps_blocks(B * NH * T), kThreads, 0, stream>>>(out, lse, qkv, B, T,
-                                                                              C, NH);
-  check_launch();
+  launch(attention_forward_kernel, warps_blocks(B * NH * T), stream, out, lse, qkv, B, T, C, NH);
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
@@ -620,28 +604,21 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   check_head_size(C, NH);
   if (B * NH * T == 0) return;
   const unsigned grid = warps_blocks(B * NH * T);
-  attention_backward_dot_kernel<<<grid, kThreads, 0, stream>>>(scratch, dout, out, B, T, C, NH);
-  check_launch();
-  attention_backward_q_kernel<<<grid, kThreads, 0, stream>>>(dqkv, dout, qkv, lse, scratch, B, T, C,
-                                                             NH);
-  check_launch();
-  attention_backward_kv_kernel<<<grid, kThreads, 0, stream>>>(dqkv, dout, qkv, lse, scratch, B, T,
-                                                              C, NH);
-  check_launch();
+  launch(attention_backward_dot_kernel, grid, stream, scratch, dout, out, B, T, C, NH);
+  launch(attention_backward_q_kernel, grid, stream, dqkv, dout, qkv, lse, scratch, B, T, C, NH);
+  launch(attention_backward_kv_kernel, grid, stream, dqkv, dout, qkv, lse, scratch, B, T, C, NH);
 }
 
 void softmax_cross_entropy(float* logits_then_dlogits, double* losses, int32_t* correct,
                            const int32_t* targets, size_t N, size_t V, double scale,
                            cudaStream_t stream) {
   if (N == 0) return;
-  softmax_cross_entropy_kernel<<<unsigned(N), kThreads, 0, stream>>>(logits_then_dlogits, losses,
-                                                                     correct, targets, V, scale);
-  check_launch();
+  launch(softmax_cross_entropy_kernel, unsigned(N), stream, logits_then_dlogits, losses, correct,
+         targets, V, scale);
 }
 
 void sum_to_double(double* out, const double* x, size_t n, cudaStream_t stream) {
-  sum_to_double_kernel<double><<<1, kThreads, 0, stream>>>(out, x, n);
-  check_launch();
+  launch(sum_to_double_kernel, 1, stream, out, x, n);
 }
 
 size_t norm_scratch(size_t n) { return std::max<size_t>(1, (n + kNormChunk - 1) / kNormChunk); }
@@ -649,34 +626,27 @@ size_t norm_scratch(size_t n) { return std::max<size_t>(1, (n + kNormChunk - 1) 
 void grad_norm_sq(double* out, const float* g, size_t n, double* scratch, cudaStream_t stream) {
   const size_t chunks = (n + kNormChunk - 1) / kNormChunk;
   if (chunks > 0) {
-    norm_chunks_kernel<<<blocks_for(chunks), kThreads, 0, stream>>>(scratch, g, n);
-    check_launch();
+    launch(norm_chunks_kernel, blocks_for(chunks), stream, scratch, g, n);
   }
-  sum_to_double_kernel<double><<<1, kThreads, 0, stream>>>(out, scratch, chunks);
-  check_launch();
+  launch(sum_to_double_kernel, 1, stream, out, scratch, chunks);
 }
 
 void adamw(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& s,
            cudaStream_t stream) {
-  adamw_kernel<<<blocks_for(n), kThreads, 0, stream>>>(p, g, m, v, n, s);
-  check_launch();
+  launch(adamw_kernel, blocks_for(n), stream, p, g, m, v, n, s);
 }
 
 void sgd(float* p, const float* g, float* m, size_t n, float lr, float momentum, float weight_decay,
          float grad_scale, cudaStream_t stream) {
-  sgd_kernel<<<blocks_for(n), kThreads, 0, stream>>>(p, g, m, n, lr, momentum, weight_decay,
-                                                     grad_scale);
-  check_launch();
+  launch(sgd_kernel, blocks_for(n), stream, p, g, m, n, lr, momentum, weight_decay, grad_scale);
 }
 
 void to_bf16(uint16_t* out, const float* inp, size_t n, cudaStream_t stream) {
-  to_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, inp, n);
-  check_launch();
+  launch(to_bf16_kernel, blocks_for(n), stream, out, inp, n);
 }
 
 void from_bf16(float* out, const uint16_t* inp, size_t n, cudaStream_t stream) {
-  from_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, inp, n);
-  check_launch();
+  launch(from_bf16_kernel, blocks_for(n), stream, out, inp, n);
 }
 
 }  // namespace troupe::models::cuda
