@@ -210,15 +210,17 @@ TEST(Report, AReportOfAnElasticRunIsSelfContainedAndDrawnInABrowser) {
   Job job = start_job(dir, "observed", kMlp, 3, {"job.steps=400", "checkpoint.every_steps=50"},
                       {pace(5000)});
   wait_steps(job, 60);
+  // The kill first, the live report after: under a sanitizer on 2 cores the report's process
+  // takes seconds, and the job could end before a kill aimed after it.
+  const int victim = pid_of(job, "agent-1");
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
   std::string said;
   ASSERT_EQ(
       run_command(dir, {troupe_binary(), "report", job.run_dir, "-o", dir.path() + "/live.html"},
                   &said),
       0)
       << said;  // a running job's directory
-  const int victim = pid_of(job, "agent-1");
-  ASSERT_GT(victim, 0);
-  ASSERT_EQ(::kill(victim, SIGKILL), 0);
   auto st = job.proc->wait(120s);
   ASSERT_TRUE(st);
   ASSERT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
@@ -301,7 +303,8 @@ TEST(Trace, TheTracedStepsOfEveryWorkerAreInTraceJson) {
 // heard, its state) until the job ends, then exit 0.
 TEST(LiveView, StatusWatchRefreshesPerWorkerRowsUntilTheJobEnds) {
   TempDir dir;
-  Job job = start_job(dir, "observed", kMlp, 2, {"job.steps=150"}, {pace(10000)});
+  // (300 steps: `troupe top` starts in ~3 s under a sanitizer, and must see the job run.)
+  Job job = start_job(dir, "observed", kMlp, 2, {"job.steps=300"}, {pace(10000)});
   wait_steps(job, 5);
   const std::string out = dir.path() + "/top.out";
   coordinator::ChildProcess top(
