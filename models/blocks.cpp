@@ -5,11 +5,9 @@
 #include <stdexcept>
 #include <tuple>
 
-#include "models/kernels.h"
 #include "models/random.h"
 
 namespace troupe::models {
-namespace k = kernels;
 
 void fill_normal(Tensor& t, Rng& rng, double stddev) {
   float* p = t.data();
@@ -26,16 +24,6 @@ void fill_const(Tensor& t, float v) {
   float* p = t.data();
   for (size_t i = 0; i < t.numel(); ++i) p[i] = v;
 }
-// A cached activation buffer, reallocated only when its shape changes.
-void ensure(Tensor& t, std::vector<size_t> shape) {
-  if (!t.defined() || t.shape() != shape) t = Tensor(std::move(shape));
-}
-// A cached gradient buffer, zeroed (the kernels accumulate into it).
-Tensor& zeroed(Tensor& t, std::vector<size_t> shape) {
-  ensure(t, std::move(shape));
-  t.zero();
-  return t;
-}
 
 thread_local int lazy_parameters = 0;
 
@@ -44,6 +32,27 @@ thread_local int lazy_parameters = 0;
 LazyParameters::LazyParameters() { ++lazy_parameters; }
 LazyParameters::~LazyParameters() { --lazy_parameters; }
 bool LazyParameters::active() { return lazy_parameters > 0; }
+
+void Block::to(Compute& compute) {
+  if (!runs_on(compute.device()))
+    throw std::invalid_argument("a '" + kind() + "' block runs on the CPU only, not on " +
+                                compute.describe());
+  compute.move_storage(params_);
+  compute.move_storage(grads_);
+  compute_ = &compute;
+}
+
+Tensor& Block::ensure(Tensor& t, std::vector<size_t> shape) {
+  if (!t.defined() || t.shape() != shape || &t.storage()->compute() != compute_)
+    t = compute_->tensor(std::move(shape));
+  return t;
+}
+
+Tensor& Block::zeroed(Tensor& t, std::vector<size_t> shape) {
+  ensure(t, std::move(shape));
+  compute_->zero(t.data(), t.bytes());
+  return t;
+}
 
 namespace {
 
@@ -56,6 +65,7 @@ class LinearBlock : public Block {
     std::tie(b_, db_) = c.take("bias", {out});
   }
   std::string kind() const override { return relu_ ? "linear_relu" : "linear"; }
+  bool runs_on(Device) const override { return true; }
   double flops_per_sample() const override { return 3.0 * 2.0 * double(in_) * double(out_); }
   void init(uint64_t seed, size_t index) override {
     // PyTorch's default for nn.Linear: U(-1/sqrt(in), 1/sqrt(in)) for weight and bias.
@@ -64,35 +74,34 @@ class LinearBlock : public Block {
     fill_uniform(w_, rng, bound);
     fill_uniform(b_, rng, bound);
   }
-  Tensor forward(const Tensor& x, size_t B) override {
-    if (x.numel() != B * in_)
+  Tensor forward(const Tensor& input, size_t B) override {
+    if (input.numel() != B * in_)
       throw std::invalid_argument("linear block: input is not (B, " + std::to_string(in_) + ")");
+    const Tensor x = compute_->on_device(input);
     x_ = x;
     B_ = B;
     ensure(pre_, {B, out_});
-    k::linear_forward(pre_.data(), x.data(), w_.data(), b_.data(), B, in_, out_);
+    compute_->linear_forward(pre_.data(), x.data(), w_.data(), b_.data(), B, in_, out_);
     if (!relu_) return pre_;
     ensure(out_act_, {B, out_});
-    k::relu_forward(out_act_.data(), pre_.data(), B * out_);
+    compute_->relu_forward(out_act_.data(), pre_.data(), B * out_);
     return out_act_;
   }
-  Tensor backward(const Tensor& dy) override {
+  Tensor backward(const Tensor& grad) override {
+    const Tensor dy = compute_->on_device(grad);
     const Tensor* dpre = &dy;
     if (relu_) {
       ensure(dpre_, {B_, out_});
-      float* d = dpre_.data();
-      const float* g = dy.data();
-      const float* pre = pre_.data();
-      for (size_t i = 0; i < B_ * out_; ++i) d[i] = pre[i] > 0.0f ? g[i] : 0.0f;
+      compute_->relu_backward(dpre_.data(), dy.data(), pre_.data(), B_ * out_);
       dpre = &dpre_;
     }
     if (!needs_input_grad_) {
-      k::linear_backward(static_cast<float*>(nullptr), dw_.data(), db_.data(), dpre->data(),
+      compute_->linear_backward(static_cast<float*>(nullptr), dw_.data(), db_.data(), dpre->data(),
                          x_.data(), w_.data(), B_, in_, out_);
       return Tensor();
     }
     Tensor& dx = zeroed(dx_, {B_, in_});
-    k::linear_backward(dx.data(), dw_.data(), db_.data(), dpre->data(), x_.data(), w_.data(), B_,
+    compute_->linear_backward(dx.data(), dw_.data(), db_.data(), dpre->data(), x_.data(), w_.data(), B_,
                        in_, out_);
     return dx;
   }
@@ -129,13 +138,15 @@ class EmbeddingBlock : public Block {
     std::tie(wpe_, dwpe_) = c.take("pos.weight", {context, C});
   }
   std::string kind() const override { return "embedding"; }
+  bool runs_on(Device) const override { return true; }
   double flops_per_sample() const override { return 2.0 * double(T_) * double(C_); }
   void init(uint64_t seed, size_t index) override {
     Rng rng(mix(seed, index, 0x22));
     fill_normal(wte_, rng, 0.02);
     fill_normal(wpe_, rng, 0.01);
   }
-  Tensor forward(const Tensor& x, size_t B) override {
+  Tensor forward(const Tensor& input, size_t B) override {
+    const Tensor x = cpu_compute().on_device(input);  // (the ids are checked on the host)
     size_t T = x.numel() / B;
     if (x.numel() != B * T || T == 0 || T > T_) {
       throw std::invalid_argument("embedding block: input is not (B, T<=" + std::to_string(T_) +
@@ -153,11 +164,12 @@ class EmbeddingBlock : public Block {
     B_ = B;
     Tcur_ = T;
     ensure(out_, {B, T, C_});
-    k::embedding_forward(out_.data(), tokens_.data(), wte_.data(), wpe_.data(), B, T, C_);
+    compute_->embedding_forward(out_.data(), tokens_.data(), wte_.data(), wpe_.data(), B, T, C_);
     return out_;
   }
-  Tensor backward(const Tensor& dy) override {
-    k::embedding_backward(dwte_.data(), dwpe_.data(), dy.data(), tokens_.data(), B_, Tcur_, C_);
+  Tensor backward(const Tensor& grad) override {
+    const Tensor dy = compute_->on_device(grad);
+    compute_->embedding_backward(dwte_.data(), dwpe_.data(), dy.data(), tokens_.data(), B_, Tcur_, C_);
     return Tensor();
   }
   Tensor& wte() { return wte_; }
@@ -207,6 +219,7 @@ class TransformerBlock : public Block {
     std::tie(fcprojb_, dfcprojb_) = c.take("fc_out.bias", {C});
   }
   std::string kind() const override { return "transformer"; }
+  bool runs_on(Device) const override { return true; }
   double flops_per_sample() const override {
     double T = double(T_), C = double(C_);
     double fwd = 2.0 * T * 12.0 * C * C + 4.0 * T * T * C;
@@ -223,11 +236,12 @@ class TransformerBlock : public Block {
     fill_normal(projw_, rng, resid);
     fill_normal(fcprojw_, rng, resid);
   }
-  Tensor forward(const Tensor& x, size_t B) override {
-    size_t N = x.numel() / C_;
+  Tensor forward(const Tensor& input, size_t B) override {
+    size_t N = input.numel() / C_;
     size_t T = N / B;
-    if (x.numel() != B * T * C_ || T == 0 || T > T_)
+    if (input.numel() != B * T * C_ || T == 0 || T > T_)
       throw std::invalid_argument("transformer block: input is not (B, T, C)");
+    const Tensor x = compute_->on_device(input);
     B_ = B;
     Tc_ = T;
     const size_t C = C_;
@@ -236,7 +250,7 @@ class TransformerBlock : public Block {
     ensure(ln1m_, {N});
     ensure(ln1r_, {N});
     ensure(qkv_, {N, 3 * C});
-    ensure(att_, {B, NH_, T, T});
+    ensure(att_, {compute_->attention_saved(B, T, NH_)});
     ensure(atty_, {N, C});
     ensure(proj_, {N, C});
     ensure(x2_, {N, C});
@@ -247,21 +261,22 @@ class TransformerBlock : public Block {
     ensure(fchg_, {N, 4 * C});
     ensure(fcproj_, {N, C});
     ensure(out_, {N, C});
-    k::layernorm_forward(ln1_.data(), ln1m_.data(), ln1r_.data(), x.data(), ln1w_.data(),
+    compute_->layernorm_forward(ln1_.data(), ln1m_.data(), ln1r_.data(), x.data(), ln1w_.data(),
                          ln1b_.data(), N, C);
-    k::linear_forward(qkv_.data(), ln1_.data(), qkvw_.data(), qkvb_.data(), N, C, 3 * C);
-    k::attention_forward(atty_.data(), att_.data(), qkv_.data(), B, T, C, NH_);
-    k::linear_forward(proj_.data(), atty_.data(), projw_.data(), projb_.data(), N, C, C);
-    k::residual_forward(x2_.data(), x.data(), proj_.data(), N * C);
-    k::layernorm_forward(ln2_.data(), ln2m_.data(), ln2r_.data(), x2_.data(), ln2w_.data(),
+    compute_->linear_forward(qkv_.data(), ln1_.data(), qkvw_.data(), qkvb_.data(), N, C, 3 * C);
+    compute_->attention_forward(atty_.data(), att_.data(), qkv_.data(), B, T, C, NH_);
+    compute_->linear_forward(proj_.data(), atty_.data(), projw_.data(), projb_.data(), N, C, C);
+    compute_->residual_forward(x2_.data(), x.data(), proj_.data(), N * C);
+    compute_->layernorm_forward(ln2_.data(), ln2m_.data(), ln2r_.data(), x2_.data(), ln2w_.data(),
                          ln2b_.data(), N, C);
-    k::linear_forward(fch_.data(), ln2_.data(), fcw_.data(), fcb_.data(), N, C, 4 * C);
-    k::gelu_forward(fchg_.data(), fch_.data(), N * 4 * C);
-    k::linear_forward(fcproj_.data(), fchg_.data(), fcprojw_.data(), fcprojb_.data(), N, 4 * C, C);
-    k::residual_forward(out_.data(), x2_.data(), fcproj_.data(), N * C);
+    compute_->linear_forward(fch_.data(), ln2_.data(), fcw_.data(), fcb_.data(), N, C, 4 * C);
+    compute_->gelu_forward(fchg_.data(), fch_.data(), N * 4 * C);
+    compute_->linear_forward(fcproj_.data(), fchg_.data(), fcprojw_.data(), fcprojb_.data(), N, 4 * C, C);
+    compute_->residual_forward(out_.data(), x2_.data(), fcproj_.data(), N * C);
     return out_;
   }
-  Tensor backward(const Tensor& dy) override {
+  Tensor backward(const Tensor& grad) override {
+    const Tensor dy = compute_->on_device(grad);
     const size_t C = C_, N = B_ * Tc_;
     // Scratch gradients, zeroed: the kernels accumulate.
     Tensor& dx = zeroed(g_dx_, {N, C});
@@ -273,22 +288,23 @@ class TransformerBlock : public Block {
     Tensor& dqkv = zeroed(g_dqkv_, {N, 3 * C});
     Tensor& dln1 = zeroed(g_dln1_, {N, C});
     // out = x2 + fcproj: both get dy (fcproj's through the linear below)
-    std::memcpy(dx2.data(), dy.data(), N * C * sizeof(float));
-    k::linear_backward(dfchg.data(), dfcprojw_.data(), dfcprojb_.data(), dy.data(), fchg_.data(),
+    compute_->copy(dx2.data(), dy.data(), N * C * sizeof(float));
+    compute_->linear_backward(dfchg.data(), dfcprojw_.data(), dfcprojb_.data(), dy.data(), fchg_.data(),
                        fcprojw_.data(), N, 4 * C, C);
-    k::gelu_backward(dfch.data(), dfchg.data(), fch_.data(), N * 4 * C);
-    k::linear_backward(dln2.data(), dfcw_.data(), dfcb_.data(), dfch.data(), ln2_.data(),
+    compute_->gelu_backward(dfch.data(), dfchg.data(), fch_.data(), N * 4 * C);
+    compute_->linear_backward(dln2.data(), dfcw_.data(), dfcb_.data(), dfch.data(), ln2_.data(),
                        fcw_.data(), N, C, 4 * C);
-    k::layernorm_backward(dx2.data(), dln2w_.data(), dln2b_.data(), dln2.data(), x2_.data(),
+    compute_->layernorm_backward(dx2.data(), dln2w_.data(), dln2b_.data(), dln2.data(), x2_.data(),
                           ln2w_.data(), ln2m_.data(), ln2r_.data(), N, C);
     // x2 = x + proj
-    std::memcpy(dx.data(), dx2.data(), N * C * sizeof(float));
-    k::linear_backward(datty.data(), dprojw_.data(), dprojb_.data(), dx2.data(), atty_.data(),
+    compute_->copy(dx.data(), dx2.data(), N * C * sizeof(float));
+    compute_->linear_backward(datty.data(), dprojw_.data(), dprojb_.data(), dx2.data(), atty_.data(),
                        projw_.data(), N, C, C);
-    k::attention_backward(dqkv.data(), datty.data(), qkv_.data(), att_.data(), B_, Tc_, C, NH_);
-    k::linear_backward(dln1.data(), dqkvw_.data(), dqkvb_.data(), dqkv.data(), ln1_.data(),
+    compute_->attention_backward(dqkv.data(), datty.data(), qkv_.data(), atty_.data(), att_.data(),
+                                 B_, Tc_, C, NH_);
+    compute_->linear_backward(dln1.data(), dqkvw_.data(), dqkvb_.data(), dqkv.data(), ln1_.data(),
                        qkvw_.data(), N, C, 3 * C);
-    k::layernorm_backward(dx.data(), dln1w_.data(), dln1b_.data(), dln1.data(), x_.data(),
+    compute_->layernorm_backward(dx.data(), dln1w_.data(), dln1b_.data(), dln1.data(), x_.data(),
                           ln1w_.data(), ln1m_.data(), ln1r_.data(), N, C);
     return dx;
   }
@@ -348,6 +364,7 @@ class HeadBlock : public Block {
     }
   }
   std::string kind() const override { return tied_ ? "head_tied" : "head"; }
+  bool runs_on(Device) const override { return true; }
   double flops_per_sample() const override {
     return 3.0 * 2.0 * double(T_) * double(C_) * double(V_);
   }
@@ -356,27 +373,29 @@ class HeadBlock : public Block {
     fill_const(lnw_, 1.0f);
     if (!tied_) fill_normal(w_, rng, 0.02);
   }
-  Tensor forward(const Tensor& x, size_t B) override {
-    N_ = x.numel() / C_;
-    if (x.numel() != N_ * C_ || N_ % B != 0)
+  Tensor forward(const Tensor& input, size_t B) override {
+    N_ = input.numel() / C_;
+    if (input.numel() != N_ * C_ || N_ % B != 0)
       throw std::invalid_argument("head block: input is not (B, T, C)");
+    const Tensor x = compute_->on_device(input);
     x_ = x;
     ensure(ln_, {N_, C_});
     ensure(m_, {N_});
     ensure(r_, {N_});
     ensure(logits_, {N_, V_});
-    k::layernorm_forward(ln_.data(), m_.data(), r_.data(), x.data(), lnw_.data(), lnb_.data(), N_,
+    compute_->layernorm_forward(ln_.data(), m_.data(), r_.data(), x.data(), lnw_.data(), lnb_.data(), N_,
                          C_);
-    k::linear_forward(logits_.data(), ln_.data(), w_.data(), static_cast<const float*>(nullptr), N_,
+    compute_->linear_forward(logits_.data(), ln_.data(), w_.data(), static_cast<const float*>(nullptr), N_,
                       C_, V_);
     return logits_;
   }
-  Tensor backward(const Tensor& dy) override {
+  Tensor backward(const Tensor& grad) override {
+    const Tensor dy = compute_->on_device(grad);
     Tensor& dln = zeroed(dln_, {N_, C_});
     Tensor& dx = zeroed(dx_, {N_, C_});
-    k::linear_backward(dln.data(), dw_.data(), static_cast<float*>(nullptr), dy.data(), ln_.data(),
+    compute_->linear_backward(dln.data(), dw_.data(), static_cast<float*>(nullptr), dy.data(), ln_.data(),
                        w_.data(), N_, C_, V_);
-    k::layernorm_backward(dx.data(), dlnw_.data(), dlnb_.data(), dln.data(), x_.data(), lnw_.data(),
+    compute_->layernorm_backward(dx.data(), dlnw_.data(), dlnb_.data(), dln.data(), x_.data(), lnw_.data(),
                           m_.data(), r_.data(), N_, C_);
     return dx;
   }

@@ -10,12 +10,17 @@
 // Activations between blocks are float tensors: (B, D) features for the MLP; (B, T) token ids
 // (exact in float) into the GPT's embedding, then (B, T, C).
 //
+// A block is built and initialised in host memory and runs its kernels through a Compute
+// (models/compute.h): to() moves its parameters and gradients to another device, and its
+// forward() and backward() take their inputs from any device (copied to the block's first).
+//
 // Thread-safety: none; one block belongs to one worker thread.
 #pragma once
 
 #include <memory>
 #include <string>
 
+#include "models/compute.h"
 #include "models/tensor.h"
 
 namespace troupe::models {
@@ -45,6 +50,15 @@ class Block {
     size_t offset = 0;  // in elements, into params()
   };
   const std::vector<ParamView>& param_views() const { return views_; }
+  // The device this block's parameters live and its kernels run on (the CPU until to()).
+  Compute& compute() const { return *compute_; }
+  // Moves the parameters and gradients (and every view of them: a tied head's weight) to
+  // `compute`'s device; what forward cached moves on its next call. Throws std::invalid_argument for a block
+  // that runs on the CPU only (a program's own block: runs_on).
+  void to(Compute& compute);
+  // Whether the block's code runs on `device`: the built-in blocks call only their Compute; a
+  // program's own block reads its tensors on the host unless it says otherwise.
+  virtual bool runs_on(Device device) const { return device == Device::cpu; }
   // The first block of a model has no one to pass its input's gradient to: skip computing it.
   void set_needs_input_grad(bool needed) { needs_input_grad_ = needed; }
   Tensor& params() { return params_; }
@@ -76,9 +90,15 @@ class Block {
     }
   };
 
+  // A cached activation of `shape` on this block's device, reallocated only when its shape or
+  // device changes; zeroed() also zeroes it (for the kernels that accumulate).
+  Tensor& ensure(Tensor& t, std::vector<size_t> shape);
+  Tensor& zeroed(Tensor& t, std::vector<size_t> shape);
+
   Tensor params_, grads_;
   std::vector<ParamView> views_;
   bool needs_input_grad_ = true;
+  Compute* compute_ = &cpu_compute();
 };
 
 // For blocks' init(): t's values drawn in order from rng, uniform in [-bound, bound] or normal

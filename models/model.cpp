@@ -5,7 +5,6 @@
 #include <chrono>
 #include <stdexcept>
 
-#include "models/kernels.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -94,11 +93,26 @@ double Model::flops_per_sample() const {
 }
 
 void Model::init(uint64_t seed) {
+  // (Initialised on the host, from models/random.h's numbers: the same on every device.)
+  Compute& device = *compute_;
+  if (device.device() != Device::cpu)
+    for (auto& b : blocks_) b->to(cpu_compute());
   for (size_t i = 0; i < blocks_.size(); ++i) blocks_[i]->init(seed, i);
+  if (device.device() != Device::cpu)
+    for (auto& b : blocks_) b->to(device);
+}
+
+void Model::to(Compute& compute) {
+  for (auto& b : blocks_)
+    if (!b->runs_on(compute.device()))
+      throw std::invalid_argument("model '" + spec_.kind + "': its '" + b->kind() +
+                                  "' block runs on the CPU only, not on " + compute.describe());
+  for (auto& b : blocks_) b->to(compute);
+  compute_ = &compute;
 }
 
 void Model::zero_grads() {
-  for (auto& b : blocks_) b->grads().zero();
+  for (auto& b : blocks_) compute_->zero(b->grads().data(), b->grads().bytes());
 }
 
 ForwardResult Model::forward_backward(const Batch& batch, double loss_scale,
@@ -108,11 +122,14 @@ ForwardResult Model::forward_backward(const Batch& batch, double loss_scale,
   Tensor x = batch.inputs;
   for (auto& b : blocks_) x = b->forward(x, batch.size);
   const size_t rows = batch.targets.size(), classes = scored_classes(x, batch.targets);
-  if (!dlogits_.defined() || dlogits_.numel() != x.numel()) dlogits_ = Tensor({rows, classes});
+  x = compute_->on_device(x);
+  if (!dlogits_.defined() || dlogits_.numel() != x.numel() ||
+      &dlogits_.storage()->compute() != compute_)
+    dlogits_ = compute_->tensor({rows, classes});
   ForwardResult r;
   r.rows = rows;
-  r.loss = kernels::softmax_cross_entropy(dlogits_.data(), x.data(), batch.targets.data(), rows,
-                                          classes, loss_scale, &r.correct);
+  r.loss = compute_->cross_entropy(dlogits_.data(), x.data(), batch.targets.data(), rows, classes,
+                                   loss_scale, &r.correct);
   const auto t1 = Clock::now();
   Tensor d = dlogits_;
   for (size_t i = blocks_.size(); i-- > 0;) {
@@ -128,11 +145,12 @@ ForwardResult Model::evaluate(const Batch& batch) {
   Tensor x = batch.inputs;
   for (auto& b : blocks_) x = b->forward(x, batch.size);
   const size_t rows = batch.targets.size(), classes = scored_classes(x, batch.targets);
-  Tensor scratch({rows, classes});
+  x = compute_->on_device(x);
+  Tensor scratch = compute_->tensor({rows, classes});
   ForwardResult r;
   r.rows = rows;
-  r.loss = kernels::softmax_cross_entropy(scratch.data(), x.data(), batch.targets.data(), rows,
-                                          classes, 1.0 / double(rows), &r.correct);
+  r.loss = compute_->cross_entropy(scratch.data(), x.data(), batch.targets.data(), rows, classes,
+                                   1.0 / double(rows), &r.correct);
   return r;
 }
 

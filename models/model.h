@@ -69,7 +69,12 @@ class Model {
   };
   std::vector<Parameter> parameters() const;
 
-  void init(uint64_t seed);  // block i from (seed, i): the same whatever the layout
+  void init(uint64_t seed);  // block i from (seed, i): the same whatever the layout (and device)
+  // Moves every block's parameters and gradients to `compute`'s device, where the model's
+  // kernels run from now on (the CPU until then). Throws std::invalid_argument, before moving
+  // anything, when a block runs on the CPU only.
+  void to(Compute& compute);
+  Compute& compute() const { return *compute_; }
   void zero_grads();
   // Forward and backward of one micro-batch through all blocks; gradients accumulate.
   // block_done(i), if given, runs right after block i's backward (in reverse order): its gradient
@@ -82,6 +87,7 @@ class Model {
   ModelSpec spec_;
   std::vector<std::unique_ptr<Block>> blocks_;
   Tensor dlogits_;
+  Compute* compute_ = &cpu_compute();
 };
 
 // The classes the logits score per target row: logits.numel() / targets.size(). Throws

@@ -26,8 +26,14 @@ void Optimizer::release(size_t b) {
 }
 
 void Optimizer::ensure(size_t b) {
-  if (!m_.at(b).defined()) m_[b] = Tensor(std::vector<size_t>{counts_.at(b)});
-  if (has_v() && !v_.at(b).defined()) v_[b] = Tensor(std::vector<size_t>{counts_.at(b)});
+  if (!m_.at(b).defined()) m_[b] = compute_->tensor({counts_.at(b)});
+  if (has_v() && !v_.at(b).defined()) v_[b] = compute_->tensor({counts_.at(b)});
+}
+
+void Optimizer::to(Compute& compute) {
+  for (auto& t : m_) compute.move_storage(t);
+  for (auto& t : v_) compute.move_storage(t);
+  compute_ = &compute;
 }
 
 void Optimizer::set_lr(double lr) {
@@ -49,52 +55,28 @@ double Optimizer::lr_at(uint64_t step) const {
 void Optimizer::update(size_t b, Tensor& params, const Tensor& grads, uint64_t step,
                        double grad_scale) {
   const size_t n = params.numel();
-  float* p = params.data();
-  const float* g = grads.data();
-  float* m = m_.at(b).data();
   const float lr = float(lr_at(step));
   const float wd = float(spec_.weight_decay), scale = float(grad_scale);
   if (spec_.kind == "sgd") {
-    const float mu = float(spec_.momentum);
-    for (size_t i = 0; i < n; ++i) {
-      float gi = g[i] * scale + wd * p[i];
-      m[i] = mu * m[i] + gi;
-      p[i] -= lr * m[i];
-    }
+    compute_->sgd(params.data(), grads.data(), m_.at(b).data(), n, lr, float(spec_.momentum), wd,
+                  scale);
     return;
   }
-  float* v = v_.at(b).data();
-  const float b1 = float(spec_.beta1), b2 = float(spec_.beta2), eps = float(spec_.eps);
   const double t = double(step + 1);
-  const float c1 = float(1.0 / (1.0 - std::pow(spec_.beta1, t)));
-  const float c2 = float(1.0 / (1.0 - std::pow(spec_.beta2, t)));
-  for (size_t i = 0; i < n; ++i) {
-    float gi = g[i] * scale;
-    m[i] = b1 * m[i] + (1 - b1) * gi;
-    v[i] = b2 * v[i] + (1 - b2) * gi * gi;
-    float mhat = m[i] * c1, vhat = v[i] * c2;
-    p[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + wd * p[i]);
-  }
+  AdamWStep s{lr,
+              float(spec_.beta1),
+              float(spec_.beta2),
+              float(spec_.eps),
+              wd,
+              float(1.0 / (1.0 - std::pow(spec_.beta1, t))),
+              float(1.0 / (1.0 - std::pow(spec_.beta2, t))),
+              scale};
+  compute_->adamw(params.data(), grads.data(), m_.at(b).data(), v_.at(b).data(), n, s);
 }
 
 double grad_norm_sq(const Tensor& grads) {
-  // Float partial sums over chunks (vectorised), added in double: the result does not depend on
-  // the thread count or the machine, only on the data.
-  const float* g = grads.data();
-  const size_t n = grads.numel(), chunk = 1024;
-  double total = 0;
-  for (size_t at = 0; at < n; at += chunk) {
-    size_t end = std::min(n, at + chunk);
-    float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    size_t i = at;
-    for (; i + 8 <= end; i += 8)
-      for (int l = 0; l < 8; ++l) lanes[l] += g[i + l] * g[i + l];
-    for (; i < end; ++i) lanes[0] += g[i] * g[i];
-    float s = 0;
-    for (float v : lanes) s += v;
-    total += s;
-  }
-  return total;
+  if (!grads.defined()) return 0;
+  return grads.storage()->compute().grad_norm_sq(grads.data(), grads.numel());
 }
 
 double clip_factor(double total_norm_sq, double max_norm) {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "models/compute.h"
 #include "models/tensor.h"
 
 namespace troupe::models {
@@ -42,13 +43,18 @@ class Optimizer {
   // ensure allocates them again (zeros) before they are received or used.
   void release(size_t b);
   void ensure(size_t b);
+  // Moves the moments to `compute`'s device, where the updates run from now on (the model's:
+  // Model::to). The CPU until then.
+  void to(Compute& compute);
 
  private:
   OptimizerSpec spec_;
   std::vector<size_t> counts_;
   std::vector<Tensor> m_, v_;
+  Compute* compute_ = &cpu_compute();
 };
 
+// On the device the gradients are on (Compute::grad_norm_sq).
 double grad_norm_sq(const Tensor& grads);
 double clip_factor(double total_norm_sq, double max_norm);
 

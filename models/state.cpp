@@ -68,9 +68,10 @@ void save_block_state_into(std::vector<uint8_t>& into, Block& block, size_t inde
   uint8_t* at = into.data();
   std::memcpy(at, out.data(), out.size());
   at += out.size();
-  std::memcpy(at, block.params().data(), bytes_per);
-  std::memcpy(at + bytes_per, opt.m(index).data(), bytes_per);
-  if (moments == 2) std::memcpy(at + 2 * bytes_per, opt.v(index).data(), bytes_per);
+  std::vector<Tensor*> arrays{&block.params(), &opt.m(index)};
+  if (moments == 2) arrays.push_back(&opt.v(index));
+  for (size_t i = 0; i < arrays.size(); ++i)
+    arrays[i]->storage()->compute().to_host(at + i * bytes_per, arrays[i]->data(), bytes_per);
 }
 
 namespace {
@@ -118,9 +119,9 @@ size_t check_header(const std::vector<uint8_t>& bytes, size_t total, Block& bloc
   return r.at;
 }
 
-std::vector<float*> destinations(Block& block, size_t index, Optimizer& opt, uint8_t moments) {
-  std::vector<float*> out{block.params().data(), opt.m(index).data()};
-  if (moments == 2) out.push_back(opt.v(index).data());
+std::vector<Tensor*> destinations(Block& block, size_t index, Optimizer& opt, uint8_t moments) {
+  std::vector<Tensor*> out{&block.params(), &opt.m(index)};
+  if (moments == 2) out.push_back(&opt.v(index));
   return out;
 }
 
@@ -130,11 +131,12 @@ BlockState load_block_state(const std::vector<uint8_t>& bytes, Block& block, siz
                             Optimizer& opt) {
   BlockState s;
   uint8_t moments = 0;
-  const size_t at = check_header(bytes, bytes.size(), block, index, opt, s, moments);
+  size_t at = check_header(bytes, bytes.size(), block, index, opt, s, moments);
   const size_t bytes_per = block.param_count() * sizeof(float);
-  auto dst = destinations(block, index, opt, moments);
-  for (size_t i = 0; i < dst.size(); ++i)
-    std::memcpy(dst[i], bytes.data() + at + i * bytes_per, bytes_per);
+  for (Tensor* t : destinations(block, index, opt, moments)) {
+    t->storage()->compute().from_host(t->data(), bytes.data() + at, bytes_per);
+    at += bytes_per;
+  }
   return s;
 }
 
@@ -168,8 +170,19 @@ BlockState load_block_state_file(const std::string& path, Block& block, size_t i
     throw std::runtime_error(path + ": " + e.what());
   }
   const size_t bytes_per = block.param_count() * sizeof(float);
-  auto dst = destinations(block, index, opt, moments);
-  for (size_t i = 0; i < dst.size(); ++i) read_at(dst[i], bytes_per, at + i * bytes_per);
+  // Straight into host buffers; a device's through one staging buffer.
+  std::vector<uint8_t> staging;
+  for (Tensor* t : destinations(block, index, opt, moments)) {
+    Compute& c = t->storage()->compute();
+    if (c.device() == Device::cpu) {
+      read_at(t->data(), bytes_per, at);
+    } else {
+      staging.resize(bytes_per);
+      read_at(staging.data(), bytes_per, at);
+      c.from_host(t->data(), staging.data(), bytes_per);
+    }
+    at += bytes_per;
+  }
   return s;
 }
 

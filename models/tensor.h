@@ -1,17 +1,14 @@
-// Tensors: fp32 (or fp64 in tests), 64-byte-aligned storage, a shape, and views over flat
-// buffers. A block's parameters are one flat buffer; each weight is a view into it.
+// Tensors: fp32 (or fp64 in tests), a shape, and views over flat buffers, in the memory of one
+// device (host memory, 64-byte aligned, or a device's: models/compute.h). A block's parameters
+// are one flat buffer; each weight is a view into it.
 //
 // Thread-safety: none. Storage is shared between a tensor and its views (shared_ptr).
 #pragma once
 
-#include <sys/mman.h>
-
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <new>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -20,83 +17,93 @@ namespace troupe::models {
 
 enum class Device : uint8_t { cpu = 0, cuda = 1 };
 
-// Large buffers (4 MiB and up) are asked to be backed by transparent huge pages: the first
-// touch of a model's parameters, gradients and moments is one page fault per 2 MiB instead of
-// per 4 KiB (320 MB: 0.29 s instead of 1.26 s here), which is most of what a joining worker
-// spends building itself, and fewer TLB misses after.
+class Compute;
+
+// A tensor's memory: an allocation on one device. HostMemory below is the CPU's; a device's
+// Compute (models/compute.h) makes its own. Freed by its destructor.
+class Memory {
+ public:
+  virtual ~Memory() = default;
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  Device device() const { return device_; }
+  // The Compute whose kernels run on this memory (the one that allocated it).
+  Compute& compute() const { return *compute_; }
+  // Gives the memory back where it can (lazy host buffers); its contents read as zeros after.
+  virtual void discard() = 0;
+
+ protected:
+  Memory(void* data, size_t bytes, Device device, Compute& compute)
+      : data_(data), bytes_(bytes), device_(device), compute_(&compute) {}
+  void* data_;
+  size_t bytes_;
+  Device device_;
+  Compute* compute_;
+};
+
+// Host memory, 64-byte aligned and zeroed. Large buffers (4 MiB and up) are asked to be backed
+// by transparent huge pages: the first touch of a model's parameters, gradients and moments is
+// one page fault per 2 MiB instead of per 4 KiB (320 MB: 0.29 s instead of 1.26 s here), which
+// is most of what a joining worker spends building itself, and fewer TLB misses after.
 //
 // A lazy buffer is mapped but not touched: it reads as zeros and takes no memory until written
 // (a pipeline worker builds every block but backs only its stage's). discard() gives a lazy
 // buffer's memory back (its contents become zeros again); on others it only zeroes.
-template <typename T>
-class AlignedBuffer {
+class HostMemory final : public Memory {
  public:
   static constexpr size_t kHugePage = size_t(2) << 20;
+  HostMemory(size_t bytes, bool lazy);
+  ~HostMemory() override;
+  HostMemory(const HostMemory&) = delete;
+  HostMemory& operator=(const HostMemory&) = delete;
+  void discard() override;
 
-  explicit AlignedBuffer(size_t n, bool lazy = false) : size_(n) {
-    size_t bytes = ((n * sizeof(T) + 63) / 64) * 64;
-    if (bytes == 0) bytes = 64;
-    const bool huge = bytes >= 2 * kHugePage;
-    if (huge) bytes = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-    if (lazy) {
-      // (mmap's address is page-aligned; huge pages need 2 MiB alignment: map a little more.)
-      size_t extra = huge ? kHugePage : 0;
-      void* p =
-          mmap(nullptr, bytes + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (p == MAP_FAILED) throw std::bad_alloc();
-      map_ = p;
-      map_bytes_ = bytes + extra;
-      auto at = reinterpret_cast<uintptr_t>(p);
-      if (huge) at = (at + kHugePage - 1) / kHugePage * kHugePage;
-      data_ = reinterpret_cast<T*>(at);
-      bytes_ = bytes;
-      if (huge) madvise(data_, bytes, MADV_HUGEPAGE);
-      return;
-    }
-    data_ = static_cast<T*>(std::aligned_alloc(huge ? kHugePage : 64, bytes));
-    if (!data_) throw std::bad_alloc();
-    if (huge) madvise(data_, bytes, MADV_HUGEPAGE);  // advice: fine if it is not taken
-    std::memset(data_, 0, bytes);
-    bytes_ = bytes;
-  }
-  ~AlignedBuffer() {
-    if (map_)
-      munmap(map_, map_bytes_);
-    else
-      std::free(data_);
-  }
-  AlignedBuffer(const AlignedBuffer&) = delete;
-  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
-  T* data() { return data_; }
-  size_t size() const { return size_; }
-  void discard() {
-    if (map_)
-      madvise(data_, bytes_, MADV_DONTNEED);  // private anonymous: zeros on the next touch
-    else
-      std::memset(data_, 0, bytes_);
+ private:
+  size_t rounded_;        // the bytes allocated (bytes() rounded up)
+  void* map_ = nullptr;   // lazy buffers: the mapping
+  size_t map_bytes_ = 0;
+};
+
+// What tensors and their views share: the memory, which can be replaced under them (a model's
+// parameters moved to a device stay viewed by every weight carved out of them).
+class Storage {
+ public:
+  explicit Storage(std::unique_ptr<Memory> memory) : memory_(std::move(memory)) {}
+  void* data() const { return memory_->data(); }
+  size_t bytes() const { return memory_->bytes(); }
+  Device device() const { return memory_->device(); }
+  Compute& compute() const { return memory_->compute(); }
+  void discard() { memory_->discard(); }
+  // Every tensor viewing this storage views `memory` from now on (of the same size or larger).
+  void replace(std::unique_ptr<Memory> memory) {
+    if (memory->bytes() < memory_->bytes())
+      throw std::invalid_argument("a storage replaced by smaller memory");
+    memory_ = std::move(memory);
   }
 
  private:
-  T* data_ = nullptr;
-  size_t size_, bytes_ = 0;
-  void* map_ = nullptr;  // lazy buffers: the mapping
-  size_t map_bytes_ = 0;
+  std::unique_ptr<Memory> memory_;
 };
 
 template <typename T>
 class TensorT {
  public:
   TensorT() = default;
-  explicit TensorT(std::vector<size_t> shape, Device device = Device::cpu)
-      : shape_(std::move(shape)), device_(device) {
-    if (device != Device::cpu) throw std::invalid_argument("only cpu tensors are allocated here");
-    storage_ = std::make_shared<AlignedBuffer<T>>(numel());
+  // Zeros in host memory.
+  explicit TensorT(std::vector<size_t> shape) : shape_(std::move(shape)) {
+    storage_ = host_storage(numel() * sizeof(T), false);
   }
-  // Zeros that take no memory until written (AlignedBuffer's lazy buffers).
+  // A tensor over `storage` (a device's memory: Compute::tensor), from its start.
+  TensorT(std::vector<size_t> shape, std::shared_ptr<Storage> storage)
+      : storage_(std::move(storage)), shape_(std::move(shape)) {
+    if (numel() * sizeof(T) > storage_->bytes())
+      throw std::out_of_range("a tensor larger than its storage");
+  }
+  // Zeros that take no memory until written (HostMemory's lazy buffers).
   static TensorT lazy(std::vector<size_t> shape) {
     TensorT t;
     t.shape_ = std::move(shape);
-    t.storage_ = std::make_shared<AlignedBuffer<T>>(t.numel(), true);
+    t.storage_ = host_storage(t.numel() * sizeof(T), true);
     return t;
   }
   // Gives the whole storage's memory back (every view of it reads zeros after).
@@ -110,15 +117,18 @@ class TensorT {
     v.storage_ = storage_;
     v.offset_ = offset_ + offset;
     v.shape_ = std::move(shape);
-    v.device_ = device_;
-    if (v.offset_ + v.numel() > storage_->size()) {
+    if ((v.offset_ + v.numel()) * sizeof(T) > storage_->bytes()) {
       throw std::out_of_range("tensor view past the end of its storage");
     }
     return v;
   }
 
-  T* data() { return storage_ ? storage_->data() + offset_ : nullptr; }
-  const T* data() const { return storage_ ? storage_->data() + offset_ : nullptr; }
+  // The elements, in the memory of device(): only host memory may be read here; a device's is
+  // read and written through its Compute.
+  T* data() { return storage_ ? static_cast<T*>(storage_->data()) + offset_ : nullptr; }
+  const T* data() const {
+    return storage_ ? static_cast<const T*>(storage_->data()) + offset_ : nullptr;
+  }
   const std::vector<size_t>& shape() const { return shape_; }
   size_t dim(size_t i) const { return shape_.at(i); }
   size_t numel() const {
@@ -126,17 +136,26 @@ class TensorT {
     for (size_t d : shape_) n *= d;
     return shape_.empty() ? 0 : n;
   }
-  Device device() const { return device_; }
+  size_t bytes() const { return numel() * sizeof(T); }
+  Device device() const { return storage_ ? storage_->device() : Device::cpu; }
   bool defined() const { return storage_ != nullptr; }
+  // The storage this tensor views (shared with its views); null when undefined.
+  const std::shared_ptr<Storage>& storage() const { return storage_; }
+  // Zeroes a host tensor (a device's: Compute::zero).
   void zero() {
-    if (storage_) std::memset(data(), 0, numel() * sizeof(T));
+    if (!storage_) return;
+    if (device() != Device::cpu)
+      throw std::logic_error("Tensor::zero on device memory (use its Compute)");
+    std::memset(data(), 0, bytes());
   }
 
  private:
-  std::shared_ptr<AlignedBuffer<T>> storage_;
+  static std::shared_ptr<Storage> host_storage(size_t bytes, bool lazy) {
+    return std::make_shared<Storage>(std::make_unique<HostMemory>(bytes, lazy));
+  }
+  std::shared_ptr<Storage> storage_;
   size_t offset_ = 0;
   std::vector<size_t> shape_;
-  Device device_ = Device::cpu;
 };
 
 using Tensor = TensorT<float>;

@@ -1,0 +1,102 @@
+// The kernels of one device behind one table. Blocks, models, the optimizer, clipping and block
+// state call a Compute, never a device's kernels directly: the same block code trains on the CPU
+// (cpu_compute(): models/kernels.h and OpenBLAS) and on a GPU (models/cuda/compute.h: the CUDA
+// kernels and cuBLASLt), and a model moves between them with Model::to.
+//
+// A Compute belongs to one worker thread. The CPU's is stateless and shared; a CUDA one owns its
+// stream, its GEMM plans and its scratch, and must outlive every tensor it allocated.
+//
+// Pointers are this Compute's device memory unless named host_. Calls may run asynchronously on
+// the device, in call order; the ones that return a value to the host (cross_entropy,
+// grad_norm_sq) and to_host wait for what they need. Backward kernels ACCUMULATE (+=) into
+// gradients, as models/kernels.h, except where a comment says overwrite.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/tensor.h"
+
+namespace troupe::models {
+
+// One AdamW step's constants (models/optim.cpp): c1, c2 the bias corrections 1 / (1 - beta^t).
+struct AdamWStep {
+  float lr, beta1, beta2, eps, weight_decay, c1, c2, grad_scale;
+};
+
+class Compute {
+ public:
+  virtual ~Compute() = default;
+  virtual Device device() const = 0;
+  virtual std::string describe() const = 0;  // "cpu", "cuda:0 (NVIDIA H200, ...)"
+
+  // ---- memory -------------------------------------------------------------------------------
+  // `bytes` of zeros on this device.
+  virtual std::unique_ptr<Memory> allocate(size_t bytes) = 0;
+  virtual void zero(void* p, size_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // within this device
+  virtual void to_host(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual void from_host(void* dst, const void* host_src, size_t bytes) = 0;
+  // Waits until every call made so far has finished.
+  virtual void synchronize() = 0;
+
+  // A tensor of zeros on this device.
+  Tensor tensor(std::vector<size_t> shape);
+  // `t` on this device: itself when it is there already, else a copy (from host memory, or to
+  // it from the device `t` is on).
+  Tensor on_device(const Tensor& t);
+  // Moves the storage `t` views (and so every view of it) to this device, in place.
+  void move_storage(Tensor& t);
+
+  // ---- kernels (float), in models/kernels.h's legend: B, T, C, OC, NH, V; row-major ---------
+  virtual void linear_forward(float* out, const float* inp, const float* weight, const float* bias,
+                              size_t N, size_t C, size_t OC) = 0;
+  // dinp (may be null), dweight, dbias (may be null) accumulate.
+  virtual void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                               const float* inp, const float* weight, size_t N, size_t C,
+                               size_t OC) = 0;
+  virtual void relu_forward(float* out, const float* inp, size_t n) = 0;
+  // Overwrites: dinp = dout where inp > 0, else 0.
+  virtual void relu_backward(float* dinp, const float* dout, const float* inp, size_t n) = 0;
+  virtual void gelu_forward(float* out, const float* inp, size_t n) = 0;
+  virtual void gelu_backward(float* dinp, const float* dout, const float* inp, size_t n) = 0;
+  virtual void residual_forward(float* out, const float* a, const float* b, size_t n) = 0;
+  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                                 const float* weight, const float* bias, size_t N, size_t C) = 0;
+  virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                  const float* inp, const float* weight, const float* mean,
+                                  const float* rstd, size_t N, size_t C) = 0;
+  // The tokens are on the host (checked against the vocabulary there: Block code).
+  virtual void embedding_forward(float* out, const int32_t* host_tokens, const float* wte,
+                                 const float* wpe, size_t B, size_t T, size_t C) = 0;
+  virtual void embedding_backward(float* dwte, float* dwpe, const float* dout,
+                                  const int32_t* host_tokens, size_t B, size_t T, size_t C) = 0;
+  // Causal attention keeps attention_saved(B, T, NH) floats from forward for backward (the CPU:
+  // the probabilities; a fused kernel: each row's log-sum-exp). backward reads forward's out.
+  virtual size_t attention_saved(size_t B, size_t T, size_t NH) const = 0;
+  virtual void attention_forward(float* out, float* saved, const float* qkv, size_t B, size_t T,
+                                 size_t C, size_t NH) = 0;
+  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv,
+                                  const float* out, const float* saved, size_t B, size_t T,
+                                  size_t C, size_t NH) = 0;
+  // Softmax cross-entropy with host targets: overwrites dlogits; returns the sum of the rows'
+  // losses times `scale`; *correct (if given) the rows whose argmax is their target.
+  virtual double cross_entropy(float* dlogits, const float* logits, const int32_t* host_targets,
+                               size_t N, size_t V, double scale, size_t* correct) = 0;
+
+  // ---- the optimizer ------------------------------------------------------------------------
+  // Sum of squares of g, in float per chunk of 1024 and in double over chunks.
+  virtual double grad_norm_sq(const float* g, size_t n) = 0;
+  virtual void adamw(float* p, const float* g, float* m, float* v, size_t n,
+                     const AdamWStep& s) = 0;
+  virtual void sgd(float* p, const float* g, float* m, size_t n, float lr, float momentum,
+                   float weight_decay, float grad_scale) = 0;
+};
+
+// The CPU's Compute (one for the process; stateless).
+Compute& cpu_compute();
+
+}  // namespace troupe::models
