@@ -1,0 +1,193 @@
+#include "models/cuda/compute.h"
+
+#include <numeric>
+#include <vector>
+
+#include "models/cuda/kernels.h"
+
+namespace troupe::models::cuda {
+namespace {
+
+// Pool memory of one CudaCompute, freed in its stream's order.
+class CudaMemory final : public Memory {
+ public:
+  CudaMemory(size_t bytes, CudaCompute& owner)
+      : Memory(pool_allocate(bytes == 0 ? 1 : bytes, owner.stream()), bytes, Device::cuda,
+               owner),
+        stream_(owner.stream()) {
+    fill_zero(data_, bytes, stream_);
+  }
+  ~CudaMemory() override { pool_free(data_, stream_); }
+  CudaMemory(const CudaMemory&) = delete;
+  CudaMemory& operator=(const CudaMemory&) = delete;
+  void discard() override { fill_zero(data_, bytes_, stream_); }
+
+ private:
+  cudaStream_t stream_;
+};
+
+}  // namespace
+
+CudaCompute::CudaCompute(int device, GemmInput gemm) : device_(device), gemm_input_(gemm) {
+  TROUPE_CUDA_CHECK(cudaSetDevice(device));
+  keep_pool_memory(device);
+  stream_ = std::make_unique<Stream>();
+  gemm_ = std::make_unique<Gemm>(stream_->get());
+}
+
+CudaCompute::~CudaCompute() {
+  // (Pending work finishes before the stream and the plans go; errors cannot be thrown here.)
+  cudaStreamSynchronize(stream_->get());
+}
+
+std::string CudaCompute::describe() const {
+  return "cuda:" + std::to_string(device_) + " (" + cuda::describe(device_) +
+         (gemm_input_ == GemmInput::bf16 ? ", bf16 GEMM inputs)" : ")");
+}
+
+template <typename T>
+DeviceBuffer<T> CudaCompute::upload(const T* host, size_t n) {
+  DeviceBuffer<T> d(n, stream());
+  // (From pageable memory the call returns once the host bytes are staged: `host` may go.)
+  copy_to_device(d.data(), host, n * sizeof(T), stream());
+  return d;
+}
+
+// ---- memory -----------------------------------------------------------------------------------
+
+std::unique_ptr<Memory> CudaCompute::allocate(size_t bytes) {
+  return std::make_unique<CudaMemory>(bytes, *this);
+}
+void CudaCompute::zero(void* p, size_t bytes) { fill_zero(p, bytes, stream()); }
+void CudaCompute::copy(void* dst, const void* src, size_t bytes) {
+  TROUPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()));
+}
+void CudaCompute::to_host(void* host_dst, const void* src, size_t bytes) {
+  copy_to_host(host_dst, src, bytes, stream());
+  stream_->synchronize();  // (the host reads it next)
+}
+void CudaCompute::from_host(void* dst, const void* host_src, size_t bytes) {
+  copy_to_device(dst, host_src, bytes, stream());
+}
+void CudaCompute::synchronize() { stream_->synchronize(); }
+
+// ---- kernels ----------------------------------------------------------------------------------
+
+void CudaCompute::linear_forward(float* out, const float* inp, const float* weight,
+                                 const float* bias, size_t N, size_t C, size_t OC) {
+  if (gemm_input_ == GemmInput::f32) {
+    gemm_->linear_forward(out, inp, weight, bias, N, C, OC);
+    return;
+  }
+  auto in16 = scratch<uint16_t>(N * C), w16 = scratch<uint16_t>(OC * C);
+  to_bf16(in16.data(), inp, N * C, stream());
+  to_bf16(w16.data(), weight, OC * C, stream());
+  gemm_->linear_forward_bf16(out, in16.data(), w16.data(), bias, N, C, OC);
+}
+
+void CudaCompute::linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                  const float* inp, const float* weight, size_t N, size_t C,
+                                  size_t OC) {
+  gemm_->linear_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+}
+
+void CudaCompute::relu_forward(float* out, const float* inp, size_t n) {
+  cuda::relu_forward(out, inp, n, stream());
+}
+void CudaCompute::relu_backward(float* dinp, const float* dout, const float* inp, size_t n) {
+  fill_zero(dinp, n * sizeof(float), stream());  // (overwrite: the kernel accumulates)
+  cuda::relu_backward(dinp, dout, inp, n, stream());
+}
+void CudaCompute::gelu_forward(float* out, const float* inp, size_t n) {
+  cuda::gelu_forward(out, inp, n, stream());
+}
+void CudaCompute::gelu_backward(float* dinp, const float* dout, const float* inp, size_t n) {
+  cuda::gelu_backward(dinp, dout, inp, n, stream());
+}
+void CudaCompute::residual_forward(float* out, const float* a, const float* b, size_t n) {
+  cuda::residual_forward(out, a, b, n, stream());
+}
+
+void CudaCompute::layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                                    const float* weight, const float* bias, size_t N, size_t C) {
+  cuda::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, stream());
+}
+void CudaCompute::layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                     const float* inp, const float* weight, const float* mean,
+                                     const float* rstd, size_t N, size_t C) {
+  auto s = scratch<float>(layernorm_scratch(N, C));
+  cuda::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, s.data(),
+                           stream());
+}
+
+void CudaCompute::embedding_forward(float* out, const int32_t* host_tokens, const float* wte,
+                                    const float* wpe, size_t B, size_t T, size_t C) {
+  auto tokens = upload(host_tokens, B * T);
+  cuda::embedding_forward(out, tokens.data(), wte, wpe, B, T, C, stream());
+}
+void CudaCompute::embedding_backward(float* dwte, float* dwpe, const float* dout,
+                                     const int32_t* host_tokens, size_t B, size_t T, size_t C) {
+  const TokenGroups g = group_tokens(host_tokens, B * T);
+  auto tokens = upload(g.tokens.data(), g.tokens.size());
+  auto offsets = upload(g.offsets.data(), g.offsets.size());
+  auto positions = upload(g.positions.data(), g.positions.size());
+  cuda::embedding_backward(dwte, dwpe, dout, tokens.data(), offsets.data(), positions.data(),
+                           g.tokens.size(), B, T, C, stream());
+}
+
+void CudaCompute::attention_forward(float* out, float* saved, const float* qkv, size_t B,
+                                    size_t T, size_t C, size_t NH) {
+  cuda::attention_forward(out, saved, qkv, B, T, C, NH, stream());
+}
+void CudaCompute::attention_backward(float* dqkv, const float* dout, const float* qkv,
+                                     const float* out, const float* saved, size_t B, size_t T,
+                                     size_t C, size_t NH) {
+  auto s = scratch<float>(B * NH * T);
+  cuda::attention_backward(dqkv, dout, qkv, out, saved, B, T, C, NH, s.data(), stream());
+}
+
+double CudaCompute::cross_entropy(float* dlogits, const float* logits, const int32_t* host_targets,
+                                  size_t N, size_t V, double scale, size_t* correct) {
+  if (N == 0) return 0;
+  if (dlogits != logits) copy(dlogits, logits, N * V * sizeof(float));  // (then in place)
+  auto targets = upload(host_targets, N);
+  auto losses = scratch<double>(N);
+  auto right = scratch<int32_t>(N);
+  auto total = scratch<double>(1);
+  softmax_cross_entropy(dlogits, losses.data(), right.data(), targets.data(), N, V, scale,
+                        stream());
+  sum_to_double(total.data(), losses.data(), N, stream());
+  double loss = 0;
+  std::vector<int32_t> rows(correct ? N : 0);
+  copy_to_host(&loss, total.data(), sizeof loss, stream());
+  if (correct) copy_to_host(rows.data(), right.data(), N * sizeof(int32_t), stream());
+  stream_->synchronize();
+  if (correct) *correct = size_t(std::accumulate(rows.begin(), rows.end(), int64_t(0)));
+  return loss;
+}
+
+// ---- the optimizer ----------------------------------------------------------------------------
+
+double CudaCompute::grad_norm_sq(const float* g, size_t n) {
+  if (n == 0) return 0;
+  auto s = scratch<double>(norm_scratch(n));
+  auto total = scratch<double>(1);
+  cuda::grad_norm_sq(total.data(), g, n, s.data(), stream());
+  double out = 0;
+  to_host(&out, total.data(), sizeof out);
+  return out;
+}
+
+void CudaCompute::adamw(float* p, const float* g, float* m, float* v, size_t n,
+                        const models::AdamWStep& s) {
+  cuda::adamw(p, g, m, v, n,
+              {s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.c1, s.c2, s.grad_scale},
+              stream());
+}
+
+void CudaCompute::sgd(float* p, const float* g, float* m, size_t n, float lr, float momentum,
+                      float weight_decay, float grad_scale) {
+  cuda::sgd(p, g, m, n, lr, momentum, weight_decay, grad_scale, stream());
+}
+
+}  // namespace troupe::models::cuda

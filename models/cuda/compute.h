@@ -1,0 +1,86 @@
+// The CUDA device's Compute (models/compute.h): the kernels of models/cuda/kernels.h and the
+// cuBLASLt GEMMs of gemm.h, in order on one stream of one GPU, with memory from the device's
+// stream-ordered pool (runtime.h). A model moved to it (Model::to) trains on the GPU with the
+// same block code as on the CPU; tests/gpu/ checks that it follows the CPU's losses.
+//
+// Mixed precision (GemmInput::bf16): the linear layers' forward GEMMs read their input and
+// weight rounded to bf16 (converted on the fly into pool scratch) and accumulate and write f32;
+// everything else, the master weights and the optimizer's moments stay f32.
+//
+// Thread-safety: one worker thread. It must outlive every tensor it allocated.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "models/compute.h"
+#include "models/cuda/gemm.h"
+#include "models/cuda/runtime.h"
+
+namespace troupe::models::cuda {
+
+class CudaCompute final : public Compute {
+ public:
+  // On GPU `device` (made this thread's current device). Throws CudaError when it cannot be used.
+  explicit CudaCompute(int device = 0, GemmInput gemm = GemmInput::f32);
+  ~CudaCompute() override;
+
+  Device device() const override { return Device::cuda; }
+  std::string describe() const override;
+  int ordinal() const { return device_; }
+  cudaStream_t stream() const { return stream_->get(); }
+
+  std::unique_ptr<Memory> allocate(size_t bytes) override;
+  void zero(void* p, size_t bytes) override;
+  void copy(void* dst, const void* src, size_t bytes) override;
+  void to_host(void* host_dst, const void* src, size_t bytes) override;
+  void from_host(void* dst, const void* host_src, size_t bytes) override;
+  void synchronize() override;
+
+  void linear_forward(float* out, const float* inp, const float* weight, const float* bias,
+                      size_t N, size_t C, size_t OC) override;
+  void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                       const float* inp, const float* weight, size_t N, size_t C,
+                       size_t OC) override;
+  void relu_forward(float* out, const float* inp, size_t n) override;
+  void relu_backward(float* dinp, const float* dout, const float* inp, size_t n) override;
+  void gelu_forward(float* out, const float* inp, size_t n) override;
+  void gelu_backward(float* dinp, const float* dout, const float* inp, size_t n) override;
+  void residual_forward(float* out, const float* a, const float* b, size_t n) override;
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                         const float* weight, const float* bias, size_t N, size_t C) override;
+  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                          const float* inp, const float* weight, const float* mean,
+                          const float* rstd, size_t N, size_t C) override;
+  void embedding_forward(float* out, const int32_t* host_tokens, const float* wte,
+                         const float* wpe, size_t B, size_t T, size_t C) override;
+  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* host_tokens,
+                          size_t B, size_t T, size_t C) override;
+  size_t attention_saved(size_t B, size_t T, size_t NH) const override { return B * NH * T; }
+  void attention_forward(float* out, float* saved, const float* qkv, size_t B, size_t T, size_t C,
+                         size_t NH) override;
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                          const float* saved, size_t B, size_t T, size_t C, size_t NH) override;
+  double cross_entropy(float* dlogits, const float* logits, const int32_t* host_targets, size_t N,
+                       size_t V, double scale, size_t* correct) override;
+
+  double grad_norm_sq(const float* g, size_t n) override;
+  void adamw(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& s) override;
+  void sgd(float* p, const float* g, float* m, size_t n, float lr, float momentum,
+           float weight_decay, float grad_scale) override;
+
+ private:
+  template <typename T>
+  DeviceBuffer<T> scratch(size_t n) {
+    return DeviceBuffer<T>(n, stream());
+  }
+  template <typename T>
+  DeviceBuffer<T> upload(const T* host, size_t n);
+
+  int device_;
+  GemmInput gemm_input_;
+  std::unique_ptr<Stream> stream_;
+  std::unique_ptr<Gemm> gemm_;
+};
+
+}  // namespace troupe::models::cuda

@@ -1,0 +1,140 @@
+// Models trained on the CUDA device (models/cuda/compute.h) against the same models on the CPU:
+// the same block code, the same data and initialisation, only the Compute differs. Each test
+// skips, saying why, without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "models/cuda/compute.h"
+#include "models/data.h"
+#include "models/state.h"
+#include "models/trainer.h"
+
+namespace troupe::models {
+namespace {
+
+#define SKIP_WITHOUT_GPU()              \
+  if (cuda::device_count() == 0)        \
+  GTEST_SKIP() << "needs a CUDA device: " << cuda::describe(0)
+
+std::vector<size_t> counts_of(Model& m) {
+  std::vector<size_t> c;
+  for (size_t i = 0; i < m.num_blocks(); ++i) c.push_back(m.block(i).param_count());
+  return c;
+}
+
+ModelSpec gpt(size_t vocab, size_t context, size_t d_model, size_t heads, size_t layers) {
+  ModelSpec spec;
+  spec.kind = "gpt";
+  spec.vocab = vocab;
+  spec.context = context;
+  spec.d_model = d_model;
+  spec.heads = heads;
+  spec.layers = layers;
+  return spec;
+}
+
+std::vector<double> losses(const ModelSpec& spec, const OptimizerSpec& os, const Dataset& data,
+                           Compute& compute, int steps, size_t batch, size_t micro) {
+  Model m(spec);
+  Optimizer opt(os, counts_of(m));
+  m.init(7);
+  m.to(compute);
+  opt.to(compute);
+  Trainer t(m, opt, data, 11, batch, micro);
+  std::vector<double> out;
+  for (int s = 0; s < steps; ++s) out.push_back(t.step(uint64_t(s)).loss);
+  return out;
+}
+
+OptimizerSpec adamw(double lr) {
+  OptimizerSpec os;
+  os.kind = "adamw";
+  os.lr = lr;
+  os.weight_decay = 0.1;
+  os.clip_norm = 1.0;
+  return os;
+}
+
+// f32 on the GPU follows the CPU step by step (the bar: 1e-3 relative over 50 steps), at
+// shapes that are not multiples of 8: context 37, d_model 60, 5 heads, micro-batches of 5.
+TEST(GpuModel, AGptTrainedFiftyStepsFollowsTheCpusLosses) {
+  SKIP_WITHOUT_GPU();
+  set_compute_threads(4);
+  CharText text(kDefaultTextPath, 37);
+  const ModelSpec spec = gpt(text.vocab(), 37, 60, 5, 3);
+  cuda::CudaCompute device(0);
+  const auto cpu = losses(spec, adamw(2e-3), text, cpu_compute(), 50, 15, 5);
+  const auto gpu = losses(spec, adamw(2e-3), text, device, 50, 15, 5);
+  double worst = 0;
+  for (size_t s = 0; s < cpu.size(); ++s) {
+    const double rel = std::abs(gpu[s] - cpu[s]) / std::abs(cpu[s]);
+    worst = std::max(worst, rel);
+    EXPECT_LT(rel, 1e-3) << "step " << s << ": cpu " << cpu[s] << ", gpu " << gpu[s];
+  }
+  std::printf("GPT 50 steps, f32: the largest relative loss difference GPU vs CPU %.3g\n", worst);
+  EXPECT_LT(gpu.back(), gpu.front() - 0.5) << "it learns";
+}
+
+TEST(GpuModel, AnMlpFollowsTheCpusLosses) {
+  SKIP_WITHOUT_GPU();
+  SyntheticClassification data(7, 4000, 97, 10);
+  ModelSpec spec;
+  spec.mlp_sizes = {97, 130, 61, 10};
+  OptimizerSpec os;
+  os.kind = "sgd";
+  os.lr = 0.05;
+  cuda::CudaCompute device(0);
+  const auto cpu = losses(spec, os, data, cpu_compute(), 50, 33, 11);
+  const auto gpu = losses(spec, os, data, device, 50, 33, 11);
+  for (size_t s = 0; s < cpu.size(); ++s)
+    EXPECT_NEAR(gpu[s], cpu[s], 1e-3 * std::abs(cpu[s])) << "step " << s;
+}
+
+// bf16 GEMM inputs against f32, both on the GPU: the smoothed loss curves stay within 2%.
+TEST(GpuModel, Bf16GemmInputsStayWithinTwoPercentOfF32) {
+  SKIP_WITHOUT_GPU();
+  CharText text(kDefaultTextPath, 64);
+  const ModelSpec spec = gpt(text.vocab(), 64, 128, 4, 4);
+  cuda::CudaCompute f32(0), bf16(0, cuda::GemmInput::bf16);
+  const auto a = losses(spec, adamw(1e-3), text, f32, 300, 32, 32);
+  const auto b = losses(spec, adamw(1e-3), text, bf16, 300, 32, 32);
+  double ema_a = a[0], ema_b = b[0], worst = 0;
+  for (size_t s = 1; s < a.size(); ++s) {
+    ema_a = 0.95 * ema_a + 0.05 * a[s];
+    ema_b = 0.95 * ema_b + 0.05 * b[s];
+    if (s >= 20) worst = std::max(worst, std::abs(ema_b - ema_a) / ema_a);
+  }
+  std::printf("bf16 vs f32, 300 steps: smoothed losses %.4f vs %.4f, largest difference %.2f%%\n",
+              ema_b, ema_a, 100 * worst);
+  EXPECT_LT(worst, 0.02);
+  EXPECT_LT(ema_a, 2.6) << "it learns";
+}
+
+// Block state saved on the GPU loads on the CPU (and back): the state transfer's and the
+// checkpoint's bytes do not depend on the device.
+TEST(GpuModel, BlockStateMovesBetweenTheGpuAndTheCpu) {
+  SKIP_WITHOUT_GPU();
+  CharText text(kDefaultTextPath, 16);
+  const ModelSpec spec = gpt(text.vocab(), 16, 32, 4, 2);
+  cuda::CudaCompute device(0);
+  Model g(spec), c(spec);
+  OptimizerSpec os = adamw(1e-3);
+  Optimizer og(os, counts_of(g)), oc(os, counts_of(c));
+  g.init(1);
+  c.init(2);
+  g.to(device);
+  og.to(device);
+  Trainer tg(g, og, text, 3, 8, 8);
+  tg.step(0);
+  for (size_t i = 0; i < g.num_blocks(); ++i) {
+    const auto bytes = save_block_state(g.block(i), i, og, {1, 8});
+    load_block_state(bytes, c.block(i), i, oc);
+    EXPECT_EQ(bytes, save_block_state(c.block(i), i, oc, {1, 8})) << "block " << i;
+    load_block_state(bytes, g.block(i), i, og);  // (a round trip changes nothing)
+    EXPECT_EQ(bytes, save_block_state(g.block(i), i, og, {1, 8})) << "block " << i;
+  }
+}
+
+}  // namespace
+}  // namespace troupe::models
