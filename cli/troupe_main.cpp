@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "bench/bench.h"
+#include "bench/kernels_bench.h"
 #include "cli/commands.h"
 #include "cli/main.h"
 #include "cli/parse.h"
@@ -59,6 +60,8 @@ usage (troupe COMMAND --help: a command's options):
                                     allreduce between processes (ucx) or GPUs (nccl): time, bus bandwidth
   troupe bench model [--model mlp|gpt] [--threads T] [--steps N] [--json] [--curve]
                                     single-process training throughput of the reference models
+  troupe bench kernels [--device cpu|cuda[:N]] [--bf16] [--json]
+                                    each kernel of a device at a GPT's shapes (bench/compare_kernels.sh)
   troupe bench drift [--optimizer adamw|sgd] [--shards N] [--steps N] [--dump DIR]
                                     how far a change of world size moves a run (bench/compare_drift.sh)
   troupe bench data --data DIR [--context T] [--batch B] [--json]
@@ -195,6 +198,8 @@ int troupe_main(int argc, char** argv, const Hooks& hooks) {
       return troupe::bench::run_allreduce_worker({rest.begin() + 1, rest.end()});
     if (cmd == "bench" && !rest.empty() && rest[0] == "model")
       return troupe::bench::run_model_bench({rest.begin() + 1, rest.end()});
+    if (cmd == "bench" && !rest.empty() && rest[0] == "kernels")
+      return troupe::bench::run_kernels_bench({rest.begin() + 1, rest.end()});
     if (cmd == "bench" && !rest.empty() && rest[0] == "data")
       return troupe::bench::run_data_bench({rest.begin() + 1, rest.end()});
     if (cmd == "bench" && !rest.empty() && rest[0] == "checkpoint")
@@ -206,8 +211,8 @@ int troupe_main(int argc, char** argv, const Hooks& hooks) {
     const bool bench = cmd == "bench";
     const std::string word = bench ? (rest.empty() ? "" : rest[0]) : cmd;
     const std::string near = cli::did_you_mean(
-        word, bench ? std::vector<std::string>{"control", "allreduce", "model", "drift",
-                                               "checkpoint", "data"}
+        word, bench ? std::vector<std::string>{"control", "allreduce", "model", "kernels",
+                                               "drift", "checkpoint", "data"}
                     : std::vector<std::string>{"run", "coordinator", "agent", "status", "stop",
                                                "drain", "scale", "lr", "export", "data", "version",
                                                "kinds", "demo", "node", "bench", "help"});

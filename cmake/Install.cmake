@@ -9,14 +9,14 @@ include(CMakePackageConfigHelpers)
 set(TROUPE_PUBLIC_HEADERS
   cli/main.h
   models/extension.h models/blocks.h models/tensor.h models/model.h models/data.h
-  models/kernels.h models/random.h
+  models/kernels.h models/random.h models/compute.h
   workers/elastic_loop.h
   coordinator/job.h coordinator/config.h workers/agent.h workers/faults.h)
 
 # The libraries behind them, every one (static), and one target that carries them all.
 set(TROUPE_LIBRARIES troupe_frame troupe_comm troupe_models troupe_data troupe_elastic
     troupe_job_protocol troupe_actors troupe_config troupe_checkpoints troupe_metrics
-    troupe_coordinator troupe_worker troupe_workers troupe_nccl_bench troupe_bench troupe_cli)
+    troupe_coordinator troupe_worker troupe_workers troupe_nccl_bench troupe_kernels_bench troupe_bench troupe_cli)
 add_library(troupe_package INTERFACE)
 set_target_properties(troupe_package PROPERTIES EXPORT_NAME troupe)
 target_link_libraries(troupe_package INTERFACE ${TROUPE_LIBRARIES})

@@ -197,7 +197,9 @@ class CpuCompute final : public Compute {
     }
     return total;
   }
-  void adamw(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& s) override {
+  void adamw(float* p, const float* g, float* m, float* v, size_t n,
+             const AdamWStep& step) override {
+    const AdamWStep s = step;  // (a copy: the stores below cannot alias it, so the loop vectorises)
     for (size_t i = 0; i < n; ++i) {
       const float gi = g[i] * s.grad_scale;
       m[i] = s.beta1 * m[i] + (1 - s.beta1) * gi;

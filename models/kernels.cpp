@@ -190,18 +190,29 @@ void residual_backward(T* da, T* db, const T* dout, size_t n) {
   }
 }
 
+// Sums over a row in 16 interleaved partial sums, added at the end: the compiler vectorises them
+// (one running sum is a single dependency chain it may not reorder). f(i) is the i-th term.
+template <typename T, typename F>
+inline __attribute__((always_inline)) T lane_sum(size_t n, F f) {
+  constexpr size_t L = 16;
+  T lanes[L] = {};
+  size_t i = 0;
+  for (; i + L <= n; i += L)
+    for (size_t l = 0; l < L; ++l) lanes[l] += f(i + l);
+  for (; i < n; ++i) lanes[0] += f(i);
+  T s = 0;
+  for (T v : lanes) s += v;
+  return s;
+}
+
 template <typename T>
 void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
                        size_t N, size_t C) {
   for (size_t n = 0; n < N; ++n) {
     const T* x = inp + n * C;
-    T m = 0;
-    for (size_t i = 0; i < C; ++i) m += x[i];
-    m /= T(C);
-    T v = 0;
-    for (size_t i = 0; i < C; ++i) v += (x[i] - m) * (x[i] - m);
-    v /= T(C);
-    T s = T(1) / std::sqrt(v + T(kLayerNormEps));
+    const T m = lane_sum<T>(C, [x](size_t i) { return x[i]; }) / T(C);
+    const T v = lane_sum<T>(C, [x, m](size_t i) { return (x[i] - m) * (x[i] - m); }) / T(C);
+    const T s = T(1) / std::sqrt(v + T(kLayerNormEps));
     T* y = out + n * C;
     for (size_t i = 0; i < C; ++i) y[i] = (x[i] - m) * s * weight[i] + bias[i];
     mean[n] = m;
@@ -209,31 +220,30 @@ void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, 
   }
 }
 
+// One row of layernorm_backward, its arrays distinct (as every caller passes them: said so, the
+// loops vectorise).
+template <typename T>
+void layernorm_backward_row(T* __restrict dx, T* __restrict dw, T* __restrict db,
+                            const T* __restrict dy, const T* __restrict x,
+                            const T* __restrict weight, T m, T s, size_t C) {
+  const T dnorm_mean = lane_sum<T>(C, [=](size_t i) { return weight[i] * dy[i]; }) / T(C);
+  const T dnorm_norm_mean =
+      lane_sum<T>(C, [=](size_t i) { return weight[i] * dy[i] * ((x[i] - m) * s); }) / T(C);
+  for (size_t i = 0; i < C; ++i) {
+    const T norm = (x[i] - m) * s;
+    const T dnorm = weight[i] * dy[i];
+    db[i] += dy[i];
+    dw[i] += norm * dy[i];
+    dx[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+  }
+}
+
 template <typename T>
 void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                         const T* mean, const T* rstd, size_t N, size_t C) {
-  for (size_t n = 0; n < N; ++n) {
-    const T* dy = dout + n * C;
-    const T* x = inp + n * C;
-    T* dx = dinp + n * C;
-    T m = mean[n], s = rstd[n];
-    T dnorm_mean = 0, dnorm_norm_mean = 0;
-    for (size_t i = 0; i < C; ++i) {
-      T norm = (x[i] - m) * s;
-      T dnorm = weight[i] * dy[i];
-      dnorm_mean += dnorm;
-      dnorm_norm_mean += dnorm * norm;
-    }
-    dnorm_mean /= T(C);
-    dnorm_norm_mean /= T(C);
-    for (size_t i = 0; i < C; ++i) {
-      T norm = (x[i] - m) * s;
-      T dnorm = weight[i] * dy[i];
-      dbias[i] += dy[i];
-      dweight[i] += norm * dy[i];
-      dx[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
-    }
-  }
+  for (size_t n = 0; n < N; ++n)
+    layernorm_backward_row(dinp + n * C, dweight, dbias, dout + n * C, inp + n * C, weight,
+                           mean[n], rstd[n], C);
 }
 
 template <typename T>
