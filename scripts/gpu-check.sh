@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On a machine with a GPU (CUDA, cuBLAS, NCCL, a driver; none of the project's packages): runs the
-# GPU tests (the models' CUDA kernels against the CPU's, at odd shapes; the NCCL backend at world
-# size 1: init, allreduce, abort, re-init; two devices if there are two), the NCCL allreduce
+# GPU tests (the models' CUDA kernels against the CPU's, at odd shapes; a GPT and an MLP trained on
+# the GPU against the CPU's losses, bf16 against f32; the NCCL backend at world size 1: init,
+# allreduce, abort, re-init; two devices if there are two), the NCCL allreduce
 # benchmark, and the CUDA kernels' benchmark next to PyTorch's (bench/peers/torch_kernels.py),
 # from a build made on a machine without a GPU; prints tables for docs/performance.md.
 # Prepare here first: `make build && scripts/gpu-bundle.sh`; carry `build-gpu` (the run tool's
@@ -22,28 +23,30 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 missing=$(ldd $bundle/bin/troupe_gpu_tests | grep "not found")
 [[ -z $missing ]] || echo "gpu-check: libraries not found: $missing"
 echo "== GPU tests (gtest, label gpu: CUDA kernels vs CPU, NCCL)"
-timeout 240 $bundle/bin/troupe_gpu_tests --gtest_brief=0 2>&1 | grep -E "^\[ *(RUN|OK|SKIPPED|FAILED|PASSED) *\]|Failure|Expected|Which is|element|skipped|Skipped"
+timeout 200 $bundle/bin/troupe_gpu_tests --gtest_brief=0 2>&1 | grep -E "^\[ *(RUN|OK|SKIPPED|FAILED|PASSED) *\]|Failure|Expected|Which is|element|skipped|Skipped"
 tests_rc=${PIPESTATUS[0]}
 echo "== NCCL allreduce benchmark"
-timeout 120 $bundle/bin/troupe_nccl_bench --sizes 4096,65536,1048576,16777216,67108864,268435456,1073741824
+timeout 90 $bundle/bin/troupe_nccl_bench --sizes 4096,65536,1048576,16777216,67108864,268435456,1073741824
 bench_rc=$?
 echo "== CUDA kernels next to PyTorch (GPT-2 small shapes; ratio = PyTorch time / Troupe time)"
-timeout 180 $bundle/bin/troupe_cuda_kernels_bench --json > /tmp/troupe_kernels.json
+# (f32, then the bf16 GEMM's row from a second run with bf16 inputs.)
+timeout 90 $bundle/bin/troupe_cuda_kernels_bench --json > /tmp/troupe_kernels.json
 kernels_rc=$?
-timeout 180 /usr/bin/python3 bench/peers/torch_kernels.py --json > /tmp/torch_kernels.json
+timeout 45 $bundle/bin/troupe_cuda_kernels_bench --bf16 --json > /tmp/troupe_kernels_bf16.json
+timeout 90 /usr/bin/python3 bench/peers/torch_kernels.py --device cuda --json > /tmp/torch_kernels.json
 torch_rc=$?
+timeout 45 /usr/bin/python3 bench/peers/torch_kernels.py --device cuda --bf16 --json > /tmp/torch_kernels_bf16.json
 /usr/bin/python3 - <<'PY'
 import json
-try:
-    ours = {r["kernel"]: r for r in json.load(open("/tmp/troupe_kernels.json"))}
-except Exception as e:
-    ours = {}
-    print("troupe: no results (%s)" % e)
-try:
-    peer = {r["kernel"]: r for r in json.load(open("/tmp/torch_kernels.json"))}
-except Exception as e:
-    peer = {}
-    print("PyTorch: no results (%s)" % e)
+def rows(path, only_bf16=False):
+    try:
+        return {r["kernel"]: r for r in json.load(open(path))
+                if not only_bf16 or r["kernel"].endswith("bf16")}
+    except Exception as e:
+        print("%s: no results (%s)" % (path, e))
+        return {}
+ours = {**rows("/tmp/troupe_kernels.json"), **rows("/tmp/troupe_kernels_bf16.json", True)}
+peer = {**rows("/tmp/torch_kernels.json"), **rows("/tmp/torch_kernels_bf16.json", True)}
 print("| kernel | Troupe us | of limit | PyTorch us | of limit | ratio |")
 print("|---|---|---|---|---|---|")
 for k in list(ours) + [k for k in peer if k not in ours]:
