@@ -93,13 +93,16 @@ double Model::flops_per_sample() const {
 }
 
 void Model::init(uint64_t seed) {
+  for (size_t i = 0; i < blocks_.size(); ++i) init_block(i, seed);
+}
+
+void Model::init_block(size_t i, uint64_t seed) {
   // (Initialised on the host, from models/random.h's numbers: the same on every device.)
-  Compute& device = *compute_;
-  if (device.device() != Device::cpu)
-    for (auto& b : blocks_) b->to(cpu_compute());
-  for (size_t i = 0; i < blocks_.size(); ++i) blocks_[i]->init(seed, i);
-  if (device.device() != Device::cpu)
-    for (auto& b : blocks_) b->to(device);
+  Block& b = *blocks_.at(i);
+  Compute& device = b.compute();
+  if (device.device() != Device::cpu) b.to(cpu_compute());
+  b.init(seed, i);
+  if (device.device() != Device::cpu) b.to(device);
 }
 
 void Model::to(Compute& compute) {

@@ -70,6 +70,7 @@ class Model {
   std::vector<Parameter> parameters() const;
 
   void init(uint64_t seed);  // block i from (seed, i): the same whatever the layout (and device)
+  void init_block(size_t i, uint64_t seed);  // block i alone, as init does it
   // Moves every block's parameters and gradients to `compute`'s device, where the model's
   // kernels run from now on (the CPU until then). Throws std::invalid_argument, before moving
   // anything, when a block runs on the CPU only.

@@ -7,6 +7,7 @@
 
 #include "models/state.h"
 #include "workers/checkpoint_writer.h"
+#include "workers/host_staging.h"
 
 namespace troupe::workers {
 
@@ -51,7 +52,7 @@ void BlockStates::hold(uint32_t b, uint64_t step) {
 void BlockStates::materialize(uint32_t b) {
   if (!pending_init_[b]) return;
   if (origin_.checkpoint.empty()) {
-    model_.block(b).init(origin_.seed, b);
+    model_.init_block(b, origin_.seed);
   } else {
     // (The coordinator checked every shard's checksum before the job started.)
     const std::string path = origin_.checkpoint + "/" + shard_file_name(b);
@@ -70,7 +71,8 @@ void BlockStates::snapshot(uint32_t b, uint64_t step) {
   if (snap.size() != bufs.size()) snap.assign(bufs.size(), models::Tensor());
   for (size_t i = 0; i < bufs.size(); ++i) {
     if (snap[i].numel() != bufs[i]->numel()) snap[i] = models::Tensor({bufs[i]->numel()});
-    std::memcpy(snap[i].data(), bufs[i]->data(), bufs[i]->numel() * sizeof(float));
+    copy_between(snap[i].data(), models::cpu_compute(), bufs[i]->data(), compute_of(*bufs[i]),
+                 bufs[i]->bytes());
   }
   snap_at_[b] = step;
 }

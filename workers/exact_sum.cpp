@@ -5,6 +5,8 @@
 #include <cstring>
 #include <limits>
 
+#include "workers/host_staging.h"
+
 namespace troupe::workers {
 
 namespace {
@@ -57,8 +59,9 @@ void ExactSum::keep() {
   if (stash_.size() <= kept_) stash_.emplace_back(last_ - first_);
   for (uint32_t b = first_; b < last_; ++b) {
     auto& g = model_.block(b).grads();
-    stash_[kept_][b - first_].assign(g.data(), g.data() + g.numel());
-    g.zero();
+    HostStaged host(static_cast<const models::Tensor&>(g));
+    stash_[kept_][b - first_].assign(host.data(), host.data() + host.count());
+    compute_of(g).zero(g.data(), g.bytes());
   }
   ++kept_;
 }
@@ -76,7 +79,10 @@ double ExactSum::local_max(uint32_t b, bool has_gradient) const {
     }
   };
   const auto& cur = model_.block(b).grads();
-  if (has_gradient) scan(cur.data(), cur.numel());
+  if (has_gradient) {
+    HostStaged host(cur);
+    scan(host.data(), host.count());
+  }
   for (size_t j = 0; j < kept_; ++j) scan(stash_[j][b - first_].data(), cur.numel());
   return bad ? std::numeric_limits<double>::infinity() : double(m);
 }
@@ -91,8 +97,8 @@ void ExactSum::reduce(comm::Communicator& comm, bool has_gradient) {
     double max_abs = 0;
     for (uint32_t r = 0; r < n; ++r) max_abs = std::max(max_abs, all[size_t(r) * nb + b - first_]);
     // 2. This member's micro-batches in fixed point, summed; 3. the exact sum over members.
-    auto& g = model_.block(b).grads();
-    const size_t count = g.numel();
+    HostStaged g(model_.block(b).grads(), has_gradient);
+    const size_t count = g.count();
     const int e = fixed_point_exponent(max_abs, terms_);
     acc_.assign(count, 0);
     if (std::isfinite(max_abs)) {
@@ -105,6 +111,7 @@ void ExactSum::reduce(comm::Communicator& comm, bool has_gradient) {
       from_fixed_point(g.data(), acc_.data(), count, e);
     else
       std::fill(g.data(), g.data() + count, std::numeric_limits<float>::quiet_NaN());
+    g.store();
   }
   kept_ = 0;
 }

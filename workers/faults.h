@@ -7,7 +7,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+
+#include "models/compute.h"
 
 namespace troupe::workers {
 
@@ -27,6 +30,11 @@ class FaultInjector {
   // (a member that ended different: the job must say so, not report success).
   virtual void before_checksum(const std::string& agent, uint32_t device, float* parameters,
                                size_t count) {}
+  // The device worker `device` of `agent` computes on instead of its own (null: its own): a
+  // stand-in device whose memory the host cannot read, so a test sees every host-staged path.
+  virtual std::shared_ptr<models::Compute> device_for(const std::string& agent, uint32_t device) {
+    return nullptr;
+  }
 };
 
 }  // namespace troupe::workers

@@ -2,8 +2,8 @@
 
 #include <chrono>
 
-#include "models/kernels.h"
 #include "workers/exact_sum.h"
+#include "workers/host_staging.h"
 #include "workers/tags.h"
 
 namespace troupe::workers {
@@ -101,10 +101,11 @@ void PipelineStage::loss(uint32_t j) {
   Busy timer(result_.busy);
   const auto& targets = m.batch.targets;
   const size_t n = targets.size(), classes = models::scored_classes(m.output, targets);
-  models::Tensor d({n, classes});
+  models::Compute& c = compute_of(m.output);
+  models::Tensor d = c.tensor({n, classes});
   size_t correct = 0;
-  const double loss = models::kernels::softmax_cross_entropy(
-      d.data(), m.output.data(), targets.data(), n, classes, trainer_.loss_scale(), &correct);
+  const double loss = c.cross_entropy(d.data(), m.output.data(), targets.data(), n, classes,
+                                      trainer_.loss_scale(), &correct);
   result_.loss += loss;
   result_.loss_fixed += fixed_point_loss(loss);
   m.grad_out = d;
@@ -149,7 +150,9 @@ void PipelineStage::exchange(comm::Communicator& comm, const elastic::PipeOp& op
     (act ? m.input : m.grad_out) = in;
     from = act ? layout_.prev : layout_.next;
   }
-  comm.sendrecv(out.data(), bytes(out), to, in.data(), bytes(in), from, tags::kPipeline);
+  // (A received tensor is in host memory: the blocks take their inputs from any device.)
+  HostStaged sent(static_cast<const models::Tensor&>(out));
+  comm.sendrecv(sent.data(), bytes(out), to, in.data(), bytes(in), from, tags::kPipeline);
 }
 
 }  // namespace troupe::workers

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "workers/host_staging.h"
 #include "workers/tags.h"
 
 namespace troupe::workers {
@@ -31,8 +32,10 @@ void StageBackups::take(comm::Communicator& comm, const elastic::Plan& plan, uin
   std::fill(backed_up_.begin(), backed_up_.end(), false);
   auto send_own = [&] {
     for (uint32_t b = plan.stage_block_begin(stage); b < plan.stage_block_end(stage); ++b)
-      for (auto* buf : states.buffers(b))
-        comm.send(buf->data(), buf->numel() * sizeof(float), to, tags::kBackup);
+      for (auto* buf : states.buffers(b)) {
+        HostStaged host(static_cast<const models::Tensor&>(*buf));
+        comm.send(host.data(), host.bytes(), to, tags::kBackup);
+      }
   };
   auto recv_prev = [&] {
     for (uint32_t b = plan.stage_block_begin(prev_stage); b < plan.stage_block_end(prev_stage);
@@ -53,7 +56,8 @@ void StageBackups::take(comm::Communicator& comm, const elastic::Plan& plan, uin
     auto bufs = states.buffers(b);
     auto& copy = copy_of(b, states);
     for (size_t i = 0; i < bufs.size(); ++i)
-      std::memcpy(copy[i].data(), bufs[i]->data(), bufs[i]->numel() * sizeof(float));
+      copy_between(copy[i].data(), models::cpu_compute(), bufs[i]->data(), compute_of(*bufs[i]),
+                   bufs[i]->bytes());
     backed_up_[b] = true;
   }
   step_ = step;

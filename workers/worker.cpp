@@ -16,6 +16,7 @@
 #include "models/kernels.h"
 #include "models/state.h"
 #include "workers/datasets.h"
+#include "workers/host_staging.h"
 #include "workers/pipeline_stage.h"
 #include "workers/reducer.h"
 
@@ -26,6 +27,16 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// The device worker spec.device computes on: the CPU for cpu:N, or the stand-in a test's faults
+// give. (The command line refuses other devices before a worker starts.)
+std::shared_ptr<models::Compute> open_device(const WorkerSpec& spec) {
+  if (spec.faults)
+    if (auto d = spec.faults->device_for(spec.agent_name, spec.device_index)) return d;
+  if (spec.device.rfind("cpu", 0) == 0)
+    return std::shared_ptr<models::Compute>(&models::cpu_compute(), [](models::Compute*) {});
+  throw std::invalid_argument("worker device '" + spec.device + "': only CPU workers run here");
 }
 
 }  // namespace
@@ -52,6 +63,11 @@ Worker::Worker(const WorkerSpec& spec) : spec_(spec), trace_(spec.trace_first, s
       counts.push_back(model_->block(i).param_count());
     opt_ = std::make_unique<models::Optimizer>(spec.optimizer, counts);
   }
+  device_ = open_device(spec);
+  model_->to(*device_);
+  opt_->to(*device_);
+  if (device_->device() != models::Device::cpu)
+    spdlog::info("worker {}: computes on {}", spec.device, device_->describe());
   BlockStates::Origin origin{spec.init_state, spec.seed, spec.resume_dir, spec.resume_step};
   states_ = std::make_unique<BlockStates>(*model_, *opt_, origin, pipelined());
   if (spec.init_state) next_step_ = spec.resume_step;
@@ -151,8 +167,9 @@ TrainResult Worker::run_data_parallel(comm::Communicator& comm, uint64_t start,
   uint64_t at_step = start;  // (for the reductions' trace spans)
   auto reduce_block = [&](size_t b) {
     const int64_t r0 = StepTrace::now_us();
-    auto& g = model_->block(b).grads();
-    comm.allreduce(g.data(), g.data(), g.numel(), comm::DataType::f32, comm::ReduceOp::sum);
+    HostStaged g(model_->block(b).grads());
+    comm.allreduce(g.data(), g.data(), g.count(), comm::DataType::f32, comm::ReduceOp::sum);
+    g.store();
     trace_.span(at_step, "allreduce", "comm", r0, spec_.overlap_reduce ? 1 : 0);
   };
   for (uint64_t step = start; step < spec_.steps; ++step) {
@@ -307,16 +324,20 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
     StageStepResult res;
     double norm_sq = 0;
     if (active) {
-      for (uint32_t b = mine.begin; b < mine.end; ++b) model_->block(b).grads().zero();
+      for (uint32_t b = mine.begin; b < mine.end; ++b) {
+        auto& g = model_->block(b).grads();
+        device_->zero(g.data(), g.bytes());
+      }
       const int64_t p0 = StepTrace::now_us();
       res = stage.run(comm, step, share, uint64_t(spec_.micro_batch),
                       exact ? std::function<void()>([&] { exact->keep(); }) : nullptr);
       trace_.span(step, "pipeline stage (1F1B)", "compute", p0);
       if (exact) exact->reduce(*replicas, false);  // (every micro-batch was kept)
       for (uint32_t b = mine.begin; b < mine.end && plan.dp > 1 && !exact; ++b) {
-        auto& g = model_->block(b).grads();
-        replicas->allreduce(g.data(), g.data(), g.numel(), comm::DataType::f32,
+        HostStaged g(model_->block(b).grads());
+        replicas->allreduce(g.data(), g.data(), g.count(), comm::DataType::f32,
                             comm::ReduceOp::sum);
+        g.store();
       }
       if (r == 0)
         for (uint32_t b = mine.begin; b < mine.end; ++b)
@@ -425,8 +446,9 @@ double Worker::global_norm_sq_exact(comm::Communicator& comm, const elastic::Pla
 void Worker::gather_parameters(comm::Communicator& comm, const elastic::Plan& plan) {
   for (uint32_t st = 0; st < plan.pp; ++st)
     for (uint32_t b = plan.stage_block_begin(st); b < plan.stage_block_end(st); ++b) {
-      auto& p = model_->block(b).params();
-      comm.broadcast(p.data(), p.numel(), comm::DataType::f32, int(elastic::rank_of(plan, st, 0)));
+      HostStaged p(model_->block(b).params());
+      comm.broadcast(p.data(), p.count(), comm::DataType::f32, int(elastic::rank_of(plan, st, 0)));
+      p.store();
     }
 }
 
@@ -462,8 +484,9 @@ StateTransfer Worker::take_state(comm::Communicator& comm, uint64_t start_step,
 
 uint64_t Worker::final_checksum() {
   if (spec_.faults && num_blocks() > 0) {
-    auto& p = model_->block(0).params();
-    spec_.faults->before_checksum(spec_.agent_name, spec_.device_index, p.data(), p.numel());
+    HostStaged p(model_->block(0).params());
+    spec_.faults->before_checksum(spec_.agent_name, spec_.device_index, p.data(), p.count());
+    p.store();
   }
   return checksum();
 }
@@ -471,8 +494,8 @@ uint64_t Worker::final_checksum() {
 uint64_t Worker::checksum() const {
   uint64_t h = 1469598103934665603ull;
   for (size_t b = 0; b < model_->num_blocks(); ++b) {
-    const auto& p = model_->block(b).params();
-    h = comm::fnv1a(reinterpret_cast<const uint8_t*>(p.data()), p.numel() * sizeof(float), h);
+    HostStaged p(static_cast<const models::Tensor&>(model_->block(b).params()));
+    h = comm::fnv1a(reinterpret_cast<const uint8_t*>(p.data()), p.bytes(), h);
   }
   return h;
 }

@@ -203,6 +203,8 @@ class Worker {
   // group's loss sum in fixed point (2^-16 nats), added exactly (integers in a double allreduce
   // stay exact below 2^53): the same bits at any world size.
   std::pair<double, uint64_t> evaluate(comm::Communicator& comm);
+  // The device the model lives and computes on (before the model: it outlives its tensors).
+  std::shared_ptr<models::Compute> device_;
   std::unique_ptr<models::Model> model_;
   std::unique_ptr<models::Optimizer> opt_;
   std::unique_ptr<models::Trainer> trainer_;

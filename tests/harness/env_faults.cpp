@@ -9,6 +9,8 @@
 #include <string>
 #include <thread>
 
+#include "tests/harness/guarded_compute.h"
+
 namespace troupe::testing {
 namespace {
 
@@ -29,11 +31,18 @@ class EnvFaults : public workers::FaultInjector {
     if (const char* a = std::getenv("TROUPE_TEST_THROW_AGENT")) throw_agent_ = a;
     if (const char* a = std::getenv("TROUPE_TEST_PERTURB_AGENT")) perturb_agent_ = a;
     if (const char* f = std::getenv("TROUPE_TEST_STATE_DELAY_FILE")) state_delay_file_ = f;
+    guarded_device_ = env_int("TROUPE_TEST_GUARDED_DEVICE") > 0;
   }
   bool any() const {
     return step_delay_us_ > 0 || (throw_at_step_ > 0 && !throw_agent_.empty()) ||
            state_delay_ms_ > 0 || checkpoint_delay_ms_ > 0 || !perturb_agent_.empty() ||
+           guarded_device_ ||
            (slow_us_ > 0 && !slow_agent_.empty());
+  }
+
+  // TROUPE_TEST_GUARDED_DEVICE=1: every worker computes on a device the host cannot read.
+  std::shared_ptr<models::Compute> device_for(const std::string&, uint32_t) override {
+    return guarded_device_ ? std::make_shared<GuardedCompute>() : nullptr;
   }
 
   void before_checksum(const std::string& agent, uint32_t, float* parameters,
@@ -75,6 +84,7 @@ class EnvFaults : public workers::FaultInjector {
   uint64_t throw_at_step_;
   int64_t state_delay_ms_, checkpoint_delay_ms_, slow_us_;
   std::string throw_agent_, perturb_agent_, slow_agent_, state_delay_file_;
+  bool guarded_device_ = false;
   std::atomic<bool> thrown_{false}, checkpoint_delayed_{false};
 };
 

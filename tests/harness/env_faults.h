@@ -13,6 +13,8 @@
 //                                 first shard
 //   TROUPE_TEST_SLOW_AGENT        with TROUPE_TEST_SLOW_STEP_US: that agent's workers wait this
 //   TROUPE_TEST_SLOW_STEP_US      long more before every step (a straggler: counted as compute)
+//   TROUPE_TEST_GUARDED_DEVICE    1: every worker computes on a stand-in device the host cannot
+//                                 read (tests/harness/guarded_compute.h): the host-staged paths
 //   TROUPE_TEST_PERTURB_AGENT     that agent's workers change a parameter before the job's final
 //                                 checksum (the members then end different)
 #pragma once

@@ -56,8 +56,8 @@ struct Reference {
 };
 
 Reference run_static(const TempDir& dir, const std::string& name, int agents,
-                     std::vector<std::string> sets = {}) {
-  Job job = start(dir, name, agents, sets);
+                     std::vector<std::string> sets = {}, std::vector<std::string> env = {}) {
+  Job job = start(dir, name, agents, sets, env);
   EXPECT_TRUE(job.proc->wait(180s)) << name << " did not finish";
   EXPECT_EQ(json_field(events_of(job).back(), "identical_parameters"), "true");
   return {committed_losses(job.run_dir), final_checksum(job)};
@@ -123,6 +123,54 @@ TEST(Deterministic, ScalingWithTroupeScaleChangesNoBit) {
   ASSERT_NE(wait_event(job, is("generation_started", "world_size", "1")), "") << "never shrank";
   expect_same_function(job, want.losses, kSteps, kBatch, 0);
   EXPECT_EQ(final_checksum(job), want.checksum);
+}
+
+// Workers on a device the host cannot read (TROUPE_TEST_GUARDED_DEVICE: every tensor of the
+// model behind PROT_NONE outside its Compute's calls) take every host-staged path a GPU worker
+// takes: gradient reduction (exact and plain), state transfer to a joiner after a SIGKILL,
+// activations and gradients between pipeline stages, stage backups, checkpoints, checksums. A
+// path that read device memory directly would fault; each computes the CPU's bits.
+TEST(Deterministic, WorkersOnADeviceTheHostCannotReadComputeTheCpusBits) {
+  TempDir dir;
+  constexpr int steps = 60;
+  const std::vector<std::string> run{"job.steps=60", "checkpoint.every_steps=25"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), run.begin(), run.end());
+    return more;
+  };
+  const std::string guarded = "TROUPE_TEST_GUARDED_DEVICE=1";
+  Reference want = run_static(dir, "cpu", 1, run);
+  ASSERT_EQ(want.losses.size(), size_t(steps));
+
+  Job job = start(dir, "guarded", 2, with({"elastic.failure_timeout_ms=4000", "elastic.max_restarts=0"}),
+                  {guarded, pace(40000)});
+  wait_steps(job, 15);
+  const auto pids = joined_pids(job);
+  ASSERT_EQ(pids.size(), 2u);
+  ASSERT_EQ(::kill(pids[1], SIGKILL), 0);
+  ASSERT_NE(wait_event(job, is("generation_started", "generation", "2"), 30s), "");
+  auto joiner = join_agent(dir, job, "joiner", {guarded, pace(40000)});
+  ASSERT_NE(wait_event(job, is("generation_started", "generation", "3"), 60s), "")
+      << "the joiner never took part";
+  expect_same_function(job, want.losses, steps, kBatch, 0);
+  EXPECT_EQ(final_checksum(job), want.checksum);
+  EXPECT_NE(text_of(job.run_dir + "/agent-0.log").find("computes on guarded host memory"),
+            std::string::npos)
+      << "the workers were not on the stand-in device";
+  ASSERT_TRUE(joiner->wait(30s));
+
+  Reference pp = run_static(
+      dir, "guarded-pp", 2, with({"parallel.pipeline_stages=2", "parallel.stage_backup_steps=10"}),
+      {guarded});
+  EXPECT_EQ(pp.losses, want.losses);
+  EXPECT_EQ(pp.checksum, want.checksum);
+
+  // The default mode's plain allreduce, against the same job on the CPU.
+  Reference plain_cpu = run_static(dir, "plain-cpu", 2, with({"parallel.deterministic=false"}));
+  Reference plain = run_static(dir, "plain-guarded", 2, with({"parallel.deterministic=false"}),
+                               {guarded});
+  EXPECT_EQ(plain.losses, plain_cpu.losses);
+  EXPECT_EQ(plain.checksum, plain_cpu.checksum);
 }
 
 }  // namespace

@@ -4,175 +4,18 @@
 // its Compute (a block, the model's loss, the optimizer, clipping, block state) faults. Models
 // trained there must compute what they compute on the CPU, bit for bit.
 #include <gtest/gtest.h>
-#include <sys/mman.h>
 
 #include <cstring>
-#include <set>
 
 #include "models/data.h"
 #include "models/state.h"
 #include "models/trainer.h"
+#include "tests/harness/guarded_compute.h"
 
 namespace troupe::models {
 namespace {
 
-class GuardedCompute;
-
-class GuardedMemory final : public Memory {
- public:
-  GuardedMemory(size_t bytes, GuardedCompute& owner);
-  ~GuardedMemory() override;
-  void discard() override {}
-  size_t mapped() const { return mapped_; }
-
- private:
-  size_t mapped_;
-  GuardedCompute& owner_;
-};
-
-class GuardedCompute final : public Compute {
- public:
-  Device device() const override { return Device::cuda; }  // (a stand-in: not the CPU)
-  std::string describe() const override { return "guarded host memory"; }
-  size_t calls = 0;
-
-  std::unique_ptr<Memory> allocate(size_t bytes) override {
-    return std::make_unique<GuardedMemory>(bytes, *this);
-  }
-  void enlist(GuardedMemory* m) { regions_.insert(m); }
-  void delist(GuardedMemory* m) { regions_.erase(m); }
-
-  void zero(void* p, size_t n) override {
-    Open o(*this);
-    std::memset(p, 0, n);
-  }
-  void copy(void* d, const void* s, size_t n) override {
-    Open o(*this);
-    std::memcpy(d, s, n);
-  }
-  void to_host(void* d, const void* s, size_t n) override {
-    Open o(*this);
-    std::memcpy(d, s, n);
-  }
-  void from_host(void* d, const void* s, size_t n) override {
-    Open o(*this);
-    std::memcpy(d, s, n);
-  }
-  void synchronize() override {}
-
-  void linear_forward(float* out, const float* inp, const float* w, const float* b, size_t N,
-                      size_t C, size_t OC) override {
-    Open o(*this);
-    cpu().linear_forward(out, inp, w, b, N, C, OC);
-  }
-  void linear_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                       const float* w, size_t N, size_t C, size_t OC) override {
-    Open o(*this);
-    cpu().linear_backward(dinp, dw, db, dout, inp, w, N, C, OC);
-  }
-  void relu_forward(float* out, const float* inp, size_t n) override {
-    Open o(*this);
-    cpu().relu_forward(out, inp, n);
-  }
-  void relu_backward(float* dinp, const float* dout, const float* inp, size_t n) override {
-    Open o(*this);
-    cpu().relu_backward(dinp, dout, inp, n);
-  }
-  void gelu_forward(float* out, const float* inp, size_t n) override {
-    Open o(*this);
-    cpu().gelu_forward(out, inp, n);
-  }
-  void gelu_backward(float* dinp, const float* dout, const float* inp, size_t n) override {
-    Open o(*this);
-    cpu().gelu_backward(dinp, dout, inp, n);
-  }
-  void residual_forward(float* out, const float* a, const float* b, size_t n) override {
-    Open o(*this);
-    cpu().residual_forward(out, a, b, n);
-  }
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
-                         const float* b, size_t N, size_t C) override {
-    Open o(*this);
-    cpu().layernorm_forward(out, mean, rstd, inp, w, b, N, C);
-  }
-  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                          const float* w, const float* mean, const float* rstd, size_t N,
-                          size_t C) override {
-    Open o(*this);
-    cpu().layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
-  }
-  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                         size_t B, size_t T, size_t C) override {
-    Open o(*this);
-    cpu().embedding_forward(out, tokens, wte, wpe, B, T, C);
-  }
-  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                          size_t B, size_t T, size_t C) override {
-    Open o(*this);
-    cpu().embedding_backward(dwte, dwpe, dout, tokens, B, T, C);
-  }
-  size_t attention_saved(size_t B, size_t T, size_t NH) const override {
-    return cpu_compute().attention_saved(B, T, NH);
-  }
-  void attention_forward(float* out, float* saved, const float* qkv, size_t B, size_t T, size_t C,
-                         size_t NH) override {
-    Open o(*this);
-    cpu().attention_forward(out, saved, qkv, B, T, C, NH);
-  }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                          const float* saved, size_t B, size_t T, size_t C, size_t NH) override {
-    Open o(*this);
-    cpu().attention_backward(dqkv, dout, qkv, out, saved, B, T, C, NH);
-  }
-  double cross_entropy(float* dlogits, const float* logits, const int32_t* targets, size_t N,
-                       size_t V, double scale, size_t* correct) override {
-    Open o(*this);
-    return cpu().cross_entropy(dlogits, logits, targets, N, V, scale, correct);
-  }
-  double grad_norm_sq(const float* g, size_t n) override {
-    Open o(*this);
-    return cpu().grad_norm_sq(g, n);
-  }
-  void adamw(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& s) override {
-    Open o(*this);
-    cpu().adamw(p, g, m, v, n, s);
-  }
-  void sgd(float* p, const float* g, float* m, size_t n, float lr, float mu, float wd,
-           float scale) override {
-    Open o(*this);
-    cpu().sgd(p, g, m, n, lr, mu, wd, scale);
-  }
-
- private:
-  // While one lives, this device's memory is readable and writable.
-  struct Open {
-    GuardedCompute& c;
-    explicit Open(GuardedCompute& c) : c(c) {
-      ++c.calls;
-      c.protect(PROT_READ | PROT_WRITE);
-    }
-    ~Open() { c.protect(PROT_NONE); }
-  };
-  void protect(int how) {
-    for (GuardedMemory* m : regions_) ASSERT_EQ(mprotect(m->data(), m->mapped(), how), 0);
-  }
-  static Compute& cpu() { return cpu_compute(); }
-  std::set<GuardedMemory*> regions_;
-};
-
-GuardedMemory::GuardedMemory(size_t bytes, GuardedCompute& owner)
-    : Memory(nullptr, bytes, Device::cuda, owner),
-      mapped_((bytes + 4095) / 4096 * 4096 + 4096),
-      owner_(owner) {
-  data_ = mmap(nullptr, mapped_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);  // (zeros)
-  if (data_ == MAP_FAILED) throw std::bad_alloc();
-  owner_.enlist(this);
-}
-
-GuardedMemory::~GuardedMemory() {
-  owner_.delist(this);
-  munmap(data_, mapped_);
-}
+using testing::GuardedCompute;
 
 std::vector<size_t> counts_of(Model& m) {
   std::vector<size_t> c;
