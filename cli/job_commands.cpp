@@ -27,6 +27,8 @@
 #include "coordinator/run_dir.h"
 #include "coordinator/run_record.h"
 #include "data/token_data.h"
+#include "comm/cuda_info.h"
+#include "models/devices.h"
 #include "models/model.h"
 #include "workers/agent.h"
 #include "workers/datasets.h"
@@ -202,9 +204,12 @@ class ProgressPrinter {
 // The local launcher's settings: `troupe agent` processes that join this coordinator.
 coordinator::LauncherOptions launcher_options(const coordinator::JobConfig& cfg, const RunDir& dir,
                                               const std::string& address) {
+  // (cluster.devices is cpu or cuda here: configure_job resolved auto and checked the GPUs.)
+  const int gpus = cfg.devices == "cuda" ? std::max(1, comm::cuda_device_count()) : 1;
   std::string devices;
   for (int d = 0; d < cfg.devices_per_agent; ++d)
-    devices += (d ? ",cpu:" : "cpu:") + std::to_string(d);
+    devices += (d ? "," : "") +
+               (cfg.devices == "cuda" ? "cuda:" + std::to_string(d % gpus) : "cpu:" + std::to_string(d));
   coordinator::LauncherOptions o;
   o.program = coordinator::self_executable();
   o.agent_args = {"--join",
@@ -387,6 +392,24 @@ Metrics start_metrics(const coordinator::JobConfig& cfg) {
 
 // The job's config: loaded with the overrides, checked against this machine's memory, and
 // --resume applied (into_run: it goes on in that run directory). 0, or 2 with the reason printed.
+// cluster.devices for the local launcher's agents: auto becomes cuda where this program can open
+// a GPU, else cpu; cuda where it cannot is refused, saying why ("" when fine). Agents started by
+// hand check their own --devices.
+std::string resolve_devices(coordinator::JobConfig& cfg) {
+  if (cfg.external() || cfg.devices == "cpu") {
+    if (cfg.devices == "auto") cfg.devices = "cpu";
+    return "";
+  }
+  std::string why = comm::cuda_device_count() == 0 && cfg.devices == "auto"
+                        ? "no GPU"
+                        : models::cuda_workers_unavailable();
+  if (cfg.devices == "auto") {
+    cfg.devices = why.empty() ? "cuda" : "cpu";
+    return "";
+  }
+  return why.empty() ? "" : "cluster.devices = \"cuda\": " + why;
+}
+
 int configure_job(const std::string& path, const std::vector<std::string>& sets,
                   const std::string& listen, const std::string& resume, bool spawn_agents,
                   const Hooks& hooks, coordinator::JobConfig& cfg, bool& into_run) {
@@ -399,6 +422,10 @@ int configure_job(const std::string& path, const std::vector<std::string>& sets,
   if (!listen.empty()) cfg.listen = listen;
   if (!spawn_agents || cfg.external()) cfg.launcher = "external";
   if (std::string why = memory_refusal(cfg, hooks); !why.empty()) {
+    std::fprintf(stderr, "troupe: %s: %s\n", path.c_str(), why.c_str());
+    return 2;
+  }
+  if (std::string why = resolve_devices(cfg); !why.empty()) {
     std::fprintf(stderr, "troupe: %s: %s\n", path.c_str(), why.c_str());
     return 2;
   }
@@ -483,19 +510,33 @@ int run_job(const std::vector<std::string>& words, bool spawn_agents, const Hook
   return report_end(cfg, dir.path, end, signals.first());
 }
 
-// A device an agent offers: cpu:N. cuda:N is refused (exit 2) until the models run on CUDA:
-// never a CPU worker in its place.
+// A device an agent offers: cpu:N, or cuda:N where this program can open that GPU (exit 2
+// otherwise, saying why: never a CPU worker in its place).
 std::string checked_device(const std::string& d) {
   auto index_ok = [&](size_t at) {
     return d.size() > at && d.find_first_not_of("0123456789", at) == std::string::npos &&
            d.size() - at <= 4;
   };
   if (d.rfind("cpu:", 0) == 0 && index_ok(4)) return d;
-  if (d.rfind("cuda:", 0) == 0 && index_ok(5))
-    throw std::invalid_argument("device '" + d +
-                                "': the models of this build run on CPU devices only (cpu:N); "
-                                "CUDA workers come with the CUDA device layer");
-  throw std::invalid_argument("device '" + d + "' is not cpu:N or cuda:N");
+  if (d.rfind("cuda:", 0) != 0 || !index_ok(5))
+    throw std::invalid_argument("device '" + d + "' is not cpu:N or cuda:N");
+  int gpus = 0;
+  if (std::string why = models::cuda_workers_unavailable(&gpus); !why.empty())
+    throw std::invalid_argument("device '" + d + "': " + why);
+  if (std::stoi(d.substr(5)) >= gpus)
+    throw std::invalid_argument("device '" + d + "': this machine has " + std::to_string(gpus) +
+                                " GPU(s) (CUDA_VISIBLE_DEVICES counts)");
+  return d;
+}
+
+// An agent's devices when --devices is not given: one worker per visible GPU, else cpu:0.
+std::vector<std::string> default_devices() {
+  int gpus = 0;
+  if (comm::cuda_device_count() == 0 || !models::cuda_workers_unavailable(&gpus).empty())
+    return {"cpu:0"};
+  std::vector<std::string> out;
+  for (int g = 0; g < gpus; ++g) out.push_back("cuda:" + std::to_string(g));
+  return out;
 }
 
 }  // namespace
@@ -534,6 +575,8 @@ int run_agent_command(const std::vector<std::string>& words, const Hooks& hooks)
     for (std::string d; std::getline(ss, d, ',');) o.devices.push_back(checked_device(d));
     if (o.devices.empty())
       throw std::invalid_argument("--devices names no device (cpu:0,cpu:1,...)");
+  } else {
+    o.devices = default_devices();
   }
   std::tie(o.job_id, o.token) = workers::read_token_file(token_file);
   // (A coordinator that takes the run over writes its address next to the token.)

@@ -22,6 +22,7 @@
 #include "cli/main.h"
 #include "cli/parse.h"
 #include "comm/cuda_info.h"
+#include "models/devices.h"
 #include "comm/error.h"
 #include "models/blas_kernels.h"
 
@@ -115,6 +116,13 @@ int version() {
   ucp_get_version(&major, &minor, &release);
   std::printf("troupe 0.1.0\nUCX %u.%u.%u\nCAF 0.17\n%s\n", major, minor, release,
               troupe::comm::cuda_summary().c_str());
+  // (Loads the CUDA module: a build or installation that cannot open GPUs says why here.)
+  int gpus = 0;
+  const std::string why = troupe::models::cuda_workers_unavailable(&gpus);
+  if (why.empty())
+    std::printf("CUDA workers: %d GPU(s)\n", gpus);
+  else
+    std::printf("CUDA workers: none (%s)\n", why.c_str());
   return 0;
 }
 

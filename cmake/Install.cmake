@@ -26,6 +26,9 @@ target_include_directories(troupe_package INTERFACE
   $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}/troupe>)
 
 install(TARGETS troupe RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+if(TARGET troupe_cuda)  # (models/devices.cpp looks in PREFIX/lib/troupe/ next)
+  install(TARGETS troupe_cuda LIBRARY DESTINATION lib/troupe)
+endif()
 install(TARGETS ${TROUPE_LIBRARIES} troupe_package EXPORT TroupeTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}/troupe)
 foreach(h ${TROUPE_PUBLIC_HEADERS})

@@ -116,6 +116,7 @@ std::vector<Field> builtin_fields(JobConfig& c, const ExtensionKinds& kinds) {
       S("cluster", "launcher", &c.launcher, {"local", "external"}),
       I("cluster", "agents", &c.agents, 1, 4096),
       I("cluster", "devices_per_agent", &c.devices_per_agent, 1, 64),
+      S("cluster", "devices", &c.devices, {"cpu", "cuda", "auto"}),
       S("cluster", "listen", &c.listen),
       I("elastic", "min_workers", &c.min_workers, 1, 1e6),
       I("elastic", "max_workers", &c.max_workers, 0, 1e6),
@@ -356,8 +357,9 @@ void refuse_what_cannot_act(const JobConfig& c, const std::string& source, const
   };
   if (c.backend == "nccl")
     throw ConfigError(place("parallel.backend") +
-                      ": parallel.backend = \"nccl\" needs CUDA workers, and this job's workers "
-                      "are CPU devices (cpu:N): use \"ucx\" or \"auto\"");
+                      ": parallel.backend = \"nccl\": gradients and state go host-staged over "
+                      "UCX on every device (NCCL in the training path is not built yet): use "
+                      "\"ucx\" or \"auto\"");
   // (checkpoint.dir acts without every_steps: troupe checkpoint, stop --checkpoint and SIGTERM
   // write there; a checkpoint asked for always waits for the write before it.)
   if (c.checkpoint_if_busy == "skip" && c.checkpoint_every_steps == 0)

@@ -85,6 +85,9 @@ struct JobConfig {
   // [cluster]
   std::string launcher = "local";
   int64_t agents = 2, devices_per_agent = 1;
+  // The local launcher's agents' devices: cpu, cuda (GPU i for device i, modulo the GPUs), or
+  // auto (cuda where there is a GPU). Agents started by hand choose with --devices.
+  std::string devices = "auto";
   std::string listen = "127.0.0.1:0";
   // [elastic]
   int64_t min_workers = 1, max_workers = 0;

@@ -13,6 +13,7 @@
 #include "comm/checksum.h"
 #include "elastic/membership.h"
 #include "models/blas_kernels.h"
+#include "models/devices.h"
 #include "models/kernels.h"
 #include "models/state.h"
 #include "workers/datasets.h"
@@ -29,14 +30,12 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// The device worker spec.device computes on: the CPU for cpu:N, or the stand-in a test's faults
-// give. (The command line refuses other devices before a worker starts.)
+// The device worker spec.device computes on (cpu:N, cuda:N), or the stand-in a test's faults
+// give. (The command line checked the device before the agent joined.)
 std::shared_ptr<models::Compute> open_device(const WorkerSpec& spec) {
   if (spec.faults)
     if (auto d = spec.faults->device_for(spec.agent_name, spec.device_index)) return d;
-  if (spec.device.rfind("cpu", 0) == 0)
-    return std::shared_ptr<models::Compute>(&models::cpu_compute(), [](models::Compute*) {});
-  throw std::invalid_argument("worker device '" + spec.device + "': only CPU workers run here");
+  return models::open_compute(spec.device);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <set>
 #include <thread>
 
+#include "comm/cuda_info.h"
 #include "coordinator/process.h"
 #include "tests/harness/harness.h"
 #include "tests/harness/jobs.h"
@@ -229,11 +230,14 @@ TEST(Job, MembersThatEndDifferentFailTheJob) {
   EXPECT_NE(text.find("members ended with different parameters"), std::string::npos) << text;
 }
 
-// A device the build cannot train on is refused where the agent starts: exit 2, with the
-// reason, before it contacts anyone (a CPU worker never stands in for a GPU one).
-TEST(Job, AnAgentOfferingACudaDeviceIsRefusedBeforeAnythingStarts) {
+// A device the agent cannot open is refused where it starts: exit 2, with the reason, before it
+// contacts anyone (a CPU worker never stands in for a GPU one). On a machine without a GPU that
+// is any cuda:N; with one, a GPU it does not have.
+TEST(Job, AnAgentOfferingADeviceItCannotOpenIsRefusedBeforeAnythingStarts) {
   testing::TempDir dir;
-  for (const char* device : {"cuda:0", "tpu:0", "cpu:x"}) {
+  const int gpus = comm::cuda_device_count();
+  const std::string missing = "cuda:" + std::to_string(gpus);
+  for (const char* device : {missing.c_str(), "tpu:0", "cpu:x"}) {
     std::string out = dir.path() + "/agent.out";
     coordinator::ChildProcess agent({{testing::troupe_binary(), "agent", "--join", "127.0.0.1:1",
                                       "--token-file", "/nonexistent/token", "--devices", device},
@@ -245,10 +249,38 @@ TEST(Job, AnAgentOfferingACudaDeviceIsRefusedBeforeAnythingStarts) {
     EXPECT_EQ(WEXITSTATUS(*status), 2) << device;
     const std::string text = testing::text_of(out);
     EXPECT_NE(text.find(std::string("device '") + device + "'"), std::string::npos) << text;
-    if (std::string(device) == "cuda:0") {
-      EXPECT_NE(text.find("run on CPU devices only"), std::string::npos) << text;
+    if (device == missing) {
+      EXPECT_NE(text.find(gpus == 0 ? "no CUDA device" : "GPU(s)"), std::string::npos) << text;
     }
   }
+}
+
+// cluster.devices = "cuda" where no GPU can be opened: exit 2 naming the key and why, before a
+// run directory or an agent exists; "auto" (the default) trains on the CPU there. `troupe
+// version` says whether the CUDA module loads (this build has it wherever nvcc was found).
+TEST(Job, CudaDevicesWhereThereAreNoneAreRefusedAndAutoTrainsOnTheCpu) {
+  if (comm::cuda_device_count() > 0) GTEST_SKIP() << "a GPU is here: tests/gpu cover this";
+  testing::TempDir dir;
+  std::string config = write_config(dir, "mlp.toml", kMlp);
+  const std::string run_dir = dir.path() + "/cuda";
+  const std::string out = dir.path() + "/cuda.out";
+  coordinator::ChildProcess refused({{testing::troupe_binary(), "run", config, "--set",
+                                      "cluster.devices=\"cuda\"", "--set",
+                                      "job.run_dir=\"" + run_dir + "\""},
+                                     out, out, {}});
+  auto st = refused.wait(60s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 2);
+  const std::string text = testing::text_of(out);
+  EXPECT_NE(text.find("cluster.devices = \"cuda\": no CUDA device"), std::string::npos) << text;
+  EXPECT_FALSE(std::filesystem::exists(run_dir)) << "nothing started";
+  const std::string version_out = dir.path() + "/version.out";
+  coordinator::ChildProcess version({{testing::troupe_binary(), "version"}, version_out,
+                                     version_out, {}});
+  ASSERT_TRUE(version.wait(60s));
+  const std::string said = testing::text_of(version_out);
+  EXPECT_NE(said.find("CUDA workers: none (no CUDA device"), std::string::npos)
+      << "the CUDA module did not load in troupe: " << said;
 }
 
 // Fault injection lives in the test build only: the release `troupe` given the variables that
