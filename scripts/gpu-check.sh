@@ -5,13 +5,20 @@
 # allreduce, abort, re-init; two devices if there are two), the NCCL allreduce
 # benchmark, and the CUDA kernels' benchmark next to PyTorch's (bench/peers/torch_kernels.py),
 # from a build made on a machine without a GPU; prints tables for docs/performance.md.
-# Prepare here first: `make build && scripts/gpu-bundle.sh`; carry `build-gpu` (the run tool's
-# carry). Takes under 8 minutes.
+# Also the elastic job on the GPU: scripts/gpu-elastic.sh with the bundle's troupe (2 workers
+# sharing cuda:0, one SIGKILLed, a joiner: bitwise a static run, the ledger exact).
+# Prepare here first: `make build && scripts/gpu-bundle.sh`; carry `build-gpu-pack` (the run
+# tool's carry; 12 MB). Takes under 9 minutes (the timeouts add up to that).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bundle=build-gpu
+# (The pack is what travels: build-gpu-pack/bundle.tar.xz, unpacked here with Python's lzma.)
+if [[ ! -x $bundle/bin/troupe_gpu_tests && -e build-gpu-pack/bundle.tar.xz ]]; then
+  /usr/bin/python3 -c "import tarfile; tarfile.open('build-gpu-pack/bundle.tar.xz').extractall('.')"
+fi
 [[ -x $bundle/bin/troupe_gpu_tests ]] || { echo "gpu-check: no $bundle (run scripts/gpu-bundle.sh here first)"; exit 2; }
 export LD_LIBRARY_PATH="$PWD/$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export UCX_MODULE_DIR="$PWD/$bundle/lib/ucx"
 # NCCL and cuBLAS: the machine's own (too large to carry); look in the usual places.
 py_lib() { /usr/bin/python3 -c "import $1, os; print(os.path.dirname($1.__file__) + '/lib')" 2>/dev/null; }
 for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/lib/x86_64-linux-gnu \
@@ -23,19 +30,19 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 missing=$(ldd $bundle/bin/troupe_gpu_tests | grep "not found")
 [[ -z $missing ]] || echo "gpu-check: libraries not found: $missing"
 echo "== GPU tests (gtest, label gpu: CUDA kernels vs CPU, NCCL)"
-timeout 200 $bundle/bin/troupe_gpu_tests --gtest_brief=0 2>&1 | grep -E "^\[ *(RUN|OK|SKIPPED|FAILED|PASSED) *\]|Failure|Expected|Which is|element|skipped|Skipped"
+timeout 150 $bundle/bin/troupe_gpu_tests --gtest_brief=0 2>&1 | grep -E "^\[ *(RUN|OK|SKIPPED|FAILED|PASSED) *\]|Failure|Expected|Which is|element|skipped|Skipped"
 tests_rc=${PIPESTATUS[0]}
 echo "== NCCL allreduce benchmark"
-timeout 90 $bundle/bin/troupe_nccl_bench --sizes 4096,65536,1048576,16777216,67108864,268435456,1073741824
+timeout 60 $bundle/bin/troupe_nccl_bench --sizes 4096,65536,1048576,16777216,67108864,268435456,1073741824
 bench_rc=$?
 echo "== CUDA kernels next to PyTorch (GPT-2 small shapes; ratio = PyTorch time / Troupe time)"
 # (f32, then the bf16 GEMM's row from a second run with bf16 inputs.)
-timeout 90 $bundle/bin/troupe_cuda_kernels_bench --json > /tmp/troupe_kernels.json
+timeout 75 $bundle/bin/troupe_cuda_kernels_bench --json > /tmp/troupe_kernels.json
 kernels_rc=$?
-timeout 45 $bundle/bin/troupe_cuda_kernels_bench --bf16 --json > /tmp/troupe_kernels_bf16.json
-timeout 90 /usr/bin/python3 bench/peers/torch_kernels.py --device cuda --json > /tmp/torch_kernels.json
+timeout 30 $bundle/bin/troupe_cuda_kernels_bench --bf16 --json > /tmp/troupe_kernels_bf16.json
+timeout 75 /usr/bin/python3 bench/peers/torch_kernels.py --device cuda --json > /tmp/torch_kernels.json
 torch_rc=$?
-timeout 45 /usr/bin/python3 bench/peers/torch_kernels.py --device cuda --bf16 --json > /tmp/torch_kernels_bf16.json
+timeout 30 /usr/bin/python3 bench/peers/torch_kernels.py --device cuda --bf16 --json > /tmp/torch_kernels_bf16.json
 /usr/bin/python3 - <<'PY'
 import json
 def rows(path, only_bf16=False):
@@ -55,5 +62,9 @@ for k in list(ours) + [k for k in peer if k not in ours]:
     ratio = "%.2fx" % (p["us"] / t["us"]) if t and p else "-"
     print("| %s | %s | %s | %s | %s | %s |" % ((k,) + cell(t) + cell(p) + (ratio,)))
 PY
-echo "== summary: tests exit $tests_rc, NCCL benchmark exit $bench_rc, kernels exit $kernels_rc, PyTorch exit $torch_rc"
-[[ $tests_rc -eq 0 && $bench_rc -eq 0 && $kernels_rc -eq 0 ]]
+echo "== the elastic job on the GPU (scripts/gpu-elastic.sh: 2 workers on cuda:0, SIGKILL, a joiner)"
+$bundle/bin/troupe version | tail -1
+timeout 120 scripts/gpu-elastic.sh "$PWD/$bundle/bin/troupe" cuda
+elastic_rc=$?
+echo "== summary: tests exit $tests_rc, NCCL benchmark exit $bench_rc, kernels exit $kernels_rc, PyTorch exit $torch_rc, elastic exit $elastic_rc"
+[[ $tests_rc -eq 0 && $bench_rc -eq 0 && $kernels_rc -eq 0 && $elastic_rc -eq 0 ]]

@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# The elastic job on a device (issue 16's device check; gpu-check.sh runs it with cuda, and it
+# runs here with cpu to check the script itself): a deterministic GPT with 2 workers on the
+# device (on one GPU both share it: host-staged), one SIGKILLed mid-run, a new agent joining by
+# hand. Passes when the job finishes, the ledger has every sample of every committed step exactly
+# once, and the per-step losses and final checksums are bitwise those of a static 1-worker run on
+# the same device. Prints one table row per run. Cleans up every process it started.
+# Usage: scripts/gpu-elastic.sh TROUPE_BINARY cuda|cpu [STEPS]
+set -uo pipefail
+troupe=$1
+device=$2
+steps=${3:-600}
+cd "$(dirname "$0")/.."
+work=$(mktemp -d /tmp/troupe-elastic.XXXXXX)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; }
+trap cleanup EXIT
+cat > "$work/job.toml" <<EOF
+[job]
+name = "elastic-$device"
+seed = 5
+steps = $steps
+[model]
+kind = "gpt"
+layers = 2
+d_model = 64
+heads = 4
+context = 32
+[data]
+kind = "text"
+path = "$PWD/docs/design.md"
+ledger = true
+[batch]
+global = 24
+micro = 6
+[optimizer]
+kind = "adamw"
+lr = 0.002
+[parallel]
+deterministic = true
+[cluster]
+devices = "$device"
+[elastic]
+max_restarts = 0
+failure_timeout_ms = 3000
+[logging]
+progress = false
+EOF
+run() {  # NAME AGENTS: starts a run in the background; its pid in $! 
+  "$troupe" run "$work/job.toml" --set "cluster.agents=$2" --set "job.run_dir=\"$work/$1\"" \
+    > "$work/$1.out" 2>&1 &
+}
+committed() {
+  local n
+  n=$(grep -c '"event":"step_committed"' "$work/$1/events.jsonl" 2>/dev/null)
+  echo "${n:-0}"
+}
+
+t0=$(date +%s.%N)
+run static 1
+static_pid=$!
+pids+=("$static_pid")
+wait "$static_pid"
+static_rc=$?
+static_s=$(python3 -c "print($(date +%s.%N) - $t0)")
+
+run elastic 2
+job=$!
+pids+=("$job")
+for _ in $(seq 600); do
+  [[ $(committed elastic) -ge 30 ]] && break
+  kill -0 "$job" 2>/dev/null || break  # (refused, or ended)
+  sleep 0.05
+done
+victim=$([[ -e $work/elastic/events.jsonl ]] && python3 -c "
+import json,sys
+for l in open('$work/elastic/events.jsonl'):
+    e = json.loads(l)
+    if e.get('event') == 'member_joined' and e.get('name') == 'agent-1': print(e['pid'])" | tail -1)
+killed_at=$(committed elastic)
+[[ -n $victim ]] && kill -9 "$victim"
+"$troupe" agent --join "$(cat "$work/elastic/coordinator.addr" 2>/dev/null)" --token-file "$work/elastic/job.token" \
+  --devices "$device:0" --name joiner > "$work/joiner.out" 2>&1 &
+pids+=("$!")
+wait "$job"
+elastic_rc=$?
+python3 - "$work" "$steps" "$static_rc" "$elastic_rc" "$killed_at" "$static_s" "$device" <<'PY'
+import json, sys
+work, steps, static_rc, elastic_rc, killed_at, static_s, device = sys.argv[1:]
+steps = int(steps)
+def events(run):
+    return [json.loads(l) for l in open(f"{work}/{run}/events.jsonl")]
+def losses(run):
+    by = {}
+    for e in events(run):
+        if e["event"] == "step_committed":
+            by[e["step"]] = e["loss"]
+    return [by[s] for s in sorted(by)]
+problems = []
+if static_rc != "0" or elastic_rc != "0":
+    problems.append(f"exit codes: static {static_rc}, elastic {elastic_rc}")
+try:
+    a, b = losses("static"), losses("elastic")
+    ea, eb = events("static")[-1], events("elastic")[-1]
+    if len(a) != steps or len(b) != steps:
+        problems.append(f"committed steps: static {len(a)}, elastic {len(b)} of {steps}")
+    diff = [i for i in range(min(len(a), len(b))) if a[i] != b[i]]
+    if diff:
+        problems.append(f"losses differ from step {diff[0]} ({a[diff[0]]!r} vs {b[diff[0]]!r})")
+    if ea.get("checksums", [None])[0] != eb.get("checksums", [None])[0] or not eb.get("identical_parameters"):
+        problems.append(f"checksums: static {ea.get('checksums')}, elastic {eb.get('checksums')}")
+    joined = [e for e in events("elastic") if e["event"] == "member_joined" and e.get("name") == "joiner"]
+    if not joined:
+        problems.append("the joiner never joined")
+    failed = [e for e in events("elastic") if e["event"] == "member_failed"]
+    if len(failed) != 1:
+        problems.append(f"{len(failed)} member_failed events (1 expected)")
+    by_step = {}
+    for l in open(f"{work}/elastic/ledger.jsonl"):
+        e = json.loads(l)
+        by_step.setdefault(e["step"], []).extend(tuple(p) for p in e["positions"])
+    B = 24
+    for s in range(steps):
+        at = s * B
+        for lo, hi in sorted(by_step.get(s, [])):
+            if lo != at:
+                problems.append(f"ledger: step {s} has a gap or a sample twice at {at}")
+                break
+            at = hi
+        else:
+            if at != (s + 1) * B:
+                problems.append(f"ledger: step {s} ends at {at}")
+        if len(problems) > 5:
+            break
+    secs = eb.get("seconds", 0)
+except Exception as ex:
+    problems.append(f"no results ({ex!r})")
+    secs = 0
+print("| elastic GPT on %s: 2 workers, SIGKILL at step %s, a joiner | %s | static %.1f s, elastic %.1f s |"
+      % (device, killed_at, "PASS: bitwise the static run, ledger exact" if not problems else
+         "FAIL: " + "; ".join(problems), float(static_s), secs))
+sys.exit(1 if problems else 0)
+PY
+rc=$?
+[[ $rc -eq 0 ]] && rm -rf "$work" || echo "gpu-elastic: kept $work"
+exit $rc
