@@ -142,5 +142,5 @@ print("| elastic GPT on %s: 2 workers, SIGKILL at step %s, a joiner | %s | stati
 sys.exit(1 if problems else 0)
 PY
 rc=$?
-[[ $rc -eq 0 ]] && rm -rf "$work" || echo "gpu-elastic: kept $work"
+if [[ $rc -eq 0 ]]; then rm -rf "$work"; else echo "gpu-elastic: kept $work; the static run said:"; tail -n 3 "$work/static.out"; fi
 exit $rc
