@@ -1,5 +1,7 @@
 #include "bench/kernels_bench.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -7,8 +9,6 @@
 #include <functional>
 #include <memory>
 #include <random>
-
-#include <unistd.h>
 
 #include "cli/parse.h"
 #include "models/compute.h"
@@ -34,7 +34,7 @@ struct Options {
 struct Row {
   std::string kernel;
   double us = 0, bytes = 0, flops = 0;  // bytes moved at least, or FLOPs (the other 0)
-  double of_limit = 0;                   // 0: the limit is unknown
+  double of_limit = 0;                  // 0: the limit is unknown
 };
 
 // The median over 7 batches of 10 calls (3 first untimed), each batch ended by a
@@ -47,9 +47,9 @@ double median_us(Compute& c, const std::function<void()>& run) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < 10; ++i) run();
     c.synchronize();
-    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
-                     .count() /
-                 10);
+    us.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+        10);
   }
   std::sort(us.begin(), us.end());
   return us[us.size() / 2];
@@ -90,8 +90,9 @@ void Table::print() const {
     std::printf("[");
     for (size_t i = 0; i < rows_.size(); ++i) {
       const Row& r = rows_[i];
-      std::printf("%s{\"kernel\":\"%s\",\"us\":%.2f,\"bytes\":%.0f,\"flops\":%.0f,\"of_limit\":%.4f}",
-                  i ? "," : "", r.kernel.c_str(), r.us, r.bytes, r.flops, r.of_limit);
+      std::printf(
+          "%s{\"kernel\":\"%s\",\"us\":%.2f,\"bytes\":%.0f,\"flops\":%.0f,\"of_limit\":%.4f}",
+          i ? "," : "", r.kernel.c_str(), r.us, r.bytes, r.flops, r.of_limit);
     }
     std::printf("]\n");
     return;
@@ -99,8 +100,7 @@ void Table::print() const {
   std::printf("device: %s\n| kernel | us | GB/s or GFLOP/s | of the limit |\n|---|---|---|---|\n",
               c_.describe().c_str());
   for (const Row& r : rows_) {
-    const double rate =
-        r.bytes > 0 ? r.bytes / (r.us * 1e-6) / 1e9 : r.flops / (r.us * 1e-6) / 1e9;
+    const double rate = r.bytes > 0 ? r.bytes / (r.us * 1e-6) / 1e9 : r.flops / (r.us * 1e-6) / 1e9;
     char limit[16] = "-";
     if (r.of_limit > 0) std::snprintf(limit, sizeof limit, "%.0f%%", 100 * r.of_limit);
     std::printf("| %s | %.1f | %.1f %s | %s |\n", r.kernel.c_str(), r.us, rate,
@@ -123,25 +123,23 @@ void run_rows(const Options& o, Compute& c) {
     c.layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
   });
   t.memory("layernorm backward (N x C)", 4.0 * n * 4, [&] {
-    c.layernorm_backward(y.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
-                         mean.data(), rstd.data(), N, C);
+    c.layernorm_backward(y.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(),
+                         rstd.data(), N, C);
   });
   // Causal: half of QK^T and of PV, 2 * 2 * B * NH * T * T * hs / 2 forward.
   const double att_flops = 2.0 * double(o.B * o.NH) * double(o.T) * double(o.T) * double(C / o.NH);
   Tensor qkv = filled(c, 3 * n), dqkv = filled(c, 3 * n);
   Tensor saved = c.tensor({c.attention_saved(o.B, o.T, o.NH)});
-  t.flops("attention forward (causal)", att_flops, [&] {
-    c.attention_forward(y.data(), saved.data(), qkv.data(), o.B, o.T, C, o.NH);
-  });
+  t.flops("attention forward (causal)", att_flops,
+          [&] { c.attention_forward(y.data(), saved.data(), qkv.data(), o.B, o.T, C, o.NH); });
   t.flops("attention backward (causal)", 2.5 * att_flops, [&] {
     c.attention_backward(dqkv.data(), dy.data(), qkv.data(), y.data(), saved.data(), o.B, o.T, C,
                          o.NH);
   });
   Tensor wfc = filled(c, 4 * C * C, 0.02f), bfc = filled(c, 4 * C), dwfc = filled(c, 4 * C * C);
   const double fc_flops = 2.0 * double(N) * double(C) * double(4 * C);
-  t.flops(std::string("linear C -> 4C forward") + (o.bf16 ? " bf16" : ""), fc_flops, [&] {
-    c.linear_forward(y.data(), x.data(), wfc.data(), bfc.data(), N, C, 4 * C);
-  });
+  t.flops(std::string("linear C -> 4C forward") + (o.bf16 ? " bf16" : ""), fc_flops,
+          [&] { c.linear_forward(y.data(), x.data(), wfc.data(), bfc.data(), N, C, 4 * C); });
   t.flops("linear C -> 4C backward", 2 * fc_flops, [&] {
     c.linear_backward(x.data(), dwfc.data(), bfc.data(), dy.data(), x.data(), wfc.data(), N, C,
                       4 * C);
@@ -209,8 +207,9 @@ int run_in_cuda_binary(const std::vector<std::string>& words) {
   return 1;
 #else
   (void)words;
-  std::fprintf(stderr, "troupe bench kernels: this build has no CUDA kernels (nvcc was not "
-                       "found when it was configured)\n");
+  std::fprintf(stderr,
+               "troupe bench kernels: this build has no CUDA kernels (nvcc was not "
+               "found when it was configured)\n");
   return 2;
 #endif
 }
@@ -235,14 +234,17 @@ int run_kernels_bench(const std::vector<std::string>& words, const std::string& 
   app.add_option("--d-model", o.C, "C")->check(CLI::PositiveNumber);
   app.add_option("--heads", o.NH, "NH (dividing C)")->check(CLI::PositiveNumber);
   app.add_option("--vocab", o.V, "V")->check(CLI::PositiveNumber);
-  app.add_option("--params", o.params, "the optimizer's and the norm's size (default: 124M "
-                                       "on CUDA, 10M on the CPU)");
+  app.add_option("--params", o.params,
+                 "the optimizer's and the norm's size (default: 124M "
+                 "on CUDA, 10M on the CPU)");
   app.add_option("--threads", o.threads, "CPU compute threads")->check(CLI::PositiveNumber);
   app.add_flag("--bf16", o.bf16, "bf16 GEMM inputs (CUDA)");
-  app.add_option("--bandwidth-gbs", o.bandwidth_gbs, "the device's memory bandwidth, GB/s "
-                                                     "(default: 4,800 on CUDA, an H200's)");
-  app.add_option("--tflops", o.tflops, "the device's dense peak for the GEMMs' precision, "
-                                       "TFLOP/s (default on CUDA: 67 f32, 790 bf16)");
+  app.add_option("--bandwidth-gbs", o.bandwidth_gbs,
+                 "the device's memory bandwidth, GB/s "
+                 "(default: 4,800 on CUDA, an H200's)");
+  app.add_option("--tflops", o.tflops,
+                 "the device's dense peak for the GEMMs' precision, "
+                 "TFLOP/s (default on CUDA: 67 f32, 790 bf16)");
   app.add_flag("--json", o.json, "one JSON array instead of the table");
   if (auto rc = cli::parse(app, words)) return *rc;
   const bool gpu = o.device != "cpu";

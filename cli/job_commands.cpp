@@ -15,6 +15,7 @@
 #include "actors/signals.h"
 #include "cli/commands.h"
 #include "cli/parse.h"
+#include "comm/cuda_info.h"
 #include "coordinator/checkpoints.h"
 #include "coordinator/config.h"
 #include "coordinator/events.h"
@@ -27,7 +28,6 @@
 #include "coordinator/run_dir.h"
 #include "coordinator/run_record.h"
 #include "data/token_data.h"
-#include "comm/cuda_info.h"
 #include "models/devices.h"
 #include "models/model.h"
 #include "workers/agent.h"
@@ -208,8 +208,8 @@ coordinator::LauncherOptions launcher_options(const coordinator::JobConfig& cfg,
   const int gpus = cfg.devices == "cuda" ? std::max(1, comm::cuda_device_count()) : 1;
   std::string devices;
   for (int d = 0; d < cfg.devices_per_agent; ++d)
-    devices += (d ? "," : "") +
-               (cfg.devices == "cuda" ? "cuda:" + std::to_string(d % gpus) : "cpu:" + std::to_string(d));
+    devices += (d ? "," : "") + (cfg.devices == "cuda" ? "cuda:" + std::to_string(d % gpus)
+                                                       : "cpu:" + std::to_string(d));
   coordinator::LauncherOptions o;
   o.program = coordinator::self_executable();
   o.agent_args = {"--join",

@@ -22,9 +22,9 @@
 #include "cli/main.h"
 #include "cli/parse.h"
 #include "comm/cuda_info.h"
-#include "models/devices.h"
 #include "comm/error.h"
 #include "models/blas_kernels.h"
+#include "models/devices.h"
 
 namespace {
 
@@ -219,8 +219,8 @@ int troupe_main(int argc, char** argv, const Hooks& hooks) {
     const bool bench = cmd == "bench";
     const std::string word = bench ? (rest.empty() ? "" : rest[0]) : cmd;
     const std::string near = cli::did_you_mean(
-        word, bench ? std::vector<std::string>{"control", "allreduce", "model", "kernels",
-                                               "drift", "checkpoint", "data"}
+        word, bench ? std::vector<std::string>{"control", "allreduce", "model", "kernels", "drift",
+                                               "checkpoint", "data"}
                     : std::vector<std::string>{"run", "coordinator", "agent", "status", "stop",
                                                "drain", "scale", "lr", "export", "data", "version",
                                                "kinds", "demo", "node", "bench", "help"});

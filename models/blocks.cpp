@@ -97,12 +97,12 @@ class LinearBlock : public Block {
     }
     if (!needs_input_grad_) {
       compute_->linear_backward(static_cast<float*>(nullptr), dw_.data(), db_.data(), dpre->data(),
-                         x_.data(), w_.data(), B_, in_, out_);
+                                x_.data(), w_.data(), B_, in_, out_);
       return Tensor();
     }
     Tensor& dx = zeroed(dx_, {B_, in_});
-    compute_->linear_backward(dx.data(), dw_.data(), db_.data(), dpre->data(), x_.data(), w_.data(), B_,
-                       in_, out_);
+    compute_->linear_backward(dx.data(), dw_.data(), db_.data(), dpre->data(), x_.data(), w_.data(),
+                              B_, in_, out_);
     return dx;
   }
 
@@ -169,7 +169,8 @@ class EmbeddingBlock : public Block {
   }
   Tensor backward(const Tensor& grad) override {
     const Tensor dy = compute_->on_device(grad);
-    compute_->embedding_backward(dwte_.data(), dwpe_.data(), dy.data(), tokens_.data(), B_, Tcur_, C_);
+    compute_->embedding_backward(dwte_.data(), dwpe_.data(), dy.data(), tokens_.data(), B_, Tcur_,
+                                 C_);
     return Tensor();
   }
   Tensor& wte() { return wte_; }
@@ -262,16 +263,17 @@ class TransformerBlock : public Block {
     ensure(fcproj_, {N, C});
     ensure(out_, {N, C});
     compute_->layernorm_forward(ln1_.data(), ln1m_.data(), ln1r_.data(), x.data(), ln1w_.data(),
-                         ln1b_.data(), N, C);
+                                ln1b_.data(), N, C);
     compute_->linear_forward(qkv_.data(), ln1_.data(), qkvw_.data(), qkvb_.data(), N, C, 3 * C);
     compute_->attention_forward(atty_.data(), att_.data(), qkv_.data(), B, T, C, NH_);
     compute_->linear_forward(proj_.data(), atty_.data(), projw_.data(), projb_.data(), N, C, C);
     compute_->residual_forward(x2_.data(), x.data(), proj_.data(), N * C);
     compute_->layernorm_forward(ln2_.data(), ln2m_.data(), ln2r_.data(), x2_.data(), ln2w_.data(),
-                         ln2b_.data(), N, C);
+                                ln2b_.data(), N, C);
     compute_->linear_forward(fch_.data(), ln2_.data(), fcw_.data(), fcb_.data(), N, C, 4 * C);
     compute_->gelu_forward(fchg_.data(), fch_.data(), N * 4 * C);
-    compute_->linear_forward(fcproj_.data(), fchg_.data(), fcprojw_.data(), fcprojb_.data(), N, 4 * C, C);
+    compute_->linear_forward(fcproj_.data(), fchg_.data(), fcprojw_.data(), fcprojb_.data(), N,
+                             4 * C, C);
     compute_->residual_forward(out_.data(), x2_.data(), fcproj_.data(), N * C);
     return out_;
   }
@@ -289,23 +291,23 @@ class TransformerBlock : public Block {
     Tensor& dln1 = zeroed(g_dln1_, {N, C});
     // out = x2 + fcproj: both get dy (fcproj's through the linear below)
     compute_->copy(dx2.data(), dy.data(), N * C * sizeof(float));
-    compute_->linear_backward(dfchg.data(), dfcprojw_.data(), dfcprojb_.data(), dy.data(), fchg_.data(),
-                       fcprojw_.data(), N, 4 * C, C);
+    compute_->linear_backward(dfchg.data(), dfcprojw_.data(), dfcprojb_.data(), dy.data(),
+                              fchg_.data(), fcprojw_.data(), N, 4 * C, C);
     compute_->gelu_backward(dfch.data(), dfchg.data(), fch_.data(), N * 4 * C);
     compute_->linear_backward(dln2.data(), dfcw_.data(), dfcb_.data(), dfch.data(), ln2_.data(),
-                       fcw_.data(), N, C, 4 * C);
+                              fcw_.data(), N, C, 4 * C);
     compute_->layernorm_backward(dx2.data(), dln2w_.data(), dln2b_.data(), dln2.data(), x2_.data(),
-                          ln2w_.data(), ln2m_.data(), ln2r_.data(), N, C);
+                                 ln2w_.data(), ln2m_.data(), ln2r_.data(), N, C);
     // x2 = x + proj
     compute_->copy(dx.data(), dx2.data(), N * C * sizeof(float));
-    compute_->linear_backward(datty.data(), dprojw_.data(), dprojb_.data(), dx2.data(), atty_.data(),
-                       projw_.data(), N, C, C);
+    compute_->linear_backward(datty.data(), dprojw_.data(), dprojb_.data(), dx2.data(),
+                              atty_.data(), projw_.data(), N, C, C);
     compute_->attention_backward(dqkv.data(), datty.data(), qkv_.data(), atty_.data(), att_.data(),
                                  B_, Tc_, C, NH_);
     compute_->linear_backward(dln1.data(), dqkvw_.data(), dqkvb_.data(), dqkv.data(), ln1_.data(),
-                       qkvw_.data(), N, C, 3 * C);
+                              qkvw_.data(), N, C, 3 * C);
     compute_->layernorm_backward(dx.data(), dln1w_.data(), dln1b_.data(), dln1.data(), x_.data(),
-                          ln1w_.data(), ln1m_.data(), ln1r_.data(), N, C);
+                                 ln1w_.data(), ln1m_.data(), ln1r_.data(), N, C);
     return dx;
   }
 
@@ -383,20 +385,20 @@ class HeadBlock : public Block {
     ensure(m_, {N_});
     ensure(r_, {N_});
     ensure(logits_, {N_, V_});
-    compute_->layernorm_forward(ln_.data(), m_.data(), r_.data(), x.data(), lnw_.data(), lnb_.data(), N_,
-                         C_);
-    compute_->linear_forward(logits_.data(), ln_.data(), w_.data(), static_cast<const float*>(nullptr), N_,
-                      C_, V_);
+    compute_->layernorm_forward(ln_.data(), m_.data(), r_.data(), x.data(), lnw_.data(),
+                                lnb_.data(), N_, C_);
+    compute_->linear_forward(logits_.data(), ln_.data(), w_.data(),
+                             static_cast<const float*>(nullptr), N_, C_, V_);
     return logits_;
   }
   Tensor backward(const Tensor& grad) override {
     const Tensor dy = compute_->on_device(grad);
     Tensor& dln = zeroed(dln_, {N_, C_});
     Tensor& dx = zeroed(dx_, {N_, C_});
-    compute_->linear_backward(dln.data(), dw_.data(), static_cast<float*>(nullptr), dy.data(), ln_.data(),
-                       w_.data(), N_, C_, V_);
-    compute_->layernorm_backward(dx.data(), dlnw_.data(), dlnb_.data(), dln.data(), x_.data(), lnw_.data(),
-                          m_.data(), r_.data(), N_, C_);
+    compute_->linear_backward(dln.data(), dw_.data(), static_cast<float*>(nullptr), dy.data(),
+                              ln_.data(), w_.data(), N_, C_, V_);
+    compute_->layernorm_backward(dx.data(), dlnw_.data(), dlnb_.data(), dln.data(), x_.data(),
+                                 lnw_.data(), m_.data(), r_.data(), N_, C_);
     return dx;
   }
 

@@ -53,8 +53,8 @@ class Block {
   // The device this block's parameters live and its kernels run on (the CPU until to()).
   Compute& compute() const { return *compute_; }
   // Moves the parameters and gradients (and every view of them: a tied head's weight) to
-  // `compute`'s device; what forward cached moves on its next call. Throws std::invalid_argument for a block
-  // that runs on the CPU only (a program's own block: runs_on).
+  // `compute`'s device; what forward cached moves on its next call. Throws std::invalid_argument
+  // for a block that runs on the CPU only (a program's own block: runs_on).
   void to(Compute& compute);
   // Whether the block's code runs on `device`: the built-in blocks call only their Compute; a
   // program's own block reads its tensors on the host unless it says otherwise.

@@ -37,7 +37,8 @@ Module load() {
 #else
   const std::string dir = program_dir();
   std::string tried;
-  for (const std::string& path : {dir + "/" TROUPE_CUDA_MODULE, dir + "/../lib/troupe/" TROUPE_CUDA_MODULE}) {
+  for (const std::string& path :
+       {dir + "/" TROUPE_CUDA_MODULE, dir + "/../lib/troupe/" TROUPE_CUDA_MODULE}) {
     if (::access(path.c_str(), R_OK) != 0) {
       tried += (tried.empty() ? "" : ", ") + path;
       continue;

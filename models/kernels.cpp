@@ -242,8 +242,8 @@ template <typename T>
 void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                         const T* mean, const T* rstd, size_t N, size_t C) {
   for (size_t n = 0; n < N; ++n)
-    layernorm_backward_row(dinp + n * C, dweight, dbias, dout + n * C, inp + n * C, weight,
-                           mean[n], rstd[n], C);
+    layernorm_backward_row(dinp + n * C, dweight, dbias, dout + n * C, inp + n * C, weight, mean[n],
+                           rstd[n], C);
 }
 
 template <typename T>

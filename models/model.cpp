@@ -5,7 +5,6 @@
 #include <chrono>
 #include <stdexcept>
 
-
 extern "C" void openblas_set_num_threads(int);
 
 namespace troupe::models {

@@ -59,8 +59,8 @@ class HostMemory final : public Memory {
   void discard() override;
 
  private:
-  size_t rounded_;        // the bytes allocated (bytes() rounded up)
-  void* map_ = nullptr;   // lazy buffers: the mapping
+  size_t rounded_;       // the bytes allocated (bytes() rounded up)
+  void* map_ = nullptr;  // lazy buffers: the mapping
   size_t map_bytes_ = 0;
 };
 

@@ -9,8 +9,7 @@ models::Compute& compute_of(const models::Tensor& t) {
   return t.defined() ? t.storage()->compute() : models::cpu_compute();
 }
 
-HostStaged::HostStaged(models::Tensor& t, bool load)
-    : tensor_(&t), count_(t.numel()) {
+HostStaged::HostStaged(models::Tensor& t, bool load) : tensor_(&t), count_(t.numel()) {
   if (t.device() == models::Device::cpu) {
     host_ = t.data();
     return;

@@ -12,8 +12,7 @@ namespace {
 class CudaMemory final : public Memory {
  public:
   CudaMemory(size_t bytes, CudaCompute& owner)
-      : Memory(pool_allocate(bytes == 0 ? 1 : bytes, owner.stream()), bytes, Device::cuda,
-               owner),
+      : Memory(pool_allocate(bytes == 0 ? 1 : bytes, owner.stream()), bytes, Device::cuda, owner),
         stream_(owner.stream()) {
     fill_zero(data_, bytes, stream_);
   }
@@ -135,8 +134,8 @@ void CudaCompute::embedding_backward(float* dwte, float* dwpe, const float* dout
                            g.tokens.size(), B, T, C, stream());
 }
 
-void CudaCompute::attention_forward(float* out, float* saved, const float* qkv, size_t B,
-                                    size_t T, size_t C, size_t NH) {
+void CudaCompute::attention_forward(float* out, float* saved, const float* qkv, size_t B, size_t T,
+                                    size_t C, size_t NH) {
   cuda::attention_forward(out, saved, qkv, B, T, C, NH, stream());
 }
 void CudaCompute::attention_backward(float* dqkv, const float* dout, const float* qkv,
@@ -181,8 +180,7 @@ double CudaCompute::grad_norm_sq(const float* g, size_t n) {
 void CudaCompute::adamw(float* p, const float* g, float* m, float* v, size_t n,
                         const models::AdamWStep& s) {
   cuda::adamw(p, g, m, v, n,
-              {s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.c1, s.c2, s.grad_scale},
-              stream());
+              {s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.c1, s.c2, s.grad_scale}, stream());
 }
 
 void CudaCompute::sgd(float* p, const float* g, float* m, size_t n, float lr, float momentum,

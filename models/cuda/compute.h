@@ -52,8 +52,8 @@ class CudaCompute final : public Compute {
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                           const float* inp, const float* weight, const float* mean,
                           const float* rstd, size_t N, size_t C) override;
-  void embedding_forward(float* out, const int32_t* host_tokens, const float* wte,
-                         const float* wpe, size_t B, size_t T, size_t C) override;
+  void embedding_forward(float* out, const int32_t* host_tokens, const float* wte, const float* wpe,
+                         size_t B, size_t T, size_t C) override;
   void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* host_tokens,
                           size_t B, size_t T, size_t C) override;
   size_t attention_saved(size_t B, size_t T, size_t NH) const override { return B * NH * T; }

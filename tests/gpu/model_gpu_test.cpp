@@ -13,9 +13,8 @@
 namespace troupe::models {
 namespace {
 
-#define SKIP_WITHOUT_GPU()              \
-  if (cuda::device_count() == 0)        \
-  GTEST_SKIP() << "needs a CUDA device: " << cuda::describe(0)
+#define SKIP_WITHOUT_GPU() \
+  if (cuda::device_count() == 0) GTEST_SKIP() << "needs a CUDA device: " << cuda::describe(0)
 
 std::vector<size_t> counts_of(Model& m) {
   std::vector<size_t> c;

@@ -36,8 +36,7 @@ class EnvFaults : public workers::FaultInjector {
   bool any() const {
     return step_delay_us_ > 0 || (throw_at_step_ > 0 && !throw_agent_.empty()) ||
            state_delay_ms_ > 0 || checkpoint_delay_ms_ > 0 || !perturb_agent_.empty() ||
-           guarded_device_ ||
-           (slow_us_ > 0 && !slow_agent_.empty());
+           guarded_device_ || (slow_us_ > 0 && !slow_agent_.empty());
   }
 
   // TROUPE_TEST_GUARDED_DEVICE=1: every worker computes on a device the host cannot read.

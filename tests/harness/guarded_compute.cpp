@@ -49,7 +49,9 @@ void* GuardedCompute::reserve(size_t bytes, void* host) {
   return address;
 }
 
-void GuardedCompute::release(void* address) { regions_.erase(reinterpret_cast<uintptr_t>(address)); }
+void GuardedCompute::release(void* address) {
+  regions_.erase(reinterpret_cast<uintptr_t>(address));
+}
 
 void* GuardedCompute::real(const void* p) {
   if (!p) return nullptr;
@@ -165,8 +167,8 @@ void GuardedCompute::adamw(float* p, const float* g, float* m, float* v, size_t 
   ++calls;
   cpu().adamw(at(p), at(g), at(m), at(v), n, s);
 }
-void GuardedCompute::sgd(float* p, const float* g, float* m, size_t n, float lr, float mu,
-                         float wd, float scale) {
+void GuardedCompute::sgd(float* p, const float* g, float* m, size_t n, float lr, float mu, float wd,
+                         float scale) {
   ++calls;
   cpu().sgd(at(p), at(g), at(m), n, lr, mu, wd, scale);
 }

@@ -142,8 +142,9 @@ TEST(Deterministic, WorkersOnADeviceTheHostCannotReadComputeTheCpusBits) {
   Reference want = run_static(dir, "cpu", 1, run);
   ASSERT_EQ(want.losses.size(), size_t(steps));
 
-  Job job = start(dir, "guarded", 2, with({"elastic.failure_timeout_ms=4000", "elastic.max_restarts=0"}),
-                  {guarded, pace(40000)});
+  Job job =
+      start(dir, "guarded", 2, with({"elastic.failure_timeout_ms=4000", "elastic.max_restarts=0"}),
+            {guarded, pace(40000)});
   wait_steps(job, 15);
   const auto pids = joined_pids(job);
   ASSERT_EQ(pids.size(), 2u);
@@ -159,16 +160,16 @@ TEST(Deterministic, WorkersOnADeviceTheHostCannotReadComputeTheCpusBits) {
       << "the workers were not on the stand-in device";
   ASSERT_TRUE(joiner->wait(30s));
 
-  Reference pp = run_static(
-      dir, "guarded-pp", 2, with({"parallel.pipeline_stages=2", "parallel.stage_backup_steps=10"}),
-      {guarded});
+  Reference pp =
+      run_static(dir, "guarded-pp", 2,
+                 with({"parallel.pipeline_stages=2", "parallel.stage_backup_steps=10"}), {guarded});
   EXPECT_EQ(pp.losses, want.losses);
   EXPECT_EQ(pp.checksum, want.checksum);
 
   // The default mode's plain allreduce, against the same job on the CPU.
   Reference plain_cpu = run_static(dir, "plain-cpu", 2, with({"parallel.deterministic=false"}));
-  Reference plain = run_static(dir, "plain-guarded", 2, with({"parallel.deterministic=false"}),
-                               {guarded});
+  Reference plain =
+      run_static(dir, "plain-guarded", 2, with({"parallel.deterministic=false"}), {guarded});
   EXPECT_EQ(plain.losses, plain_cpu.losses);
   EXPECT_EQ(plain.checksum, plain_cpu.checksum);
 }

@@ -255,8 +255,8 @@ TEST(RunOutput, MembershipChangesArePrintedAndNormalDisconnectsAreNotWarnings) {
   TempDir dir;
   // (A job that runs until it is stopped: under a sanitizer on 2 cores a 300-step job ended
   // during the status call, before the kill.)
-  Job job = start_job(dir, "changes", kConfig, 3,
-                      {"job.steps=100000", "elastic.max_restarts=0"}, {pace(3000)});
+  Job job = start_job(dir, "changes", kConfig, 3, {"job.steps=100000", "elastic.max_restarts=0"},
+                      {pace(3000)});
   wait_steps(job, 10);
   int rc = -1;
   troupe_output(dir, {"status", "--run-dir", job.run_dir}, &rc);

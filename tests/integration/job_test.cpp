@@ -266,10 +266,12 @@ TEST(Job, CudaDevicesWhereThereAreNoneAreRefusedAndAutoTrainsOnTheCpu) {
   std::string config = write_config(dir, "mlp.toml", kMlp);
   const std::string run_dir = dir.path() + "/cuda";
   const std::string out = dir.path() + "/cuda.out";
-  coordinator::ChildProcess refused({{testing::troupe_binary(), "run", config, "--set",
-                                      "cluster.devices=\"cuda\"", "--set",
-                                      "job.run_dir=\"" + run_dir + "\""},
-                                     out, out, {}});
+  coordinator::ChildProcess refused(
+      {{testing::troupe_binary(), "run", config, "--set", "cluster.devices=\"cuda\"", "--set",
+        "job.run_dir=\"" + run_dir + "\""},
+       out,
+       out,
+       {}});
   auto st = refused.wait(60s);
   ASSERT_TRUE(st);
   EXPECT_EQ(WEXITSTATUS(*st), 2);
@@ -279,8 +281,8 @@ TEST(Job, CudaDevicesWhereThereAreNoneAreRefusedAndAutoTrainsOnTheCpu) {
       << text;
   EXPECT_FALSE(std::filesystem::exists(run_dir)) << "nothing started";
   const std::string version_out = dir.path() + "/version.out";
-  coordinator::ChildProcess version({{testing::troupe_binary(), "version"}, version_out,
-                                     version_out, {}});
+  coordinator::ChildProcess version(
+      {{testing::troupe_binary(), "version"}, version_out, version_out, {}});
   ASSERT_TRUE(version.wait(60s));
   const std::string said = testing::text_of(version_out);
   EXPECT_TRUE(said.find("CUDA workers: none (no CUDA device") != std::string::npos ||

@@ -39,7 +39,7 @@ struct Trained {
 
 // `steps` steps of micro-batches of 3 (gradient accumulation), clipped, on `compute`.
 Trained train(const ModelSpec& spec, const OptimizerSpec& os, const Dataset& data, Compute& compute,
-          int steps) {
+              int steps) {
   Model m(spec);
   Optimizer opt(os, counts_of(m));
   m.to(compute);
