@@ -166,10 +166,7 @@ void run_rows(const Options& o, Compute& c) {
 
 // The Compute for --device; throws std::invalid_argument when this build or machine has none.
 std::unique_ptr<Compute> open_device(const Options& o) {
-  if (o.device == "cpu") {
-    if (o.bf16) throw std::invalid_argument("--bf16: the CPU device computes in f32 only");
-    return nullptr;  // (cpu_compute(): not owned)
-  }
+  if (o.device == "cpu") return nullptr;  // (cpu_compute() or cpu_bf16_compute(): not owned)
 #if TROUPE_HAVE_CUDA_KERNELS
   const int ordinal = o.device.size() > 5 ? std::stoi(o.device.substr(5)) : 0;
   if (models::cuda::device_count() <= ordinal)
@@ -238,7 +235,7 @@ int run_kernels_bench(const std::vector<std::string>& words, const std::string& 
                  "the optimizer's and the norm's size (default: 124M "
                  "on CUDA, 10M on the CPU)");
   app.add_option("--threads", o.threads, "CPU compute threads")->check(CLI::PositiveNumber);
-  app.add_flag("--bf16", o.bf16, "bf16 GEMM inputs (CUDA)");
+  app.add_flag("--bf16", o.bf16, "bf16 GEMM inputs (model.dtype = \"bf16\"; on the CPU emulated)");
   app.add_option("--bandwidth-gbs", o.bandwidth_gbs,
                  "the device's memory bandwidth, GB/s "
                  "(default: 4,800 on CUDA, an H200's)");
@@ -264,7 +261,7 @@ int run_kernels_bench(const std::vector<std::string>& words, const std::string& 
   try {
     models::set_compute_threads(o.threads);
     std::unique_ptr<Compute> device = open_device(o);
-    run_rows(o, device ? *device : models::cpu_compute());
+    run_rows(o, device ? *device : o.bf16 ? models::cpu_bf16_compute() : models::cpu_compute());
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "troupe bench kernels: %s\n", e.what());
     return 2;

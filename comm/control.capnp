@@ -108,6 +108,7 @@ struct JobSpec {
   dataOptions @49 :List(Option);  # a program's own data.kind: its keys' values
   rejoinTimeoutMs @50 :Int64;     # elastic.rejoin_timeout_ms: how long a lost coordinator is waited for
   initState @51 :Bool;            # its workers start from the seed or the checkpoint (else: receive it)
+  dtype @52 :Text;                # model.dtype: f32 | bf16 ("" from an older coordinator: f32)
 }
 
 # A value of a program's own config key (models/extension.h).

@@ -87,6 +87,7 @@ std::vector<Field> builtin_fields(JobConfig& c, const ExtensionKinds& kinds) {
       I("model", "heads", &c.heads, 1, 1024),
       I("model", "context", &c.context, 1, 1e6),
       B("model", "tied_head", &c.tied_head),
+      S("model", "dtype", &c.dtype, {"f32", "bf16"}),
       S("data", "kind", &c.data_kind,
         kind_names({"synthetic", "text", "tokens", "external"}, kinds.datasets)),
       S("data", "path", &c.data_path),
@@ -537,6 +538,11 @@ void validate(const JobConfig& c, const std::string& source, const Places& at) {
          ") is smaller than the number of workers (" + std::to_string(c.workers()) + ")");
   if (c.model_kind == "gpt" && c.d_model % c.heads != 0)
     fail("model.d_model must be divisible by model.heads");
+  if (c.dtype == "bf16" && c.model_kind != "mlp" && c.model_kind != "gpt")
+    fail(
+        "model.dtype = \"bf16\" is for the built-in models (mlp, gpt): a program's own "
+        "model.kind \"" +
+        c.model_kind + "\" computes in the precision its blocks are written in");
   if (c.model_kind == "gpt" && c.data_kind != "text" && c.data_kind != "tokens")
     fail("model.kind = \"gpt\" needs data.kind = \"text\" or \"tokens\"");
   if (c.model_kind == "mlp" && (c.data_kind == "text" || c.data_kind == "tokens"))

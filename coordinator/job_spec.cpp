@@ -18,6 +18,7 @@ actors::JobSpec job_spec_of(const JobConfig& c, uint32_t agent_id, uint64_t firs
   s.heads = c.heads;
   s.context = c.context;
   s.tied_head = c.tied_head;
+  s.dtype = c.dtype;
   s.data_kind = c.data_kind;
   s.data_path = c.data_path;
   s.eval_every = c.eval_every_steps;

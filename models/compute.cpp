@@ -26,8 +26,9 @@ size_t rounded_bytes(size_t bytes) {
 
 }  // namespace
 
-HostMemory::HostMemory(size_t bytes, bool lazy)
-    : Memory(nullptr, bytes, Device::cpu, cpu_compute()), rounded_(rounded_bytes(bytes)) {
+HostMemory::HostMemory(size_t bytes, bool lazy, Compute* owner)
+    : Memory(nullptr, bytes, Device::cpu, owner ? *owner : cpu_compute()),
+      rounded_(rounded_bytes(bytes)) {
   const bool huge = rounded_ >= 2 * kHugePage;
   if (lazy) {
     // (mmap's address is page-aligned; huge pages need 2 MiB alignment: map a little more.)
@@ -109,13 +110,36 @@ void Compute::move_storage(Tensor& t) {
 namespace {
 namespace k = kernels;
 
+// x rounded to the nearest bf16 (ties to even), as a float: what a bf16 GEMM input holds. NaN
+// stays NaN (quiet); infinities and values rounding past the largest bf16 become infinities.
+float round_to_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0) {
+    u |= 0x00400000u;  // NaN: keep it (and quiet), whatever the low bits
+  } else {
+    u += 0x7fffu + ((u >> 16) & 1u);
+  }
+  u &= 0xffff0000u;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+void round_into(std::vector<float>& out, const float* in, size_t n) {
+  out.resize(n);
+  for (size_t i = 0; i < n; ++i) out[i] = round_to_bf16(in[i]);
+}
+
 class CpuCompute final : public Compute {
  public:
+  explicit CpuCompute(bool bf16) : bf16_(bf16) {}
   Device device() const override { return Device::cpu; }
-  std::string describe() const override { return "cpu"; }
+  std::string describe() const override {
+    return bf16_ ? "cpu (bf16 GEMM inputs, emulated)" : "cpu";
+  }
 
   std::unique_ptr<Memory> allocate(size_t bytes) override {
-    return std::make_unique<HostMemory>(bytes, false);
+    return std::make_unique<HostMemory>(bytes, false, this);
   }
   void zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
   void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
@@ -127,7 +151,16 @@ class CpuCompute final : public Compute {
 
   void linear_forward(float* out, const float* inp, const float* w, const float* bias, size_t N,
                       size_t C, size_t OC) override {
-    k::linear_forward(out, inp, w, bias, N, C, OC);
+    if (!bf16_) {
+      k::linear_forward(out, inp, w, bias, N, C, OC);
+      return;
+    }
+    // Mixed precision as the CUDA device computes it: input and weight rounded to bf16, the
+    // products (exact in f32) summed in f32. (Per worker thread: the CPU Compute is shared.)
+    thread_local std::vector<float> inp16, w16;
+    round_into(inp16, inp, N * C);
+    round_into(w16, w, OC * C);
+    k::linear_forward(out, inp16.data(), w16.data(), bias, N, C, OC);
   }
   void linear_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                        const float* w, size_t N, size_t C, size_t OC) override {
@@ -216,13 +249,23 @@ class CpuCompute final : public Compute {
       p[i] -= lr * m[i];
     }
   }
+
+ private:
+  const bool bf16_;  // model.dtype = "bf16": linear_forward rounds its operands
 };
 
 }  // namespace
 
 Compute& cpu_compute() {
-  static CpuCompute cpu;
+  static CpuCompute cpu(false);
   return cpu;
 }
+
+Compute& cpu_bf16_compute() {
+  static CpuCompute cpu(true);
+  return cpu;
+}
+
+float bf16_round(float x) { return round_to_bf16(x); }
 
 }  // namespace troupe::models

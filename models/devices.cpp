@@ -77,8 +77,7 @@ int index_of(const std::string& device, size_t at) {
 std::shared_ptr<Compute> open_compute(const std::string& device, bool bf16) {
   if (device == "cpu" || device.rfind("cpu:", 0) == 0) {
     if (device != "cpu") index_of(device, 4);
-    if (bf16) throw std::runtime_error("device '" + device + "': the CPU computes in f32 only");
-    return std::shared_ptr<Compute>(&cpu_compute(), [](Compute*) {});
+    return std::shared_ptr<Compute>(bf16 ? &cpu_bf16_compute() : &cpu_compute(), [](Compute*) {});
   }
   if (device.rfind("cuda:", 0) != 0)
     throw std::runtime_error("device '" + device + "' is not cpu:N or cuda:N");

@@ -52,7 +52,8 @@ class Memory {
 class HostMemory final : public Memory {
  public:
   static constexpr size_t kHugePage = size_t(2) << 20;
-  HostMemory(size_t bytes, bool lazy);
+  // (owner: the Compute whose kernels run on it; the CPU's f32 one unless given.)
+  HostMemory(size_t bytes, bool lazy, Compute* owner = nullptr);
   ~HostMemory() override;
   HostMemory(const HostMemory&) = delete;
   HostMemory& operator=(const HostMemory&) = delete;

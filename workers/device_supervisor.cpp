@@ -25,6 +25,7 @@ WorkerSpec worker_spec_of(const actors::JobSpec& s) {
   w.model.heads = size_t(s.heads);
   w.model.context = size_t(s.context);
   w.model.tied_head = s.tied_head;
+  w.bf16 = s.dtype == "bf16";
   w.model_options = s.model_options;
   w.data_options = s.data_options;
   w.data_kind = s.data_kind;

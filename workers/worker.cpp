@@ -35,7 +35,7 @@ double seconds_since(Clock::time_point t0) {
 std::shared_ptr<models::Compute> open_device(const WorkerSpec& spec) {
   if (spec.faults)
     if (auto d = spec.faults->device_for(spec.agent_name, spec.device_index)) return d;
-  return models::open_compute(spec.device);
+  return models::open_compute(spec.device, spec.bf16);
 }
 
 }  // namespace
@@ -65,7 +65,7 @@ Worker::Worker(const WorkerSpec& spec) : spec_(spec), trace_(spec.trace_first, s
   device_ = open_device(spec);
   model_->to(*device_);
   opt_->to(*device_);
-  if (device_->device() != models::Device::cpu)
+  if (device_->device() != models::Device::cpu || spec.bf16)
     spdlog::info("worker {}: computes on {}", spec.device, device_->describe());
   BlockStates::Origin origin{spec.init_state, spec.seed, spec.resume_dir, spec.resume_step};
   states_ = std::make_unique<BlockStates>(*model_, *opt_, origin, pipelined());

@@ -36,7 +36,8 @@ namespace troupe::workers {
 
 struct WorkerSpec {
   std::string job_name;
-  std::string device = "cpu:0";  // the device it runs on (cpu:N; cuda:N once models run there)
+  std::string device = "cpu:0";  // the device it runs on (cpu:N, cuda:N)
+  bool bf16 = false;             // model.dtype = "bf16": bf16 GEMM inputs (models/devices.h)
   std::string agent_name;        // for fault injection and logs
   uint32_t device_index = 0;     // among its agent's devices
   uint64_t seed = 0, steps = 0;

@@ -110,6 +110,32 @@ TEST(Job, SameLossesAtWorldSizesOneToFour) {
   testing::check_ledger(r.run_dir, 30, 50);
 }
 
+// model.dtype = "bf16" on CPU workers: the linear layers' forward GEMMs read bf16-rounded inputs
+// (the CUDA device's mixed precision, emulated): the workers say so, the losses move off f32's
+// by less than 2%, and the members still end with identical parameters.
+TEST(Job, ModelDtypeBf16TrainsOnTheCpuWithinTwoPercentOfF32) {
+  testing::TempDir dir;
+  std::string config = write_config(dir, "mlp.toml", kMlp);
+  RunResult f32 = troupe_run(dir, config, {"cluster.agents=2"});
+  RunResult bf16 = troupe_run(dir, config, {"cluster.agents=2", "model.dtype=\"bf16\""});
+  ASSERT_EQ(f32.exit_code, 0) << f32.output;
+  ASSERT_EQ(bf16.exit_code, 0) << bf16.output;
+  const auto a = testing::committed_losses(f32.run_dir);
+  const auto b = testing::committed_losses(bf16.run_dir);
+  ASSERT_EQ(a.size(), 30u);
+  ASSERT_EQ(b.size(), 30u);
+  EXPECT_NE(a, b) << "model.dtype acts";
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 0.02 * a[i]) << "step " << i;
+  EXPECT_LT(b.back(), 0.85 * b.front()) << "bf16 learns";
+  auto events = testing::lines_of(bf16.run_dir + "/events.jsonl");
+  EXPECT_EQ(testing::json_field(events.back(), "identical_parameters"), "true") << events.back();
+  EXPECT_NE(testing::text_of(bf16.run_dir + "/agent-0.log").find("bf16 GEMM inputs, emulated"),
+            std::string::npos);
+  EXPECT_NE(testing::text_of(bf16.run_dir + "/config.toml").find("dtype = 'bf16'"),
+            std::string::npos)
+      << "the effective config keeps it";
+}
+
 // The README's promise, run as `make run` runs it (the whole quickstart.toml): the loss falls
 // from about 4.4 to about 1.75 nats per character over 300 steps (the run is deterministic at a
 // given world size; the bounds leave room for a different libm, not for a model that does not

@@ -5,6 +5,8 @@
 // trained there must compute what they compute on the CPU, bit for bit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "models/data.h"
@@ -170,6 +172,66 @@ TEST(ComputeSeam, AProgramsOwnBlockIsRefusedOnADevice) {
   }
   EXPECT_EQ(m.block(0).params().device(), Device::cpu) << "nothing moved";
   EXPECT_EQ(&m.compute(), &cpu_compute());
+}
+
+// ---- model.dtype = "bf16" on the CPU: the CUDA device's mixed precision, emulated
+// ----------------
+
+TEST(CpuBf16, RoundsToTheNearestBf16TiesToEven) {
+  const float one_ulp = std::ldexp(1.0f, -7);  // bf16's spacing above 1
+  EXPECT_EQ(bf16_round(1.0f), 1.0f);
+  EXPECT_EQ(bf16_round(1.0f + one_ulp / 2), 1.0f) << "a tie goes to the even neighbour";
+  EXPECT_EQ(bf16_round(1.0f + 3 * one_ulp / 2), 1.0f + 2 * one_ulp) << "a tie goes up to even";
+  EXPECT_EQ(bf16_round(1.0f + 0.6f * one_ulp), 1.0f + one_ulp);
+  EXPECT_EQ(bf16_round(-3.0f), -3.0f);
+  EXPECT_TRUE(std::isnan(bf16_round(std::nanf(""))));
+  EXPECT_TRUE(std::isinf(bf16_round(3.4e38f))) << "past the largest bf16";
+}
+
+// A linear layer's forward is the f32 product of the bf16-rounded input and weight (the bias and
+// the sums f32): bit for bit what cpu_compute() gives on rounded copies. The rest is f32.
+TEST(CpuBf16, LinearForwardIsTheF32ProductOfTheRoundedInputs) {
+  const size_t N = 7, C = 33, OC = 5;
+  std::vector<float> inp(N * C), w(OC * C), bias(OC), rin(N * C), rw(OC * C);
+  for (size_t i = 0; i < inp.size(); ++i) inp[i] = std::sin(0.37f * float(i)) * 1.7f;
+  for (size_t i = 0; i < w.size(); ++i) w[i] = std::cos(0.11f * float(i)) * 0.3f;
+  for (size_t i = 0; i < OC; ++i) bias[i] = 0.01f * float(i);
+  for (size_t i = 0; i < inp.size(); ++i) rin[i] = bf16_round(inp[i]);
+  for (size_t i = 0; i < w.size(); ++i) rw[i] = bf16_round(w[i]);
+  std::vector<float> out16(N * OC), want(N * OC), out32(N * OC);
+  cpu_bf16_compute().linear_forward(out16.data(), inp.data(), w.data(), bias.data(), N, C, OC);
+  cpu_compute().linear_forward(want.data(), rin.data(), rw.data(), bias.data(), N, C, OC);
+  cpu_compute().linear_forward(out32.data(), inp.data(), w.data(), bias.data(), N, C, OC);
+  EXPECT_EQ(out16, want);
+  EXPECT_NE(out16, out32) << "the rounding acts";
+  for (size_t i = 0; i < out16.size(); ++i) EXPECT_NEAR(out16[i], out32[i], 0.05) << i;
+  std::vector<float> g16(N * C), g32(N * C);
+  cpu_bf16_compute().gelu_forward(g16.data(), inp.data(), g16.size());
+  cpu_compute().gelu_forward(g32.data(), inp.data(), g32.size());
+  EXPECT_EQ(g16, g32) << "everything else is f32";
+  EXPECT_EQ(cpu_bf16_compute().device(), Device::cpu);
+  EXPECT_EQ(&cpu_bf16_compute().tensor({3}).storage()->compute(), &cpu_bf16_compute());
+}
+
+// A GPT trained in bf16 on the CPU: the smoothed loss curve stays within 2% of f32's (the CUDA
+// device's criterion) and is not f32's (the key acts).
+TEST(CpuBf16, AGptTrainedInBf16StaysWithinTwoPercentOfF32) {
+  set_compute_threads(1);
+  CharText text(kDefaultTextPath, 13);
+  OptimizerSpec os;
+  os.kind = "adamw";
+  os.lr = 3e-3;
+  const Trained f32 = train(odd_gpt(text.vocab()), os, text, cpu_compute(), 150);
+  const Trained bf16 = train(odd_gpt(text.vocab()), os, text, cpu_bf16_compute(), 150);
+  EXPECT_NE(f32.losses[0], bf16.losses[0]);
+  double ema_a = f32.losses[0], ema_b = bf16.losses[0], worst = 0;
+  for (size_t s = 1; s < f32.losses.size(); ++s) {
+    ema_a = 0.95 * ema_a + 0.05 * f32.losses[s];
+    ema_b = 0.95 * ema_b + 0.05 * bf16.losses[s];
+    if (s >= 20) worst = std::max(worst, std::abs(ema_b - ema_a) / ema_a);
+  }
+  EXPECT_LT(worst, 0.02);
+  EXPECT_LT(ema_a, 0.9 * f32.losses[0]) << "it learns";
 }
 
 }  // namespace
