@@ -152,6 +152,7 @@ ControlMessage encode(const JobSpec& m) {
     s.setResumeDir(m.resume_dir);
     s.setResumeStep(m.resume_step);
     s.setTraceFirst(m.trace_first);
+    s.setPeakTflops(m.peak_tflops);
     s.setTraceLast(m.trace_last);
     s.setFailureTimeoutMs(m.failure_timeout_ms);
     s.setWorkerMaxRestarts(m.worker_max_restarts);
@@ -210,6 +211,7 @@ JobSpec decode(proto::JobSpec::Reader s) {
   m.resume_dir = s.getResumeDir();
   m.resume_step = s.getResumeStep();
   m.trace_first = s.getTraceFirst();
+  m.peak_tflops = s.getPeakTflops();
   m.trace_last = s.getTraceLast();
   m.failure_timeout_ms = s.getFailureTimeoutMs();
   m.worker_max_restarts = s.getWorkerMaxRestarts();
@@ -284,6 +286,9 @@ ControlMessage encode(const StepReport& m) {
     r.setDataSeconds(m.data_seconds);
     r.setEvalLoss(m.eval_loss);
     r.setEvalTokens(m.eval_tokens);
+    r.setFlops(m.flops);
+    r.setPeakFlops(m.peak_flops);
+    r.setPeak(m.peak);
   });
 }
 
@@ -291,7 +296,7 @@ StepReport decode(proto::StepReport::Reader r) {
   return {r.getGeneration(), r.getStep(),        r.getRank(),          r.getLoss(),
           r.getSamples(),    r.getTokens(),      r.getPositionBegin(), r.getPositionEnd(),
           r.getSeconds(),    r.getBusySeconds(), r.getDataSeconds(),   r.getEvalLoss(),
-          r.getEvalTokens()};
+          r.getEvalTokens(), r.getFlops(),       r.getPeakFlops(),     r.getPeak()};
 }
 
 ControlMessage encode(const StateReceived& m) {
@@ -435,6 +440,9 @@ ControlMessage encode(const JobStatus& m) {
     set_members(s.initStandbys(unsigned(m.standbys.size())), m.standbys);
     s.setCheckpointStep(m.checkpoint_step);
     s.setCheckpointPath(m.checkpoint_path);
+    s.setModelTflops(m.model_tflops);
+    s.setMfu(m.mfu);
+    s.setPeak(m.peak);
   });
 }
 
@@ -449,7 +457,10 @@ JobStatus decode(proto::JobStatus::Reader r) {
           members_of(r.getMembers()),
           members_of(r.getStandbys()),
           r.getCheckpointStep(),
-          r.getCheckpointPath()};
+          r.getCheckpointPath(),
+          r.getModelTflops(),
+          r.getMfu(),
+          r.getPeak()};
 }
 
 ControlMessage encode(const LeaveGeneration& m) {

@@ -79,6 +79,7 @@ struct JobSpec {
   bool checkpoint_skip_if_busy = false;
   std::string resume_dir;                     // the checkpoint to start from ("" = the seed)
   int64_t trace_first = -1, trace_last = -1;  // observability.trace_steps (-1: none)
+  double peak_tflops = 0;                     // observability.peak_tflops (0: the device's)
   uint64_t resume_step = 0;
   // [elastic]
   int64_t failure_timeout_ms = 3000;
@@ -126,6 +127,9 @@ struct StepReport {
   double data_seconds = 0;   // of busy_seconds: assembling batches
   double eval_loss = 0;      // the held-out loss at the step's start ...
   uint64_t eval_tokens = 0;  // ... over this many tokens (0: not evaluated)
+  double flops = 0;          // the model's training FLOPs this rank computed
+  double peak_flops = 0;     // its device's peak FLOP/s (0: unknown) ...
+  std::string peak;          // ... and what it is
 };
 
 // worker -> coordinator (one way): it took the state at a generation's start (or reports the
@@ -199,6 +203,9 @@ struct JobStatus {
   std::vector<MemberStatus> standbys;  // live workers that are not members
   uint64_t checkpoint_step = 0;        // the newest complete checkpoint (0: none yet)
   std::string checkpoint_path;         // its manifest
+  double model_tflops = 0;             // the last committed step's model TFLOP/s ...
+  double mfu = 0;                      // ... its MFU (NaN: a peak is unknown) ...
+  std::string peak;                    // ... and the peak it is a fraction of
 };
 
 // Coordinator -> agents control (one-way, no payload beyond what is named).

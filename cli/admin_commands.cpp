@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -184,6 +185,9 @@ void print_status(const actors::JobStatus& s, bool json) {
                             .value("standbys", status_rows(s.standbys, false))
                             .integer("checkpoint_step", long(s.checkpoint_step))
                             .str("checkpoint", s.checkpoint_path)
+                            .num("model_tflops_per_s", s.model_tflops)
+                            .num("mfu", s.mfu)  // (NaN: null)
+                            .str("peak", s.peak)
                             .text()
                             .c_str());
     return;
@@ -194,6 +198,11 @@ void print_status(const actors::JobStatus& s, bool json) {
   if (s.checkpoint_step > 0)
     std::printf("checkpoint: step %llu, %s\n", (unsigned long long)s.checkpoint_step,
                 s.checkpoint_path.c_str());
+  if (!s.peak.empty()) {
+    char mfu[32] = "unknown";
+    if (!std::isnan(s.mfu)) std::snprintf(mfu, sizeof mfu, "%.2f%%", 100 * s.mfu);
+    std::printf("MFU: %s (%.4g model TFLOP/s); peak: %s\n", mfu, s.model_tflops, s.peak.c_str());
+  }
   if (!s.plan.empty())
     std::printf("pipeline: %s (rank = replica x stages + stage)\n", s.plan.c_str());
   std::printf("%7s %5s %-12s %8s %-12s %-7s %5s %8s %10s %8s %9s %9s %-8s\n", "rank", "agent",

@@ -109,6 +109,7 @@ struct JobSpec {
   rejoinTimeoutMs @50 :Int64;     # elastic.rejoin_timeout_ms: how long a lost coordinator is waited for
   initState @51 :Bool;            # its workers start from the seed or the checkpoint (else: receive it)
   dtype @52 :Text;                # model.dtype: f32 | bf16 ("" from an older coordinator: f32)
+  peakTflops @53 :Float64;        # observability.peak_tflops: a worker's peak for MFU (0: its device's)
 }
 
 # A value of a program's own config key (models/extension.h).
@@ -205,6 +206,9 @@ struct StepReport {
   dataSeconds @10 :Float64; # of `busySeconds`, the time it assembled its batches
   evalLoss @11 :Float64;    # the held-out loss of the parameters the step started from
   evalTokens @12 :UInt64;   # the tokens it scored over (0: the step did not evaluate)
+  flops @13 :Float64;       # the model's training FLOPs this rank computed in the step
+  peakFlops @14 :Float64;   # its device's peak FLOP/s (0: unknown), for MFU
+  peak @15 :Text;           # what that peak is (models/peak.h)
 }
 
 struct WorkerDone {
@@ -247,6 +251,9 @@ struct JobStatus {
   standbys @8 :List(MemberStatus);  # live workers that are not members (rank 0: none)
   checkpointStep @9 :UInt64;        # the newest complete checkpoint's step (0: none yet)
   checkpointPath @10 :Text;         # its manifest ("" none)
+  modelTflops @11 :Float64;         # the last committed step's model TFLOP/s (training FLOPs)
+  mfu @12 :Float64;                 # ... as a fraction of the members' peak (NaN: not known)
+  peak @13 :Text;                   # what that peak is
 }
 
 struct CheckpointRequest {

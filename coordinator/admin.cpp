@@ -46,6 +46,9 @@ actors::JobStatus job_status(const JobConfig& cfg, const elastic::JobLifecycle& 
   s.step = steps.committed();
   s.steps = uint64_t(cfg.steps);
   s.last_loss = steps.last_loss();
+  s.model_tflops = steps.utilisation().model_tflops;
+  s.mfu = steps.utilisation().mfu;
+  s.peak = steps.utilisation().peak;
   s.plan = plan;
   const auto layout = layout_of(plan);
   const auto& members = gens.members();

@@ -139,6 +139,7 @@ std::vector<Field> builtin_fields(JobConfig& c, const ExtensionKinds& kinds) {
       S("checkpoint", "if_busy", &c.checkpoint_if_busy, {"wait", "skip"}),
       S("observability", "metrics_listen", &c.metrics_listen),
       S("observability", "trace_steps", &c.trace_steps),
+      R("observability", "peak_tflops", &c.peak_tflops, 0, 1e9),
       S("logging", "level", &c.log_level, {"debug", "info", "warn", "error"}),
       B("logging", "progress", &c.progress),
   };

@@ -117,6 +117,7 @@ struct JobConfig {
   // [observability]
   std::string metrics_listen;  // "": no endpoint; HOST:PORT serves GET /metrics (Prometheus)
   std::string trace_steps;     // "A-B" or "N": those steps' spans in RUN_DIR/trace.json
+  double peak_tflops = 0;      // a worker's peak for MFU (0: its device's, models/peak.h)
   int64_t trace_first = -1, trace_last = -1;  // (parsed from trace_steps; -1: none)
   // [logging]
   std::string log_level = "info";

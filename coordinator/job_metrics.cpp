@@ -122,6 +122,8 @@ void JobMetrics::on_step_metric(const json& m) {
   data_seconds_ = number(m, "data_seconds");
   samples_per_s_ = number(m, "samples_per_s");
   tokens_per_s_ = number(m, "tokens_per_s");
+  model_tflops_ = number(m, "model_tflops_per_s");
+  mfu_ = number(m, "mfu", std::nan(""));
   auto by_rank = [&](const char* key, std::vector<double>& out) {
     out.clear();
     auto it = m.find(key);
@@ -164,6 +166,13 @@ std::string JobMetrics::exposition() const {
         last_commit_ts_);
   gauge("samples_per_second", "Samples a second over the last committed step.", samples_per_s_);
   gauge("tokens_per_second", "Tokens a second over the last committed step.", tokens_per_s_);
+  gauge("model_tflops_per_second",
+        "The model's training TFLOP/s over the last committed step (every worker's).",
+        model_tflops_);
+  gauge("mfu",
+        "Model FLOPs utilisation of the last committed step: model FLOP/s over the members' peak "
+        "(metrics.jsonl names the peak; NaN: a peak is unknown).",
+        mfu_);
   gauge("step_seconds", "The last committed step's time (its slowest worker).", step_seconds_);
   gauge("data_seconds",
         "The last committed step's time assembling batches (its slowest worker; part of compute).",

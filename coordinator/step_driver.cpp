@@ -24,6 +24,10 @@ bool StepDriver::report(const actors::StepReport& r, uint64_t generation, size_t
     p.eval_loss = r.eval_loss;
     p.eval_tokens = r.eval_tokens;
   }
+  p.flops += r.flops;
+  p.peak_flops += r.peak_flops;
+  p.peak_unknown = p.peak_unknown || r.peak_flops <= 0;
+  if (std::find(p.peaks.begin(), p.peaks.end(), r.peak) == p.peaks.end()) p.peaks.push_back(r.peak);
   p.rank_seconds.push_back(r.seconds);
   p.rank_busy.push_back(r.busy_seconds);
   last_reports_[r.rank] = {r.seconds, r.busy_seconds, r.data_seconds,
@@ -71,6 +75,25 @@ nlohmann::ordered_json StepDriver::by_rank(const Pending& p, const std::vector<d
   return out;
 }
 
+Utilisation StepDriver::utilisation_of(const Pending& p) {
+  Utilisation u;
+  const double seconds = std::max(p.seconds, 1e-9);
+  u.model_tflops = p.flops / seconds / 1e12;
+  if (p.ranks.empty()) return u;
+  if (!p.peak_unknown) {
+    u.peak_tflops = p.peak_flops / 1e12;
+    u.mfu = p.flops / seconds / p.peak_flops;
+  }
+  // ("" from a rank without a model: a program's own loop, ElasticLoop.)
+  if (p.peaks.size() == 1 && !p.peaks.front().empty()) {
+    u.peak = std::to_string(p.ranks.size()) + " x " + p.peaks.front();
+  } else {
+    for (const auto& what : p.peaks)
+      if (!what.empty()) u.peak += (u.peak.empty() ? "" : "; ") + what;
+  }
+  return u;
+}
+
 // Commits a step and writes its ledger lines. recovered: applied by some members of the old
 // generation but not reported by all (the lost one among them).
 void StepDriver::commit(uint64_t step, bool recovered, uint64_t generation, size_t world) {
@@ -114,6 +137,11 @@ void StepDriver::commit(uint64_t step, bool recovered, uint64_t generation, size
                               .value("worker_step_seconds", by_rank(p, p.rank_seconds, world))
                               .value("worker_compute_seconds", by_rank(p, p.rank_busy, world)));
   if (p.eval_tokens > 0) metric.num("eval_loss", p.eval_loss);
+  utilisation_ = utilisation_of(p);
+  metric.num("model_flops", p.flops).num("model_tflops_per_s", utilisation_.model_tflops);
+  if (!std::isnan(utilisation_.mfu))
+    metric.num("mfu", utilisation_.mfu).num("peak_tflops_per_s", utilisation_.peak_tflops);
+  if (!utilisation_.peak.empty()) metric.str("peak", utilisation_.peak);
   log_.metric(metric);
   if (on_commit_) on_commit_(c);
 }

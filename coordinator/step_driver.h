@@ -10,6 +10,7 @@
 #pragma once
 
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <optional>
@@ -22,6 +23,15 @@
 #include "elastic/generation.h"
 
 namespace troupe::coordinator {
+
+// The model FLOP/s of a committed step and its MFU: the model's training FLOPs (every rank's)
+// over the step's time, and that over the sum of the members' peaks (NaN: a peak is unknown).
+struct Utilisation {
+  double model_tflops = 0;
+  double mfu = std::nan("");
+  double peak_tflops = 0;
+  std::string peak;  // what the peak is: "2 x <a worker's peak>" (or each, when they differ)
+};
 
 struct StepCommitted {
   uint64_t committed = 0;  // steps committed so far
@@ -50,6 +60,7 @@ class StepDriver {
   // recovery or rollback) goes on from there.
   void continue_at(uint64_t step) { committed_ = step; }
   double last_loss() const { return last_loss_; }
+  const Utilisation& utilisation() const { return utilisation_; }  // of the last committed step
 
   // A report of the current generation (of `world` members); true when it completed a step
   // (steps commit in order). A report of a step committed already, or sent again, is dropped.
@@ -87,7 +98,11 @@ class StepDriver {
     std::vector<double> rank_seconds, rank_busy;  // by report (ranks[i])
     double eval_loss = 0;  // the held-out loss at the step's start, when it evaluated
     uint64_t eval_tokens = 0;
+    double flops = 0, peak_flops = 0;  // summed over the reporting ranks
+    bool peak_unknown = false;         // a rank's peak is unknown
+    std::vector<std::string> peaks;    // what they are, each once
   };
+  static Utilisation utilisation_of(const Pending& p);
   static nlohmann::ordered_json by_rank(const Pending& p, const std::vector<double>& v,
                                         size_t world);
   void commit(uint64_t step, bool recovered, uint64_t generation, size_t world);
@@ -101,6 +116,7 @@ class StepDriver {
   std::map<uint32_t, RankReport> last_reports_;
   uint64_t committed_ = 0;
   double last_loss_ = 0;
+  Utilisation utilisation_;
 };
 
 }  // namespace troupe::coordinator

@@ -9,6 +9,7 @@
 #include <new>
 
 #include "models/kernels.h"
+#include "models/peak.h"
 
 namespace troupe::models {
 
@@ -136,6 +137,10 @@ class CpuCompute final : public Compute {
   Device device() const override { return Device::cpu; }
   std::string describe() const override {
     return bf16_ ? "cpu (bf16 GEMM inputs, emulated)" : "cpu";
+  }
+  Peak peak(int threads) const override {  // (the GEMMs run in f32 either way)
+    static const CpuModel cpu = this_cpu();
+    return cpu_peak(cpu, threads);
   }
 
   std::unique_ptr<Memory> allocate(size_t bytes) override {

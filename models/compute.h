@@ -27,11 +27,23 @@ struct AdamWStep {
   float lr, beta1, beta2, eps, weight_decay, c1, c2, grad_scale;
 };
 
+// A device's peak FLOP/s, for MFU, and what it is (models/peak.h).
+struct Peak {
+  double flops = 0;  // per second; 0: unknown
+  std::string what;  // e.g. "H200 SXM bf16 dense, data sheet: 989 TFLOP/s"
+};
+
 class Compute {
  public:
   virtual ~Compute() = default;
   virtual Device device() const = 0;
   virtual std::string describe() const = 0;  // "cpu", "cuda:0 (NVIDIA H200, ...)"
+  // What the device can do at most with `threads` compute threads (the CPU's), for MFU
+  // (models/peak.h); unknown by default.
+  virtual Peak peak(int threads) const {
+    (void)threads;
+    return {0, describe() + ": no known peak"};
+  }
 
   // ---- memory -------------------------------------------------------------------------------
   // `bytes` of zeros on this device.

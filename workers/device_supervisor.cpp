@@ -59,6 +59,7 @@ WorkerSpec worker_spec_of(const actors::JobSpec& s) {
   w.resume_dir = s.resume_dir;
   w.resume_step = s.resume_step;
   w.trace_first = s.trace_first;
+  w.peak_tflops = s.peak_tflops;
   w.trace_last = s.trace_last;
   // Joining a running job: the state comes from the members (take_state), not the seed.
   w.init_state = s.init_state;
@@ -169,7 +170,8 @@ DeviceSupervisor::Next DeviceSupervisor::train(const actors::GenerationStart& g)
   auto on_step = [&](const StepInfo& s) {
     ctx_.send(actors::encode(actors::StepReport{
         gen, s.step, uint32_t(rank_), s.loss, s.samples, s.tokens, s.position_begin, s.position_end,
-        s.seconds, s.busy_seconds, s.data_seconds, s.eval_loss, s.eval_tokens}));
+        s.seconds, s.busy_seconds, s.data_seconds, s.eval_loss, s.eval_tokens, s.flops,
+        worker_->peak().flops, worker_->peak().what}));
   };
   Requests requests{[&] { return board_.stop_requested() || board_.leaving(gen); },
                     [&] { return board_.checkpoint_wanted(); }};

@@ -15,6 +15,7 @@
 #include "models/blas_kernels.h"
 #include "models/devices.h"
 #include "models/kernels.h"
+#include "models/peak.h"
 #include "models/state.h"
 #include "workers/datasets.h"
 #include "workers/host_staging.h"
@@ -67,6 +68,8 @@ Worker::Worker(const WorkerSpec& spec) : spec_(spec), trace_(spec.trace_first, s
   opt_->to(*device_);
   if (device_->device() != models::Device::cpu || spec.bf16)
     spdlog::info("worker {}: computes on {}", spec.device, device_->describe());
+  peak_ = spec.peak_tflops > 0 ? models::given_peak(spec.peak_tflops) : device_->peak(spec.threads);
+  spdlog::info("worker {}: peak for MFU: {}", spec.device, peak_.what);
   BlockStates::Origin origin{spec.init_state, spec.seed, spec.resume_dir, spec.resume_step};
   states_ = std::make_unique<BlockStates>(*model_, *opt_, origin, pipelined());
   if (spec.init_state) next_step_ = spec.resume_step;
@@ -131,7 +134,7 @@ void Worker::before_step(uint64_t step) {
 }
 
 StepInfo Worker::step_info(uint64_t step, double loss, elastic::Share share, double seconds,
-                           double busy) const {
+                           double busy, double flops) const {
   const uint64_t B = uint64_t(spec_.global_batch);
   StepInfo info;
   info.step = step;
@@ -142,6 +145,7 @@ StepInfo Worker::step_info(uint64_t step, double loss, elastic::Share share, dou
   info.tokens = info.samples * uint64_t(data_->targets_per_sample());
   info.seconds = seconds;
   info.busy_seconds = busy;
+  info.flops = flops;
   return info;
 }
 
@@ -214,7 +218,8 @@ TrainResult Worker::run_data_parallel(comm::Communicator& comm, uint64_t start,
     next_step_ = step + 1;
     for (uint32_t b = 0; b < num_blocks(); ++b) states_->hold(b, next_step_);
     maybe_checkpoint(written, control[2] > 0);
-    StepInfo info = step_info(step, control[0], share, seconds_since(t0), busy);
+    StepInfo info = step_info(step, control[0], share, seconds_since(t0), busy,
+                              model_->flops_per_sample() * double(share.size()));
     info.data_seconds = stats.data_seconds;
     std::tie(info.eval_loss, info.eval_tokens) = eval;
     on_step(info);
@@ -306,6 +311,9 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
   if (active && s + 1 < plan.pp) layout.next = int(elastic::rank_of(plan, s + 1, r));
   PipelineStage stage(*model_, *trainer_, out_shape_, layout);
   const elastic::Share share = active ? share_of(r, plan.dp) : elastic::Share{};
+  double stage_flops = 0;  // per sample, this stage's blocks
+  for (uint32_t b = mine.begin; b < mine.end; ++b)
+    stage_flops += model_->block(b).flops_per_sample();
   std::vector<uint32_t> written;  // this stage's blocks, spread over its replicas
   for (uint32_t b = mine.begin; active && b < mine.end; ++b)
     if (b % plan.dp == r) written.push_back(b);
@@ -364,7 +372,8 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
     maybe_checkpoint(written, control[3] > 0);
     // The samples are counted once, by the first stage of each pipeline.
     const elastic::Share counted = active && s == 0 ? share : elastic::Share{};
-    on_step(step_info(step, control[0], counted, seconds_since(t0), res.busy));
+    on_step(step_info(step, control[0], counted, seconds_since(t0), res.busy,
+                      stage_flops * double(share.size())));
     report_trace(false);
     result.next_step = step + 1;
     if (control[1] > 0) {

@@ -38,6 +38,7 @@ struct WorkerSpec {
   std::string job_name;
   std::string device = "cpu:0";  // the device it runs on (cpu:N, cuda:N)
   bool bf16 = false;             // model.dtype = "bf16": bf16 GEMM inputs (models/devices.h)
+  double peak_tflops = 0;        // observability.peak_tflops (0: the device's own, for MFU)
   std::string agent_name;        // for fault injection and logs
   uint32_t device_index = 0;     // among its agent's devices
   uint64_t seed = 0, steps = 0;
@@ -100,6 +101,7 @@ struct StepInfo {
   double seconds = 0;
   double busy_seconds = 0;  // of which computing (the rest: waiting on the data plane)
   double data_seconds = 0;  // of busy_seconds, assembling the batches
+  double flops = 0;         // the model's training FLOPs this rank computed (its blocks, samples)
   // The held-out loss of the parameters this step started from (eval_tokens 0: not evaluated).
   double eval_loss = 0;
   uint64_t eval_tokens = 0;
@@ -133,6 +135,8 @@ class Worker {
                   const Requests& requests);
 
   uint64_t checksum() const;  // FNV-1a over all parameters
+  // Its device's peak FLOP/s (or observability.peak_tflops), the denominator of MFU.
+  const models::Peak& peak() const { return peak_; }
   uint64_t final_checksum();  // the job's end: checksum() (after a test's injector, if any)
   // Called on the worker's thread with each finished checkpoint write (its agent reports it) and
   // the generation it was taken in (set_generation's when it started: the report may come in a
@@ -188,8 +192,9 @@ class Worker {
   // rank writes) and starts writing it.
   void maybe_checkpoint(const std::vector<uint32_t>& blocks, bool requested);
   void before_step(uint64_t step);  // the test's fault injection, if any
-  StepInfo step_info(uint64_t step, double loss, elastic::Share share, double seconds,
-                     double busy) const;
+  // (flops: the model FLOPs this rank computed in the step.)
+  StepInfo step_info(uint64_t step, double loss, elastic::Share share, double seconds, double busy,
+                     double flops) const;
   // The traced parts of forward_backward (data, forward, backward, laid end to end from start).
   void trace_compute(uint64_t step, int64_t start_us, const models::StepStats& stats);
   void report_trace(bool run_ended);  // hands a finished trace to the reporter
@@ -206,6 +211,7 @@ class Worker {
   std::pair<double, uint64_t> evaluate(comm::Communicator& comm);
   // The device the model lives and computes on (before the model: it outlives its tensors).
   std::shared_ptr<models::Compute> device_;
+  models::Peak peak_;
   std::unique_ptr<models::Model> model_;
   std::unique_ptr<models::Optimizer> opt_;
   std::unique_ptr<models::Trainer> trainer_;

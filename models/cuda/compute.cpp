@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "models/cuda/kernels.h"
+#include "models/peak.h"
 
 namespace troupe::models::cuda {
 namespace {
@@ -42,6 +43,12 @@ CudaCompute::~CudaCompute() {
 std::string CudaCompute::describe() const {
   return "cuda:" + std::to_string(device_) + " (" + cuda::describe(device_) +
          (gemm_input_ == GemmInput::bf16 ? ", bf16 GEMM inputs)" : ")");
+}
+
+Peak CudaCompute::peak(int) const {
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, device_) != cudaSuccess) return {0, describe() + ": no name"};
+  return gpu_peak(p.name, gemm_input_ == GemmInput::bf16);
 }
 
 template <typename T>

@@ -27,6 +27,7 @@ class CudaCompute final : public Compute {
 
   Device device() const override { return Device::cuda; }
   std::string describe() const override;
+  Peak peak(int threads) const override;  // the GPU's, in its GEMM precision
   int ordinal() const { return device_; }
   cudaStream_t stream() const { return stream_->get(); }
 

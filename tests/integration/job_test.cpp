@@ -473,6 +473,24 @@ TEST(Job, StatusAndStopAgainstARunningJob) {
   EXPECT_EQ(testing::json_field(json, "generation"), "1") << json;
   EXPECT_NE(json.find("\"rank\":1"), std::string::npos) << json;
   EXPECT_NE(json.find("\"pid\":"), std::string::npos) << json;
+  // MFU, naming its peak: 2 workers of 1 thread on this CPU (its clock from /proc/cpuinfo).
+  EXPECT_EQ(testing::json_field(json, "peak").rfind("2 x cpu", 0), 0u) << json;
+  EXPECT_GT(std::stod(testing::json_field(json, "model_tflops_per_s")), 0) << json;
+  if (testing::json_field(json, "mfu") != "null") {
+    EXPECT_GT(std::stod(testing::json_field(json, "mfu")), 0) << json;
+    EXPECT_LT(std::stod(testing::json_field(json, "mfu")), 1) << json;
+  }
+  // Each step's model FLOPs: 3 x 2 x (64 x 64 + 64 x 10) per sample, 50 samples, whichever
+  // worker computed them; the MFU is that over the step's time and the two workers' peak.
+  for (const auto& line : testing::lines_of(run_dir + "/metrics.jsonl")) {
+    if (testing::json_field(line, "model_flops").empty()) continue;  // (a checkpoint's line)
+    EXPECT_DOUBLE_EQ(std::stod(testing::json_field(line, "model_flops")), 6.0 * 4736 * 50) << line;
+    if (testing::json_field(line, "mfu").empty()) continue;
+    const double seconds = std::stod(testing::json_field(line, "step_seconds"));
+    const double peak = std::stod(testing::json_field(line, "peak_tflops_per_s")) * 1e12;
+    const double mfu = 6.0 * 4736 * 50 / seconds / peak;
+    EXPECT_NEAR(std::stod(testing::json_field(line, "mfu")), mfu, 1e-4 * mfu) << line;
+  }
 
   // A wrong token is refused.
   std::ofstream(dir.path() + "/wrong.token") << "equiv not-the-token\n";

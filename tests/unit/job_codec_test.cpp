@@ -112,8 +112,11 @@ TEST(JobCodec, WorkerReadyAndGenerationStartCarryTheWholeHolding) {
 }
 
 TEST(JobCodec, ReportsAndAnswersRoundTrip) {
-  StepReport s{3, 17, 2, 1.25, 8, 256, 100, 108, 0.5, 0.4};
+  StepReport s{3, 17, 2, 1.25, 8, 256, 100, 108, 0.5, 0.4, 0.1, 0, 0, 3e9, 2e11, "cpu"};
   StepReport t = decode(body(encode(s)).getStepReport());
+  EXPECT_EQ(t.flops, 3e9);
+  EXPECT_EQ(t.peak_flops, 2e11);
+  EXPECT_EQ(t.peak, "cpu");
   EXPECT_EQ(t.step, 17u);
   EXPECT_EQ(t.position_end, 108u);
   EXPECT_EQ(t.tokens, 256u);
@@ -160,8 +163,14 @@ TEST(JobCodec, ReportsAndAnswersRoundTrip) {
                {{0, 1, 99, "h", "cpu:0", "agent-1", 1, 0.5, 0.25, 120, 0.125, 180}},
                {{0, 3, 98, "h", "cpu:0", "agent-3"}},
                40,
-               "/r/checkpoints/step-40/manifest.json"};
+               "/r/checkpoints/step-40/manifest.json",
+               1.5,
+               0.25,
+               "2 x cpu"};
   JobStatus su = decode(body(encode(st)).getStatus());
+  EXPECT_EQ(su.model_tflops, 1.5);
+  EXPECT_EQ(su.mfu, 0.25);
+  EXPECT_EQ(su.peak, "2 x cpu");
   EXPECT_EQ(su.state, "running");
   ASSERT_EQ(su.members.size(), 1u);
   EXPECT_EQ(su.members[0].pid, 99u);

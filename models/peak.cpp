@@ -1,0 +1,103 @@
+#include "models/peak.h"
+
+#include <cpuid.h>
+
+#include <cstdarg>
+#include <cstdio>
+#include <fstream>
+
+namespace troupe::models {
+namespace {
+
+std::string format(const char* f, ...) __attribute__((format(printf, 1, 2)));
+std::string format(const char* f, ...) {
+  char buf[256];
+  va_list ap;
+  va_start(ap, f);
+  std::vsnprintf(buf, sizeof buf, f, ap);
+  va_end(ap);
+  return buf;
+}
+
+// The clock of the first processor in /proc/cpuinfo ("cpu MHz : 2445.406"), in GHz; 0 if none.
+double cpuinfo_ghz() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("cpu MHz", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) return 0;
+    try {
+      return std::stod(line.substr(colon + 1)) / 1000;
+    } catch (const std::exception&) {
+      return 0;
+    }
+  }
+  return 0;
+}
+
+const char* vector_unit(const CpuFeatures& f) {
+  if (f.avx512f) return "AVX-512 FMA";
+  if (f.avx2 && f.fma) return "AVX2 FMA";
+  if (f.avx) return "AVX";
+  return "SSE";
+}
+
+}  // namespace
+
+CpuModel this_cpu() {
+  CpuModel m;
+  m.features = cpu_features();
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(0, &a, &b, &c, &d)) m.amd = b == 0x68747541;  // "Auth"enticAMD
+  if (__get_cpuid(1, &a, &b, &c, &d)) {
+    const int base = int((a >> 8) & 0xf);
+    m.family = base == 0xf ? base + int((a >> 20) & 0xff) : base;
+  }
+  m.ghz = cpuinfo_ghz();
+  return m;
+}
+
+double cpu_flops_per_cycle(const CpuModel& cpu) {
+  const CpuFeatures& f = cpu.features;
+  if (f.avx512f) return cpu.amd && cpu.family < 0x1a ? 32 : 64;  // (Zen 4: 2 x 256-bit halves)
+  if (f.avx2 && f.fma) return 32;                                // 8 lanes x 2 x 2 units
+  if (f.avx) return 16;                                          // 8 lanes, add + mul ports
+  return 8;
+}
+
+Peak cpu_peak(const CpuModel& cpu, int threads) {
+  if (cpu.ghz <= 0 || threads <= 0) return {0, "cpu: the clock is unknown"};
+  const double per_cycle = cpu_flops_per_cycle(cpu);
+  const double flops = threads * per_cycle * cpu.ghz * 1e9;
+  return {flops, format("cpu, estimated: %d thread(s) x %g f32 FLOP/cycle (%s) x %.2f GHz = %.1f "
+                        "GFLOP/s",
+                        threads, per_cycle, vector_unit(cpu.features), cpu.ghz, flops / 1e9)};
+}
+
+Peak gpu_peak(const std::string& name, bool bf16) {
+  struct Row {
+    const char* match;  // a part of the name; the first row that matches is the GPU
+    const char* model;
+    double bf16, f32;  // dense TFLOP/s, the vendor's data sheet
+  };
+  static const Row rows[] = {
+      {"GH200", "GH200", 989, 67},         {"H200 NVL", "H200 NVL", 835, 60},
+      {"H200", "H200 SXM", 989, 67},       {"H100 NVL", "H100 NVL", 835, 60},
+      {"H100 PCIe", "H100 PCIe", 756, 51}, {"H100", "H100 SXM", 989, 67},
+      {"A100", "A100", 312, 19.5},
+  };
+  for (const Row& r : rows) {
+    if (name.find(r.match) == std::string::npos) continue;
+    const double tflops = bf16 ? r.bf16 : r.f32;
+    return {tflops * 1e12, format("%s %s dense, data sheet: %g TFLOP/s", r.model,
+                                  bf16 ? "bf16" : "f32 (no TF32)", tflops)};
+  }
+  return {0, "'" + name + "' is not in troupe's table of GPU peaks"};
+}
+
+Peak given_peak(double tflops) {
+  return {tflops * 1e12, format("observability.peak_tflops = %g per worker", tflops)};
+}
+
+}  // namespace troupe::models
