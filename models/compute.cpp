@@ -67,6 +67,10 @@ void HostMemory::discard() {
 
 // ---- what every Compute does the same way -----------------------------------------------------
 
+std::unique_ptr<Memory> Compute::allocate_host(size_t bytes) {
+  return std::make_unique<HostMemory>(bytes, false);
+}
+
 Tensor Compute::tensor(std::vector<size_t> shape) {
   size_t n = 1;
   for (size_t d : shape) n *= d;

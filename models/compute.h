@@ -54,6 +54,11 @@ class Compute {
   virtual void from_host(void* dst, const void* host_src, size_t bytes) = 0;
   // Waits until every call made so far has finished.
   virtual void synchronize() = 0;
+  // Host memory for this device's copies to and from the host (HostStaged: collectives, state
+  // transfer, backups, checkpoints), not zeroed. A CUDA device's is pinned (page-locked: the
+  // copies are DMA at full speed, not staged through the driver's buffers) and cached by size;
+  // by default plain host memory. Its device() is cpu and its compute() cpu_compute().
+  virtual std::unique_ptr<Memory> allocate_host(size_t bytes);
 
   // A tensor of zeros on this device.
   Tensor tensor(std::vector<size_t> shape);

@@ -14,8 +14,8 @@ HostStaged::HostStaged(models::Tensor& t, bool load) : tensor_(&t), count_(t.num
     host_ = t.data();
     return;
   }
-  copy_.resize(count_);
-  host_ = copy_.data();
+  copy_ = compute_of(t).allocate_host(bytes());
+  host_ = static_cast<float*>(copy_->data());
   if (load) compute_of(t).to_host(host_, t.data(), bytes());
 }
 
@@ -24,14 +24,14 @@ HostStaged::HostStaged(const models::Tensor& t) : tensor_(nullptr), count_(t.num
     host_ = const_cast<float*>(t.data());
     return;
   }
-  copy_.resize(count_);
-  host_ = copy_.data();
+  copy_ = compute_of(t).allocate_host(bytes());
+  host_ = static_cast<float*>(copy_->data());
   compute_of(t).to_host(host_, t.data(), bytes());
 }
 
 void HostStaged::store() {
   if (!tensor_) throw std::logic_error("HostStaged: store() on a read-only view");
-  if (copy_.empty()) return;  // (host memory: written in place)
+  if (!copy_) return;  // (host memory: written in place)
   compute_of(*tensor_).from_host(tensor_->data(), host_, bytes());
 }
 
@@ -48,9 +48,10 @@ void copy_between(void* dst, models::Compute& dst_on, const void* src, models::C
   } else if (&dst_on == &src_on) {
     dst_on.copy(dst, src, bytes);
   } else {
-    std::vector<uint8_t> host(bytes);
-    src_on.to_host(host.data(), src, bytes);
-    dst_on.from_host(dst, host.data(), bytes);
+    auto host = src_on.allocate_host(bytes);  // (given back after dst_on's copy: see below)
+    src_on.to_host(host->data(), src, bytes);
+    dst_on.from_host(dst, host->data(), bytes);
+    dst_on.synchronize();  // (the buffer goes back when `host` goes; the copy must be done)
   }
 }
 

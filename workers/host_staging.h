@@ -1,12 +1,13 @@
 // Tensor bytes where the data plane (UCX, shared memory) reaches them: host memory. A worker's
 // model may live on a device (models/compute.h); its collectives, state transfer, backups,
 // snapshots and checksums then go host-staged: the device's bytes copied to a host buffer and,
-// for what they change, back. A host tensor is used in place (no copy).
+// for what they change, back, through the device's host memory for copies
+// (Compute::allocate_host: pinned and cached on CUDA). A host tensor is used in place (no copy).
 //
 // Thread-safety: none; one worker thread.
 #pragma once
 
-#include <vector>
+#include <memory>
 
 #include "models/compute.h"
 
@@ -29,8 +30,8 @@ class HostStaged {
   void store();
 
  private:
-  models::Tensor* tensor_;  // null: read only
-  std::vector<float> copy_;
+  models::Tensor* tensor_;                // null: read only
+  std::unique_ptr<models::Memory> copy_;  // the device's host staging memory (pinned on CUDA)
   float* host_;
   size_t count_;
 };

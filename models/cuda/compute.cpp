@@ -1,5 +1,8 @@
 #include "models/cuda/compute.h"
 
+#include <cstring>
+#include <map>
+#include <mutex>
 #include <numeric>
 #include <vector>
 
@@ -28,11 +31,67 @@ class CudaMemory final : public Memory {
 
 }  // namespace
 
+// Pinned host buffers kept by size for reuse: the staged tensors (gradient buckets, block state)
+// have the same sizes every step, so after the first step nothing is allocated (cudaHostAlloc
+// costs milliseconds). Thread-safe: the reducer thread stages too.
+class PinnedCache {
+ public:
+  ~PinnedCache() {
+    for (auto& [bytes, p] : free_) pinned_free(p);
+  }
+  void* take(size_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = free_.find(bytes);
+      if (it != free_.end()) {
+        void* p = it->second;
+        free_.erase(it);
+        return p;
+      }
+    }
+    return pinned_allocate(bytes);
+  }
+  void give(size_t bytes, void* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.emplace(bytes, p);
+  }
+
+ private:
+  std::mutex mu_;
+  std::multimap<size_t, void*> free_;
+};
+
+namespace {
+
+// A pinned host buffer from the cache. Given back once the stream has finished with it: a
+// copy from pinned memory is asynchronous, and the next user may overwrite the buffer.
+class PinnedMemory final : public Memory {
+ public:
+  PinnedMemory(size_t bytes, std::shared_ptr<PinnedCache> cache, cudaStream_t stream)
+      : Memory(cache->take(bytes == 0 ? 1 : bytes), bytes, Device::cpu, cpu_compute()),
+        cache_(std::move(cache)),
+        stream_(stream) {}
+  ~PinnedMemory() override {
+    cudaStreamSynchronize(stream_);  // (errors cannot be thrown here; the next call reports)
+    cache_->give(bytes_ == 0 ? 1 : bytes_, data_);
+  }
+  PinnedMemory(const PinnedMemory&) = delete;
+  PinnedMemory& operator=(const PinnedMemory&) = delete;
+  void discard() override { std::memset(data_, 0, bytes_); }
+
+ private:
+  std::shared_ptr<PinnedCache> cache_;
+  cudaStream_t stream_;
+};
+
+}  // namespace
+
 CudaCompute::CudaCompute(int device, GemmInput gemm) : device_(device), gemm_input_(gemm) {
   TROUPE_CUDA_CHECK(cudaSetDevice(device));
   keep_pool_memory(device);
   stream_ = std::make_unique<Stream>();
   gemm_ = std::make_unique<Gemm>(stream_->get());
+  pinned_ = std::make_shared<PinnedCache>();
 }
 
 CudaCompute::~CudaCompute() {
@@ -76,6 +135,9 @@ void CudaCompute::from_host(void* dst, const void* host_src, size_t bytes) {
   copy_to_device(dst, host_src, bytes, stream());
 }
 void CudaCompute::synchronize() { stream_->synchronize(); }
+std::unique_ptr<Memory> CudaCompute::allocate_host(size_t bytes) {
+  return std::make_unique<PinnedMemory>(bytes, pinned_, stream());
+}
 
 // ---- kernels ----------------------------------------------------------------------------------
 

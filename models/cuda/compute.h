@@ -37,6 +37,7 @@ class CudaCompute final : public Compute {
   void to_host(void* host_dst, const void* src, size_t bytes) override;
   void from_host(void* dst, const void* host_src, size_t bytes) override;
   void synchronize() override;
+  std::unique_ptr<Memory> allocate_host(size_t bytes) override;  // pinned, cached
 
   void linear_forward(float* out, const float* inp, const float* weight, const float* bias,
                       size_t N, size_t C, size_t OC) override;
@@ -82,6 +83,7 @@ class CudaCompute final : public Compute {
   GemmInput gemm_input_;
   std::unique_ptr<Stream> stream_;
   std::unique_ptr<Gemm> gemm_;
+  std::shared_ptr<class PinnedCache> pinned_;
 };
 
 }  // namespace troupe::models::cuda

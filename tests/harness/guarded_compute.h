@@ -34,6 +34,12 @@ class GuardedCompute final : public models::Compute {
   void to_host(void* host_dst, const void* src, size_t n) override;
   void from_host(void* dst, const void* host_src, size_t n) override;
   void synchronize() override {}
+  // (Plain host memory, counted: what a CUDA device would pin.)
+  std::unique_ptr<models::Memory> allocate_host(size_t bytes) override {
+    ++host_buffers;
+    return Compute::allocate_host(bytes);
+  }
+  size_t host_buffers = 0;
 
   void linear_forward(float* out, const float* inp, const float* w, const float* b, size_t N,
                       size_t C, size_t OC) override;

@@ -13,6 +13,7 @@
 #include "models/state.h"
 #include "models/trainer.h"
 #include "tests/harness/guarded_compute.h"
+#include "workers/host_staging.h"
 
 namespace troupe::models {
 namespace {
@@ -172,6 +173,26 @@ TEST(ComputeSeam, AProgramsOwnBlockIsRefusedOnADevice) {
   }
   EXPECT_EQ(m.block(0).params().device(), Device::cpu) << "nothing moved";
   EXPECT_EQ(&m.compute(), &cpu_compute());
+}
+
+// The data plane's view of a device tensor: the device's host memory for copies (pinned on
+// CUDA), loaded from the device and stored back; a host tensor is used in place.
+TEST(ComputeSeam, HostStagedCopiesGoThroughTheDevicesHostMemory) {
+  GuardedCompute device;
+  Tensor t = device.tensor({5});
+  const float values[5] = {1, 2, 3, 4, 5};
+  device.from_host(t.data(), values, sizeof values);
+  {
+    workers::HostStaged staged(t);
+    EXPECT_EQ(device.host_buffers, 1u);
+    EXPECT_EQ(std::memcmp(staged.data(), values, sizeof values), 0);
+    staged.data()[0] = 42;
+    staged.store();
+  }
+  EXPECT_EQ(cpu_compute().on_device(t).data()[0], 42.0f);
+  Tensor host({5});
+  workers::HostStaged in_place(host);
+  EXPECT_EQ(in_place.data(), host.data());
 }
 
 // ---- model.dtype = "bf16" on the CPU: the CUDA device's mixed precision, emulated
