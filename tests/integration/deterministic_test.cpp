@@ -115,7 +115,9 @@ TEST(Deterministic, AKillAndAJoinChangeNoBit) {
 TEST(Deterministic, ScalingWithTroupeScaleChangesNoBit) {
   TempDir dir;
   Reference want = run_static(dir, "static", 1);
-  Job job = start(dir, "scale", 2, {}, {pace(40000)});
+  // (Paced at 80 ms a step: under ASan a scaled-up agent takes ~40 steps of 40 ms to start, and
+  // the job must still be running when the second scale is asked for.)
+  Job job = start(dir, "scale", 2, {}, {pace(80000)});
   wait_steps(job, 20);
   admin(dir, {"scale", "--run-dir", job.run_dir, "--workers", "3"});
   ASSERT_NE(wait_event(job, is("generation_started", "world_size", "3")), "") << "never grew";
