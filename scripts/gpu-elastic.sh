@@ -133,6 +133,12 @@ try:
         if len(problems) > 5:
             break
     secs = eb.get("seconds", 0)
+    last = [json.loads(l) for l in open(f"{work}/static/metrics.jsonl") if '"mfu"' in l or '"peak"' in l]
+    if last:
+        m = last[-1]
+        mfu = "%.2f%%" % (100 * m["mfu"]) if m.get("mfu") is not None else "unknown"
+        print("| MFU of the static run's last step | %s | %.3g model TFLOP/s; peak: %s |"
+              % (mfu, m.get("model_tflops_per_s", 0), m.get("peak", "?")))
 except Exception as ex:
     problems.append(f"no results ({ex!r})")
     secs = 0
