@@ -319,6 +319,7 @@ TEST(LiveView, StatusWatchRefreshesPerWorkerRowsUntilTheJobEnds) {
   EXPECT_GE(blocks, 3u) << text;
   EXPECT_NE(text.find("compute ms"), std::string::npos) << text;
   EXPECT_NE(text.find("heard"), std::string::npos) << text;
+  EXPECT_NE(text.find("model TFLOP/s); peak: 2 x cpu"), std::string::npos) << "MFU: " << text;
   // Member rows with their times, heartbeat and state:
   // "rank agent name pid host cpu:N - step compute data N s N s training"
   int rows = 0;
