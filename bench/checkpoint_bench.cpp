@@ -66,8 +66,7 @@ int run_checkpoint_bench(const std::vector<std::string>& words) {
   spec.mlp_sizes.assign(blocks + 1, width);
   models::Model model(spec);
   model.init(1);
-  std::vector<size_t> counts;
-  for (size_t b = 0; b < model.num_blocks(); ++b) counts.push_back(model.block(b).param_count());
+  const std::vector<size_t> counts = model.block_param_counts();
   models::OptimizerSpec os;  // adamw: two moments a parameter
   models::Optimizer opt(os, counts);
   for (size_t b = 0; b < model.num_blocks(); ++b) {  // moments with values (touched memory)

@@ -31,11 +31,7 @@ struct Run {
       : model(spec), opt(o, counts(model)), trainer(model, opt, data, seed + 1234, batch, micro) {
     model.init(seed);
   }
-  static std::vector<size_t> counts(models::Model& m) {
-    std::vector<size_t> c;
-    for (size_t i = 0; i < m.num_blocks(); ++i) c.push_back(m.block(i).param_count());
-    return c;
-  }
+  static std::vector<size_t> counts(models::Model& m) { return m.block_param_counts(); }
   double norm_sq() {
     double s = 0;
     for (size_t b = 0; b < model.num_blocks(); ++b)

@@ -74,8 +74,7 @@ int run_model_bench(const std::vector<std::string>& words) {
   Setup s = preset(name, data_path);
   models::Model model(s.spec);
   model.init(seed);
-  std::vector<size_t> counts;
-  for (size_t i = 0; i < model.num_blocks(); ++i) counts.push_back(model.block(i).param_count());
+  const std::vector<size_t> counts = model.block_param_counts();
   models::Optimizer opt(s.opt, counts);
   models::Trainer trainer(model, opt, *s.data, 1234, s.batch, s.batch);
   Clock::time_point t0;

@@ -90,8 +90,7 @@ int run_export(const std::vector<std::string>& words, const Hooks& hooks) {
   std::unique_ptr<models::Dataset> data = workers::open_dataset(w, spec);
   std::unique_ptr<models::Model> built = workers::build_model(w, spec, *data);
   models::Model& model = *built;
-  std::vector<size_t> counts;
-  for (size_t b = 0; b < model.num_blocks(); ++b) counts.push_back(model.block(b).param_count());
+  const std::vector<size_t> counts = model.block_param_counts();
   models::Optimizer opt(w.optimizer, counts);
   for (uint32_t b = 0; b < model.num_blocks(); ++b) {
     const std::string path = ckpt.directory + "/" + workers::shard_file_name(b);

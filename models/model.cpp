@@ -65,6 +65,12 @@ size_t Model::planned_param_count(const ModelSpec& s) {
   return n;
 }
 
+std::vector<size_t> Model::block_param_counts() const {
+  std::vector<size_t> counts;
+  for (auto& b : blocks_) counts.push_back(b->param_count());
+  return counts;
+}
+
 size_t Model::param_count() const {
   size_t n = 0;
   for (auto& b : blocks_) n += b->param_count();

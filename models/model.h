@@ -53,6 +53,8 @@ class Model {
   size_t num_blocks() const { return blocks_.size(); }
   Block& block(size_t i) { return *blocks_.at(i); }
   size_t param_count() const;
+  // Each block's parameter count, in block order (what an Optimizer is built for).
+  std::vector<size_t> block_param_counts() const;
   // The parameters a model of this spec has, without building it (for a gpt, spec.vocab is the
   // data's; 256 bounds it for byte-level text).
   static size_t planned_param_count(const ModelSpec& spec);

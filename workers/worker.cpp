@@ -58,10 +58,7 @@ Worker::Worker(const WorkerSpec& spec) : spec_(spec), trace_(spec.trace_first, s
     std::optional<models::LazyParameters> lazy;
     if (pipelined()) lazy.emplace();
     model_ = build_model(spec, m, *data_);
-    std::vector<size_t> counts;
-    for (size_t i = 0; i < model_->num_blocks(); ++i)
-      counts.push_back(model_->block(i).param_count());
-    opt_ = std::make_unique<models::Optimizer>(spec.optimizer, counts);
+    opt_ = std::make_unique<models::Optimizer>(spec.optimizer, model_->block_param_counts());
   }
   device_ = open_device(spec);
   model_->to(*device_);

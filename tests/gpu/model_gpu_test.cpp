@@ -16,12 +16,6 @@ namespace {
 #define SKIP_WITHOUT_GPU() \
   if (cuda::device_count() == 0) GTEST_SKIP() << "needs a CUDA device: " << cuda::describe(0)
 
-std::vector<size_t> counts_of(Model& m) {
-  std::vector<size_t> c;
-  for (size_t i = 0; i < m.num_blocks(); ++i) c.push_back(m.block(i).param_count());
-  return c;
-}
-
 ModelSpec gpt(size_t vocab, size_t context, size_t d_model, size_t heads, size_t layers) {
   ModelSpec spec;
   spec.kind = "gpt";
@@ -36,7 +30,7 @@ ModelSpec gpt(size_t vocab, size_t context, size_t d_model, size_t heads, size_t
 std::vector<double> losses(const ModelSpec& spec, const OptimizerSpec& os, const Dataset& data,
                            Compute& compute, int steps, size_t batch, size_t micro) {
   Model m(spec);
-  Optimizer opt(os, counts_of(m));
+  Optimizer opt(os, m.block_param_counts());
   m.init(7);
   m.to(compute);
   opt.to(compute);
@@ -139,7 +133,7 @@ TEST(GpuModel, BlockStateMovesBetweenTheGpuAndTheCpu) {
   cuda::CudaCompute device(0);
   Model g(spec), c(spec);
   OptimizerSpec os = adamw(1e-3);
-  Optimizer og(os, counts_of(g)), oc(os, counts_of(c));
+  Optimizer og(os, g.block_param_counts()), oc(os, c.block_param_counts());
   g.init(1);
   c.init(2);
   g.to(device);

@@ -11,12 +11,6 @@
 namespace troupe::models {
 namespace {
 
-std::vector<size_t> counts_of(Model& m) {
-  std::vector<size_t> c;
-  for (size_t i = 0; i < m.num_blocks(); ++i) c.push_back(m.block(i).param_count());
-  return c;
-}
-
 TEST(Training, MlpReachesNinetySevenPercentOnTheSyntheticSet) {
   set_compute_threads(1);
   ModelSpec spec;
@@ -27,7 +21,7 @@ TEST(Training, MlpReachesNinetySevenPercentOnTheSyntheticSet) {
   OptimizerSpec os;
   os.kind = "sgd";
   os.lr = 0.05;
-  Optimizer opt(os, counts_of(m));
+  Optimizer opt(os, m.block_param_counts());
   Trainer t(m, opt, data, 3, 128, 64);
   const int steps = 60;
   for (int s = 0; s < steps; ++s) t.step(uint64_t(s));
@@ -55,7 +49,7 @@ TEST(Training, GptOnGpl3FallsBelowTwoPointFiveNatsWithin300Steps) {
   OptimizerSpec os;
   os.kind = "adamw";
   os.lr = 1e-3;
-  Optimizer opt(os, counts_of(m));
+  Optimizer opt(os, m.block_param_counts());
   Trainer t(m, opt, text, 1234, 32, 32);
   double ema = 0;
   int reached = -1, last = 0;
@@ -94,7 +88,7 @@ std::vector<double> run_losses(int steps, uint64_t first_step = 0, Model* model 
     own_m = std::make_unique<Model>(small_gpt(text.vocab()));
     own_m->init(11);
     model = own_m.get();
-    own_o = std::make_unique<Optimizer>(OptimizerSpec{}, counts_of(*model));
+    own_o = std::make_unique<Optimizer>(OptimizerSpec{}, model->block_param_counts());
     opt = own_o.get();
   }
   Trainer t(*model, *opt, text, 99, 8, 4);  // two micro-batches per step
@@ -116,7 +110,7 @@ TEST(Training, SaveRestoreContinueIsBitwiseTheSameAsNotStopping) {
   CharText text(kDefaultTextPath, 32);
   Model m1(small_gpt(text.vocab()));
   m1.init(11);
-  Optimizer o1(OptimizerSpec{}, counts_of(m1));
+  Optimizer o1(OptimizerSpec{}, m1.block_param_counts());
   auto first = run_losses(10, 0, &m1, &o1);
   std::vector<std::vector<uint8_t>> saved;
   for (size_t i = 0; i < m1.num_blocks(); ++i)
@@ -124,7 +118,7 @@ TEST(Training, SaveRestoreContinueIsBitwiseTheSameAsNotStopping) {
 
   Model m2(small_gpt(text.vocab()));
   m2.init(12345);  // different: everything must come from the saved state
-  Optimizer o2(OptimizerSpec{}, counts_of(m2));
+  Optimizer o2(OptimizerSpec{}, m2.block_param_counts());
   for (size_t i = 0; i < m2.num_blocks(); ++i) {
     auto st = load_block_state(saved[i], m2.block(i), i, o2);
     ASSERT_EQ(st.step, 10u);
@@ -142,7 +136,8 @@ TEST(Training, MicroBatchesAccumulateToTheSameGradientAsOneBatch) {
   Model a(small_gpt(text.vocab())), b(small_gpt(text.vocab()));
   a.init(3);
   b.init(3);
-  Optimizer oa(OptimizerSpec{}, counts_of(a)), ob(OptimizerSpec{}, counts_of(b));
+  Optimizer oa(OptimizerSpec{}, a.block_param_counts()),
+      ob(OptimizerSpec{}, b.block_param_counts());
   Trainer ta(a, oa, text, 5, 8, 8), tb(b, ob, text, 5, 8, 2);
   auto ra = ta.forward_backward(0, 0, 8);
   auto rb = tb.forward_backward(0, 0, 8);

@@ -20,12 +20,6 @@ namespace {
 
 using testing::GuardedCompute;
 
-std::vector<size_t> counts_of(Model& m) {
-  std::vector<size_t> c;
-  for (size_t i = 0; i < m.num_blocks(); ++i) c.push_back(m.block(i).param_count());
-  return c;
-}
-
 std::vector<float> host_params(Model& m) {
   std::vector<float> out;
   for (size_t b = 0; b < m.num_blocks(); ++b) {
@@ -44,7 +38,7 @@ struct Trained {
 Trained train(const ModelSpec& spec, const OptimizerSpec& os, const Dataset& data, Compute& compute,
               int steps) {
   Model m(spec);
-  Optimizer opt(os, counts_of(m));
+  Optimizer opt(os, m.block_param_counts());
   m.to(compute);
   opt.to(compute);
   m.init(5);  // (after the move: initialised on the host, then moved back)
@@ -119,7 +113,7 @@ TEST(ComputeSeam, BlockStateMovesBetweenTheDeviceAndTheHost) {
   OptimizerSpec os;
   GuardedCompute device;
   Model a(odd_gpt(text.vocab())), b(odd_gpt(text.vocab()));
-  Optimizer oa(os, counts_of(a)), ob(os, counts_of(b));
+  Optimizer oa(os, a.block_param_counts()), ob(os, b.block_param_counts());
   a.init(1);
   b.init(2);
   a.to(device);

@@ -167,8 +167,7 @@ TEST(Extensions, AModelOfUserBlocksTrains) {
       spec, ext.model("mine")->build(models::options_of(ext.model("mine")->options, {}), *data));
   EXPECT_EQ(model.parameters().front().name, "blocks.0.weight");
   model.init(5);
-  std::vector<size_t> counts;
-  for (size_t b = 0; b < model.num_blocks(); ++b) counts.push_back(model.block(b).param_count());
+  const std::vector<size_t> counts = model.block_param_counts();
   models::OptimizerSpec os;
   os.lr = 0.01;
   models::Optimizer opt(os, counts);

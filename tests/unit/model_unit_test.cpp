@@ -129,8 +129,7 @@ TEST(Prefetch, GivesTheBatchOfTheRangeExpectedOrNot) {
     CharText text(kDefaultTextPath, 16);
     Model m(tiny_gpt(text.vocab()));
     m.init(1);
-    std::vector<size_t> counts;
-    for (size_t i = 0; i < m.num_blocks(); ++i) counts.push_back(m.block(i).param_count());
+    const std::vector<size_t> counts = m.block_param_counts();
     OptimizerSpec o;
     o.kind = "adamw";
     o.lr = 1e-3;
@@ -239,8 +238,7 @@ TEST(Blocks, SavedForwardCachesGiveTheSameBackwardAsAFreshForward) {
 TEST(State, MismatchedOrTruncatedStateIsRefusedAndChangesNothing) {
   Model m(tiny_gpt(12));
   m.init(1);
-  std::vector<size_t> counts;
-  for (size_t i = 0; i < m.num_blocks(); ++i) counts.push_back(m.block(i).param_count());
+  const std::vector<size_t> counts = m.block_param_counts();
   Optimizer opt(OptimizerSpec{}, counts);
   auto bytes = save_block_state(m.block(1), 1, opt, BlockState{7, 700});
   std::vector<float> before(m.block(0).params().data(),
