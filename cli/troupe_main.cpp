@@ -59,8 +59,9 @@ usage (troupe COMMAND --help: a command's options):
   troupe bench allreduce [--workers N]... [--sizes 4K,1M,64M] [--backend ucx|nccl] [--json]
       [--algorithm auto|ring|rd|shm] [--shm-slice-bytes B] [--segment-bytes B] [--window N]
                                     allreduce between processes (ucx) or GPUs (nccl): time, bus bandwidth
-  troupe bench model [--model mlp|gpt] [--threads T] [--steps N] [--json] [--curve]
-                                    single-process training throughput of the reference models
+  troupe bench model [--model mlp|gpt|gpt2] [--device cpu|cuda:N] [--dtype f32|bf16] [--batch B]
+      [--threads T] [--steps N] [--json] [--curve]
+                                    one process's training throughput and MFU (gpt2: GPT-2 small)
   troupe bench kernels [--device cpu|cuda[:N]] [--bf16] [--json]
                                     each kernel of a device at a GPT's shapes (bench/compare_kernels.sh)
   troupe bench drift [--optimizer adamw|sgd] [--shards N] [--steps N] [--dump DIR]

@@ -8,7 +8,7 @@
 # Also the elastic job on the GPU: scripts/gpu-elastic.sh with the bundle's troupe (2 workers
 # sharing cuda:0, one SIGKILLed, a joiner: bitwise a static run, the ledger exact).
 # Prepare here first: `make build && scripts/gpu-bundle.sh`; carry `build-gpu-pack` (the run
-# tool's carry; 12 MB). Takes under 9 minutes (the timeouts add up to that).
+# tool's carry; 12 MB). Takes under 10 minutes: the timeouts add up to 595 s (run it with timeout_s 600).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bundle=build-gpu
@@ -30,17 +30,17 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 missing=$(ldd $bundle/bin/troupe_gpu_tests | grep "not found")
 [[ -z $missing ]] || echo "gpu-check: libraries not found: $missing"
 echo "== GPU tests (gtest, label gpu: CUDA kernels vs CPU, NCCL)"
-timeout 150 $bundle/bin/troupe_gpu_tests --gtest_brief=0 2>&1 | grep -E "^\[ *(RUN|OK|SKIPPED|FAILED|PASSED) *\]|Failure|Expected|Which is|element|skipped|Skipped"
+timeout 120 $bundle/bin/troupe_gpu_tests --gtest_brief=0 2>&1 | grep -E "^\[ *(RUN|OK|SKIPPED|FAILED|PASSED) *\]|Failure|Expected|Which is|element|skipped|Skipped"
 tests_rc=${PIPESTATUS[0]}
 echo "== NCCL allreduce benchmark"
-timeout 60 $bundle/bin/troupe_nccl_bench --sizes 4096,65536,1048576,16777216,67108864,268435456,1073741824
+timeout 45 $bundle/bin/troupe_nccl_bench --sizes 4096,65536,1048576,16777216,67108864,268435456,1073741824
 bench_rc=$?
 echo "== CUDA kernels next to PyTorch (GPT-2 small shapes; ratio = PyTorch time / Troupe time)"
 # (f32, then the bf16 GEMM's row from a second run with bf16 inputs.)
-timeout 75 $bundle/bin/troupe_cuda_kernels_bench --json > /tmp/troupe_kernels.json
+timeout 60 $bundle/bin/troupe_cuda_kernels_bench --json > /tmp/troupe_kernels.json
 kernels_rc=$?
 timeout 30 $bundle/bin/troupe_cuda_kernels_bench --bf16 --json > /tmp/troupe_kernels_bf16.json
-timeout 75 /usr/bin/python3 bench/peers/torch_kernels.py --device cuda --json > /tmp/torch_kernels.json
+timeout 60 /usr/bin/python3 bench/peers/torch_kernels.py --device cuda --json > /tmp/torch_kernels.json
 torch_rc=$?
 timeout 30 /usr/bin/python3 bench/peers/torch_kernels.py --device cuda --bf16 --json > /tmp/torch_kernels_bf16.json
 /usr/bin/python3 - <<'PY'
@@ -62,9 +62,36 @@ for k in list(ours) + [k for k in peer if k not in ours]:
     ratio = "%.2fx" % (p["us"] / t["us"]) if t and p else "-"
     print("| %s | %s | %s | %s | %s | %s |" % ((k,) + cell(t) + cell(p) + (ratio,)))
 PY
+rm -f /tmp/torch_gpt2_compile.json
+echo "== GPT-2 small on the GPU next to PyTorch (bf16, batch 16, context 1024; MFU of the named peak)"
+timeout 90 $bundle/bin/troupe bench model --model gpt2 --device cuda:0 --dtype bf16 --steps 10 --warmup 3 --json > /tmp/troupe_gpt2.json
+gpt2_rc=$?
+peak=$(/usr/bin/python3 -c "import json; print(json.load(open('/tmp/troupe_gpt2.json'))['peak_tflops'])" 2>/dev/null || echo 989)
+timeout 60 /usr/bin/python3 bench/peers/torch_gpt2.py --device cuda --bf16 --batch 16 --steps 10 --warmup 3 --peak-tflops "$peak" > /tmp/torch_gpt2.json
+# torch.compile (the stretch goal) takes a minute to compile: only with GPU_CHECK_COMPILE=1.
+[[ -n ${GPU_CHECK_COMPILE:-} ]] && timeout 150 /usr/bin/python3 bench/peers/torch_gpt2.py --device cuda --bf16 --batch 16 --steps 10 --warmup 3 --peak-tflops "$peak" --compile > /tmp/torch_gpt2_compile.json
+/usr/bin/python3 - <<'PY'
+import json
+def one(path):
+    try:
+        return json.loads(open(path).read().strip().splitlines()[-1])
+    except Exception as e:
+        print("%s: no result (%s)" % (path, e))
+        return None
+t = one("/tmp/troupe_gpt2.json")
+print("| GPT-2 small, bf16, batch 16 | tokens/s | MFU | ratio to Troupe |")
+print("|---|---|---|---|")
+for name, r in (("Troupe", t), ("PyTorch eager (SDPA, fused AdamW)", one("/tmp/torch_gpt2.json")),
+                ("PyTorch torch.compile", one("/tmp/torch_gpt2_compile.json"))):
+    if r:
+        ratio = "%.2fx" % (r["tokens_per_s"] / t["tokens_per_s"]) if t else "-"
+        print("| %s | %.0f | %.1f%% | %s |" % (name, r["tokens_per_s"], 100 * r.get("mfu", 0), ratio))
+if t:
+    print("peak: %s" % t["peak"])
+PY
 echo "== the elastic job on the GPU (scripts/gpu-elastic.sh: 2 workers on cuda:0, SIGKILL, a joiner)"
 $bundle/bin/troupe version | tail -1
-timeout 120 scripts/gpu-elastic.sh "$PWD/$bundle/bin/troupe" cuda
+timeout 100 scripts/gpu-elastic.sh "$PWD/$bundle/bin/troupe" cuda
 elastic_rc=$?
-echo "== summary: tests exit $tests_rc, NCCL benchmark exit $bench_rc, kernels exit $kernels_rc, PyTorch exit $torch_rc, elastic exit $elastic_rc"
+echo "== summary: tests exit $tests_rc, NCCL benchmark exit $bench_rc, kernels exit $kernels_rc, PyTorch exit $torch_rc, GPT-2 exit $gpt2_rc, elastic exit $elastic_rc"
 [[ $tests_rc -eq 0 && $bench_rc -eq 0 && $kernels_rc -eq 0 && $elastic_rc -eq 0 ]]

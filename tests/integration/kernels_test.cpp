@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include "comm/cuda_info.h"
 #include "models/blas_kernels.h"
 #include "tests/harness/jobs.h"
 
@@ -14,15 +15,23 @@ using namespace std::chrono_literals;
 using namespace testing;
 
 // `troupe bench model --json` (the release binary) with extra environment: its JSON line.
-std::string bench_line(const TempDir& dir, const std::vector<std::string>& env) {
+std::string bench_line(const TempDir& dir, const std::vector<std::string>& env,
+                       const std::vector<std::string>& more = {}) {
   static int runs = 0;  // (ChildProcess appends to its output files)
   const std::string name = dir.path() + "/bench-" + std::to_string(runs++);
   const std::string out = name + ".out", err = name + ".err";
-  coordinator::ChildProcess p({{TROUPE_RELEASE_BINARY, "bench", "model", "--model", "mlp",
-                                "--steps", "2", "--warmup", "1", "--json"},
-                               out,
-                               err,
-                               env});
+  std::vector<std::string> argv{TROUPE_RELEASE_BINARY,
+                                "bench",
+                                "model",
+                                "--model",
+                                "mlp",
+                                "--steps",
+                                "2",
+                                "--warmup",
+                                "1",
+                                "--json"};
+  argv.insert(argv.end(), more.begin(), more.end());
+  coordinator::ChildProcess p({argv, out, err, env});
   auto st = p.wait(120s);
   EXPECT_TRUE(st && WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << text_of(err);
   for (auto& l : lines_of(out))
@@ -44,6 +53,27 @@ TEST(Kernels, AWrongOpenBlasDetectionIsOverruledByTheCpusFeatures) {
   const std::string kept =
       bench_line(dir, {"OPENBLAS_CORETYPE=Prescott", "TROUPE_BLAS_CORE=openblas"});
   EXPECT_EQ(json_field(kept, "blas_core"), "Prescott") << kept;
+}
+
+// The benchmark says what it ran on, in which precision, and its MFU of a named peak; a device
+// that is not there is refused with the reason.
+TEST(Kernels, BenchModelNamesItsDeviceDtypeAndPeak) {
+  TempDir dir;
+  const std::string line = bench_line(dir, {}, {"--dtype", "bf16"});
+  EXPECT_EQ(json_field(line, "device"), "cpu (bf16 GEMM inputs, emulated)") << line;
+  EXPECT_EQ(json_field(line, "dtype"), "bf16") << line;
+  EXPECT_EQ(json_field(line, "peak").rfind("cpu", 0), 0u) << line;
+  if (std::stod(json_field(line, "peak_tflops")) > 0) {
+    EXPECT_GT(std::stod(json_field(line, "mfu")), 0) << line;
+  }
+  if (comm::cuda_device_count() > 0) return;  // (tests/gpu cover a GPU)
+  const std::string out = dir.path() + "/cuda.out";
+  coordinator::ChildProcess p(
+      {{TROUPE_RELEASE_BINARY, "bench", "model", "--device", "cuda:0"}, out, out, {}});
+  auto st = p.wait(60s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 2);
+  EXPECT_NE(text_of(out).find("device 'cuda:0': "), std::string::npos) << text_of(out);
 }
 
 TEST(Kernels, EveryWorkerLogsTheKernelsItRuns) {
