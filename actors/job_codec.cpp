@@ -288,7 +288,7 @@ ControlMessage encode(const StepReport& m) {
     r.setEvalTokens(m.eval_tokens);
     r.setFlops(m.flops);
     r.setPeakFlops(m.peak_flops);
-    r.setPeak(m.peak);
+    r.setPeakSource(m.peak_source);
   });
 }
 
@@ -296,7 +296,7 @@ StepReport decode(proto::StepReport::Reader r) {
   return {r.getGeneration(), r.getStep(),        r.getRank(),          r.getLoss(),
           r.getSamples(),    r.getTokens(),      r.getPositionBegin(), r.getPositionEnd(),
           r.getSeconds(),    r.getBusySeconds(), r.getDataSeconds(),   r.getEvalLoss(),
-          r.getEvalTokens(), r.getFlops(),       r.getPeakFlops(),     r.getPeak()};
+          r.getEvalTokens(), r.getFlops(),       r.getPeakFlops(),     r.getPeakSource()};
 }
 
 ControlMessage encode(const StateReceived& m) {

@@ -129,7 +129,7 @@ struct StepReport {
   uint64_t eval_tokens = 0;  // ... over this many tokens (0: not evaluated)
   double flops = 0;          // the model's training FLOPs this rank computed
   double peak_flops = 0;     // its device's peak FLOP/s (0: unknown) ...
-  std::string peak;          // ... and what it is
+  uint8_t peak_source = 0;   // ... and where it comes from (models::PeakSource)
 };
 
 // worker -> coordinator (one way): it took the state at a generation's start (or reports the

@@ -208,7 +208,9 @@ struct StepReport {
   evalTokens @12 :UInt64;   # the tokens it scored over (0: the step did not evaluate)
   flops @13 :Float64;       # the model's training FLOPs this rank computed in the step
   peakFlops @14 :Float64;   # its device's peak FLOP/s (0: unknown), for MFU
-  peak @15 :Text;           # what that peak is (models/peak.h)
+  peakSource @15 :UInt8;    # where it comes from: 0 unknown, 1 a CPU estimate, 2 a GPU's data
+                            # sheet, 3 observability.peak_tflops (models::PeakSource; no text:
+                            # a step report is a flat frame, comm/frame.h)
 }
 
 struct WorkerDone {

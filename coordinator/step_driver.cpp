@@ -27,7 +27,8 @@ bool StepDriver::report(const actors::StepReport& r, uint64_t generation, size_t
   p.flops += r.flops;
   p.peak_flops += r.peak_flops;
   p.peak_unknown = p.peak_unknown || r.peak_flops <= 0;
-  if (std::find(p.peaks.begin(), p.peaks.end(), r.peak) == p.peaks.end()) p.peaks.push_back(r.peak);
+  const std::pair<uint8_t, double> peak{r.peak_source, r.peak_flops};
+  if (std::find(p.peaks.begin(), p.peaks.end(), peak) == p.peaks.end()) p.peaks.push_back(peak);
   p.rank_seconds.push_back(r.seconds);
   p.rank_busy.push_back(r.busy_seconds);
   last_reports_[r.rank] = {r.seconds, r.busy_seconds, r.data_seconds,
@@ -75,6 +76,16 @@ nlohmann::ordered_json StepDriver::by_rank(const Pending& p, const std::vector<d
   return out;
 }
 
+// A worker's peak as the coordinator can name it (each worker's log says how it was found).
+std::string StepDriver::peak_text(const std::pair<uint8_t, double>& peak) {
+  static const char* const sources[] = {
+      "unknown", "cpu estimate (threads x f32 FLOP/cycle from CPUID x clock)",
+      "GPU data sheet (dense, in the GEMM precision)", "observability.peak_tflops"};
+  const char* source = peak.first < 4 ? sources[peak.first] : "unknown";
+  if (peak.second <= 0) return std::string(source) + " peak";
+  return fmt::format("{}, {:.4g} TFLOP/s each", source, peak.second / 1e12);
+}
+
 Utilisation StepDriver::utilisation_of(const Pending& p) {
   Utilisation u;
   const double seconds = std::max(p.seconds, 1e-9);
@@ -84,12 +95,14 @@ Utilisation StepDriver::utilisation_of(const Pending& p) {
     u.peak_tflops = p.peak_flops / 1e12;
     u.mfu = p.flops / seconds / p.peak_flops;
   }
-  // ("" from a rank without a model: a program's own loop, ElasticLoop.)
-  if (p.peaks.size() == 1 && !p.peaks.front().empty()) {
-    u.peak = std::to_string(p.ranks.size()) + " x " + p.peaks.front();
+  // (Source 0 with no FLOPs: a rank without a model, a program's own loop: ElasticLoop.)
+  if (p.flops <= 0) return u;
+  if (p.peaks.size() == 1) {
+    u.peak = std::to_string(p.ranks.size()) + " x " + peak_text(p.peaks.front());
   } else {
-    for (const auto& what : p.peaks)
-      if (!what.empty()) u.peak += (u.peak.empty() ? "" : "; ") + what;
+    u.peak = "the sum of:";
+    for (const auto& each : p.peaks) u.peak += " " + peak_text(each) + ";";
+    u.peak.pop_back();
   }
   return u;
 }

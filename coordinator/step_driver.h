@@ -15,6 +15,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "actors/job_protocol.h"
@@ -98,11 +99,12 @@ class StepDriver {
     std::vector<double> rank_seconds, rank_busy;  // by report (ranks[i])
     double eval_loss = 0;  // the held-out loss at the step's start, when it evaluated
     uint64_t eval_tokens = 0;
-    double flops = 0, peak_flops = 0;  // summed over the reporting ranks
-    bool peak_unknown = false;         // a rank's peak is unknown
-    std::vector<std::string> peaks;    // what they are, each once
+    double flops = 0, peak_flops = 0;               // summed over the reporting ranks
+    bool peak_unknown = false;                      // a rank's peak is unknown
+    std::vector<std::pair<uint8_t, double>> peaks;  // (source, a rank's peak), each once
   };
   static Utilisation utilisation_of(const Pending& p);
+  static std::string peak_text(const std::pair<uint8_t, double>& peak);
   static nlohmann::ordered_json by_rank(const Pending& p, const std::vector<double>& v,
                                         size_t world);
   void commit(uint64_t step, bool recovered, uint64_t generation, size_t world);

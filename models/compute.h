@@ -28,9 +28,13 @@ struct AdamWStep {
 };
 
 // A device's peak FLOP/s, for MFU, and what it is (models/peak.h).
+// Where a peak comes from (its number travels in step reports: control.capnp StepReport).
+enum class PeakSource : uint8_t { unknown = 0, cpu_estimate = 1, gpu_data_sheet = 2, given = 3 };
+
 struct Peak {
   double flops = 0;  // per second; 0: unknown
   std::string what;  // e.g. "H200 SXM bf16 dense, data sheet: 989 TFLOP/s"
+  PeakSource source = PeakSource::unknown;
 };
 
 class Compute {

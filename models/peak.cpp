@@ -70,9 +70,11 @@ Peak cpu_peak(const CpuModel& cpu, int threads) {
   if (cpu.ghz <= 0 || threads <= 0) return {0, "cpu: the clock is unknown"};
   const double per_cycle = cpu_flops_per_cycle(cpu);
   const double flops = threads * per_cycle * cpu.ghz * 1e9;
-  return {flops, format("cpu, estimated: %d thread(s) x %g f32 FLOP/cycle (%s) x %.2f GHz = %.1f "
-                        "GFLOP/s",
-                        threads, per_cycle, vector_unit(cpu.features), cpu.ghz, flops / 1e9)};
+  return {flops,
+          format("cpu, estimated: %d thread(s) x %g f32 FLOP/cycle (%s) x %.2f GHz = %.1f "
+                 "GFLOP/s",
+                 threads, per_cycle, vector_unit(cpu.features), cpu.ghz, flops / 1e9),
+          PeakSource::cpu_estimate};
 }
 
 Peak gpu_peak(const std::string& name, bool bf16) {
@@ -90,14 +92,17 @@ Peak gpu_peak(const std::string& name, bool bf16) {
   for (const Row& r : rows) {
     if (name.find(r.match) == std::string::npos) continue;
     const double tflops = bf16 ? r.bf16 : r.f32;
-    return {tflops * 1e12, format("%s %s dense, data sheet: %g TFLOP/s", r.model,
-                                  bf16 ? "bf16" : "f32 (no TF32)", tflops)};
+    return {tflops * 1e12,
+            format("%s %s dense, data sheet: %g TFLOP/s", r.model, bf16 ? "bf16" : "f32 (no TF32)",
+                   tflops),
+            PeakSource::gpu_data_sheet};
   }
   return {0, "'" + name + "' is not in troupe's table of GPU peaks"};
 }
 
 Peak given_peak(double tflops) {
-  return {tflops * 1e12, format("observability.peak_tflops = %g per worker", tflops)};
+  return {tflops * 1e12, format("observability.peak_tflops = %g per worker", tflops),
+          PeakSource::given};
 }
 
 }  // namespace troupe::models

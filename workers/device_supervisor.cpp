@@ -171,7 +171,7 @@ DeviceSupervisor::Next DeviceSupervisor::train(const actors::GenerationStart& g)
     ctx_.send(actors::encode(actors::StepReport{
         gen, s.step, uint32_t(rank_), s.loss, s.samples, s.tokens, s.position_begin, s.position_end,
         s.seconds, s.busy_seconds, s.data_seconds, s.eval_loss, s.eval_tokens, s.flops,
-        worker_->peak().flops, worker_->peak().what}));
+        worker_->peak().flops, uint8_t(worker_->peak().source)}));
   };
   Requests requests{[&] { return board_.stop_requested() || board_.leaving(gen); },
                     [&] { return board_.checkpoint_wanted(); }};

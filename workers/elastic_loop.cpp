@@ -253,7 +253,7 @@ std::optional<double> ElasticLoop::Impl::commit(double loss) {
   const uint64_t samples = step_.end - step_.begin;
   session_.send(actors::encode(actors::StepReport{generation_, step_.step, rank_, control[0],
                                                   samples, samples, step_.begin, step_.end, seconds,
-                                                  seconds, 0, 0, 0, 0, 0, ""}));  // (no FLOPs)
+                                                  seconds, 0, 0, 0, 0, 0, 0}));  // (no FLOPs)
   return control[0];
 }
 

@@ -112,11 +112,11 @@ TEST(JobCodec, WorkerReadyAndGenerationStartCarryTheWholeHolding) {
 }
 
 TEST(JobCodec, ReportsAndAnswersRoundTrip) {
-  StepReport s{3, 17, 2, 1.25, 8, 256, 100, 108, 0.5, 0.4, 0.1, 0, 0, 3e9, 2e11, "cpu"};
+  StepReport s{3, 17, 2, 1.25, 8, 256, 100, 108, 0.5, 0.4, 0.1, 0, 0, 3e9, 2e11, 1};
   StepReport t = decode(body(encode(s)).getStepReport());
   EXPECT_EQ(t.flops, 3e9);
   EXPECT_EQ(t.peak_flops, 2e11);
-  EXPECT_EQ(t.peak, "cpu");
+  EXPECT_EQ(t.peak_source, 1);
   EXPECT_EQ(t.step, 17u);
   EXPECT_EQ(t.position_end, 108u);
   EXPECT_EQ(t.tokens, 256u);

@@ -29,6 +29,7 @@ TEST(Peak, FlopsPerCycleFollowTheVectorUnitsNotTheModelNumber) {
 TEST(Peak, ACpusPeakIsThreadsTimesFlopsPerCycleTimesTheClockAndSaysSo) {
   const Peak p = cpu_peak(cpu(true, false), 2);
   EXPECT_DOUBLE_EQ(p.flops, 2 * 32 * 2.5e9);
+  EXPECT_EQ(p.source, PeakSource::cpu_estimate);
   for (const char* part :
        {"estimated", "2 thread(s)", "32 f32 FLOP/cycle", "AVX2 FMA", "2.50 GHz", "160.0 GFLOP/s"})
     EXPECT_NE(p.what.find(part), std::string::npos) << part << " in " << p.what;
@@ -37,6 +38,7 @@ TEST(Peak, ACpusPeakIsThreadsTimesFlopsPerCycleTimesTheClockAndSaysSo) {
 
 TEST(Peak, GpusByNameInTheirGemmPrecision) {
   EXPECT_DOUBLE_EQ(gpu_peak("NVIDIA H200", true).flops, 989e12);
+  EXPECT_EQ(gpu_peak("NVIDIA H200", true).source, PeakSource::gpu_data_sheet);
   EXPECT_DOUBLE_EQ(gpu_peak("NVIDIA H200", false).flops, 67e12);
   EXPECT_NE(gpu_peak("NVIDIA H200", true).what.find("H200 SXM bf16 dense"), std::string::npos);
   EXPECT_DOUBLE_EQ(gpu_peak("NVIDIA H100 PCIe", true).flops, 756e12);
@@ -47,6 +49,8 @@ TEST(Peak, GpusByNameInTheirGemmPrecision) {
   EXPECT_EQ(unknown.flops, 0);
   EXPECT_NE(unknown.what.find("not in troupe's table"), std::string::npos) << unknown.what;
   EXPECT_DOUBLE_EQ(given_peak(12.5).flops, 12.5e12);
+  EXPECT_EQ(given_peak(12.5).source, PeakSource::given);
+  EXPECT_EQ(unknown.source, PeakSource::unknown);
   EXPECT_NE(given_peak(12.5).what.find("observability.peak_tflops = 12.5"), std::string::npos);
 }
 
