@@ -49,6 +49,20 @@ OptimizerSpec adamw(double lr) {
   return os;
 }
 
+// The GPU's per-step losses within `tolerance` (relative) of the CPU's; prints the largest gap.
+void expect_follows(const std::vector<double>& cpu, const std::vector<double>& gpu,
+                    double tolerance, const char* what) {
+  ASSERT_EQ(cpu.size(), gpu.size());
+  double worst = 0;
+  for (size_t s = 0; s < cpu.size(); ++s) {
+    const double rel = std::abs(gpu[s] - cpu[s]) / std::abs(cpu[s]);
+    worst = std::max(worst, rel);
+    EXPECT_LT(rel, tolerance) << what << ", step " << s << ": cpu " << cpu[s] << ", gpu " << gpu[s];
+  }
+  std::printf("GPT %zu steps, %s: the largest relative loss difference GPU vs CPU %.3g\n",
+              cpu.size(), what, worst);
+}
+
 // f32 on the GPU follows the CPU step by step (the bar: 1e-3 relative over 50 steps), at
 // shapes that are not multiples of 8: context 37, d_model 60, 5 heads, micro-batches of 5.
 TEST(GpuModel, AGptTrainedFiftyStepsFollowsTheCpusLosses) {
@@ -59,13 +73,7 @@ TEST(GpuModel, AGptTrainedFiftyStepsFollowsTheCpusLosses) {
   cuda::CudaCompute device(0);
   const auto cpu = losses(spec, adamw(2e-3), text, cpu_compute(), 50, 15, 5);
   const auto gpu = losses(spec, adamw(2e-3), text, device, 50, 15, 5);
-  double worst = 0;
-  for (size_t s = 0; s < cpu.size(); ++s) {
-    const double rel = std::abs(gpu[s] - cpu[s]) / std::abs(cpu[s]);
-    worst = std::max(worst, rel);
-    EXPECT_LT(rel, 1e-3) << "step " << s << ": cpu " << cpu[s] << ", gpu " << gpu[s];
-  }
-  std::printf("GPT 50 steps, f32: the largest relative loss difference GPU vs CPU %.3g\n", worst);
+  expect_follows(cpu, gpu, 1e-3, "f32");
   EXPECT_LT(gpu.back(), gpu.front() - 0.5) << "it learns";
 }
 
@@ -95,13 +103,7 @@ TEST(GpuModel, Bf16FollowsTheCpusEmulationOfIt) {
   cuda::CudaCompute device(0, cuda::GemmInput::bf16);
   const auto cpu = losses(spec, adamw(2e-3), text, cpu_bf16_compute(), 50, 15, 5);
   const auto gpu = losses(spec, adamw(2e-3), text, device, 50, 15, 5);
-  double worst = 0;
-  for (size_t s = 0; s < cpu.size(); ++s) {
-    const double rel = std::abs(gpu[s] - cpu[s]) / std::abs(cpu[s]);
-    worst = std::max(worst, rel);
-    EXPECT_LT(rel, 1e-2) << "step " << s << ": cpu " << cpu[s] << ", gpu " << gpu[s];
-  }
-  std::printf("GPT 50 steps, bf16: the largest relative loss difference GPU vs CPU %.3g\n", worst);
+  expect_follows(cpu, gpu, 1e-2, "bf16");
 }
 
 // bf16 GEMM inputs against f32, both on the GPU: the smoothed loss curves stay within 2%.
