@@ -50,6 +50,7 @@ struct JobSpec {
   int64_t inputs = 0, classes = 0, layers = 0, d_model = 0, heads = 0, context = 0;
   bool tied_head = false;
   std::string dtype;  // model.dtype: f32 | bf16
+  std::string backend;  // parallel.backend: auto | ucx | nccl (the data plane: workers/device_plane.h)
   // [data]
   std::string data_kind, data_path;
   std::vector<std::string> data_mix;  // data.mix: token data sets and their weights

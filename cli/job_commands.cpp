@@ -410,6 +410,22 @@ std::string resolve_devices(coordinator::JobConfig& cfg) {
   return why.empty() ? "" : "cluster.devices = \"cuda\": " + why;
 }
 
+// parallel.backend = "nccl" for the local launcher's workers (devices resolved): each needs a
+// GPU of its own ("" when they have one). Agents started by hand are checked when a generation
+// forms (workers/device_plane.h).
+std::string check_local_nccl(const coordinator::JobConfig& cfg) {
+  if (cfg.backend != "nccl") return "";
+  const std::string fix = "; \"auto\" picks NCCL where it can serve the workers";
+  if (cfg.devices != "cuda")
+    return "parallel.backend = \"nccl\": the workers compute on the CPU (no GPU here)" + fix;
+  const int gpus = comm::cuda_device_count();
+  if (cfg.workers() > gpus)
+    return "parallel.backend = \"nccl\" needs a GPU per worker: " + std::to_string(cfg.workers()) +
+           " workers on " + std::to_string(gpus) + " GPU(s) (NCCL refuses two ranks on one GPU)" +
+           fix;
+  return "";
+}
+
 int configure_job(const std::string& path, const std::vector<std::string>& sets,
                   const std::string& listen, const std::string& resume, bool spawn_agents,
                   const Hooks& hooks, coordinator::JobConfig& cfg, bool& into_run) {
@@ -426,6 +442,10 @@ int configure_job(const std::string& path, const std::vector<std::string>& sets,
     return 2;
   }
   if (std::string why = resolve_devices(cfg); !why.empty()) {
+    std::fprintf(stderr, "troupe: %s: %s\n", path.c_str(), why.c_str());
+    return 2;
+  }
+  if (std::string why = spawn_agents ? check_local_nccl(cfg) : ""; !why.empty()) {
     std::fprintf(stderr, "troupe: %s: %s\n", path.c_str(), why.c_str());
     return 2;
   }

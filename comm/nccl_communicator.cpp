@@ -77,7 +77,8 @@ class NcclCommunicator : public Communicator {
       cudaStreamDestroy(stream_);
       TROUPE_FAIL(Errc::io, std::string("ncclCommInitRankConfig: ") + ncclGetErrorString(r));
     }
-    poll_comm("init", Clock::now() + o.timeout);
+    const auto start = Clock::now();
+    poll_comm("init", start, start + o.timeout);
   }
 
   ~NcclCommunicator() override {
@@ -165,7 +166,8 @@ class NcclCommunicator : public Communicator {
   // abort flag (an abort of either breaks both).
   std::unique_ptr<Communicator> split(int color, int key, const CollectiveOptions& o) override {
     if (broken_) throw *broken_;
-    auto deadline = Clock::now() + (o.timeout.count() > 0 ? o.timeout : opt_.timeout);
+    const auto start = Clock::now();
+    auto deadline = start + (o.timeout.count() > 0 ? o.timeout : opt_.timeout);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     ncclComm_t child = nullptr;
@@ -173,19 +175,20 @@ class NcclCommunicator : public Communicator {
         ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config);
     if (r != ncclSuccess && r != ncclInProgress)
       fail(Errc::io, std::string("ncclCommSplit: ") + ncclGetErrorString(r));
-    poll_comm("split", deadline);
+    poll_comm("split", start, deadline);
     if (color < 0 || !child) return nullptr;
-    return std::unique_ptr<Communicator>(new NcclCommunicator(*this, child, deadline));
+    return std::unique_ptr<Communicator>(new NcclCommunicator(*this, child, start, deadline));
   }
   void abort() override { aborted_->store(true); }
 
  private:
   // A group made by split(): polls the child until it is ready, then learns its rank and size.
-  NcclCommunicator(const NcclCommunicator& parent, ncclComm_t child, Clock::time_point deadline)
+  NcclCommunicator(const NcclCommunicator& parent, ncclComm_t child, Clock::time_point start,
+                   Clock::time_point deadline)
       : gen_(parent.gen_), opt_(parent.opt_), comm_(child), aborted_(parent.aborted_) {
     TROUPE_CUDA_CHECK(cudaSetDevice(opt_.device));
     TROUPE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    poll_comm("split", deadline);
+    poll_comm("split", start, deadline);
     if (ncclCommUserRank(comm_, &rank_) != ncclSuccess ||
         ncclCommCount(comm_, &size_) != ncclSuccess)
       fail(Errc::io, "split: cannot read the group's rank and size");
@@ -195,23 +198,24 @@ class NcclCommunicator : public Communicator {
   void run(const char* what, const CollectiveOptions& o, Enqueue enqueue) {
     if (broken_) throw *broken_;
     if (aborted_->load()) fail(Errc::aborted, std::string(what) + ": the communicator was aborted");
-    auto deadline = Clock::now() + (o.timeout.count() > 0 ? o.timeout : opt_.timeout);
+    const auto start = Clock::now();
+    auto deadline = start + (o.timeout.count() > 0 ? o.timeout : opt_.timeout);
     ncclResult_t r = enqueue();
     if (r != ncclSuccess && r != ncclInProgress)
       fail(Errc::io, std::string(what) + ": " + ncclGetErrorString(r));
-    poll_comm(what, deadline);
+    poll_comm(what, start, deadline);
     // Poll the stream: never a blocking synchronise that a dead peer could hang.
     while (true) {
       cudaError_t e = cudaStreamQuery(stream_);
       if (e == cudaSuccess) return;
       if (e != cudaErrorNotReady) fail(Errc::io, std::string(what) + ": " + cudaGetErrorString(e));
-      check(what, deadline);
+      check(what, start, deadline);
       sched_yield();
     }
   }
 
   // Waits for the communicator's pending state (init, or an enqueue) to settle.
-  void poll_comm(const char* what, Clock::time_point deadline) {
+  void poll_comm(const char* what, Clock::time_point start, Clock::time_point deadline) {
     while (true) {
       ncclResult_t state = ncclInProgress;
       ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
@@ -220,19 +224,24 @@ class NcclCommunicator : public Communicator {
       if (state == ncclSuccess) return;
       if (state != ncclInProgress)
         fail(Errc::peer_lost, std::string(what) + ": " + ncclGetErrorString(state));
-      check(what, deadline);
+      check(what, start, deadline);
       sched_yield();
     }
   }
 
-  void check(const char* what, Clock::time_point deadline) {
+  // An abort, NCCL's asynchronous error, the generation abandoned, or the deadline: fail.
+  void check(const char* what, Clock::time_point start, Clock::time_point deadline) {
     if (aborted_->load()) fail(Errc::aborted, std::string(what) + ": the communicator was aborted");
     ncclResult_t state = ncclSuccess;
     if (ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state != ncclSuccess &&
         state != ncclInProgress) {
       fail(Errc::peer_lost, std::string(what) + ": " + ncclGetErrorString(state));
     }
-    if (Clock::now() > deadline)
+    const auto now = Clock::now();
+    if (opt_.abandoned && now - start > opt_.abandon_after && opt_.abandoned())
+      fail(Errc::peer_lost,
+           std::string(what) + ": the generation is being ended (a member is gone)");
+    if (now > deadline)
       fail(Errc::timed_out, std::string(what) + ": no completion before the deadline");
   }
 

@@ -14,6 +14,7 @@
 // Thread-safety: as Communicator: one thread runs operations; abort() from any thread.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -24,6 +25,11 @@ namespace troupe::comm {
 struct NcclOptions {
   std::chrono::milliseconds timeout{30000};  // init and each operation
   int device = 0;
+  // True once the caller knows the generation is over (a member is gone: NCCL between GPUs may
+  // never notice a dead peer). An operation still waiting `abandon_after` past its start then
+  // fails with peer_lost instead of waiting out its timeout; one that completes is unaffected.
+  std::function<bool()> abandoned;
+  std::chrono::milliseconds abandon_after{200};
 };
 
 // A new NCCL unique id as hex (rank 0 creates it; works without a GPU).

@@ -357,11 +357,26 @@ void refuse_what_cannot_act(const JobConfig& c, const std::string& source, const
     auto it = at.find(key);
     return it == at.end() ? source : it->second;
   };
-  if (c.backend == "nccl")
-    throw ConfigError(place("parallel.backend") +
-                      ": parallel.backend = \"nccl\": gradients and state go host-staged over "
-                      "UCX on every device (NCCL in the training path is not built yet): use "
-                      "\"ucx\" or \"auto\"");
+  // NCCL reduces CUDA tensors of a data-parallel job's members, each on its own GPU
+  // (workers/device_plane.h); what it cannot serve is refused here, the rest when a generation
+  // forms (members sharing a GPU).
+  auto refuse_nccl = [&](const std::string& key, const std::string& why) {
+    throw ConfigError(place(key) + ": parallel.backend = \"nccl\" " + why +
+                      "; \"auto\" picks NCCL where it can serve the members");
+  };
+  if (c.backend == "nccl" && c.devices == "cpu")
+    refuse_nccl("cluster.devices",
+                "reduces CUDA tensors, and cluster.devices = \"cpu\" (the workers compute on the "
+                "CPU)");
+  if (c.backend == "nccl" && c.pipeline_stages != 1)
+    refuse_nccl("parallel.pipeline_stages",
+                "serves data-parallel jobs only (a pipeline's activations and its replicas' "
+                "gradients go host-staged over UCX in this build)");
+  if (c.backend == "nccl" && c.deterministic)
+    refuse_nccl("parallel.deterministic",
+                "cannot make the sums exact (exact sums are formed host-staged over UCX)");
+  if (c.backend == "nccl" && c.external())
+    refuse_nccl("model.kind", "serves Troupe's own workers (an external loop reduces host memory)");
   // (checkpoint.dir acts without every_steps: troupe checkpoint, stop --checkpoint and SIGTERM
   // write there; a checkpoint asked for always waits for the write before it.)
   if (c.checkpoint_if_busy == "skip" && c.checkpoint_every_steps == 0)

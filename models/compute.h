@@ -64,6 +64,21 @@ class Compute {
   // by default plain host memory. Its device() is cpu and its compute() cpu_compute().
   virtual std::unique_ptr<Memory> allocate_host(size_t bytes);
 
+  // ---- for a data plane that reads device memory directly (workers/device_plane.h) ----------
+  // Which physical device this is, the same in every process that computes on it
+  // ("GPU-<uuid>"): members that share one cannot each be an NCCL rank. Empty for the CPU.
+  virtual std::string identity() const { return ""; }
+  // A mark after every call made so far: reached() once all of them have finished; it never
+  // blocks, so another thread (a reducer) polls it against its own deadline before it hands
+  // device memory written by those calls to a collective on another stream.
+  class Fence {
+   public:
+    virtual ~Fence() = default;
+    virtual bool reached() = 0;
+  };
+  // By default synchronize(), then a fence already reached.
+  virtual std::unique_ptr<Fence> fence();
+
   // A tensor of zeros on this device.
   Tensor tensor(std::vector<size_t> shape);
   // `t` on this device: itself when it is there already, else a copy (from host memory, or to

@@ -84,6 +84,13 @@ killed_at=$(committed elastic)
 pids+=("$!")
 wait "$job"
 elastic_rc=$?
+# NCCL needs a GPU per rank: two workers on one device with parallel.backend = "nccl" are
+# refused before anything starts (exit 2, saying why); "auto" host-stages them.
+"$troupe" run "$work/job.toml" --set cluster.agents=2 --set parallel.deterministic=false \
+  --set 'parallel.backend="nccl"' --set "job.run_dir=\"$work/nccl\"" > "$work/nccl.out" 2>&1
+nccl_rc=$?
+nccl_out=$(head -n 1 "$work/nccl.out")
+echo "| parallel.backend = \"nccl\", 2 workers on one $device device | $([[ $nccl_rc == 2 ]] && echo PASS || echo FAIL): exit $nccl_rc | ${nccl_out//|/\\|} |"
 python3 - "$work" "$steps" "$static_rc" "$elastic_rc" "$killed_at" "$static_s" "$device" <<'PY'
 import json, sys
 work, steps, static_rc, elastic_rc, killed_at, static_s, device = sys.argv[1:]

@@ -26,6 +26,7 @@ WorkerSpec worker_spec_of(const actors::JobSpec& s) {
   w.model.context = size_t(s.context);
   w.model.tied_head = s.tied_head;
   w.bf16 = s.dtype == "bf16";
+  w.backend = s.backend.empty() ? "auto" : s.backend;
   w.model_options = s.model_options;
   w.data_options = s.data_options;
   w.data_kind = s.data_kind;
@@ -121,6 +122,7 @@ DeviceSupervisor::Next DeviceSupervisor::run_generation() {
 }
 
 void DeviceSupervisor::publish() {
+  plane_.reset();  // (NCCL's is aborted: never destroyed collectively with members gone)
   comm::UcxCommOptions co;
   co.timeout = std::chrono::milliseconds(spec_.failure_timeout_ms);
   comm_ = std::make_unique<comm::UcxCommunicator>(want_, co);
@@ -149,7 +151,28 @@ bool DeviceSupervisor::connect(const actors::GenerationStart& g) {
   if (!comm_->shared_memory_allreduce() && g.members.size() > 1)
     spdlog::info("worker {}: allreduce over UCX messages, not shared memory: {}", id_.device,
                  comm_->shared_memory_fallback_reason());
+  form_device_plane(g.generation);
   return true;
+}
+
+// The generation's device plane (workers/device_plane.h), or why there is none.
+void DeviceSupervisor::form_device_plane(uint64_t gen) {
+  // Only a data-parallel step of several members sums over it (a pipeline's and the exact sums
+  // of parallel.deterministic go host-staged; the configuration refuses "nccl" with them).
+  if (comm_->size() == 1 || spec_.pipeline_stages != 1 || spec_.deterministic) return;
+  PlaneOptions o;
+  o.backend = spec_.backend;
+  o.cuda_device = spec_.device.rfind("cuda:", 0) == 0 ? std::atoi(spec_.device.c_str() + 5) : 0;
+  o.timeout = std::chrono::milliseconds(std::max<int64_t>(10000, spec_.failure_timeout_ms));
+  o.abandoned = [this, gen] {
+    return board_.leaving(gen) || board_.generation() > gen || board_.shutting_down();
+  };
+  if (auto faults = spec_.faults)
+    o.link = [this, faults](comm::Communicator& host) {
+      return faults->device_link(worker_->compute(), host);
+    };
+  plane_ = DevicePlane::form(*comm_, worker_->compute(), o);
+  spdlog::info("worker {}: data plane: {}", id_.device, plane_->choice().why);
 }
 
 void DeviceSupervisor::take_state(const actors::GenerationStart& g) {
@@ -176,6 +199,7 @@ DeviceSupervisor::Next DeviceSupervisor::train(const actors::GenerationStart& g)
   Requests requests{[&] { return board_.stop_requested() || board_.leaving(gen); },
                     [&] { return board_.checkpoint_wanted(); }};
   worker_->set_generation(gen);
+  worker_->set_device_plane(plane_ ? plane_->device() : nullptr);
   worker_->set_checkpoint_reporter([&](const CheckpointWriter::Written& w, uint64_t taken_in) {
     report_checkpoint(taken_in, w);
   });
@@ -219,6 +243,7 @@ void DeviceSupervisor::report_checkpoint(uint64_t gen, const CheckpointWriter::W
 
 bool DeviceSupervisor::restart_after(const std::exception& e) {
   // Tell the other members now (they would otherwise wait out the failure timeout).
+  if (plane_ && plane_->device()) plane_->device()->abort();
   if (comm_) {
     comm_->abort();
     try {
@@ -226,8 +251,10 @@ bool DeviceSupervisor::restart_after(const std::exception& e) {
     } catch (const std::exception&) {
     }
   }
-  // A lost block (a stage without a replica) cannot be repaired by a restart.
-  const bool fatal = dynamic_cast<const StateLost*>(&e) != nullptr;
+  // A lost block (a stage without a replica) cannot be repaired by a restart, nor a data plane
+  // the members cannot use (parallel.backend = "nccl" with members sharing a GPU).
+  const bool fatal =
+      dynamic_cast<const StateLost*>(&e) != nullptr || dynamic_cast<const PlaneRefused*>(&e);
   const bool restart = !fatal && worker_ && intensity_.allow_restart(Clock::now());
   spdlog::error("worker {} (rank {}) failed: {}{}", id_.device, rank_, e.what(),
                 restart ? "; restarting it" : "");

@@ -27,6 +27,7 @@
 #include "actors/restart_intensity.h"
 #include "comm/ucx_communicator.h"
 #include "workers/generation_board.h"
+#include "workers/device_plane.h"
 #include "workers/worker.h"
 
 namespace troupe::workers {
@@ -54,6 +55,7 @@ class DeviceSupervisor {
   Next run_generation();
   void publish();
   bool connect(const actors::GenerationStart& g);  // false: not a member (a standby)
+  void form_device_plane(uint64_t generation);
   void take_state(const actors::GenerationStart& g);
   Next train(const actors::GenerationStart& g);
   // A finished checkpoint write of this worker's blocks, to the coordinator.
@@ -67,6 +69,7 @@ class DeviceSupervisor {
   actors::RestartIntensity intensity_;
   std::unique_ptr<Worker> worker_;
   std::unique_ptr<comm::UcxCommunicator> comm_;
+  std::unique_ptr<DevicePlane> plane_;  // this generation's (it goes before comm_)
   uint64_t want_;           // the generation it publishes for next
   uint64_t rejoins_ = 0;    // the agent's rejoins when it last published
   std::string last_error_;  // why the previous generation ended for it, if the data plane broke

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "comm/communicator.h"
 #include "models/compute.h"
 
 namespace troupe::workers {
@@ -33,6 +34,13 @@ class FaultInjector {
   // The device worker `device` of `agent` computes on instead of its own (null: its own): a
   // stand-in device whose memory the host cannot read, so a test sees every host-staged path.
   virtual std::shared_ptr<models::Compute> device_for(const std::string& agent, uint32_t device) {
+    return nullptr;
+  }
+  // The device plane of a worker on such a stand-in device (workers/device_plane.h): a
+  // communicator over its memory in place of NCCL's, on the generation's host communicator
+  // (null: NCCL's).
+  virtual std::unique_ptr<comm::Communicator> device_link(models::Compute& compute,
+                                                          comm::Communicator& host) {
     return nullptr;
   }
 };

@@ -38,6 +38,7 @@ struct WorkerSpec {
   std::string job_name;
   std::string device = "cpu:0";  // the device it runs on (cpu:N, cuda:N)
   bool bf16 = false;             // model.dtype = "bf16": bf16 GEMM inputs (models/devices.h)
+  std::string backend = "auto";  // parallel.backend: the data plane (workers/device_plane.h)
   double peak_tflops = 0;        // observability.peak_tflops (0: the device's own, for MFU)
   std::string agent_name;        // for fault injection and logs
   uint32_t device_index = 0;     // among its agent's devices
@@ -144,6 +145,10 @@ class Worker {
   using OnCheckpoint = std::function<void(const CheckpointWriter::Written&, uint64_t generation)>;
   void set_checkpoint_reporter(OnCheckpoint f) { on_checkpoint_ = std::move(f); }
   void set_generation(uint64_t generation) { generation_ = generation; }
+  // The generation's device plane (workers/device_plane.h): gradients on the device are summed
+  // over it in place; null: host-staged over run()'s communicator.
+  void set_device_plane(comm::Communicator* device) { device_plane_ = device; }
+  models::Compute& compute() { return *device_; }
   // Waits for the checkpoint write in flight and reports it (the job's end).
   void finish_checkpoints();
   // Called on the worker's thread with its spans of observability.trace_steps, once they are done.
@@ -211,6 +216,7 @@ class Worker {
   std::pair<double, uint64_t> evaluate(comm::Communicator& comm);
   // The device the model lives and computes on (before the model: it outlives its tensors).
   std::shared_ptr<models::Compute> device_;
+  comm::Communicator* device_plane_ = nullptr;  // this generation's (null: host-staged)
   models::Peak peak_;
   std::unique_ptr<models::Model> model_;
   std::unique_ptr<models::Optimizer> opt_;

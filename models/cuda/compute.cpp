@@ -135,6 +135,47 @@ void CudaCompute::from_host(void* dst, const void* host_src, size_t bytes) {
   copy_to_device(dst, host_src, bytes, stream());
 }
 void CudaCompute::synchronize() { stream_->synchronize(); }
+
+std::string CudaCompute::identity() const {
+  cudaDeviceProp p{};
+  TROUPE_CUDA_CHECK(cudaGetDeviceProperties(&p, device_));
+  static const char* digits = "0123456789abcdef";
+  std::string id = "GPU-";
+  for (char c : p.uuid.bytes) {
+    id += digits[(uint8_t(c) >> 4) & 15];
+    id += digits[uint8_t(c) & 15];
+  }
+  return id;
+}
+
+namespace {
+
+// An event recorded on the stream; queried, never waited on.
+class EventFence final : public Compute::Fence {
+ public:
+  explicit EventFence(cudaStream_t stream) {
+    TROUPE_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    cudaError_t e = cudaEventRecord(event_, stream);
+    if (e != cudaSuccess) cudaEventDestroy(event_);
+    TROUPE_CUDA_CHECK(e);
+  }
+  ~EventFence() override { cudaEventDestroy(event_); }
+  bool reached() override {
+    cudaError_t e = cudaEventQuery(event_);
+    if (e == cudaErrorNotReady) return false;
+    TROUPE_CUDA_CHECK(e);
+    return true;
+  }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Compute::Fence> CudaCompute::fence() {
+  return std::make_unique<EventFence>(stream());
+}
 std::unique_ptr<Memory> CudaCompute::allocate_host(size_t bytes) {
   return std::make_unique<PinnedMemory>(bytes, pinned_, stream());
 }

@@ -38,6 +38,8 @@ class CudaCompute final : public Compute {
   void from_host(void* dst, const void* host_src, size_t bytes) override;
   void synchronize() override;
   std::unique_ptr<Memory> allocate_host(size_t bytes) override;  // pinned, cached
+  std::string identity() const override;                          // "GPU-<uuid>"
+  std::unique_ptr<Fence> fence() override;                        // an event on the stream
 
   void linear_forward(float* out, const float* inp, const float* weight, const float* bias,
                       size_t N, size_t C, size_t OC) override;

@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <thread>
 
 #include "comm/cuda_info.h"
@@ -69,6 +70,34 @@ TEST(Nccl, InitWithAMissingMemberTimesOut) {
     EXPECT_EQ(e.code(), Errc::timed_out) << e.what();
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15));
+}
+
+// The generation is being ended (a member is gone; NCCL may never notice): a wait on the missing
+// member fails with peer_lost soon after abandon_after, not at the timeout.
+TEST(Nccl, AnAbandonedGenerationEndsTheWaitBeforeItsTimeout) {
+  SKIP_WITHOUT_GPU(1);
+  NcclOptions o;
+  o.timeout = std::chrono::milliseconds(20000);
+  std::atomic<bool> over{false};
+  o.abandoned = [&] { return over.load(); };
+  std::thread ender([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    over = true;
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    auto c = make_nccl_communicator(1, 0, 2, nccl_unique_id(), o);  // rank 1 never comes
+    FAIL() << "init with a missing member succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::peer_lost) << e.what();
+  }
+  ender.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  // A generation abandoned from the start does not touch an operation that completes.
+  o.abandoned = [] { return true; };
+  auto c = make_nccl_communicator(2, 0, 1, nccl_unique_id(), o);
+  std::vector<float> x(4096, 2.0f);
+  EXPECT_EQ(run_allreduce(*c, x, ReduceOp::sum), x);
 }
 
 TEST(Nccl, TwoDevicesAllreduce) {

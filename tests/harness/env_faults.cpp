@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "tests/harness/guarded_compute.h"
+#include "tests/harness/guarded_link.h"
 
 namespace troupe::testing {
 namespace {
@@ -32,6 +33,7 @@ class EnvFaults : public workers::FaultInjector {
     if (const char* a = std::getenv("TROUPE_TEST_PERTURB_AGENT")) perturb_agent_ = a;
     if (const char* f = std::getenv("TROUPE_TEST_STATE_DELAY_FILE")) state_delay_file_ = f;
     guarded_device_ = env_int("TROUPE_TEST_GUARDED_DEVICE") > 0;
+    guarded_plane_ = env_int("TROUPE_TEST_GUARDED_PLANE") > 0;
   }
   bool any() const {
     return step_delay_us_ > 0 || (throw_at_step_ > 0 && !throw_agent_.empty()) ||
@@ -39,9 +41,19 @@ class EnvFaults : public workers::FaultInjector {
            guarded_device_ || (slow_us_ > 0 && !slow_agent_.empty());
   }
 
-  // TROUPE_TEST_GUARDED_DEVICE=1: every worker computes on a device the host cannot read.
-  std::shared_ptr<models::Compute> device_for(const std::string&, uint32_t) override {
-    return guarded_device_ ? std::make_shared<GuardedCompute>() : nullptr;
+  // TROUPE_TEST_GUARDED_DEVICE=1: every worker computes on a device the host cannot read; all
+  // of them on one (they share a "GPU": host-staged), or with TROUPE_TEST_GUARDED_PLANE=1 each on
+  // its own, their gradients summed over the stand-in device plane (guarded_link.h).
+  std::shared_ptr<models::Compute> device_for(const std::string& agent, uint32_t device) override {
+    if (!guarded_device_) return nullptr;
+    if (!guarded_plane_) return std::make_shared<GuardedCompute>();
+    return std::make_shared<GuardedCompute>("guarded-" + std::to_string(::getpid()) + "-" + agent +
+                                            "-" + std::to_string(device));
+  }
+  std::unique_ptr<comm::Communicator> device_link(models::Compute& compute,
+                                                  comm::Communicator& host) override {
+    auto* guarded = dynamic_cast<GuardedCompute*>(&compute);
+    return guarded && guarded_plane_ ? guarded_link(*guarded, host) : nullptr;
   }
 
   void before_checksum(const std::string& agent, uint32_t, float* parameters,
@@ -83,7 +95,7 @@ class EnvFaults : public workers::FaultInjector {
   uint64_t throw_at_step_;
   int64_t state_delay_ms_, checkpoint_delay_ms_, slow_us_;
   std::string throw_agent_, perturb_agent_, slow_agent_, state_delay_file_;
-  bool guarded_device_ = false;
+  bool guarded_device_ = false, guarded_plane_ = false;
   std::atomic<bool> thrown_{false}, checkpoint_delayed_{false};
 };
 

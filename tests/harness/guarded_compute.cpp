@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <utility>
 
 namespace troupe::testing {
 namespace {
@@ -32,7 +33,8 @@ class GuardedMemory final : public models::Memory {
   models::HostMemory host_;
 };
 
-GuardedCompute::GuardedCompute() : reserved_(kReservation) {
+GuardedCompute::GuardedCompute(std::string identity)
+    : identity_(std::move(identity)), reserved_(kReservation) {
   void* p = mmap(nullptr, reserved_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) throw std::bad_alloc();
   base_ = static_cast<char*>(p);
@@ -41,6 +43,7 @@ GuardedCompute::GuardedCompute() : reserved_(kReservation) {
 GuardedCompute::~GuardedCompute() { munmap(base_, reserved_); }
 
 void* GuardedCompute::reserve(size_t bytes, void* host) {
+  std::lock_guard<std::mutex> lock(mu_);
   const size_t span = (bytes + kPage - 1) / kPage * kPage + kPage;  // (a gap after each)
   if (used_ + span > reserved_) throw std::bad_alloc();
   void* address = base_ + used_;  // (addresses are not reused: a stale pointer still faults)
@@ -50,11 +53,13 @@ void* GuardedCompute::reserve(size_t bytes, void* host) {
 }
 
 void GuardedCompute::release(void* address) {
+  std::lock_guard<std::mutex> lock(mu_);
   regions_.erase(reinterpret_cast<uintptr_t>(address));
 }
 
 void* GuardedCompute::real(const void* p) {
   if (!p) return nullptr;
+  std::lock_guard<std::mutex> lock(mu_);
   const auto at = reinterpret_cast<uintptr_t>(p);
   auto it = regions_.upper_bound(at);
   if (it == regions_.begin() || at >= std::prev(it)->first + std::prev(it)->second.bytes + 1) {

@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <string>
 
 #include "models/compute.h"
 
@@ -19,13 +21,16 @@ namespace troupe::testing {
 
 class GuardedCompute final : public models::Compute {
  public:
-  GuardedCompute();
+  // `identity`: which "physical device" it is (Compute::identity): workers whose stand-ins
+  // share one are host-staged, as members sharing a GPU are.
+  explicit GuardedCompute(std::string identity = "guarded");
   ~GuardedCompute() override;
   GuardedCompute(const GuardedCompute&) = delete;
   GuardedCompute& operator=(const GuardedCompute&) = delete;
 
   models::Device device() const override { return models::Device::cuda; }  // (not the CPU)
   std::string describe() const override { return "guarded host memory"; }
+  std::string identity() const override { return identity_; }
   size_t calls = 0;  // kernel and copy calls made
 
   std::unique_ptr<models::Memory> allocate(size_t bytes) override;
@@ -85,6 +90,8 @@ class GuardedCompute final : public models::Compute {
   void* reserve(size_t bytes, void* host);
   void release(void* address);
 
+  std::string identity_;
+  std::mutex mu_;         // (the address map: a reducer thread translates while a worker allocates)
   char* base_ = nullptr;  // the PROT_NONE reservation
   size_t reserved_ = 0, used_ = 0;
   struct Region {

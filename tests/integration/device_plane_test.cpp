@@ -1,0 +1,137 @@
+// The device plane (workers/device_plane.h) with real processes and real signals, on the
+// stand-in device (TROUPE_TEST_GUARDED_DEVICE: the model's memory is not the host's to read)
+// with its stand-in for NCCL (TROUPE_TEST_GUARDED_PLANE: each worker on a "GPU" of its own, its
+// gradients summed in place in device memory): the worker's side of NCCL in the training path
+// (the choice, the fences before an overlapped reduction, the plane re-formed every generation)
+// runs without a GPU. NCCL itself needs one: tests/gpu/.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include "tests/harness/jobs.h"
+
+namespace troupe {
+namespace {
+
+using namespace std::chrono_literals;
+using namespace testing;
+
+// A shape and batch no other test uses.
+const char* kGpt = R"([job]
+name = "device-plane"
+seed = 23
+steps = 40
+[model]
+kind = "gpt"
+layers = 2
+d_model = 40
+heads = 5
+context = 20
+[data]
+kind = "text"
+path = "/usr/share/common-licenses/GPL-3"
+ledger = true
+[batch]
+global = 18
+micro = 9
+[optimizer]
+kind = "adamw"
+lr = 0.003
+[parallel]
+overlap_reduce = true
+[logging]
+progress = false
+)";
+constexpr int kSteps = 40;
+constexpr long kBatch = 18;
+const std::string kGuarded = "TROUPE_TEST_GUARDED_DEVICE=1";
+const std::string kOwnGpus = "TROUPE_TEST_GUARDED_PLANE=1";
+
+struct Reference {
+  std::vector<double> losses;
+  std::string checksum;
+};
+
+Reference run_static(const TempDir& dir, const std::string& name, std::vector<std::string> sets,
+                     std::vector<std::string> env) {
+  Job job = start_job(dir, name, kGpt, 2, sets, env);
+  EXPECT_TRUE(job.proc->wait(120s)) << name << " did not finish";
+  EXPECT_EQ(json_field(events_of(job).back(), "identical_parameters"), "true") << name;
+  return {committed_losses(job.run_dir), final_checksum(job)};
+}
+
+std::string log_of(const TempDir& dir, const std::string& name) {
+  return text_of(dir.path() + "/" + name + "/agent-0.log");
+}
+bool logged(const TempDir& dir, const std::string& name, const std::string& what) {
+  return log_of(dir, name).find(what) != std::string::npos;
+}
+
+// Summed in place over the device plane (overlapped with the backward pass, each block's
+// reduction after its fence) or host-staged: the same sums of the same numbers, the same bits.
+TEST(DevicePlane, GradientsSummedInDeviceMemoryAreTheHostStagedBits) {
+  TempDir dir;
+  Reference cpu = run_static(dir, "cpu", {}, {});
+  ASSERT_EQ(cpu.losses.size(), size_t(kSteps));
+
+  const std::string traced = "observability.trace_steps=\"3-4\"";
+  Reference plane = run_static(dir, "plane", {traced}, {kGuarded, kOwnGpus});
+  EXPECT_EQ(plane.losses, cpu.losses);
+  EXPECT_EQ(plane.checksum, cpu.checksum);
+  EXPECT_TRUE(
+      logged(dir, "plane", "data plane: NCCL: every member on a GPU of its own (a test's stand-in"))
+      << log_of(dir, "plane");
+  // Every gradient went over it: the trace's reductions are the device plane's.
+  const std::string trace = text_of(dir.path() + "/plane/trace.json");
+  EXPECT_NE(trace.find("\"allreduce (device plane)\""), std::string::npos) << trace;
+  EXPECT_EQ(trace.find("\"allreduce\""), std::string::npos) << trace;
+
+  Reference serial =
+      run_static(dir, "plane-serial", {"parallel.overlap_reduce=false"}, {kGuarded, kOwnGpus});
+  EXPECT_EQ(serial.losses, cpu.losses);
+  EXPECT_EQ(serial.checksum, cpu.checksum);
+
+  // Workers that share one device: host-staged, saying why.
+  Reference shared = run_static(dir, "shared", {traced}, {kGuarded});
+  EXPECT_EQ(shared.losses, cpu.losses);
+  EXPECT_TRUE(
+      logged(dir, "shared", "data plane: host-staged over UCX: ranks 0 and 1 share one GPU"))
+      << log_of(dir, "shared");
+  EXPECT_NE(text_of(dir.path() + "/shared/trace.json").find("\"allreduce\""), std::string::npos);
+
+  // parallel.backend = "ucx" keeps everyone host-staged.
+  Reference ucx = run_static(dir, "ucx", {"parallel.backend=\"ucx\""}, {kGuarded, kOwnGpus});
+  EXPECT_EQ(ucx.losses, cpu.losses);
+  EXPECT_TRUE(logged(dir, "ucx", "data plane: parallel.backend = \"ucx\""));
+}
+
+// A member SIGKILLed mid-run and a joiner: the generation's plane goes with it and the next
+// generation of two forms a new one; the job computes the static run's function (SGD: rounding
+// differences of the 1-member steps do not grow) with every sample once.
+TEST(DevicePlane, AfterAKillAndAJoinTheNextGenerationFormsItsOwnPlane) {
+  TempDir dir;
+  const std::vector<std::string> sgd{"optimizer.kind=\"sgd\"", "optimizer.lr=0.1"};
+  Reference want = run_static(dir, "static", sgd, {});
+  std::vector<std::string> sets = sgd;
+  sets.insert(sets.end(), {"elastic.failure_timeout_ms=4000", "elastic.max_restarts=0"});
+  Job job = start_job(dir, "elastic", kGpt, 2, sets, {kGuarded, kOwnGpus, pace(40000)});
+  wait_steps(job, 8);
+  const auto pids = joined_pids(job);
+  ASSERT_EQ(pids.size(), 2u);
+  ASSERT_EQ(::kill(pids[1], SIGKILL), 0);
+  ASSERT_NE(wait_event(job, is("generation_started", "generation", "2"), 30s), "");
+  auto joiner = join_agent(dir, job, "joiner", {kGuarded, kOwnGpus, pace(40000)});
+  ASSERT_NE(wait_event(job, is("generation_started", "generation", "3"), 60s), "")
+      << "the joiner never took part";
+  expect_same_function(job, want.losses, kSteps, kBatch, 1e-4);
+  EXPECT_TRUE(joiner->wait(30s));
+  // Generations 1 and 3 each form a plane on both their members; 2 has one member, no plane.
+  const std::string logs = text_of(job.run_dir + "/agent-0.log") +
+                           text_of(job.run_dir + "/agent-1.log") +
+                           text_of(dir.path() + "/joiner.out");
+  size_t planes = 0;
+  for (size_t at = 0; (at = logs.find("data plane: NCCL", at)) != std::string::npos; ++at) ++planes;
+  EXPECT_EQ(planes, 4u) << logs;
+}
+
+}  // namespace
+}  // namespace troupe
