@@ -78,6 +78,7 @@ for l in open('$work/elastic/events.jsonl'):
     e = json.loads(l)
     if e.get('event') == 'member_joined' and e.get('name') == 'agent-1': print(e['pid'])" | tail -1)
 killed_at=$(committed elastic)
+killed_ts=$(date +%s.%N)
 [[ -n $victim ]] && kill -9 "$victim"
 "$troupe" agent --join "$(cat "$work/elastic/coordinator.addr" 2>/dev/null)" --token-file "$work/elastic/job.token" \
   --devices "$device:0" --name joiner > "$work/joiner.out" 2>&1 &
@@ -91,9 +92,9 @@ elastic_rc=$?
 nccl_rc=$?
 nccl_out=$(head -n 1 "$work/nccl.out")
 echo "| parallel.backend = \"nccl\", 2 workers on one $device device | $([[ $nccl_rc == 2 ]] && echo PASS || echo FAIL): exit $nccl_rc | ${nccl_out//|/\\|} |"
-python3 - "$work" "$steps" "$static_rc" "$elastic_rc" "$killed_at" "$static_s" "$device" <<'PY'
+python3 - "$work" "$steps" "$static_rc" "$elastic_rc" "$killed_at" "$static_s" "$device" "$killed_ts" <<'PY'
 import json, sys
-work, steps, static_rc, elastic_rc, killed_at, static_s, device = sys.argv[1:]
+work, steps, static_rc, elastic_rc, killed_at, static_s, device, killed_ts = sys.argv[1:]
 steps = int(steps)
 def events(run):
     return [json.loads(l) for l in open(f"{work}/{run}/events.jsonl")]
@@ -140,6 +141,13 @@ try:
         if len(problems) > 5:
             break
     secs = eb.get("seconds", 0)
+    # Recovery: from the SIGKILL to the next committed step (the survivors' new generation).
+    after = [e["ts"] for e in events("elastic")
+             if e["event"] == "step_committed" and e["ts"] > float(killed_ts)]
+    if after:
+        print("| recovery on %s: SIGKILL -> next committed step | %.2f s | detection, the new "
+              "generation (its communicators), the steps since the last commit |"
+              % (device, after[0] - float(killed_ts)))
     last = [json.loads(l) for l in open(f"{work}/static/metrics.jsonl") if '"mfu"' in l or '"peak"' in l]
     if last:
         m = last[-1]

@@ -7,6 +7,7 @@
 
 #include "comm/host_identity.h"
 #include "comm/nccl_communicator.h"
+#include "workers/faults.h"
 
 namespace troupe::workers {
 namespace {
@@ -56,6 +57,11 @@ std::string share_unique_id(comm::Communicator& host) {
 }
 
 }  // namespace
+
+std::unique_ptr<comm::Communicator> FaultInjector::device_link(models::Compute&,
+                                                               comm::Communicator&) {
+  return nullptr;
+}
 
 std::unique_ptr<DevicePlane> DevicePlane::form(comm::Communicator& host, models::Compute& compute,
                                                const PlaneOptions& o) {

@@ -122,6 +122,7 @@ DeviceSupervisor::Next DeviceSupervisor::run_generation() {
 }
 
 void DeviceSupervisor::publish() {
+  worker_->set_device_plane(nullptr);
   plane_.reset();  // (NCCL's is aborted: never destroyed collectively with members gone)
   comm::UcxCommOptions co;
   co.timeout = std::chrono::milliseconds(spec_.failure_timeout_ms);
@@ -172,6 +173,7 @@ void DeviceSupervisor::form_device_plane(uint64_t gen) {
       return faults->device_link(worker_->compute(), host);
     };
   plane_ = DevicePlane::form(*comm_, worker_->compute(), o);
+  worker_->set_device_plane(plane_->device());
   spdlog::info("worker {}: data plane: {}", id_.device, plane_->choice().why);
 }
 
@@ -199,7 +201,6 @@ DeviceSupervisor::Next DeviceSupervisor::train(const actors::GenerationStart& g)
   Requests requests{[&] { return board_.stop_requested() || board_.leaving(gen); },
                     [&] { return board_.checkpoint_wanted(); }};
   worker_->set_generation(gen);
-  worker_->set_device_plane(plane_ ? plane_->device() : nullptr);
   worker_->set_checkpoint_reporter([&](const CheckpointWriter::Written& w, uint64_t taken_in) {
     report_checkpoint(taken_in, w);
   });

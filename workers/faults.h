@@ -10,8 +10,11 @@
 #include <memory>
 #include <string>
 
-#include "comm/communicator.h"
 #include "models/compute.h"
+
+namespace troupe::comm {
+class Communicator;  // (comm/communicator.h: not an installed header)
+}
 
 namespace troupe::workers {
 
@@ -38,11 +41,9 @@ class FaultInjector {
   }
   // The device plane of a worker on such a stand-in device (workers/device_plane.h): a
   // communicator over its memory in place of NCCL's, on the generation's host communicator
-  // (null: NCCL's).
+  // (null: NCCL's; defined in device_plane.cpp, where a Communicator is complete).
   virtual std::unique_ptr<comm::Communicator> device_link(models::Compute& compute,
-                                                          comm::Communicator& host) {
-    return nullptr;
-  }
+                                                          comm::Communicator& host);
 };
 
 }  // namespace troupe::workers

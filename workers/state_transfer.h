@@ -24,9 +24,11 @@ struct StateTransfer {
 };
 
 // mid_send (may be empty): called after the first buffer of each batch this rank sends (a test's
-// fault injection: a transfer caught in the middle).
+// fault injection: a transfer caught in the middle). `device` (may be null): the generation's
+// device plane (workers/device_plane.h): the batches go over it, device to device.
 StateTransfer execute_migration(comm::Communicator& comm, const elastic::Migration& migration,
                                 uint64_t start_step, BlockStates& states, StageBackups& backups,
-                                const std::function<void()>& mid_send);
+                                const std::function<void()>& mid_send,
+                                comm::Communicator* device = nullptr);
 
 }  // namespace troupe::workers

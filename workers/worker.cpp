@@ -496,8 +496,13 @@ StateTransfer Worker::take_state(comm::Communicator& comm, uint64_t start_step,
   if (spec_.faults)
     mid_send = [this] { spec_.faults->mid_state_transfer(spec_.agent_name, spec_.device_index); };
   const int64_t s0 = StepTrace::now_us();
-  StateTransfer t = execute_migration(comm, mig, start_step, *states_, *backups_, mid_send);
+  StateTransfer t =
+      execute_migration(comm, mig, start_step, *states_, *backups_, mid_send, device_plane_);
   trace_.span(start_step, "state transfer", "state", s0);
+  if (t.needed)
+    spdlog::info("worker {}: received {} block(s), {} bytes, in {:.3f} s over the {} plane",
+                 spec_.device, t.blocks, t.bytes, t.seconds,
+                 device_plane_ ? "device" : "host-staged");
   // A pipeline worker keeps parameters, gradients and optimizer moments for its own blocks only.
   if (pipelined() && plan.pp > 1)
     for (uint32_t b = 0; b < num_blocks(); ++b)

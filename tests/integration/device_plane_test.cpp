@@ -105,8 +105,9 @@ TEST(DevicePlane, GradientsSummedInDeviceMemoryAreTheHostStagedBits) {
 }
 
 // A member SIGKILLed mid-run and a joiner: the generation's plane goes with it and the next
-// generation of two forms a new one; the job computes the static run's function (SGD: rounding
-// differences of the 1-member steps do not grow) with every sample once.
+// generation of two forms a new one, over which the joiner receives the state; the job computes the
+// static run's function (SGD: rounding differences of the 1-member steps do not grow) with every
+// sample once.
 TEST(DevicePlane, AfterAKillAndAJoinTheNextGenerationFormsItsOwnPlane) {
   TempDir dir;
   const std::vector<std::string> sgd{"optimizer.kind=\"sgd\"", "optimizer.lr=0.1"};
@@ -131,6 +132,9 @@ TEST(DevicePlane, AfterAKillAndAJoinTheNextGenerationFormsItsOwnPlane) {
   size_t planes = 0;
   for (size_t at = 0; (at = logs.find("data plane: NCCL", at)) != std::string::npos; ++at) ++planes;
   EXPECT_EQ(planes, 4u) << logs;
+  // The joiner's state came over the plane, device to device.
+  EXPECT_NE(text_of(dir.path() + "/joiner.out").find("over the device plane"), std::string::npos)
+      << text_of(dir.path() + "/joiner.out");
 }
 
 }  // namespace
