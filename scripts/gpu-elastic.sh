@@ -141,9 +141,11 @@ try:
         if len(problems) > 5:
             break
     secs = eb.get("seconds", 0)
-    # Recovery: from the SIGKILL to the next committed step (the survivors' new generation).
-    after = [e["ts"] for e in events("elastic")
-             if e["event"] == "step_committed" and e["ts"] > float(killed_ts)]
+    # Recovery: from the SIGKILL to the first step committed by the survivors' new generation
+    # (a step in flight at the kill may still commit in the old one).
+    ev, k = events("elastic"), float(killed_ts)
+    regen = [e["ts"] for e in ev if e["event"] == "generation_started" and e["ts"] > k]
+    after = [e["ts"] for e in ev if regen and e["event"] == "step_committed" and e["ts"] > regen[0]]
     if after:
         print("| recovery on %s: SIGKILL -> next committed step | %.2f s | detection, the new "
               "generation (its communicators), the steps since the last commit |"
