@@ -53,7 +53,7 @@ struct JobConfig {
   int64_t classes = 10;              // mlp outputs (synthetic data)
   int64_t layers = 4, d_model = 128, heads = 4, context = 64;
   bool tied_head = false;
-  std::string dtype = "f32";  // f32 | bf16 (the linear layers' forward GEMM inputs)
+  std::string dtype = "f32";  // f32 | bf16 (the linear layers' GEMM operands)
   // A program's own model.kind: its keys' values (every key, defaults included); the built-in
   // keys above are then refused in the file.
   std::map<std::string, OptionValue> model_options;

@@ -181,7 +181,20 @@ class CpuCompute final : public Compute {
   }
   void linear_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                        const float* w, size_t N, size_t C, size_t OC) override {
-    k::linear_backward(dinp, dw, dbias, dout, inp, w, N, C, OC);
+    if (!bf16_) {
+      k::linear_backward(dinp, dw, dbias, dout, inp, w, N, C, OC);
+      return;
+    }
+    // The backward GEMMs read bf16 operands too (dout, and the input or weight each needs);
+    // the bias gradient sums the f32 dout.
+    thread_local std::vector<float> dout16, inp16, w16;
+    round_into(dout16, dout, N * OC);
+    round_into(inp16, inp, N * C);
+    if (dinp) round_into(w16, w, OC * C);
+    k::linear_backward(dinp, dw, static_cast<float*>(nullptr), dout16.data(), inp16.data(),
+                       dinp ? w16.data() : w, N, C, OC);
+    for (size_t n = 0; dbias && n < N; ++n)
+      for (size_t o = 0; o < OC; ++o) dbias[o] += dout[n * OC + o];
   }
   void relu_forward(float* out, const float* inp, size_t n) override {
     k::relu_forward(out, inp, n);

@@ -135,9 +135,10 @@ class Compute {
 // The CPU's Compute (one for the process; stateless).
 Compute& cpu_compute();
 // The CPU's Compute for model.dtype = "bf16", emulating the CUDA device's mixed precision: each
-// linear layer's forward GEMM reads its input and weight rounded to bf16 (to nearest, ties to
-// even) and sums the products in f32; everything else (activations kept, backward, master
-// weights, optimizer moments) is f32 as cpu_compute()'s. Its tensors are host memory.
+// linear layer's GEMMs read their operands rounded to bf16 (to nearest, ties to even: forward
+// input and weight; backward output gradient, weight, input) and sum the products in f32;
+// everything else (activations kept, the bias gradient, master weights, optimizer moments) is
+// f32 as cpu_compute()'s. Its tensors are host memory.
 Compute& cpu_bf16_compute();
 // x rounded to the nearest bf16, as a float (NaN stays NaN).
 float bf16_round(float x);

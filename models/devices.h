@@ -16,7 +16,7 @@
 namespace troupe::models {
 
 // "cpu", "cpu:N" (the CPU's; not owned) or "cuda:N". bf16 (model.dtype = "bf16"): the linear
-// layers' forward GEMMs read bf16 inputs (on the CPU emulated: cpu_bf16_compute()).
+// layers' GEMMs read bf16 operands (on the CPU emulated: cpu_bf16_compute()).
 // Throws std::runtime_error saying why a device cannot be opened: a malformed name, a build
 // without the CUDA module, a module that does not load, no such GPU.
 std::shared_ptr<Compute> open_compute(const std::string& device, bool bf16 = false);

@@ -197,7 +197,25 @@ void CudaCompute::linear_forward(float* out, const float* inp, const float* weig
 void CudaCompute::linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                   const float* inp, const float* weight, size_t N, size_t C,
                                   size_t OC) {
-  gemm_->linear_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+  if (gemm_input_ == GemmInput::f32) {
+    gemm_->linear_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+    return;
+  }
+  // bf16 operands for both GEMMs (dout and the weight or input each reads); the bias gradient
+  // sums the f32 dout.
+  auto dout16 = scratch<uint16_t>(N * OC);
+  to_bf16(dout16.data(), dout, N * OC, stream());
+  if (dinp) {
+    auto w16 = scratch<uint16_t>(OC * C);
+    to_bf16(w16.data(), weight, OC * C, stream());
+    gemm_->linear_backward_bf16(dinp, nullptr, dout16.data(), nullptr, w16.data(), N, C, OC);
+  }
+  if (dweight) {
+    auto in16 = scratch<uint16_t>(N * C);
+    to_bf16(in16.data(), inp, N * C, stream());
+    gemm_->linear_backward_bf16(nullptr, dweight, dout16.data(), in16.data(), nullptr, N, C, OC);
+  }
+  if (dbias) gemm_->linear_backward(nullptr, nullptr, dbias, dout, inp, weight, N, C, OC);
 }
 
 void CudaCompute::relu_forward(float* out, const float* inp, size_t n) {

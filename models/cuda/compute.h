@@ -3,9 +3,9 @@
 // stream-ordered pool (runtime.h). A model moved to it (Model::to) trains on the GPU with the
 // same block code as on the CPU; tests/gpu/ checks that it follows the CPU's losses.
 //
-// Mixed precision (GemmInput::bf16): the linear layers' forward GEMMs read their input and
-// weight rounded to bf16 (converted on the fly into pool scratch) and accumulate and write f32;
-// everything else, the master weights and the optimizer's moments stay f32.
+// Mixed precision (GemmInput::bf16): the linear layers' GEMMs, forward and backward, read their
+// operands rounded to bf16 (converted on the fly into pool scratch) and accumulate and write
+// f32; everything else, the master weights and the optimizer's moments stay f32.
 //
 // Thread-safety: one worker thread. It must outlive every tensor it allocated.
 #pragma once

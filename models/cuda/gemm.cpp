@@ -164,4 +164,19 @@ void Gemm::linear_backward(float* dinp, float* dweight, float* dbias, const floa
   if (dbias) bias_backward(dbias, dout, N, OC, stream_);
 }
 
+void Gemm::linear_backward_bf16(float* dinp, float* dweight, const uint16_t* dout,
+                                const uint16_t* inp, const uint16_t* weight, size_t N, size_t C,
+                                size_t OC) {
+  if (dinp) {  // as linear_backward's, on bf16 operands
+    Shape s{false,   false,  int(C), int(N), int(OC),        int(C),
+            int(OC), int(C), false,  true,   GemmInput::bf16};
+    matmul(s, weight, dout, dinp, nullptr);
+  }
+  if (dweight) {
+    Shape s{false,   true,   int(C), int(OC), int(N),         int(C),
+            int(OC), int(C), false,  true,    GemmInput::bf16};
+    matmul(s, inp, dout, dweight, nullptr);
+  }
+}
+
 }  // namespace troupe::models::cuda

@@ -39,6 +39,10 @@ class Gemm {
   void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, size_t N, size_t C, size_t OC);
 
+  // The two GEMMs of linear_backward with bf16 operands (dout, and inp or weight: null where its
+  // gradient is not wanted); dinp and dweight f32, accumulated.
+  void linear_backward_bf16(float* dinp, float* dweight, const uint16_t* dout, const uint16_t* inp,
+                            const uint16_t* weight, size_t N, size_t C, size_t OC);
   // The column-major core: D(m,n) = op(A)(m,k) op(B)(k,n) + beta * D [+ bias(m) per column].
   struct Shape {
     bool trans_a, trans_b;

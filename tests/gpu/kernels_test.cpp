@@ -223,6 +223,24 @@ TEST(CudaKernels, Bf16LinearIsTheF32ProductOfTheRoundedInputs) {
   k::linear_forward(exact.data(), inp.data(), w.data(), b.data(), N, C, OC);
   expect_close(got, rounded, 1e-5, "bf16 linear vs the CPU on the rounded inputs");
   expect_close(got, exact, 2e-2, "bf16 linear vs the f32 product");
+
+  // The backward GEMMs on bf16 operands: dinp from dout and the weight, dweight from dout and
+  // the input, both accumulated into f32.
+  const Floats dout = random(N * OC, 15), dinp0 = random(N * C, 16), dw0 = random(OC * C, 17);
+  auto d_dout = gpu.up(dout);
+  auto dout16 = gpu.zeros<uint16_t>(N * OC);
+  cuda::to_bf16(dout16.data(), d_dout.data(), N * OC, gpu.stream());
+  const auto dout_bits = gpu.down(dout16);
+  Floats dout_r(N * OC);
+  for (size_t i = 0; i < dout.size(); ++i) dout_r[i] = from_bf16_bits(dout_bits[i]);
+  auto d_dinp = gpu.up(dinp0), d_dw = gpu.up(dw0);
+  gemm.linear_backward_bf16(d_dinp.data(), d_dw.data(), dout16.data(), inp16.data(), w16.data(), N,
+                            C, OC);
+  Floats want_dinp = dinp0, want_dw = dw0;
+  k::linear_backward(want_dinp.data(), want_dw.data(), static_cast<float*>(nullptr), dout_r.data(),
+                     inp_r.data(), w_r.data(), N, C, OC);
+  expect_close(gpu.down(d_dinp), want_dinp, 1e-5, "bf16 dinp vs the CPU on the rounded operands");
+  expect_close(gpu.down(d_dw), want_dw, 1e-5, "bf16 dweight vs the CPU on the rounded operands");
 }
 
 TEST(CudaKernels, LayerNormForwardBackwardAndTheFusedResidual) {

@@ -228,6 +228,33 @@ TEST(CpuBf16, LinearForwardIsTheF32ProductOfTheRoundedInputs) {
   EXPECT_EQ(&cpu_bf16_compute().tensor({3}).storage()->compute(), &cpu_bf16_compute());
 }
 
+// Its backward GEMMs read bf16 operands too: dinp the f32 product of the rounded dout and weight,
+// dweight of the rounded dout and input (both accumulated in f32), dbias the f32 dout's sums.
+TEST(CpuBf16, LinearBackwardIsTheF32ProductOfTheRoundedOperands) {
+  const size_t N = 6, C = 19, OC = 11;
+  std::vector<float> inp(N * C), w(OC * C), dout(N * OC);
+  for (size_t i = 0; i < inp.size(); ++i) inp[i] = std::sin(0.29f * float(i)) * 1.3f;
+  for (size_t i = 0; i < w.size(); ++i) w[i] = std::cos(0.13f * float(i)) * 0.4f;
+  for (size_t i = 0; i < dout.size(); ++i) dout[i] = std::sin(0.71f * float(i) + 1) * 0.05f;
+  auto rounded = [](std::vector<float> v) {
+    for (float& x : v) x = bf16_round(x);
+    return v;
+  };
+  const std::vector<float> rin = rounded(inp), rw = rounded(w), rdout = rounded(dout);
+  std::vector<float> dinp(N * C, 0.5f), dw(OC * C, -0.25f), db(OC, 1.0f);
+  std::vector<float> want_dinp = dinp, want_dw = dw, want_db = db, f32_dinp = dinp, f32_dw = dw;
+  cpu_bf16_compute().linear_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(),
+                                     w.data(), N, C, OC);
+  cpu_compute().linear_backward(want_dinp.data(), want_dw.data(), nullptr, rdout.data(), rin.data(),
+                                rw.data(), N, C, OC);
+  cpu_compute().linear_backward(f32_dinp.data(), f32_dw.data(), want_db.data(), dout.data(),
+                                inp.data(), w.data(), N, C, OC);
+  EXPECT_EQ(dinp, want_dinp);
+  EXPECT_EQ(dw, want_dw);
+  EXPECT_EQ(db, want_db) << "the bias gradient sums the f32 dout";
+  EXPECT_NE(dw, f32_dw) << "the rounding acts";
+}
+
 // A GPT trained in bf16 on the CPU: the smoothed loss curve stays within 2% of f32's (the CUDA
 // device's criterion) and is not f32's (the key acts).
 TEST(CpuBf16, AGptTrainedInBf16StaysWithinTwoPercentOfF32) {
