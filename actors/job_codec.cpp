@@ -120,6 +120,7 @@ ControlMessage encode(const JobSpec& m) {
     s.setTiedHead(m.tied_head);
     s.setDtype(m.dtype);
     s.setBackend(m.backend);
+    s.setReduceDtype(m.reduce_dtype);
     s.setDataKind(m.data_kind);
     s.setDataPath(m.data_path);
     auto mix = s.initDataMix(unsigned(m.data_mix.size()));
@@ -181,6 +182,7 @@ JobSpec decode(proto::JobSpec::Reader s) {
   m.tied_head = s.getTiedHead();
   m.dtype = s.getDtype();
   m.backend = s.getBackend();
+  m.reduce_dtype = s.getReduceDtype();
   m.data_kind = s.getDataKind();
   m.data_path = s.getDataPath();
   for (auto p : s.getDataMix()) m.data_mix.emplace_back(p.cStr());

@@ -51,6 +51,7 @@ struct JobSpec {
   bool tied_head = false;
   std::string dtype;  // model.dtype: f32 | bf16
   std::string backend;  // parallel.backend: auto | ucx | nccl (the data plane: workers/device_plane.h)
+  std::string reduce_dtype;  // parallel.reduce_dtype: f32 | bf16 (the gradients' sums)
   // [data]
   std::string data_kind, data_path;
   std::vector<std::string> data_mix;  // data.mix: token data sets and their weights

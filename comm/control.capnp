@@ -110,7 +110,8 @@ struct JobSpec {
   initState @51 :Bool;            # its workers start from the seed or the checkpoint (else: receive it)
   dtype @52 :Text;                # model.dtype: f32 | bf16 ("" from an older coordinator: f32)
   peakTflops @53 :Float64;        # observability.peak_tflops: a worker's peak for MFU (0: its device's)
-  backend @54 :Text;              # parallel.backend: auto | ucx | nccl ("" from an older coordinator: auto)
+  backend @54 :Text;
+  reduceDtype @55 :Text;          # parallel.reduce_dtype: f32 | bf16 ("" from an older coordinator: f32)              # parallel.backend: auto | ucx | nccl ("" from an older coordinator: auto)
 }
 
 # A value of a program's own config key (models/extension.h).

@@ -107,6 +107,7 @@ std::vector<Field> builtin_fields(JobConfig& c, const ExtensionKinds& kinds) {
       I("optimizer", "warmup_steps", &c.warmup_steps, 0, 1e12),
       I("optimizer", "decay_steps", &c.decay_steps, 0, 1e12),
       S("parallel", "backend", &c.backend, {"auto", "ucx", "nccl"}),
+      S("parallel", "reduce_dtype", &c.reduce_dtype, {"f32", "bf16"}),
       Field{"parallel", "pipeline_stages", Kind::int_or_auto, &c.pipeline_stages, 1, 1024, {}},
       I("parallel", "max_params_per_worker", &c.max_params_per_worker, 0, 1e15),
       I("parallel", "stage_backup_steps", &c.stage_backup_steps, 0, 1e9),
@@ -503,6 +504,8 @@ void check_external(const JobConfig& c, const std::string& source, const Places&
   };
   if (c.pipeline_stages != 1) refuse("parallel.pipeline_stages", "must be 1");
   if (c.deterministic) refuse("parallel.deterministic", "cannot make another loop's sums exact");
+  if (c.reduce_dtype != "f32")
+    refuse("parallel.reduce_dtype", "must be \"f32\" (the loop's buffers are its own)");
   if (c.overlap_reduce) refuse("parallel.overlap_reduce", "acts on Troupe's own workers only");
   if (c.checkpoint_every_steps > 0 || !c.checkpoint_dir.empty())
     refuse(c.checkpoint_dir.empty() ? "checkpoint.every_steps" : "checkpoint.dir",
@@ -579,6 +582,12 @@ void validate(const JobConfig& c, const std::string& source, const Places& at) {
     fail("parallel.deterministic needs batch.global (" + std::to_string(c.global_batch) +
          ") to be a multiple of batch.micro (" + std::to_string(c.micro_batch) +
          "): the global micro-batches are what every layout computes alike");
+  if (c.reduce_dtype == "bf16" && (c.deterministic || c.pipeline_stages != 1))
+    throw ConfigError(place("parallel.reduce_dtype") +
+                      ": parallel.reduce_dtype = \"bf16\" rounds the gradients of a "
+                      "data-parallel step; " +
+                      (c.deterministic ? "parallel.deterministic sums them exactly"
+                                       : "a pipeline's replicas reduce in f32 in this build"));
   if (c.deterministic && c.overlap_reduce)
     fail(
         "parallel.deterministic sums every micro-batch's gradient after the backward pass; "

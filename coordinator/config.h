@@ -76,6 +76,7 @@ struct JobConfig {
   int64_t warmup_steps = 0, decay_steps = 0;
   // [parallel]
   std::string backend = "auto";
+  std::string reduce_dtype = "f32";    // the gradients' sums: f32 | bf16 (half the bytes moved)
   int64_t pipeline_stages = 1;         // 0: "auto" (the planner chooses)
   int64_t max_params_per_worker = 0;   // parameters one worker may hold; 0: no limit
   int64_t stage_backup_steps = 20;     // pipeline stages without a replica: backup interval

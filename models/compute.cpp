@@ -75,6 +75,22 @@ std::unique_ptr<Compute::Fence> Compute::fence() {
   return std::make_unique<Reached>();
 }
 
+void Compute::to_bf16(uint16_t* out, const float* in, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const float r = bf16_round(in[i]);
+    uint32_t u;
+    std::memcpy(&u, &r, sizeof u);
+    out[i] = uint16_t(u >> 16);
+  }
+}
+
+void Compute::from_bf16(float* out, const uint16_t* in, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t u = uint32_t(in[i]) << 16;
+    std::memcpy(&out[i], &u, sizeof u);
+  }
+}
+
 std::unique_ptr<Memory> Compute::allocate_host(size_t bytes) {
   return std::make_unique<HostMemory>(bytes, false);
 }

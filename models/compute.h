@@ -78,6 +78,11 @@ class Compute {
   };
   // By default synchronize(), then a fence already reached.
   virtual std::unique_ptr<Fence> fence();
+  // n floats to bf16 (their bits; to nearest, ties to even) and back, within this device's
+  // memory (parallel.reduce_dtype = "bf16": gradients reduced in bf16). By default in host
+  // memory: a device's Compute overrides them.
+  virtual void to_bf16(uint16_t* out, const float* in, size_t n);
+  virtual void from_bf16(float* out, const uint16_t* in, size_t n);
 
   // A tensor of zeros on this device.
   Tensor tensor(std::vector<size_t> shape);

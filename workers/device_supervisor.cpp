@@ -27,6 +27,7 @@ WorkerSpec worker_spec_of(const actors::JobSpec& s) {
   w.model.tied_head = s.tied_head;
   w.bf16 = s.dtype == "bf16";
   w.backend = s.backend.empty() ? "auto" : s.backend;
+  w.reduce_bf16 = s.reduce_dtype == "bf16";
   w.model_options = s.model_options;
   w.data_options = s.data_options;
   w.data_kind = s.data_kind;

@@ -18,7 +18,7 @@
 #include "models/peak.h"
 #include "models/state.h"
 #include "workers/datasets.h"
-#include "workers/device_plane.h"
+#include "workers/gradient_sum.h"
 #include "workers/host_staging.h"
 #include "workers/pipeline_stage.h"
 #include "workers/reducer.h"
@@ -167,21 +167,10 @@ TrainResult Worker::run_data_parallel(comm::Communicator& comm, uint64_t start,
     written.push_back(b);
   uint64_t at_step = start;             // (for the reductions' trace spans)
   const bool alone = comm.size() == 1;  // (nothing to sum)
-  // Block b's gradient summed over the members: in place over the device plane once the device
-  // has written it (`ready`), else through host memory over comm.
-  auto reduce_block = [&](size_t b, models::Compute::Fence* ready) {
+  GradientSum sums(*model_, spec_.reduce_bf16, std::chrono::milliseconds(spec_.failure_timeout_ms));
+  auto reduce_block = [&](size_t b) {
     const int64_t r0 = StepTrace::now_us();
-    models::Tensor& grads = model_->block(b).grads();
-    const bool on_device = device_plane_ && grads.device() != models::Device::cpu;
-    if (on_device) {
-      if (ready) await_fence(*ready, std::chrono::milliseconds(spec_.failure_timeout_ms));
-      device_plane_->allreduce(grads.data(), grads.data(), grads.numel(), comm::DataType::f32,
-                               comm::ReduceOp::sum);
-    } else {
-      HostStaged g(grads);
-      comm.allreduce(g.data(), g.data(), g.count(), comm::DataType::f32, comm::ReduceOp::sum);
-      g.store();
-    }
+    const bool on_device = sums.reduce(b, comm, device_plane_);
     trace_.span(at_step, on_device ? "allreduce (device plane)" : "allreduce", "comm", r0,
                 spec_.overlap_reduce ? 1 : 0);
   };
@@ -204,19 +193,22 @@ TrainResult Worker::run_data_parallel(comm::Communicator& comm, uint64_t start,
     } else if (spec_.overlap_reduce && !alone) {
       // Block b's reduction starts once its backward is done (on a device: its fence reached)
       // while the backward of the blocks before it goes on.
-      std::vector<std::unique_ptr<models::Compute::Fence>> ready(model_->num_blocks());
-      Reducer reducer([&](size_t b) { reduce_block(b, ready[b].get()); });
+      Reducer reducer(reduce_block);
       stats = trainer_->forward_backward(step, share.begin, share.end, [&](size_t b) {
-        if (device_plane_) ready[b] = device_->fence();
+        sums.prepare(b, device_plane_);
         reducer.push(b);
       });
       busy = seconds_since(t0);  // (the reductions overlapped it; what is left is waiting)
       reducer.finish();
+      sums.finish();
     } else {
       stats = trainer_->forward_backward(step, share.begin, share.end);
       busy = seconds_since(t0);
-      if (device_plane_ && !alone) device_->synchronize();
-      for (size_t b = model_->num_blocks(); b-- > 0 && !alone;) reduce_block(b, nullptr);
+      for (size_t b = model_->num_blocks(); b-- > 0 && !alone;) {
+        sums.prepare(b, device_plane_);
+        reduce_block(b);
+      }
+      sums.finish();
     }
     trace_compute(step, t0_us, stats);
     const int64_t v0 = StepTrace::now_us();

@@ -39,6 +39,7 @@ struct WorkerSpec {
   std::string device = "cpu:0";  // the device it runs on (cpu:N, cuda:N)
   bool bf16 = false;             // model.dtype = "bf16": bf16 GEMM inputs (models/devices.h)
   std::string backend = "auto";  // parallel.backend: the data plane (workers/device_plane.h)
+  bool reduce_bf16 = false;      // parallel.reduce_dtype = "bf16": gradients summed in bf16
   double peak_tflops = 0;        // observability.peak_tflops (0: the device's own, for MFU)
   std::string agent_name;        // for fault injection and logs
   uint32_t device_index = 0;     // among its agent's devices

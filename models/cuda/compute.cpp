@@ -176,6 +176,12 @@ class EventFence final : public Compute::Fence {
 std::unique_ptr<Compute::Fence> CudaCompute::fence() {
   return std::make_unique<EventFence>(stream());
 }
+void CudaCompute::to_bf16(uint16_t* out, const float* in, size_t n) {
+  cuda::to_bf16(out, in, n, stream());
+}
+void CudaCompute::from_bf16(float* out, const uint16_t* in, size_t n) {
+  cuda::from_bf16(out, in, n, stream());
+}
 std::unique_ptr<Memory> CudaCompute::allocate_host(size_t bytes) {
   return std::make_unique<PinnedMemory>(bytes, pinned_, stream());
 }
@@ -189,8 +195,8 @@ void CudaCompute::linear_forward(float* out, const float* inp, const float* weig
     return;
   }
   auto in16 = scratch<uint16_t>(N * C), w16 = scratch<uint16_t>(OC * C);
-  to_bf16(in16.data(), inp, N * C, stream());
-  to_bf16(w16.data(), weight, OC * C, stream());
+  cuda::to_bf16(in16.data(), inp, N * C, stream());
+  cuda::to_bf16(w16.data(), weight, OC * C, stream());
   gemm_->linear_forward_bf16(out, in16.data(), w16.data(), bias, N, C, OC);
 }
 
@@ -204,15 +210,15 @@ void CudaCompute::linear_backward(float* dinp, float* dweight, float* dbias, con
   // bf16 operands for both GEMMs (dout and the weight or input each reads); the bias gradient
   // sums the f32 dout.
   auto dout16 = scratch<uint16_t>(N * OC);
-  to_bf16(dout16.data(), dout, N * OC, stream());
+  cuda::to_bf16(dout16.data(), dout, N * OC, stream());
   if (dinp) {
     auto w16 = scratch<uint16_t>(OC * C);
-    to_bf16(w16.data(), weight, OC * C, stream());
+    cuda::to_bf16(w16.data(), weight, OC * C, stream());
     gemm_->linear_backward_bf16(dinp, nullptr, dout16.data(), nullptr, w16.data(), N, C, OC);
   }
   if (dweight) {
     auto in16 = scratch<uint16_t>(N * C);
-    to_bf16(in16.data(), inp, N * C, stream());
+    cuda::to_bf16(in16.data(), inp, N * C, stream());
     gemm_->linear_backward_bf16(nullptr, dweight, dout16.data(), in16.data(), nullptr, N, C, OC);
   }
   if (dbias) gemm_->linear_backward(nullptr, nullptr, dbias, dout, inp, weight, N, C, OC);

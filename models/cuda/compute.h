@@ -38,8 +38,10 @@ class CudaCompute final : public Compute {
   void from_host(void* dst, const void* host_src, size_t bytes) override;
   void synchronize() override;
   std::unique_ptr<Memory> allocate_host(size_t bytes) override;  // pinned, cached
-  std::string identity() const override;                          // "GPU-<uuid>"
-  std::unique_ptr<Fence> fence() override;                        // an event on the stream
+  std::string identity() const override;                         // "GPU-<uuid>"
+  std::unique_ptr<Fence> fence() override;                       // an event on the stream
+  void to_bf16(uint16_t* out, const float* in, size_t n) override;
+  void from_bf16(float* out, const uint16_t* in, size_t n) override;
 
   void linear_forward(float* out, const float* inp, const float* weight, const float* bias,
                       size_t N, size_t C, size_t OC) override;

@@ -39,6 +39,14 @@ class GuardedCompute final : public models::Compute {
   void to_host(void* host_dst, const void* src, size_t n) override;
   void from_host(void* dst, const void* host_src, size_t n) override;
   void synchronize() override {}
+  void to_bf16(uint16_t* out, const float* in, size_t n) override {
+    ++calls;
+    Compute::to_bf16(at(out), at(in), n);
+  }
+  void from_bf16(float* out, const uint16_t* in, size_t n) override {
+    ++calls;
+    Compute::from_bf16(at(out), at(in), n);
+  }
   // (Plain host memory, counted: what a CUDA device would pin.)
   std::unique_ptr<models::Memory> allocate_host(size_t bytes) override {
     ++host_buffers;

@@ -255,6 +255,27 @@ TEST(CpuBf16, LinearBackwardIsTheF32ProductOfTheRoundedOperands) {
   EXPECT_NE(dw, f32_dw) << "the rounding acts";
 }
 
+// Gradients reduced in bf16 (parallel.reduce_dtype) go through Compute::to_bf16 and back: the
+// bits of bf16_round, on the CPU and on the stand-in device alike.
+TEST(CpuBf16, ToBf16AndBackIsBf16Round) {
+  std::vector<float> x(1001);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.77f * float(i)) * std::exp(float(i % 17));
+  std::vector<uint16_t> bits(x.size());
+  std::vector<float> back(x.size());
+  cpu_compute().to_bf16(bits.data(), x.data(), x.size());
+  cpu_compute().from_bf16(back.data(), bits.data(), x.size());
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(back[i], bf16_round(x[i])) << i;
+  GuardedCompute device;
+  Tensor on = device.tensor({x.size()}), half = device.tensor({(x.size() + 1) / 2}),
+         again = device.tensor({x.size()});
+  device.from_host(on.data(), x.data(), x.size() * sizeof(float));
+  device.to_bf16(reinterpret_cast<uint16_t*>(half.data()), on.data(), x.size());
+  device.from_bf16(again.data(), reinterpret_cast<const uint16_t*>(half.data()), x.size());
+  std::vector<float> got(x.size());
+  device.to_host(got.data(), again.data(), got.size() * sizeof(float));
+  EXPECT_EQ(got, back);
+}
+
 // A GPT trained in bf16 on the CPU: the smoothed loss curve stays within 2% of f32's (the CUDA
 // device's criterion) and is not f32's (the key acts).
 TEST(CpuBf16, AGptTrainedInBf16StaysWithinTwoPercentOfF32) {

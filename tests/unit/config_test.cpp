@@ -89,6 +89,11 @@ TEST(Config, BadFilesAreRefusedWithFileLineAndReason) {
        "[parallel]\nbackend = \"nccl\"\npipeline_stages = 2\n[model]\ntied_head = false\n",
        {},
        "job.toml:3:19: parallel.backend = \"nccl\" serves data-parallel jobs only"},
+      {"bf16 sums with exact sums",
+       "[parallel]\ndeterministic = true\nreduce_dtype = \"bf16\"\n",
+       {},
+       "job.toml:3:16: parallel.reduce_dtype = \"bf16\" rounds the gradients of a data-parallel "
+       "step; parallel.deterministic sums them exactly"},
       {"nccl with exact sums",
        "[parallel]\nbackend = \"nccl\"\ndeterministic = true\n",
        {},
