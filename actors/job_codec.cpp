@@ -314,12 +314,13 @@ ControlMessage encode(const StateReceived& m) {
     r.setNeeded(m.needed);
     r.setBlocks(m.blocks);
     r.setPlan(m.plan);
+    r.setDataPlane(m.data_plane);
   });
 }
 
 StateReceived decode(proto::StateReceived::Reader r) {
-  return {r.getGeneration(), r.getRank(),   r.getSourceRank(), r.getBytes(),
-          r.getSeconds(),    r.getNeeded(), r.getBlocks(),     r.getPlan()};
+  return {r.getGeneration(), r.getRank(),   r.getSourceRank(), r.getBytes(),    r.getSeconds(),
+          r.getNeeded(),     r.getBlocks(), r.getPlan(),       r.getDataPlane()};
 }
 
 ControlMessage encode(const WorkerDone& m) {
@@ -447,6 +448,7 @@ ControlMessage encode(const JobStatus& m) {
     s.setModelTflops(m.model_tflops);
     s.setMfu(m.mfu);
     s.setPeak(m.peak);
+    s.setDataPlane(m.data_plane);
   });
 }
 
@@ -464,7 +466,8 @@ JobStatus decode(proto::JobStatus::Reader r) {
           r.getCheckpointPath(),
           r.getModelTflops(),
           r.getMfu(),
-          r.getPeak()};
+          r.getPeak(),
+          r.getDataPlane()};
 }
 
 ControlMessage encode(const LeaveGeneration& m) {

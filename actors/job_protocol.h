@@ -50,7 +50,8 @@ struct JobSpec {
   int64_t inputs = 0, classes = 0, layers = 0, d_model = 0, heads = 0, context = 0;
   bool tied_head = false;
   std::string dtype;  // model.dtype: f32 | bf16
-  std::string backend;  // parallel.backend: auto | ucx | nccl (the data plane: workers/device_plane.h)
+  std::string
+      backend;  // parallel.backend: auto | ucx | nccl (the data plane: workers/device_plane.h)
   std::string reduce_dtype;  // parallel.reduce_dtype: f32 | bf16 (the gradients' sums)
   // [data]
   std::string data_kind, data_path;
@@ -144,6 +145,7 @@ struct StateReceived {
   bool needed = false;
   uint32_t blocks = 0;
   std::string plan;
+  std::string data_plane;  // rank 0: the generation's data plane and why (workers/device_plane.h)
 };
 
 // worker -> coordinator (one way): its shards of a checkpoint are durable (written, fsynced,
@@ -208,6 +210,7 @@ struct JobStatus {
   double model_tflops = 0;             // the last committed step's model TFLOP/s ...
   double mfu = 0;                      // ... its MFU (NaN: a peak is unknown) ...
   std::string peak;                    // ... and the peak it is a fraction of
+  std::string data_plane;              // the generation's data plane and why
 };
 
 // Coordinator -> agents control (one-way, no payload beyond what is named).

@@ -181,6 +181,7 @@ void print_status(const actors::JobStatus& s, bool json) {
                             .integer("steps", long(s.steps))
                             .num("loss", s.last_loss)
                             .str("plan", s.plan)
+                            .str("data_plane", s.data_plane)
                             .value("members", status_rows(s.members, true))
                             .value("standbys", status_rows(s.standbys, false))
                             .integer("checkpoint_step", long(s.checkpoint_step))
@@ -205,6 +206,7 @@ void print_status(const actors::JobStatus& s, bool json) {
   }
   if (!s.plan.empty())
     std::printf("pipeline: %s (rank = replica x stages + stage)\n", s.plan.c_str());
+  if (!s.data_plane.empty()) std::printf("data plane: %s\n", s.data_plane.c_str());
   std::printf("%7s %5s %-12s %8s %-12s %-7s %5s %8s %10s %8s %9s %9s %-8s\n", "rank", "agent",
               "name", "pid", "host", "device", "stage", "step ms", "compute ms", "data ms",
               "last step", "heard", "state");

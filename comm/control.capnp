@@ -258,6 +258,7 @@ struct JobStatus {
   modelTflops @11 :Float64;         # the last committed step's model TFLOP/s (training FLOPs)
   mfu @12 :Float64;                 # ... as a fraction of the members' peak (NaN: not known)
   peak @13 :Text;                   # what that peak is
+  dataPlane @14 :Text;              # the generation's data plane and why ("" not reported)
 }
 
 struct CheckpointRequest {
@@ -283,6 +284,7 @@ struct StateReceived {
   needed @5 :Bool;          # false when this rank already had the source's step (a no-op copy)
   blocks @6 :UInt32;        # model blocks received
   plan @7 :Text;            # the layout it trains with in this generation, e.g. "dp 2 x pp 2, stages [0,3)[3,6)"
+  dataPlane @8 :Text;       # rank 0: the data plane the members chose, and why ("" none formed)
 }
 
 struct Heartbeat {

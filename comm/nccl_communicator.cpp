@@ -198,6 +198,9 @@ class NcclCommunicator : public Communicator {
   void run(const char* what, const CollectiveOptions& o, Enqueue enqueue) {
     if (broken_) throw *broken_;
     if (aborted_->load()) fail(Errc::aborted, std::string(what) + ": the communicator was aborted");
+    // (The calling thread may be another than the one that made it: a reducer's.)
+    if (cudaError_t e = cudaSetDevice(opt_.device); e != cudaSuccess)
+      fail(Errc::io, std::string(what) + ": cudaSetDevice: " + cudaGetErrorString(e));
     const auto start = Clock::now();
     auto deadline = start + (o.timeout.count() > 0 ? o.timeout : opt_.timeout);
     ncclResult_t r = enqueue();

@@ -510,7 +510,8 @@ class Coordinator : public caf::event_based_actor {
                   std::to_string(g.start_step));
     const bool resumed = job_.resuming();
     gens_.start(std::move(*next));
-    plan_.clear();  // rank 0 reports the new layout
+    plan_.clear();  // rank 0 reports the new layout and data plane
+    data_plane_.clear();
     job_.generation_started();
     if (gens_.current() == 1) t_start_ = Clock::now();
     if (resumed) log_resumed(g.start_step);
@@ -663,6 +664,13 @@ class Coordinator : public caf::event_based_actor {
                                       .integer("world_size", long(gens_.members().size()))
                                       .str("plan", t.plan));
     }
+    if (!t.data_plane.empty() && t.rank == 0) {
+      data_plane_ = t.data_plane;
+      log_.event("data_plane", Json()
+                                   .integer("generation", long(t.generation))
+                                   .integer("world_size", long(gens_.members().size()))
+                                   .str("plane", t.data_plane));
+    }
     if (t.needed)
       log_.event("state_received", Json()
                                        .integer("generation", long(t.generation))
@@ -752,6 +760,7 @@ class Coordinator : public caf::event_based_actor {
 
   actors::JobStatus status() const {
     auto s = job_status(cfg_, job_, roster_, gens_, steps_, plan_);
+    s.data_plane = data_plane_;
     fill_heard(s.members);
     fill_heard(s.standbys);
     if (checkpoints_ && checkpoints_->newest()) {
@@ -995,6 +1004,7 @@ class Coordinator : public caf::event_based_actor {
   int64_t reforms_ = 0;             // generations broken in a row without a committed step
   int64_t interrupts_ = 0;          // SIGINT/SIGTERM to the process
   std::string plan_;                // the generation's pipeline layout, as its rank 0 reported it
+  std::string data_plane_;          // the generation's data plane, as its rank 0 reported it
   std::optional<Checkpoints> checkpoints_;  // with a checkpoint directory (troupe run resolves one)
   std::shared_ptr<JobMetrics> metrics_;     // with observability.metrics_listen
   std::unordered_map<uint64_t, Clock::time_point> heard_at_;  // by node, from the bridge

@@ -185,9 +185,11 @@ void DeviceSupervisor::take_state(const actors::GenerationStart& g) {
   std::string plan;
   if (spec_.pipeline_stages != 1)
     plan = Worker::describe(worker_->plan_for(uint32_t(g.members.size())));
-  if (t.needed || (rank_ == 0 && !plan.empty()))
-    ctx_.send(actors::encode(actors::StateReceived{g.generation, uint32_t(rank_), g.state_source,
-                                                   t.bytes, t.seconds, t.needed, t.blocks, plan}));
+  const std::string data_plane = plane_ && rank_ == 0 ? plane_->choice().why : "";
+  if (t.needed || (rank_ == 0 && (!plan.empty() || !data_plane.empty())))
+    ctx_.send(
+        actors::encode(actors::StateReceived{g.generation, uint32_t(rank_), g.state_source, t.bytes,
+                                             t.seconds, t.needed, t.blocks, plan, data_plane}));
 }
 
 DeviceSupervisor::Next DeviceSupervisor::train(const actors::GenerationStart& g) {

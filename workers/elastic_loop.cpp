@@ -176,8 +176,8 @@ void ElasticLoop::Impl::take_state(const actors::GenerationStart& g) {
       state_.load(bytes);
       has_state_ = received_ = true;
       const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-      session_.send(actors::encode(
-          actors::StateReceived{g.generation, rank_, g.state_source, size, seconds, true, 1, ""}));
+      session_.send(actors::encode(actors::StateReceived{g.generation, rank_, g.state_source, size,
+                                                         seconds, true, 1, "", ""}));
     }
   }
 }

@@ -473,6 +473,10 @@ TEST(Job, StatusAndStopAgainstARunningJob) {
   EXPECT_EQ(testing::json_field(json, "generation"), "1") << json;
   EXPECT_NE(json.find("\"rank\":1"), std::string::npos) << json;
   EXPECT_NE(json.find("\"pid\":"), std::string::npos) << json;
+  // The data plane the members chose, and why.
+  EXPECT_EQ(testing::json_field(json, "data_plane"),
+            "host-staged over UCX: rank 0 computes on the CPU")
+      << json;
   // MFU, naming its peak: 2 workers of 1 thread on this CPU (its clock from /proc/cpuinfo).
   EXPECT_EQ(testing::json_field(json, "peak").rfind("2 x cpu", 0), 0u) << json;
   EXPECT_GT(std::stod(testing::json_field(json, "model_tflops_per_s")), 0) << json;

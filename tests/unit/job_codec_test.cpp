@@ -126,9 +126,10 @@ TEST(JobCodec, ReportsAndAnswersRoundTrip) {
   EXPECT_EQ(t.tokens, 256u);
   EXPECT_EQ(t.busy_seconds, 0.4);
 
-  StateReceived a{3, 1, 0, 4096, 0.01, true, 2, "dp 1 x pp 2"};
+  StateReceived a{3, 1, 0, 4096, 0.01, true, 2, "dp 1 x pp 2", "NCCL: every member on a GPU"};
   StateReceived b = decode(body(encode(a)).getStateReceived());
   EXPECT_EQ(b.plan, a.plan);
+  EXPECT_EQ(b.data_plane, a.data_plane);
   EXPECT_EQ(b.bytes, 4096u);
   EXPECT_TRUE(b.needed);
 
@@ -170,11 +171,13 @@ TEST(JobCodec, ReportsAndAnswersRoundTrip) {
                "/r/checkpoints/step-40/manifest.json",
                1.5,
                0.25,
-               "2 x cpu"};
+               "2 x cpu",
+               "host-staged over UCX: rank 0 computes on the CPU"};
   JobStatus su = decode(body(encode(st)).getStatus());
   EXPECT_EQ(su.model_tflops, 1.5);
   EXPECT_EQ(su.mfu, 0.25);
   EXPECT_EQ(su.peak, "2 x cpu");
+  EXPECT_EQ(su.data_plane, st.data_plane);
   EXPECT_EQ(su.state, "running");
   ASSERT_EQ(su.members.size(), 1u);
   EXPECT_EQ(su.members[0].pid, 99u);
