@@ -1,7 +1,6 @@
 #include "elastic/data_plane.h"
 
 #include <map>
-#include <utility>
 
 namespace troupe::elastic {
 namespace {
@@ -9,11 +8,11 @@ namespace {
 // Why the device plane cannot serve these members; empty when it can.
 std::string why_not_device(const std::vector<MemberDevice>& members) {
   if (members.empty()) return "no members";
-  std::map<std::pair<std::string, std::string>, size_t> first_on;  // (host, device) -> rank
+  std::map<std::string, size_t> first_on;  // device -> rank
   for (size_t r = 0; r < members.size(); ++r) {
     const MemberDevice& m = members[r];
     if (!m.gpu()) return "rank " + std::to_string(r) + " computes on the CPU";
-    auto [at, fresh] = first_on.emplace(std::make_pair(m.host, m.device), r);
+    auto [at, fresh] = first_on.emplace(m.device, r);
     if (!fresh)
       return "ranks " + std::to_string(at->second) + " and " + std::to_string(r) +
              " share one GPU (" + m.device + "; NCCL needs a GPU per rank)";

@@ -13,10 +13,10 @@
 
 namespace troupe::elastic {
 
-// What a member computes on, as every member sees it.
+// What a member computes on, as every member sees it: the device's identity, unique across
+// hosts ("GPU-<uuid>": two containers of one host that see the same GPU share it); empty: the CPU.
 struct MemberDevice {
-  std::string host;    // comm::host_identity()
-  std::string device;  // the device's identity ("GPU-<uuid>"); empty: the CPU
+  std::string device;
   bool gpu() const { return !device.empty(); }
 };
 

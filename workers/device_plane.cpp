@@ -5,7 +5,6 @@
 #include <cstring>
 #include <vector>
 
-#include "comm/host_identity.h"
 #include "comm/nccl_communicator.h"
 #include "workers/faults.h"
 
@@ -14,9 +13,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// A member's (host, device) on the wire: fixed-size text fields (allgather needs equal sizes).
+// A member's device identity on the wire: a fixed-size text field (allgather needs equal sizes).
 struct DeviceRecord {
-  char host[384];
   char device[128];
 };
 static_assert(sizeof(DeviceRecord) % sizeof(int64_t) == 0);
@@ -34,13 +32,11 @@ std::string get(const char* field, size_t size) { return std::string(field, strn
 std::vector<elastic::MemberDevice> gather_devices(comm::Communicator& host,
                                                   const std::string& device) {
   DeviceRecord mine;
-  put(mine.host, sizeof mine.host, comm::host_identity(), "the host identity");
   put(mine.device, sizeof mine.device, device, "the device identity");
   std::vector<DeviceRecord> all(size_t(host.size()));
   host.allgather(&mine, all.data(), sizeof(DeviceRecord) / sizeof(int64_t), comm::DataType::i64);
   std::vector<elastic::MemberDevice> members;
-  for (const DeviceRecord& r : all)
-    members.push_back({get(r.host, sizeof r.host), get(r.device, sizeof r.device)});
+  for (const DeviceRecord& r : all) members.push_back({get(r.device, sizeof r.device)});
   return members;
 }
 

@@ -4,9 +4,9 @@
 // generation's host communicator (UCX, shared memory).
 //
 // Formed collectively over the host communicator right after it connects: every member's
-// (host, device) is allgathered, every member decides alike, and rank 0's NCCL unique id is
-// broadcast. NCCL's init is non-blocking and has the generation's deadline; every operation is
-// polled against its deadline and against `abandoned` (the coordinator is ending the
+// device identity (a GPU's UUID) is allgathered, every member decides alike, and rank 0's NCCL
+// unique id is broadcast. NCCL's init is non-blocking and has the generation's deadline; every
+// operation is polled against its deadline and against `abandoned` (the coordinator is ending the
 // generation: a member is gone, and NCCL between GPUs may never notice), and any failure ends
 // in ncclCommAbort (comm/nccl_communicator.h). The plane goes with its generation.
 //

@@ -7,11 +7,10 @@
 namespace troupe::elastic {
 namespace {
 
-const MemberDevice kGpuA{"hostA", "GPU-aaaa"}, kGpuB{"hostA", "GPU-bbbb"};
-const MemberDevice kOtherHostGpuA{"hostB", "GPU-aaaa"}, kCpu{"hostA", ""};
+const MemberDevice kGpuA{"GPU-aaaa"}, kGpuB{"GPU-bbbb"}, kGpuC{"GPU-cccc"}, kCpu{""};
 
 TEST(DataPlane, AutoPicksTheDevicePlaneWhenEveryMemberHasItsOwnGpu) {
-  PlaneChoice c = choose_data_plane("auto", {kGpuA, kGpuB, kOtherHostGpuA});
+  PlaneChoice c = choose_data_plane("auto", {kGpuA, kGpuB, kGpuC});
   EXPECT_EQ(c.plane, DataPlane::device);
   EXPECT_FALSE(c.refused);
   EXPECT_NE(c.why.find("every member on a GPU of its own"), std::string::npos) << c.why;
