@@ -4,7 +4,9 @@
 # device (on one GPU both share it: host-staged), one SIGKILLed mid-run, a new agent joining by
 # hand. Passes when the job finishes, the ledger has every sample of every committed step exactly
 # once, and the per-step losses and final checksums are bitwise those of a static 1-worker run on
-# the same device. Prints one table row per run. Cleans up every process it started.
+# the same device. Also: two workers on one device with parallel.backend "auto" go host-staged
+# (the data_plane event says why) and with "nccl" are refused (exit 2). Prints one table row per
+# run. Cleans up every process it started.
 # Usage: scripts/gpu-elastic.sh TROUPE_BINARY cuda|cpu [STEPS]
 set -uo pipefail
 troupe=$1
@@ -91,6 +93,15 @@ elastic_rc=$?
   --set 'parallel.backend="nccl"' --set "job.run_dir=\"$work/nccl\"" > "$work/nccl.out" 2>&1
 nccl_rc=$?
 nccl_out=$(head -n 1 "$work/nccl.out")
+# "auto": two workers on one device go host-staged, and the run's data_plane event says why (on
+# a GPU: its UUID, from Compute::identity).
+"$troupe" run "$work/job.toml" --set cluster.agents=2 --set parallel.deterministic=false \
+  --set job.steps=5 --set "job.run_dir=\"$work/auto\"" > "$work/auto.out" 2>&1
+auto_rc=$?
+plane=$(grep -o '"event":"data_plane".*' "$work/auto/events.jsonl" 2>/dev/null | head -n 1)
+want=$([[ $device == cuda ]] && echo "share one GPU (GPU-" || echo "computes on the CPU")
+auto_ok=$([[ $auto_rc == 0 && $plane == *"$want"* ]] && echo 1 || echo 0)
+echo "| parallel.backend = \"auto\", 2 workers on one $device device | $([[ $auto_ok == 1 ]] && echo PASS || echo FAIL): exit $auto_rc | ${plane//|/\\|} |"
 echo "| parallel.backend = \"nccl\", 2 workers on one $device device | $([[ $nccl_rc == 2 ]] && echo PASS || echo FAIL): exit $nccl_rc | ${nccl_out//|/\\|} |"
 python3 - "$work" "$steps" "$static_rc" "$elastic_rc" "$killed_at" "$static_s" "$device" "$killed_ts" <<'PY'
 import json, sys
@@ -165,5 +176,6 @@ print("| elastic GPT on %s: 2 workers, SIGKILL at step %s, a joiner | %s | stati
 sys.exit(1 if problems else 0)
 PY
 rc=$?
+[[ $auto_ok == 1 && $nccl_rc == 2 ]] || rc=1
 if [[ $rc -eq 0 ]]; then rm -rf "$work"; else echo "gpu-elastic: kept $work; the static run said:"; tail -n 3 "$work/static.out"; fi
 exit $rc
