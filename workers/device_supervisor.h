@@ -26,8 +26,8 @@
 #include "actors/job_protocol.h"
 #include "actors/restart_intensity.h"
 #include "comm/ucx_communicator.h"
-#include "workers/generation_board.h"
 #include "workers/device_plane.h"
+#include "workers/generation_board.h"
 #include "workers/worker.h"
 
 namespace troupe::workers {
@@ -70,8 +70,8 @@ class DeviceSupervisor {
   std::unique_ptr<Worker> worker_;
   std::unique_ptr<comm::UcxCommunicator> comm_;
   std::unique_ptr<DevicePlane> plane_;  // this generation's (it goes before comm_)
-  uint64_t want_;           // the generation it publishes for next
-  uint64_t rejoins_ = 0;    // the agent's rejoins when it last published
+  uint64_t want_;                       // the generation it publishes for next
+  uint64_t rejoins_ = 0;                // the agent's rejoins when it last published
   std::string last_error_;  // why the previous generation ended for it, if the data plane broke
   int rank_ = -1;
   uint64_t generation_ = 0;

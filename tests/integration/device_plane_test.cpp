@@ -150,8 +150,7 @@ TEST(DevicePlane, AfterAKillAndAJoinTheNextGenerationFormsItsOwnPlane) {
   // (80 steps of 80 ms: the lone survivor must not finish before the joiner, which takes
   // seconds to start under a sanitizer.)
   constexpr int steps = 80;
-  const std::vector<std::string> sgd{"optimizer.kind=\"sgd\"", "optimizer.lr=0.1",
-                                     "job.steps=80"};
+  const std::vector<std::string> sgd{"optimizer.kind=\"sgd\"", "optimizer.lr=0.1", "job.steps=80"};
   Reference want = run_static(dir, "static", sgd, {});
   std::vector<std::string> sets = sgd;
   sets.insert(sets.end(), {"elastic.failure_timeout_ms=4000", "elastic.max_restarts=0"});
