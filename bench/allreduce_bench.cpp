@@ -88,15 +88,36 @@ double memcpy_gbps() {
 
 namespace {
 
+// A buffer of the caller's (plain host memory) or registered with the communicator (in its
+// shared arena: comm/shared_arena.h), zeroed.
+class BenchBuffer {
+ public:
+  BenchBuffer(size_t bytes, comm::SharedArena* arena) : arena_(arena), plain_(arena ? 0 : bytes) {
+    data_ = arena ? static_cast<uint8_t*>(arena->allocate(bytes)) : plain_.data();
+    if (arena && !data_) throw std::runtime_error("the registered arena is full");
+    if (!data_) return;
+    std::memset(data_, 0, bytes);
+  }
+  ~BenchBuffer() {
+    if (arena_) arena_->release(data_);
+  }
+  uint8_t* data() { return data_; }
+
+ private:
+  comm::SharedArena* arena_;
+  comm::Buffer plain_;
+  uint8_t* data_;
+};
+
 // Times each size's allreduce (3 trials of about min_seconds; the median); rank 0 prints JSON.
 void time_sizes(comm::Communicator& comm, const std::vector<size_t>& sizes, double min_seconds,
-                const comm::CollectiveOptions& timed, comm::DataType type) {
+                const comm::CollectiveOptions& timed, comm::DataType type,
+                comm::SharedArena* arena) {
   const size_t es = comm::element_size(type);
   const int world = comm.size();
   for (size_t bytes : sizes) {
     size_t count = std::max<size_t>(1, bytes / es);
-    comm::Buffer buf(count * es);
-    std::memset(buf.data(), 0, count * es);
+    BenchBuffer buf(count * es, arena);
     auto* f = buf.data();
     comm.allreduce(f, f, count, type, comm::ReduceOp::sum, timed);  // warm-up
     // Iterations so that one trial takes about min_seconds (agreed: rank 0's estimate).
@@ -121,31 +142,34 @@ void time_sizes(comm::Communicator& comm, const std::vector<size_t>& sizes, doub
     if (comm.rank() == 0) {
       double busbw = 2.0 * (world - 1) / world * double(count * es) / t / 1e9;
       std::printf(
-          "{\"bench\":\"allreduce\",\"impl\":\"troupe_ucx\",\"workers\":%d,\"bytes\":%zu,"
+          "{\"bench\":\"allreduce\",\"impl\":\"%s\",\"workers\":%d,\"bytes\":%zu,"
           "\"size\":\"%s\",\"dtype\":\"%s\",\"time_us\":%.2f,\"busbw_gbps\":%.3f,\"iters\":%d}\n",
-          world, count * es, human(count * es).c_str(), comm::dtype_name(type), t * 1e6, busbw,
-          iters);
+          arena ? "troupe_ucx_registered" : "troupe_ucx", world, count * es,
+          human(count * es).c_str(), comm::dtype_name(type), t * 1e6, busbw, iters);
       std::fflush(stdout);
     }
   }
   comm.barrier();
 }
 
-// Multi-process correctness: closed-form results for every count and algorithm; 0 or 4.
-int check_every_count(comm::UcxCommunicator& comm) {
+// Multi-process correctness: closed-form results for every count and algorithm (with an arena:
+// its in-place calls in registered buffers); 0 or 4.
+int check_every_count(comm::UcxCommunicator& comm, comm::SharedArena* arena) {
   const int world = comm.size(), rank = comm.rank();
   const size_t counts[] = {0, 1, 7, 1023, 65537, 3 * (size_t(1) << 20) + 5};
   for (size_t count : counts) {
     for (auto algo : {comm::Algorithm::ring, comm::Algorithm::recursive_doubling,
                       comm::Algorithm::shared_memory}) {
       for (bool in_place : {true, false}) {
-        std::vector<float> in(count), out(count, -1);
+        BenchBuffer in_buf(count * sizeof(float), in_place ? arena : nullptr);
+        auto* in = reinterpret_cast<float*>(in_buf.data());
+        std::vector<float> out(count, -1);
         for (size_t i = 0; i < count; ++i) in[i] = float((rank + 1) * (i % 5 + 1));
         comm::CollectiveOptions o;
         o.algorithm = algo;
-        comm.allreduce(in.data(), in_place ? in.data() : out.data(), count, comm::DataType::f32,
+        comm.allreduce(in, in_place ? in : out.data(), count, comm::DataType::f32,
                        comm::ReduceOp::sum, o);
-        const float* got = in_place ? in.data() : out.data();
+        const float* got = in_place ? in : out.data();
         for (size_t i = 0; i < count; ++i) {
           if (got[i] != float((i % 5 + 1) * world * (world + 1) / 2)) {
             std::printf("check failed: count %zu element %zu got %f\n", count, i, got[i]);
@@ -158,26 +182,26 @@ int check_every_count(comm::UcxCommunicator& comm) {
   // Leave only when everyone is done: a rank that exits while another still waits for the
   // acknowledgement of its last send would fail that rank with peer_lost.
   comm.barrier();
-  std::printf("check ok rank %d shared-memory %d %s\n", rank, int(comm.shared_memory_allreduce()),
+  std::printf("check ok rank %d shared-memory %d registered %llu %s\n", rank,
+              int(comm.shared_memory_allreduce()), (unsigned long long)comm.registered_allreduces(),
               comm.shared_memory_fallback_reason().c_str());
   return 0;
 }
 
 // One call of the failure tests' operation on `count` floats (allgather: count per rank;
 // sendrecv: to the next rank, from the previous one).
-void call_once(comm::Communicator& comm, const std::string& op, std::vector<float>& in,
+void call_once(comm::Communicator& comm, const std::string& op, float* in, size_t count,
                std::vector<float>& out, const comm::CollectiveOptions& timed) {
-  const size_t count = in.size();
   const int n = comm.size(), r = comm.rank();
   if (op == "allreduce")
-    comm.allreduce(in.data(), in.data(), count, comm::DataType::f32, comm::ReduceOp::sum, timed);
+    comm.allreduce(in, in, count, comm::DataType::f32, comm::ReduceOp::sum, timed);
   else if (op == "broadcast")
-    comm.broadcast(in.data(), count, comm::DataType::f32, 0, timed);
+    comm.broadcast(in, count, comm::DataType::f32, 0, timed);
   else if (op == "allgather")
-    comm.allgather(in.data(), out.data(), count, comm::DataType::f32, timed);
+    comm.allgather(in, out.data(), count, comm::DataType::f32, timed);
   else  // sendrecv
-    comm.sendrecv(in.data(), count * 4, (r + 1) % n, out.data(), count * 4, (r + n - 1) % n,
-                  comm::Tag(7), timed);
+    comm.sendrecv(in, count * 4, (r + 1) % n, out.data(), count * 4, (r + n - 1) % n, comm::Tag(7),
+                  timed);
 }
 
 // The survivors' old ranks, in new-rank order, once the test writes DIR/gen2.members (60 s).
@@ -220,23 +244,27 @@ int rebuild_and_check(const std::string& dir, int rank, const comm::UcxCommOptio
 }
 
 // Failure tests: `op` until something fails (printing "iter N", then "error CODE at MS: why");
-// then rebuild with the survivors the test names and check one allreduce.
+// then rebuild with the survivors the test names and check one allreduce. (arena: `op`'s buffer
+// is registered.)
 int fail_then_rebuild(std::unique_ptr<comm::UcxCommunicator> comm, const std::string& dir,
                       const std::string& op, size_t count, const comm::UcxCommOptions& opt,
-                      const comm::CollectiveOptions& timed) {
+                      const comm::CollectiveOptions& timed, comm::SharedArena* arena) {
   const int rank = comm->rank();
-  std::vector<float> in(count), out(op == "allgather" ? count * comm->size() : count);
+  BenchBuffer in_buf(count * sizeof(float), arena);
+  auto* in = reinterpret_cast<float*>(in_buf.data());
+  std::vector<float> out(op == "allgather" ? count * comm->size() : count);
   for (int iter = 1;; ++iter) {
     for (size_t i = 0; i < count; i += 4096) in[i] = 1.0f;
     try {
-      call_once(*comm, op, in, out, timed);
+      call_once(*comm, op, in, count, out, timed);
     } catch (const comm::Error& e) {
       std::printf("error %s at %llu: %s\n", comm::errc_name(e.code()),
                   (unsigned long long)unix_ms(), e.what());
       std::fflush(stdout);
       break;
     }
-    std::printf("iter %d\n", iter);
+    std::printf("iter %d registered %llu\n", iter,
+                (unsigned long long)comm->registered_allreduces());
     std::fflush(stdout);
   }
   comm.reset();  // the broken generation goes away
@@ -249,7 +277,7 @@ int run_allreduce_worker(const std::vector<std::string>& words) {
   CLI::App app{"One rank of `troupe bench allreduce` (started by it; also the tests' peer).",
                "troupe bench allreduce-worker"};
   std::string dir, sizes = "4K,1M,64M", mode = "bench", algorithm = "auto", op = "allreduce";
-  std::string dtype = "f32";
+  std::string dtype = "f32", buffers = "user";
   int rank = -1, world = 0;
   int64_t timeout_ms = 30000;
   size_t count = 16 << 20;
@@ -272,18 +300,30 @@ int run_allreduce_worker(const std::vector<std::string>& words) {
   app.add_option("--algorithm", algorithm, "auto, ring, rd or shm");
   app.add_option("--dtype", dtype, "f32, or i64 (parallel.deterministic's sums)")
       ->check(CLI::IsMember({"f32", "i64"}));
+  app.add_option("--buffers", buffers, "user, or registered (in the communicator's arena)")
+      ->check(CLI::IsMember({"user", "registered"}));
   if (auto rc = cli::parse(app, words)) return *rc;
   if (rank < 0 || rank >= world) throw std::invalid_argument("--rank must be in [0, --world)");
   opt.timeout = std::chrono::milliseconds(timeout_ms);
+  std::shared_ptr<comm::SharedArena> arena;
+  if (buffers == "registered") {
+    size_t most = std::max<size_t>(16u << 20, count * sizeof(float));  // (check, loop modes)
+    for (size_t b : parse_sizes(sizes)) most = std::max(most, b + 64);
+    std::string why;
+    arena = comm::SharedArena::create(most, &why);
+    if (!arena) throw std::runtime_error("registered buffers: " + why);
+    opt.registered = arena;
+  }
   comm::CollectiveOptions timed;  // the timed (or looped) calls
   timed.algorithm = parse_algorithm(algorithm);
   auto comm = std::make_unique<comm::UcxCommunicator>(1, opt);
   auto addrs = file_rendezvous(dir, "gen1", rank, world, comm->address(), std::chrono::seconds(30));
   comm->connect(rank, addrs, std::chrono::seconds(30));
-  if (mode == "check") return check_every_count(*comm);
-  if (mode == "loop") return fail_then_rebuild(std::move(comm), dir, op, count, opt, timed);
+  if (mode == "check") return check_every_count(*comm, arena.get());
+  if (mode == "loop")
+    return fail_then_rebuild(std::move(comm), dir, op, count, opt, timed, arena.get());
   time_sizes(*comm, parse_sizes(sizes), min_seconds, timed,
-             dtype == "i64" ? comm::DataType::i64 : comm::DataType::f32);
+             dtype == "i64" ? comm::DataType::i64 : comm::DataType::f32, arena.get());
   return 0;
 }
 
@@ -292,7 +332,8 @@ int run_allreduce_bench(const std::vector<std::string>& words) {
       "Allreduce between processes (ucx) or GPUs (nccl): time and bus bandwidth per "
       "size.",
       "troupe bench allreduce"};
-  std::string sizes = "4K,64K,1M,16M,64M,256M", backend = "ucx", algorithm = "auto", dtype = "f32";
+  std::string sizes = "4K,64K,1M,16M,64M,256M", backend = "ucx", algorithm = "auto", dtype = "f32",
+              buffers = "user";
   std::string min_seconds = "0.3";
   comm::UcxCommOptions defaults;
   std::string segment = std::to_string(defaults.segment_bytes),
@@ -311,6 +352,10 @@ int run_allreduce_bench(const std::vector<std::string>& words) {
   app.add_option("--segment-bytes", segment, "ring chunk size");
   app.add_option("--window", window, "ring chunks in flight");
   app.add_option("--shm-slice-bytes", slice, "shared-memory slice size");
+  app.add_option("--buffers", buffers,
+                 "user (the caller's memory), or registered (in the communicator's arena: read "
+                 "in place by the others, as a training job's gradients)")
+      ->check(CLI::IsMember({"user", "registered"}));
   app.add_flag("--json", json, "JSON lines");
   if (auto rc = cli::parse(app, words)) return *rc;
   parse_algorithm(algorithm);  // refused here, before any process starts
@@ -356,7 +401,9 @@ int run_allreduce_bench(const std::vector<std::string>& words) {
                                               "--algorithm",
                                               algorithm,
                                               "--dtype",
-                                              dtype},
+                                              dtype,
+                                              "--buffers",
+                                              buffers},
                                              "",
                                              "",
                                              {}}));

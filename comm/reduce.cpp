@@ -1,5 +1,7 @@
 #include "comm/reduce.h"
 
+#include <immintrin.h>
+
 #include <cstdint>
 #include <cstring>
 
@@ -148,6 +150,31 @@ void scale_down(void* buf, size_t n, DataType t, int divisor) {
       break;
     }
   }
+}
+
+bool reduce_sum_streaming(void* out, const void* const* parts, int nparts, size_t count, DataType t,
+                          int divisor) {
+  if (t != DataType::f32 || nparts < 1) return false;
+  auto* o = static_cast<float*>(out);
+  auto part = [&](int q) { return static_cast<const float*>(parts[q]); };
+  const float d = float(divisor);
+  auto one = [&](size_t i) {
+    float acc = part(0)[i];
+    for (int q = 1; q < nparts; ++q) acc += part(q)[i];
+    o[i] = divisor == 1 ? acc : acc / d;
+  };
+  size_t i = 0;
+  for (; i < count && (reinterpret_cast<uintptr_t>(o + i) & 31); ++i) one(i);
+  const __m256 dv = _mm256_set1_ps(d);
+  for (; i + 8 <= count; i += 8) {
+    __m256 acc = _mm256_loadu_ps(part(0) + i);
+    for (int q = 1; q < nparts; ++q) acc = _mm256_add_ps(acc, _mm256_loadu_ps(part(q) + i));
+    if (divisor != 1) acc = _mm256_div_ps(acc, dv);
+    _mm256_stream_ps(o + i, acc);
+  }
+  for (; i < count; ++i) one(i);
+  _mm_sfence();  // (the stores are weakly ordered: before whatever publishes them)
+  return true;
 }
 
 }  // namespace troupe::comm

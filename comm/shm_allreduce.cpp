@@ -17,6 +17,7 @@ namespace troupe::comm {
 namespace {
 
 constexpr size_t kLine = 64;
+constexpr int kMaxRanks = 64;  // (UcxCommunicator uses shared memory for at most 64)
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -24,12 +25,40 @@ inline void cpu_relax() {
 #endif
 }
 
+// Chunk k of a call: elements [at, at + c); slice q of it: [at + off(q), + len(q)).
+struct Geometry {
+  size_t at, base, rem;
+  Geometry(uint64_t k, size_t chunk_elems, size_t count, int n) : at(k * chunk_elems) {
+    const size_t c = std::min(chunk_elems, count - at);
+    base = c / size_t(n);
+    rem = c % size_t(n);
+  }
+  size_t len(int q) const { return base + (size_t(q) < rem ? 1 : 0); }
+  size_t off(int q) const { return size_t(q) * base + std::min(size_t(q), rem); }
+};
+
+// The code a rank gives a call up with: an Error's (or the one another rank gave it up with),
+// peer_lost for anything else.
+Errc why_given_up(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& error) {
+    return error.code();
+  } catch (const ShmAllreduce::Abandoned& abandoned) {
+    return abandoned.code;
+  } catch (...) {
+    return Errc::peer_lost;
+  }
+}
+
 }  // namespace
 
-// What a call looks like; every rank publishes its own, and the others compare.
+// What a call looks like; every rank publishes its own, and the others compare (all but where
+// its buffer is: `registered`, its offset in the rank's arena, or -1).
 struct Call {
   uint64_t number, first_step, count;
   uint32_t dtype, average;
+  int64_t registered;
   bool operator==(const Call& o) const {
     return number == o.number && first_step == o.first_step && count == o.count &&
            dtype == o.dtype && average == o.average;
@@ -43,6 +72,11 @@ struct ShmAllreduce::Header {
   int64_t rank, ranks, slice_bytes, bytes;
   alignas(kLine) std::atomic<uint64_t> staged{0};
   alignas(kLine) std::atomic<uint64_t> reduced{0};
+  // Calls (number + 1): published; registered calls also gathered and given up.
+  alignas(kLine) std::atomic<uint64_t> announced{0};
+  alignas(kLine) std::atomic<uint64_t> gathered{0};
+  alignas(kLine) std::atomic<uint64_t> abandoned{0};
+  std::atomic<uint32_t> abandoned_code{0};  // the Errc it gave up with (written first)
   alignas(kLine) Call call{};
   alignas(kLine) uint8_t small[ShmAllreduce::kSmallBytes];  // a small call's whole input
 };
@@ -86,6 +120,8 @@ ShmAllreduce::ShmAllreduce(int rank, int n, size_t slice_bytes, uint64_t identit
 ShmAllreduce::~ShmAllreduce() {
   for (uint8_t* b : base_)
     if (b) munmap(b, bytes_);
+  for (size_t r = 0; r < arenas_.size(); ++r)
+    if (arenas_[r]) munmap(const_cast<uint8_t*>(arenas_[r]), arena_bytes_[r]);
   if (fd_ >= 0) close(fd_);
 }
 
@@ -173,7 +209,9 @@ std::string ShmAllreduce::run_small(const uint8_t* in, uint8_t* out, size_t coun
   const uint64_t first = step_;
   Header* mine = header(rank_);
   wait(everyone(&Header::reduced, first), idle);
-  mine->call = Call{calls_++, first, count, uint32_t(t), uint32_t(average)};
+  const uint64_t number = calls_++;
+  mine->call = Call{number, first, count, uint32_t(t), uint32_t(average), -1};
+  mine->announced.store(number + 1, std::memory_order_release);
   std::memcpy(mine->small, in, count * es);
   mine->staged.store(first + 1, std::memory_order_release);
   wait(everyone(&Header::staged, first + 1), idle);
@@ -198,18 +236,22 @@ std::string ShmAllreduce::run(const uint8_t* in, uint8_t* out, size_t count, Dat
   Header* mine = header(rank_);
   // Everyone has read this rank's previous call (a small call returns without waiting for that).
   wait(everyone(&Header::reduced, first), idle);
-  mine->call = Call{calls_++, first, count, uint32_t(t), uint32_t(average)};
-
-  // Chunk k: elements [k * chunk_elems, +c); slice q of it: [off(q), off(q) + len(q)).
-  struct Geometry {
-    size_t at, base, rem;
-    size_t len(int q) const { return base + (size_t(q) < rem ? 1 : 0); }
-    size_t off(int q) const { return size_t(q) * base + std::min(size_t(q), rem); }
-  };
-  auto geometry = [&](uint64_t k) {
-    size_t at = k * chunk_elems, c = std::min(chunk_elems, count - at);
-    return Geometry{at, c / size_t(n_), c % size_t(n_)};
-  };
+  const uint64_t number = calls_++;
+  const bool eligible = arena_ && in == out && count * es >= kRegisteredMinBytes;
+  const int64_t registered = eligible ? arena_->offset_of(out, count * es) : -1;
+  mine->call = Call{number, first, count, uint32_t(t), uint32_t(average), registered};
+  mine->announced.store(number + 1, std::memory_order_release);
+  if (registered >= 0) {
+    wait(everyone(&Header::announced, number + 1), idle);
+    if (all_registered()) {
+      std::string why = mismatch();
+      if (!why.empty()) return why;
+      run_registered(out, count, t, average, idle);
+      ++registered_calls_;
+      return "";
+    }
+  }
+  auto geometry = [&](uint64_t k) { return Geometry(k, chunk_elems, count, n_); };
   auto stage = [&](uint64_t k) {
     const Geometry g = geometry(k);
     const uint64_t slot = (first + k) & 1;
@@ -253,6 +295,124 @@ std::string ShmAllreduce::run(const uint8_t* in, uint8_t* out, size_t count, Dat
   }
   step_ = first + chunks;
   return "";
+}
+
+}  // namespace troupe::comm
+
+namespace troupe::comm {
+
+std::string ShmAllreduce::attach_arenas(std::shared_ptr<const SharedArena> mine,
+                                        const std::vector<int>& pids,
+                                        const std::vector<ArenaRef>& arenas) {
+  arenas_.assign(size_t(n_), nullptr);
+  arena_bytes_.assign(size_t(n_), 0);
+  for (int r = 0; r < n_; ++r) {
+    const ArenaRef& a = arenas[size_t(r)];
+    if (r == rank_ || a.fd < 0) continue;
+    const std::string who = "rank " + std::to_string(r) + "'s registered buffers ";
+    std::string path = "/proc/" + std::to_string(pids[size_t(r)]) + "/fd/" + std::to_string(a.fd);
+    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return "cannot open " + who + path + ": " + std::strerror(errno);
+    struct stat st {};
+    if (fstat(fd, &st) != 0 || uint64_t(st.st_size) != a.bytes) {
+      close(fd);
+      return who + path + " are not " + std::to_string(a.bytes) + " bytes";
+    }
+    void* p = mmap(nullptr, a.bytes, PROT_READ, MAP_SHARED, fd, 0);
+    int err = errno;
+    close(fd);
+    if (p == MAP_FAILED) return "cannot map " + who + path + ": " + std::strerror(err);
+    arenas_[size_t(r)] = static_cast<const uint8_t*>(p);
+    arena_bytes_[size_t(r)] = a.bytes;
+    if (SharedArena::identity_at(p, a.bytes) != a.identity)
+      return who + path + " are not the ones that rank made";
+  }
+  arena_ = std::move(mine);
+  return "";
+}
+
+bool ShmAllreduce::all_registered() const {
+  for (int q = 0; q < n_; ++q) {
+    const Call& c = header(q)->call;
+    if (c.registered < 0) return false;
+    if (q == rank_) continue;
+    const uint64_t end = uint64_t(c.registered) + c.count * element_size(DataType(c.dtype));
+    if (!arenas_[size_t(q)] || end > arena_bytes_[size_t(q)]) return false;
+  }
+  return true;
+}
+
+void ShmAllreduce::check_not_abandoned() const {
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // after the reads of others' buffers
+  const uint64_t number = header(rank_)->call.number;
+  for (int q = 0; q < n_; ++q)
+    if (q != rank_ && header(q)->abandoned.load(std::memory_order_seq_cst) == number + 1) {
+      const Errc code = Errc(header(q)->abandoned_code.load(std::memory_order_relaxed));
+      throw Abandoned(code, std::string(errc_name(code)) + " reported by rank " +
+                                std::to_string(q) + ", which gave allreduce " +
+                                std::to_string(number) + " up while the others read its buffer");
+    }
+}
+
+void ShmAllreduce::run_registered(uint8_t* out, size_t count, DataType t, bool average,
+                                  const Idle& idle) {
+  const size_t es = element_size(t), chunk_elems = slice_bytes_ / es * size_t(n_);
+  const uint64_t first = step_, chunks = (count + chunk_elems - 1) / chunk_elems;
+  Header* mine = header(rank_);
+  const uint64_t number = mine->call.number;
+  auto theirs = [&](int q, size_t elem) {
+    return arenas_[size_t(q)] + header(q)->call.registered + elem * es;
+  };
+  // Slice r of chunk k: own part first (in place), then the others in rank order; streamed (f32:
+  // the others read this slice last time, and plain stores would fetch each line back first).
+  auto reduce = [&](uint64_t k) {
+    const Geometry g(k, chunk_elems, count, n_);
+    if (const size_t len = g.len(rank_)) {
+      const size_t e = g.at + g.off(rank_);
+      uint8_t* my = out + e * es;
+      const uint8_t* parts[kMaxRanks];
+      parts[0] = my;
+      for (int q = 0, p = 1; q < n_; ++q)
+        if (q != rank_) parts[p++] = theirs(q, e);
+      if (!reduce_sum_streaming(my, reinterpret_cast<const void* const*>(parts), n_, len, t,
+                                average ? n_ : 1)) {
+        reduce_sum_into(my, parts[0], parts[1], len, t);
+        for (int p = 2; p < n_; ++p) reduce_sum(my, parts[p], len, t);
+        if (average) scale_down(my, len, t, n_);
+      }
+    }
+    mine->reduced.store(first + k + 1, std::memory_order_release);
+  };
+  // Waiting on a rank that gave the call up ends at once (its notice may come later).
+  const Idle waiting = [&](uint64_t spins) {
+    check_not_abandoned();
+    idle(spins);
+  };
+  auto gather = [&](uint64_t k) {
+    wait(everyone(&Header::reduced, first + k + 1), waiting);
+    const Geometry g(k, chunk_elems, count, n_);
+    for (int q = 0; q < n_; ++q)
+      if (q != rank_ && g.len(q))
+        std::memcpy(out + (g.at + g.off(q)) * es, theirs(q, g.at + g.off(q)), g.len(q) * es);
+  };
+  try {
+    for (uint64_t k = 0; k < chunks; ++k) {
+      reduce(k);
+      if (k > 0) gather(k - 1);
+    }
+    gather(chunks - 1);
+    check_not_abandoned();
+    mine->gathered.store(number + 1, std::memory_order_release);
+    wait(everyone(&Header::gathered, number + 1), waiting);
+  } catch (...) {
+    // Before the caller may reuse this buffer: whoever still reads it will know, and why.
+    mine->abandoned_code.store(uint32_t(why_given_up(std::current_exception())),
+                               std::memory_order_relaxed);
+    mine->abandoned.store(number + 1, std::memory_order_seq_cst);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    throw;
+  }
+  step_ = first + chunks;
 }
 
 }  // namespace troupe::comm

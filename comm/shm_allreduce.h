@@ -25,7 +25,24 @@
 // Nobody writes into another process's memory or into a caller's buffer but its own, so a
 // member that dies or is aborted half way through cannot corrupt a survivor's buffers.
 //
-// Every element is reduced by one rank, in a fixed order: all ranks end bitwise equal.
+// Registered buffers (comm/shared_arena.h): when every rank's buffer of a call of at least
+// kRegisteredMinBytes is in place (in == out) in its arena, which every other rank mapped
+// read-only at attach, nothing is staged. Rank r reduces slice r of chunk t straight from the
+// others' buffers into its own (streamed: reduce_sum_streaming) -> reduced_r = t+1, then copies
+// slice q of chunk t-1 straight from rank q's buffer once q reduced it; after the last chunk it
+// says so (gathered) and returns once everyone has: until then the others may read its buffer.
+// Per rank that is 2.5 x the bytes of memory traffic with two ranks instead of 4.5 x.
+// Why nobody reads a slice being rewritten: rank q rewrites slice r of its buffer (gathering)
+// only after r reduced it, and its own slice q (reducing) before anyone gathers it.
+// Every rank publishes its call, then `announced`; a rank whose own buffer is registered waits
+// for everyone's announcement and takes this path only if all are, so all ranks choose alike.
+// A rank that gives a registered call up (its idle threw) marks it `abandoned` before its caller
+// can touch the buffer again, and every rank checks everyone's mark after it read the others'
+// buffers and before it says it gathered: what was read from a buffer being reused is never
+// returned as a success (Abandoned: the communicator fails with peer_lost).
+//
+// Every element is reduced by one rank, in a fixed order: all ranks end bitwise equal (both
+// paths add in the same order: the same bits).
 // Thread-safety: one thread per rank calls run().
 #pragma once
 
@@ -33,10 +50,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/error.h"
+#include "comm/shared_arena.h"
 
 namespace troupe::comm {
 
@@ -45,6 +66,9 @@ class ShmAllreduce {
   // Calls of at most this many bytes go whole through each rank's header: every rank sums all
   // of them (in rank order: the same bits everywhere), one wait instead of chunks.
   static constexpr size_t kSmallBytes = 256;
+  // Registered buffers from this size up: below it the registered path's extra wait (everyone
+  // gathered) costs more than the staging it saves (measured: docs/performance.md).
+  static constexpr size_t kRegisteredMinBytes = size_t(2) << 20;
   // The most a segment may take (the slice shrinks to fit): n ranks map n segments.
   static constexpr size_t kMaxSegmentBytes = size_t(16) << 20;
   // The slice size used for n ranks when slice_bytes is asked for (bounded, 64-byte multiple).
@@ -63,16 +87,33 @@ class ShmAllreduce {
   // the segment that rank made. Returns "" or why it cannot.
   std::string attach(const std::vector<int>& pids, const std::vector<int>& fds,
                      const std::vector<uint64_t>& identities);
+  // Registered buffers: this rank's arena (null: none) and every rank's, as SharedArena
+  // describes it (fd -1: none), mapped read-only here. Call after attach(). Returns "" or why.
+  struct ArenaRef {
+    int fd = -1;
+    uint64_t bytes = 0, identity = 0;
+  };
+  std::string attach_arenas(std::shared_ptr<const SharedArena> mine, const std::vector<int>& pids,
+                            const std::vector<ArenaRef>& arenas);
 
   // Called while waiting for the other ranks (spins: how many times in this wait so far). It
   // throws to give up (abort, a lost member, the deadline) and may yield the core.
   using Idle = std::function<void(uint64_t spins)>;
+  // Another rank gave the call up; code: why it did (timed_out, peer_lost, aborted, ...).
+  class Abandoned : public std::runtime_error {
+   public:
+    Abandoned(Errc code, const std::string& why) : std::runtime_error(why), code(code) {}
+    Errc code;
+  };
 
   // out = in summed (average: divided by n) over the ranks; in == out is in place. Returns ""
   // or, when the ranks called it with different arguments, what differs (then the ranks are
-  // out of step: the caller must break the communicator).
+  // out of step: the caller must break the communicator). Throws Abandoned when another rank
+  // gave a registered call up (the caller must break the communicator: peer_lost).
   std::string run(const uint8_t* in, uint8_t* out, size_t count, DataType t, bool average,
                   const Idle& idle);
+  // How many calls went the registered path so far.
+  uint64_t registered_calls() const { return registered_calls_; }
 
  private:
   struct Header;
@@ -85,15 +126,24 @@ class ShmAllreduce {
   std::string mismatch() const;
   std::string run_small(const uint8_t* in, uint8_t* out, size_t count, DataType t, bool average,
                         const Idle& idle);
+  // Whether every rank's published call is in place in its arena (after everyone announced).
+  bool all_registered() const;
+  void run_registered(uint8_t* out, size_t count, DataType t, bool average, const Idle& idle);
+  // Throws Abandoned when a rank gave the call in progress up.
+  void check_not_abandoned() const;
 
   int rank_, n_;
   size_t slice_bytes_, bytes_ = 0;
   uint64_t identity_;
   int fd_ = -1;
   std::string why_;
-  std::vector<uint8_t*> base_;  // every rank's segment, mapped here
-  uint64_t step_ = 0;           // chunks done by this rank (all ranks agree)
-  uint64_t calls_ = 0;          // run() calls so far
+  std::vector<uint8_t*> base_;                // every rank's segment, mapped here
+  std::shared_ptr<const SharedArena> arena_;  // this rank's registered buffers (null: none)
+  std::vector<const uint8_t*> arenas_;        // every other rank's arena, mapped read-only
+  std::vector<uint64_t> arena_bytes_;
+  uint64_t step_ = 0;   // chunks done by this rank (all ranks agree)
+  uint64_t calls_ = 0;  // run() calls so far
+  uint64_t registered_calls_ = 0;
 };
 
 }  // namespace troupe::comm

@@ -70,8 +70,9 @@ void UcxCommunicator::Impl::setup_shm(const std::vector<int>& pids, bool all_loc
                                : "more than 64 members";
     return;
   }
-  // What this rank asks for and offers: shared memory on, slice, switch size, fd, identity.
-  constexpr int kFields = 5;
+  // What this rank asks for and offers: shared memory on, slice, switch size, fd, identity, and
+  // its registered buffers' fd, size and identity.
+  constexpr int kFields = 8;
   std::unique_ptr<ShmAllreduce> mine;
   std::vector<int64_t> all(size_t(n) * kFields, 0);
   int64_t* f = &all[size_t(me) * kFields];
@@ -86,11 +87,15 @@ void UcxCommunicator::Impl::setup_shm(const std::vector<int>& pids, bool all_loc
     f[3] = mine->fd();
     f[4] = int64_t(identity);
   }
+  f[5] = opt.registered ? opt.registered->fd() : -1;
+  f[6] = opt.registered ? int64_t(opt.registered->mapped_bytes()) : 0;
+  f[7] = opt.registered ? int64_t(opt.registered->identity()) : 0;
   ucx::ring_allgather(group, reinterpret_cast<uint8_t*>(all.data()),
                       ucx::equal_segments(kFields, n), sizeof(int64_t), 0, ++group.seq, 0, to);
   std::string why;
   std::vector<int> fds(static_cast<size_t>(n));
   std::vector<uint64_t> identities(static_cast<size_t>(n));
+  std::vector<ShmAllreduce::ArenaRef> arenas(static_cast<size_t>(n));
   for (int r = 0; r < n && why.empty(); ++r) {
     const int64_t* g = &all[size_t(r) * kFields];
     if (!g[0])
@@ -99,9 +104,12 @@ void UcxCommunicator::Impl::setup_shm(const std::vector<int>& pids, bool all_loc
       why = "rank " + std::to_string(r) + "'s shared-memory options differ from rank 0's";
     fds[size_t(r)] = int(g[3]);
     identities[size_t(r)] = uint64_t(g[4]);
+    arenas[size_t(r)] = {int(g[5]), uint64_t(g[6]), uint64_t(g[7])};
   }
   // Every rank reaches the same answer so far; attaching may fail on some.
   std::string attach_why = why.empty() ? mine->attach(pids, fds, identities) : "";
+  if (why.empty() && attach_why.empty())
+    attach_why = mine->attach_arenas(opt.registered, pids, arenas);
   double failures = attach_why.empty() ? 0 : 1;
   ucx::allreduce_recursive_doubling(group, reinterpret_cast<uint8_t*>(&failures), 1, DataType::f64,
                                     ++group.seq, to);
@@ -167,6 +175,9 @@ void UcxCommunicator::connect(int rank, const std::vector<std::string>& addresse
 
 bool UcxCommunicator::shared_memory_allreduce() const { return impl_->shm != nullptr; }
 std::string UcxCommunicator::shared_memory_fallback_reason() const { return impl_->shm_why_not; }
+uint64_t UcxCommunicator::registered_allreduces() const {
+  return impl_->shm ? impl_->shm->registered_calls() : 0;
+}
 
 int UcxCommunicator::rank() const { return impl_->group.rank; }
 int UcxCommunicator::size() const { return impl_->group.size(); }
@@ -197,9 +208,14 @@ void UcxCommunicator::allreduce(const void* in, void* out, size_t count, DataTyp
   if (a == Algorithm::shared_memory && !m.shm) a = Algorithm::ring;
   if (a == Algorithm::shared_memory && n > 1 && count > 0) {
     // Reads in, writes out: no copy up front.
-    std::string mismatch =
-        m.shm->run(static_cast<const uint8_t*>(in ? in : out), buf, count, type,
-                   op == ReduceOp::avg, [&](uint64_t spins) { m.link().shm_idle(spins, to); });
+    std::string mismatch;
+    try {
+      mismatch =
+          m.shm->run(static_cast<const uint8_t*>(in ? in : out), buf, count, type,
+                     op == ReduceOp::avg, [&](uint64_t spins) { m.link().shm_idle(spins, to); });
+    } catch (const ShmAllreduce::Abandoned& e) {
+      m.link().fail(e.code, e.what(), {});
+    }
     if (!mismatch.empty())
       m.link().fail(Errc::invalid_input, "allreduce calls differ: " + mismatch, {});
     return;

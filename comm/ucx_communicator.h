@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/shared_arena.h"
 
 namespace troupe::comm {
 
@@ -44,6 +45,10 @@ struct UcxCommOptions {
   // at most ShmAllreduce::kSmallBytes go through it whole; recursive doubling in between).
   size_t shm_slice_bytes = 128u << 10;
   size_t shm_min_bytes = 8u << 10;
+  // Registered buffers (comm/shared_arena.h): an in-place allreduce of a buffer in this arena,
+  // when every member's is in its own, reads the others' buffers directly instead of staging
+  // copies (the arena must outlive the communicator; null: none).
+  std::shared_ptr<const SharedArena> registered;
 };
 
 class UcxCommunicator : public Communicator {
@@ -62,6 +67,8 @@ class UcxCommunicator : public Communicator {
   bool shared_memory_allreduce() const;
   // Why not, when it cannot ("" when it can).
   std::string shared_memory_fallback_reason() const;
+  // How many allreduces read the members' registered buffers in place (UcxCommOptions::registered).
+  uint64_t registered_allreduces() const;
 
   int rank() const override;
   int size() const override;

@@ -56,14 +56,37 @@ TEST(CommProcesses, AllreduceIsCorrectBetweenProcesses) {
   }
 }
 
+// In-place calls on buffers in each rank's shared arena (comm/shared_arena.h): the large one read
+// in place by the others (the registered path), the smaller ones staged, all correct.
+TEST(CommProcesses, AllreduceOfRegisteredBuffersIsCorrectBetweenProcesses) {
+  for (int world : {2, 3}) {
+    Ranks ranks(world, {"--mode", "check", "--buffers", "registered"});
+    for (int r = 0; r < world; ++r) {
+      auto line = ranks.procs[r]->wait_for_line("check", 120s);
+      ASSERT_TRUE(line) << "rank " << r << " of " << world << " gave no result";
+      EXPECT_EQ(line->rfind("check ok", 0), 0u) << *line;
+      // 3M + 5 floats in place through shared memory: the one call of at least 2 MiB.
+      EXPECT_NE(line->find("registered 1 "), std::string::npos) << *line;
+      auto status = ranks.procs[r]->wait(30s);
+      ASSERT_TRUE(status);
+      EXPECT_EQ(WEXITSTATUS(*status), 0);
+    }
+  }
+}
+
 void failure_scenario(int sig, const char* expected_code, std::chrono::milliseconds timeout,
-                      const char* algorithm, const char* op = "allreduce",
-                      size_t count = 16 << 20) {
+                      const char* algorithm, const char* op = "allreduce", size_t count = 16 << 20,
+                      const char* buffers = "user") {
   const int world = 4, victim = 3;
   Ranks ranks(world, {"--mode", "loop", "--count", std::to_string(count), "--timeout-ms",
-                      std::to_string(timeout.count()), "--algorithm", algorithm, "--op", op});
-  for (int r = 0; r < world; ++r)
-    ASSERT_TRUE(ranks.procs[r]->wait_for_line("iter 2", 60s)) << "rank " << r;
+                      std::to_string(timeout.count()), "--algorithm", algorithm, "--op", op,
+                      "--buffers", buffers});
+  for (int r = 0; r < world; ++r) {
+    auto line = ranks.procs[r]->wait_for_line("iter 2", 60s);
+    ASSERT_TRUE(line) << "rank " << r;
+    if (std::string(buffers) == "registered")  // (the victim's buffer read in place)
+      EXPECT_NE(line->find("iter 2 registered 2"), std::string::npos) << *line;
+  }
   uint64_t t_signal = unix_ms();
   ASSERT_TRUE(ranks.procs[victim]->signal(sig));
   for (int r = 0; r < victim; ++r) {
@@ -99,6 +122,16 @@ TEST(CommProcesses, SigkillOfOneOfFourFailsEverySurvivorWithPeerLostThenThreeReb
 
 TEST(CommProcesses, SigstopOfOneOfFourFailsEverySurvivorWithTimedOutThenThreeRebuild) {
   failure_scenario(SIGSTOP, "timed_out", 2000ms, "shm");
+}
+
+// Registered buffers: the survivors were reading the victim's buffer in place (its memory stays
+// mapped by them after it dies: no fault, only peer_lost).
+TEST(CommProcesses, RegisteredSigkillOfOneOfFourFailsEverySurvivorWithPeerLostThenThreeRebuild) {
+  failure_scenario(SIGKILL, "peer_lost", 3000ms, "shm", "allreduce", 16 << 20, "registered");
+}
+
+TEST(CommProcesses, RegisteredSigstopOfOneOfFourFailsEverySurvivorWithTimedOutThenThreeRebuild) {
+  failure_scenario(SIGSTOP, "timed_out", 2000ms, "shm", "allreduce", 16 << 20, "registered");
 }
 
 TEST(CommProcesses, RingSigkillOfOneOfFourFailsEverySurvivorWithPeerLostThenThreeRebuild) {

@@ -1,11 +1,16 @@
-// The shared-memory allreduce's segments, without processes: two ranks in one process (each
-// maps the other's memfd through /proc/self/fd) and the checks that refuse a wrong segment.
+// The shared-memory allreduce's segments, without processes: ranks in one process (each maps the
+// others' memfds through /proc/self/fd), the checks that refuse a wrong segment, and registered
+// buffers (comm/shared_arena.h): their allocator, the in-place path's bits, its choice, and a
+// rank that gives a call up while the others read its buffer.
 #include "comm/shm_allreduce.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
+#include <cstring>
+#include <random>
 #include <thread>
 
 namespace troupe::comm {
@@ -76,6 +81,165 @@ TEST(ShmAllreduce, AttachRefusesASegmentThatIsNotTheRanks) {
   ShmAllreduce d(0, 2, 4096, 11);
   why = d.attach(pids, {d.fd(), -1}, {11, 22});
   EXPECT_NE(why.find("cannot open"), std::string::npos) << why;
+}
+
+TEST(SharedArena, AllocatesFirstFitReleasesCoalescedAndZeroesReusedBuffers) {
+  std::string why;
+  auto arena = SharedArena::create(4 * SharedArena::kAlign, &why);
+  ASSERT_TRUE(arena) << why;
+  auto* a = static_cast<uint8_t*>(arena->allocate(100));
+  auto* b = static_cast<uint8_t*>(arena->allocate(SharedArena::kAlign + 1));  // two pages
+  auto* c = static_cast<uint8_t*>(arena->allocate(1));
+  ASSERT_TRUE(a && b && c);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % SharedArena::kAlign, 0u);
+  EXPECT_EQ(b, a + SharedArena::kAlign);
+  EXPECT_EQ(c, b + 2 * SharedArena::kAlign);
+  EXPECT_EQ(arena->allocate(1), nullptr);  // full
+  // Offsets: inside one buffer only.
+  EXPECT_EQ(arena->offset_of(a, 100), int64_t(SharedArena::kAlign));
+  EXPECT_EQ(arena->offset_of(a + 10, SharedArena::kAlign - 10), int64_t(SharedArena::kAlign) + 10);
+  EXPECT_EQ(arena->offset_of(a, SharedArena::kAlign + 1), -1);  // runs into b
+  int local = 0;
+  EXPECT_EQ(arena->offset_of(&local, 4), -1);
+  // Released neighbours coalesce: a and b's three pages take one buffer again, zeroed.
+  std::memset(a, 7, 100);
+  std::memset(b, 7, 2 * SharedArena::kAlign);
+  arena->release(b);
+  EXPECT_EQ(arena->offset_of(b, 1), -1);  // no longer a buffer
+  arena->release(a);
+  auto* d = static_cast<uint8_t*>(arena->allocate(3 * SharedArena::kAlign));
+  ASSERT_EQ(d, a);
+  for (size_t i = 0; i < 3 * SharedArena::kAlign; ++i) ASSERT_EQ(d[i], 0) << i;
+  EXPECT_EQ(SharedArena::identity_at(d - SharedArena::kAlign, arena->mapped_bytes()),
+            arena->identity());
+  EXPECT_EQ(SharedArena::identity_at(d - SharedArena::kAlign, 12345), 0u);
+}
+
+// n ranks in one process, each with its own segment and arena.
+struct Ranks {
+  std::vector<std::unique_ptr<ShmAllreduce>> shm;
+  std::vector<std::shared_ptr<SharedArena>> arenas;
+  explicit Ranks(int n, size_t arena_bytes) {
+    std::vector<int> pids(size_t(n), getpid()), fds;
+    std::vector<uint64_t> ids;
+    std::vector<ShmAllreduce::ArenaRef> refs;
+    for (int r = 0; r < n; ++r) {
+      shm.push_back(std::make_unique<ShmAllreduce>(r, n, 64 << 10, uint64_t(100 + r)));
+      std::string why;
+      arenas.push_back(SharedArena::create(arena_bytes, &why));
+      EXPECT_TRUE(arenas.back()) << why;
+      fds.push_back(shm.back()->fd());
+      ids.push_back(uint64_t(100 + r));
+      refs.push_back(
+          {arenas.back()->fd(), arenas.back()->mapped_bytes(), arenas.back()->identity()});
+    }
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(shm[size_t(r)]->attach(pids, fds, ids), "");
+      EXPECT_EQ(shm[size_t(r)]->attach_arenas(arenas[size_t(r)], pids, refs), "");
+    }
+  }
+  // Every rank's in-place call on bufs[r] at once; what each returned (or threw).
+  std::vector<std::string> run(std::vector<float*> bufs, size_t count, bool average) {
+    std::vector<std::string> out(bufs.size());
+    std::vector<std::thread> threads;
+    for (size_t r = 0; r < bufs.size(); ++r)
+      threads.emplace_back([&, r] {
+        auto* p = reinterpret_cast<uint8_t*>(bufs[r]);
+        out[r] = shm[r]->run(p, p, count, DataType::f32, average,
+                             [](uint64_t) { std::this_thread::yield(); });
+      });
+    for (auto& t : threads) t.join();
+    return out;
+  }
+};
+
+// The registered path gives every rank the bits the staged one gives (the same additions in the
+// same order), sum and average, at 2 and 3 ranks and a count no slice divides.
+TEST(ShmAllreduce, RegisteredBuffersGiveTheStagedPathsBits) {
+  const size_t count = (ShmAllreduce::kRegisteredMinBytes / 4) * 3 + 13;
+  for (int n : {2, 3}) {
+    Ranks ranks(n, count * 4);
+    std::mt19937 gen{uint32_t(n)};
+    std::normal_distribution<float> dist(0.f, 1.f);
+    for (bool average : {false, true}) {
+      std::vector<std::vector<float>> input{size_t(n), std::vector<float>(count)};
+      for (auto& v : input)
+        for (float& x : v) x = dist(gen) * 1e3f;
+      std::vector<std::vector<float>> staged = input;
+      std::vector<float*> plain, registered;
+      for (int r = 0; r < n; ++r) {
+        plain.push_back(staged[size_t(r)].data());
+        auto* p = static_cast<float*>(ranks.arenas[size_t(r)]->allocate(count * 4));
+        ASSERT_TRUE(p);
+        std::memcpy(p, input[size_t(r)].data(), count * 4);
+        registered.push_back(p);
+      }
+      for (const auto& e : ranks.run(plain, count, average)) ASSERT_EQ(e, "");
+      for (const auto& e : ranks.run(registered, count, average)) ASSERT_EQ(e, "");
+      for (int r = 0; r < n; ++r) {
+        EXPECT_EQ(ranks.shm[size_t(r)]->registered_calls(), average ? 2u : 1u);
+        ASSERT_EQ(std::memcmp(registered[size_t(r)], staged[0].data(), count * 4), 0)
+            << "rank " << r << " of " << n << (average ? " avg" : " sum");
+        ranks.arenas[size_t(r)]->release(registered[size_t(r)]);
+      }
+    }
+  }
+}
+
+// One rank's buffer outside its arena (or a call below kRegisteredMinBytes): everyone stages.
+TEST(ShmAllreduce, OneUnregisteredBufferStagesEveryRank) {
+  const size_t count = ShmAllreduce::kRegisteredMinBytes / 4 + 1;
+  Ranks ranks(2, count * 4);
+  auto* a = static_cast<float*>(ranks.arenas[0]->allocate(count * 4));
+  std::vector<float> b(count);
+  for (size_t i = 0; i < count; ++i) a[i] = float(i % 100), b[i] = 1.f;
+  for (const auto& e : ranks.run({a, b.data()}, count, false)) ASSERT_EQ(e, "");
+  for (size_t i = 0; i < count; ++i) {
+    ASSERT_EQ(a[i], float(i % 100) + 1.f) << i;
+    ASSERT_EQ(b[i], float(i % 100) + 1.f) << i;
+  }
+  auto* c = static_cast<float*>(ranks.arenas[1]->allocate(count * 4));
+  for (const auto& e : ranks.run({a, c}, 1000, false)) ASSERT_EQ(e, "");  // too small
+  EXPECT_EQ(ranks.shm[0]->registered_calls(), 0u);
+  EXPECT_EQ(ranks.shm[1]->registered_calls(), 0u);
+}
+
+// Rank 1 gives a registered call up (its wait throws) after rank 0 has started reading its
+// buffer: rank 0 does not return what it read as a success.
+TEST(ShmAllreduce, ARankThatGivesARegisteredCallUpFailsTheOthersCall) {
+  const size_t count = ShmAllreduce::kRegisteredMinBytes / 4;
+  Ranks ranks(2, count * 4);
+  auto* a = static_cast<float*>(ranks.arenas[0]->allocate(count * 4));
+  auto* b = static_cast<float*>(ranks.arenas[1]->allocate(count * 4));
+  std::atomic<bool> zero_waits{false}, one_gave_up{false};
+  std::string zero_error, one_error;
+  // Rank 0 waits (for rank 1's announcement) until rank 1 has given up.
+  std::thread zero([&] {
+    try {
+      auto* p = reinterpret_cast<uint8_t*>(a);
+      ranks.shm[0]->run(p, p, count, DataType::f32, false, [&](uint64_t) {
+        zero_waits = true;
+        while (!one_gave_up) std::this_thread::yield();
+      });
+    } catch (const ShmAllreduce::Abandoned& e) {
+      zero_error = e.what();
+    }
+  });
+  while (!zero_waits) std::this_thread::yield();
+  // Rank 1 reduces its slice, then waits for rank 0's: and gives up there.
+  try {
+    auto* p = reinterpret_cast<uint8_t*>(b);
+    ranks.shm[1]->run(p, p, count, DataType::f32, false,
+                      [](uint64_t) { throw std::runtime_error("rank 1 aborted"); });
+  } catch (const std::runtime_error& e) {
+    one_error = e.what();
+  }
+  one_gave_up = true;
+  zero.join();
+  EXPECT_EQ(one_error, "rank 1 aborted");
+  EXPECT_NE(zero_error.find("peer_lost reported by rank 1, which gave allreduce 0 up"),
+            std::string::npos)
+      << zero_error;
 }
 
 }  // namespace
