@@ -2,7 +2,9 @@
 # Side by side in one session: troupe's UCX allreduce, OpenMPI's MPI_Allreduce and PyTorch's gloo
 # all_reduce, at 2 and 4 processes, 4 KiB ... 256 MiB; RUNS rounds alternating the three; medians
 # of times, the ratio of troupe to the best peer, and the memory-bandwidth limit of each size
-# (derived from the memcpy rate measured in the same run) with the goal that applies. Needs the peers
+# (derived from the memcpy rate measured in the same run) with the goal that applies. Troupe runs
+# twice: on the caller's buffers (the goal's row) and on registered buffers (comm/shared_arena.h:
+# read in place by the others, "reg"). Needs the peers
 # (scripts/install-deps.sh --peers): openmpi-bin, libopenmpi-dev, python3-torch.
 # Usage: bench/compare_allreduce.sh [RUNS] [SIZES in bytes, comma separated]
 set -euo pipefail
@@ -15,6 +17,7 @@ mpicc -O2 -o /tmp/troupe_mpi_allreduce bench/peers/mpi_allreduce.c
 for ((r = 0; r < RUNS; r++)); do
   for w in 2 4; do
     "$TROUPE" bench allreduce --workers "$w" --sizes "$SIZES" --json >>"$out"
+    "$TROUPE" bench allreduce --workers "$w" --sizes "$SIZES" --buffers registered --json >>"$out"
     mpirun --allow-run-as-root --oversubscribe -np "$w" /tmp/troupe_mpi_allreduce ${SIZES//,/ } >>"$out" 2>/dev/null
     /usr/bin/python3 bench/peers/torch_allreduce.py --world "$w" --sizes "$SIZES" >>"$out" 2>/dev/null
   done
@@ -32,11 +35,11 @@ print(f"single-core memcpy (reads+writes): {mem:.2f} GB/s")
 print("limit us: 2 x bytes at the memcpy rate (x procs / cores when oversubscribed); "
       "% limit: limit / time; goal: >= 1.5x the best peer where it is below 60% of the limit, else >= 1.0x")
 print(f"{'procs':>5} {'bytes':>10} | {'troupe us':>10} {'mpi us':>10} {'gloo us':>10} | {'limit us':>9} "
-      f"{'troupe %':>8} {'peer %':>7} | {'vs best':>7} {'goal':>5} {'met':>4}")
+      f"{'troupe %':>8} {'peer %':>7} | {'vs best':>7} {'goal':>5} {'met':>4} | {'reg us':>9} {'reg vs':>7}")
 for w in (2, 4):
     for b in sorted({r["bytes"] for r in rows if r.get("workers") == w}):
         med = {}
-        for impl in ("troupe_ucx", "openmpi", "pytorch_gloo"):
+        for impl in ("troupe_ucx", "troupe_ucx_registered", "openmpi", "pytorch_gloo"):
             v = [r for r in rows if r["impl"] == impl and r.get("workers") == w and r["bytes"] == b]
             med[impl] = statistics.median(x["time_us"] for x in v) if v else float("nan")
         best = min(med["openmpi"], med["pytorch_gloo"])  # same bytes: time ratio = bandwidth ratio
@@ -49,6 +52,7 @@ for w in (2, 4):
             met = ratio >= goal
         print(f"{w:>5} {b:>10} | {med['troupe_ucx']:>10.1f} {med['openmpi']:>10.1f} {med['pytorch_gloo']:>10.1f} | "
               f"{limit:>9.1f} {100 * limit / med['troupe_ucx']:>7.0f}% {100 * limit / best:>6.0f}% | "
-              f"{ratio:>6.2f}x {goal:>5} {'yes' if met else 'NO':>4}")
+              f"{ratio:>6.2f}x {goal:>5} {'yes' if met else 'NO':>4} | "
+              f"{med['troupe_ucx_registered']:>9.1f} {best / med['troupe_ucx_registered']:>6.2f}x")
 PY
 rm -f "$out"
