@@ -25,6 +25,7 @@
 #include "comm/error.h"
 #include "models/blas_kernels.h"
 #include "models/devices.h"
+#include "models/model.h"
 
 namespace {
 
@@ -165,6 +166,7 @@ coordinator::ExtensionKinds Hooks::kinds() const {
 
 int troupe_main(int argc, char** argv, const Hooks& hooks) {
   choose_blas_kernels(argv);
+  models::keep_freed_memory();
   // A write past the file-size limit (or onto a full disk) is an error the writer reports
   // (RunLog fails the job naming the file), not a signal that kills the process mid-line.
   ::signal(SIGXFSZ, SIG_IGN);

@@ -1,8 +1,10 @@
 #include "models/model.h"
 
 #include <cblas.h>
+#include <malloc.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <stdexcept>
 
 extern "C" void openblas_set_num_threads(int);
@@ -180,5 +182,10 @@ size_t scored_classes(const Tensor& logits, const std::vector<int32_t>& targets)
 }
 
 void set_compute_threads(int threads) { openblas_set_num_threads(threads < 1 ? 1 : threads); }
+
+void keep_freed_memory() {
+  if (!std::getenv("MALLOC_MMAP_THRESHOLD_")) mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  if (!std::getenv("MALLOC_TRIM_THRESHOLD_")) mallopt(M_TRIM_THRESHOLD, 256 << 20);
+}
 
 }  // namespace troupe::models

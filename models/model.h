@@ -101,4 +101,14 @@ size_t scored_classes(const Tensor& logits, const std::vector<int32_t>& targets)
 // Intra-op threads for the BLAS (process-wide; default 1 per worker: several share a machine).
 void set_compute_threads(int threads);
 
+// Tells the C library to keep the memory a training step frees for the next step (process-wide;
+// `troupe` calls it first thing; a program embedding the models may too). A step allocates and
+// frees the same buffers every time (batches, activations, temporaries); glibc's defaults give
+// freed blocks above 128 KiB back to the kernel (munmap, or trimming the heap's top) and the next
+// step faults every page in again: ~120 page faults a step for the MLP of `troupe bench model`,
+// several percent of its time. Now: mmap only from 32 MiB (the long-lived parameters, moments
+// and gradients), trim the heap only past 256 MiB free. A variable the user set
+// (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_) wins.
+void keep_freed_memory();
+
 }  // namespace troupe::models
