@@ -358,9 +358,9 @@ void refuse_what_cannot_act(const JobConfig& c, const std::string& source, const
     auto it = at.find(key);
     return it == at.end() ? source : it->second;
   };
-  // NCCL reduces CUDA tensors of a data-parallel job's members, each on its own GPU
-  // (workers/device_plane.h); what it cannot serve is refused here, the rest when a generation
-  // forms (members sharing a GPU).
+  // NCCL carries CUDA tensors of a job's members, each on its own GPU (workers/device_plane.h:
+  // gradients, a pipeline's activations); what it cannot serve is refused here, the rest when a
+  // generation forms (members sharing a GPU).
   auto refuse_nccl = [&](const std::string& key, const std::string& why) {
     throw ConfigError(place(key) + ": parallel.backend = \"nccl\" " + why +
                       "; \"auto\" picks NCCL where it can serve the members");
@@ -369,10 +369,6 @@ void refuse_what_cannot_act(const JobConfig& c, const std::string& source, const
     refuse_nccl("cluster.devices",
                 "reduces CUDA tensors, and cluster.devices = \"cpu\" (the workers compute on the "
                 "CPU)");
-  if (c.backend == "nccl" && c.pipeline_stages != 1)
-    refuse_nccl("parallel.pipeline_stages",
-                "serves data-parallel jobs only (a pipeline's activations and its replicas' "
-                "gradients go host-staged over UCX in this build)");
   if (c.backend == "nccl" && c.deterministic)
     refuse_nccl("parallel.deterministic",
                 "cannot make the sums exact (exact sums are formed host-staged over UCX)");

@@ -159,9 +159,9 @@ bool DeviceSupervisor::connect(const actors::GenerationStart& g) {
 
 // The generation's device plane (workers/device_plane.h), or why there is none.
 void DeviceSupervisor::form_device_plane(uint64_t gen) {
-  // Only a data-parallel step of several members sums over it (a pipeline's and the exact sums
-  // of parallel.deterministic go host-staged; the configuration refuses "nccl" with them).
-  if (comm_->size() == 1 || spec_.pipeline_stages != 1 || spec_.deterministic) return;
+  // A step of several members sums (and a pipeline exchanges) over it; the exact sums of
+  // parallel.deterministic go host-staged (the configuration refuses "nccl" with them).
+  if (comm_->size() == 1 || spec_.deterministic) return;
   PlaneOptions o;
   o.backend = spec_.backend;
   o.cuda_device = spec_.device.rfind("cuda:", 0) == 0 ? std::atoi(spec_.device.c_str() + 5) : 0;

@@ -69,6 +69,7 @@ StageStepResult PipelineStage::run(comm::Communicator& comm, uint64_t step, elas
 models::Tensor PipelineStage::shaped(uint32_t block, uint32_t j) const {
   std::vector<size_t> shape = out_shape_[block];
   shape.at(0) *= rows(j);
+  if (plane_) return compute_of(model_.block(layout_.first).params()).tensor(shape);
   return models::Tensor(shape);
 }
 
@@ -149,6 +150,13 @@ void PipelineStage::exchange(comm::Communicator& comm, const elastic::PipeOp& op
     in = act ? shaped(layout_.first - 1, op.recv->micro) : shaped(layout_.last - 1, op.recv->micro);
     (act ? m.input : m.grad_out) = in;
     from = act ? layout_.prev : layout_.next;
+  }
+  if (plane_) {
+    // Device to device; the compute stream's writes to `out` are done before NCCL's stream reads
+    // it, and the receive is complete when the call returns.
+    if (out.defined()) compute_of(out).synchronize();
+    plane_->sendrecv(out.data(), bytes(out), to, in.data(), bytes(in), from, tags::kPipeline);
+    return;
   }
   // (A received tensor is in host memory: the blocks take their inputs from any device.)
   HostStaged sent(static_cast<const models::Tensor&>(out));

@@ -1,5 +1,8 @@
 // One step of a pipeline stage: executes elastic::one_f_one_b's list of operations with a small
-// loop. Activations go to the next stage and gradients come back, one sendrecv per exchange. The
+// loop. Activations go to the next stage and gradients come back, one sendrecv per exchange:
+// host-staged over the generation's communicator, or device to device over its device plane
+// (workers/device_plane.h: NCCL, whose point-to-point operations between two ranks match in the
+// order they are posted, as the schedule posts them: elastic/pipeline_schedule.h). The
 // blocks' forward caches of a micro-batch whose backward has not run are put away (Block::save)
 // before the next forward and put back for its backward: at most pp - s micro-batches in flight
 // on stage s. With recompute_activations the blocks keep one and the backward of micro-batch j
@@ -46,6 +49,9 @@ class PipelineStage {
   // moves each micro-batch's gradient aside there).
   StageStepResult run(comm::Communicator& comm, uint64_t step, elastic::Share share, uint64_t micro,
                       const std::function<void()>& after_backward = nullptr);
+  // The generation's device plane (null: host-staged): the exchanges go over it from the
+  // device memory the blocks compute in, and what it receives lands there.
+  void set_device_plane(comm::Communicator* plane) { plane_ = plane; }
 
  private:
   struct Micro {  // one micro-batch's tensors in this step
@@ -72,6 +78,7 @@ class PipelineStage {
   int cached_ = -1;  // the micro-batch whose forward the blocks hold
   std::function<void()> after_backward_;
   StageStepResult result_;
+  comm::Communicator* plane_ = nullptr;
 };
 
 }  // namespace troupe::workers

@@ -314,10 +314,17 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
   const uint32_t s = where.stage, r = where.replica;
   const bool active = !where.standby;
   auto replicas = comm.split(active ? int(s) : -1, int(r));  // (collective: every member)
+  // The device plane's groups too (collective on it): the replicas' gradients summed in place.
+  std::unique_ptr<comm::Communicator> device_replicas;
+  if (device_plane_) device_replicas = device_plane_->split(active ? int(s) : -1, int(r));
   StageLayout layout{plan.pp, s, mine.begin, mine.end, -1, -1, spec_.recompute_activations};
   if (active && s > 0) layout.prev = int(elastic::rank_of(plan, s - 1, r));
   if (active && s + 1 < plan.pp) layout.next = int(elastic::rank_of(plan, s + 1, r));
   PipelineStage stage(*model_, *trainer_, out_shape_, layout);
+  stage.set_device_plane(device_plane_);
+  if (device_plane_ && active)
+    spdlog::info("worker {}: stage {} of {}: activations and gradients{} over the device plane",
+                 spec_.device, s, plan.pp, plan.dp > 1 ? ", the replicas' sums" : "");
   const elastic::Share share = active ? share_of(r, plan.dp) : elastic::Share{};
   double stage_flops = 0;  // per sample, this stage's blocks
   for (uint32_t b = mine.begin; b < mine.end; ++b)
@@ -347,9 +354,16 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
       res = stage.run(comm, step, share, uint64_t(spec_.micro_batch),
                       exact ? std::function<void()>([&] { exact->keep(); }) : nullptr);
       trace_.span(step, "pipeline stage (1F1B)", "compute", p0);
-      if (exact) exact->reduce(*replicas, false);  // (every micro-batch was kept)
+      if (exact) exact->reduce(*replicas, false);                  // (every micro-batch was kept)
+      if (device_replicas && plan.dp > 1) device_->synchronize();  // (NCCL has its own stream)
       for (uint32_t b = mine.begin; b < mine.end && plan.dp > 1 && !exact; ++b) {
-        HostStaged g(model_->block(b).grads());
+        models::Tensor& grads = model_->block(b).grads();
+        if (device_replicas && grads.device() != models::Device::cpu) {
+          device_replicas->allreduce(grads.data(), grads.data(), grads.numel(), comm::DataType::f32,
+                                     comm::ReduceOp::sum);
+          continue;
+        }
+        HostStaged g(grads);
         replicas->allreduce(g.data(), g.data(), g.count(), comm::DataType::f32,
                             comm::ReduceOp::sum);
         g.store();

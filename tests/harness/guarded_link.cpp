@@ -8,6 +8,9 @@ namespace {
 class GuardedLink final : public comm::Communicator {
  public:
   GuardedLink(GuardedCompute& device, comm::Communicator& host) : dev_(device), host_(host) {}
+  // A group's: over the host communicator's group of the same members, which it owns.
+  GuardedLink(GuardedCompute& device, std::unique_ptr<comm::Communicator> group)
+      : dev_(device), owned_(std::move(group)), host_(*owned_) {}
 
   int rank() const override { return host_.rank(); }
   int size() const override { return host_.size(); }
@@ -52,10 +55,13 @@ class GuardedLink final : public comm::Communicator {
                    tag, o);
   }
   void barrier(const comm::CollectiveOptions& o) override { host_.barrier(o); }
-  std::unique_ptr<comm::Communicator> split(int, int, const comm::CollectiveOptions&) override {
-    TROUPE_FAIL(comm::Errc::invalid_input, "the stand-in device plane has no groups");
+  std::unique_ptr<comm::Communicator> split(int color, int key,
+                                            const comm::CollectiveOptions& o) override {
+    auto group = host_.split(color, key, o);
+    if (!group) return nullptr;
+    return std::make_unique<GuardedLink>(dev_, std::move(group));
   }
-  // (The host communicator is the generation's: its owner aborts it.)
+  // (The host communicator is the generation's: its owner aborts it, and so a group's.)
   void abort() override {}
 
  private:
@@ -66,6 +72,7 @@ class GuardedLink final : public comm::Communicator {
     return r;
   }
   GuardedCompute& dev_;
+  std::unique_ptr<comm::Communicator> owned_;  // a group's host communicator
   comm::Communicator& host_;
 };
 

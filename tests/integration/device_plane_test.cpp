@@ -177,5 +177,65 @@ TEST(DevicePlane, AfterAKillAndAJoinTheNextGenerationFormsItsOwnPlane) {
       << text_of(dir.path() + "/joiner.out");
 }
 
+// A pipeline on the device plane (dp 2 x pp 2: four workers, each on a "GPU" of its own): the
+// activations and gradients between the stages go device to device, the replicas' gradients are
+// summed in place in their group of the plane; the same bits as the same pipeline on the CPU.
+TEST(DevicePlane, APipelinesActivationsAndReplicaSumsGoOverIt) {
+  TempDir dir;
+  const std::vector<std::string> pp{"parallel.pipeline_stages=2", "model.tied_head=false",
+                                    "parallel.overlap_reduce=false", "job.steps=20"};
+  auto run = [&](const std::string& name, std::vector<std::string> env) {
+    Job job = start_job(dir, name, kGpt, 4, pp, env);
+    EXPECT_TRUE(job.proc->wait(180s)) << name << " did not finish";
+    EXPECT_EQ(json_field(events_of(job).back(), "identical_parameters"), "true") << name;
+    return Reference{committed_losses(job.run_dir), final_checksum(job)};
+  };
+  Reference cpu = run("pp-cpu", {});
+  ASSERT_EQ(cpu.losses.size(), 20u);
+  Reference plane = run("pp-plane", {kGuarded, kOwnGpus});
+  EXPECT_EQ(plane.losses, cpu.losses);
+  EXPECT_EQ(plane.checksum, cpu.checksum);
+  EXPECT_EQ(plane_of(dir, "pp-plane").rfind("NCCL: every member on a GPU of its own", 0), 0u)
+      << plane_of(dir, "pp-plane");
+  std::string logs;
+  for (int a = 0; a < 4; ++a)
+    logs += text_of(dir.path() + "/pp-plane/agent-" + std::to_string(a) + ".log");
+  size_t stages = 0;
+  const std::string said = "activations and gradients, the replicas' sums over the device plane";
+  for (size_t at = 0; (at = logs.find(said, at)) != std::string::npos; ++at) ++stages;
+  EXPECT_EQ(stages, 4u) << logs;
+}
+
+// A stage's worker SIGKILLed in a dp 2 x pp 2 pipeline on the plane: the next generation (one
+// pipeline and a standby) forms its own plane, the lost stage's blocks come from its replica
+// device to device, and the job computes the static run's function.
+TEST(DevicePlane, APipelineStageKilledOnItIsRecoveredFromItsReplica) {
+  TempDir dir;
+  constexpr int steps = 60;
+  const std::vector<std::string> sets{
+      "parallel.pipeline_stages=2", "model.tied_head=false", "parallel.overlap_reduce=false",
+      "optimizer.kind=\"sgd\"",     "optimizer.lr=0.1",      "job.steps=60"};
+  Job ref = start_job(dir, "static", kGpt, 4, sets);
+  ASSERT_TRUE(ref.proc->wait(180s));
+  const std::vector<double> want = committed_losses(ref.run_dir);
+  ASSERT_EQ(want.size(), size_t(steps));
+  std::vector<std::string> more = sets;
+  more.insert(more.end(), {"elastic.failure_timeout_ms=4000", "elastic.max_restarts=0"});
+  Job job = start_job(dir, "killed", kGpt, 4, more, {kGuarded, kOwnGpus, pace(60000)});
+  wait_steps(job, 8);
+  const auto pids = member_pids(dir, job);
+  ASSERT_EQ(pids.size(), 4u);
+  ASSERT_EQ(::kill(pids[1], SIGKILL), 0);
+  expect_same_function(job, want, steps, kBatch, 1e-4);
+  std::string logs;
+  for (int a = 0; a < 4; ++a)
+    logs += text_of(dir.path() + "/killed/agent-" + std::to_string(a) + ".log");
+  size_t planes = 0;
+  for (size_t at = 0; (at = logs.find("data plane: NCCL", at)) != std::string::npos; ++at) ++planes;
+  EXPECT_EQ(planes, 7u) << "4 members, then 3" << logs;
+  EXPECT_NE(logs.find(" s over the device plane"), std::string::npos)
+      << "the lost stage's blocks did not come over the plane: " << logs;
+}
+
 }  // namespace
 }  // namespace troupe

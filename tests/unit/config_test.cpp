@@ -85,10 +85,6 @@ TEST(Config, BadFilesAreRefusedWithFileLineAndReason) {
        {},
        "job.toml:4:11: parallel.backend = \"nccl\" reduces CUDA tensors, and cluster.devices = "
        "\"cpu\""},
-      {"nccl for a pipeline",
-       "[parallel]\nbackend = \"nccl\"\npipeline_stages = 2\n[model]\ntied_head = false\n",
-       {},
-       "job.toml:3:19: parallel.backend = \"nccl\" serves data-parallel jobs only"},
       {"bf16 sums with exact sums",
        "[parallel]\ndeterministic = true\nreduce_dtype = \"bf16\"\n",
        {},
