@@ -5,7 +5,8 @@
 # hand. Passes when the job finishes, the ledger has every sample of every committed step exactly
 # once, and the per-step losses and final checksums are bitwise those of a static 1-worker run on
 # the same device. Also: two workers on one device with parallel.backend "auto" go host-staged
-# (the data_plane event says why) and with "nccl" are refused (exit 2). Prints one table row per
+# (the data_plane event says why) and with "nccl" are refused (exit 2); and a pipeline of 2 stages
+# on the device (deterministic) computes a 1-worker run's bits. Prints one table row per
 # run. Cleans up every process it started.
 # Usage: scripts/gpu-elastic.sh TROUPE_BINARY cuda|cpu [STEPS]
 set -uo pipefail
@@ -101,6 +102,19 @@ auto_rc=$?
 plane=$(grep -o '"event":"data_plane".*' "$work/auto/events.jsonl" 2>/dev/null | head -n 1)
 want=$([[ $device == cuda ]] && echo "share one GPU (GPU-" || echo "computes on the CPU")
 auto_ok=$([[ $auto_rc == 0 && $plane == *"$want"* ]] && echo 1 || echo 0)
+# Pipeline stages on the device: 2 workers as stages (activations and gradients between them over
+# the data plane), bitwise a 1-worker run of the same (untied) model: parallel.deterministic.
+pp_sets=(--set job.steps=40 --set model.tied_head=false)
+"$troupe" run "$work/job.toml" --set cluster.agents=1 "${pp_sets[@]}" \
+  --set "job.run_dir=\"$work/pp1\"" > "$work/pp1.out" 2>&1
+pp1_rc=$?
+"$troupe" run "$work/job.toml" --set cluster.agents=2 --set parallel.pipeline_stages=2 \
+  "${pp_sets[@]}" --set "job.run_dir=\"$work/pp2\"" > "$work/pp2.out" 2>&1
+pp2_rc=$?
+losses_of() { grep -o '"event":"step_committed".*"loss":[^,}]*' "$work/$1/events.jsonl" 2>/dev/null | grep -o '"loss":[^,}]*'; }
+pp_n=$(losses_of pp2 | wc -l)
+pp_ok=$([[ $pp1_rc == 0 && $pp2_rc == 0 && $pp_n == 40 && "$(losses_of pp1)" == "$(losses_of pp2)" ]] && echo 1 || echo 0)
+echo "| pipeline of 2 stages on one $device device (deterministic) | $([[ $pp_ok == 1 ]] && echo PASS || echo FAIL): exit $pp1_rc / $pp2_rc, $pp_n steps | per-step losses bitwise a 1-worker run's |"
 echo "| parallel.backend = \"auto\", 2 workers on one $device device | $([[ $auto_ok == 1 ]] && echo PASS || echo FAIL): exit $auto_rc | ${plane//|/\\|} |"
 echo "| parallel.backend = \"nccl\", 2 workers on one $device device | $([[ $nccl_rc == 2 ]] && echo PASS || echo FAIL): exit $nccl_rc | ${nccl_out//|/\\|} |"
 python3 - "$work" "$steps" "$static_rc" "$elastic_rc" "$killed_at" "$static_s" "$device" "$killed_ts" <<'PY'
@@ -176,6 +190,6 @@ print("| elastic GPT on %s: 2 workers, SIGKILL at step %s, a joiner | %s | stati
 sys.exit(1 if problems else 0)
 PY
 rc=$?
-[[ $auto_ok == 1 && $nccl_rc == 2 ]] || rc=1
+[[ $auto_ok == 1 && $nccl_rc == 2 && $pp_ok == 1 ]] || rc=1
 if [[ $rc -eq 0 ]]; then rm -rf "$work"; else echo "gpu-elastic: kept $work; the static run said:"; tail -n 3 "$work/static.out"; fi
 exit $rc
