@@ -109,8 +109,9 @@ class BenchBuffer {
   uint8_t* data_;
 };
 
-// Times each size's allreduce (3 trials of about min_seconds; the median); rank 0 prints JSON.
-void time_sizes(comm::Communicator& comm, const std::vector<size_t>& sizes, double min_seconds,
+// Times each size's allreduce (3 trials of about min_seconds; the median); rank 0 prints JSON
+// (with registered buffers: which fraction of the calls read them in place).
+void time_sizes(comm::UcxCommunicator& comm, const std::vector<size_t>& sizes, double min_seconds,
                 const comm::CollectiveOptions& timed, comm::DataType type,
                 comm::SharedArena* arena) {
   const size_t es = comm::element_size(type);
@@ -119,6 +120,8 @@ void time_sizes(comm::Communicator& comm, const std::vector<size_t>& sizes, doub
     size_t count = std::max<size_t>(1, bytes / es);
     BenchBuffer buf(count * es, arena);
     auto* f = buf.data();
+    const uint64_t registered_before = comm.registered_allreduces();
+    uint64_t calls = 0;
     comm.allreduce(f, f, count, type, comm::ReduceOp::sum, timed);  // warm-up
     // Iterations so that one trial takes about min_seconds (agreed: rank 0's estimate).
     comm.barrier();
@@ -133,19 +136,24 @@ void time_sizes(comm::Communicator& comm, const std::vector<size_t>& sizes, doub
       comm.barrier();
       auto start = Clock::now();
       for (int i = 0; i < iters; ++i) comm.allreduce(f, f, count, type, comm::ReduceOp::sum, timed);
+      calls += uint64_t(iters);
       double per_op = std::chrono::duration<double>(Clock::now() - start).count() / iters;
       comm.allreduce(&per_op, &per_op, 1, comm::DataType::f64, comm::ReduceOp::avg);
       trials.push_back(per_op);
     }
     std::sort(trials.begin(), trials.end());
     double t = trials[1];
+    // (The warm-up and the estimate count too: calls + 2.)
+    const double in_place =
+        double(comm.registered_allreduces() - registered_before) / double(calls + 2);
     if (comm.rank() == 0) {
       double busbw = 2.0 * (world - 1) / world * double(count * es) / t / 1e9;
       std::printf(
           "{\"bench\":\"allreduce\",\"impl\":\"%s\",\"workers\":%d,\"bytes\":%zu,"
-          "\"size\":\"%s\",\"dtype\":\"%s\",\"time_us\":%.2f,\"busbw_gbps\":%.3f,\"iters\":%d}\n",
+          "\"size\":\"%s\",\"dtype\":\"%s\",\"time_us\":%.2f,\"busbw_gbps\":%.3f,\"iters\":%d,"
+          "\"registered\":%.2f}\n",
           arena ? "troupe_ucx_registered" : "troupe_ucx", world, count * es,
-          human(count * es).c_str(), comm::dtype_name(type), t * 1e6, busbw, iters);
+          human(count * es).c_str(), comm::dtype_name(type), t * 1e6, busbw, iters, in_place);
       std::fflush(stdout);
     }
   }
