@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "bench/bench.h"
@@ -335,6 +336,23 @@ int run_allreduce_worker(const std::vector<std::string>& words) {
   return 0;
 }
 
+namespace {
+
+// A rank 0 line of `world` processes: as it is (JSON), or as a row of the table.
+void print_result(const std::string& line, int world, bool json) {
+  if (json) {
+    std::printf("%s\n", line.c_str());
+  } else {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) return;  // (not a result)
+    std::printf("%8d %8s %12.2f %12.3f\n", world, j.value("size", "").c_str(),
+                j.value("time_us", 0.0), j.value("busbw_gbps", 0.0));
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
+
 int run_allreduce_bench(const std::vector<std::string>& words) {
   CLI::App app{
       "Allreduce between processes (ucx) or GPUs (nccl): time and bus bandwidth per "
@@ -416,24 +434,8 @@ int run_allreduce_bench(const std::vector<std::string>& words) {
                                              "",
                                              {}}));
     }
-    while (auto line = ranks[0]->read_line(std::chrono::seconds(600))) {
-      if (json) {
-        std::printf("%s\n", line->c_str());
-      } else {
-        auto field = [&](const std::string& key) {
-          auto at = line->find("\"" + key + "\":");
-          if (at == std::string::npos) return std::string();
-          at += key.size() + 3;
-          auto end = line->find_first_of(",}", at);
-          std::string v = line->substr(at, end - at);
-          v.erase(std::remove(v.begin(), v.end(), '"'), v.end());
-          return v;
-        };
-        std::printf("%8d %8s %12s %12s\n", world, field("size").c_str(), field("time_us").c_str(),
-                    field("busbw_gbps").c_str());
-      }
-      std::fflush(stdout);
-    }
+    while (auto line = ranks[0]->read_line(std::chrono::seconds(600)))
+      print_result(*line, world, json);
     for (auto& r : ranks) r->wait(std::chrono::seconds(10));
     std::filesystem::remove_all(dir);
   }

@@ -354,20 +354,8 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
       res = stage.run(comm, step, share, uint64_t(spec_.micro_batch),
                       exact ? std::function<void()>([&] { exact->keep(); }) : nullptr);
       trace_.span(step, "pipeline stage (1F1B)", "compute", p0);
-      if (exact) exact->reduce(*replicas, false);                  // (every micro-batch was kept)
-      if (device_replicas && plan.dp > 1) device_->synchronize();  // (NCCL has its own stream)
-      for (uint32_t b = mine.begin; b < mine.end && plan.dp > 1 && !exact; ++b) {
-        models::Tensor& grads = model_->block(b).grads();
-        if (device_replicas && grads.device() != models::Device::cpu) {
-          device_replicas->allreduce(grads.data(), grads.data(), grads.numel(), comm::DataType::f32,
-                                     comm::ReduceOp::sum);
-          continue;
-        }
-        HostStaged g(grads);
-        replicas->allreduce(g.data(), g.data(), g.count(), comm::DataType::f32,
-                            comm::ReduceOp::sum);
-        g.store();
-      }
+      if (exact) exact->reduce(*replicas, false);  // (every micro-batch was kept)
+      if (plan.dp > 1 && !exact) sum_replicas(mine, *replicas, device_replicas.get());
       if (r == 0)
         for (uint32_t b = mine.begin; b < mine.end; ++b)
           norm_sq += models::grad_norm_sq(model_->block(b).grads());
@@ -407,6 +395,22 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
   comm.barrier();
   report_trace(true);
   return result;
+}
+
+void Worker::sum_replicas(elastic::BlockRange blocks, comm::Communicator& host,
+                          comm::Communicator* device) {
+  if (device) device_->synchronize();  // (NCCL has its own stream)
+  for (uint32_t b = blocks.begin; b < blocks.end; ++b) {
+    models::Tensor& grads = model_->block(b).grads();
+    if (device && grads.device() != models::Device::cpu) {
+      device->allreduce(grads.data(), grads.data(), grads.numel(), comm::DataType::f32,
+                        comm::ReduceOp::sum);
+      continue;
+    }
+    HostStaged g(grads);
+    host.allreduce(g.data(), g.data(), g.count(), comm::DataType::f32, comm::ReduceOp::sum);
+    g.store();
+  }
 }
 
 void Worker::take_checkpoint_result(bool wait) {

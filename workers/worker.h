@@ -190,6 +190,10 @@ class Worker {
   // The share of rank r of n data-parallel replicas (whole micro-batches when deterministic).
   elastic::Share share_of(uint32_t r, uint32_t n) const;
   void gather_parameters(comm::Communicator& comm, const elastic::Plan& plan);
+  // A pipeline stage's replicas: each of `blocks`' gradients summed over their group, in place on
+  // the device plane's (device: null for none) or host-staged over the host's.
+  void sum_replicas(elastic::BlockRange blocks, comm::Communicator& host,
+                    comm::Communicator* device);
   // This rank's checkpoint vote: 1 when a checkpoint is wanted at or after a step above the last
   // one it checkpointed for a request (a late copy of a request already served is not).
   double checkpoint_vote(const Requests& requests) const;
