@@ -25,6 +25,31 @@ inline void cpu_relax() {
 #endif
 }
 
+// Maps another process's memfd of exactly `bytes` (mapping past a file's end: SIGBUS) through
+// /proc/PID/fd/FD (`who` names it in the errors). Null and why when it cannot.
+void* map_peer(int pid, int peer_fd, size_t bytes, bool writable, const std::string& who,
+               std::string* why) {
+  const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(peer_fd);
+  int fd = peer_fd < 0 ? -1 : open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) {
+    *why = "cannot open " + who + " " + path + ": " + std::strerror(errno);
+    return nullptr;
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || size_t(st.st_size) != bytes) {
+    close(fd);
+    *why = who + " " + path + " is not " + std::to_string(bytes) + " bytes";
+    return nullptr;
+  }
+  const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
+  void* p = mmap(nullptr, bytes, prot, MAP_SHARED | (writable ? MAP_POPULATE : 0), fd, 0);
+  const int err = errno;
+  close(fd);
+  if (p != MAP_FAILED) return p;
+  *why = "cannot map " + who + " " + path + ": " + std::strerror(err);
+  return nullptr;
+}
+
 // Chunk k of a call: elements [at, at + c); slice q of it: [at + off(q), + len(q)).
 struct Geometry {
   size_t at, base, rem;
@@ -130,26 +155,16 @@ std::string ShmAllreduce::attach(const std::vector<int>& pids, const std::vector
   if (fd_ < 0) return why_;
   for (int r = 0; r < n_; ++r) {
     if (r == rank_) continue;
-    const std::string who = "rank " + std::to_string(r) + "'s segment ";
-    std::string path =
-        "/proc/" + std::to_string(pids[size_t(r)]) + "/fd/" + std::to_string(fds[size_t(r)]);
-    int fd = fds[size_t(r)] < 0 ? -1 : open(path.c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0) return "cannot open " + who + path + ": " + std::strerror(errno);
-    struct stat st {};
-    if (fstat(fd, &st) != 0 || size_t(st.st_size) != bytes_) {  // (mapping past its end: SIGBUS)
-      close(fd);
-      return who + path + " is not " + std::to_string(bytes_) + " bytes";
-    }
-    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    int err = errno;
-    close(fd);
-    if (p == MAP_FAILED) return "cannot map " + who + path + ": " + std::strerror(err);
+    const std::string who = "rank " + std::to_string(r) + "'s segment";
+    std::string why;
+    void* p = map_peer(pids[size_t(r)], fds[size_t(r)], bytes_, true, who, &why);
+    if (!p) return why;
     base_[size_t(r)] = static_cast<uint8_t*>(p);
     // Another process's file with the same pid and fd (another pid namespace) is not it.
     const Header* h = header(r);
     if (h->identity != identities[size_t(r)] || h->rank != r || h->ranks != n_ ||
         h->slice_bytes != int64_t(slice_bytes_) || h->bytes != int64_t(bytes_))
-      return who + path + " is not the one that rank made";
+      return who + " is not the one that rank made";
   }
   return "";
 }
@@ -309,23 +324,14 @@ std::string ShmAllreduce::attach_arenas(std::shared_ptr<const SharedArena> mine,
   for (int r = 0; r < n_; ++r) {
     const ArenaRef& a = arenas[size_t(r)];
     if (r == rank_ || a.fd < 0) continue;
-    const std::string who = "rank " + std::to_string(r) + "'s registered buffers ";
-    std::string path = "/proc/" + std::to_string(pids[size_t(r)]) + "/fd/" + std::to_string(a.fd);
-    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return "cannot open " + who + path + ": " + std::strerror(errno);
-    struct stat st {};
-    if (fstat(fd, &st) != 0 || uint64_t(st.st_size) != a.bytes) {
-      close(fd);
-      return who + path + " are not " + std::to_string(a.bytes) + " bytes";
-    }
-    void* p = mmap(nullptr, a.bytes, PROT_READ, MAP_SHARED, fd, 0);
-    int err = errno;
-    close(fd);
-    if (p == MAP_FAILED) return "cannot map " + who + path + ": " + std::strerror(err);
+    const std::string who = "rank " + std::to_string(r) + "'s registered buffers";
+    std::string why;
+    void* p = map_peer(pids[size_t(r)], a.fd, a.bytes, false, who, &why);
+    if (!p) return why;
     arenas_[size_t(r)] = static_cast<const uint8_t*>(p);
     arena_bytes_[size_t(r)] = a.bytes;
     if (SharedArena::identity_at(p, a.bytes) != a.identity)
-      return who + path + " are not the ones that rank made";
+      return who + " is not the one that rank made";
   }
   arena_ = std::move(mine);
   return "";
