@@ -15,12 +15,18 @@ void reduce_sum(void* acc, const void* in, size_t count, DataType t);
 void reduce_sum_into(void* out, const void* a, const void* b, size_t count, DataType t);
 // buf[i] /= divisor
 void scale_down(void* buf, size_t count, DataType t, int divisor);
+// How a reduction stores lines that other cores read next.
+enum class Store { ordinary, streamed };
+// The faster of the two on this CPU (by vendor, measured: see reduce.cpp).
+Store publishing_store();
 // out[i] = ((parts[0][i] + parts[1][i]) + parts[2][i]) + ..., divided by `divisor` unless it is
-// 1: the bits of reduce_sum_into, reduce_sum and scale_down in that order, in one pass, stored
-// with non-temporal stores (whole cache lines written without reading them first: a line that
-// another core has read would otherwise be fetched back for ownership). f32 only: returns false
-// for other types, having done nothing. out may be parts[0].
-bool reduce_sum_streaming(void* out, const void* const* parts, int nparts, size_t count, DataType t,
-                          int divisor);
+// 1: the bits of reduce_sum_into, reduce_sum and scale_down in that order, in one pass over all
+// the parts; stored to out and, when copy is not null, to copy as well (one pass, two stores).
+// Streamed stores are non-temporal: whole cache lines written without reading them first (a
+// line another core read would otherwise be fetched back for ownership), sent towards memory.
+// f32 only: returns false for other types, having done nothing. out may be parts[0]; copy must
+// not overlap out or the parts.
+bool reduce_sum_parts(void* out, Store out_store, void* copy, Store copy_store,
+                      const void* const* parts, int nparts, size_t count, DataType t, int divisor);
 
 }  // namespace troupe::comm

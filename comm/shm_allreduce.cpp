@@ -285,21 +285,23 @@ std::string ShmAllreduce::run(const uint8_t* in, uint8_t* out, size_t count, Dat
       std::string why = mismatch();
       if (!why.empty()) return why;
     }
-    // Reduce into this rank's own output, then copy to the result area: the result area's lines
-    // were last read by the other ranks' cores, and vector stores into them would fetch each
-    // line for ownership (2.5x slower here); a copy (rep movsb) does not.
+    // Reduce into this rank's own output and, in the same pass, into the result area (which the
+    // others' cores read last and read next: publishing_store). Own part first, then the others
+    // in rank order.
     if (const size_t len = g.len(rank_)) {
       uint8_t* my_out = out + (g.at + g.off(rank_)) * es;
-      auto part = [&](int q) -> const uint8_t* {
-        return q == rank_ ? in + (g.at + g.off(rank_)) * es : staging(q, slot, rank_);
-      };
-      // Own part first (in place, my_out is it), then the others in rank order.
-      const int other = rank_ == 0 ? 1 : 0;
-      reduce_sum_into(my_out, part(rank_), part(other), len, t);
-      for (int q = other + 1; q < n_; ++q)
-        if (q != rank_) reduce_sum(my_out, part(q), len, t);
-      if (average) scale_down(my_out, len, t, n_);
-      std::memcpy(result(rank_, slot), my_out, len * es);
+      const uint8_t* parts[kMaxRanks];
+      parts[0] = in + (g.at + g.off(rank_)) * es;
+      for (int q = 0, p = 1; q < n_; ++q)
+        if (q != rank_) parts[p++] = staging(q, slot, rank_);
+      if (!reduce_sum_parts(my_out, Store::ordinary, result(rank_, slot), publishing_store(),
+                            reinterpret_cast<const void* const*>(parts), n_, len, t,
+                            average ? n_ : 1)) {
+        reduce_sum_into(my_out, parts[0], parts[1], len, t);
+        for (int p = 2; p < n_; ++p) reduce_sum(my_out, parts[p], len, t);
+        if (average) scale_down(my_out, len, t, n_);
+        std::memcpy(result(rank_, slot), my_out, len * es);
+      }
     }
     mine->reduced.store(step + 1, std::memory_order_release);
     if (k + 1 < chunks) stage(k + 1);
@@ -369,8 +371,8 @@ void ShmAllreduce::run_registered(uint8_t* out, size_t count, DataType t, bool a
   auto theirs = [&](int q, size_t elem) {
     return arenas_[size_t(q)] + header(q)->call.registered + elem * es;
   };
-  // Slice r of chunk k: own part first (in place), then the others in rank order; streamed (f32:
-  // the others read this slice last time, and plain stores would fetch each line back first).
+  // Slice r of chunk k: own part first (in place), then the others in rank order; stored as
+  // suits lines the others read last time and read next (publishing_store).
   auto reduce = [&](uint64_t k) {
     const Geometry g(k, chunk_elems, count, n_);
     if (const size_t len = g.len(rank_)) {
@@ -380,8 +382,9 @@ void ShmAllreduce::run_registered(uint8_t* out, size_t count, DataType t, bool a
       parts[0] = my;
       for (int q = 0, p = 1; q < n_; ++q)
         if (q != rank_) parts[p++] = theirs(q, e);
-      if (!reduce_sum_streaming(my, reinterpret_cast<const void* const*>(parts), n_, len, t,
-                                average ? n_ : 1)) {
+      if (!reduce_sum_parts(my, publishing_store(), nullptr, Store::ordinary,
+                            reinterpret_cast<const void* const*>(parts), n_, len, t,
+                            average ? n_ : 1)) {
         reduce_sum_into(my, parts[0], parts[1], len, t);
         for (int p = 2; p < n_; ++p) reduce_sum(my, parts[p], len, t);
         if (average) scale_down(my, len, t, n_);

@@ -6,8 +6,8 @@
 // area (the slices of its input that the other ranks reduce) and a result area (the slice it
 // reduced). The buffer goes in chunks of n slices. Rank r, for chunk t:
 //   1. waits until every rank has staged chunk t                      (staged_q >= t+1)
-//   2. reduces slice r: its own input, then the others' staged copies in rank order, into its
-//      output, and copies that to its result area (avg: divided first)  -> reduced_r = t+1
+//   2. reduces slice r: its own input, then the others' staged copies in rank order, in one
+//      pass into its output and its result area (avg: divided first)   -> reduced_r = t+1
 //   3. stages chunk t+1 (the slices q != r of its input)                -> staged_r = t+2
 //   4. waits until every rank has reduced chunk t, copies their results into its output.
 // Step 3 is where a rank that is ahead would otherwise wait for a slow one. A call of at most
@@ -28,10 +28,10 @@
 // Registered buffers (comm/shared_arena.h): when every rank's buffer of a call of at least
 // kRegisteredMinBytes is in place (in == out) in its arena, which every other rank mapped
 // read-only at attach, nothing is staged. Rank r reduces slice r of chunk t straight from the
-// others' buffers into its own (streamed: reduce_sum_streaming) -> reduced_r = t+1, then copies
+// others' buffers into its own (reduce_sum_parts, publishing_store) -> reduced_r = t+1, then copies
 // slice q of chunk t-1 straight from rank q's buffer once q reduced it; after the last chunk it
 // says so (gathered) and returns once everyone has: until then the others may read its buffer.
-// Per rank that is 2.5 x the bytes of memory traffic with two ranks instead of 4.5 x.
+// Per rank that is 2.5 x the bytes of memory traffic with two ranks instead of 4 x.
 // Why nobody reads a slice being rewritten: rank q rewrites slice r of its buffer (gathering)
 // only after r reduced it, and its own slice q (reducing) before anyone gathers it.
 // Every rank publishes its call, then `announced`; a rank whose own buffer is registered waits

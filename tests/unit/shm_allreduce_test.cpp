@@ -13,6 +13,8 @@
 #include <random>
 #include <thread>
 
+#include "comm/reduce.h"
+
 namespace troupe::comm {
 namespace {
 
@@ -26,6 +28,43 @@ TEST(ShmAllreduce, SliceSizesAreBoundedAndAligned) {
     EXPECT_EQ(s % 64, 0u);
     EXPECT_LE(2 * size_t(n) * s, ShmAllreduce::kMaxSegmentBytes) << n;
   }
+}
+
+// The one-pass reduction the shared-memory paths use gives the bits of the stepwise one
+// (reduce_sum_into, reduce_sum, scale_down) for every store kind, at any alignment and length.
+TEST(ReduceSumParts, EveryStoreKindGivesTheStepwiseBits) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> value(-3, 3);
+  const Store kinds[] = {Store::ordinary, Store::streamed};
+  for (int nparts : {1, 2, 3, 5})
+    for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(9), size_t(1003)})
+      for (size_t shift : {size_t(0), size_t(3)})
+        for (int divisor : {1, 3}) {
+          std::vector<std::vector<float>> in(size_t(nparts), std::vector<float>(count + 8));
+          for (auto& v : in)
+            for (float& f : v) f = value(rng);
+          std::vector<float> want(in[0].begin() + long(shift), in[0].begin() + long(shift + count));
+          for (int q = 1; q < nparts; ++q)
+            reduce_sum(want.data(), in[size_t(q)].data() + shift, count, DataType::f32);
+          if (divisor != 1) scale_down(want.data(), count, DataType::f32, divisor);
+          const void* parts[8];
+          for (int q = 0; q < nparts; ++q) parts[q] = in[size_t(q)].data() + shift;
+          for (Store ko : kinds)
+            for (Store kc : kinds) {
+              std::vector<float> out(count + 8, -1), copy(count + 8, -1);
+              // The copy one float further than the output: streamed stores at two alignments.
+              ASSERT_TRUE(reduce_sum_parts(out.data() + shift, ko, copy.data() + shift + 1, kc,
+                                           parts, nparts, count, DataType::f32, divisor));
+              const std::string what = std::to_string(nparts) + " parts, " + std::to_string(count) +
+                                       " floats, shift " + std::to_string(shift);
+              EXPECT_EQ(std::memcmp(out.data() + shift, want.data(), count * 4), 0) << what;
+              EXPECT_EQ(std::memcmp(copy.data() + shift + 1, want.data(), count * 4), 0) << what;
+              EXPECT_EQ(out[shift + count], -1) << what;  // nothing past the end
+              EXPECT_EQ(copy[shift + 1 + count], -1) << what;
+            }
+        }
+  EXPECT_FALSE(reduce_sum_parts(nullptr, Store::ordinary, nullptr, Store::ordinary, nullptr, 2, 4,
+                                DataType::f64, 1));
 }
 
 TEST(ShmAllreduce, TwoRanksInOneProcessReduce) {
