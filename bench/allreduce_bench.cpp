@@ -375,16 +375,18 @@ int run_allreduce_bench(const std::vector<std::string>& words) {
       ->check(CLI::IsMember({"f32", "i64"}));
   app.add_option("--algorithm", algorithm, "auto, ring, rd or shm");
   app.add_option("--min-seconds", min_seconds, "time each size at least this long");
-  app.add_option("--segment-bytes", segment, "ring chunk size");
+  app.add_option("--segment-bytes", segment, "ring chunk size (bytes, or 64K, 1M)");
   app.add_option("--window", window, "ring chunks in flight");
-  app.add_option("--shm-slice-bytes", slice, "shared-memory slice size");
+  app.add_option("--shm-slice-bytes", slice, "shared-memory slice size (bytes, or 64K, 1M)");
   app.add_option("--buffers", buffers,
                  "user (the caller's memory), or registered (in the communicator's arena: read "
                  "in place by the others, as a training job's gradients)")
       ->check(CLI::IsMember({"user", "registered"}));
   app.add_flag("--json", json, "JSON lines");
   if (auto rc = cli::parse(app, words)) return *rc;
-  parse_algorithm(algorithm);  // refused here, before any process starts
+  parse_algorithm(algorithm);                     // refused here, before any process starts
+  segment = std::to_string(parse_size(segment));  // the workers take bytes: 64K -> 65536
+  slice = std::to_string(parse_size(slice));
   if (backend == "nccl") return run_nccl_allreduce_bench(parse_sizes(sizes), json);
   if (worlds.empty()) worlds = {2, 4};
   std::string exe = coordinator::self_executable();
