@@ -17,11 +17,20 @@ void reduce_sum_into(void* out, const void* a, const void* b, size_t count, Data
 void scale_down(void* buf, size_t count, DataType t, int divisor);
 // How a reduction stores lines that other cores read next.
 enum class Store { ordinary, streamed };
-// The faster of the two on this CPU (by vendor, measured: see reduce.cpp).
-Store publishing_store();
+// How this CPU best handles lines shared between cores (chosen by vendor, each measured: see
+// reduce.cpp): the store kind for lines other cores read next, and how far ahead to prefetch
+// lines another core wrote (0: leave it to the hardware).
+struct PeerLines {
+  Store store;
+  size_t prefetch_bytes;
+};
+const PeerLines& peer_lines();
+// memcpy of lines another core wrote, prefetched as peer_lines() says.
+void copy_from_peer(void* dst, const void* src, size_t bytes);
 // out[i] = ((parts[0][i] + parts[1][i]) + parts[2][i]) + ..., divided by `divisor` unless it is
 // 1: the bits of reduce_sum_into, reduce_sum and scale_down in that order, in one pass over all
 // the parts; stored to out and, when copy is not null, to copy as well (one pass, two stores).
+// The parts after the first are taken to be another core's (prefetched as peer_lines() says).
 // Streamed stores are non-temporal: whole cache lines written without reading them first (a
 // line another core read would otherwise be fetched back for ownership), sent towards memory.
 // f32 only: returns false for other types, having done nothing. out may be parts[0]; copy must

@@ -286,7 +286,7 @@ std::string ShmAllreduce::run(const uint8_t* in, uint8_t* out, size_t count, Dat
       if (!why.empty()) return why;
     }
     // Reduce into this rank's own output and, in the same pass, into the result area (which the
-    // others' cores read last and read next: publishing_store). Own part first, then the others
+    // others' cores read last and read next: peer_lines). Own part first, then the others
     // in rank order.
     if (const size_t len = g.len(rank_)) {
       uint8_t* my_out = out + (g.at + g.off(rank_)) * es;
@@ -294,7 +294,7 @@ std::string ShmAllreduce::run(const uint8_t* in, uint8_t* out, size_t count, Dat
       parts[0] = in + (g.at + g.off(rank_)) * es;
       for (int q = 0, p = 1; q < n_; ++q)
         if (q != rank_) parts[p++] = staging(q, slot, rank_);
-      if (!reduce_sum_parts(my_out, Store::ordinary, result(rank_, slot), publishing_store(),
+      if (!reduce_sum_parts(my_out, Store::ordinary, result(rank_, slot), peer_lines().store,
                             reinterpret_cast<const void* const*>(parts), n_, len, t,
                             average ? n_ : 1)) {
         reduce_sum_into(my_out, parts[0], parts[1], len, t);
@@ -308,7 +308,7 @@ std::string ShmAllreduce::run(const uint8_t* in, uint8_t* out, size_t count, Dat
     wait(everyone(&Header::reduced, step + 1), idle);
     for (int q = 0; q < n_; ++q)
       if (q != rank_ && g.len(q))
-        std::memcpy(out + (g.at + g.off(q)) * es, result(q, slot), g.len(q) * es);
+        copy_from_peer(out + (g.at + g.off(q)) * es, result(q, slot), g.len(q) * es);
   }
   step_ = first + chunks;
   return "";
@@ -372,7 +372,7 @@ void ShmAllreduce::run_registered(uint8_t* out, size_t count, DataType t, bool a
     return arenas_[size_t(q)] + header(q)->call.registered + elem * es;
   };
   // Slice r of chunk k: own part first (in place), then the others in rank order; stored as
-  // suits lines the others read last time and read next (publishing_store).
+  // suits lines the others read last time and read next (peer_lines).
   auto reduce = [&](uint64_t k) {
     const Geometry g(k, chunk_elems, count, n_);
     if (const size_t len = g.len(rank_)) {
@@ -382,7 +382,7 @@ void ShmAllreduce::run_registered(uint8_t* out, size_t count, DataType t, bool a
       parts[0] = my;
       for (int q = 0, p = 1; q < n_; ++q)
         if (q != rank_) parts[p++] = theirs(q, e);
-      if (!reduce_sum_parts(my, publishing_store(), nullptr, Store::ordinary,
+      if (!reduce_sum_parts(my, peer_lines().store, nullptr, Store::ordinary,
                             reinterpret_cast<const void* const*>(parts), n_, len, t,
                             average ? n_ : 1)) {
         reduce_sum_into(my, parts[0], parts[1], len, t);
@@ -402,7 +402,7 @@ void ShmAllreduce::run_registered(uint8_t* out, size_t count, DataType t, bool a
     const Geometry g(k, chunk_elems, count, n_);
     for (int q = 0; q < n_; ++q)
       if (q != rank_ && g.len(q))
-        std::memcpy(out + (g.at + g.off(q)) * es, theirs(q, g.at + g.off(q)), g.len(q) * es);
+        copy_from_peer(out + (g.at + g.off(q)) * es, theirs(q, g.at + g.off(q)), g.len(q) * es);
   };
   try {
     for (uint64_t k = 0; k < chunks; ++k) {

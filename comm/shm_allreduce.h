@@ -28,7 +28,7 @@
 // Registered buffers (comm/shared_arena.h): when every rank's buffer of a call of at least
 // kRegisteredMinBytes is in place (in == out) in its arena, which every other rank mapped
 // read-only at attach, nothing is staged. Rank r reduces slice r of chunk t straight from the
-// others' buffers into its own (reduce_sum_parts, publishing_store) -> reduced_r = t+1, then copies
+// others' buffers into its own (reduce_sum_parts, peer_lines) -> reduced_r = t+1, then copies
 // slice q of chunk t-1 straight from rank q's buffer once q reduced it; after the last chunk it
 // says so (gathered) and returns once everyone has: until then the others may read its buffer.
 // Per rank that is 2.5 x the bytes of memory traffic with two ranks instead of 4 x.
