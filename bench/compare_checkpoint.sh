@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 RUNS=${1:-3}
 PARAMS=${2:-100e6}
 TROUPE=${TROUPE:-build/bin/troupe}
+source bench/peer_blas.sh
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 for ((r = 0; r < RUNS; r++)); do

@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 RUNS=${1:-3}
 STEPS=${2:-40}
 TROUPE=${TROUPE:-build/bin/troupe}
+source bench/peer_blas.sh
 out=$(mktemp)
 tmp=$(mktemp -d)
 for ((r = 0; r < RUNS; r++)); do

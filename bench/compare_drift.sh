@@ -11,6 +11,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 troupe=${TROUPE:-$here/../build/bin/troupe}
+TROUPE=$troupe source "$here/peer_blas.sh"
 seeds=${1:-"0 1 2"}
 steps=${2:-400}
 work=$(mktemp -d)

@@ -17,6 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 REPS=${1:-5}
 TROUPE=${TROUPE:-build/bin/troupe}
+source bench/peer_blas.sh
 PY=/usr/bin/python3
 tmp=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT

@@ -13,11 +13,11 @@ shift || true
 TROUPE=${TROUPE:-build/bin/troupe}
 PY=/usr/bin/python3
 out=$(mktemp -d)
-core=$("$TROUPE" bench model --model mlp --steps 1 --warmup 0 --json | $PY -c 'import json,sys; print(json.loads(sys.stdin.read())["blas_core"])')
-echo "OpenBLAS kernels for both: $core; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+source bench/peer_blas.sh
+echo "OpenBLAS kernels for both: $OPENBLAS_CORETYPE; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 for ((r = 0; r < RUNS; r++)); do
   "$TROUPE" bench kernels --json "$@" >"$out/troupe-$r.json"
-  OPENBLAS_CORETYPE=$core OPENBLAS_NUM_THREADS=1 $PY bench/peers/torch_kernels.py --json "$@" >"$out/torch-$r.json"
+  OPENBLAS_NUM_THREADS=1 $PY bench/peers/torch_kernels.py --json "$@" >"$out/torch-$r.json"
 done
 $PY - "$out" "$RUNS" <<'PY'
 import json, statistics, sys

@@ -12,14 +12,13 @@ STEPS=${2:-40}
 TROUPE=${TROUPE:-build/bin/troupe}
 PY=/usr/bin/python3
 out=$(mktemp)
-core=$("$TROUPE" bench model --model mlp --steps 1 --warmup 0 --json | $PY -c 'import json,sys; print(json.loads(sys.stdin.read())["blas_core"])')
-echo "OpenBLAS kernels for both: $core"
+source bench/peer_blas.sh
 for threads in 1 2; do
   for model in mlp gpt; do
     for ((r = 0; r < RUNS; r++)); do
       "$TROUPE" bench model --model "$model" --threads "$threads" --steps "$STEPS" --json >>"$out"
       # OPENBLAS_NUM_THREADS: Debian's OpenBLAS (pthread) ignores torch.set_num_threads.
-      OPENBLAS_CORETYPE=$core OPENBLAS_NUM_THREADS=$threads $PY bench/peers/torch_models.py --model "$model" --threads "$threads" \
+      OPENBLAS_NUM_THREADS=$threads $PY bench/peers/torch_models.py --model "$model" --threads "$threads" \
         --steps "$STEPS" >>"$out"
     done
   done
