@@ -6,6 +6,7 @@
 // `troupe bench allreduce-worker` is one rank (started by the benchmark and the failure tests).
 #include <signal.h>
 #include <sys/time.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -400,6 +401,7 @@ int run_allreduce_bench(const std::vector<std::string>& words) {
     std::printf("single-core memcpy: %.2f GB/s (reads + writes)\n", copy);
     std::printf("%8s %8s %12s %12s\n", "workers", "size", "time us", "busbw GB/s");
   }
+  bool failed = false;
   for (int world : worlds) {
     auto dir = std::filesystem::temp_directory_path() /
                ("troupe-bench-" + std::to_string(getpid()) + "-" + std::to_string(world));
@@ -438,10 +440,16 @@ int run_allreduce_bench(const std::vector<std::string>& words) {
     }
     while (auto line = ranks[0]->read_line(std::chrono::seconds(600)))
       print_result(*line, world, json);
-    for (auto& r : ranks) r->wait(std::chrono::seconds(10));
+    for (int r = 0; r < world; ++r) {
+      const std::optional<int> status = ranks[size_t(r)]->wait(std::chrono::seconds(10));
+      if (!status || !WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
+        std::fprintf(stderr, "troupe bench: rank %d of %d failed (its error is above)\n", r, world);
+        failed = true;
+      }
+    }
     std::filesystem::remove_all(dir);
   }
-  return 0;
+  return failed ? 1 : 0;
 }
 
 }  // namespace troupe::bench

@@ -3,7 +3,9 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 namespace troupe::comm {
 namespace {
@@ -209,13 +211,24 @@ void sum_parts(float* o, float* copy, const float* const* parts, int nparts, siz
 const PeerLines& peer_lines() {
   // Measured with the shared-memory allreduce (docs/design.md, "Shared-memory allreduce"). AMD
   // (Zen 4, Zen 5): ordinary stores to lines another core read last fetch each line back for
-  // ownership first (2.5x slower than streamed ones); memcpy and the hardware prefetchers do the
+  // ownership first (2.5x slower than streamed ones or a memcpy after the reduction, which is
+  // what the staged path measured there does); memcpy and the hardware prefetchers do the
   // reading. Intel Xeon (family 6 model 207): streamed stores send the lines to memory and the
   // reader fetches them from there (10-15% slower than ordinary stores, which leave them in the
-  // L3), and reading lines another core wrote waits on each one unless prefetched 2 KiB ahead
-  // (the allreduce of 1-16 MiB between two processes 10-25% faster).
-  static const PeerLines lines =
-      __builtin_cpu_is("intel") ? PeerLines{Store::ordinary, 2048} : PeerLines{Store::streamed, 0};
+  // L3), a second store in the reduction's pass beats a memcpy after it, and reading lines
+  // another core wrote waits on each one unless prefetched 2 KiB ahead (the allreduce of
+  // 1-16 MiB between two processes 10-25% faster).
+  // TROUPE_PEER_LINES=intel|amd takes that vendor's choice on any CPU (to compare them on a new
+  // one; the tests run both everywhere).
+  static const PeerLines lines = [] {
+    const PeerLines intel{Store::ordinary, false, 2048}, amd{Store::streamed, true, 0};
+    const char* env = std::getenv("TROUPE_PEER_LINES");
+    const std::string asked = env ? env : "";
+    if (asked.empty()) return __builtin_cpu_is("intel") ? intel : amd;
+    if (asked == "intel" || asked == "amd") return asked == "intel" ? intel : amd;
+    TROUPE_FAIL(Errc::invalid_input,
+                "TROUPE_PEER_LINES=" + asked + " is neither intel nor amd (unset: by the CPU)");
+  }();
   return lines;
 }
 

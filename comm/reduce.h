@@ -18,10 +18,12 @@ void scale_down(void* buf, size_t count, DataType t, int divisor);
 // How a reduction stores lines that other cores read next.
 enum class Store { ordinary, streamed };
 // How this CPU best handles lines shared between cores (chosen by vendor, each measured: see
-// reduce.cpp): the store kind for lines other cores read next, and how far ahead to prefetch
-// lines another core wrote (0: leave it to the hardware).
+// reduce.cpp): the store kind for lines other cores read next; whether a result for them is
+// better copied (memcpy: rep movsb) after it was computed than stored in the same pass; and how
+// far ahead to prefetch lines another core wrote (0: leave it to the hardware).
 struct PeerLines {
   Store store;
+  bool publish_by_copy;
   size_t prefetch_bytes;
 };
 const PeerLines& peer_lines();

@@ -285,23 +285,27 @@ std::string ShmAllreduce::run(const uint8_t* in, uint8_t* out, size_t count, Dat
       std::string why = mismatch();
       if (!why.empty()) return why;
     }
-    // Reduce into this rank's own output and, in the same pass, into the result area (which the
-    // others' cores read last and read next: peer_lines). Own part first, then the others
-    // in rank order.
+    // Reduce into this rank's own output and into the result area (which the others' cores read
+    // last and read next): in the same pass, or copied after it, as peer_lines() says. Own part
+    // first, then the others in rank order.
     if (const size_t len = g.len(rank_)) {
       uint8_t* my_out = out + (g.at + g.off(rank_)) * es;
       const uint8_t* parts[kMaxRanks];
       parts[0] = in + (g.at + g.off(rank_)) * es;
       for (int q = 0, p = 1; q < n_; ++q)
         if (q != rank_) parts[p++] = staging(q, slot, rank_);
-      if (!reduce_sum_parts(my_out, Store::ordinary, result(rank_, slot), peer_lines().store,
+      const PeerLines& lines = peer_lines();
+      uint8_t* also = lines.publish_by_copy ? nullptr : result(rank_, slot);
+      bool copied = also != nullptr;
+      if (!reduce_sum_parts(my_out, Store::ordinary, also, lines.store,
                             reinterpret_cast<const void* const*>(parts), n_, len, t,
                             average ? n_ : 1)) {
         reduce_sum_into(my_out, parts[0], parts[1], len, t);
         for (int p = 2; p < n_; ++p) reduce_sum(my_out, parts[p], len, t);
         if (average) scale_down(my_out, len, t, n_);
-        std::memcpy(result(rank_, slot), my_out, len * es);
+        copied = false;
       }
+      if (!copied) std::memcpy(result(rank_, slot), my_out, len * es);
     }
     mine->reduced.store(step + 1, std::memory_order_release);
     if (k + 1 < chunks) stage(k + 1);

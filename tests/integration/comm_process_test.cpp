@@ -84,8 +84,9 @@ void failure_scenario(int sig, const char* expected_code, std::chrono::milliseco
   for (int r = 0; r < world; ++r) {
     auto line = ranks.procs[r]->wait_for_line("iter 2", 60s);
     ASSERT_TRUE(line) << "rank " << r;
-    if (std::string(buffers) == "registered")  // (the victim's buffer read in place)
+    if (std::string(buffers) == "registered") {  // (the victim's buffer read in place)
       EXPECT_NE(line->find("iter 2 registered 2"), std::string::npos) << *line;
+    }
   }
   uint64_t t_signal = unix_ms();
   ASSERT_TRUE(ranks.procs[victim]->signal(sig));
@@ -158,6 +159,25 @@ TEST_P(OtherCalls, FailEverySurvivorWithTheCodeThenThreeRebuild) {
     failure_scenario(SIGKILL, "peer_lost", 3000ms, call.algorithm, call.op, call.count);
   else
     failure_scenario(SIGSTOP, "timed_out", 2000ms, call.algorithm, call.op, call.count);
+}
+
+// How the shared-memory allreduce handles lines shared between cores can be chosen by vendor
+// (TROUPE_PEER_LINES; ctest runs the allreduce tests with each): a value that is neither fails
+// the benchmark with the reason, nonzero, instead of taking one silently.
+TEST(CommProcesses, AnUnknownPeerLinesChoiceFailsTheBenchmarkWithTheReason) {
+  testing::TempDir dir;
+  const std::string out = dir.path() + "/bench.out";
+  coordinator::ChildProcess p({{testing::troupe_binary(), "bench", "allreduce", "--workers", "2",
+                                "--sizes", "1M", "--min-seconds", "0.01"},
+                               out,
+                               out,
+                               {"TROUPE_PEER_LINES=zen"}});
+  auto st = p.wait(60s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 1) << testing::text_of(out);
+  EXPECT_NE(testing::text_of(out).find("TROUPE_PEER_LINES=zen is neither intel nor amd"),
+            std::string::npos)
+      << testing::text_of(out);
 }
 
 INSTANTIATE_TEST_SUITE_P(CommProcesses, OtherCalls,
