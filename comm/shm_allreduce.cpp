@@ -181,23 +181,18 @@ uint8_t* ShmAllreduce::result(int rank, uint64_t slot) const {
   return base_[size_t(rank)] + sizeof(Header) + (2 * size_t(n_ - 1) + slot) * slice_bytes_;
 }
 
-template <typename Ready>
-void ShmAllreduce::wait(Ready ready, const Idle& idle) {
-  for (uint64_t spins = 1; !ready(); ++spins) {
-    cpu_relax();
-    if (spins % 32 == 0) idle(spins);
-  }
-}
-
-// Whether every other rank's counter is at least at_least.
-std::function<bool()> ShmAllreduce::everyone(std::atomic<uint64_t> Header::*counter,
-                                             uint64_t at_least) const {
-  return [this, counter, at_least] {
+void ShmAllreduce::wait_all(std::atomic<uint64_t> Header::*counter, uint64_t at_least,
+                            const Idle& idle) {
+  auto ready = [&] {
     for (int q = 0; q < n_; ++q)
       if (q != rank_ && (header(q)->*counter).load(std::memory_order_acquire) < at_least)
         return false;
     return true;
   };
+  for (uint64_t spins = 1; !ready(); ++spins) {
+    cpu_relax();
+    if (spins % 32 == 0) idle(spins);
+  }
 }
 
 // After everyone published this call: "" or how another rank's call differs from this one's.
@@ -223,13 +218,13 @@ std::string ShmAllreduce::run_small(const uint8_t* in, uint8_t* out, size_t coun
   const size_t es = element_size(t);
   const uint64_t first = step_;
   Header* mine = header(rank_);
-  wait(everyone(&Header::reduced, first), idle);
+  wait_all(&Header::reduced, first, idle);
   const uint64_t number = calls_++;
   mine->call = Call{number, first, count, uint32_t(t), uint32_t(average), -1};
   mine->announced.store(number + 1, std::memory_order_release);
   std::memcpy(mine->small, in, count * es);
   mine->staged.store(first + 1, std::memory_order_release);
-  wait(everyone(&Header::staged, first + 1), idle);
+  wait_all(&Header::staged, first + 1, idle);
   std::string why = mismatch();
   if (!why.empty()) return why;
   alignas(kLine) uint8_t sum[kSmallBytes];
@@ -250,14 +245,14 @@ std::string ShmAllreduce::run(const uint8_t* in, uint8_t* out, size_t count, Dat
   const uint64_t first = step_, chunks = (count + chunk_elems - 1) / chunk_elems;
   Header* mine = header(rank_);
   // Everyone has read this rank's previous call (a small call returns without waiting for that).
-  wait(everyone(&Header::reduced, first), idle);
+  wait_all(&Header::reduced, first, idle);
   const uint64_t number = calls_++;
   const bool eligible = arena_ && in == out && count * es >= kRegisteredMinBytes;
   const int64_t registered = eligible ? arena_->offset_of(out, count * es) : -1;
   mine->call = Call{number, first, count, uint32_t(t), uint32_t(average), registered};
   mine->announced.store(number + 1, std::memory_order_release);
   if (registered >= 0) {
-    wait(everyone(&Header::announced, number + 1), idle);
+    wait_all(&Header::announced, number + 1, idle);
     if (all_registered()) {
       std::string why = mismatch();
       if (!why.empty()) return why;
@@ -280,7 +275,7 @@ std::string ShmAllreduce::run(const uint8_t* in, uint8_t* out, size_t count, Dat
   for (uint64_t k = 0; k < chunks; ++k) {
     const uint64_t step = first + k, slot = step & 1;
     const Geometry g = geometry(k);
-    wait(everyone(&Header::staged, step + 1), idle);
+    wait_all(&Header::staged, step + 1, idle);
     if (k == 0) {
       std::string why = mismatch();
       if (!why.empty()) return why;
@@ -309,7 +304,7 @@ std::string ShmAllreduce::run(const uint8_t* in, uint8_t* out, size_t count, Dat
     }
     mine->reduced.store(step + 1, std::memory_order_release);
     if (k + 1 < chunks) stage(k + 1);
-    wait(everyone(&Header::reduced, step + 1), idle);
+    wait_all(&Header::reduced, step + 1, idle);
     for (int q = 0; q < n_; ++q)
       if (q != rank_ && g.len(q))
         copy_from_peer(out + (g.at + g.off(q)) * es, result(q, slot), g.len(q) * es);
@@ -402,7 +397,7 @@ void ShmAllreduce::run_registered(uint8_t* out, size_t count, DataType t, bool a
     idle(spins);
   };
   auto gather = [&](uint64_t k) {
-    wait(everyone(&Header::reduced, first + k + 1), waiting);
+    wait_all(&Header::reduced, first + k + 1, waiting);
     const Geometry g(k, chunk_elems, count, n_);
     for (int q = 0; q < n_; ++q)
       if (q != rank_ && g.len(q))
@@ -416,7 +411,7 @@ void ShmAllreduce::run_registered(uint8_t* out, size_t count, DataType t, bool a
     gather(chunks - 1);
     check_not_abandoned();
     mine->gathered.store(number + 1, std::memory_order_release);
-    wait(everyone(&Header::gathered, number + 1), waiting);
+    wait_all(&Header::gathered, number + 1, waiting);
   } catch (...) {
     // Before the caller may reuse this buffer: whoever still reads it will know, and why.
     mine->abandoned_code.store(uint32_t(why_given_up(std::current_exception())),

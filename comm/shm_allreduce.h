@@ -120,9 +120,8 @@ class ShmAllreduce {
   Header* header(int rank) const;
   uint8_t* staging(int rank, uint64_t slot, int slice) const;
   uint8_t* result(int rank, uint64_t slot) const;
-  template <typename Ready>
-  void wait(Ready ready, const Idle& idle);
-  std::function<bool()> everyone(std::atomic<uint64_t> Header::*counter, uint64_t at_least) const;
+  // Until every other rank's counter is at least at_least (idle every 32 looks).
+  void wait_all(std::atomic<uint64_t> Header::*counter, uint64_t at_least, const Idle& idle);
   std::string mismatch() const;
   std::string run_small(const uint8_t* in, uint8_t* out, size_t count, DataType t, bool average,
                         const Idle& idle);

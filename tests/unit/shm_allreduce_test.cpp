@@ -57,8 +57,15 @@ TEST(ReduceSumParts, EveryStoreKindGivesTheStepwiseBits) {
                                            parts, nparts, count, DataType::f32, divisor));
               const std::string what = std::to_string(nparts) + " parts, " + std::to_string(count) +
                                        " floats, shift " + std::to_string(shift);
-              EXPECT_EQ(std::memcmp(out.data() + shift, want.data(), count * 4), 0) << what;
-              EXPECT_EQ(std::memcmp(copy.data() + shift + 1, want.data(), count * 4), 0) << what;
+              const std::vector<float> got(out.begin() + long(shift),
+                                           out.begin() + long(shift + count)),
+                  copied(copy.begin() + long(shift + 1), copy.begin() + long(shift + 1 + count));
+              // (bitwise: as bytes, so that a NaN would differ too)
+              auto bits = [](const std::vector<float>& v) {
+                return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+              };
+              EXPECT_EQ(bits(got), bits(want)) << what;
+              EXPECT_EQ(bits(copied), bits(want)) << what;
               EXPECT_EQ(out[shift + count], -1) << what;  // nothing past the end
               EXPECT_EQ(copy[shift + 1 + count], -1) << what;
             }
