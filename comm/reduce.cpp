@@ -156,8 +156,11 @@ void scale_down(void* buf, size_t n, DataType t, int divisor) {
 
 namespace {
 
-// A hint: never faults, whatever the address.
-inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+// A hint for the line `ahead` bytes past p: never faults, whatever the address (computed as an
+// integer: it may lie past the end of p's buffer).
+inline void prefetch(const void* p, size_t ahead) {
+  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + ahead), _MM_HINT_T0);
+}
 
 template <bool kStream>
 inline void store8(float* p, __m256 v) {
@@ -192,10 +195,10 @@ void sum_parts(float* o, float* copy, const float* const* parts, int nparts, siz
     return;
   }
   const __m256 dv = _mm256_set1_ps(d);
-  const size_t ahead = peer_lines().prefetch_bytes / sizeof(float);
+  const size_t ahead = peer_lines().prefetch_bytes;
   for (; i + 8 <= count; i += 8) {
     if (ahead && (i & 15) == 0)  // (once per line of each part another core wrote)
-      for (int q = 1; q < nparts; ++q) prefetch(parts[q] + i + ahead);
+      for (int q = 1; q < nparts; ++q) prefetch(parts[q] + i, ahead);
     __m256 acc = _mm256_loadu_ps(parts[0] + i);
     for (int q = 1; q < nparts; ++q) acc = _mm256_add_ps(acc, _mm256_loadu_ps(parts[q] + i));
     if (divisor != 1) acc = _mm256_div_ps(acc, dv);
@@ -242,7 +245,7 @@ void copy_from_peer(void* dst, const void* src, size_t bytes) {
   auto* s = static_cast<const char*>(src);
   size_t i = 0;
   for (; i + 64 <= bytes; i += 64) {
-    prefetch(s + i + ahead);
+    prefetch(s + i, ahead);
     const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i));
     const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 32));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), a);
