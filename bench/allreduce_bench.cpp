@@ -20,6 +20,7 @@
 #include "bench/rendezvous.h"
 #include "cli/parse.h"
 #include "comm/buffer.h"
+#include "comm/reduce.h"
 #include "comm/ucx_communicator.h"
 #include "coordinator/process.h"
 
@@ -392,13 +393,15 @@ int run_allreduce_bench(const std::vector<std::string>& words) {
   if (worlds.empty()) worlds = {2, 4};
   std::string exe = coordinator::self_executable();
   double copy = memcpy_gbps();
+  const char* lines = comm::peer_lines().name;  // (an unknown TROUPE_PEER_LINES fails here)
   if (json) {
     std::printf(
         "{\"bench\":\"memcpy\",\"impl\":\"memcpy\",\"busbw_gbps\":%.3f,\"note\":\"one core, "
-        "reads+writes\"}\n",
-        copy);
+        "reads+writes\",\"peer_lines\":\"%s\"}\n",
+        copy, lines);
   } else {
-    std::printf("single-core memcpy: %.2f GB/s (reads + writes)\n", copy);
+    std::printf("single-core memcpy: %.2f GB/s (reads + writes); shared lines: the %s choice\n",
+                copy, lines);
     std::printf("%8s %8s %12s %12s\n", "workers", "size", "time us", "busbw GB/s");
   }
   bool failed = false;

@@ -28,7 +28,8 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 cores = int(sys.argv[2])
 mem = statistics.median(r["busbw_gbps"] for r in rows if r["impl"] == "memcpy")
 print(f"host: {open('/proc/cpuinfo').read().split('model name')[1].split(':')[1].splitlines()[0].strip()}, {cores} cores")
-print(f"single-core memcpy (reads+writes): {mem:.2f} GB/s")
+lines = {r.get("peer_lines") for r in rows if r["impl"] == "memcpy"}
+print(f"single-core memcpy (reads+writes): {mem:.2f} GB/s; shared lines: the {'/'.join(sorted(map(str, lines)))} choice (comm::peer_lines)")
 # The memory-bandwidth limit: every rank must at least read its input and write its output
 # (2 x bytes of traffic, one memcpy of the buffer), all ranks at once at the single-core memcpy
 # rate, ranks beyond the cores sharing them. No algorithm between processes moves less.

@@ -224,7 +224,8 @@ const PeerLines& peer_lines() {
   // TROUPE_PEER_LINES=intel|amd takes that vendor's choice on any CPU (to compare them on a new
   // one; the tests run both everywhere).
   static const PeerLines lines = [] {
-    const PeerLines intel{Store::ordinary, false, 2048}, amd{Store::streamed, true, 0};
+    const PeerLines intel{"intel", Store::ordinary, false, 2048},
+        amd{"amd", Store::streamed, true, 0};
     const char* env = std::getenv("TROUPE_PEER_LINES");
     const std::string asked = env ? env : "";
     if (asked.empty()) return __builtin_cpu_is("intel") ? intel : amd;

@@ -22,6 +22,7 @@ enum class Store { ordinary, streamed };
 // better copied (memcpy: rep movsb) after it was computed than stored in the same pass; and how
 // far ahead to prefetch lines another core wrote (0: leave it to the hardware).
 struct PeerLines {
+  const char* name;  // whose choice: "intel" or "amd"
   Store store;
   bool publish_by_copy;
   size_t prefetch_bytes;
