@@ -224,8 +224,8 @@ const PeerLines& peer_lines() {
   // TROUPE_PEER_LINES=intel|amd takes that vendor's choice on any CPU (to compare them on a new
   // one; the tests run both everywhere).
   static const PeerLines lines = [] {
-    const PeerLines intel{"intel", Store::ordinary, false, 2048},
-        amd{"amd", Store::streamed, true, 0};
+    const PeerLines intel{"intel", Store::ordinary, Store::ordinary, 2048},
+        amd{"amd", Store::streamed, Store::copied_after, 0};
     const char* env = std::getenv("TROUPE_PEER_LINES");
     const std::string asked = env ? env : "";
     if (asked.empty()) return __builtin_cpu_is("intel") ? intel : amd;
@@ -255,9 +255,20 @@ void copy_from_peer(void* dst, const void* src, size_t bytes) {
   std::memcpy(d + i, s + i, bytes - i);
 }
 
-bool reduce_sum_parts(void* out, Store out_store, void* copy, Store copy_store,
+void reduce_sum_parts(void* out, Store out_store, void* copy, Store copy_store,
                       const void* const* parts, int nparts, size_t count, DataType t, int divisor) {
-  if (t != DataType::f32 || nparts < 1) return false;
+  if (t != DataType::f32 || copy_store == Store::copied_after) {
+    if (t == DataType::f32) {
+      reduce_sum_parts(out, out_store, nullptr, Store::ordinary, parts, nparts, count, t, divisor);
+    } else {
+      if (nparts == 1) std::memmove(out, parts[0], count * element_size(t));
+      if (nparts >= 2) reduce_sum_into(out, parts[0], parts[1], count, t);
+      for (int q = 2; q < nparts; ++q) reduce_sum(out, parts[q], count, t);
+      if (divisor != 1) scale_down(out, count, t, divisor);
+    }
+    if (copy) std::memcpy(copy, out, count * element_size(t));
+    return;
+  }
   auto* o = static_cast<float*>(out);
   auto* c = static_cast<float*>(copy);
   auto* p = reinterpret_cast<const float* const*>(parts);
@@ -270,7 +281,6 @@ bool reduce_sum_parts(void* out, Store out_store, void* copy, Store copy_store,
     sum_parts<false, true>(o, c, p, nparts, count, divisor);
   else
     sum_parts<false, false>(o, c, p, nparts, count, divisor);
-  return true;
 }
 
 }  // namespace troupe::comm

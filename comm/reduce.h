@@ -15,30 +15,31 @@ void reduce_sum(void* acc, const void* in, size_t count, DataType t);
 void reduce_sum_into(void* out, const void* a, const void* b, size_t count, DataType t);
 // buf[i] /= divisor
 void scale_down(void* buf, size_t count, DataType t, int divisor);
-// How a reduction stores lines that other cores read next.
-enum class Store { ordinary, streamed };
+// How a reduction stores lines that other cores read next: in its pass with ordinary or with
+// streamed stores, or (a copy only) copied after the pass (memcpy: rep movsb).
+enum class Store { ordinary, streamed, copied_after };
 // How this CPU best handles lines shared between cores (chosen by vendor, each measured: see
-// reduce.cpp): the store kind for lines other cores read next; whether a result for them is
-// better copied (memcpy: rep movsb) after it was computed than stored in the same pass; and how
-// far ahead to prefetch lines another core wrote (0: leave it to the hardware).
+// reduce.cpp): the store kind for a result other cores read next (`store`), and for a second
+// copy of a result, published for them (`publish`); how far ahead to prefetch lines another
+// core wrote (0: leave it to the hardware).
 struct PeerLines {
   const char* name;  // whose choice: "intel" or "amd"
   Store store;
-  bool publish_by_copy;
+  Store publish;
   size_t prefetch_bytes;
 };
 const PeerLines& peer_lines();
 // memcpy of lines another core wrote, prefetched as peer_lines() says.
 void copy_from_peer(void* dst, const void* src, size_t bytes);
 // out[i] = ((parts[0][i] + parts[1][i]) + parts[2][i]) + ..., divided by `divisor` unless it is
-// 1: the bits of reduce_sum_into, reduce_sum and scale_down in that order, in one pass over all
-// the parts; stored to out and, when copy is not null, to copy as well (one pass, two stores).
-// The parts after the first are taken to be another core's (prefetched as peer_lines() says).
-// Streamed stores are non-temporal: whole cache lines written without reading them first (a
-// line another core read would otherwise be fetched back for ownership), sent towards memory.
-// f32 only: returns false for other types, having done nothing. out may be parts[0]; copy must
-// not overlap out or the parts.
-bool reduce_sum_parts(void* out, Store out_store, void* copy, Store copy_store,
+// 1: the bits of reduce_sum_into, reduce_sum and scale_down in that order; stored to out and,
+// when copy is not null, to copy as well, each as its Store says (out: not copied_after). f32
+// goes in one pass over all the parts (those after the first are taken to be another core's:
+// prefetched as peer_lines() says); other types stepwise, copied after. Streamed stores are
+// non-temporal: whole cache lines written without reading them first (a line another core read
+// would otherwise be fetched back for ownership), sent towards memory. out may be parts[0]; copy
+// must not overlap out or the parts.
+void reduce_sum_parts(void* out, Store out_store, void* copy, Store copy_store,
                       const void* const* parts, int nparts, size_t count, DataType t, int divisor);
 
 }  // namespace troupe::comm

@@ -289,18 +289,8 @@ std::string ShmAllreduce::run(const uint8_t* in, uint8_t* out, size_t count, Dat
       parts[0] = in + (g.at + g.off(rank_)) * es;
       for (int q = 0, p = 1; q < n_; ++q)
         if (q != rank_) parts[p++] = staging(q, slot, rank_);
-      const PeerLines& lines = peer_lines();
-      uint8_t* also = lines.publish_by_copy ? nullptr : result(rank_, slot);
-      bool copied = also != nullptr;
-      if (!reduce_sum_parts(my_out, Store::ordinary, also, lines.store,
-                            reinterpret_cast<const void* const*>(parts), n_, len, t,
-                            average ? n_ : 1)) {
-        reduce_sum_into(my_out, parts[0], parts[1], len, t);
-        for (int p = 2; p < n_; ++p) reduce_sum(my_out, parts[p], len, t);
-        if (average) scale_down(my_out, len, t, n_);
-        copied = false;
-      }
-      if (!copied) std::memcpy(result(rank_, slot), my_out, len * es);
+      reduce_sum_parts(my_out, Store::ordinary, result(rank_, slot), peer_lines().publish,
+                       reinterpret_cast<const void* const*>(parts), n_, len, t, average ? n_ : 1);
     }
     mine->reduced.store(step + 1, std::memory_order_release);
     if (k + 1 < chunks) stage(k + 1);
@@ -381,13 +371,8 @@ void ShmAllreduce::run_registered(uint8_t* out, size_t count, DataType t, bool a
       parts[0] = my;
       for (int q = 0, p = 1; q < n_; ++q)
         if (q != rank_) parts[p++] = theirs(q, e);
-      if (!reduce_sum_parts(my, peer_lines().store, nullptr, Store::ordinary,
-                            reinterpret_cast<const void* const*>(parts), n_, len, t,
-                            average ? n_ : 1)) {
-        reduce_sum_into(my, parts[0], parts[1], len, t);
-        for (int p = 2; p < n_; ++p) reduce_sum(my, parts[p], len, t);
-        if (average) scale_down(my, len, t, n_);
-      }
+      reduce_sum_parts(my, peer_lines().store, nullptr, Store::ordinary,
+                       reinterpret_cast<const void* const*>(parts), n_, len, t, average ? n_ : 1);
     }
     mine->reduced.store(first + k + 1, std::memory_order_release);
   };

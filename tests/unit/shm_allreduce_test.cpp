@@ -35,7 +35,8 @@ TEST(ShmAllreduce, SliceSizesAreBoundedAndAligned) {
 TEST(ReduceSumParts, EveryStoreKindGivesTheStepwiseBits) {
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> value(-3, 3);
-  const Store kinds[] = {Store::ordinary, Store::streamed};
+  const Store kinds[] = {Store::ordinary, Store::streamed},
+              copy_kinds[] = {Store::ordinary, Store::streamed, Store::copied_after};
   for (int nparts : {1, 2, 3, 5})
     for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(9), size_t(1003)})
       for (size_t shift : {size_t(0), size_t(3)})
@@ -50,11 +51,11 @@ TEST(ReduceSumParts, EveryStoreKindGivesTheStepwiseBits) {
           const void* parts[8];
           for (int q = 0; q < nparts; ++q) parts[q] = in[size_t(q)].data() + shift;
           for (Store ko : kinds)
-            for (Store kc : kinds) {
+            for (Store kc : copy_kinds) {
               std::vector<float> out(count + 8, -1), copy(count + 8, -1);
               // The copy one float further than the output: streamed stores at two alignments.
-              ASSERT_TRUE(reduce_sum_parts(out.data() + shift, ko, copy.data() + shift + 1, kc,
-                                           parts, nparts, count, DataType::f32, divisor));
+              reduce_sum_parts(out.data() + shift, ko, copy.data() + shift + 1, kc, parts, nparts,
+                               count, DataType::f32, divisor);
               const std::string what = std::to_string(nparts) + " parts, " + std::to_string(count) +
                                        " floats, shift " + std::to_string(shift);
               const std::vector<float> got(out.begin() + long(shift),
@@ -70,8 +71,15 @@ TEST(ReduceSumParts, EveryStoreKindGivesTheStepwiseBits) {
               EXPECT_EQ(copy[shift + 1 + count], -1) << what;
             }
         }
-  EXPECT_FALSE(reduce_sum_parts(nullptr, Store::ordinary, nullptr, Store::ordinary, nullptr, 2, 4,
-                                DataType::f64, 1));
+  // Other types go stepwise, the copy after: the same bits.
+  std::vector<double> x{1.5, -2.25, 3e-17}, y{2.5, 4.0, 1.0}, got(3), copy(3), want(3);
+  const void* parts[2] = {x.data(), y.data()};
+  reduce_sum_parts(got.data(), Store::streamed, copy.data(), Store::streamed, parts, 2, 3,
+                   DataType::f64, 2);
+  reduce_sum_into(want.data(), x.data(), y.data(), 3, DataType::f64);
+  scale_down(want.data(), 3, DataType::f64, 2);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(copy, want);
 }
 
 TEST(ShmAllreduce, TwoRanksInOneProcessReduce) {
