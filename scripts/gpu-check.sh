@@ -12,20 +12,35 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bundle=build-gpu
+# The Python that has PyTorch (the GPU machine's image: the plain python3, a venv in /opt/torch;
+# Debian here: /usr/bin/python3 with python3-torch), else any: the peers and the tables need it.
+PYTHON=
+for p in python3 /opt/torch/.venv/bin/python3 /usr/bin/python3; do
+  command -v "$p" > /dev/null && "$p" -c "import torch" 2> /dev/null && { PYTHON=$p; break; }
+done
+[[ -n $PYTHON ]] || PYTHON=$(command -v python3 || echo /usr/bin/python3)
+export PYTHON
 # (The pack is what travels: build-gpu-pack/bundle.tar.xz, unpacked here with Python's lzma.)
 if [[ ! -x $bundle/bin/troupe_gpu_tests && -e build-gpu-pack/bundle.tar.xz ]]; then
-  /usr/bin/python3 -c "import tarfile; tarfile.open('build-gpu-pack/bundle.tar.xz').extractall('.')"
+  "$PYTHON" -c "import tarfile; tarfile.open('build-gpu-pack/bundle.tar.xz').extractall('.')"
 fi
 [[ -x $bundle/bin/troupe_gpu_tests ]] || { echo "gpu-check: no $bundle (run scripts/gpu-bundle.sh here first)"; exit 2; }
 export LD_LIBRARY_PATH="$PWD/$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export UCX_MODULE_DIR="$PWD/$bundle/lib/ucx"
-# NCCL and cuBLAS: the machine's own (too large to carry); look in the usual places.
-py_lib() { /usr/bin/python3 -c "import $1, os; print(os.path.dirname($1.__file__) + '/lib')" 2>/dev/null; }
-for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/lib/x86_64-linux-gnu \
-         $(py_lib nvidia.nccl) $(py_lib nvidia.cublas) $(py_lib nvidia.cu13) $(py_lib nvidia.cuda_runtime); do
+# NCCL and cuBLAS: the machine's own (too large to carry): the CUDA folder, the system's, and
+# the NVIDIA wheels next to that Python's PyTorch (nvidia/*/lib).
+wheel_libs=$("$PYTHON" - 2> /dev/null <<'PY'
+import glob, os, site
+roots = site.getsitepackages() + [site.getusersitepackages()]
+print(" ".join(sorted({os.path.dirname(f) for r in roots
+                        for f in glob.glob(os.path.join(r, "nvidia", "**", "lib*.so*"), recursive=True)
+                        if os.path.basename(f).startswith(("libnccl.so", "libcublasLt.so"))})))
+PY
+)
+for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/lib/x86_64-linux-gnu $wheel_libs; do
   [[ -e $d/libnccl.so.2 || -e $d/libcublasLt.so.13 ]] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
 done
-echo "== machine"
+echo "== machine (Python with PyTorch: $PYTHON)"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "nvidia-smi: none"
 missing=$(ldd $bundle/bin/troupe_gpu_tests | grep "not found")
 [[ -z $missing ]] || echo "gpu-check: libraries not found: $missing"
@@ -40,10 +55,10 @@ echo "== CUDA kernels next to PyTorch (GPT-2 small shapes; ratio = PyTorch time 
 timeout 60 $bundle/bin/troupe_cuda_kernels_bench --json > /tmp/troupe_kernels.json
 kernels_rc=$?
 timeout 30 $bundle/bin/troupe_cuda_kernels_bench --bf16 --json > /tmp/troupe_kernels_bf16.json
-timeout 60 /usr/bin/python3 bench/peers/torch_kernels.py --device cuda --json > /tmp/torch_kernels.json
+timeout 60 "$PYTHON" bench/peers/torch_kernels.py --device cuda --json > /tmp/torch_kernels.json
 torch_rc=$?
-timeout 30 /usr/bin/python3 bench/peers/torch_kernels.py --device cuda --bf16 --json > /tmp/torch_kernels_bf16.json
-/usr/bin/python3 - <<'PY'
+timeout 30 "$PYTHON" bench/peers/torch_kernels.py --device cuda --bf16 --json > /tmp/torch_kernels_bf16.json
+"$PYTHON" - <<'PY'
 import json
 def rows(path, only_bf16=False):
     try:
@@ -66,11 +81,11 @@ rm -f /tmp/torch_gpt2_compile.json
 echo "== GPT-2 small on the GPU next to PyTorch (bf16, batch 16, context 1024; MFU of the named peak)"
 timeout 90 $bundle/bin/troupe bench model --model gpt2 --device cuda:0 --dtype bf16 --steps 10 --warmup 3 --json > /tmp/troupe_gpt2.json
 gpt2_rc=$?
-peak=$(/usr/bin/python3 -c "import json; print(json.load(open('/tmp/troupe_gpt2.json'))['peak_tflops'])" 2>/dev/null || echo 989)
-timeout 60 /usr/bin/python3 bench/peers/torch_gpt2.py --device cuda --bf16 --batch 16 --steps 10 --warmup 3 --peak-tflops "$peak" > /tmp/torch_gpt2.json
+peak=$("$PYTHON" -c "import json; print(json.load(open('/tmp/troupe_gpt2.json'))['peak_tflops'])" 2>/dev/null || echo 989)
+timeout 60 "$PYTHON" bench/peers/torch_gpt2.py --device cuda --bf16 --batch 16 --steps 10 --warmup 3 --peak-tflops "$peak" > /tmp/torch_gpt2.json
 # torch.compile (the stretch goal) takes a minute to compile: only with GPU_CHECK_COMPILE=1.
-[[ -n ${GPU_CHECK_COMPILE:-} ]] && timeout 150 /usr/bin/python3 bench/peers/torch_gpt2.py --device cuda --bf16 --batch 16 --steps 10 --warmup 3 --peak-tflops "$peak" --compile > /tmp/torch_gpt2_compile.json
-/usr/bin/python3 - <<'PY'
+[[ -n ${GPU_CHECK_COMPILE:-} ]] && timeout 150 "$PYTHON" bench/peers/torch_gpt2.py --device cuda --bf16 --batch 16 --steps 10 --warmup 3 --peak-tflops "$peak" --compile > /tmp/torch_gpt2_compile.json
+"$PYTHON" - <<'PY'
 import json
 def one(path):
     try:

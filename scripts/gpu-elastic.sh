@@ -65,7 +65,7 @@ static_pid=$!
 pids+=("$static_pid")
 wait "$static_pid"
 static_rc=$?
-static_s=$(python3 -c "print($(date +%s.%N) - $t0)")
+static_s=$("${PYTHON:-python3}" -c "print($(date +%s.%N) - $t0)")
 
 run elastic 2
 job=$!
@@ -75,7 +75,7 @@ for _ in $(seq 600); do
   kill -0 "$job" 2>/dev/null || break  # (refused, or ended)
   sleep 0.05
 done
-victim=$([[ -e $work/elastic/events.jsonl ]] && python3 -c "
+victim=$([[ -e $work/elastic/events.jsonl ]] && "${PYTHON:-python3}" -c "
 import json,sys
 for l in open('$work/elastic/events.jsonl'):
     e = json.loads(l)
@@ -117,7 +117,7 @@ pp_ok=$([[ $pp1_rc == 0 && $pp2_rc == 0 && $pp_n == 40 && "$(losses_of pp1)" == 
 echo "| pipeline of 2 stages on one $device device (deterministic) | $([[ $pp_ok == 1 ]] && echo PASS || echo FAIL): exit $pp1_rc / $pp2_rc, $pp_n steps | per-step losses bitwise a 1-worker run's |"
 echo "| parallel.backend = \"auto\", 2 workers on one $device device | $([[ $auto_ok == 1 ]] && echo PASS || echo FAIL): exit $auto_rc | ${plane//|/\\|} |"
 echo "| parallel.backend = \"nccl\", 2 workers on one $device device | $([[ $nccl_rc == 2 ]] && echo PASS || echo FAIL): exit $nccl_rc | ${nccl_out//|/\\|} |"
-python3 - "$work" "$steps" "$static_rc" "$elastic_rc" "$killed_at" "$static_s" "$device" "$killed_ts" <<'PY'
+"${PYTHON:-python3}" - "$work" "$steps" "$static_rc" "$elastic_rc" "$killed_at" "$static_s" "$device" "$killed_ts" <<'PY'
 import json, sys
 work, steps, static_rc, elastic_rc, killed_at, static_s, device, killed_ts = sys.argv[1:]
 steps = int(steps)
