@@ -134,116 +134,154 @@ Partition partition_blocks(const std::vector<double>& cost, const std::vector<ui
   return Partitioner(cost, bytes, max_bytes).solve(parts);
 }
 
-Plan plan_pipeline(uint32_t W, const std::vector<BlockCost>& blocks, const PlanOptions& o) {
-  const size_t n = blocks.size();
-  if (W == 0) return fail("no workers (W = 0)");
-  if (n == 0) return fail("the model has no blocks");
-  if (n > std::numeric_limits<uint32_t>::max()) return fail("too many blocks");
-  if (o.global_batch == 0) return fail("global batch B = 0");
-  if (o.micro_batches == 0) return fail("micro_batches m = 0");
-  if (!finite_nonneg(o.worker_flops_per_s))
-    return fail("worker_flops_per_s = " + num(o.worker_flops_per_s) + " is not >= 0");
-  if (!finite_nonneg(o.allreduce_bytes_per_s))
-    return fail("allreduce_bytes_per_s = " + num(o.allreduce_bytes_per_s) + " is not >= 0");
+namespace {
 
+// "" or why the options or the worker count cannot be planned for (n blocks).
+std::string check_options(uint32_t W, size_t n, const PlanOptions& o) {
+  if (W == 0) return "no workers (W = 0)";
+  if (n == 0) return "the model has no blocks";
+  if (n > std::numeric_limits<uint32_t>::max()) return "too many blocks";
+  if (o.global_batch == 0) return "global batch B = 0";
+  if (o.micro_batches == 0) return "micro_batches m = 0";
+  if (!finite_nonneg(o.worker_flops_per_s))
+    return "worker_flops_per_s = " + num(o.worker_flops_per_s) + " is not >= 0";
+  if (!finite_nonneg(o.allreduce_bytes_per_s))
+    return "allreduce_bytes_per_s = " + num(o.allreduce_bytes_per_s) + " is not >= 0";
+  return "";
+}
+
+// Each block's cost per sample (measured seconds when every block has one, else FLOPs, in
+// seconds when worker_flops_per_s is given) and parameter bytes.
+struct Costs {
+  std::vector<double> cost;
+  std::vector<uint64_t> bytes;
+  uint64_t total_bytes = 0;
+  bool seconds = false;
+};
+
+// "" or why a block cannot be planned (an invalid cost, more bytes than a worker holds).
+std::string block_costs(const std::vector<BlockCost>& blocks, const PlanOptions& o, Costs* out) {
   bool measured = true;
   for (const auto& b : blocks) measured = measured && b.measured_s_per_sample > 0;
-  const bool seconds = measured || o.worker_flops_per_s > 0;
-  std::vector<double> cost(n);
-  std::vector<uint64_t> bytes(n);
+  out->seconds = measured || o.worker_flops_per_s > 0;
   const uint64_t limit = o.max_params_per_worker;
-  uint64_t total_bytes = 0;
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < blocks.size(); ++i) {
     const auto& b = blocks[i];
     const double c = measured                   ? b.measured_s_per_sample
                      : o.worker_flops_per_s > 0 ? b.flops_per_sample / o.worker_flops_per_s
                                                 : b.flops_per_sample;
     if (!finite_nonneg(b.flops_per_sample) || !finite_nonneg(b.measured_s_per_sample) ||
         !finite_nonneg(c))
-      return fail("block " + std::to_string(i) +
-                  " has an invalid cost (flops_per_sample = " + num(b.flops_per_sample) +
-                  ", measured_s_per_sample = " + num(b.measured_s_per_sample) + ")");
+      return "block " + std::to_string(i) +
+             " has an invalid cost (flops_per_sample = " + num(b.flops_per_sample) +
+             ", measured_s_per_sample = " + num(b.measured_s_per_sample) + ")";
     if (limit && b.param_bytes > limit)
-      return fail("block " + std::to_string(i) + " has " + std::to_string(b.param_bytes) +
-                  " parameter bytes, more than max_params_per_worker = " + std::to_string(limit));
-    cost[i] = c;
-    bytes[i] = b.param_bytes;
-    total_bytes += b.param_bytes;
+      return "block " + std::to_string(i) + " has " + std::to_string(b.param_bytes) +
+             " parameter bytes, more than max_params_per_worker = " + std::to_string(limit);
+    out->cost.push_back(c);
+    out->bytes.push_back(b.param_bytes);
+    out->total_bytes += b.param_bytes;
   }
+  return "";
+}
 
-  // Fewest stages the byte limit allows, whatever the cost.
-  const Partitioner parts(cost, bytes, limit);
-  const size_t need = parts.min_parts(std::numeric_limits<double>::infinity());
-  const std::string need_text = "the model's " + std::to_string(total_bytes) +
-                                " parameter bytes need at least " + std::to_string(need) +
-                                " stage(s) under max_params_per_worker = " + std::to_string(limit);
-  uint32_t pp_lo = 1, pp_hi = uint32_t(std::min<size_t>(W, n));
+// The stage counts to try, [*lo, *hi]: pipeline_stages if set, else 1 .. min(W, n); and at
+// least `need`, the fewest the byte limit allows. "" or why none can be.
+std::string stage_range(uint32_t W, size_t n, size_t need, uint64_t total_bytes,
+                        const PlanOptions& o, uint32_t* lo, uint32_t* hi) {
+  const std::string need_text =
+      "the model's " + std::to_string(total_bytes) + " parameter bytes need at least " +
+      std::to_string(need) +
+      " stage(s) under max_params_per_worker = " + std::to_string(o.max_params_per_worker);
+  *lo = 1;
+  *hi = uint32_t(std::min<size_t>(W, n));
   if (o.pipeline_stages) {
     const uint32_t N = o.pipeline_stages;
     if (N > n)
-      return fail("pipeline_stages = " + std::to_string(N) + " but the model has only " +
-                  std::to_string(n) + " block(s)");
+      return "pipeline_stages = " + std::to_string(N) + " but the model has only " +
+             std::to_string(n) + " block(s)";
     if (N > W)
-      return fail("pipeline_stages = " + std::to_string(N) + " but only " + std::to_string(W) +
-                  " worker(s)");
-    if (need > N) return fail(need_text + ", but pipeline_stages = " + std::to_string(N));
-    pp_lo = pp_hi = N;
-  } else if (need > pp_hi) {
-    return fail(need_text + ", but only " + std::to_string(W) + " worker(s) and " +
-                std::to_string(n) + " block(s)");
+      return "pipeline_stages = " + std::to_string(N) + " but only " + std::to_string(W) +
+             " worker(s)";
+    if (need > N) return need_text + ", but pipeline_stages = " + std::to_string(N);
+    *lo = *hi = N;
+  } else if (need > *hi) {
+    return need_text + ", but only " + std::to_string(W) + " worker(s) and " + std::to_string(n) +
+           " block(s)";
   }
+  *lo = std::max<uint32_t>(*lo, uint32_t(need));
+  return "";
+}
 
-  const double m = o.micro_batches;
-  const uint64_t B = o.global_batch;
-  const bool comm = seconds && o.allreduce_bytes_per_s > 0;
+// The layout of pp stages (partitioned as `part`) and dp replicas, with its estimated step.
+Plan layout(const Costs& c, const Partition& part, uint32_t pp, uint64_t dp, const PlanOptions& o) {
+  const size_t n = c.cost.size();
+  const double m = o.micro_batches, share = double((o.global_batch + dp - 1) / dp);
+  Plan p;
+  p.ok = true;
+  p.dp = uint32_t(dp);
+  p.pp = pp;
+  p.num_blocks = uint32_t(n);
+  p.stage_begin = part.begin;
+  p.stage_cost.assign(pp, 0);
+  p.stage_param_bytes.assign(pp, 0);
+  for (uint32_t s = 0; s < pp; ++s) {
+    const size_t end = s + 1 < pp ? part.begin[s + 1] : n;
+    for (size_t i = part.begin[s]; i < end; ++i) {
+      p.stage_cost[s] += c.cost[i];
+      p.stage_param_bytes[s] += c.bytes[i];
+    }
+    p.stage_cost[s] *= share;
+  }
+  p.max_stage_cost = part.max_cost * share;
+  p.step_cost = p.max_stage_cost * (m + pp - 1) / m;
+  const uint64_t max_bytes =
+      *std::max_element(p.stage_param_bytes.begin(), p.stage_param_bytes.end());
+  if (c.seconds && o.allreduce_bytes_per_s > 0 && dp > 1)
+    p.step_cost += 2.0 * double(dp - 1) / double(dp) * double(max_bytes) / o.allreduce_bytes_per_s;
+  p.bubble = double(pp - 1) / (m + pp - 1);
+  p.cost_in_seconds = c.seconds;
+  return p;
+}
+
+std::string layout_reason(const Plan& p, uint32_t W) {
+  const uint32_t used = p.workers_used();
+  std::string begins;
+  for (uint32_t b : p.stage_begin) begins += (begins.empty() ? "" : ",") + std::to_string(b);
+  const std::string unit = p.cost_in_seconds ? " s" : " FLOPs";
+  return "dp " + std::to_string(p.dp) + " x pp " + std::to_string(p.pp) + " = " +
+         std::to_string(used) + " of " + std::to_string(W) + " worker(s) (" +
+         std::to_string(W - used) + " standby); stages begin at blocks " + begins + "; max stage " +
+         num(p.max_stage_cost) + unit + ", bubble " + num(p.bubble) + ", step " + num(p.step_cost) +
+         unit;
+}
+
+}  // namespace
+
+Plan plan_pipeline(uint32_t W, const std::vector<BlockCost>& blocks, const PlanOptions& o) {
+  std::string why = check_options(W, blocks.size(), o);
+  Costs c;
+  if (why.empty()) why = block_costs(blocks, o, &c);
+  if (!why.empty()) return fail(why);
+  // Fewest stages the byte limit allows, whatever the cost.
+  const Partitioner parts(c.cost, c.bytes, o.max_params_per_worker);
+  const size_t need = parts.min_parts(std::numeric_limits<double>::infinity());
+  uint32_t pp_lo = 0, pp_hi = 0;
+  why = stage_range(W, blocks.size(), need, c.total_bytes, o, &pp_lo, &pp_hi);
+  if (!why.empty()) return fail(why);
+
   Plan best;
-  for (uint32_t pp = std::max<uint32_t>(pp_lo, uint32_t(need)); pp <= pp_hi; ++pp) {
+  for (uint32_t pp = pp_lo; pp <= pp_hi; ++pp) {
     const Partition part = parts.solve(pp);
     if (!part.ok) continue;  // not reachable for pp >= need; kept as a guard
-    std::vector<double> per_sample(pp, 0);
-    std::vector<uint64_t> stage_bytes(pp, 0);
-    for (uint32_t s = 0; s < pp; ++s) {
-      const size_t end = s + 1 < pp ? part.begin[s + 1] : n;
-      for (size_t i = part.begin[s]; i < end; ++i) {
-        per_sample[s] += cost[i];
-        stage_bytes[s] += bytes[i];
-      }
-    }
-    const uint64_t max_bytes = *std::max_element(stage_bytes.begin(), stage_bytes.end());
-    const uint64_t dp_hi = std::min<uint64_t>(W / pp, B);
-    for (uint64_t dp = dp_hi; dp >= 1; --dp) {
-      const double share = double((B + dp - 1) / dp);
-      const double max_stage = part.max_cost * share;
-      double step = max_stage * (m + pp - 1) / m;
-      if (comm && dp > 1)
-        step += 2.0 * double(dp - 1) / double(dp) * double(max_bytes) / o.allreduce_bytes_per_s;
+    for (uint64_t dp = std::min<uint64_t>(W / pp, o.global_batch); dp >= 1; --dp) {
+      Plan p = layout(c, part, pp, dp, o);
       // Strictly better only: ties keep the earlier (smaller pp, then larger dp) layout.
-      if (best.ok && !(step < best.step_cost - 1e-12 * best.step_cost)) continue;
-      best.ok = true;
-      best.dp = uint32_t(dp);
-      best.pp = pp;
-      best.num_blocks = uint32_t(n);
-      best.stage_begin = part.begin;
-      best.step_cost = step;
-      best.max_stage_cost = max_stage;
-      best.bubble = double(pp - 1) / (m + pp - 1);
-      best.cost_in_seconds = seconds;
-      best.stage_cost.assign(pp, 0);
-      for (uint32_t s = 0; s < pp; ++s) best.stage_cost[s] = per_sample[s] * share;
-      best.stage_param_bytes = stage_bytes;
+      if (!best.ok || p.step_cost < best.step_cost - 1e-12 * best.step_cost) best = std::move(p);
     }
   }
   if (!best.ok) return fail("no layout fits (internal: no partition found)");
-
-  const uint32_t used = best.workers_used();
-  std::string begins;
-  for (uint32_t b : best.stage_begin) begins += (begins.empty() ? "" : ",") + std::to_string(b);
-  const std::string unit = seconds ? " s" : " FLOPs";
-  best.reason = "dp " + std::to_string(best.dp) + " x pp " + std::to_string(best.pp) + " = " +
-                std::to_string(used) + " of " + std::to_string(W) + " worker(s) (" +
-                std::to_string(W - used) + " standby); stages begin at blocks " + begins +
-                "; max stage " + num(best.max_stage_cost) + unit + ", bubble " + num(best.bubble) +
-                ", step " + num(best.step_cost) + unit;
+  best.reason = layout_reason(best, W);
   return best;
 }
 
