@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Side by side in one session: troupe's UCX allreduce, OpenMPI's MPI_Allreduce and PyTorch's gloo
-# all_reduce, at 2 and 4 processes, 4 KiB ... 256 MiB; RUNS rounds alternating the three; medians
+# all_reduce, at 2, 3 and 4 processes (PROCS="2 4" for fewer), 4 KiB ... 256 MiB; RUNS rounds alternating the three; medians
 # of times, the ratio of troupe to the best peer, and the memory-bandwidth limit of each size
 # (derived from the memcpy rate measured in the same run) with the goal that applies. Troupe runs
 # twice: on the caller's buffers (the goal's row) and on registered buffers (comm/shared_arena.h:
@@ -12,10 +12,11 @@ cd "$(dirname "$0")/.."
 RUNS=${1:-3}
 SIZES=${2:-8,4096,65536,1048576,16777216,67108864,268435456}
 TROUPE=${TROUPE:-build/bin/troupe}
+PROCS=${PROCS:-2 3 4}
 out=$(mktemp)
 mpicc -O2 -o /tmp/troupe_mpi_allreduce bench/peers/mpi_allreduce.c
 for ((r = 0; r < RUNS; r++)); do
-  for w in 2 4; do
+  for w in $PROCS; do
     "$TROUPE" bench allreduce --workers "$w" --sizes "$SIZES" --json >>"$out"
     "$TROUPE" bench allreduce --workers "$w" --sizes "$SIZES" --buffers registered --json >>"$out"
     mpirun --allow-run-as-root --oversubscribe -np "$w" /tmp/troupe_mpi_allreduce ${SIZES//,/ } >>"$out" 2>/dev/null
@@ -37,7 +38,7 @@ print("limit us: 2 x bytes at the memcpy rate (x procs / cores when oversubscrib
       "% limit: limit / time; goal: >= 1.5x the best peer where it is below 60% of the limit, else >= 1.0x")
 print(f"{'procs':>5} {'bytes':>10} | {'troupe us':>10} {'mpi us':>10} {'gloo us':>10} | {'limit us':>9} "
       f"{'troupe %':>8} {'peer %':>7} | {'vs best':>7} {'goal':>5} {'met':>4} | {'reg us':>9} {'reg vs':>7}")
-for w in (2, 4):
+for w in sorted({r["workers"] for r in rows if "workers" in r}):
     for b in sorted({r["bytes"] for r in rows if r.get("workers") == w}):
         med = {}
         for impl in ("troupe_ucx", "troupe_ucx_registered", "openmpi", "pytorch_gloo"):
