@@ -74,11 +74,17 @@ class NcclCommunicator : public Communicator {
     config.blocking = 0;  // init and operations return at once; we poll with deadlines
     ncclResult_t r = ncclCommInitRankConfig(&comm_, size, id, rank, &config);
     if (r != ncclSuccess && r != ncclInProgress) {
+      if (comm_) ncclCommAbort(comm_);
       cudaStreamDestroy(stream_);
       TROUPE_FAIL(Errc::io, std::string("ncclCommInitRankConfig: ") + ncclGetErrorString(r));
     }
     const auto start = Clock::now();
-    poll_comm("init", start, start + o.timeout);
+    try {
+      poll_comm("init", start, start + o.timeout);  // (a failure aborts comm_ first)
+    } catch (...) {
+      cudaStreamDestroy(stream_);  // no destructor runs for a constructor that throws
+      throw;
+    }
   }
 
   ~NcclCommunicator() override {
@@ -87,6 +93,7 @@ class NcclCommunicator : public Communicator {
       // ncclCommDestroy; abort is always safe.
       ncclCommAbort(comm_);
     }
+    if (scratch_) cudaFree(scratch_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 

@@ -67,12 +67,15 @@ namespace {
 // copy from pinned memory is asynchronous, and the next user may overwrite the buffer.
 class PinnedMemory final : public Memory {
  public:
-  PinnedMemory(size_t bytes, std::shared_ptr<PinnedCache> cache, cudaStream_t stream)
+  PinnedMemory(size_t bytes, std::shared_ptr<PinnedCache> cache, int device, cudaStream_t stream)
       : Memory(cache->take(bytes == 0 ? 1 : bytes), bytes, Device::cpu, cpu_compute()),
         cache_(std::move(cache)),
+        device_(device),
         stream_(stream) {}
   ~PinnedMemory() override {
-    cudaStreamSynchronize(stream_);  // (errors cannot be thrown here; the next call reports)
+    // (Errors cannot be thrown here; the next call reports them.)
+    cudaSetDevice(device_);  // (another thread's: no context on GPU 0 made for it)
+    cudaStreamSynchronize(stream_);
     cache_->give(bytes_ == 0 ? 1 : bytes_, data_);
   }
   PinnedMemory(const PinnedMemory&) = delete;
@@ -81,6 +84,7 @@ class PinnedMemory final : public Memory {
 
  private:
   std::shared_ptr<PinnedCache> cache_;
+  int device_;
   cudaStream_t stream_;
 };
 
@@ -128,10 +132,12 @@ void CudaCompute::copy(void* dst, const void* src, size_t bytes) {
   TROUPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()));
 }
 void CudaCompute::to_host(void* host_dst, const void* src, size_t bytes) {
+  use_device();
   copy_to_host(host_dst, src, bytes, stream());
   stream_->synchronize();  // (the host reads it next)
 }
 void CudaCompute::from_host(void* dst, const void* host_src, size_t bytes) {
+  use_device();
   copy_to_device(dst, host_src, bytes, stream());
 }
 void CudaCompute::synchronize() { stream_->synchronize(); }
@@ -183,7 +189,8 @@ void CudaCompute::from_bf16(float* out, const uint16_t* in, size_t n) {
   cuda::from_bf16(out, in, n, stream());
 }
 std::unique_ptr<Memory> CudaCompute::allocate_host(size_t bytes) {
-  return std::make_unique<PinnedMemory>(bytes, pinned_, stream());
+  use_device();
+  return std::make_unique<PinnedMemory>(bytes, pinned_, device_, stream());
 }
 
 // ---- kernels ----------------------------------------------------------------------------------
@@ -295,7 +302,7 @@ double CudaCompute::cross_entropy(float* dlogits, const float* logits, const int
   copy_to_host(&loss, total.data(), sizeof loss, stream());
   if (correct) copy_to_host(rows.data(), right.data(), N * sizeof(int32_t), stream());
   stream_->synchronize();
-  if (correct) *correct = size_t(std::accumulate(rows.begin(), rows.end(), int64_t(0)));
+  if (correct) *correct += size_t(std::accumulate(rows.begin(), rows.end(), int64_t(0)));
   return loss;
 }
 

@@ -7,7 +7,9 @@
 // operands rounded to bf16 (converted on the fly into pool scratch) and accumulate and write
 // f32; everything else, the master weights and the optimizer's moments stay f32.
 //
-// Thread-safety: one worker thread. It must outlive every tensor it allocated.
+// Thread-safety: one worker thread; to_host, from_host and allocate_host (host-staged copies) also
+// from one other thread at a time (a reducer's), which they make use this GPU. It must outlive
+// every tensor it allocated.
 #pragma once
 
 #include <memory>
@@ -76,6 +78,9 @@ class CudaCompute final : public Compute {
            float weight_decay, float grad_scale) override;
 
  private:
+  // Makes this GPU the calling thread's current device (a thread that has none would otherwise
+  // get a context on GPU 0).
+  void use_device() const { TROUPE_CUDA_CHECK(cudaSetDevice(device_)); }
   template <typename T>
   DeviceBuffer<T> scratch(size_t n) {
     return DeviceBuffer<T>(n, stream());

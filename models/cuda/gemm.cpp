@@ -33,6 +33,7 @@ struct Gemm::Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  bool found = false;  // (false: the heuristic had nothing for the shape)
   ~Plan() {
     if (d) cublasLtMatrixLayoutDestroy(d);
     if (b) cublasLtMatrixLayoutDestroy(b);
@@ -53,9 +54,9 @@ Gemm::~Gemm() {
   if (handle_) cublasLtDestroy(lt(handle_));
 }
 
-Gemm::Plan& Gemm::plan_for(const Shape& s, const float* bias) {
+Gemm::Plan* Gemm::plan_for(const Shape& s, const float* bias) {
   auto& slot = plans_[s.key()];
-  if (slot) return *slot;
+  if (slot) return slot->found ? slot.get() : nullptr;
   auto p = std::make_unique<Plan>();
   check(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
   const cublasOperation_t ta = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -102,13 +103,13 @@ Gemm::Plan& Gemm::plan_for(const Shape& s, const float* bias) {
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt(handle_), p->op, p->a, p->b, p->d,
                                                            p->d, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  check(st, "AlgoGetHeuristic");
-  if (found == 0)
-    throw std::runtime_error("cuBLASLt: no algorithm for a " + std::to_string(s.m) + "x" +
-                             std::to_string(s.n) + "x" + std::to_string(s.k) + " GEMM");
+  // (NOT_SUPPORTED is how the heuristic says "none" for some shapes, e.g. a bias epilogue on a
+  // one-row output.)
+  if (st != CUBLAS_STATUS_NOT_SUPPORTED) check(st, "AlgoGetHeuristic");
+  p->found = st == CUBLAS_STATUS_SUCCESS && found > 0;
   p->algo = result.algo;
   slot = std::move(p);
-  return *slot;
+  return slot->found ? slot.get() : nullptr;
 }
 
 void Gemm::matmul(const Shape& shape, const void* A, const void* B, float* D, const float* bias) {
@@ -122,15 +123,27 @@ void Gemm::matmul(const Shape& shape, const void* A, const void* B, float* D, co
   s.align_b = alignment(B);
   s.align_d = alignment(D);
   s.align_bias = s.bias ? alignment(bias) : 256;
-  Plan& p = plan_for(s, bias);
+  Plan* p = plan_for(s, bias);
+  bool bias_after = false;
+  if (!p && s.bias && s.ldd == s.m) {  // no epilogue algorithm: the GEMM, then the bias kernel
+    s.bias = false;
+    s.align_bias = 256;
+    p = plan_for(s, nullptr);
+    bias_after = true;
+  }
+  if (!p)
+    throw std::runtime_error("cuBLASLt: no algorithm for a " + std::to_string(s.m) + "x" +
+                             std::to_string(s.n) + "x" + std::to_string(s.k) + " GEMM");
   if (s.bias)
-    check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+    check(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                          sizeof(bias)),
           "BIAS_POINTER");
   const float alpha = 1.f, beta = s.accumulate ? 1.f : 0.f;
-  check(cublasLtMatmul(lt(handle_), p.op, &alpha, A, p.a, B, p.b, &beta, D, p.d, D, p.d, &p.algo,
-                       workspace_.data(), workspace_.bytes(), stream_),
+  check(cublasLtMatmul(lt(handle_), p->op, &alpha, A, p->a, B, p->b, &beta, D, p->d, D, p->d,
+                       &p->algo, workspace_.data(), workspace_.bytes(), stream_),
         "Matmul");
+  // (D is m columns of n rows, row-major (n, m): the bias runs along m, as bias_forward's OC.)
+  if (bias_after) bias_forward(D, bias, size_t(s.n), size_t(s.m), stream_);
 }
 
 // A row-major X(r,c) is the column-major X^T(c,r) with leading dimension c. So out^T(OC,N) =

@@ -1,7 +1,7 @@
 // GEMMs on the CUDA device through cuBLASLt: the linear layers of models/kernels.h (row-major,
 // weight (OC, C)), in f32 (f32 compute: no TF32, so a test can hold them to 1e-5 of the CPU) or
 // with bf16 inputs and f32 accumulation and output (mixed precision). The bias is added in the
-// GEMM's epilogue.
+// GEMM's epilogue, or by a kernel after it for a shape cuBLASLt has no epilogue algorithm for.
 //
 // A Gemm belongs to one stream (one worker): it owns a cuBLASLt handle, a workspace, and the
 // descriptors and algorithm chosen for each shape it has seen (the heuristic runs once a shape).
@@ -64,7 +64,8 @@ class Gemm {
 
  private:
   struct Plan;
-  Plan& plan_for(const Shape& s, const float* bias);
+  // The shape's plan (made once), or null when cuBLASLt has no algorithm for it (remembered too).
+  Plan* plan_for(const Shape& s, const float* bias);
 
   cudaStream_t stream_;
   void* handle_ = nullptr;  // cublasLtHandle_t

@@ -19,6 +19,7 @@ constexpr int kWarp = 32;
 constexpr int kMaxHeadPerLane = 8;   // head size <= 256
 constexpr size_t kNormChunk = 1024;  // as the CPU's grad_norm_sq
 constexpr size_t kLayerNormRowsPerBlock = 32;
+constexpr size_t kColumnSumRows = 32;  // bias_backward's rows per partial sum
 
 unsigned blocks_for(size_t n, int threads = kThreads) {
   const size_t b = (n + threads - 1) / threads;
@@ -49,7 +50,7 @@ __global__ void relu_forward_kernel(float* out, const float* inp, size_t n) {
 }
 
 __global__ void relu_backward_kernel(float* dinp, const float* dout, const float* inp, size_t n) {
-  GRID_STRIDE(i, n) dinp[i] += dout[i] * float(inp[i] > 0.f);
+  GRID_STRIDE(i, n) dinp[i] += inp[i] > 0.f ? dout[i] : 0.f;  // (an inf dout times 0: NaN)
 }
 
 __global__ void gelu_forward_kernel(float* out, const float* inp, size_t n) {
@@ -86,13 +87,25 @@ __global__ void bias_forward_kernel(float* out, const float* bias, size_t N, siz
   GRID_STRIDE(i, N * OC) out[i] += bias[i % OC];
 }
 
-// One thread per column, down the rows in order.
-__global__ void bias_backward_kernel(float* dbias, const float* dout, size_t N, size_t OC) {
-  const size_t c = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
-  if (c >= OC) return;
+// Block (g, c-chunk): the column sums of rows [g*R, g*R+R) in order, one thread a column (one
+// thread down all N rows would leave the GPU idle: 3 blocks for OC 768).
+__global__ void column_sums_partial_kernel(float* scratch, const float* x, size_t N, size_t C) {
+  const size_t c = blockIdx.y * size_t(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  const size_t begin = blockIdx.x * kColumnSumRows, end = min(N, begin + kColumnSumRows);
   float s = 0.f;
-  for (size_t r = 0; r < N; ++r) s += dout[r * OC + c];
-  dbias[c] += s;
+  for (size_t r = begin; r < end; ++r) s += x[r * C + c];
+  scratch[blockIdx.x * C + c] = s;
+}
+
+// out[c] += the groups' sums, in group order.
+__global__ void column_sums_final_kernel(float* out, const float* scratch, size_t groups,
+                                         size_t C) {
+  const size_t c = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  float s = 0.f;
+  for (size_t g = 0; g < groups; ++g) s += scratch[g * C + c];
+  out[c] += s;
 }
 
 // ---- layer norm -----------------------------------------------------------------------------
@@ -437,21 +450,23 @@ __global__ void sum_to_double_kernel(double* out, const double* x, size_t n) {
   if (threadIdx.x == 0) *out = part[0];
 }
 
-// One thread per chunk of 1024: eight float lanes as the CPU, their float sum as a double.
+// One thread per chunk of 1024: 32 float lanes as the CPU's Compute, their float sum in lane
+// order as a double.
 __global__ void norm_chunks_kernel(double* chunks, const float* g, size_t n) {
   const size_t chunk = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
   const size_t at = chunk * kNormChunk;
   if (at >= n) return;
   const size_t end = min(n, at + kNormChunk);
-  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  constexpr int kLanes = 32;
+  float lanes[kLanes] = {};
   size_t i = at;
-  for (; i + 8 <= end; i += 8)
+  for (; i + kLanes <= end; i += kLanes)
 #pragma unroll
-    for (int l = 0; l < 8; ++l) lanes[l] += g[i + l] * g[i + l];
+    for (int l = 0; l < kLanes; ++l) lanes[l] += g[i + l] * g[i + l];
   for (; i < end; ++i) lanes[0] += g[i] * g[i];
   float s = 0.f;
 #pragma unroll
-  for (int l = 0; l < 8; ++l) s += lanes[l];
+  for (int l = 0; l < kLanes; ++l) s += lanes[l];
   chunks[chunk] = double(s);
 }
 
@@ -529,7 +544,12 @@ void bias_forward(float* out, const float* bias, size_t N, size_t OC, cudaStream
 }
 
 void bias_backward(float* dbias, const float* dout, size_t N, size_t OC, cudaStream_t stream) {
-  launch(bias_backward_kernel, blocks_for(OC), stream, dbias, dout, N, OC);
+  if (N == 0 || OC == 0) return;
+  const size_t groups = (N + kColumnSumRows - 1) / kColumnSumRows;
+  DeviceBuffer<float> scratch(groups * OC, stream);  // (the pool's: freed in stream order)
+  launch(column_sums_partial_kernel, dim3(unsigned(groups), blocks_for(OC)), stream,
+         scratch.data(), dout, N, OC);
+  launch(column_sums_final_kernel, blocks_for(OC), stream, dbias, scratch.data(), groups, OC);
 }
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,

@@ -28,7 +28,8 @@ void gelu_backward(float* dinp, const float* dout, const float* inp, size_t n, c
 void residual_forward(float* out, const float* a, const float* b, size_t n, cudaStream_t stream);
 void residual_backward(float* da, float* db, const float* dout, size_t n, cudaStream_t stream);
 
-// out(N,OC) += bias(OC) on every row; dbias(OC) += the column sums of dout(N,OC).
+// out(N,OC) += bias(OC) on every row; dbias(OC) += the column sums of dout(N,OC) (in a fixed
+// order: per 32 rows, then over those sums).
 void bias_forward(float* out, const float* bias, size_t N, size_t OC, cudaStream_t stream);
 void bias_backward(float* dbias, const float* dout, size_t N, size_t OC, cudaStream_t stream);
 
@@ -84,8 +85,8 @@ void softmax_cross_entropy(float* logits_then_dlogits, double* losses, int32_t* 
 // The sum of x (n doubles) into *out in a fixed order: 256 strided partial sums, then a tree.
 void sum_to_double(double* out, const double* x, size_t n, cudaStream_t stream);
 // Sum of squares of g (n) into *out (one double): per-chunk float partial sums (chunks of 1024,
-// eight lanes: the CPU's grad_norm_sq bit for bit), added in double by sum_to_double's fixed tree
-// (not the CPU's sequential order: a last-bit difference). scratch: norm_scratch(n) doubles.
+// 32 lanes: the CPU Compute's grad_norm_sq bit for bit), added in double by sum_to_double's fixed
+// tree (not the CPU's sequential order: a last-bit difference). scratch: norm_scratch(n) doubles.
 size_t norm_scratch(size_t n);
 void grad_norm_sq(double* out, const float* g, size_t n, double* scratch, cudaStream_t stream);
 

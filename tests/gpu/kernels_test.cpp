@@ -174,15 +174,19 @@ TEST(CudaKernels, LinearForwardAndBackwardThroughCublasLt) {
 TEST(CudaKernels, BiasForwardAndBackward) {
   SKIP_WITHOUT_GPU();
   Gpu gpu;
-  for (auto [N, OC] : {std::pair<size_t, size_t>{1, 1}, {37, 257}, {300, 33}}) {
+  for (auto [N, OC] : {std::pair<size_t, size_t>{1, 1}, {37, 257}, {300, 33}, {64, 5}}) {
     const Floats x = random(N * OC, 36), b = random(OC, 37), dout = random(N * OC, 38),
                  db0 = random(OC, 39);
     Floats want = x, want_db = db0;
     for (size_t r = 0; r < N; ++r)
       for (size_t c = 0; c < OC; ++c) want[r * OC + c] += b[c];
-    for (size_t c = 0; c < OC; ++c) {  // down the rows, as the kernel
+    for (size_t c = 0; c < OC; ++c) {  // per 32 rows, then over those sums, as the kernel
       float s = 0.f;
-      for (size_t r = 0; r < N; ++r) s += dout[r * OC + c];
+      for (size_t g = 0; g < N; g += 32) {
+        float part = 0.f;
+        for (size_t r = g; r < std::min(N, g + 32); ++r) part += dout[r * OC + c];
+        s += part;
+      }
       want_db[c] = db0[c] + s;
     }
     auto out = gpu.up(x), d_b = gpu.up(b), d_dout = gpu.up(dout), db = gpu.up(db0);

@@ -93,9 +93,12 @@ TEST(Nccl, AnAbandonedGenerationEndsTheWaitBeforeItsTimeout) {
   }
   ender.join();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
-  // A generation abandoned from the start does not touch an operation that completes.
-  o.abandoned = [] { return true; };
+  // A generation abandoned does not touch an operation that completes. (Abandoned only once the
+  // communicator exists: an init still running abandon_after past its start would end.)
+  std::atomic<bool> ended{false};
+  o.abandoned = [&] { return ended.load(); };
   auto c = make_nccl_communicator(2, 0, 1, nccl_unique_id(), o);
+  ended = true;
   std::vector<float> x(4096, 2.0f);
   EXPECT_EQ(run_allreduce(*c, x, ReduceOp::sum), x);
 }
