@@ -1,7 +1,11 @@
 // The CUDA kernels of models/cuda/kernels.h. Plain, deterministic versions first (every sum in a
-// fixed order, no atomics); each is checked against its CPU kernel by tests/gpu/kernels_test.cpp.
+// fixed order, no atomics); each is checked against its CPU kernel by tests/gpu/kernels_test.cpp,
+// on a GPU, and on the CPU through an emulation of CUDA's execution model (this file compiled as
+// C++ with tests/emulation/cuda_emulation.h: TROUPE_CUDA_EMULATION).
 #include <cuda_bf16.h>
+#ifndef TROUPE_CUDA_EMULATION
 #include <math_constants.h>
+#endif
 
 #include <algorithm>
 #include <numeric>
@@ -29,8 +33,15 @@ unsigned blocks_for(size_t n, int threads = kThreads) {
 // kernel<<<grid, kThreads, 0, stream>>>(args...), and the launch's error as an exception.
 template <typename... Params, typename... Args>
 void launch(void (*kernel)(Params...), dim3 grid, cudaStream_t stream, Args... args) {
+#ifdef TROUPE_CUDA_EMULATION
+  (void)stream;  // (a launch completes before it returns)
+  emulation::run(grid, dim3(kThreads), [&] { kernel(args...); });
+#else
+  // clang-format off
   kernel<<<grid, kThreads, 0, stream>>>(args...);
+  // clang-format on
   TROUPE_CUDA_CHECK(cudaGetLastError());
+#endif
 }
 
 __device__ float warp_sum(float v) {
@@ -547,8 +558,8 @@ void bias_backward(float* dbias, const float* dout, size_t N, size_t OC, cudaStr
   if (N == 0 || OC == 0) return;
   const size_t groups = (N + kColumnSumRows - 1) / kColumnSumRows;
   DeviceBuffer<float> scratch(groups * OC, stream);  // (the pool's: freed in stream order)
-  launch(column_sums_partial_kernel, dim3(unsigned(groups), blocks_for(OC)), stream,
-         scratch.data(), dout, N, OC);
+  launch(column_sums_partial_kernel, dim3(unsigned(groups), blocks_for(OC)), stream, scratch.data(),
+         dout, N, OC);
   launch(column_sums_final_kernel, blocks_for(OC), stream, dbias, scratch.data(), groups, OC);
 }
 

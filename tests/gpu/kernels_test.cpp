@@ -1,9 +1,11 @@
 // Every CUDA kernel of models/cuda/ against its CPU kernel on the same inputs (ctest label gpu;
-// without a CUDA device each test skips and says why). Shapes are odd on purpose: sizes that are
-// not multiples of 8, 16 or 128, batch 1, context 1. f32 must agree within 1e-5 relative to the
-// largest magnitude of the CPU's result (the sums run in other orders, so not bitwise); bf16
-// GEMMs agree with the CPU on the same bf16-rounded inputs within 1e-5, and with the unrounded
-// f32 product within bf16's tolerance.
+// without a CUDA device each test skips and says why). The same tests, but the cuBLASLt and pool
+// ones, also run without a GPU on the emulated device (troupe_cuda_emulated_tests, label
+// emulated: tests/emulation/cuda_emulation.h), which checks the kernels' logic, not the GPU. Shapes
+// are odd on purpose: sizes that are not multiples of 8, 16 or 128, batch 1, context 1. f32 must
+// agree within 1e-5 relative to the largest magnitude of the CPU's result (the sums run in other
+// orders, so not bitwise); bf16 GEMMs agree with the CPU on the same bf16-rounded inputs within
+// 1e-5, and with the unrounded f32 product within bf16's tolerance.
 #include "models/cuda/kernels.h"
 
 #include <gtest/gtest.h>
@@ -90,14 +92,15 @@ void expect_close(const Floats& got, const Floats& want, double relative, const 
       << " (largest magnitude " << largest << ")";
 }
 
-uint16_t bf16_bits(float x) {  // round to nearest even, as __float2bfloat16_rn (finite inputs)
+[[maybe_unused]] uint16_t bf16_bits(
+    float x) {  // round to nearest even, as __float2bfloat16_rn (finite inputs)
   uint32_t u;
   std::memcpy(&u, &x, 4);
   u += 0x7fffu + ((u >> 16) & 1u);
   return uint16_t(u >> 16);
 }
 
-float from_bf16_bits(uint16_t b) {
+[[maybe_unused]] float from_bf16_bits(uint16_t b) {
   uint32_t u = uint32_t(b) << 16;
   float x;
   std::memcpy(&x, &u, 4);
@@ -143,6 +146,7 @@ struct LinearShape {
   size_t N, C, OC;
 };
 
+#ifndef TROUPE_CUDA_EMULATION  // (cuBLASLt: on a GPU only)
 TEST(CudaKernels, LinearForwardAndBackwardThroughCublasLt) {
   SKIP_WITHOUT_GPU();
   Gpu gpu;
@@ -171,6 +175,8 @@ TEST(CudaKernels, LinearForwardAndBackwardThroughCublasLt) {
   }
 }
 
+#endif
+
 TEST(CudaKernels, BiasForwardAndBackward) {
   SKIP_WITHOUT_GPU();
   Gpu gpu;
@@ -197,6 +203,7 @@ TEST(CudaKernels, BiasForwardAndBackward) {
   }
 }
 
+#ifndef TROUPE_CUDA_EMULATION  // (cuBLASLt: on a GPU only)
 TEST(CudaKernels, Bf16LinearIsTheF32ProductOfTheRoundedInputs) {
   SKIP_WITHOUT_GPU();
   Gpu gpu;
@@ -246,6 +253,8 @@ TEST(CudaKernels, Bf16LinearIsTheF32ProductOfTheRoundedInputs) {
   expect_close(gpu.down(d_dinp), want_dinp, 1e-5, "bf16 dinp vs the CPU on the rounded operands");
   expect_close(gpu.down(d_dw), want_dw, 1e-5, "bf16 dweight vs the CPU on the rounded operands");
 }
+
+#endif
 
 TEST(CudaKernels, LayerNormForwardBackwardAndTheFusedResidual) {
   SKIP_WITHOUT_GPU();
@@ -450,6 +459,7 @@ TEST(CudaKernels, GradientNormAndOptimizersAsTheCpu) {
   }
 }
 
+#ifndef TROUPE_CUDA_EMULATION  // (the driver's memory pool: on a GPU only)
 TEST(CudaRuntime, ThePoolServesRepeatedAllocationsWithoutGrowing) {
   SKIP_WITHOUT_GPU();
   cuda::keep_pool_memory(0);
@@ -475,6 +485,8 @@ TEST(CudaRuntime, ThePoolServesRepeatedAllocationsWithoutGrowing) {
   gpu.down(gpu.zeros<float>(1));  // (synchronises)
   EXPECT_EQ(reserved(), after_first) << "the pool asked the driver for more memory";
 }
+
+#endif
 
 }  // namespace
 }  // namespace troupe::models

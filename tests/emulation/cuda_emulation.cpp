@@ -1,0 +1,228 @@
+// Fibers (ucontext) for the threads of one block at a time; see cuda_emulation.h.
+#include "tests/emulation/cuda_emulation.h"
+
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace troupe::emulation {
+namespace {
+
+constexpr size_t kStackBytes = size_t(128) << 10;
+constexpr int kWarp = 32;
+
+enum class State { ready, at_block, at_warp, done };
+
+struct Fiber {
+  ucontext_t context{};
+  std::unique_ptr<char[]> stack;
+  State state = State::ready;
+  Lane lane;
+  int index = 0;                // in the block
+  uint64_t block_barriers = 0;  // passed so far: every live thread of the block must agree,
+  uint64_t warp_barriers = 0;   // and every lane of the warp (shuffles are warp barriers)
+};
+
+struct Block {
+  std::vector<Fiber> fibers;
+  std::vector<uint64_t> slots;  // each thread's value in the shuffle under way
+  ucontext_t scheduler{};
+  Fiber* running = nullptr;
+  const std::function<void()>* body = nullptr;
+};
+
+thread_local Block* current = nullptr;
+
+[[noreturn]] void fail(const std::string& why) {
+  const Fiber* f = current ? current->running : nullptr;
+  if (f)
+    std::fprintf(stderr, "cuda emulation: %s (block %u,%u,%u, thread %u)\n", why.c_str(),
+                 f->lane.block.x, f->lane.block.y, f->lane.block.z, f->lane.thread.x);
+  else
+    std::fprintf(stderr, "cuda emulation: %s\n", why.c_str());
+  std::abort();
+}
+
+Fiber& running() {
+  if (!current || !current->running) fail("a device function called outside a launch");
+  return *current->running;
+}
+
+void entry() {
+  Block& b = *current;
+  (*b.body)();
+  b.running->state = State::done;
+  swapcontext(&b.running->context, &b.scheduler);  // (never resumed)
+}
+
+void yield(State s) {
+  Fiber& f = running();
+  f.state = s;
+  swapcontext(&f.context, &current->scheduler);
+}
+
+// The lanes of f's warp: [first, end).
+size_t warp_first(const Fiber& f) { return size_t(f.index) / kWarp * kWarp; }
+size_t warp_end(const Block& b, const Fiber& f) {
+  return std::min(b.fibers.size(), warp_first(f) + kWarp);
+}
+
+// Releases the fibers waiting at a barrier that every live fiber of its group reached, each of
+// them at the same one (else they came from different places: divergent code). Returns whether
+// any was released.
+bool release(Block& b) {
+  bool released = false, all_at_block = true, any_at_block = false;
+  for (const Fiber& f : b.fibers) {
+    if (f.state == State::done) continue;
+    all_at_block = all_at_block && f.state == State::at_block;
+    any_at_block = any_at_block || f.state == State::at_block;
+  }
+  if (any_at_block && all_at_block) {
+    uint64_t first = 0;
+    for (Fiber& f : b.fibers) {
+      if (f.state != State::at_block) continue;
+      if (first == 0) first = f.block_barriers;
+      if (f.block_barriers != first)
+        fail("__syncthreads reached from different places (divergent code)");
+      f.state = State::ready;
+    }
+    released = true;
+  }
+  for (size_t w = 0; w < b.fibers.size(); w += kWarp) {
+    const size_t end = std::min(b.fibers.size(), w + kWarp);
+    bool all = true, any = false;
+    for (size_t l = w; l < end; ++l) {
+      if (b.fibers[l].state == State::done) continue;
+      all = all && b.fibers[l].state == State::at_warp;
+      any = any || b.fibers[l].state == State::at_warp;
+    }
+    if (!any || !all) continue;
+    uint64_t first = 0;
+    for (size_t l = w; l < end; ++l) {
+      if (b.fibers[l].state != State::at_warp) continue;
+      if (first == 0) first = b.fibers[l].warp_barriers;
+      if (b.fibers[l].warp_barriers != first)
+        fail("lanes of a warp at different warp barriers or shuffles (divergent code)");
+      b.fibers[l].state = State::ready;
+    }
+    released = true;
+  }
+  return released;
+}
+
+[[noreturn]] void deadlock(const Block& b) {
+  size_t at_block = 0, at_warp = 0, done = 0;
+  for (const Fiber& f : b.fibers) {
+    at_block += f.state == State::at_block;
+    at_warp += f.state == State::at_warp;
+    done += f.state == State::done;
+  }
+  fail("threads wait at barriers that others never reach: " + std::to_string(at_block) +
+       " at __syncthreads, " + std::to_string(at_warp) + " at a warp barrier or shuffle, " +
+       std::to_string(done) + " returned");
+}
+
+void run_block(Block& b) {
+  for (Fiber& f : b.fibers) {
+    getcontext(&f.context);
+    f.context.uc_stack.ss_sp = f.stack.get();
+    f.context.uc_stack.ss_size = kStackBytes;
+    f.context.uc_link = nullptr;
+    makecontext(&f.context, entry, 0);
+    f.state = State::ready;
+    f.block_barriers = f.warp_barriers = 0;
+  }
+  while (true) {
+    for (Fiber& f : b.fibers) {
+      if (f.state != State::ready) continue;
+      b.running = &f;
+      swapcontext(&b.scheduler, &f.context);
+    }
+    b.running = nullptr;
+    bool all_done = true;
+    for (const Fiber& f : b.fibers) all_done = all_done && f.state == State::done;
+    if (all_done) return;
+    if (!release(b)) deadlock(b);
+  }
+}
+
+// A full-warp operation: every lane of the warp must exist and not have returned.
+void check_whole_warp(const char* what) {
+  const Block& b = *current;
+  const Fiber& f = running();
+  if (warp_end(b, f) - warp_first(f) != size_t(kWarp))
+    fail(std::string(what) + " with a full mask in a warp of fewer than 32 threads");
+  for (size_t l = warp_first(f); l < warp_end(b, f); ++l)
+    if (b.fibers[l].state == State::done)
+      fail(std::string(what) + " with a full mask after lane " + std::to_string(l - warp_first(f)) +
+           " of the warp returned");
+}
+
+void warp_barrier(const char* what) {
+  check_whole_warp(what);
+  ++running().warp_barriers;
+  yield(State::at_warp);
+}
+
+}  // namespace
+
+const Lane& lane() { return running().lane; }
+
+void sync_block() {
+  ++running().block_barriers;
+  yield(State::at_block);
+}
+
+void sync_warp() { warp_barrier("__syncwarp"); }
+
+uint64_t exchange_xor(uint64_t bits, int xor_mask, unsigned member_mask) {
+  if (member_mask != 0xffffffffu) fail("a shuffle with a partial mask (not emulated)");
+  if (xor_mask < 0 || xor_mask >= kWarp) fail("a shuffle's lane mask out of the warp");
+  Block& b = *current;
+  Fiber& f = running();
+  b.slots[size_t(f.index)] = bits;
+  warp_barrier("__shfl_xor_sync");  // everyone's value is in
+  const size_t from = warp_first(f) + ((size_t(f.index) - warp_first(f)) ^ size_t(xor_mask));
+  const uint64_t got = b.slots[from];
+  warp_barrier("__shfl_xor_sync");  // everyone has read before anyone writes again
+  return got;
+}
+
+void run(dim3 grid, dim3 block, const std::function<void()>& body) {
+  const size_t threads = size_t(block.x) * block.y * block.z;
+  if (threads == 0 || threads > 1024 || block.z > 64)
+    fail("a launch of " + std::to_string(threads) + " threads a block (1..1024)");
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535 ||
+      grid.x > 0x7fffffffu)
+    fail("a launch with grid " + std::to_string(grid.x) + "," + std::to_string(grid.y) + "," +
+         std::to_string(grid.z) + " (x 1..2^31-1, y and z 1..65535)");
+  if (current) fail("a launch from inside a kernel");
+  Block b;
+  b.fibers.resize(threads);
+  b.slots.assign(threads, 0);
+  b.body = &body;
+  for (size_t i = 0; i < threads; ++i) {
+    Fiber& f = b.fibers[i];
+    f.stack = std::make_unique<char[]>(kStackBytes);
+    f.index = int(i);
+    f.lane.thread = {unsigned(i % block.x), unsigned(i / block.x % block.y),
+                     unsigned(i / (size_t(block.x) * block.y))};
+    f.lane.block_dim = block;
+    f.lane.grid_dim = grid;
+  }
+  current = &b;
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        for (Fiber& f : b.fibers) f.lane.block = {x, y, z};
+        run_block(b);
+      }
+  current = nullptr;
+}
+
+}  // namespace troupe::emulation
