@@ -269,39 +269,122 @@ __device__ void head_load(float (&a)[kMaxHeadPerLane], const float* src, int lan
   }
 }
 
-// One warp per (b, h, t): the keys 0..t with the online softmax (a running max and sum).
+// The tiled kernels below: a block takes one head of one batch row and a run of rows (queries,
+// or keys for dk/dv); each row has R lanes (a power of two, R * kPerLane >= head size), lane s of
+// a row holding the head's elements s, s + R, s + 2R, ... in registers. The other side's rows
+// come through shared memory a tile of kTile rows at a time (every row of a tile read by every
+// thread: a broadcast). Dot products are each lane's partial sum, then a butterfly over the R
+// lanes (every lane ends with the same bits). Loops run to the block's last row and mask the
+// causal part, so every lane reaches every shuffle and barrier.
+constexpr int kTile = 16;
+constexpr int kMaxHead = kWarp * kMaxHeadPerLane;  // 256
+
+int lanes_for(int hs, int per_lane) {
+  int r = 1;
+  while (r * per_lane < hs) r *= 2;
+  return r;
+}
+
+__device__ float lanes_sum(float v, int R) {
+  for (int m = R / 2; m > 0; m /= 2) v += __shfl_xor_sync(0xffffffffu, v, m);
+  return v;
+}
+
+// Which rows a block of the tiled kernels takes: head (b, h), rows [first, first + per_block).
+struct HeadBlock {
+  size_t b, h, first, per_block;
+  int R, sub;
+  size_t row;  // this thread's row (may be >= T: a lane with nothing to do but the barriers)
+  __device__ HeadBlock(size_t T, size_t NH, int lanes) : R(lanes) {
+    per_block = blockDim.x / unsigned(R);
+    const size_t chunks = (T + per_block - 1) / per_block, bh = blockIdx.x / chunks;
+    b = bh / NH;
+    h = bh % NH;
+    first = blockIdx.x % chunks * per_block;
+    sub = int(threadIdx.x % unsigned(R));
+    row = first + threadIdx.x / unsigned(R);
+  }
+};
+
+// This lane's elements of a head row: e -> element sub + R * e.
+template <int kPerLane>
+__device__ void lane_load(float (&a)[kPerLane], const float* src, int sub, int R, int hs,
+                          bool live) {
+#pragma unroll
+  for (int e = 0; e < kPerLane; ++e) {
+    const int d = sub + R * e;
+    a[e] = live && d < hs ? src[d] : 0.f;
+  }
+}
+
+template <int kPerLane>
+__device__ float lane_dot(const float (&a)[kPerLane], const float* b, int sub, int R, int hs) {
+  float p = 0.f;
+#pragma unroll
+  for (int e = 0; e < kPerLane; ++e) {
+    const int d = sub + R * e;
+    if (d < hs) p += a[e] * b[d];
+  }
+  return lanes_sum(p, R);
+}
+
+// Rows [j0, j0 + n) of two of the head's arrays (k and v; q and dout), rows `stride` floats
+// apart, into two tiles of shared memory, hs floats a row; a barrier before (the last tile's
+// readers) and after.
+struct TileSource {
+  const float* row0;
+  size_t stride;
+};
+__device__ void load_tiles(float* first_tile, float* second_tile, TileSource first,
+                           TileSource second, size_t j0, size_t n, int hs) {
+  __syncthreads();
+  for (size_t i = threadIdx.x; i < n * size_t(hs); i += blockDim.x) {
+    const size_t r = j0 + i / size_t(hs), d = i % size_t(hs);
+    first_tile[i] = first.row0[r * first.stride + d];
+    second_tile[i] = second.row0[r * second.stride + d];
+  }
+  __syncthreads();
+}
+
+// Queries: keys 0..t with the online softmax (a running max and sum); out and lse.
+template <int kPerLane>
 __global__ void attention_forward_kernel(float* out, float* lse, const float* qkv, size_t B,
-                                         size_t T, size_t C, size_t NH) {
-  const size_t w = blockIdx.x * size_t(blockDim.x / kWarp) + threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  if (w >= B * NH * T) return;
-  const size_t t = w % T, h = (w / T) % NH, b = w / (T * NH);
+                                         size_t T, size_t C, size_t NH, int R) {
+  __shared__ float ks[kTile * kMaxHead], vs[kTile * kMaxHead];
+  const HeadBlock blk(T, NH, R);
   const int hs = int(C / NH);
   const float scale = 1.f / sqrtf(float(hs));
-  const HeadRows rows{qkv + b * T * 3 * C + h * hs, 3 * C};
-  float q[kMaxHeadPerLane], acc[kMaxHeadPerLane] = {};
-  head_load(q, rows.q(t), lane, hs);
+  const size_t t = blk.row, last = min(T, blk.first + blk.per_block) - 1;
+  const bool live = t < T;
+  const HeadRows rows{qkv + blk.b * T * 3 * C + blk.h * size_t(hs), 3 * C};
+  float q[kPerLane], acc[kPerLane] = {};
+  lane_load(q, rows.q(live ? t : 0), blk.sub, R, hs, live);
   float mx = -CUDART_INF_F, l = 0.f;
-  for (size_t j = 0; j <= t; ++j) {
-    const float s = head_dot(q, rows.k(j), lane, hs) * scale;
-    const float m_new = fmaxf(mx, s);
-    const float corr = expf(mx - m_new), p = expf(s - m_new);
-    l = l * corr + p;
-    const float* v = rows.v(j);
+  for (size_t j0 = 0; j0 <= last; j0 += kTile) {
+    const size_t n = min(size_t(kTile), last + 1 - j0);
+    load_tiles(ks, vs, {rows.k(0), 3 * C}, {rows.v(0), 3 * C}, j0, n, hs);
+    for (size_t jj = 0; jj < n; ++jj) {
+      const float s = lane_dot(q, ks + jj * hs, blk.sub, R, hs) * scale;
+      if (!live || j0 + jj > t) continue;
+      const float m_new = fmaxf(mx, s);
+      const float corr = expf(mx - m_new), p = expf(s - m_new);
+      l = l * corr + p;
 #pragma unroll
-    for (int e = 0; e < kMaxHeadPerLane; ++e) {
-      const int d = lane + kWarp * e;
-      if (d < hs) acc[e] = acc[e] * corr + p * v[d];
+      for (int e = 0; e < kPerLane; ++e) {
+        const int d = blk.sub + R * e;
+        if (d < hs) acc[e] = acc[e] * corr + p * vs[jj * hs + d];
+      }
+      mx = m_new;
     }
-    mx = m_new;
   }
-  float* o = out + (b * T + t) * C + h * hs;
+  if (!live) return;
+  float* o = out + (blk.b * T + t) * C + blk.h * size_t(hs);
 #pragma unroll
-  for (int e = 0; e < kMaxHeadPerLane; ++e) {
-    const int d = lane + kWarp * e;
+  for (int e = 0; e < kPerLane; ++e) {
+    const int d = blk.sub + R * e;
     if (d < hs) o[d] = acc[e] / l;
   }
-  if (lane == 0) lse[w] = mx + logf(l);
+  if (blk.sub == 0) lse[(blk.b * NH + blk.h) * T + t] = mx + logf(l);
 }
 
 // D[b,h,t] = dot(dout row, out row) over the head.
@@ -319,71 +402,93 @@ __global__ void attention_backward_dot_kernel(float* D, const float* dout, const
   if (lane == 0) D[w] = d;
 }
 
-// One warp per query row i: dq_i = scale * sum_j ds_ij k_j over the keys j <= i.
+// Queries i: dq_i = scale * sum_j ds_ij k_j over the keys j <= i.
+template <int kPerLane>
 __global__ void attention_backward_q_kernel(float* dqkv, const float* dout, const float* qkv,
                                             const float* lse, const float* D, size_t B, size_t T,
-                                            size_t C, size_t NH) {
-  const size_t w = blockIdx.x * size_t(blockDim.x / kWarp) + threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  if (w >= B * NH * T) return;
-  const size_t i = w % T, h = (w / T) % NH, b = w / (T * NH);
+                                            size_t C, size_t NH, int R) {
+  __shared__ float ks[kTile * kMaxHead], vs[kTile * kMaxHead];
+  const HeadBlock blk(T, NH, R);
   const int hs = int(C / NH);
   const float scale = 1.f / sqrtf(float(hs));
-  const HeadRows rows{qkv + b * T * 3 * C + h * hs, 3 * C};
-  float q[kMaxHeadPerLane], dy[kMaxHeadPerLane], dq[kMaxHeadPerLane] = {};
-  head_load(q, rows.q(i), lane, hs);
-  head_load(dy, dout + (b * T + i) * C + h * hs, lane, hs);
-  for (size_t j = 0; j <= i; ++j) {
-    const float p = expf(head_dot(q, rows.k(j), lane, hs) * scale - lse[w]);
-    const float ds = p * (head_dot(dy, rows.v(j), lane, hs) - D[w]);
-    const float* k = rows.k(j);
+  const size_t i = blk.row, last = min(T, blk.first + blk.per_block) - 1;
+  const bool live = i < T;
+  const size_t w = (blk.b * NH + blk.h) * T + (live ? i : 0);
+  const HeadRows rows{qkv + blk.b * T * 3 * C + blk.h * size_t(hs), 3 * C};
+  float q[kPerLane], dy[kPerLane], dq[kPerLane] = {};
+  lane_load(q, rows.q(live ? i : 0), blk.sub, R, hs, live);
+  lane_load(dy, dout + (blk.b * T + (live ? i : 0)) * C + blk.h * size_t(hs), blk.sub, R, hs, live);
+  const float lse_i = live ? lse[w] : 0.f, D_i = live ? D[w] : 0.f;
+  for (size_t j0 = 0; j0 <= last; j0 += kTile) {
+    const size_t n = min(size_t(kTile), last + 1 - j0);
+    load_tiles(ks, vs, {rows.k(0), 3 * C}, {rows.v(0), 3 * C}, j0, n, hs);
+    for (size_t jj = 0; jj < n; ++jj) {
+      const float qk = lane_dot(q, ks + jj * hs, blk.sub, R, hs);
+      const float dv = lane_dot(dy, vs + jj * hs, blk.sub, R, hs);
+      if (!live || j0 + jj > i) continue;
+      const float p = expf(qk * scale - lse_i), ds = p * (dv - D_i);
 #pragma unroll
-    for (int e = 0; e < kMaxHeadPerLane; ++e) {
-      const int d = lane + kWarp * e;
-      if (d < hs) dq[e] += ds * k[d];
-    }
-  }
-  float* out = dqkv + (b * T + i) * 3 * C + h * hs;
-#pragma unroll
-  for (int e = 0; e < kMaxHeadPerLane; ++e) {
-    const int d = lane + kWarp * e;
-    if (d < hs) out[d] += dq[e] * scale;
-  }
-}
-
-// One warp per key row j: dk_j = scale * sum_i ds_ij q_i, dv_j = sum_i p_ij dout_i over i >= j.
-__global__ void attention_backward_kv_kernel(float* dqkv, const float* dout, const float* qkv,
-                                             const float* lse, const float* D, size_t B, size_t T,
-                                             size_t C, size_t NH) {
-  const size_t w = blockIdx.x * size_t(blockDim.x / kWarp) + threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  if (w >= B * NH * T) return;
-  const size_t j = w % T, h = (w / T) % NH, b = w / (T * NH);
-  const size_t row0 = w - j;  // (b, h, 0) in lse and D
-  const int hs = int(C / NH);
-  const float scale = 1.f / sqrtf(float(hs));
-  const HeadRows rows{qkv + b * T * 3 * C + h * hs, 3 * C};
-  float k[kMaxHeadPerLane], v[kMaxHeadPerLane], dk[kMaxHeadPerLane] = {}, dv[kMaxHeadPerLane] = {};
-  head_load(k, rows.k(j), lane, hs);
-  head_load(v, rows.v(j), lane, hs);
-  for (size_t i = j; i < T; ++i) {
-    const float* q = rows.q(i);
-    const float* dy = dout + (b * T + i) * C + h * hs;
-    const float p = expf(head_dot(k, q, lane, hs) * scale - lse[row0 + i]);
-    const float ds = p * (head_dot(v, dy, lane, hs) - D[row0 + i]);
-#pragma unroll
-    for (int e = 0; e < kMaxHeadPerLane; ++e) {
-      const int d = lane + kWarp * e;
-      if (d < hs) {
-        dk[e] += ds * q[d];
-        dv[e] += p * dy[d];
+      for (int e = 0; e < kPerLane; ++e) {
+        const int d = blk.sub + R * e;
+        if (d < hs) dq[e] += ds * ks[jj * hs + d];
       }
     }
   }
-  float* base = dqkv + (b * T + j) * 3 * C + h * hs;
+  if (!live) return;
+  float* o = dqkv + (blk.b * T + i) * 3 * C + blk.h * size_t(hs);
 #pragma unroll
-  for (int e = 0; e < kMaxHeadPerLane; ++e) {
-    const int d = lane + kWarp * e;
+  for (int e = 0; e < kPerLane; ++e) {
+    const int d = blk.sub + R * e;
+    if (d < hs) o[d] += dq[e] * scale;
+  }
+}
+
+// Keys j: dk_j = scale * sum_i ds_ij q_i, dv_j = sum_i p_ij dout_i over the queries i >= j.
+template <int kPerLane>
+__global__ void attention_backward_kv_kernel(float* dqkv, const float* dout, const float* qkv,
+                                             const float* lse, const float* D, size_t B, size_t T,
+                                             size_t C, size_t NH, int R) {
+  __shared__ float qs[kTile * kMaxHead], dys[kTile * kMaxHead], lses[kTile], Ds[kTile];
+  const HeadBlock blk(T, NH, R);
+  const int hs = int(C / NH);
+  const float scale = 1.f / sqrtf(float(hs));
+  const size_t j = blk.row;
+  const bool live = j < T;
+  const size_t row0 = (blk.b * NH + blk.h) * T;  // (b, h, 0) in lse and D
+  const HeadRows rows{qkv + blk.b * T * 3 * C + blk.h * size_t(hs), 3 * C};
+  float k[kPerLane], v[kPerLane], dk[kPerLane] = {}, dv[kPerLane] = {};
+  lane_load(k, rows.k(live ? j : 0), blk.sub, R, hs, live);
+  lane_load(v, rows.v(live ? j : 0), blk.sub, R, hs, live);
+  const float* dout_head = dout + blk.b * T * C + blk.h * size_t(hs);
+  for (size_t i0 = blk.first; i0 < T;
+       i0 += kTile) {  // (queries before the block's first key: none)
+    const size_t n = min(size_t(kTile), T - i0);
+    load_tiles(qs, dys, {rows.q(0), 3 * C}, {dout_head, C}, i0, n, hs);
+    for (size_t ii = threadIdx.x; ii < n; ii += blockDim.x) {
+      lses[ii] = lse[row0 + i0 + ii];
+      Ds[ii] = D[row0 + i0 + ii];
+    }
+    __syncthreads();
+    for (size_t ii = 0; ii < n; ++ii) {
+      const float qk = lane_dot(k, qs + ii * hs, blk.sub, R, hs);
+      const float dpv = lane_dot(v, dys + ii * hs, blk.sub, R, hs);
+      if (!live || i0 + ii < j) continue;
+      const float p = expf(qk * scale - lses[ii]), ds = p * (dpv - Ds[ii]);
+#pragma unroll
+      for (int e = 0; e < kPerLane; ++e) {
+        const int d = blk.sub + R * e;
+        if (d < hs) {
+          dk[e] += ds * qs[ii * hs + d];
+          dv[e] += p * dys[ii * hs + d];
+        }
+      }
+    }
+  }
+  if (!live) return;
+  float* base = dqkv + (blk.b * T + j) * 3 * C + blk.h * size_t(hs);
+#pragma unroll
+  for (int e = 0; e < kPerLane; ++e) {
+    const int d = blk.sub + R * e;
     if (d < hs) {
       base[C + d] += dk[e] * scale;
       base[2 * C + d] += dv[e];
@@ -522,6 +627,12 @@ unsigned warps_blocks(size_t warps) {
   return unsigned((warps + kThreads / kWarp - 1) / (kThreads / kWarp));
 }
 
+// The tiled attention kernels' grid: per (b, h), the rows in blocks of kThreads / R.
+unsigned head_blocks(size_t B, size_t T, size_t NH, int R) {
+  const size_t per_block = size_t(kThreads / R);
+  return unsigned(B * NH * ((T + per_block - 1) / per_block));
+}
+
 }  // namespace
 
 void relu_forward(float* out, const float* inp, size_t n, cudaStream_t stream) {
@@ -626,7 +737,9 @@ void attention_forward(float* out, float* lse, const float* qkv, size_t B, size_
                        size_t NH, cudaStream_t stream) {
   check_head_size(C, NH);
   if (B * NH * T == 0) return;
-  launch(attention_forward_kernel, warps_blocks(B * NH * T), stream, out, lse, qkv, B, T, C, NH);
+  const int R = lanes_for(int(C / NH), 32);
+  launch(attention_forward_kernel<32>, head_blocks(B, T, NH, R), stream, out, lse, qkv, B, T, C, NH,
+         R);
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
@@ -634,10 +747,13 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
                         cudaStream_t stream) {
   check_head_size(C, NH);
   if (B * NH * T == 0) return;
-  const unsigned grid = warps_blocks(B * NH * T);
-  launch(attention_backward_dot_kernel, grid, stream, scratch, dout, out, B, T, C, NH);
-  launch(attention_backward_q_kernel, grid, stream, dqkv, dout, qkv, lse, scratch, B, T, C, NH);
-  launch(attention_backward_kv_kernel, grid, stream, dqkv, dout, qkv, lse, scratch, B, T, C, NH);
+  launch(attention_backward_dot_kernel, warps_blocks(B * NH * T), stream, scratch, dout, out, B, T,
+         C, NH);
+  const int hs = int(C / NH), Rq = lanes_for(hs, 32), Rkv = lanes_for(hs, 16);
+  launch(attention_backward_q_kernel<32>, head_blocks(B, T, NH, Rq), stream, dqkv, dout, qkv, lse,
+         scratch, B, T, C, NH, Rq);
+  launch(attention_backward_kv_kernel<16>, head_blocks(B, T, NH, Rkv), stream, dqkv, dout, qkv, lse,
+         scratch, B, T, C, NH, Rkv);
 }
 
 void softmax_cross_entropy(float* logits_then_dlogits, double* losses, int32_t* correct,

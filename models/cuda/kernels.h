@@ -66,7 +66,9 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 
 // Causal multi-head self-attention, fused: qkv (B,T,3C) = [q | k | v] -> out (B,T,C), with the
 // softmax computed online (no T x T matrix in memory). lse (B,NH,T): each row's log-sum-exp of
-// the scaled scores, saved for backward. Head size at most 256.
+// the scaled scores, saved for backward. Head size at most 256. Tiled (f32, CUDA cores): a block
+// takes a run of one head's rows, a few lanes a row, the other side's rows through shared memory
+// 16 at a time.
 void attention_forward(float* out, float* lse, const float* qkv, size_t B, size_t T, size_t C,
                        size_t NH, cudaStream_t stream);
 // dqkv += the gradient; recomputes the probabilities from qkv and lse. scratch holds B*NH*T

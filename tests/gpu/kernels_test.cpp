@@ -335,9 +335,9 @@ struct AttentionShape {
 TEST(CudaKernels, FusedCausalAttentionForwardAndBackward) {
   SKIP_WITHOUT_GPU();
   Gpu gpu;
-  for (auto [B, T, C, NH] :
-       {AttentionShape{1, 1, 4, 1}, AttentionShape{2, 5, 12, 3}, AttentionShape{3, 37, 201, 3},
-        AttentionShape{1, 70, 256, 1}, AttentionShape{2, 65, 96, 4}}) {
+  for (auto [B, T, C, NH] : {AttentionShape{1, 1, 4, 1}, AttentionShape{2, 5, 12, 3},
+                             AttentionShape{3, 37, 201, 3}, AttentionShape{1, 70, 256, 1},
+                             AttentionShape{2, 65, 96, 4}, AttentionShape{1, 300, 128, 2}}) {
     const std::string shape = std::to_string(B) + "x" + std::to_string(T) + " C" +
                               std::to_string(C) + " NH" + std::to_string(NH);
     const Floats qkv = random(B * T * 3 * C, 29), dout = random(B * T * C, 30),
