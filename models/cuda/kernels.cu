@@ -30,18 +30,24 @@ unsigned blocks_for(size_t n, int threads = kThreads) {
   return unsigned(std::min<size_t>(std::max<size_t>(b, 1), 65535 * 16));
 }
 
-// kernel<<<grid, kThreads, 0, stream>>>(args...), and the launch's error as an exception.
+// kernel<<<grid, threads, 0, stream>>>(args...), and the launch's error as an exception.
 template <typename... Params, typename... Args>
-void launch(void (*kernel)(Params...), dim3 grid, cudaStream_t stream, Args... args) {
+void launch_sized(void (*kernel)(Params...), dim3 grid, unsigned threads, cudaStream_t stream,
+                  Args... args) {
 #ifdef TROUPE_CUDA_EMULATION
   (void)stream;  // (a launch completes before it returns)
-  emulation::run(grid, dim3(kThreads), [&] { kernel(args...); });
+  emulation::run(grid, dim3(threads), [&] { kernel(args...); });
 #else
   // clang-format off
-  kernel<<<grid, kThreads, 0, stream>>>(args...);
+  kernel<<<grid, threads, 0, stream>>>(args...);
   // clang-format on
   TROUPE_CUDA_CHECK(cudaGetLastError());
 #endif
+}
+
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), dim3 grid, cudaStream_t stream, Args... args) {
+  launch_sized(kernel, grid, kThreads, stream, args...);
 }
 
 __device__ float warp_sum(float v) {
@@ -251,24 +257,6 @@ struct HeadRows {
   __device__ const float* v(size_t t) const { return base + t * C3 + 2 * (C3 / 3); }
 };
 
-__device__ float head_dot(const float (&a)[kMaxHeadPerLane], const float* b, int lane, int hs) {
-  float p = 0.f;
-#pragma unroll
-  for (int e = 0; e < kMaxHeadPerLane; ++e) {
-    const int d = lane + kWarp * e;
-    if (d < hs) p += a[e] * b[d];
-  }
-  return warp_sum(p);
-}
-
-__device__ void head_load(float (&a)[kMaxHeadPerLane], const float* src, int lane, int hs) {
-#pragma unroll
-  for (int e = 0; e < kMaxHeadPerLane; ++e) {
-    const int d = lane + kWarp * e;
-    a[e] = d < hs ? src[d] : 0.f;
-  }
-}
-
 // The tiled kernels below: a block takes one head of one batch row and a run of rows (queries,
 // or keys for dk/dv); each row has R lanes (a power of two, R * kPerLane >= head size), lane s of
 // a row holding the head's elements s, s + R, s + 2R, ... in registers. The other side's rows
@@ -387,19 +375,19 @@ __global__ void attention_forward_kernel(float* out, float* lse, const float* qk
   if (blk.sub == 0) lse[(blk.b * NH + blk.h) * T + t] = mx + logf(l);
 }
 
-// D[b,h,t] = dot(dout row, out row) over the head.
+// D[b,h,t] = dot(dout row, out row) over the head, R lanes a row as the tiled kernels.
+template <int kPerLane>
 __global__ void attention_backward_dot_kernel(float* D, const float* dout, const float* out,
-                                              size_t B, size_t T, size_t C, size_t NH) {
-  const size_t w = blockIdx.x * size_t(blockDim.x / kWarp) + threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  if (w >= B * NH * T) return;
-  const size_t t = w % T, h = (w / T) % NH, b = w / (T * NH);
+                                              size_t B, size_t T, size_t C, size_t NH, int R) {
+  const HeadBlock blk(T, NH, R);
   const int hs = int(C / NH);
-  const size_t at = (b * T + t) * C + h * hs;
-  float dy[kMaxHeadPerLane];
-  head_load(dy, dout + at, lane, hs);
-  const float d = head_dot(dy, out + at, lane, hs);
-  if (lane == 0) D[w] = d;
+  const size_t t = blk.row;
+  const bool live = t < T;
+  const size_t at = (blk.b * T + (live ? t : 0)) * C + blk.h * size_t(hs);
+  float dy[kPerLane];
+  lane_load(dy, dout + at, blk.sub, R, hs, live);
+  const float d = lane_dot(dy, out + at, blk.sub, R, hs);  // (0 for a lane past T: dy is 0)
+  if (live && blk.sub == 0) D[(blk.b * NH + blk.h) * T + t] = d;
 }
 
 // Queries i: dq_i = scale * sum_j ds_ij k_j over the keys j <= i.
@@ -627,9 +615,15 @@ unsigned warps_blocks(size_t warps) {
   return unsigned((warps + kThreads / kWarp - 1) / (kThreads / kWarp));
 }
 
-// The tiled attention kernels' grid: per (b, h), the rows in blocks of kThreads / R.
+// The tiled attention kernels' blocks: R lanes for each of up to kThreads / R rows, whole warps
+// (a short context gets a small block, not idle warps that only keep the barriers).
+unsigned head_threads(size_t T, int R) {
+  const size_t wanted = (T * size_t(R) + kWarp - 1) / kWarp * kWarp;
+  return unsigned(std::min<size_t>(kThreads, wanted));
+}
+// Their grid: per (b, h), the rows in blocks of head_threads / R.
 unsigned head_blocks(size_t B, size_t T, size_t NH, int R) {
-  const size_t per_block = size_t(kThreads / R);
+  const size_t per_block = head_threads(T, R) / size_t(R);
   return unsigned(B * NH * ((T + per_block - 1) / per_block));
 }
 
@@ -738,8 +732,8 @@ void attention_forward(float* out, float* lse, const float* qkv, size_t B, size_
   check_head_size(C, NH);
   if (B * NH * T == 0) return;
   const int R = lanes_for(int(C / NH), 32);
-  launch(attention_forward_kernel<32>, head_blocks(B, T, NH, R), stream, out, lse, qkv, B, T, C, NH,
-         R);
+  launch_sized(attention_forward_kernel<32>, head_blocks(B, T, NH, R), head_threads(T, R), stream,
+               out, lse, qkv, B, T, C, NH, R);
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
@@ -747,13 +741,13 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
                         cudaStream_t stream) {
   check_head_size(C, NH);
   if (B * NH * T == 0) return;
-  launch(attention_backward_dot_kernel, warps_blocks(B * NH * T), stream, scratch, dout, out, B, T,
-         C, NH);
   const int hs = int(C / NH), Rq = lanes_for(hs, 32), Rkv = lanes_for(hs, 16);
-  launch(attention_backward_q_kernel<32>, head_blocks(B, T, NH, Rq), stream, dqkv, dout, qkv, lse,
-         scratch, B, T, C, NH, Rq);
-  launch(attention_backward_kv_kernel<16>, head_blocks(B, T, NH, Rkv), stream, dqkv, dout, qkv, lse,
-         scratch, B, T, C, NH, Rkv);
+  launch_sized(attention_backward_dot_kernel<32>, head_blocks(B, T, NH, Rq), head_threads(T, Rq),
+               stream, scratch, dout, out, B, T, C, NH, Rq);
+  launch_sized(attention_backward_q_kernel<32>, head_blocks(B, T, NH, Rq), head_threads(T, Rq),
+               stream, dqkv, dout, qkv, lse, scratch, B, T, C, NH, Rq);
+  launch_sized(attention_backward_kv_kernel<16>, head_blocks(B, T, NH, Rkv), head_threads(T, Rkv),
+               stream, dqkv, dout, qkv, lse, scratch, B, T, C, NH, Rkv);
 }
 
 void softmax_cross_entropy(float* logits_then_dlogits, double* losses, int32_t* correct,

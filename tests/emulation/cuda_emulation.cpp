@@ -55,7 +55,7 @@ enum class State { ready, at_block, at_warp, done };
 
 struct Fiber {
   void* sp = nullptr;  // its saved stack pointer while it does not run
-  std::unique_ptr<char[]> stack;
+  char* stack = nullptr;
   State state = State::ready;
   Lane lane;
   int index = 0;                // in the block
@@ -65,13 +65,24 @@ struct Fiber {
 
 struct Block {
   std::vector<Fiber> fibers;
-  std::vector<uint64_t> slots;  // each thread's value in the shuffle under way
-  void* scheduler = nullptr;    // the scheduler's stack pointer while a fiber runs
+  // Each thread's value in a shuffle, two sets used in turn (by the parity of the warp barriers
+  // passed): a lane writes a set again only two barriers later, when everyone has read it.
+  std::vector<uint64_t> slots[2];
+  std::vector<int> returned;  // per warp: how many of its lanes have returned
+  void* scheduler = nullptr;  // the scheduler's stack pointer while a fiber runs
   Fiber* running = nullptr;
   const std::function<void()>* body = nullptr;
 };
 
 thread_local Block* current = nullptr;
+
+// Thread i's stack, kept from launch to launch (allocating and touching 256 of them a launch
+// was most of a model test's time).
+char* stack_of(size_t i) {
+  static std::vector<std::unique_ptr<char[]>> stacks;
+  while (stacks.size() <= i) stacks.emplace_back(new char[kStackBytes]);
+  return stacks[i].get();
+}
 
 [[noreturn]] void fail(const std::string& why) {
   const Fiber* f = current ? current->running : nullptr;
@@ -92,6 +103,7 @@ Fiber& running() {
   Block& b = *current;
   (*b.body)();
   b.running->state = State::done;
+  ++b.returned[size_t(b.running->index) / kWarp];
   troupe_emulation_switch(&b.running->sp, b.scheduler);
   std::abort();  // (never resumed)
 }
@@ -181,7 +193,8 @@ bool release(Block& b) {
 
 void run_block(Block& b) {
   for (Fiber& f : b.fibers) {
-    f.sp = start_frame(f.stack.get());
+    f.sp = start_frame(f.stack);
+    b.returned[size_t(f.index) / kWarp] = 0;
     f.state = State::ready;
     f.block_barriers = f.warp_barriers = 0;
   }
@@ -205,6 +218,7 @@ void check_whole_warp(const char* what) {
   const Fiber& f = running();
   if (warp_end(b, f) - warp_first(f) != size_t(kWarp))
     fail(std::string(what) + " with a full mask in a warp of fewer than 32 threads");
+  if (b.returned[size_t(f.index) / kWarp] == 0) return;
   for (size_t l = warp_first(f); l < warp_end(b, f); ++l)
     if (b.fibers[l].state == State::done)
       fail(std::string(what) + " with a full mask after lane " + std::to_string(l - warp_first(f)) +
@@ -233,12 +247,11 @@ uint64_t exchange_xor(uint64_t bits, int xor_mask, unsigned member_mask) {
   if (xor_mask < 0 || xor_mask >= kWarp) fail("a shuffle's lane mask out of the warp");
   Block& b = *current;
   Fiber& f = running();
-  b.slots[size_t(f.index)] = bits;
+  std::vector<uint64_t>& slots = b.slots[f.warp_barriers % 2];
+  slots[size_t(f.index)] = bits;
   warp_barrier("__shfl_xor_sync");  // everyone's value is in
   const size_t from = warp_first(f) + ((size_t(f.index) - warp_first(f)) ^ size_t(xor_mask));
-  const uint64_t got = b.slots[from];
-  warp_barrier("__shfl_xor_sync");  // everyone has read before anyone writes again
-  return got;
+  return slots[from];
 }
 
 void run(dim3 grid, dim3 block, const std::function<void()>& body) {
@@ -252,11 +265,13 @@ void run(dim3 grid, dim3 block, const std::function<void()>& body) {
   if (current) fail("a launch from inside a kernel");
   Block b;
   b.fibers.resize(threads);
-  b.slots.assign(threads, 0);
+  b.slots[0].assign(threads, 0);
+  b.slots[1].assign(threads, 0);
+  b.returned.assign((threads + kWarp - 1) / kWarp, 0);
   b.body = &body;
   for (size_t i = 0; i < threads; ++i) {
     Fiber& f = b.fibers[i];
-    f.stack = std::make_unique<char[]>(kStackBytes);
+    f.stack = stack_of(i);
     f.index = int(i);
     f.lane.thread = {unsigned(i % block.x), unsigned(i / block.x % block.y),
                      unsigned(i / (size_t(block.x) * block.y))};

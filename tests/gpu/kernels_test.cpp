@@ -1,7 +1,8 @@
 // Every CUDA kernel of models/cuda/ against its CPU kernel on the same inputs (ctest label gpu;
-// without a CUDA device each test skips and says why). The same tests, but the cuBLASLt and pool
-// ones, also run without a GPU on the emulated device (troupe_cuda_emulated_tests, label
-// emulated: tests/emulation/cuda_emulation.h), which checks the kernels' logic, not the GPU. Shapes
+// without a CUDA device each test skips and says why). The same tests, but the memory pool's,
+// also run without a GPU on the emulated device (troupe_cuda_emulated_tests, label emulated:
+// tests/emulation/cuda_emulation.h; its GEMMs are the CPU's BLAS on cuBLASLt's layouts), which
+// checks the kernels' logic, not the GPU. Shapes
 // are odd on purpose: sizes that are not multiples of 8, 16 or 128, batch 1, context 1. f32 must
 // agree within 1e-5 relative to the largest magnitude of the CPU's result (the sums run in other
 // orders, so not bitwise); bf16 GEMMs agree with the CPU on the same bf16-rounded inputs within
@@ -146,7 +147,6 @@ struct LinearShape {
   size_t N, C, OC;
 };
 
-#ifndef TROUPE_CUDA_EMULATION  // (cuBLASLt: on a GPU only)
 TEST(CudaKernels, LinearForwardAndBackwardThroughCublasLt) {
   SKIP_WITHOUT_GPU();
   Gpu gpu;
@@ -175,8 +175,6 @@ TEST(CudaKernels, LinearForwardAndBackwardThroughCublasLt) {
   }
 }
 
-#endif
-
 TEST(CudaKernels, BiasForwardAndBackward) {
   SKIP_WITHOUT_GPU();
   Gpu gpu;
@@ -203,7 +201,6 @@ TEST(CudaKernels, BiasForwardAndBackward) {
   }
 }
 
-#ifndef TROUPE_CUDA_EMULATION  // (cuBLASLt: on a GPU only)
 TEST(CudaKernels, Bf16LinearIsTheF32ProductOfTheRoundedInputs) {
   SKIP_WITHOUT_GPU();
   Gpu gpu;
@@ -253,8 +250,6 @@ TEST(CudaKernels, Bf16LinearIsTheF32ProductOfTheRoundedInputs) {
   expect_close(gpu.down(d_dinp), want_dinp, 1e-5, "bf16 dinp vs the CPU on the rounded operands");
   expect_close(gpu.down(d_dw), want_dw, 1e-5, "bf16 dweight vs the CPU on the rounded operands");
 }
-
-#endif
 
 TEST(CudaKernels, LayerNormForwardBackwardAndTheFusedResidual) {
   SKIP_WITHOUT_GPU();
