@@ -4,7 +4,7 @@ JOBS ?= 2
 comma := ,
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build run test unit integration bench clean format fuzz sanitize tsan
+.PHONY: all deps configure build run test unit integration bench clean format fuzz sanitize tsan emulated
 
 all: build
 
@@ -83,6 +83,16 @@ tsan: deps
 	@cd build-tsan && export TSAN_OPTIONS="suppressions=$(CURDIR)/scripts/tsan.supp halt_on_error=1 second_deadlock_stack=1" && \
 	  ctest -j $(JOBS) -L unit --output-on-failure --timeout 600 && \
 	  ctest -j 1 -R '$(TSAN_TESTS)' --output-on-failure --timeout 900
+
+# The CUDA paths without a GPU, in build-emulated/ (TROUPE_CUDA_EMULATION: tests/emulation): the
+# GPU tests, and the elastic job on "cuda" workers (scripts/gpu-elastic.sh, 80 steps: the kill
+# comes at step 30). About 11 minutes to build, 3 to run, on 2 cores.
+emulated: deps
+	@cmake -S . -B build-emulated -G Ninja -DTROUPE_CUDA_EMULATION=ON > /dev/null
+	@echo "make: building into build-emulated (log: build-emulated/build.log)"
+	@cmake --build build-emulated -j $(JOBS) > build-emulated/build.log 2>&1 || { tail -n 40 build-emulated/build.log; exit 1; }
+	@cd build-emulated && ctest -j $(JOBS) -L gpu --output-on-failure --timeout 600
+	@scripts/gpu-elastic.sh $(CURDIR)/build-emulated/bin/troupe cuda 80
 
 bench: build
 	@$(BUILD)/bin/troupe bench control

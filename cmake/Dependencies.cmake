@@ -28,7 +28,30 @@ find_path(OPENBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas openblas-pthread)
 # (models/cuda/) need nvcc too, for sm_90 with PTX (`native` fails without a GPU).
 set(TROUPE_HAVE_CUDA OFF)
 set(TROUPE_HAVE_CUDA_KERNELS OFF)
-if(NOT TROUPE_WITH_CUDA STREQUAL "OFF")
+set(TROUPE_CUDART CUDA::cudart)
+set(TROUPE_CUBLASLT CUDA::cublasLt)
+set(TROUPE_NCCL NCCL::nccl)
+# TROUPE_CUDA_EMULATION: every CUDA path built on the emulated device of tests/emulation (the
+# kernels as C++ on fibers, the runtime calls Troupe makes on host memory, GEMMs on the CPU's BLAS,
+# no NCCL), so that the GPU tests and scripts/gpu-elastic.sh run on a machine without a GPU
+# (`make emulated`). It checks logic, not the GPU.
+option(TROUPE_CUDA_EMULATION "Build the CUDA device emulated on the CPU (tests only)" OFF)
+if(TROUPE_CUDA_EMULATION)
+  find_package(CUDAToolkit REQUIRED)  # (its headers)
+  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/include REQUIRED)
+  add_library(troupe_cuda_emulated STATIC ${PROJECT_SOURCE_DIR}/tests/emulation/cuda_emulation.cpp
+              ${PROJECT_SOURCE_DIR}/tests/emulation/cudart_emulated.cpp
+              ${PROJECT_SOURCE_DIR}/tests/emulation/nccl_emulated.cpp)
+  target_include_directories(troupe_cuda_emulated PUBLIC ${PROJECT_SOURCE_DIR}
+                             ${CUDAToolkit_INCLUDE_DIRS} ${NCCL_INCLUDE_DIR})
+  set_target_properties(troupe_cuda_emulated PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  set(TROUPE_CUDART troupe_cuda_emulated)
+  set(TROUPE_CUBLASLT "")
+  set(TROUPE_NCCL troupe_cuda_emulated)
+  set(TROUPE_HAVE_CUDA ON)
+  set(TROUPE_HAVE_CUDA_KERNELS ON)
+  message(STATUS "troupe: TROUPE_CUDA_EMULATION: the CUDA device emulated on the CPU")
+elseif(NOT TROUPE_WITH_CUDA STREQUAL "OFF")
   find_package(CUDAToolkit QUIET)
   if(CUDAToolkit_FOUND)
     find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/lib/x86_64-linux-gnu)
