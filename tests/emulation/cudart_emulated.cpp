@@ -15,8 +15,14 @@ Handle token() {
   return reinterpret_cast<Handle>(new char(0));
 }
 template <typename Handle>
-void release(Handle h) {
+cudaError_t made(Handle* h) {
+  *h = token<Handle>();
+  return cudaSuccess;
+}
+template <typename Handle>
+cudaError_t released(Handle h) {
   delete reinterpret_cast<char*>(h);
+  return cudaSuccess;
 }
 
 cudaMemPool_t the_pool() {
@@ -24,7 +30,14 @@ cudaMemPool_t the_pool() {
   return pool;
 }
 
-void* allocate(size_t bytes) { return std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256); }
+cudaError_t allocated(void** p, size_t bytes) {
+  *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
+  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t freed(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
 
 }  // namespace
 
@@ -58,41 +71,23 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* p, int device) {
   return cudaSuccess;
 }
 
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
-  *s = token<cudaStream_t>();
-  return cudaSuccess;
-}
-cudaError_t cudaStreamDestroy(cudaStream_t s) {
-  release(s);
-  return cudaSuccess;
-}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) { return made(s); }
+cudaError_t cudaStreamDestroy(cudaStream_t s) { return released(s); }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaRuntimeGetVersion(int* version) {
   *version = CUDART_VERSION;
   return cudaSuccess;
 }
-cudaError_t cudaMalloc(void** p, size_t bytes) {
-  *p = allocate(bytes);
-  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
-}
-cudaError_t cudaFree(void* p) {
-  std::free(p);
-  return cudaSuccess;
-}
+cudaError_t cudaMalloc(void** p, size_t bytes) { return allocated(p, bytes); }
+cudaError_t cudaFree(void* p) { return freed(p); }
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   if (bytes) std::memset(p, value, bytes);
   return cudaSuccess;
 }
 
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
-  *e = token<cudaEvent_t>();
-  return cudaSuccess;
-}
-cudaError_t cudaEventDestroy(cudaEvent_t e) {
-  release(e);
-  return cudaSuccess;
-}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) { return made(e); }
+cudaError_t cudaEventDestroy(cudaEvent_t e) { return released(e); }
 cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
 
@@ -104,22 +99,10 @@ cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
 cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, enum cudaMemPoolAttr, void*) {
   return cudaSuccess;
 }
-cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) {
-  *p = allocate(bytes);
-  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
-}
-cudaError_t cudaFreeAsync(void* p, cudaStream_t) {
-  std::free(p);
-  return cudaSuccess;
-}
-cudaError_t cudaMallocHost(void** p, size_t bytes) {
-  *p = allocate(bytes);
-  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
-}
-cudaError_t cudaFreeHost(void* p) {
-  std::free(p);
-  return cudaSuccess;
-}
+cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) { return allocated(p, bytes); }
+cudaError_t cudaFreeAsync(void* p, cudaStream_t) { return freed(p); }
+cudaError_t cudaMallocHost(void** p, size_t bytes) { return allocated(p, bytes); }
+cudaError_t cudaFreeHost(void* p) { return freed(p); }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, enum cudaMemcpyKind,
                             cudaStream_t) {
   if (bytes) std::memmove(dst, src, bytes);
