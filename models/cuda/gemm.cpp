@@ -112,6 +112,24 @@ Gemm::Plan* Gemm::plan_for(const Shape& s, const float* bias) {
   return slot->found ? slot.get() : nullptr;
 }
 
+// No bf16 algorithm for these operands (leading dimensions or offsets that leave them 2-byte
+// aligned): the same products in f32 (bf16 widens exactly; f32 compute, no TF32), from copies.
+void Gemm::matmul_widened(const Shape& shape, const void* A, const void* B, float* D,
+                          const float* bias) {
+  auto stored = [](bool trans, int rows, int cols, int ld) {  // the elements a layout spans
+    const size_t r = size_t(trans ? cols : rows), c = size_t(trans ? rows : cols);
+    return (c - 1) * size_t(ld) + r;
+  };
+  const size_t a = stored(shape.trans_a, shape.m, shape.k, shape.lda);
+  const size_t b = stored(shape.trans_b, shape.k, shape.n, shape.ldb);
+  DeviceBuffer<float> wa(a, stream_), wb(b, stream_);  // (freed in stream order, after the GEMM)
+  from_bf16(wa.data(), static_cast<const uint16_t*>(A), a, stream_);
+  from_bf16(wb.data(), static_cast<const uint16_t*>(B), b, stream_);
+  Shape f = shape;
+  f.input = GemmInput::f32;
+  matmul(f, wa.data(), wb.data(), D, bias);
+}
+
 void Gemm::matmul(const Shape& shape, const void* A, const void* B, float* D, const float* bias) {
   if (shape.m == 0 || shape.n == 0) return;
   if (shape.k == 0) {  // an empty sum: D = beta * D (+ bias, which no caller passes with k = 0)
@@ -130,6 +148,10 @@ void Gemm::matmul(const Shape& shape, const void* A, const void* B, float* D, co
     s.align_bias = 256;
     p = plan_for(s, nullptr);
     bias_after = true;
+  }
+  if (!p && s.input == GemmInput::bf16) {
+    matmul_widened(shape, A, B, D, bias);  // (shape: with its bias, which may take the epilogue)
+    return;
   }
   if (!p)
     throw std::runtime_error("cuBLASLt: no algorithm for a " + std::to_string(s.m) + "x" +

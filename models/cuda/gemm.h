@@ -66,6 +66,8 @@ class Gemm {
   struct Plan;
   // The shape's plan (made once), or null when cuBLASLt has no algorithm for it (remembered too).
   Plan* plan_for(const Shape& s, const float* bias);
+  // A bf16 product cuBLASLt has no algorithm for, in f32 on widened copies of A and B.
+  void matmul_widened(const Shape& s, const void* A, const void* B, float* D, const float* bias);
 
   cudaStream_t stream_;
   void* handle_ = nullptr;  // cublasLtHandle_t
