@@ -20,7 +20,6 @@ constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 constexpr float kLayerNormEps = 1e-5f;
 constexpr int kThreads = 256;
 constexpr int kWarp = 32;
-constexpr int kMaxHeadPerLane = 8;   // head size <= 256
 constexpr size_t kNormChunk = 1024;  // as the CPU's grad_norm_sq
 constexpr size_t kLayerNormRowsPerBlock = 32;
 constexpr size_t kColumnSumRows = 32;  // bias_backward's rows per partial sum
@@ -115,13 +114,14 @@ __global__ void column_sums_partial_kernel(float* scratch, const float* x, size_
   scratch[blockIdx.x * C + c] = s;
 }
 
-// out[c] += the groups' sums, in group order.
+// out[c] += the groups' sums, in group order: scratch[g * stride + c] (bias_backward's, and
+// LayerNorm's two halves of its rows).
 __global__ void column_sums_final_kernel(float* out, const float* scratch, size_t groups,
-                                         size_t C) {
+                                         size_t stride, size_t C) {
   const size_t c = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
   if (c >= C) return;
   float s = 0.f;
-  for (size_t g = 0; g < groups; ++g) s += scratch[g * C + c];
+  for (size_t g = 0; g < groups; ++g) s += scratch[g * stride + c];
   out[c] += s;
 }
 
@@ -200,19 +200,6 @@ __global__ void layernorm_backward_partial_kernel(float* scratch, const float* d
   scratch[g * 2 * C + C + c] = db;
 }
 
-__global__ void layernorm_backward_final_kernel(float* dweight, float* dbias, const float* scratch,
-                                                size_t groups, size_t C) {
-  const size_t c = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
-  if (c >= C) return;
-  float dw = 0.f, db = 0.f;
-  for (size_t g = 0; g < groups; ++g) {
-    dw += scratch[g * 2 * C + c];
-    db += scratch[g * 2 * C + C + c];
-  }
-  dweight[c] += dw;
-  dbias[c] += db;
-}
-
 // ---- embedding ------------------------------------------------------------------------------
 
 __global__ void embedding_forward_kernel(float* out, const int32_t* tokens, const float* wte,
@@ -265,7 +252,7 @@ struct HeadRows {
 // lanes (every lane ends with the same bits). Loops run to the block's last row and mask the
 // causal part, so every lane reaches every shuffle and barrier.
 constexpr int kTile = 16;
-constexpr int kMaxHead = kWarp * kMaxHeadPerLane;  // 256
+constexpr int kMaxHead = 256;  // the largest head size
 
 int lanes_for(int hs, int per_lane) {
   int r = 1;
@@ -605,7 +592,7 @@ __global__ void from_bf16_kernel(float* out, const uint16_t* inp, size_t n) {
 }
 
 void check_head_size(size_t C, size_t NH) {
-  if (NH == 0 || C % NH != 0 || C / NH > size_t(kWarp * kMaxHeadPerLane))
+  if (NH == 0 || C % NH != 0 || C / NH > size_t(kMaxHead))
     throw std::invalid_argument("attention: C " + std::to_string(C) + " and NH " +
                                 std::to_string(NH) +
                                 " need a head size that divides C, at most the fused kernel's 256");
@@ -665,7 +652,7 @@ void bias_backward(float* dbias, const float* dout, size_t N, size_t OC, cudaStr
   DeviceBuffer<float> scratch(groups * OC, stream);  // (the pool's: freed in stream order)
   launch(column_sums_partial_kernel, dim3(unsigned(groups), blocks_for(OC)), stream, scratch.data(),
          dout, N, OC);
-  launch(column_sums_final_kernel, blocks_for(OC), stream, dbias, scratch.data(), groups, OC);
+  launch(column_sums_final_kernel, blocks_for(OC), stream, dbias, scratch.data(), groups, OC, OC);
 }
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
@@ -691,8 +678,8 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   const size_t groups = (N + kLayerNormRowsPerBlock - 1) / kLayerNormRowsPerBlock;
   const dim3 grid(unsigned(groups), blocks_for(C));
   launch(layernorm_backward_partial_kernel, grid, stream, scratch, dout, inp, mean, rstd, N, C);
-  launch(layernorm_backward_final_kernel, blocks_for(C), stream, dweight, dbias, scratch, groups,
-         C);
+  launch(column_sums_final_kernel, blocks_for(C), stream, dweight, scratch, groups, 2 * C, C);
+  launch(column_sums_final_kernel, blocks_for(C), stream, dbias, scratch + C, groups, 2 * C, C);
 }
 
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,

@@ -77,9 +77,9 @@ struct Block {
 thread_local Block* current = nullptr;
 
 // Thread i's stack, kept from launch to launch (allocating and touching 256 of them a launch
-// was most of a model test's time).
+// was most of a model test's time); each launching thread has its own.
 char* stack_of(size_t i) {
-  static std::vector<std::unique_ptr<char[]>> stacks;
+  thread_local std::vector<std::unique_ptr<char[]>> stacks;
   while (stacks.size() <= i) stacks.emplace_back(new char[kStackBytes]);
   return stacks[i].get();
 }

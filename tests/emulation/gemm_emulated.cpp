@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "models/compute.h"
 #include "models/cuda/gemm.h"
 
 namespace troupe::models::cuda {
@@ -18,20 +19,14 @@ Gemm::~Gemm() = default;
 
 namespace {
 
-// A stored (rows x cols, leading dimension ld) operand as f32.
-std::vector<float> widened(const void* p, GemmInput input, size_t rows, size_t cols, size_t ld) {
-  std::vector<float> out(ld * cols);
-  for (size_t c = 0; c < cols; ++c)
-    for (size_t r = 0; r < rows; ++r) {
-      const size_t i = c * ld + r;
-      if (input == GemmInput::f32) {
-        out[i] = static_cast<const float*>(p)[i];
-      } else {
-        const uint32_t bits = uint32_t(static_cast<const uint16_t*>(p)[i]) << 16;
-        std::memcpy(&out[i], &bits, sizeof bits);
-      }
-    }
-  return out;
+// A stored operand (rows x cols, leading dimension ld) as f32: itself, or bf16 widened (exactly)
+// by the CPU's conversion into `widened`.
+const float* as_f32(const void* p, GemmInput input, size_t rows, size_t cols, size_t ld,
+                    std::vector<float>* widened) {
+  if (input == GemmInput::f32) return static_cast<const float*>(p);
+  widened->resize((cols - 1) * ld + rows);
+  cpu_compute().from_bf16(widened->data(), static_cast<const uint16_t*>(p), widened->size());
+  return widened->data();
 }
 
 }  // namespace
@@ -43,11 +38,12 @@ void Gemm::matmul(const Shape& s, const void* A, const void* B, float* D, const 
     if (!s.accumulate)
       for (int c = 0; c < s.n; ++c) std::memset(D + size_t(c) * s.ldd, 0, size_t(s.m) * 4);
   } else {
-    const auto a = widened(A, s.input, s.trans_a ? s.k : s.m, s.trans_a ? s.m : s.k, s.lda);
-    const auto b = widened(B, s.input, s.trans_b ? s.n : s.k, s.trans_b ? s.k : s.n, s.ldb);
+    std::vector<float> wa, wb;
+    const float* a = as_f32(A, s.input, s.trans_a ? s.k : s.m, s.trans_a ? s.m : s.k, s.lda, &wa);
+    const float* b = as_f32(B, s.input, s.trans_b ? s.n : s.k, s.trans_b ? s.k : s.n, s.ldb, &wb);
     cblas_sgemm(CblasColMajor, s.trans_a ? CblasTrans : CblasNoTrans,
-                s.trans_b ? CblasTrans : CblasNoTrans, s.m, s.n, s.k, 1.f, a.data(), s.lda,
-                b.data(), s.ldb, beta, D, s.ldd);
+                s.trans_b ? CblasTrans : CblasNoTrans, s.m, s.n, s.k, 1.f, a, s.lda, b, s.ldb, beta,
+                D, s.ldd);
   }
   if (s.bias)
     for (int c = 0; c < s.n; ++c)
