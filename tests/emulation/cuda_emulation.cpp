@@ -72,6 +72,7 @@ struct Block {
   void* scheduler = nullptr;  // the scheduler's stack pointer while a fiber runs
   Fiber* running = nullptr;
   const std::function<void()>* body = nullptr;
+  std::vector<float> matrices;  // per warp, kWarpMatrices tiles of 16 x 16 (wmma)
 };
 
 thread_local Block* current = nullptr;
@@ -242,6 +243,20 @@ void sync_block() {
 
 void sync_warp() { warp_barrier("__syncwarp"); }
 
+void require(bool ok, const char* what) {
+  if (!ok) fail(what);
+}
+
+int lane_in_warp() { return running().index % kWarp; }
+
+int warp_parity() { return int(running().warp_barriers % 2); }
+
+float* warp_matrix(int which) {
+  if (which < 0 || which >= kWarpMatrices) fail("no such warp matrix");
+  return current->matrices.data() +
+         (size_t(running().index / kWarp) * kWarpMatrices + size_t(which)) * 256;
+}
+
 uint64_t exchange_xor(uint64_t bits, int xor_mask, unsigned member_mask) {
   if (member_mask != 0xffffffffu) fail("a shuffle with a partial mask (not emulated)");
   if (xor_mask < 0 || xor_mask >= kWarp) fail("a shuffle's lane mask out of the warp");
@@ -268,6 +283,7 @@ void run(dim3 grid, dim3 block, const std::function<void()>& body) {
   b.slots[0].assign(threads, 0);
   b.slots[1].assign(threads, 0);
   b.returned.assign((threads + kWarp - 1) / kWarp, 0);
+  b.matrices.assign(b.returned.size() * kWarpMatrices * 256, 0.f);
   b.body = &body;
   for (size_t i = 0; i < threads; ++i) {
     Fiber& f = b.fibers[i];
