@@ -247,11 +247,17 @@ class CpuCompute final : public Compute {
   size_t attention_saved(size_t B, size_t T, size_t NH) const override { return B * NH * T * T; }
   void attention_forward(float* out, float* saved, const float* qkv, size_t B, size_t T, size_t C,
                          size_t NH) override {
-    k::attention_forward(out, saved, qkv, B, T, C, NH);
+    if (bf16_attention(C, NH))
+      k::attention_forward_bf16(out, saved, qkv, B, T, C, NH);
+    else
+      k::attention_forward(out, saved, qkv, B, T, C, NH);
   }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float*,
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                           const float* saved, size_t B, size_t T, size_t C, size_t NH) override {
-    k::attention_backward(dqkv, dout, qkv, saved, B, T, C, NH);
+    if (bf16_attention(C, NH))
+      k::attention_backward_bf16(dqkv, dout, qkv, out, saved, B, T, C, NH);
+    else
+      k::attention_backward(dqkv, dout, qkv, saved, B, T, C, NH);
   }
   double cross_entropy(float* dlogits, const float* logits, const int32_t* targets, size_t N,
                        size_t V, double scale, size_t* correct) override {
@@ -298,6 +304,10 @@ class CpuCompute final : public Compute {
   }
 
  private:
+  bool bf16_attention(size_t C, size_t NH) const {
+    return bf16_ && NH > 0 && C / NH <= kBf16AttentionMaxHead;
+  }
+
   const bool bf16_;  // model.dtype = "bf16": linear_forward rounds its operands
 };
 

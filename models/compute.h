@@ -141,10 +141,15 @@ class Compute {
 Compute& cpu_compute();
 // The CPU's Compute for model.dtype = "bf16", emulating the CUDA device's mixed precision: each
 // linear layer's GEMMs read their operands rounded to bf16 (to nearest, ties to even: forward
-// input and weight; backward output gradient, weight, input) and sum the products in f32;
-// everything else (activations kept, the bias gradient, master weights, optimizer moments) is
-// f32 as cpu_compute()'s. Its tensors are host memory.
+// input and weight; backward output gradient, weight, input) and sum the products in f32; so
+// does attention with a head of at most kBf16AttentionMaxHead (the CUDA device's runs on tensor
+// cores: q, k, v, dout, the probabilities and their gradient rounded where a product reads
+// them; kernels::attention_forward_bf16); everything else (activations kept, the softmax, the
+// bias gradient, master weights, optimizer moments) is f32 as cpu_compute()'s. Its tensors are
+// host memory.
 Compute& cpu_bf16_compute();
+// In bf16, attention with a head size up to this runs on bf16 operands (above it, in f32).
+constexpr size_t kBf16AttentionMaxHead = 128;
 // x rounded to the nearest bf16, as a float (NaN stays NaN).
 float bf16_round(float x);
 

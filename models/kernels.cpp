@@ -7,6 +7,8 @@
 #include <cmath>
 #include <vector>
 
+#include "models/compute.h"  // bf16_round
+
 namespace troupe::models::kernels {
 namespace {
 
@@ -333,6 +335,59 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, size
       }
       gemm(false, false, T_, hs, T_, scale, dpre.data(), T_, k, C3, T(1), dq, C3);
       gemm(true, false, T_, hs, T_, scale, dpre.data(), T_, q, C3, T(1), dk, C3);
+    }
+  }
+}
+
+namespace {
+std::vector<float> rounded(const float* x, size_t n) {
+  std::vector<float> r(n);
+  for (size_t i = 0; i < n; ++i) r[i] = bf16_round(x[i]);
+  return r;
+}
+}  // namespace
+
+void attention_forward_bf16(float* out, float* att, const float* qkv, size_t B, size_t T_, size_t C,
+                            size_t NH) {
+  const size_t hs = C / NH, C3 = 3 * C;
+  const std::vector<float> qkv16 = rounded(qkv, B * T_ * C3);
+  attention_forward(out, att, qkv16.data(), B, T_, C, NH);  // att: the rounded q, k's softmax
+  std::vector<float> a16(T_ * T_);
+  for (size_t b = 0; b < B; ++b) {
+    for (size_t h = 0; h < NH; ++h) {
+      const float* a = att + (b * NH + h) * T_ * T_;
+      for (size_t i = 0; i < T_ * T_; ++i) a16[i] = bf16_round(a[i]);
+      const float* v = qkv16.data() + b * T_ * C3 + h * hs + 2 * C;
+      gemm(false, false, T_, hs, T_, 1.f, a16.data(), T_, v, C3, 0.f, out + b * T_ * C + h * hs, C);
+    }
+  }
+}
+
+void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* out,
+                             const float* att, size_t B, size_t T_, size_t C, size_t NH) {
+  const size_t hs = C / NH, C3 = 3 * C;
+  const float scale = 1.f / std::sqrt(float(hs));
+  const std::vector<float> qkv16 = rounded(qkv, B * T_ * C3), dout16 = rounded(dout, B * T_ * C);
+  std::vector<float> dp(T_ * T_), a16(T_ * T_), ds16(T_ * T_);
+  for (size_t b = 0; b < B; ++b) {
+    for (size_t h = 0; h < NH; ++h) {
+      const float* q = qkv16.data() + b * T_ * C3 + h * hs;
+      const float *k = q + C, *v = q + 2 * C;
+      float* dq = dqkv + b * T_ * C3 + h * hs;
+      const float* a = att + (b * NH + h) * T_ * T_;
+      const size_t row = b * T_ * C + h * hs;  // (b, 0, h) in dout and out
+      gemm(false, true, T_, T_, hs, 1.f, dout16.data() + row, C, v, C3, 0.f, dp.data(), T_);
+      for (size_t i = 0; i < T_ * T_; ++i) a16[i] = bf16_round(a[i]);
+      gemm(true, false, T_, hs, T_, 1.f, a16.data(), T_, dout16.data() + row, C, 1.f, dq + 2 * C,
+           C3);
+      for (size_t t = 0; t < T_; ++t) {
+        float D = 0;  // dot(dout, out) over the head, unrounded
+        for (size_t d = 0; d < hs; ++d) D += dout[row + t * C + d] * out[row + t * C + d];
+        for (size_t j = 0; j < T_; ++j)
+          ds16[t * T_ + j] = j <= t ? bf16_round(a[t * T_ + j] * (dp[t * T_ + j] - D)) : 0.f;
+      }
+      gemm(false, false, T_, hs, T_, scale, ds16.data(), T_, k, C3, 1.f, dq, C3);
+      gemm(true, false, T_, hs, T_, scale, ds16.data(), T_, q, C3, 1.f, dq + C, C3);
     }
   }
 }

@@ -63,6 +63,16 @@ template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, size_t B, size_t T_,
                         size_t C, size_t NH);
 
+// The same in bf16 mixed precision, as the CUDA device's tensor-core attention computes it
+// (models/cuda/kernels.h; models/compute.h: kBf16AttentionMaxHead): q, k, v and dout rounded to
+// bf16 where a product reads them, and so the probabilities and their gradient; products summed
+// in f32, the softmax in f32 (att keeps the unrounded probabilities). Backward reads forward's out
+// (each row's dot(dout, out), in f32, as the GPU).
+void attention_forward_bf16(float* out, float* att, const float* qkv, size_t B, size_t T_, size_t C,
+                            size_t NH);
+void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* out,
+                             const float* att, size_t B, size_t T_, size_t C, size_t NH);
+
 // Softmax cross-entropy over logits (N,V) with integer targets. Each row's loss is weighted by
 // `scale` (1/global batch for a mean over the whole step), so losses and gradients of
 // micro-batches and of ranks add up. Returns sum of scaled losses; writes dlogits (overwrite).

@@ -275,15 +275,28 @@ void CudaCompute::embedding_backward(float* dwte, float* dwpe, const float* dout
                            g.tokens.size(), B, T, C, stream());
 }
 
+// In bf16, attention on the tensor cores where the CPU's emulation of bf16 does it too.
+static_assert(kBf16AttentionMaxHead == cuda::kTensorCoreMaxHead,
+              "the CPU emulates the GPU's choice");
+bool CudaCompute::tensor_core_attention(size_t C, size_t NH) const {
+  return gemm_input_ == GemmInput::bf16 && NH > 0 && C / NH <= kBf16AttentionMaxHead;
+}
+
 void CudaCompute::attention_forward(float* out, float* saved, const float* qkv, size_t B, size_t T,
                                     size_t C, size_t NH) {
-  cuda::attention_forward(out, saved, qkv, B, T, C, NH, stream());
+  if (tensor_core_attention(C, NH))
+    cuda::attention_forward_bf16(out, saved, qkv, B, T, C, NH, stream());
+  else
+    cuda::attention_forward(out, saved, qkv, B, T, C, NH, stream());
 }
 void CudaCompute::attention_backward(float* dqkv, const float* dout, const float* qkv,
                                      const float* out, const float* saved, size_t B, size_t T,
                                      size_t C, size_t NH) {
   auto s = scratch<float>(B * NH * T);
-  cuda::attention_backward(dqkv, dout, qkv, out, saved, B, T, C, NH, s.data(), stream());
+  if (tensor_core_attention(C, NH))
+    cuda::attention_backward_bf16(dqkv, dout, qkv, out, saved, B, T, C, NH, s.data(), stream());
+  else
+    cuda::attention_backward(dqkv, dout, qkv, out, saved, B, T, C, NH, s.data(), stream());
 }
 
 double CudaCompute::cross_entropy(float* dlogits, const float* logits, const int32_t* host_targets,

@@ -5,7 +5,8 @@
 //
 // Mixed precision (GemmInput::bf16): the linear layers' GEMMs, forward and backward, read their
 // operands rounded to bf16 (converted on the fly into pool scratch) and accumulate and write
-// f32; everything else, the master weights and the optimizer's moments stay f32.
+// f32; attention runs on the tensor cores (bf16 operands, f32 sums; heads up to 128); everything
+// else, the master weights and the optimizer's moments stay f32.
 //
 // Thread-safety: one worker thread; to_host, from_host and allocate_host (host-staged copies) also
 // from one other thread at a time (a reducer's), which they make use this GPU. It must outlive
@@ -87,6 +88,9 @@ class CudaCompute final : public Compute {
   }
   template <typename T>
   DeviceBuffer<T> upload(const T* host, size_t n);
+
+  // bf16 and a head of at most kBf16AttentionMaxHead: attention on the tensor cores.
+  bool tensor_core_attention(size_t C, size_t NH) const;
 
   int device_;
   GemmInput gemm_input_;

@@ -5,10 +5,12 @@
 #include <cuda_bf16.h>
 #ifndef TROUPE_CUDA_EMULATION
 #include <math_constants.h>
+#include <mma.h>
 #endif
 
 #include <algorithm>
 #include <numeric>
+#include <type_traits>
 
 #include "models/cuda/kernels.h"
 #include "models/cuda/runtime.h"
@@ -471,6 +473,334 @@ __global__ void attention_backward_kv_kernel(float* dqkv, const float* dout, con
   }
 }
 
+// ---- attention on tensor cores (bf16 operands, f32 accumulation) ----------------------------
+// For mixed precision (model.dtype = "bf16"), as flash attention runs it: q, k, v and the output
+// gradient rounded to bf16 where a product reads them, the probabilities and their gradient
+// rounded to bf16 for the products that read them, every product summed in f32 on the tensor
+// cores (wmma 16 x 16 x 16), the softmax in f32. A block has 4 warps; warp w owns 16 rows (queries,
+// or keys for dk/dv) of the block's 64 and holds them as fragments; the other side's rows come
+// through shared memory 32 at a time, converted to bf16 and padded to HP = 16 * kChunks columns
+// (zeros past the head size add nothing). Which element of a fragment a lane holds is
+// unspecified, so the kernels never touch fragments elementwise: the softmax's work goes through
+// a warp's strip of shared memory (16 rows x 32 columns; lane l takes row l / 2, columns
+// (l % 2) * 16 + [0, 16)). Every sum a fragment accumulates is a plain sum, so the forward runs
+// two passes (each row's log-sum-exp first, then the output with final probabilities) instead of
+// rescaling an accumulator it cannot address row by row.
+namespace wmma = nvcuda::wmma;
+using Bf16 = __nv_bfloat16;
+using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, Bf16, wmma::row_major>;
+using FragBRow = wmma::fragment<wmma::matrix_b, 16, 16, 16, Bf16, wmma::row_major>;
+using FragBCol = wmma::fragment<wmma::matrix_b, 16, 16, 16, Bf16, wmma::col_major>;
+using FragAcc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+
+constexpr int kTcWarps = 4;
+constexpr int kTcOwn = kTcWarps * 16;  // a block's own rows
+constexpr int kTcTile = 32;            // the other side's rows a step
+
+// Shared memory: two tiles of kTcTile bf16 rows (the block's own 64 rows are staged in both at
+// the start, before the fragments take them), and each warp's strips: one f32, two bf16.
+template <int kChunks>
+struct TcShared {
+  static constexpr int HP = kChunks * 16;
+  static constexpr size_t kTileBytes = size_t(kTcTile) * HP * sizeof(Bf16);
+  static constexpr size_t kStrip = size_t(16) * kTcTile;  // elements
+  static constexpr size_t kBytes = 2 * kTileBytes +
+                                   kTcWarps * kStrip * (sizeof(float) + 2 * sizeof(Bf16)) +
+                                   2 * kTcTile * sizeof(float);
+  Bf16 *own, *tile0, *tile1;
+  float *strips, *lse, *D;
+  Bf16* strips16;
+  __device__ explicit TcShared(unsigned char* p)
+      : own(reinterpret_cast<Bf16*>(p)),
+        tile0(own),
+        tile1(reinterpret_cast<Bf16*>(p + kTileBytes)),
+        strips(reinterpret_cast<float*>(p + 2 * kTileBytes)),
+        lse(strips + kTcWarps * kStrip),
+        D(lse + kTcTile),
+        strips16(reinterpret_cast<Bf16*>(D + kTcTile)) {}
+  __device__ float* strip(int warp) const { return strips + warp * kStrip; }
+  __device__ Bf16* strip16(int warp, int which) const {
+    return strips16 + (2 * warp + which) * kStrip;
+  }
+};
+
+// Which rows a block takes: head (b, h), own rows [first, first + 64); this lane's warp, row of
+// the warp's 16 and half of a strip row.
+struct TcBlock {
+  size_t b, h, first;
+  int warp, r, half;
+  __device__ TcBlock(size_t T, size_t NH) {
+    const size_t chunks = (T + kTcOwn - 1) / kTcOwn, bh = blockIdx.x / chunks;
+    b = bh / NH;
+    h = bh % NH;
+    first = blockIdx.x % chunks * kTcOwn;
+    warp = int(threadIdx.x / kWarp);
+    r = int(threadIdx.x % kWarp) / 2;
+    half = int(threadIdx.x % 2);
+  }
+  __device__ size_t warp_row0() const { return first + size_t(warp) * 16; }
+  __device__ size_t row() const { return warp_row0() + size_t(r); }
+  __device__ int column(int cc) const { return half * 16 + cc; }  // in a strip row
+};
+
+// Rows [r0, r0 + n) of a head's f32 array (rows `stride` floats apart, hs wide) as `rows` bf16
+// rows of HP columns (zeros past hs and past row n); by the whole block, no barrier.
+__device__ void stage_bf16(Bf16* tile, int rows, int HP, const float* row0, size_t stride,
+                           size_t r0, size_t n, int hs) {
+  for (int i = int(threadIdx.x); i < rows * HP; i += int(blockDim.x)) {
+    const int r = i / HP, d = i % HP;
+    tile[i] = __float2bfloat16(size_t(r) < n && d < hs ? row0[(r0 + size_t(r)) * stride + d] : 0.f);
+  }
+}
+
+// The warp's 16 rows of a staged 64-row tile, as fragments.
+template <int kChunks>
+__device__ void own_fragments(FragA (&f)[kChunks], const Bf16* own, int warp) {
+  constexpr int HP = kChunks * 16;
+  for (int c = 0; c < kChunks; ++c) wmma::load_matrix_sync(f[c], own + warp * 16 * HP + c * 16, HP);
+}
+
+// strip (16 x 32, f32) = a (the warp's 16 rows) times the tile's 32 rows, transposed.
+template <int kChunks>
+__device__ void strip_product(float* strip, const FragA (&a)[kChunks], const Bf16* tile) {
+  constexpr int HP = kChunks * 16;
+  for (int nf = 0; nf < kTcTile / 16; ++nf) {
+    FragAcc acc;
+    wmma::fill_fragment(acc, 0.f);
+    for (int c = 0; c < kChunks; ++c) {
+      FragBCol b;
+      wmma::load_matrix_sync(b, tile + nf * 16 * HP + c * 16, HP);
+      wmma::mma_sync(acc, a[c], b, acc);
+    }
+    wmma::store_matrix_sync(strip + nf * 16, acc, kTcTile, wmma::mem_row_major);
+  }
+  __syncwarp();
+}
+
+// acc (16 x HP) += strip16 (16 x 32, bf16) times the tile's 32 rows.
+template <int kChunks>
+__device__ void accumulate(FragAcc (&acc)[kChunks], const Bf16* strip16, const Bf16* tile) {
+  constexpr int HP = kChunks * 16;
+  for (int kk = 0; kk < kTcTile / 16; ++kk) {
+    FragA a;
+    wmma::load_matrix_sync(a, strip16 + kk * 16, kTcTile);
+    for (int c = 0; c < kChunks; ++c) {
+      FragBRow b;
+      wmma::load_matrix_sync(b, tile + kk * 16 * HP + c * 16, HP);
+      wmma::mma_sync(acc[c], a, b, acc[c]);
+    }
+  }
+}
+
+// dst rows [row0, row0 + 16) (f32, `stride` apart; those below T, the first hs columns) set to
+// (add: += ) acc * factor, through the warp's f32 strip.
+template <int kChunks>
+__device__ void write_rows(float* dst, size_t stride, const FragAcc (&acc)[kChunks], float* strip,
+                           size_t row0, size_t T, int hs, float factor, bool add) {
+  const int r = int(threadIdx.x % kWarp) / 2, half = int(threadIdx.x % 2);
+  for (int c = 0; c < kChunks; ++c) {
+    wmma::store_matrix_sync(strip, acc[c], kTcTile, wmma::mem_row_major);
+    __syncwarp();
+    for (int cc = 0; cc < 8; ++cc) {
+      const int col = half * 8 + cc, d = c * 16 + col;
+      if (row0 + size_t(r) >= T || d >= hs) continue;
+      float& o = dst[(row0 + size_t(r)) * stride + size_t(d)];
+      const float v = strip[r * kTcTile + col] * factor;
+      o = add ? o + v : v;
+    }
+    __syncwarp();
+  }
+}
+
+// Pass 1 of the forward: this lane's row's log-sum-exp of the scaled scores (0 for a row past T).
+template <int kChunks>
+__device__ float row_lse(const TcShared<kChunks>& sh, const TcBlock& blk, const FragA (&q)[kChunks],
+                         const HeadRows& rows, size_t last, int hs, float scale, size_t T) {
+  float* S = sh.strip(blk.warp);
+  const size_t i = blk.row();
+  float m = -CUDART_INF_F, l = 0.f;
+  for (size_t j0 = 0; j0 <= last; j0 += kTcTile) {
+    __syncthreads();
+    stage_bf16(sh.tile0, kTcTile, kChunks * 16, rows.k(0), rows.C3, j0,
+               min(size_t(kTcTile), last + 1 - j0), hs);
+    __syncthreads();
+    strip_product(S, q, sh.tile0);
+    for (int cc = 0; cc < 16; ++cc) {
+      const size_t j = j0 + size_t(blk.column(cc));
+      if (i >= T || j > i) continue;
+      const float s = S[blk.r * kTcTile + blk.column(cc)] * scale, m_new = fmaxf(m, s);
+      l = l * expf(m - m_new) + expf(s - m_new);
+      m = m_new;
+    }
+    __syncwarp();
+  }
+  // The row's two lanes combine theirs (a lane that saw no key has l = 0).
+  const float m_o = __shfl_xor_sync(0xffffffffu, m, 1), l_o = __shfl_xor_sync(0xffffffffu, l, 1);
+  const float m_row = fmaxf(m, m_o);
+  const float l_row =
+      (l > 0.f ? l * expf(m - m_row) : 0.f) + (l_o > 0.f ? l_o * expf(m_o - m_row) : 0.f);
+  return i < T ? m_row + logf(l_row) : 0.f;
+}
+
+template <int kChunks>
+__global__ void attention_forward_tc_kernel(float* out, float* lse, const float* qkv, size_t B,
+                                            size_t T, size_t C, size_t NH) {
+  constexpr int HP = kChunks * 16;
+  __shared__ __align__(128) unsigned char smem[TcShared<kChunks>::kBytes];
+  const TcShared<kChunks> sh(smem);
+  const TcBlock blk(T, NH);
+  const int hs = int(C / NH);
+  const float scale = 1.f / sqrtf(float(hs));
+  const size_t i = blk.row(), last = min(T, blk.first + kTcOwn) - 1;
+  const HeadRows rows{qkv + blk.b * T * 3 * C + blk.h * size_t(hs), 3 * C};
+  FragA q[kChunks];
+  stage_bf16(sh.own, kTcOwn, HP, rows.q(0), 3 * C, blk.first, min(size_t(kTcOwn), T - blk.first),
+             hs);
+  __syncthreads();
+  own_fragments(q, sh.own, blk.warp);
+  const float lse_i = row_lse(sh, blk, q, rows, last, hs, scale, T);
+  // Pass 2: out = P V with the final probabilities, rounded to bf16 for the product.
+  float* S = sh.strip(blk.warp);
+  Bf16* P = sh.strip16(blk.warp, 0);
+  FragAcc o[kChunks];
+  for (auto& f : o) wmma::fill_fragment(f, 0.f);
+  for (size_t j0 = 0; j0 <= last; j0 += kTcTile) {
+    const size_t n = min(size_t(kTcTile), last + 1 - j0);
+    __syncthreads();
+    stage_bf16(sh.tile0, kTcTile, HP, rows.k(0), 3 * C, j0, n, hs);
+    stage_bf16(sh.tile1, kTcTile, HP, rows.v(0), 3 * C, j0, n, hs);
+    __syncthreads();
+    strip_product(S, q, sh.tile0);
+    for (int cc = 0; cc < 16; ++cc) {
+      const int col = blk.column(cc);
+      const bool on = i < T && j0 + size_t(col) <= i;
+      P[blk.r * kTcTile + col] =
+          __float2bfloat16(on ? expf(S[blk.r * kTcTile + col] * scale - lse_i) : 0.f);
+    }
+    __syncwarp();
+    accumulate(o, P, sh.tile1);
+  }
+  write_rows(out + blk.b * T * C + blk.h * size_t(hs), C, o, S, blk.warp_row0(), T, hs, 1.f, false);
+  if (i < T && blk.half == 0) lse[(blk.b * NH + blk.h) * T + i] = lse_i;
+}
+
+// Queries i: dq_i = scale * sum_j ds_ij k_j, ds_ij = p_ij (dout_i . v_j - D_i), keys j <= i.
+template <int kChunks>
+__global__ void attention_backward_q_tc_kernel(float* dqkv, const float* dout, const float* qkv,
+                                               const float* lse, const float* D, size_t B, size_t T,
+                                               size_t C, size_t NH) {
+  constexpr int HP = kChunks * 16;
+  __shared__ __align__(128) unsigned char smem[TcShared<kChunks>::kBytes];
+  const TcShared<kChunks> sh(smem);
+  const TcBlock blk(T, NH);
+  const int hs = int(C / NH);
+  const float scale = 1.f / sqrtf(float(hs));
+  const size_t i = blk.row(), last = min(T, blk.first + kTcOwn) - 1;
+  const size_t own_n = min(size_t(kTcOwn), T - blk.first);
+  const HeadRows rows{qkv + blk.b * T * 3 * C + blk.h * size_t(hs), 3 * C};
+  FragA q[kChunks], dy[kChunks];
+  stage_bf16(sh.own, kTcOwn, HP, rows.q(0), 3 * C, blk.first, own_n, hs);
+  __syncthreads();
+  own_fragments(q, sh.own, blk.warp);
+  __syncthreads();
+  stage_bf16(sh.own, kTcOwn, HP, dout + blk.b * T * C + blk.h * size_t(hs), C, blk.first, own_n,
+             hs);
+  __syncthreads();
+  own_fragments(dy, sh.own, blk.warp);
+  const size_t w = (blk.b * NH + blk.h) * T + (i < T ? i : 0);
+  const float lse_i = i < T ? lse[w] : 0.f, D_i = i < T ? D[w] : 0.f;
+  float* S = sh.strip(blk.warp);
+  Bf16* dS = sh.strip16(blk.warp, 0);
+  FragAcc dq[kChunks];
+  for (auto& f : dq) wmma::fill_fragment(f, 0.f);
+  for (size_t j0 = 0; j0 <= last; j0 += kTcTile) {
+    const size_t n = min(size_t(kTcTile), last + 1 - j0);
+    __syncthreads();
+    stage_bf16(sh.tile0, kTcTile, HP, rows.k(0), 3 * C, j0, n, hs);
+    stage_bf16(sh.tile1, kTcTile, HP, rows.v(0), 3 * C, j0, n, hs);
+    __syncthreads();
+    strip_product(S, q, sh.tile0);
+    float p[16];
+    for (int cc = 0; cc < 16; ++cc) {
+      const int col = blk.column(cc);
+      const bool on = i < T && j0 + size_t(col) <= i;
+      p[cc] = on ? expf(S[blk.r * kTcTile + col] * scale - lse_i) : 0.f;
+    }
+    __syncwarp();                    // (every lane has read S)
+    strip_product(S, dy, sh.tile1);  // dout . v
+    for (int cc = 0; cc < 16; ++cc) {
+      const int col = blk.column(cc);
+      dS[blk.r * kTcTile + col] = __float2bfloat16(p[cc] * (S[blk.r * kTcTile + col] - D_i));
+    }
+    __syncwarp();
+    accumulate(dq, dS, sh.tile0);
+  }
+  write_rows(dqkv + blk.b * T * 3 * C + blk.h * size_t(hs), 3 * C, dq, S, blk.warp_row0(), T, hs,
+             scale, true);
+}
+
+// Keys j: dk_j = scale * sum_i ds_ij q_i, dv_j = sum_i p_ij dout_i over the queries i >= j.
+template <int kChunks>
+__global__ void attention_backward_kv_tc_kernel(float* dqkv, const float* dout, const float* qkv,
+                                                const float* lse, const float* D, size_t B,
+                                                size_t T, size_t C, size_t NH) {
+  constexpr int HP = kChunks * 16;
+  __shared__ __align__(128) unsigned char smem[TcShared<kChunks>::kBytes];
+  const TcShared<kChunks> sh(smem);
+  const TcBlock blk(T, NH);
+  const int hs = int(C / NH);
+  const float scale = 1.f / sqrtf(float(hs));
+  const size_t j = blk.row(), own_n = min(size_t(kTcOwn), T - blk.first);
+  const size_t row0 = (blk.b * NH + blk.h) * T;  // (b, h, 0) in lse and D
+  const HeadRows rows{qkv + blk.b * T * 3 * C + blk.h * size_t(hs), 3 * C};
+  const float* dout_head = dout + blk.b * T * C + blk.h * size_t(hs);
+  FragA k[kChunks], v[kChunks];
+  stage_bf16(sh.own, kTcOwn, HP, rows.k(0), 3 * C, blk.first, own_n, hs);
+  __syncthreads();
+  own_fragments(k, sh.own, blk.warp);
+  __syncthreads();
+  stage_bf16(sh.own, kTcOwn, HP, rows.v(0), 3 * C, blk.first, own_n, hs);
+  __syncthreads();
+  own_fragments(v, sh.own, blk.warp);
+  float* S = sh.strip(blk.warp);
+  Bf16 *P = sh.strip16(blk.warp, 0), *dS = sh.strip16(blk.warp, 1);
+  FragAcc dk[kChunks], dv[kChunks];
+  for (auto& f : dk) wmma::fill_fragment(f, 0.f);
+  for (auto& f : dv) wmma::fill_fragment(f, 0.f);
+  for (size_t i0 = blk.first; i0 < T; i0 += kTcTile) {  // (no query before the first key)
+    const size_t n = min(size_t(kTcTile), T - i0);
+    __syncthreads();
+    stage_bf16(sh.tile0, kTcTile, HP, rows.q(0), 3 * C, i0, n, hs);
+    stage_bf16(sh.tile1, kTcTile, HP, dout_head, C, i0, n, hs);
+    for (int ii = int(threadIdx.x); ii < kTcTile; ii += int(blockDim.x)) {
+      sh.lse[ii] = size_t(ii) < n ? lse[row0 + i0 + size_t(ii)] : 0.f;
+      sh.D[ii] = size_t(ii) < n ? D[row0 + i0 + size_t(ii)] : 0.f;
+    }
+    __syncthreads();
+    strip_product(S, k, sh.tile0);  // row: this key, column: a query
+    float p[16];
+    for (int cc = 0; cc < 16; ++cc) {
+      const int col = blk.column(cc);
+      const size_t qi = i0 + size_t(col);
+      const bool on = j < T && qi < T && qi >= j;
+      p[cc] = on ? expf(S[blk.r * kTcTile + col] * scale - sh.lse[col]) : 0.f;
+      P[blk.r * kTcTile + col] = __float2bfloat16(p[cc]);
+    }
+    __syncwarp();                   // (every lane has read S)
+    strip_product(S, v, sh.tile1);  // v . dout
+    for (int cc = 0; cc < 16; ++cc) {
+      const int col = blk.column(cc);
+      dS[blk.r * kTcTile + col] = __float2bfloat16(p[cc] * (S[blk.r * kTcTile + col] - sh.D[col]));
+    }
+    __syncwarp();
+    accumulate(dv, P, sh.tile1);
+    accumulate(dk, dS, sh.tile0);
+  }
+  float* base = dqkv + blk.b * T * 3 * C + blk.h * size_t(hs);
+  write_rows(base + C, 3 * C, dk, S, blk.warp_row0(), T, hs, scale, true);
+  write_rows(base + 2 * C, 3 * C, dv, S, blk.warp_row0(), T, hs, 1.f, true);
+}
+
 // ---- softmax cross-entropy ------------------------------------------------------------------
 
 struct MaxAt {
@@ -614,6 +944,46 @@ unsigned head_blocks(size_t B, size_t T, size_t NH, int R) {
   return unsigned(B * NH * ((T + per_block - 1) / per_block));
 }
 
+// The tensor-core kernels' template for a head of hs columns: f(integral_constant<kChunks>), the
+// head in chunks of 16 (1 to 8: kTensorCoreMaxHead).
+template <typename F>
+void with_chunks(int hs, F&& f) {
+  static_assert(kTensorCoreMaxHead == 8 * 16, "one case per chunk count");
+  switch ((hs + 15) / 16) {
+    case 1:
+      f(std::integral_constant<int, 1>());
+      break;
+    case 2:
+      f(std::integral_constant<int, 2>());
+      break;
+    case 3:
+      f(std::integral_constant<int, 3>());
+      break;
+    case 4:
+      f(std::integral_constant<int, 4>());
+      break;
+    case 5:
+      f(std::integral_constant<int, 5>());
+      break;
+    case 6:
+      f(std::integral_constant<int, 6>());
+      break;
+    case 7:
+      f(std::integral_constant<int, 7>());
+      break;
+    case 8:
+      f(std::integral_constant<int, 8>());
+      break;
+    default:
+      throw std::invalid_argument("attention on tensor cores: head size " + std::to_string(hs) +
+                                  " is past " + std::to_string(kTensorCoreMaxHead));
+  }
+}
+
+unsigned tc_blocks(size_t B, size_t T, size_t NH) {
+  return unsigned(B * NH * ((T + kTcOwn - 1) / kTcOwn));
+}
+
 }  // namespace
 
 void relu_forward(float* out, const float* inp, size_t n, cudaStream_t stream) {
@@ -735,6 +1105,33 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
                stream, dqkv, dout, qkv, lse, scratch, B, T, C, NH, Rq);
   launch_sized(attention_backward_kv_kernel<16>, head_blocks(B, T, NH, Rkv), head_threads(T, Rkv),
                stream, dqkv, dout, qkv, lse, scratch, B, T, C, NH, Rkv);
+}
+
+void attention_forward_bf16(float* out, float* lse, const float* qkv, size_t B, size_t T, size_t C,
+                            size_t NH, cudaStream_t stream) {
+  check_head_size(C, NH);
+  if (B * NH * T == 0) return;
+  with_chunks(int(C / NH), [&](auto chunks) {
+    launch_sized(attention_forward_tc_kernel<decltype(chunks)::value>, tc_blocks(B, T, NH),
+                 kTcWarps * kWarp, stream, out, lse, qkv, B, T, C, NH);
+  });
+}
+
+void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* out,
+                             const float* lse, size_t B, size_t T, size_t C, size_t NH,
+                             float* scratch, cudaStream_t stream) {
+  check_head_size(C, NH);
+  if (B * NH * T == 0) return;
+  const int hs = int(C / NH), R = lanes_for(hs, 32);
+  launch_sized(attention_backward_dot_kernel<32>, head_blocks(B, T, NH, R), head_threads(T, R),
+               stream, scratch, dout, out, B, T, C, NH, R);
+  with_chunks(hs, [&](auto chunks) {
+    constexpr int kChunks = decltype(chunks)::value;
+    launch_sized(attention_backward_q_tc_kernel<kChunks>, tc_blocks(B, T, NH), kTcWarps * kWarp,
+                 stream, dqkv, dout, qkv, lse, scratch, B, T, C, NH);
+    launch_sized(attention_backward_kv_tc_kernel<kChunks>, tc_blocks(B, T, NH), kTcWarps * kWarp,
+                 stream, dqkv, dout, qkv, lse, scratch, B, T, C, NH);
+  });
 }
 
 void softmax_cross_entropy(float* logits_then_dlogits, double* losses, int32_t* correct,

@@ -77,6 +77,19 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
                         const float* lse, size_t B, size_t T, size_t C, size_t NH, float* scratch,
                         cudaStream_t stream);
 
+// The same on tensor cores, for mixed precision (model.dtype = "bf16"), head size at most
+// kTensorCoreMaxHead: q, k, v and dout rounded to bf16 where a product reads them, and so the
+// probabilities and their gradient (p_ij and ds_ij); every product summed in f32, the softmax in
+// f32 (models/kernels.h's attention_forward_bf16 is the CPU's emulation of it). The forward runs
+// two passes over the keys (each row's log-sum-exp, then the output); the backward's scratch as
+// attention_backward's.
+constexpr size_t kTensorCoreMaxHead = 128;
+void attention_forward_bf16(float* out, float* lse, const float* qkv, size_t B, size_t T, size_t C,
+                            size_t NH, cudaStream_t stream);
+void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* out,
+                             const float* lse, size_t B, size_t T, size_t C, size_t NH,
+                             float* scratch, cudaStream_t stream);
+
 // Softmax cross-entropy, fused: reads logits (N,V) and overwrites them with dlogits (the logits
 // are not stored twice); losses (N) gets each row's loss times `scale` (in double, as the CPU
 // adds them); correct (N) whether the row's argmax (the first, on ties) is its target.

@@ -357,6 +357,51 @@ TEST(CudaKernels, FusedCausalAttentionForwardAndBackward) {
   }
 }
 
+// bf16 attention on the tensor cores against the CPU's emulation of it (the same roundings, f32
+// sums in another order: a probability on the other side of a bf16 rounding boundary moves a
+// product by one bf16 step of one term) and against the f32 kernel (bf16 tolerance). Heads of
+// 1-8 chunks of 16 columns, whole or padded; contexts shorter, longer and not multiples of a
+// block's 64 rows or a step's 32.
+TEST(CudaKernels, Bf16AttentionOnTensorCoresIsTheCpusEmulationOfIt) {
+  SKIP_WITHOUT_GPU();
+  Gpu gpu;
+  for (auto [B, T, C, NH] :
+       {AttentionShape{1, 1, 4, 1}, AttentionShape{2, 5, 12, 3}, AttentionShape{3, 37, 201, 3},
+        AttentionShape{1, 70, 256, 2}, AttentionShape{2, 65, 96, 4}, AttentionShape{1, 130, 128, 1},
+        AttentionShape{1, 97, 192, 3}}) {
+    const std::string shape = std::to_string(B) + "x" + std::to_string(T) + " C" +
+                              std::to_string(C) + " NH" + std::to_string(NH);
+    const Floats qkv = random(B * T * 3 * C, 39), dout = random(B * T * C, 40),
+                 dqkv0 = random(B * T * 3 * C, 41);
+    Floats want(B * T * C), att(B * NH * T * T), want_dqkv = dqkv0;
+    k::attention_forward_bf16(want.data(), att.data(), qkv.data(), B, T, C, NH);
+    Floats exact(B * T * C), exact_att(B * NH * T * T);
+    k::attention_forward(exact.data(), exact_att.data(), qkv.data(), B, T, C, NH);
+    auto d_qkv = gpu.up(qkv), d_dout = gpu.up(dout), dqkv = gpu.up(dqkv0);
+    auto out = gpu.zeros<float>(B * T * C), lse = gpu.zeros<float>(B * NH * T),
+         scratch = gpu.zeros<float>(B * NH * T);
+    cuda::attention_forward_bf16(out.data(), lse.data(), d_qkv.data(), B, T, C, NH, gpu.stream());
+    const Floats got_out = gpu.down(out);
+    expect_close(got_out, want, 4e-3, "bf16 attention forward " + shape);
+    expect_close(got_out, exact, 3e-2, "bf16 attention forward vs f32 " + shape);
+    k::attention_backward_bf16(want_dqkv.data(), dout.data(), qkv.data(), want.data(), att.data(),
+                               B, T, C, NH);
+    cuda::attention_backward_bf16(dqkv.data(), d_dout.data(), d_qkv.data(), out.data(), lse.data(),
+                                  B, T, C, NH, scratch.data(), gpu.stream());
+    const Floats got = gpu.down(dqkv);
+    Floats got_grad = got, want_grad = want_dqkv;  // (added to dqkv0: compared without it)
+    for (size_t i = 0; i < got.size(); ++i) {
+      got_grad[i] -= dqkv0[i];
+      want_grad[i] -= dqkv0[i];
+    }
+    expect_close(got_grad, want_grad, 4e-3, "bf16 attention backward " + shape);
+    auto again = gpu.up(dqkv0);  // deterministic: the same bits
+    cuda::attention_backward_bf16(again.data(), d_dout.data(), d_qkv.data(), out.data(), lse.data(),
+                                  B, T, C, NH, scratch.data(), gpu.stream());
+    EXPECT_EQ(gpu.down(again), got) << shape;
+  }
+}
+
 TEST(CudaKernels, FusedSoftmaxCrossEntropy) {
   SKIP_WITHOUT_GPU();
   Gpu gpu;

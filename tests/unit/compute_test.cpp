@@ -276,16 +276,20 @@ TEST(CpuBf16, ToBf16AndBackIsBf16Round) {
   EXPECT_EQ(got, back);
 }
 
-// A GPT trained in bf16 on the CPU: the smoothed loss curve stays within 2% of f32's (the CUDA
-// device's criterion) and is not f32's (the key acts).
+// A GPT trained in bf16 on the CPU (its GEMMs and attention on bf16 operands): the smoothed loss
+// curve stays within 2% of f32's (the CUDA device's criterion) and is not f32's (the key acts).
+// At a learning rate where the f32 run itself is stable (lr 1e-3: a 1e-4 change of the rate moves
+// its curve by 0.01%); at 3e-3 this shape escapes its loss plateau earlier or later with any
+// perturbation (the rate changed by 1e-4 alone moved the curve 2.9% at head size 16), and bf16
+// went 3-5% either way.
 TEST(CpuBf16, AGptTrainedInBf16StaysWithinTwoPercentOfF32) {
   set_compute_threads(1);
   CharText text(kDefaultTextPath, 13);
   OptimizerSpec os;
   os.kind = "adamw";
-  os.lr = 3e-3;
-  const Trained f32 = train(odd_gpt(text.vocab()), os, text, cpu_compute(), 150);
-  const Trained bf16 = train(odd_gpt(text.vocab()), os, text, cpu_bf16_compute(), 150);
+  os.lr = 1e-3;
+  const Trained f32 = train(odd_gpt(text.vocab()), os, text, cpu_compute(), 300);
+  const Trained bf16 = train(odd_gpt(text.vocab()), os, text, cpu_bf16_compute(), 300);
   EXPECT_NE(f32.losses[0], bf16.losses[0]);
   double ema_a = f32.losses[0], ema_b = bf16.losses[0], worst = 0;
   for (size_t s = 1; s < f32.losses.size(); ++s) {
@@ -294,7 +298,7 @@ TEST(CpuBf16, AGptTrainedInBf16StaysWithinTwoPercentOfF32) {
     if (s >= 20) worst = std::max(worst, std::abs(ema_b - ema_a) / ema_a);
   }
   EXPECT_LT(worst, 0.02);
-  EXPECT_LT(ema_a, 0.9 * f32.losses[0]) << "it learns";
+  EXPECT_LT(ema_a, 0.8 * f32.losses[0]) << "it learns";
 }
 
 }  // namespace
