@@ -130,15 +130,17 @@ void run_rows(const Options& o, Compute& c) {
   const double att_flops = 2.0 * double(o.B * o.NH) * double(o.T) * double(o.T) * double(C / o.NH);
   Tensor qkv = filled(c, 3 * n), dqkv = filled(c, 3 * n);
   Tensor saved = c.tensor({c.attention_saved(o.B, o.T, o.NH)});
-  t.flops("attention forward (causal)", att_flops,
+  // (With --bf16 on tensor cores: models/cuda/kernels.h attention_forward_bf16.)
+  const std::string bf16 = o.bf16 ? " bf16" : "";
+  t.flops("attention forward (causal)" + bf16, att_flops,
           [&] { c.attention_forward(y.data(), saved.data(), qkv.data(), o.B, o.T, C, o.NH); });
-  t.flops("attention backward (causal)", 2.5 * att_flops, [&] {
+  t.flops("attention backward (causal)" + bf16, 2.5 * att_flops, [&] {
     c.attention_backward(dqkv.data(), dy.data(), qkv.data(), y.data(), saved.data(), o.B, o.T, C,
                          o.NH);
   });
   Tensor wfc = filled(c, 4 * C * C, 0.02f), bfc = filled(c, 4 * C), dwfc = filled(c, 4 * C * C);
   const double fc_flops = 2.0 * double(N) * double(C) * double(4 * C);
-  t.flops(std::string("linear C -> 4C forward") + (o.bf16 ? " bf16" : ""), fc_flops,
+  t.flops("linear C -> 4C forward" + bf16, fc_flops,
           [&] { c.linear_forward(y.data(), x.data(), wfc.data(), bfc.data(), N, C, 4 * C); });
   t.flops("linear C -> 4C backward", 2 * fc_flops, [&] {
     c.linear_backward(x.data(), dwfc.data(), bfc.data(), dy.data(), x.data(), wfc.data(), N, C,

@@ -51,7 +51,7 @@ echo "== NCCL allreduce benchmark"
 timeout 45 $bundle/bin/troupe_nccl_bench --sizes 4096,65536,1048576,16777216,67108864,268435456,1073741824
 bench_rc=$?
 echo "== CUDA kernels next to PyTorch (GPT-2 small shapes; ratio = PyTorch time / Troupe time)"
-# (f32, then the bf16 GEMM's row from a second run with bf16 inputs.)
+# (f32, then the bf16 rows, the GEMM and attention on tensor cores, from a second run with bf16 inputs.)
 timeout 60 $bundle/bin/troupe_cuda_kernels_bench --json > /tmp/troupe_kernels.json
 kernels_rc=$?
 timeout 30 $bundle/bin/troupe_cuda_kernels_bench --bf16 --json > /tmp/troupe_kernels_bf16.json

@@ -47,7 +47,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--bf16", action="store_true", help="the bf16 linear row only")
+    p.add_argument("--bf16", action="store_true", help="the bf16 rows only (linear, attention)")
     p.add_argument("--batch", type=int, default=0)
     p.add_argument("--context", type=int, default=0)
     p.add_argument("--d-model", type=int, default=768)
@@ -88,10 +88,20 @@ def main():
 
     randn = lambda *shape, **kw: torch.randn(*shape, device=dev, **kw)
     fc_flops = 2.0 * N * C * 4 * C
+    hs = C // NH
+    att_flops = 2.0 * B * NH * T * T * hs
     if a.bf16:
         xb, wb, b = randn(N, C).bfloat16(), (randn(4 * C, C) * 0.02).bfloat16(), randn(4 * C)
         # (bf16 inputs, f32 output as Troupe's: PyTorch's bf16 linear returns bf16.)
         flops("linear C -> 4C forward bf16", fc_flops, lambda: F.linear(xb, wb).float().add_(b))
+        # Attention on bf16 tensors (flash attention where PyTorch has it; Troupe's reads f32 q, k,
+        # v and rounds them as it stages them).
+        qb, kb, vb = (randn(B, NH, T, hs).bfloat16().requires_grad_() for _ in range(3))
+        flops("attention forward (causal) bf16", att_flops, lambda: attention(qb, kb, vb))
+        ob = attention(qb, kb, vb)
+        dob = torch.randn_like(ob)
+        flops("attention backward (causal) bf16", 2.5 * att_flops,
+              lambda: torch.autograd.grad(ob, [qb, kb, vb], dob, retain_graph=True))
         return report(a, rows)
 
     n4 = N * 4 * C
@@ -111,8 +121,6 @@ def main():
     memory("layernorm backward (N x C)", 4.0 * n * 4,
            lambda: torch.autograd.grad(out, [x] + list(ln.parameters()), dy, retain_graph=True))
 
-    hs = C // NH
-    att_flops = 2.0 * B * NH * T * T * hs
     q, k, v = (randn(B, NH, T, hs, requires_grad=True) for _ in range(3))
     flops("attention forward (causal)", att_flops, lambda: attention(q, k, v))
     o = attention(q, k, v)
