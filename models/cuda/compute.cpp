@@ -302,12 +302,11 @@ void CudaCompute::attention_backward(float* dqkv, const float* dout, const float
 double CudaCompute::cross_entropy(float* dlogits, const float* logits, const int32_t* host_targets,
                                   size_t N, size_t V, double scale, size_t* correct) {
   if (N == 0) return 0;
-  if (dlogits != logits) copy(dlogits, logits, N * V * sizeof(float));  // (then in place)
   auto targets = upload(host_targets, N);
   auto losses = scratch<double>(N);
   auto right = scratch<int32_t>(N);
   auto total = scratch<double>(1);
-  softmax_cross_entropy(dlogits, losses.data(), right.data(), targets.data(), N, V, scale,
+  softmax_cross_entropy(dlogits, logits, losses.data(), right.data(), targets.data(), N, V, scale,
                         stream());
   sum_to_double(total.data(), losses.data(), N, stream());
   double loss = 0;

@@ -494,13 +494,14 @@ using FragBCol = wmma::fragment<wmma::matrix_b, 16, 16, 16, Bf16, wmma::col_majo
 using FragAcc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
 constexpr int kTcWarps = 4;
-constexpr int kTcOwn = kTcWarps * 16;  // a block's own rows
+constexpr int kTcOwn = kTcWarps * 16;  // a block's own rows at most (fewer warps: 16 each)
 constexpr int kTcTile = 32;            // the other side's rows a step
 
 // Shared memory: two tiles of kTcTile bf16 rows (the block's own 64 rows are staged in both at
 // the start, before the fragments take them), and each warp's strips: one f32, two bf16.
 template <int kChunks>
 struct TcShared {
+  static_assert(kTcOwn == 2 * kTcTile, "a block's own rows are staged in the two tiles");
   static constexpr int HP = kChunks * 16;
   static constexpr size_t kTileBytes = size_t(kTcTile) * HP * sizeof(Bf16);
   static constexpr size_t kStrip = size_t(16) * kTcTile;  // elements
@@ -524,16 +525,16 @@ struct TcShared {
   }
 };
 
-// Which rows a block takes: head (b, h), own rows [first, first + 64); this lane's warp, row of
-// the warp's 16 and half of a strip row.
+// Which rows a block takes: head (b, h), own rows [first, first + own) (16 a warp); this lane's
+// warp, row of the warp's 16 and half of a strip row.
 struct TcBlock {
-  size_t b, h, first;
+  size_t b, h, first, own;
   int warp, r, half;
-  __device__ TcBlock(size_t T, size_t NH) {
-    const size_t chunks = (T + kTcOwn - 1) / kTcOwn, bh = blockIdx.x / chunks;
+  __device__ TcBlock(size_t T, size_t NH) : own(blockDim.x / kWarp * 16) {
+    const size_t chunks = (T + own - 1) / own, bh = blockIdx.x / chunks;
     b = bh / NH;
     h = bh % NH;
-    first = blockIdx.x % chunks * kTcOwn;
+    first = blockIdx.x % chunks * own;
     warp = int(threadIdx.x / kWarp);
     r = int(threadIdx.x % kWarp) / 2;
     half = int(threadIdx.x % 2);
@@ -651,10 +652,10 @@ __global__ void attention_forward_tc_kernel(float* out, float* lse, const float*
   const TcBlock blk(T, NH);
   const int hs = int(C / NH);
   const float scale = 1.f / sqrtf(float(hs));
-  const size_t i = blk.row(), last = min(T, blk.first + kTcOwn) - 1;
+  const size_t i = blk.row(), last = min(T, blk.first + blk.own) - 1;
   const HeadRows rows{qkv + blk.b * T * 3 * C + blk.h * size_t(hs), 3 * C};
   FragA q[kChunks];
-  stage_bf16(sh.own, kTcOwn, HP, rows.q(0), 3 * C, blk.first, min(size_t(kTcOwn), T - blk.first),
+  stage_bf16(sh.own, int(blk.own), HP, rows.q(0), 3 * C, blk.first, min(blk.own, T - blk.first),
              hs);
   __syncthreads();
   own_fragments(q, sh.own, blk.warp);
@@ -695,16 +696,16 @@ __global__ void attention_backward_q_tc_kernel(float* dqkv, const float* dout, c
   const TcBlock blk(T, NH);
   const int hs = int(C / NH);
   const float scale = 1.f / sqrtf(float(hs));
-  const size_t i = blk.row(), last = min(T, blk.first + kTcOwn) - 1;
-  const size_t own_n = min(size_t(kTcOwn), T - blk.first);
+  const size_t i = blk.row(), last = min(T, blk.first + blk.own) - 1;
+  const size_t own_n = min(blk.own, T - blk.first);
   const HeadRows rows{qkv + blk.b * T * 3 * C + blk.h * size_t(hs), 3 * C};
   FragA q[kChunks], dy[kChunks];
-  stage_bf16(sh.own, kTcOwn, HP, rows.q(0), 3 * C, blk.first, own_n, hs);
+  stage_bf16(sh.own, int(blk.own), HP, rows.q(0), 3 * C, blk.first, own_n, hs);
   __syncthreads();
   own_fragments(q, sh.own, blk.warp);
   __syncthreads();
-  stage_bf16(sh.own, kTcOwn, HP, dout + blk.b * T * C + blk.h * size_t(hs), C, blk.first, own_n,
-             hs);
+  stage_bf16(sh.own, int(blk.own), HP, dout + blk.b * T * C + blk.h * size_t(hs), C, blk.first,
+             own_n, hs);
   __syncthreads();
   own_fragments(dy, sh.own, blk.warp);
   const size_t w = (blk.b * NH + blk.h) * T + (i < T ? i : 0);
@@ -750,16 +751,16 @@ __global__ void attention_backward_kv_tc_kernel(float* dqkv, const float* dout, 
   const TcBlock blk(T, NH);
   const int hs = int(C / NH);
   const float scale = 1.f / sqrtf(float(hs));
-  const size_t j = blk.row(), own_n = min(size_t(kTcOwn), T - blk.first);
+  const size_t j = blk.row(), own_n = min(blk.own, T - blk.first);
   const size_t row0 = (blk.b * NH + blk.h) * T;  // (b, h, 0) in lse and D
   const HeadRows rows{qkv + blk.b * T * 3 * C + blk.h * size_t(hs), 3 * C};
   const float* dout_head = dout + blk.b * T * C + blk.h * size_t(hs);
   FragA k[kChunks], v[kChunks];
-  stage_bf16(sh.own, kTcOwn, HP, rows.k(0), 3 * C, blk.first, own_n, hs);
+  stage_bf16(sh.own, int(blk.own), HP, rows.k(0), 3 * C, blk.first, own_n, hs);
   __syncthreads();
   own_fragments(k, sh.own, blk.warp);
   __syncthreads();
-  stage_bf16(sh.own, kTcOwn, HP, rows.v(0), 3 * C, blk.first, own_n, hs);
+  stage_bf16(sh.own, int(blk.own), HP, rows.v(0), 3 * C, blk.first, own_n, hs);
   __syncthreads();
   own_fragments(v, sh.own, blk.warp);
   float* S = sh.strip(blk.warp);
@@ -816,12 +817,15 @@ __device__ MaxAt better(MaxAt a, MaxAt b) {
 
 // One block per row: the max and its index, the sum of exponentials (in double), then the row
 // overwritten with its gradient. The block-wide reductions have a fixed shape: deterministic.
-__global__ void softmax_cross_entropy_kernel(float* logits, double* losses, int32_t* correct,
-                                             const int32_t* targets, size_t V, double scale) {
+__global__ void softmax_cross_entropy_kernel(float* dlogits, const float* logits, double* losses,
+                                             int32_t* correct, const int32_t* targets, size_t V,
+                                             double scale) {
   __shared__ MaxAt best[kThreads];
   __shared__ double sums[kThreads];
   __shared__ float target_logit;
-  float* row = logits + blockIdx.x * V;
+  const float* row = logits + blockIdx.x * V;
+  float* drow =
+      dlogits + blockIdx.x * V;  // (may be row: each element is read before it is written)
   const int tid = threadIdx.x;
   const int target = targets[blockIdx.x];
   if (tid == 0) target_logit = row[target];
@@ -847,7 +851,7 @@ __global__ void softmax_cross_entropy_kernel(float* logits, double* losses, int3
   for (size_t i = tid; i < V; i += blockDim.x) {
     double d = double(expf(row[i] - mx) * inv) * scale;
     if (int(i) == target) d -= scale;
-    row[i] = float(d);
+    drow[i] = float(d);
   }
   if (tid == 0) {
     losses[blockIdx.x] = -(double(target_logit) - double(mx) - log(total)) * scale;
@@ -980,8 +984,14 @@ void with_chunks(int hs, F&& f) {
   }
 }
 
+// The tensor-core kernels' blocks: up to kTcWarps warps of 16 rows (a short context gets fewer),
+// per (b, h) the rows in blocks of that many.
+unsigned tc_threads(size_t T) {
+  return unsigned(std::min<size_t>(kTcWarps, (T + 15) / 16) * kWarp);
+}
 unsigned tc_blocks(size_t B, size_t T, size_t NH) {
-  return unsigned(B * NH * ((T + kTcOwn - 1) / kTcOwn));
+  const size_t own = tc_threads(T) / kWarp * 16;
+  return unsigned(B * NH * ((T + own - 1) / own));
 }
 
 }  // namespace
@@ -1113,7 +1123,7 @@ void attention_forward_bf16(float* out, float* lse, const float* qkv, size_t B, 
   if (B * NH * T == 0) return;
   with_chunks(int(C / NH), [&](auto chunks) {
     launch_sized(attention_forward_tc_kernel<decltype(chunks)::value>, tc_blocks(B, T, NH),
-                 kTcWarps * kWarp, stream, out, lse, qkv, B, T, C, NH);
+                 tc_threads(T), stream, out, lse, qkv, B, T, C, NH);
   });
 }
 
@@ -1127,18 +1137,18 @@ void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, c
                stream, scratch, dout, out, B, T, C, NH, R);
   with_chunks(hs, [&](auto chunks) {
     constexpr int kChunks = decltype(chunks)::value;
-    launch_sized(attention_backward_q_tc_kernel<kChunks>, tc_blocks(B, T, NH), kTcWarps * kWarp,
+    launch_sized(attention_backward_q_tc_kernel<kChunks>, tc_blocks(B, T, NH), tc_threads(T),
                  stream, dqkv, dout, qkv, lse, scratch, B, T, C, NH);
-    launch_sized(attention_backward_kv_tc_kernel<kChunks>, tc_blocks(B, T, NH), kTcWarps * kWarp,
+    launch_sized(attention_backward_kv_tc_kernel<kChunks>, tc_blocks(B, T, NH), tc_threads(T),
                  stream, dqkv, dout, qkv, lse, scratch, B, T, C, NH);
   });
 }
 
-void softmax_cross_entropy(float* logits_then_dlogits, double* losses, int32_t* correct,
+void softmax_cross_entropy(float* dlogits, const float* logits, double* losses, int32_t* correct,
                            const int32_t* targets, size_t N, size_t V, double scale,
                            cudaStream_t stream) {
   if (N == 0) return;
-  launch(softmax_cross_entropy_kernel, unsigned(N), stream, logits_then_dlogits, losses, correct,
+  launch(softmax_cross_entropy_kernel, unsigned(N), stream, dlogits, logits, losses, correct,
          targets, V, scale);
 }
 

@@ -90,10 +90,11 @@ void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, c
                              const float* lse, size_t B, size_t T, size_t C, size_t NH,
                              float* scratch, cudaStream_t stream);
 
-// Softmax cross-entropy, fused: reads logits (N,V) and overwrites them with dlogits (the logits
-// are not stored twice); losses (N) gets each row's loss times `scale` (in double, as the CPU
-// adds them); correct (N) whether the row's argmax (the first, on ties) is its target.
-void softmax_cross_entropy(float* logits_then_dlogits, double* losses, int32_t* correct,
+// Softmax cross-entropy, fused: reads logits (N,V) and writes dlogits (N,V), which may be the
+// logits themselves (each element is read before it is written: in place, the logits are not
+// stored twice); losses (N) gets each row's loss times `scale` (in double, as the CPU adds them);
+// correct (N) whether the row's argmax (the first, on ties) is its target.
+void softmax_cross_entropy(float* dlogits, const float* logits, double* losses, int32_t* correct,
                            const int32_t* targets, size_t N, size_t V, double scale,
                            cudaStream_t stream);
 

@@ -434,10 +434,17 @@ TEST(CudaKernels, FusedSoftmaxCrossEntropy) {
     auto d_targets = gpu.up(targets);
     auto losses = gpu.zeros<double>(N), total = gpu.zeros<double>(1);
     auto correct = gpu.zeros<int32_t>(N);
-    cuda::softmax_cross_entropy(d_logits.data(), losses.data(), correct.data(), d_targets.data(), N,
-                                V, scale, gpu.stream());
+    // Out of place (the logits kept), then in place: the same bits.
+    auto dlogits = gpu.zeros<float>(N * V);
+    cuda::softmax_cross_entropy(dlogits.data(), d_logits.data(), losses.data(), correct.data(),
+                                d_targets.data(), N, V, scale, gpu.stream());
+    expect_close(gpu.down(d_logits), logits, 0, "the logits, kept " + shape);
+    const Floats apart = gpu.down(dlogits);
+    cuda::softmax_cross_entropy(d_logits.data(), d_logits.data(), losses.data(), correct.data(),
+                                d_targets.data(), N, V, scale, gpu.stream());
     cuda::sum_to_double(total.data(), losses.data(), N, gpu.stream());
     expect_close(gpu.down(d_logits), want, 1e-5, "dlogits " + shape);
+    EXPECT_EQ(gpu.down(d_logits), apart) << shape;
     EXPECT_NEAR(gpu.down(total)[0], loss, 1e-6 * std::fabs(loss)) << shape;
     const auto c = gpu.down(correct);
     EXPECT_EQ(size_t(std::count(c.begin(), c.end(), 1)), right) << shape;
