@@ -33,38 +33,57 @@ class CudaMemory final : public Memory {
 
 // Pinned host buffers kept by size for reuse: the staged tensors (gradient buckets, block state)
 // have the same sizes every step, so after the first step nothing is allocated (cudaHostAlloc
-// costs milliseconds). Thread-safe: the reducer thread stages too.
+// costs milliseconds). A buffer comes back with an event recorded on the stream when it was
+// given back (a copy from pinned memory is asynchronous: the stream may still read it); whoever
+// takes it next waits for that event, by then long passed, instead of the giver waiting for the
+// whole stream (from the reducer thread: for the backward queued behind the copy). Thread-safe:
+// the reducer thread stages too.
 class PinnedCache {
  public:
   ~PinnedCache() {
-    for (auto& [bytes, p] : free_) pinned_free(p);
+    for (auto& [bytes, b] : free_) {
+      settle(b.done);
+      pinned_free(b.p);
+    }
   }
   void* take(size_t bytes) {
+    Buffer b{nullptr, nullptr};
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = free_.find(bytes);
       if (it != free_.end()) {
-        void* p = it->second;
+        b = it->second;
         free_.erase(it);
-        return p;
       }
     }
-    return pinned_allocate(bytes);
+    if (!b.p) return pinned_allocate(bytes);
+    settle(b.done);
+    return b.p;
   }
-  void give(size_t bytes, void* p) {
+  // done: an event after the last use of p on a stream (null: none pending).
+  void give(size_t bytes, void* p, cudaEvent_t done) {
     std::lock_guard<std::mutex> lock(mu_);
-    free_.emplace(bytes, p);
+    free_.emplace(bytes, Buffer{p, done});
   }
 
  private:
+  struct Buffer {
+    void* p;
+    cudaEvent_t done;
+  };
+  static void settle(cudaEvent_t done) {
+    if (!done) return;
+    cudaEventSynchronize(done);  // (an error here is the stream's: its next call reports it)
+    cudaEventDestroy(done);
+  }
   std::mutex mu_;
-  std::multimap<size_t, void*> free_;
+  std::multimap<size_t, Buffer> free_;
 };
 
 namespace {
 
-// A pinned host buffer from the cache. Given back once the stream has finished with it: a
-// copy from pinned memory is asynchronous, and the next user may overwrite the buffer.
+// A pinned host buffer from the cache, given back with an event after what the stream has queued
+// so far (PinnedCache): the next user waits for it.
 class PinnedMemory final : public Memory {
  public:
   PinnedMemory(size_t bytes, std::shared_ptr<PinnedCache> cache, int device, cudaStream_t stream)
@@ -73,10 +92,17 @@ class PinnedMemory final : public Memory {
         device_(device),
         stream_(stream) {}
   ~PinnedMemory() override {
-    // (Errors cannot be thrown here; the next call reports them.)
+    // (Errors cannot be thrown here; the next call reports them. Without an event: wait here.)
     cudaSetDevice(device_);  // (another thread's: no context on GPU 0 made for it)
-    cudaStreamSynchronize(stream_);
-    cache_->give(bytes_ == 0 ? 1 : bytes_, data_);
+    cudaEvent_t done = nullptr;
+    if (cudaEventCreateWithFlags(&done, cudaEventDisableTiming) != cudaSuccess) {
+      done = nullptr;
+    } else if (cudaEventRecord(done, stream_) != cudaSuccess) {
+      cudaEventDestroy(done);
+      done = nullptr;
+    }
+    if (!done) cudaStreamSynchronize(stream_);
+    cache_->give(bytes_ == 0 ? 1 : bytes_, data_, done);
   }
   PinnedMemory(const PinnedMemory&) = delete;
   PinnedMemory& operator=(const PinnedMemory&) = delete;

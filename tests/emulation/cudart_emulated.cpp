@@ -90,6 +90,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) { return made
 cudaError_t cudaEventDestroy(cudaEvent_t e) { return released(e); }
 cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
 
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
   if (device != 0) return cudaErrorInvalidDevice;
