@@ -541,7 +541,9 @@ struct TcBlock {
   }
   __device__ size_t warp_row0() const { return first + size_t(warp) * 16; }
   __device__ size_t row() const { return warp_row0() + size_t(r); }
-  __device__ int column(int cc) const { return half * 16 + cc; }  // in a strip row
+  // The strip column of this lane's cc-th element (0..15 of its half), rotated by the row so that
+  // the 32 lanes read 32 banks at once (unrotated, 16 rows 128 bytes apart: 2 banks).
+  __device__ int column(int cc) const { return half * 16 + ((cc + r) & 15); }
 };
 
 // Rows [r0, r0 + n) of a head's f32 array (rows `stride` floats apart, hs wide) as `rows` bf16
@@ -558,6 +560,7 @@ __device__ void stage_bf16(Bf16* tile, int rows, int HP, const float* row0, size
 template <int kChunks>
 __device__ void own_fragments(FragA (&f)[kChunks], const Bf16* own, int warp) {
   constexpr int HP = kChunks * 16;
+#pragma unroll
   for (int c = 0; c < kChunks; ++c) wmma::load_matrix_sync(f[c], own + warp * 16 * HP + c * 16, HP);
 }
 
@@ -568,6 +571,7 @@ __device__ void strip_product(float* strip, const FragA (&a)[kChunks], const Bf1
   for (int nf = 0; nf < kTcTile / 16; ++nf) {
     FragAcc acc;
     wmma::fill_fragment(acc, 0.f);
+#pragma unroll
     for (int c = 0; c < kChunks; ++c) {
       FragBCol b;
       wmma::load_matrix_sync(b, tile + nf * 16 * HP + c * 16, HP);
@@ -585,6 +589,7 @@ __device__ void accumulate(FragAcc (&acc)[kChunks], const Bf16* strip16, const B
   for (int kk = 0; kk < kTcTile / 16; ++kk) {
     FragA a;
     wmma::load_matrix_sync(a, strip16 + kk * 16, kTcTile);
+#pragma unroll
     for (int c = 0; c < kChunks; ++c) {
       FragBRow b;
       wmma::load_matrix_sync(b, tile + kk * 16 * HP + c * 16, HP);
@@ -599,11 +604,12 @@ template <int kChunks>
 __device__ void write_rows(float* dst, size_t stride, const FragAcc (&acc)[kChunks], float* strip,
                            size_t row0, size_t T, int hs, float factor, bool add) {
   const int r = int(threadIdx.x % kWarp) / 2, half = int(threadIdx.x % 2);
+#pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     wmma::store_matrix_sync(strip, acc[c], kTcTile, wmma::mem_row_major);
     __syncwarp();
     for (int cc = 0; cc < 8; ++cc) {
-      const int col = half * 8 + cc, d = c * 16 + col;
+      const int col = half * 8 + ((cc + r) & 7), d = c * 16 + col;  // (rotated: fewer bank conflicts)
       if (row0 + size_t(r) >= T || d >= hs) continue;
       float& o = dst[(row0 + size_t(r)) * stride + size_t(d)];
       const float v = strip[r * kTcTile + col] * factor;
@@ -948,6 +954,12 @@ unsigned head_blocks(size_t B, size_t T, size_t NH, int R) {
   return unsigned(B * NH * ((T + per_block - 1) / per_block));
 }
 
+void check_tensor_core_head(size_t hs) {
+  if (hs == 0 || hs > kTensorCoreMaxHead)
+    throw std::invalid_argument("attention on tensor cores: head size " + std::to_string(hs) +
+                                " is not in 1.." + std::to_string(kTensorCoreMaxHead));
+}
+
 // The tensor-core kernels' template for a head of hs columns: f(integral_constant<kChunks>), the
 // head in chunks of 16 (1 to 8: kTensorCoreMaxHead).
 template <typename F>
@@ -979,8 +991,8 @@ void with_chunks(int hs, F&& f) {
       f(std::integral_constant<int, 8>());
       break;
     default:
-      throw std::invalid_argument("attention on tensor cores: head size " + std::to_string(hs) +
-                                  " is past " + std::to_string(kTensorCoreMaxHead));
+      check_tensor_core_head(size_t(hs));
+      throw std::logic_error("with_chunks: no case for head size " + std::to_string(hs));
   }
 }
 
@@ -1120,6 +1132,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 void attention_forward_bf16(float* out, float* lse, const float* qkv, size_t B, size_t T, size_t C,
                             size_t NH, cudaStream_t stream) {
   check_head_size(C, NH);
+  check_tensor_core_head(C / NH);
   if (B * NH * T == 0) return;
   with_chunks(int(C / NH), [&](auto chunks) {
     launch_sized(attention_forward_tc_kernel<decltype(chunks)::value>, tc_blocks(B, T, NH),
@@ -1131,6 +1144,7 @@ void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, c
                              const float* lse, size_t B, size_t T, size_t C, size_t NH,
                              float* scratch, cudaStream_t stream) {
   check_head_size(C, NH);
+  check_tensor_core_head(C / NH);
   if (B * NH * T == 0) return;
   const int hs = int(C / NH), R = lanes_for(hs, 32);
   launch_sized(attention_backward_dot_kernel<32>, head_blocks(B, T, NH, R), head_threads(T, R),

@@ -360,15 +360,16 @@ TEST(CudaKernels, FusedCausalAttentionForwardAndBackward) {
 // bf16 attention on the tensor cores against the CPU's emulation of it (the same roundings, f32
 // sums in another order: a probability on the other side of a bf16 rounding boundary moves a
 // product by one bf16 step of one term) and against the f32 kernel (bf16 tolerance). Heads of
-// 1-8 chunks of 16 columns, whole or padded; contexts shorter, longer and not multiples of a
-// block's 64 rows or a step's 32.
+// 1-8 chunks of 16 columns, whole or padded; contexts shorter, longer, multiples and not of a
+// block's 64 rows or a step's 32; blocks of 1-4 warps.
 TEST(CudaKernels, Bf16AttentionOnTensorCoresIsTheCpusEmulationOfIt) {
   SKIP_WITHOUT_GPU();
   Gpu gpu;
   for (auto [B, T, C, NH] :
        {AttentionShape{1, 1, 4, 1}, AttentionShape{2, 5, 12, 3}, AttentionShape{3, 37, 201, 3},
         AttentionShape{1, 70, 256, 2}, AttentionShape{2, 65, 96, 4}, AttentionShape{1, 130, 128, 1},
-        AttentionShape{1, 97, 192, 3}}) {
+        AttentionShape{1, 97, 192, 3}, AttentionShape{1, 24, 48, 1}, AttentionShape{2, 256, 192, 2},
+        AttentionShape{1, 64, 112, 1}}) {
     const std::string shape = std::to_string(B) + "x" + std::to_string(T) + " C" +
                               std::to_string(C) + " NH" + std::to_string(NH);
     const Floats qkv = random(B * T * 3 * C, 39), dout = random(B * T * C, 40),
