@@ -7,8 +7,9 @@
 # the same device. Also: two workers on one device with parallel.backend "auto" go host-staged
 # (the data_plane event says why) and with "nccl" are refused (exit 2); and a pipeline of 2 stages
 # on the device (deterministic) computes a 1-worker run's bits. Prints one table row per
-# run. Cleans up every process it started.
-# Usage: scripts/gpu-elastic.sh TROUPE_BINARY cuda|cpu [STEPS]
+# run. Cleans up every process it started. DTYPE=bf16 runs it all in mixed precision (the GEMMs and
+# attention on bf16 operands: on a GPU, tensor cores).
+# Usage: [DTYPE=f32|bf16] scripts/gpu-elastic.sh TROUPE_BINARY cuda|cpu [STEPS]
 set -uo pipefail
 troupe=$1
 device=$2
@@ -25,6 +26,7 @@ seed = 5
 steps = $steps
 [model]
 kind = "gpt"
+dtype = "${DTYPE:-f32}"
 layers = 2
 d_model = 64
 heads = 4
