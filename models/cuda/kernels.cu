@@ -609,13 +609,36 @@ __device__ void write_rows(float* dst, size_t stride, const FragAcc (&acc)[kChun
     wmma::store_matrix_sync(strip, acc[c], kTcTile, wmma::mem_row_major);
     __syncwarp();
     for (int cc = 0; cc < 8; ++cc) {
-      const int col = half * 8 + ((cc + r) & 7), d = c * 16 + col;  // (rotated: fewer bank conflicts)
+      const int col = half * 8 + ((cc + r) & 7),
+                d = c * 16 + col;  // (rotated: fewer bank conflicts)
       if (row0 + size_t(r) >= T || d >= hs) continue;
       float& o = dst[(row0 + size_t(r)) * stride + size_t(d)];
       const float v = strip[r * kTcTile + col] * factor;
       o = add ? o + v : v;
     }
     __syncwarp();
+  }
+}
+
+// K and V rows [j0, j0 + n) of the head into the two tiles, between barriers (the last step's
+// readers; this step's).
+template <int kChunks>
+__device__ void stage_keys_values(const TcShared<kChunks>& sh, const HeadRows& rows, size_t j0,
+                                  size_t n, int hs) {
+  __syncthreads();
+  stage_bf16(sh.tile0, kTcTile, kChunks * 16, rows.k(0), rows.C3, j0, n, hs);
+  stage_bf16(sh.tile1, kTcTile, kChunks * 16, rows.v(0), rows.C3, j0, n, hs);
+  __syncthreads();
+}
+
+// This lane's 16 probabilities of query row i against keys j0 + its strip columns, from the
+// scores in S: exp(s * scale - lse_i), 0 where the key is after the query or the row past T.
+__device__ void row_probabilities(float (&p)[16], const float* S, const TcBlock& blk, size_t j0,
+                                  size_t i, size_t T, float scale, float lse_i) {
+  for (int cc = 0; cc < 16; ++cc) {
+    const int col = blk.column(cc);
+    const bool on = i < T && j0 + size_t(col) <= i;
+    p[cc] = on ? expf(S[blk.r * kTcTile + col] * scale - lse_i) : 0.f;
   }
 }
 
@@ -672,18 +695,11 @@ __global__ void attention_forward_tc_kernel(float* out, float* lse, const float*
   FragAcc o[kChunks];
   for (auto& f : o) wmma::fill_fragment(f, 0.f);
   for (size_t j0 = 0; j0 <= last; j0 += kTcTile) {
-    const size_t n = min(size_t(kTcTile), last + 1 - j0);
-    __syncthreads();
-    stage_bf16(sh.tile0, kTcTile, HP, rows.k(0), 3 * C, j0, n, hs);
-    stage_bf16(sh.tile1, kTcTile, HP, rows.v(0), 3 * C, j0, n, hs);
-    __syncthreads();
+    stage_keys_values(sh, rows, j0, min(size_t(kTcTile), last + 1 - j0), hs);
     strip_product(S, q, sh.tile0);
-    for (int cc = 0; cc < 16; ++cc) {
-      const int col = blk.column(cc);
-      const bool on = i < T && j0 + size_t(col) <= i;
-      P[blk.r * kTcTile + col] =
-          __float2bfloat16(on ? expf(S[blk.r * kTcTile + col] * scale - lse_i) : 0.f);
-    }
+    float p[16];
+    row_probabilities(p, S, blk, j0, i, T, scale, lse_i);
+    for (int cc = 0; cc < 16; ++cc) P[blk.r * kTcTile + blk.column(cc)] = __float2bfloat16(p[cc]);
     __syncwarp();
     accumulate(o, P, sh.tile1);
   }
@@ -721,18 +737,10 @@ __global__ void attention_backward_q_tc_kernel(float* dqkv, const float* dout, c
   FragAcc dq[kChunks];
   for (auto& f : dq) wmma::fill_fragment(f, 0.f);
   for (size_t j0 = 0; j0 <= last; j0 += kTcTile) {
-    const size_t n = min(size_t(kTcTile), last + 1 - j0);
-    __syncthreads();
-    stage_bf16(sh.tile0, kTcTile, HP, rows.k(0), 3 * C, j0, n, hs);
-    stage_bf16(sh.tile1, kTcTile, HP, rows.v(0), 3 * C, j0, n, hs);
-    __syncthreads();
+    stage_keys_values(sh, rows, j0, min(size_t(kTcTile), last + 1 - j0), hs);
     strip_product(S, q, sh.tile0);
     float p[16];
-    for (int cc = 0; cc < 16; ++cc) {
-      const int col = blk.column(cc);
-      const bool on = i < T && j0 + size_t(col) <= i;
-      p[cc] = on ? expf(S[blk.r * kTcTile + col] * scale - lse_i) : 0.f;
-    }
+    row_probabilities(p, S, blk, j0, i, T, scale, lse_i);
     __syncwarp();                    // (every lane has read S)
     strip_product(S, dy, sh.tile1);  // dout . v
     for (int cc = 0; cc < 16; ++cc) {
@@ -961,38 +969,16 @@ void check_tensor_core_head(size_t hs) {
 }
 
 // The tensor-core kernels' template for a head of hs columns: f(integral_constant<kChunks>), the
-// head in chunks of 16 (1 to 8: kTensorCoreMaxHead).
-template <typename F>
+// head in chunks of 16 (1 to kTensorCoreMaxHead / 16), found by trying each in turn.
+template <int kChunks = 1, typename F>
 void with_chunks(int hs, F&& f) {
-  static_assert(kTensorCoreMaxHead == 8 * 16, "one case per chunk count");
-  switch ((hs + 15) / 16) {
-    case 1:
-      f(std::integral_constant<int, 1>());
-      break;
-    case 2:
-      f(std::integral_constant<int, 2>());
-      break;
-    case 3:
-      f(std::integral_constant<int, 3>());
-      break;
-    case 4:
-      f(std::integral_constant<int, 4>());
-      break;
-    case 5:
-      f(std::integral_constant<int, 5>());
-      break;
-    case 6:
-      f(std::integral_constant<int, 6>());
-      break;
-    case 7:
-      f(std::integral_constant<int, 7>());
-      break;
-    case 8:
-      f(std::integral_constant<int, 8>());
-      break;
-    default:
-      check_tensor_core_head(size_t(hs));
-      throw std::logic_error("with_chunks: no case for head size " + std::to_string(hs));
+  if constexpr (kChunks * 16 > int(kTensorCoreMaxHead)) {
+    check_tensor_core_head(size_t(hs));
+    throw std::logic_error("with_chunks: no case for head size " + std::to_string(hs));
+  } else if ((hs + 15) / 16 == kChunks) {
+    f(std::integral_constant<int, kChunks>());
+  } else {
+    with_chunks<kChunks + 1>(hs, std::forward<F>(f));
   }
 }
 

@@ -325,6 +325,10 @@ TEST(CudaKernels, EmbeddingForwardAndBackwardWithRepeatedTokens) {
 
 struct AttentionShape {
   size_t B, T, C, NH;
+  std::string name() const {
+    return std::to_string(B) + "x" + std::to_string(T) + " C" + std::to_string(C) + " NH" +
+           std::to_string(NH);
+  }
 };
 
 TEST(CudaKernels, FusedCausalAttentionForwardAndBackward) {
@@ -333,8 +337,7 @@ TEST(CudaKernels, FusedCausalAttentionForwardAndBackward) {
   for (auto [B, T, C, NH] : {AttentionShape{1, 1, 4, 1}, AttentionShape{2, 5, 12, 3},
                              AttentionShape{3, 37, 201, 3}, AttentionShape{1, 70, 256, 1},
                              AttentionShape{2, 65, 96, 4}, AttentionShape{1, 300, 128, 2}}) {
-    const std::string shape = std::to_string(B) + "x" + std::to_string(T) + " C" +
-                              std::to_string(C) + " NH" + std::to_string(NH);
+    const std::string shape = AttentionShape{B, T, C, NH}.name();
     const Floats qkv = random(B * T * 3 * C, 29), dout = random(B * T * C, 30),
                  dqkv0 = random(B * T * 3 * C, 31);
     Floats want(B * T * C), att(B * NH * T * T), want_dqkv = dqkv0;
@@ -370,8 +373,7 @@ TEST(CudaKernels, Bf16AttentionOnTensorCoresIsTheCpusEmulationOfIt) {
         AttentionShape{1, 70, 256, 2}, AttentionShape{2, 65, 96, 4}, AttentionShape{1, 130, 128, 1},
         AttentionShape{1, 97, 192, 3}, AttentionShape{1, 24, 48, 1}, AttentionShape{2, 256, 192, 2},
         AttentionShape{1, 64, 112, 1}}) {
-    const std::string shape = std::to_string(B) + "x" + std::to_string(T) + " C" +
-                              std::to_string(C) + " NH" + std::to_string(NH);
+    const std::string shape = AttentionShape{B, T, C, NH}.name();
     const Floats qkv = random(B * T * 3 * C, 39), dout = random(B * T * C, 40),
                  dqkv0 = random(B * T * 3 * C, 41);
     Floats want(B * T * C), att(B * NH * T * T), want_dqkv = dqkv0;
