@@ -227,10 +227,10 @@ void CudaCompute::linear_forward(float* out, const float* inp, const float* weig
     gemm_->linear_forward(out, inp, weight, bias, N, C, OC);
     return;
   }
-  auto in16 = scratch<uint16_t>(N * C), w16 = scratch<uint16_t>(OC * C);
-  cuda::to_bf16(in16.data(), inp, N * C, stream());
-  cuda::to_bf16(w16.data(), weight, OC * C, stream());
+  auto in16 = converted(inp, N * C), w16 = converted(weight, OC * C);
   gemm_->linear_forward_bf16(out, in16.data(), w16.data(), bias, N, C, OC);
+  keep(inp, std::move(in16));
+  keep(weight, std::move(w16));
 }
 
 void CudaCompute::linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
@@ -245,16 +245,31 @@ void CudaCompute::linear_backward(float* dinp, float* dweight, float* dbias, con
   auto dout16 = scratch<uint16_t>(N * OC);
   cuda::to_bf16(dout16.data(), dout, N * OC, stream());
   if (dinp) {
-    auto w16 = scratch<uint16_t>(OC * C);
-    cuda::to_bf16(w16.data(), weight, OC * C, stream());
+    auto w16 = kept_or_converted(weight, OC * C);
     gemm_->linear_backward_bf16(dinp, nullptr, dout16.data(), nullptr, w16.data(), N, C, OC);
   }
   if (dweight) {
-    auto in16 = scratch<uint16_t>(N * C);
-    cuda::to_bf16(in16.data(), inp, N * C, stream());
+    auto in16 = kept_or_converted(inp, N * C);
     gemm_->linear_backward_bf16(nullptr, dweight, dout16.data(), in16.data(), nullptr, N, C, OC);
   }
   if (dbias) gemm_->linear_backward(nullptr, nullptr, dbias, dout, inp, weight, N, C, OC);
+}
+
+DeviceBuffer<uint16_t> CudaCompute::converted(const float* p, size_t n) {
+  auto b = scratch<uint16_t>(n);
+  cuda::to_bf16(b.data(), p, n, stream());
+  return b;
+}
+void CudaCompute::keep(const float* p, DeviceBuffer<uint16_t> b) {
+  if (keep_bf16_) kept_bf16_[{p, b.size()}] = std::move(b);  // (a copy of p before: replaced)
+}
+DeviceBuffer<uint16_t> CudaCompute::kept_or_converted(const float* p, size_t n) {
+  auto it = kept_bf16_.find({p, n});
+  if (it == kept_bf16_.end()) return converted(p, n);
+  DeviceBuffer<uint16_t> b = std::move(it->second);
+  kept_bf16_.erase(it);
+  ++bf16_reused_;
+  return b;
 }
 
 void CudaCompute::relu_forward(float* out, const float* inp, size_t n) {

@@ -4,17 +4,20 @@
 // same block code as on the CPU; tests/gpu/ checks that it follows the CPU's losses.
 //
 // Mixed precision (GemmInput::bf16): the linear layers' GEMMs, forward and backward, read their
-// operands rounded to bf16 (converted on the fly into pool scratch) and accumulate and write
-// f32; attention runs on the tensor cores (bf16 operands, f32 sums; heads up to 128); everything
-// else, the master weights and the optimizer's moments stay f32.
+// operands rounded to bf16 (converted into pool memory by the forward and kept for the backward
+// of the same micro-batch) and accumulate and write f32; attention runs on the tensor cores (bf16
+// operands, f32 sums; heads up to 128); everything else, the master weights and the optimizer's
+// moments stay f32.
 //
 // Thread-safety: one worker thread; to_host, from_host and allocate_host (host-staged copies) also
 // from one other thread at a time (a reducer's), which they make use this GPU. It must outlive
 // every tensor it allocated.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "models/compute.h"
 #include "models/cuda/gemm.h"
@@ -33,6 +36,13 @@ class CudaCompute final : public Compute {
   Peak peak(int threads) const override;  // the GPU's, in its GEMM precision
   int ordinal() const { return device_; }
   cudaStream_t stream() const { return stream_->get(); }
+  // In bf16: whether a forward GEMM's bf16 operands are kept for its backward (by default; off,
+  // the backward converts them again: the same bits, checked by a test).
+  void keep_bf16_operands(bool on) {
+    keep_bf16_ = on;
+    if (!on) kept_bf16_.clear();
+  }
+  uint64_t bf16_operands_reused() const { return bf16_reused_; }  // (backward GEMM operands)
 
   std::unique_ptr<Memory> allocate(size_t bytes) override;
   void zero(void* p, size_t bytes) override;
@@ -91,12 +101,23 @@ class CudaCompute final : public Compute {
 
   // bf16 and a head of at most kBf16AttentionMaxHead: attention on the tensor cores.
   bool tensor_core_attention(size_t C, size_t NH) const;
+  // bf16 GEMM operands: `p`'s n floats converted now; kept after a forward GEMM for the backward
+  // of the same micro-batch, which reads the same operands (the block's saved input, the
+  // weight: a backward's input is its forward's, or its gradients would be wrong too); taken out
+  // by that backward, converted anew where none is kept.
+  DeviceBuffer<uint16_t> converted(const float* p, size_t n);
+  void keep(const float* p, DeviceBuffer<uint16_t> b);
+  DeviceBuffer<uint16_t> kept_or_converted(const float* p, size_t n);
 
   int device_;
   GemmInput gemm_input_;
+  bool keep_bf16_ = true;
+  uint64_t bf16_reused_ = 0;
   std::unique_ptr<Stream> stream_;
   std::unique_ptr<Gemm> gemm_;
   std::shared_ptr<class PinnedCache> pinned_;
+  // (Last: freed on the stream before it goes.)
+  std::map<std::pair<const float*, size_t>, DeviceBuffer<uint16_t>> kept_bf16_;
 };
 
 }  // namespace troupe::models::cuda

@@ -114,6 +114,41 @@ TEST(GpuModel, Bf16FollowsTheCpusEmulationOfIt) {
   expect_follows(cpu, gpu, 1e-2, "bf16");
 }
 
+// The bf16 operands a forward GEMM made, kept for its backward (CudaCompute::keep_bf16_operands),
+// give the bits converting them again gives: a GPT (tied head, two micro-batches a step: the
+// weights' copies replaced between them) and an MLP (its first block computes no input gradient:
+// its weight's copy is never taken, and the next step's forward replaces it after the update),
+// with a forward alone between steps.
+TEST(GpuModel, Bf16OperandsKeptForTheBackwardChangeNoBit) {
+  SKIP_WITHOUT_GPU();
+  auto run = [](const ModelSpec& spec, const Dataset& data, bool keep) {
+    cuda::CudaCompute device(0, cuda::GemmInput::bf16);
+    device.keep_bf16_operands(keep);
+    Model m(spec);
+    Optimizer opt(adamw(2e-3), m.block_param_counts());
+    m.init(7);
+    m.to(device);
+    opt.to(device);
+    Trainer t(m, opt, data, 11, 12, 6);
+    std::vector<double> out;
+    for (uint64_t s = 0; s < 8; ++s) {
+      out.push_back(t.step(s).loss);
+      // A forward alone (its copies never taken) with other samples in the same buffers: the
+      // next step's forward must replace them.
+      out.push_back(m.evaluate(t.batch(s + 100, 0, 6)).loss);
+    }
+    EXPECT_EQ(device.bf16_operands_reused() > 0, keep) << spec.kind;
+    return out;
+  };
+  CharText text(kDefaultTextPath, 21);
+  const ModelSpec g = gpt(text.vocab(), 21, 48, 3, 2);
+  EXPECT_EQ(run(g, text, true), run(g, text, false));
+  SyntheticClassification data(7, 4000, 97, 10);
+  ModelSpec m;
+  m.mlp_sizes = {97, 130, 61, 10};
+  EXPECT_EQ(run(m, data, true), run(m, data, false));
+}
+
 // bf16 GEMM inputs against f32, both on the GPU: the smoothed loss curves stay within 2%.
 TEST(GpuModel, Bf16GemmInputsStayWithinTwoPercentOfF32) {
   SKIP_WITHOUT_GPU();
