@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -278,6 +279,10 @@ void run(dim3 grid, dim3 block, const std::function<void()>& body) {
     fail("a launch with grid " + std::to_string(grid.x) + "," + std::to_string(grid.y) + "," +
          std::to_string(grid.z) + " (x 1..2^31-1, y and z 1..65535)");
   if (current) fail("a launch from inside a kernel");
+  // One launch at a time in the process: a kernel's __shared__ arrays are statics here, which
+  // launches from two host threads (a reducer's and a worker's) would otherwise share.
+  static std::mutex launches;
+  std::lock_guard<std::mutex> one_at_a_time(launches);
   Block b;
   b.fibers.resize(threads);
   b.slots[0].assign(threads, 0);

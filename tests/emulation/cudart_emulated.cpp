@@ -30,9 +30,15 @@ cudaMemPool_t the_pool() {
   return pool;
 }
 
+// Fresh memory holds what CUDA leaves undefined: here all ones (a NaN in every float and bf16),
+// the same in every run, so a kernel that reads before it writes computes NaNs, always, instead
+// of whatever the host allocator last left there.
 cudaError_t allocated(void** p, size_t bytes) {
-  *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
-  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+  const size_t rounded = (bytes + 255) / 256 * 256 + 256;
+  *p = std::aligned_alloc(256, rounded);
+  if (!*p) return cudaErrorMemoryAllocation;
+  std::memset(*p, 0xff, rounded);
+  return cudaSuccess;
 }
 cudaError_t freed(void* p) {
   std::free(p);
