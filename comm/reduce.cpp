@@ -220,12 +220,14 @@ const PeerLines& peer_lines() {
   // reader fetches them from there (10-15% slower than ordinary stores, which leave them in the
   // L3), a second store in the reduction's pass beats a memcpy after it, and reading lines
   // another core wrote waits on each one unless prefetched 2 KiB ahead (the allreduce of
-  // 1-16 MiB between two processes 10-25% faster).
+  // 1-16 MiB between two processes 10-25% faster). Registered buffers read in place beat the
+  // staged path from 256 KiB there (1 MiB: 1.2x with two processes, 1.5x with three or four;
+  // 16-128 KiB either way), from 2 MiB on AMD (two processes; below, the extra wait costs more).
   // TROUPE_PEER_LINES=intel|amd takes that vendor's choice on any CPU (to compare them on a new
   // one; the tests run both everywhere).
   static const PeerLines lines = [] {
-    const PeerLines intel{"intel", Store::ordinary, Store::ordinary, 2048},
-        amd{"amd", Store::streamed, Store::copied_after, 0};
+    const PeerLines intel{"intel", Store::ordinary, Store::ordinary, 2048, size_t(256) << 10},
+        amd{"amd", Store::streamed, Store::copied_after, 0, size_t(2) << 20};
     const char* env = std::getenv("TROUPE_PEER_LINES");
     const std::string asked = env ? env : "";
     if (asked.empty()) return __builtin_cpu_is("intel") ? intel : amd;

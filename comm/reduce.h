@@ -27,6 +27,9 @@ struct PeerLines {
   Store store;
   Store publish;
   size_t prefetch_bytes;
+  // Registered buffers read in place from this many bytes up (comm/shm_allreduce.h): below it the
+  // staged path is as fast (the registered path's extra wait costs what the staging saves).
+  size_t registered_min_bytes;
 };
 const PeerLines& peer_lines();
 // memcpy of lines another core wrote, prefetched as peer_lines() says.

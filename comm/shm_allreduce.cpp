@@ -247,7 +247,7 @@ std::string ShmAllreduce::run(const uint8_t* in, uint8_t* out, size_t count, Dat
   // Everyone has read this rank's previous call (a small call returns without waiting for that).
   wait_all(&Header::reduced, first, idle);
   const uint64_t number = calls_++;
-  const bool eligible = arena_ && in == out && count * es >= kRegisteredMinBytes;
+  const bool eligible = arena_ && in == out && count * es >= registered_min_bytes();
   const int64_t registered = eligible ? arena_->offset_of(out, count * es) : -1;
   mine->call = Call{number, first, count, uint32_t(t), uint32_t(average), registered};
   mine->announced.store(number + 1, std::memory_order_release);

@@ -28,7 +28,7 @@
 // member that dies or is aborted half way through cannot corrupt a survivor's buffers.
 //
 // Registered buffers (comm/shared_arena.h): when every rank's buffer of a call of at least
-// kRegisteredMinBytes is in place (in == out) in its arena, which every other rank mapped
+// registered_min_bytes() is in place (in == out) in its arena, which every other rank mapped
 // read-only at attach, nothing is staged. Rank r reduces slice r of chunk t straight from the
 // others' buffers into its own (reduce_sum_parts, peer_lines) -> reduced_r = t+1, then copies
 // slice q of chunk t-1 straight from rank q's buffer once q reduced it; after the last chunk it
@@ -60,6 +60,7 @@
 
 #include "comm/communicator.h"
 #include "comm/error.h"
+#include "comm/reduce.h"
 #include "comm/shared_arena.h"
 
 namespace troupe::comm {
@@ -70,8 +71,8 @@ class ShmAllreduce {
   // of them (in rank order: the same bits everywhere), one wait instead of chunks.
   static constexpr size_t kSmallBytes = 256;
   // Registered buffers from this size up: below it the registered path's extra wait (everyone
-  // gathered) costs more than the staging it saves (measured: docs/performance.md).
-  static constexpr size_t kRegisteredMinBytes = size_t(2) << 20;
+  // gathered) costs more than the staging it saves (by CPU vendor, measured: peer_lines()).
+  static size_t registered_min_bytes() { return peer_lines().registered_min_bytes; }
   // The most a segment may take (the slice shrinks to fit): n ranks map n segments.
   static constexpr size_t kMaxSegmentBytes = size_t(16) << 20;
   // The slice size used for n ranks when slice_bytes is asked for (bounded, 64-byte multiple).

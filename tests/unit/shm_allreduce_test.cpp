@@ -210,7 +210,7 @@ struct Ranks {
 // The registered path gives every rank the bits the staged one gives (the same additions in the
 // same order), sum and average, at 2 and 3 ranks and a count no slice divides.
 TEST(ShmAllreduce, RegisteredBuffersGiveTheStagedPathsBits) {
-  const size_t count = (ShmAllreduce::kRegisteredMinBytes / 4) * 3 + 13;
+  const size_t count = (ShmAllreduce::registered_min_bytes() / 4) * 3 + 13;
   for (int n : {2, 3}) {
     Ranks ranks(n, count * 4);
     std::mt19937 gen{uint32_t(n)};
@@ -240,9 +240,9 @@ TEST(ShmAllreduce, RegisteredBuffersGiveTheStagedPathsBits) {
   }
 }
 
-// One rank's buffer outside its arena (or a call below kRegisteredMinBytes): everyone stages.
+// One rank's buffer outside its arena (or a call below registered_min_bytes()): everyone stages.
 TEST(ShmAllreduce, OneUnregisteredBufferStagesEveryRank) {
-  const size_t count = ShmAllreduce::kRegisteredMinBytes / 4 + 1;
+  const size_t count = ShmAllreduce::registered_min_bytes() / 4 + 1;
   Ranks ranks(2, count * 4);
   auto* a = static_cast<float*>(ranks.arenas[0]->allocate(count * 4));
   std::vector<float> b(count);
@@ -261,7 +261,7 @@ TEST(ShmAllreduce, OneUnregisteredBufferStagesEveryRank) {
 // Rank 1 gives a registered call up (its wait throws) after rank 0 has started reading its
 // buffer: rank 0 does not return what it read as a success.
 TEST(ShmAllreduce, ARankThatGivesARegisteredCallUpFailsTheOthersCall) {
-  const size_t count = ShmAllreduce::kRegisteredMinBytes / 4;
+  const size_t count = ShmAllreduce::registered_min_bytes() / 4;
   Ranks ranks(2, count * 4);
   auto* a = static_cast<float*>(ranks.arenas[0]->allocate(count * 4));
   auto* b = static_cast<float*>(ranks.arenas[1]->allocate(count * 4));
