@@ -1,5 +1,6 @@
 #include "comm/shared_arena.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -68,9 +69,7 @@ void* SharedArena::allocate(size_t bytes) {
     free_.erase(it);
     if (left) free_[at + want] = left;
     used_[at] = want;
-    // Fresh pages read zeros; a reused buffer is cleared.
-    std::memset(base_ + at, 0, want);
-    return base_ + at;
+    return base_ + at;  // (fresh pages and those release() gave back read zeros)
   }
   return nullptr;
 }
@@ -82,6 +81,7 @@ void SharedArena::release(void* p) {
   if (u == used_.end()) return;
   size_t at = u->first, len = u->second;
   used_.erase(u);
+  give_back(at, len);
   // Coalesce with the free neighbours.
   auto next = free_.lower_bound(at);
   if (next != free_.end() && at + len == next->first) {
@@ -96,6 +96,19 @@ void SharedArena::release(void* p) {
     }
   }
   free_[at] = len;
+}
+
+void SharedArena::discard(void* p) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto u = used_.find(size_t(static_cast<uint8_t*>(p) - base_));
+  if (u != used_.end()) give_back(u->first, u->second);
+}
+
+void SharedArena::give_back(size_t at, size_t bytes) {
+  // The pages go back to the system and read zeros after; nothing is touched (a buffer never
+  // written costs nothing). Should the file refuse (it does not on a memfd), they are zeroed.
+  if (fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_t(at), off_t(bytes)) != 0)
+    std::memset(base_ + at, 0, bytes);
 }
 
 int64_t SharedArena::offset_of(const void* p, size_t bytes) const {

@@ -32,10 +32,13 @@ class SharedArena {
   SharedArena(const SharedArena&) = delete;
   SharedArena& operator=(const SharedArena&) = delete;
 
-  // `bytes` of zeros, kAlign-aligned; null when no gap is large enough.
+  // `bytes` of zeros, kAlign-aligned; null when no gap is large enough. Its pages take memory only
+  // once written.
   void* allocate(size_t bytes);
-  // Gives back a buffer allocate() returned (null: nothing).
+  // Gives back a buffer allocate() returned (null: nothing), and its memory to the system.
   void release(void* p);
+  // Gives the memory of a buffer allocate() returned back to the system; it reads zeros after.
+  void discard(void* p);
 
   // Where [p, p + bytes) lies in the mapping: its offset from the start, or -1 when not wholly
   // inside a buffer of this arena.
@@ -50,6 +53,7 @@ class SharedArena {
 
  private:
   SharedArena(int fd, uint8_t* base, size_t mapped, uint64_t identity);
+  void give_back(size_t at, size_t bytes);  // (mu_ held)
   int fd_;
   uint8_t* base_;
   size_t mapped_;

@@ -127,6 +127,7 @@ void DeviceSupervisor::publish() {
   plane_.reset();  // (NCCL's is aborted: never destroyed collectively with members gone)
   comm::UcxCommOptions co;
   co.timeout = std::chrono::milliseconds(spec_.failure_timeout_ms);
+  co.registered = worker_->gradient_arena();
   comm_ = std::make_unique<comm::UcxCommunicator>(want_, co);
   rejoins_ = board_.rejoins();
   id_.agent = ctx_.agent_id();
@@ -212,6 +213,9 @@ DeviceSupervisor::Next DeviceSupervisor::train(const actors::GenerationStart& g)
         actors::TraceChunk{id_.agent, id_.device, uint32_t(rank_), std::move(events)}));
   });
   TrainResult result = worker_->run(*comm_, g.start_step, on_step, requests);
+  if (comm_->size() > 1)
+    spdlog::info("worker {}: generation {}: {} allreduces read the members' gradients in place",
+                 id_.device, gen, comm_->registered_allreduces());
   // The step's vote said stop: another member's agent may have heard why (a stop or a
   // membership change) before this one did. Wait for the reason before acting.
   if (result.stopped)

@@ -22,6 +22,7 @@
 #include "workers/host_staging.h"
 #include "workers/pipeline_stage.h"
 #include "workers/reducer.h"
+#include "workers/registered_gradients.h"
 
 namespace troupe::workers {
 namespace {
@@ -64,6 +65,7 @@ Worker::Worker(const WorkerSpec& spec) : spec_(spec), trace_(spec.trace_first, s
   device_ = open_device(spec);
   model_->to(*device_);
   opt_->to(*device_);
+  share_gradients();
   if (device_->device() != models::Device::cpu || spec.bf16)
     spdlog::info("worker {}: computes on {}", spec.device, device_->describe());
   peak_ = spec.peak_tflops > 0 ? models::given_peak(spec.peak_tflops) : device_->peak(spec.threads);
@@ -84,6 +86,15 @@ Worker::Worker(const WorkerSpec& spec) : spec_(spec), trace_(spec.trace_first, s
     out_shape_.push_back(x.shape());
   }
   if (!pipelined()) model_->zero_grads();  // (lazy gradients read zeros already)
+}
+
+void Worker::share_gradients() {
+  if (device_->device() != models::Device::cpu) return;  // (summed on the device plane)
+  std::string why;
+  gradient_arena_ = register_gradients(*model_, &why);
+  if (!gradient_arena_)
+    spdlog::warn("worker {}: gradients not in shared memory ({}): the others stage copies of them",
+                 spec_.device, why);
 }
 
 elastic::Plan Worker::plan_for(uint32_t world) const {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/shared_arena.h"
 #include "data/token_data.h"
 #include "elastic/generation.h"
 #include "elastic/membership.h"
@@ -150,6 +151,9 @@ class Worker {
   // over it in place; null: host-staged over run()'s communicator.
   void set_device_plane(comm::Communicator* device) { device_plane_ = device; }
   models::Compute& compute() { return *device_; }
+  // A CPU worker's gradients, in memory the host's other workers map (workers/
+  // registered_gradients.h): for the host communicator (UcxCommOptions::registered). Null: none.
+  std::shared_ptr<const comm::SharedArena> gradient_arena() const { return gradient_arena_; }
   // Waits for the checkpoint write in flight and reports it (the job's end).
   void finish_checkpoints();
   // Called on the worker's thread with its spans of observability.trace_steps, once they are done.
@@ -177,6 +181,7 @@ class Worker {
 
  private:
   bool pipelined() const { return spec_.pipeline_stages != 1; }
+  void share_gradients();  // gradient_arena_, on a CPU worker
   uint64_t micro_batches() const { return uint64_t(spec_.global_batch / spec_.micro_batch); }
   TrainResult run_data_parallel(comm::Communicator& comm, uint64_t start, const OnStep& on_step,
                                 const Requests& requests);
@@ -222,6 +227,7 @@ class Worker {
   // The device the model lives and computes on (before the model: it outlives its tensors).
   std::shared_ptr<models::Compute> device_;
   comm::Communicator* device_plane_ = nullptr;  // this generation's (null: host-staged)
+  std::shared_ptr<comm::SharedArena> gradient_arena_;
   models::Peak peak_;
   std::unique_ptr<models::Model> model_;
   std::unique_ptr<models::Optimizer> opt_;

@@ -137,7 +137,7 @@ TEST(ShmAllreduce, AttachRefusesASegmentThatIsNotTheRanks) {
   EXPECT_NE(why.find("cannot open"), std::string::npos) << why;
 }
 
-TEST(SharedArena, AllocatesFirstFitReleasesCoalescedAndZeroesReusedBuffers) {
+TEST(SharedArena, AllocatesFirstFitReleasesCoalescedAndZeroesReusedAndDiscardedBuffers) {
   std::string why;
   auto arena = SharedArena::create(4 * SharedArena::kAlign, &why);
   ASSERT_TRUE(arena) << why;
@@ -163,6 +163,11 @@ TEST(SharedArena, AllocatesFirstFitReleasesCoalescedAndZeroesReusedBuffers) {
   arena->release(a);
   auto* d = static_cast<uint8_t*>(arena->allocate(3 * SharedArena::kAlign));
   ASSERT_EQ(d, a);
+  for (size_t i = 0; i < 3 * SharedArena::kAlign; ++i) ASSERT_EQ(d[i], 0) << i;
+  // A discarded buffer stays allocated and reads zeros.
+  std::memset(d, 9, 3 * SharedArena::kAlign);
+  arena->discard(d);
+  EXPECT_EQ(arena->offset_of(d, 1), int64_t(SharedArena::kAlign));
   for (size_t i = 0; i < 3 * SharedArena::kAlign; ++i) ASSERT_EQ(d[i], 0) << i;
   EXPECT_EQ(SharedArena::identity_at(d - SharedArena::kAlign, arena->mapped_bytes()),
             arena->identity());

@@ -1,0 +1,54 @@
+#include "workers/registered_gradients.h"
+
+#include <algorithm>
+#include <vector>
+
+namespace troupe::workers {
+namespace {
+
+// A buffer of the arena as a tensor's memory; gives it back when the tensor goes.
+class ArenaMemory final : public models::Memory {
+ public:
+  ArenaMemory(std::shared_ptr<comm::SharedArena> arena, void* data, size_t bytes,
+              models::Compute& compute)
+      : Memory(data, bytes, models::Device::cpu, compute), arena_(std::move(arena)) {}
+  ~ArenaMemory() override { arena_->release(data_); }
+  ArenaMemory(const ArenaMemory&) = delete;
+  ArenaMemory& operator=(const ArenaMemory&) = delete;
+  void discard() override { arena_->discard(data_); }  // (a pipeline's unowned blocks)
+
+ private:
+  std::shared_ptr<comm::SharedArena> arena_;
+};
+
+size_t rounded(size_t bytes) {
+  return (bytes + comm::SharedArena::kAlign - 1) / comm::SharedArena::kAlign *
+         comm::SharedArena::kAlign;
+}
+
+}  // namespace
+
+std::shared_ptr<comm::SharedArena> register_gradients(models::Model& model, std::string* why) {
+  std::vector<models::Storage*> host;  // (each once: a tied weight's views share one)
+  size_t capacity = 0;
+  for (size_t b = 0; b < model.num_blocks(); ++b) {
+    models::Tensor& g = model.block(b).grads();
+    if (!g.defined() || g.device() != models::Device::cpu || g.numel() == 0) continue;
+    if (std::find(host.begin(), host.end(), g.storage().get()) != host.end()) continue;
+    host.push_back(g.storage().get());
+    capacity += rounded(g.storage()->bytes());
+  }
+  if (host.empty()) {
+    *why = "no gradients in host memory";
+    return nullptr;
+  }
+  auto arena = comm::SharedArena::create(capacity, why);
+  if (!arena) return nullptr;
+  for (models::Storage* s : host) {
+    void* p = arena->allocate(s->bytes());  // (room for all: capacity counts each rounded)
+    s->replace(std::make_unique<ArenaMemory>(arena, p, s->bytes(), s->compute()));
+  }
+  return arena;
+}
+
+}  // namespace troupe::workers
