@@ -173,7 +173,7 @@ inline void store8(float* p, __m256 v) {
 // One pass over count floats: the sum of the parts in order, divided unless divisor is 1, stored
 // to out and, when copy is not null, to copy; each streamed or not as its flag says.
 template <bool kStreamOut, bool kStreamCopy>
-void sum_parts(float* o, float* copy, const float* const* parts, int nparts, size_t count,
+void sum_parts(float* o, float* copy, const float* const* parts, int nparts, int own, size_t count,
                int divisor) {
   const float d = float(divisor);
   auto one = [&](size_t i) {
@@ -198,7 +198,8 @@ void sum_parts(float* o, float* copy, const float* const* parts, int nparts, siz
   const size_t ahead = peer_lines().prefetch_bytes;
   for (; i + 8 <= count; i += 8) {
     if (ahead && (i & 15) == 0)  // (once per line of each part another core wrote)
-      for (int q = 1; q < nparts; ++q) prefetch(parts[q] + i, ahead);
+      for (int q = 0; q < nparts; ++q)
+        if (q != own) prefetch(parts[q] + i, ahead);
     __m256 acc = _mm256_loadu_ps(parts[0] + i);
     for (int q = 1; q < nparts; ++q) acc = _mm256_add_ps(acc, _mm256_loadu_ps(parts[q] + i));
     if (divisor != 1) acc = _mm256_div_ps(acc, dv);
@@ -223,11 +224,15 @@ const PeerLines& peer_lines() {
   // 1-16 MiB between two processes 10-25% faster). Registered buffers read in place beat the
   // staged path from 256 KiB there (1 MiB: 1.2x with two processes, 1.5x with three or four;
   // 16-128 KiB either way), from 2 MiB on AMD (two processes; below, the extra wait costs more).
+  // There, too, they go in slices of 1 MiB rather than the staged path's 128 KiB: 1.4x faster
+  // from 5 MiB with two processes, 1.15-1.2x with three, 0.95-1.1x with four (oversubscribed):
+  // lines another core wrote a chunk earlier have left its L2 by the time they are read.
   // TROUPE_PEER_LINES=intel|amd takes that vendor's choice on any CPU (to compare them on a new
   // one; the tests run both everywhere).
   static const PeerLines lines = [] {
-    const PeerLines intel{"intel", Store::ordinary, Store::ordinary, 2048, size_t(256) << 10},
-        amd{"amd", Store::streamed, Store::copied_after, 0, size_t(2) << 20};
+    const PeerLines intel{"intel", Store::ordinary,   Store::ordinary,
+                          2048,    size_t(256) << 10, size_t(1) << 20},
+        amd{"amd", Store::streamed, Store::copied_after, 0, size_t(2) << 20, 0};
     const char* env = std::getenv("TROUPE_PEER_LINES");
     const std::string asked = env ? env : "";
     if (asked.empty()) return __builtin_cpu_is("intel") ? intel : amd;
@@ -257,17 +262,41 @@ void copy_from_peer(void* dst, const void* src, size_t bytes) {
   std::memcpy(d + i, s + i, bytes - i);
 }
 
+namespace {
+
+// The parts summed stepwise in order (types other than f32), through a buffer of this core's:
+// out may be any one of the parts.
+void sum_parts_stepwise(void* out, const void* const* parts, int nparts, size_t count, DataType t,
+                        int divisor) {
+  const size_t es = element_size(t);
+  if (nparts == 1) {
+    std::memmove(out, parts[0], count * es);
+    if (divisor != 1) scale_down(out, count, t, divisor);
+    return;
+  }
+  alignas(64) uint8_t acc[16384];
+  const size_t step = sizeof(acc) / es;
+  for (size_t at = 0; at < count; at += step) {
+    const size_t n = std::min(step, count - at);
+    auto part = [&](int q) { return static_cast<const uint8_t*>(parts[q]) + at * es; };
+    reduce_sum_into(acc, part(0), part(1), n, t);
+    for (int q = 2; q < nparts; ++q) reduce_sum(acc, part(q), n, t);
+    if (divisor != 1) scale_down(acc, n, t, divisor);
+    std::memcpy(static_cast<uint8_t*>(out) + at * es, acc, n * es);
+  }
+}
+
+}  // namespace
+
 void reduce_sum_parts(void* out, Store out_store, void* copy, Store copy_store,
-                      const void* const* parts, int nparts, size_t count, DataType t, int divisor) {
+                      const void* const* parts, int nparts, int own, size_t count, DataType t,
+                      int divisor) {
   if (t != DataType::f32 || copy_store == Store::copied_after) {
-    if (t == DataType::f32) {
-      reduce_sum_parts(out, out_store, nullptr, Store::ordinary, parts, nparts, count, t, divisor);
-    } else {
-      if (nparts == 1) std::memmove(out, parts[0], count * element_size(t));
-      if (nparts >= 2) reduce_sum_into(out, parts[0], parts[1], count, t);
-      for (int q = 2; q < nparts; ++q) reduce_sum(out, parts[q], count, t);
-      if (divisor != 1) scale_down(out, count, t, divisor);
-    }
+    if (t == DataType::f32)
+      reduce_sum_parts(out, out_store, nullptr, Store::ordinary, parts, nparts, own, count, t,
+                       divisor);
+    else
+      sum_parts_stepwise(out, parts, nparts, count, t, divisor);
     if (copy) std::memcpy(copy, out, count * element_size(t));
     return;
   }
@@ -276,13 +305,13 @@ void reduce_sum_parts(void* out, Store out_store, void* copy, Store copy_store,
   auto* p = reinterpret_cast<const float* const*>(parts);
   const bool so = out_store == Store::streamed, sc = copy && copy_store == Store::streamed;
   if (so && sc)
-    sum_parts<true, true>(o, c, p, nparts, count, divisor);
+    sum_parts<true, true>(o, c, p, nparts, own, count, divisor);
   else if (so)
-    sum_parts<true, false>(o, c, p, nparts, count, divisor);
+    sum_parts<true, false>(o, c, p, nparts, own, count, divisor);
   else if (sc)
-    sum_parts<false, true>(o, c, p, nparts, count, divisor);
+    sum_parts<false, true>(o, c, p, nparts, own, count, divisor);
   else
-    sum_parts<false, false>(o, c, p, nparts, count, divisor);
+    sum_parts<false, false>(o, c, p, nparts, own, count, divisor);
 }
 
 }  // namespace troupe::comm

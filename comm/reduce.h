@@ -30,6 +30,8 @@ struct PeerLines {
   // Registered buffers read in place from this many bytes up (comm/shm_allreduce.h): below it the
   // staged path is as fast (the registered path's extra wait costs what the staging saves).
   size_t registered_min_bytes;
+  // The slice a rank reduces of registered buffers at a time (0: the staged path's slice).
+  size_t registered_slice_bytes;
 };
 const PeerLines& peer_lines();
 // memcpy of lines another core wrote, prefetched as peer_lines() says.
@@ -37,12 +39,13 @@ void copy_from_peer(void* dst, const void* src, size_t bytes);
 // out[i] = ((parts[0][i] + parts[1][i]) + parts[2][i]) + ..., divided by `divisor` unless it is
 // 1: the bits of reduce_sum_into, reduce_sum and scale_down in that order; stored to out and,
 // when copy is not null, to copy as well, each as its Store says (out: not copied_after). f32
-// goes in one pass over all the parts (those after the first are taken to be another core's:
-// prefetched as peer_lines() says); other types stepwise, copied after. Streamed stores are
-// non-temporal: whole cache lines written without reading them first (a line another core read
-// would otherwise be fetched back for ownership), sent towards memory. out may be parts[0]; copy
-// must not overlap out or the parts.
+// goes in one pass over all the parts (all but parts[own], this core's, are taken to be another
+// core's: prefetched as peer_lines() says; own -1: none is); other types stepwise through a
+// buffer, copied after. Streamed stores are non-temporal: whole cache lines written without
+// reading them first (a line another core read would otherwise be fetched back for ownership),
+// sent towards memory. out may be any one of the parts; copy must not overlap out or the parts.
 void reduce_sum_parts(void* out, Store out_store, void* copy, Store copy_store,
-                      const void* const* parts, int nparts, size_t count, DataType t, int divisor);
+                      const void* const* parts, int nparts, int own, size_t count, DataType t,
+                      int divisor);
 
 }  // namespace troupe::comm

@@ -84,6 +84,7 @@ struct Call {
   uint64_t number, first_step, count;
   uint32_t dtype, average;
   int64_t registered;
+  uint64_t registered_slice;  // the slice this rank would read registered buffers in
   bool operator==(const Call& o) const {
     return number == o.number && first_step == o.first_step && count == o.count &&
            dtype == o.dtype && average == o.average;
@@ -220,7 +221,7 @@ std::string ShmAllreduce::run_small(const uint8_t* in, uint8_t* out, size_t coun
   Header* mine = header(rank_);
   wait_all(&Header::reduced, first, idle);
   const uint64_t number = calls_++;
-  mine->call = Call{number, first, count, uint32_t(t), uint32_t(average), -1};
+  mine->call = Call{number, first, count, uint32_t(t), uint32_t(average), -1, 0};
   mine->announced.store(number + 1, std::memory_order_release);
   std::memcpy(mine->small, in, count * es);
   mine->staged.store(first + 1, std::memory_order_release);
@@ -249,7 +250,8 @@ std::string ShmAllreduce::run(const uint8_t* in, uint8_t* out, size_t count, Dat
   const uint64_t number = calls_++;
   const bool eligible = arena_ && in == out && count * es >= registered_min_bytes();
   const int64_t registered = eligible ? arena_->offset_of(out, count * es) : -1;
-  mine->call = Call{number, first, count, uint32_t(t), uint32_t(average), registered};
+  mine->call =
+      Call{number, first, count, uint32_t(t), uint32_t(average), registered, registered_slice()};
   mine->announced.store(number + 1, std::memory_order_release);
   if (registered >= 0) {
     wait_all(&Header::announced, number + 1, idle);
@@ -281,16 +283,16 @@ std::string ShmAllreduce::run(const uint8_t* in, uint8_t* out, size_t count, Dat
       if (!why.empty()) return why;
     }
     // Reduce into this rank's own output and into the result area (which the others' cores read
-    // last and read next): in the same pass, or copied after it, as peer_lines() says. Own part
-    // first, then the others in rank order.
+    // last and read next): in the same pass, or copied after it, as peer_lines() says. The
+    // parts in rank order.
     if (const size_t len = g.len(rank_)) {
       uint8_t* my_out = out + (g.at + g.off(rank_)) * es;
       const uint8_t* parts[kMaxRanks];
-      parts[0] = in + (g.at + g.off(rank_)) * es;
-      for (int q = 0, p = 1; q < n_; ++q)
-        if (q != rank_) parts[p++] = staging(q, slot, rank_);
+      for (int q = 0; q < n_; ++q)
+        parts[q] = q == rank_ ? in + (g.at + g.off(rank_)) * es : staging(q, slot, rank_);
       reduce_sum_parts(my_out, Store::ordinary, result(rank_, slot), peer_lines().publish,
-                       reinterpret_cast<const void* const*>(parts), n_, len, t, average ? n_ : 1);
+                       reinterpret_cast<const void* const*>(parts), n_, rank_, len, t,
+                       average ? n_ : 1);
     }
     mine->reduced.store(step + 1, std::memory_order_release);
     if (k + 1 < chunks) stage(k + 1);
@@ -351,28 +353,36 @@ void ShmAllreduce::check_not_abandoned() const {
     }
 }
 
+size_t ShmAllreduce::registered_slice() const {
+  const size_t s = peer_lines().registered_slice_bytes;
+  return s ? s : slice_bytes_;
+}
+
 void ShmAllreduce::run_registered(uint8_t* out, size_t count, DataType t, bool average,
                                   const Idle& idle) {
-  const size_t es = element_size(t), chunk_elems = slice_bytes_ / es * size_t(n_);
+  // Every rank the same geometry: the smallest slice any announced (they differ only where
+  // TROUPE_PEER_LINES does).
+  uint64_t slice = UINT64_MAX;
+  for (int q = 0; q < n_; ++q) slice = std::min(slice, header(q)->call.registered_slice);
+  const size_t es = element_size(t), chunk_elems = slice / es * size_t(n_);
   const uint64_t first = step_, chunks = (count + chunk_elems - 1) / chunk_elems;
   Header* mine = header(rank_);
   const uint64_t number = mine->call.number;
   auto theirs = [&](int q, size_t elem) {
     return arenas_[size_t(q)] + header(q)->call.registered + elem * es;
   };
-  // Slice r of chunk k: own part first (in place), then the others in rank order; stored as
-  // suits lines the others read last time and read next (peer_lines).
+  // Slice r of chunk k, in place: the parts in rank order; stored as suits lines the others
+  // read last time and read next (peer_lines).
   auto reduce = [&](uint64_t k) {
     const Geometry g(k, chunk_elems, count, n_);
     if (const size_t len = g.len(rank_)) {
       const size_t e = g.at + g.off(rank_);
       uint8_t* my = out + e * es;
       const uint8_t* parts[kMaxRanks];
-      parts[0] = my;
-      for (int q = 0, p = 1; q < n_; ++q)
-        if (q != rank_) parts[p++] = theirs(q, e);
+      for (int q = 0; q < n_; ++q) parts[q] = q == rank_ ? my : theirs(q, e);
       reduce_sum_parts(my, peer_lines().store, nullptr, Store::ordinary,
-                       reinterpret_cast<const void* const*>(parts), n_, len, t, average ? n_ : 1);
+                       reinterpret_cast<const void* const*>(parts), n_, rank_, len, t,
+                       average ? n_ : 1);
     }
     mine->reduced.store(first + k + 1, std::memory_order_release);
   };

@@ -6,7 +6,7 @@
 // area (the slices of its input that the other ranks reduce) and a result area (the slice it
 // reduced). The buffer goes in chunks of n slices. Rank r, for chunk t:
 //   1. waits until every rank has staged chunk t                      (staged_q >= t+1)
-//   2. reduces slice r: its own input, then the others' staged copies in rank order, into its
+//   2. reduces slice r: its own input and the others' staged copies, in rank order, into its
 //      output and its result area (one pass, or a copy after it: peer_lines; avg: divided
 //      first)                                                           -> reduced_r = t+1
 //   3. stages chunk t+1 (the slices q != r of its input)                -> staged_r = t+2
@@ -44,8 +44,9 @@
 // buffers and before it says it gathered: what was read from a buffer being reused is never
 // returned as a success (Abandoned: the communicator fails with peer_lost).
 //
-// Every element is reduced by one rank, in a fixed order: all ranks end bitwise equal (both
-// paths add in the same order: the same bits).
+// Every element is reduced by one rank, adding the ranks' values in rank order: all ranks end
+// bitwise equal, and the bits are the same whichever rank reduces it, so whatever the path and
+// its slices.
 // Thread-safety: one thread per rank calls run().
 #pragma once
 
@@ -116,6 +117,8 @@ class ShmAllreduce {
   // gave a registered call up (the caller must break the communicator: peer_lost).
   std::string run(const uint8_t* in, uint8_t* out, size_t count, DataType t, bool average,
                   const Idle& idle);
+  // The slice this rank reads registered buffers in (peer_lines(), else the staged path's).
+  size_t registered_slice() const;
   // How many calls went the registered path so far.
   uint64_t registered_calls() const { return registered_calls_; }
 

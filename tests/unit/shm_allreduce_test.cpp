@@ -55,7 +55,7 @@ TEST(ReduceSumParts, EveryStoreKindGivesTheStepwiseBits) {
               std::vector<float> out(count + 8, -1), copy(count + 8, -1);
               // The copy one float further than the output: streamed stores at two alignments.
               reduce_sum_parts(out.data() + shift, ko, copy.data() + shift + 1, kc, parts, nparts,
-                               count, DataType::f32, divisor);
+                               nparts - 1, count, DataType::f32, divisor);
               const std::string what = std::to_string(nparts) + " parts, " + std::to_string(count) +
                                        " floats, shift " + std::to_string(shift);
               const std::vector<float> got(out.begin() + long(shift),
@@ -74,12 +74,22 @@ TEST(ReduceSumParts, EveryStoreKindGivesTheStepwiseBits) {
   // Other types go stepwise, the copy after: the same bits.
   std::vector<double> x{1.5, -2.25, 3e-17}, y{2.5, 4.0, 1.0}, got(3), copy(3), want(3);
   const void* parts[2] = {x.data(), y.data()};
-  reduce_sum_parts(got.data(), Store::streamed, copy.data(), Store::streamed, parts, 2, 3,
+  reduce_sum_parts(got.data(), Store::streamed, copy.data(), Store::streamed, parts, 2, -1, 3,
                    DataType::f64, 2);
   reduce_sum_into(want.data(), x.data(), y.data(), 3, DataType::f64);
   scale_down(want.data(), 3, DataType::f64, 2);
   EXPECT_EQ(got, want);
   EXPECT_EQ(copy, want);
+  // In place into the last of three parts (a rank's own, reduced in rank order), longer than
+  // the stepwise path's buffer: the parts in order, not the output first.
+  std::vector<double> a(5000), b(5000), c(5000), sum(5000);
+  for (size_t i = 0; i < a.size(); ++i)
+    a[i] = 1e16 * double(i % 3), b[i] = -1e16 * double(i % 3), c[i] = 1.0 + double(i);
+  const void* three[3] = {a.data(), b.data(), c.data()};
+  for (size_t i = 0; i < a.size(); ++i) sum[i] = (a[i] + b[i]) + c[i];
+  reduce_sum_parts(c.data(), Store::ordinary, nullptr, Store::ordinary, three, 3, 2, c.size(),
+                   DataType::f64, 1);
+  EXPECT_EQ(c, sum);
 }
 
 TEST(ShmAllreduce, TwoRanksInOneProcessReduce) {
@@ -215,9 +225,15 @@ struct Ranks {
 // The registered path gives every rank the bits the staged one gives (the same additions in the
 // same order), sum and average, at 2 and 3 ranks and a count no slice divides.
 TEST(ShmAllreduce, RegisteredBuffersGiveTheStagedPathsBits) {
-  const size_t count = (ShmAllreduce::registered_min_bytes() / 4) * 3 + 13;
   for (int n : {2, 3}) {
+    // Above the registered size, in chunks of n slices (two and a half of them; Ranks' staged
+    // slices are 64 KiB).
+    const size_t slice = peer_lines().registered_slice_bytes ? peer_lines().registered_slice_bytes
+                                                             : size_t(64) << 10;
+    const size_t count =
+        std::max(ShmAllreduce::registered_min_bytes() / 4 * 3, slice / 4 * size_t(n) * 5 / 2) + 13;
     Ranks ranks(n, count * 4);
+    EXPECT_EQ(ranks.shm[0]->registered_slice(), slice);
     std::mt19937 gen{uint32_t(n)};
     std::normal_distribution<float> dist(0.f, 1.f);
     for (bool average : {false, true}) {
