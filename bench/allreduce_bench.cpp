@@ -379,7 +379,9 @@ int run_allreduce_bench(const std::vector<std::string>& words) {
   app.add_option("--min-seconds", min_seconds, "time each size at least this long");
   app.add_option("--segment-bytes", segment, "ring chunk size (bytes, or 64K, 1M)");
   app.add_option("--window", window, "ring chunks in flight");
-  app.add_option("--shm-slice-bytes", slice, "shared-memory slice size (bytes, or 64K, 1M)");
+  app.add_option("--shm-slice-bytes", slice,
+                 "shared-memory slice size (bytes, or 64K, 1M); registered buffers go in the CPU's "
+                 "own where it has one (comm::peer_lines)");
   app.add_option("--buffers", buffers,
                  "user (the caller's memory), or registered (in the communicator's arena: read "
                  "in place by the others, as a training job's gradients)")
