@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "workers/host_staging.h"
+#include "workers/registered_gradients.h"
 
 namespace troupe::workers {
 
@@ -52,8 +53,25 @@ void from_fixed_point(float* g, const int64_t* acc, size_t n, int e) {
 double fixed_point_loss(double loss) { return double(std::llrint(std::ldexp(loss, 32))); }
 double loss_from_fixed_point(double sum) { return std::ldexp(sum, -32); }
 
-ExactSum::ExactSum(models::Model& model, uint32_t first, uint32_t last, uint64_t terms)
-    : model_(model), first_(first), last_(last), terms_(terms) {}
+ExactSum::ExactSum(models::Model& model, uint32_t first, uint32_t last, uint64_t terms,
+                   std::shared_ptr<comm::SharedArena> arena)
+    : model_(model), first_(first), last_(last), terms_(terms), arena_(std::move(arena)) {}
+
+int64_t* ExactSum::zeroed_sums(size_t count) {
+  size_t most = 0;  // (room for the largest block's, taken once)
+  for (uint32_t b = first_; b < last_; ++b) most = std::max(most, model_.block(b).grads().numel());
+  if (!shared_.defined() && own_.empty() && arena_)
+    shared_ = arena_tensor(arena_, 2 * most, compute_of(model_.block(first_).grads()));
+  int64_t* p = nullptr;
+  if (shared_.defined()) {
+    p = reinterpret_cast<int64_t*>(shared_.data());
+  } else {
+    own_.resize(most);
+    p = own_.data();
+  }
+  std::memset(p, 0, count * sizeof(int64_t));
+  return p;
+}
 
 void ExactSum::keep() {
   if (stash_.size() <= kept_) stash_.emplace_back(last_ - first_);
@@ -100,15 +118,15 @@ void ExactSum::reduce(comm::Communicator& comm, bool has_gradient) {
     HostStaged g(model_.block(b).grads(), has_gradient);
     const size_t count = g.count();
     const int e = fixed_point_exponent(max_abs, terms_);
-    acc_.assign(count, 0);
+    int64_t* acc = zeroed_sums(count);
     if (std::isfinite(max_abs)) {
-      if (has_gradient) add_fixed_point(acc_.data(), g.data(), count, e);
+      if (has_gradient) add_fixed_point(acc, g.data(), count, e);
       for (size_t j = 0; j < kept_; ++j)
-        add_fixed_point(acc_.data(), stash_[j][b - first_].data(), count, e);
+        add_fixed_point(acc, stash_[j][b - first_].data(), count, e);
     }
-    comm.allreduce(acc_.data(), acc_.data(), count, comm::DataType::i64, comm::ReduceOp::sum);
+    comm.allreduce(acc, acc, count, comm::DataType::i64, comm::ReduceOp::sum);
     if (std::isfinite(max_abs))
-      from_fixed_point(g.data(), acc_.data(), count, e);
+      from_fixed_point(g.data(), acc, count, e);
     else
       std::fill(g.data(), g.data() + count, std::numeric_limits<float>::quiet_NaN());
     g.store();

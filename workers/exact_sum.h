@@ -24,9 +24,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/shared_arena.h"
 #include "models/model.h"
 
 namespace troupe::workers {
@@ -47,8 +49,10 @@ double loss_from_fixed_point(double sum);
 // The per-step gradient sum of the blocks [first, last) of a model.
 class ExactSum {
  public:
-  // terms: the global micro-batches of a step (batch.global / batch.micro).
-  ExactSum(models::Model& model, uint32_t first, uint32_t last, uint64_t terms);
+  // terms: the global micro-batches of a step (batch.global / batch.micro). arena: where the
+  // integer sums go when it has room (read in place by the others: workers/registered_gradients.h).
+  ExactSum(models::Model& model, uint32_t first, uint32_t last, uint64_t terms,
+           std::shared_ptr<comm::SharedArena> arena = nullptr);
 
   // After a micro-batch's backward: its gradient moves aside and the blocks' are zeroed, so the
   // next micro-batch starts from zero. (The last micro-batch's may stay in the blocks.)
@@ -61,13 +65,16 @@ class ExactSum {
 
  private:
   double local_max(uint32_t b, bool has_gradient) const;
+  int64_t* zeroed_sums(size_t count);  // in the arena when it has room, else in own_
 
   models::Model& model_;
   uint32_t first_, last_;
   uint64_t terms_;
   size_t kept_ = 0;                                     // micro-batches moved aside this step
   std::vector<std::vector<std::vector<float>>> stash_;  // [micro][block - first]
-  std::vector<int64_t> acc_;
+  std::shared_ptr<comm::SharedArena> arena_;
+  models::Tensor shared_;  // the integer sums in the arena (two floats an integer)
+  std::vector<int64_t> own_;
 };
 
 }  // namespace troupe::workers

@@ -2,13 +2,16 @@
 
 #include "workers/device_plane.h"
 #include "workers/host_staging.h"
+#include "workers/registered_gradients.h"
 
 namespace troupe::workers {
 
-GradientSum::GradientSum(models::Model& model, bool bf16, std::chrono::milliseconds timeout)
+GradientSum::GradientSum(models::Model& model, bool bf16, std::chrono::milliseconds timeout,
+                         std::shared_ptr<comm::SharedArena> arena)
     : model_(model),
       bf16_(bf16),
       timeout_(timeout),
+      arena_(std::move(arena)),
       half_(bf16 ? model.num_blocks() : 0),
       ready_(model.num_blocks()) {}
 
@@ -18,6 +21,7 @@ void GradientSum::prepare(size_t b, comm::Communicator* device_plane) {
   models::Tensor& g = model_.block(b).grads();
   models::Compute& on = compute_of(g);
   if (bf16_) {
+    if (!half_[b].defined()) half_[b] = arena_tensor(arena_, (g.numel() + 1) / 2, on);
     if (!half_[b].defined()) half_[b] = on.tensor({(g.numel() + 1) / 2});
     on.to_bf16(reinterpret_cast<uint16_t*>(half_[b].data()), g.data(), g.numel());
   }

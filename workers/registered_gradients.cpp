@@ -28,7 +28,8 @@ size_t rounded(size_t bytes) {
 
 }  // namespace
 
-std::shared_ptr<comm::SharedArena> register_gradients(models::Model& model, std::string* why) {
+std::shared_ptr<comm::SharedArena> register_gradients(models::Model& model, size_t extra_bytes,
+                                                      std::string* why) {
   std::vector<models::Storage*> host;  // (each once: a tied weight's views share one)
   size_t capacity = 0;
   for (size_t b = 0; b < model.num_blocks(); ++b) {
@@ -42,13 +43,23 @@ std::shared_ptr<comm::SharedArena> register_gradients(models::Model& model, std:
     *why = "no gradients in host memory";
     return nullptr;
   }
-  auto arena = comm::SharedArena::create(capacity, why);
+  auto arena = comm::SharedArena::create(capacity + rounded(extra_bytes), why);
   if (!arena) return nullptr;
   for (models::Storage* s : host) {
     void* p = arena->allocate(s->bytes());  // (room for all: capacity counts each rounded)
     s->replace(std::make_unique<ArenaMemory>(arena, p, s->bytes(), s->compute()));
   }
   return arena;
+}
+
+models::Tensor arena_tensor(const std::shared_ptr<comm::SharedArena>& arena, size_t numel,
+                            models::Compute& compute) {
+  if (!arena || compute.device() != models::Device::cpu) return {};
+  const size_t bytes = numel * sizeof(float);
+  void* p = arena->allocate(bytes);
+  if (!p) return {};
+  return models::Tensor({numel}, std::make_shared<models::Storage>(
+                                     std::make_unique<ArenaMemory>(arena, p, bytes, compute)));
 }
 
 }  // namespace troupe::workers

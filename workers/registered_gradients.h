@@ -17,9 +17,17 @@
 
 namespace troupe::workers {
 
-// Moves the gradients of every block of `model` that lives in host memory into one new arena;
-// they read zeros after (call it before a backward). Returns the arena, or null and why when the
-// system refuses one or no block's gradients are on the host (the gradients stay where they are).
-std::shared_ptr<comm::SharedArena> register_gradients(models::Model& model, std::string* why);
+// Moves the gradients of every block of `model` that lives in host memory into one new arena
+// with room for `extra_bytes` more (other buffers summed in place: arena_tensor); they read
+// zeros after (call it before a backward). Returns the arena, or null and why when the system
+// refuses one or no block's gradients are on the host (the gradients stay where they are).
+std::shared_ptr<comm::SharedArena> register_gradients(models::Model& model, size_t extra_bytes,
+                                                      std::string* why);
+
+// `numel` floats of zeros in `arena` (host memory `compute` runs on), for a sum read in place by
+// the others; undefined when there is no arena or no room left in it (then the caller uses
+// memory of its own and the sum stages copies).
+models::Tensor arena_tensor(const std::shared_ptr<comm::SharedArena>& arena, size_t numel,
+                            models::Compute& compute);
 
 }  // namespace troupe::workers

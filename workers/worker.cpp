@@ -90,8 +90,20 @@ Worker::Worker(const WorkerSpec& spec) : spec_(spec), trace_(spec.trace_first, s
 
 void Worker::share_gradients() {
   if (device_->device() != models::Device::cpu) return;  // (summed on the device plane)
+  // Room for what else is summed in place: the exact sums' integers (the largest block's), or
+  // the bf16 copies of every block's gradients.
+  size_t most = 0, halves = 0;
+  for (size_t b = 0; b < model_->num_blocks(); ++b) {
+    const size_t n = model_->block(b).grads().numel();
+    most = std::max(most, n);
+    halves += ((n + 1) / 2 * sizeof(float) + comm::SharedArena::kAlign - 1) /
+              comm::SharedArena::kAlign * comm::SharedArena::kAlign;
+  }
+  const size_t extra = spec_.deterministic ? most * sizeof(int64_t)
+                       : spec_.reduce_bf16 ? halves
+                                           : 0;
   std::string why;
-  gradient_arena_ = register_gradients(*model_, &why);
+  gradient_arena_ = register_gradients(*model_, extra, &why);
   if (!gradient_arena_)
     spdlog::warn("worker {}: gradients not in shared memory ({}): the others stage copies of them",
                  spec_.device, why);
@@ -172,13 +184,14 @@ TrainResult Worker::run_data_parallel(comm::Communicator& comm, uint64_t start,
                                       const OnStep& on_step, const Requests& requests) {
   TrainResult result{start, false};
   const elastic::Share share = share_of(uint32_t(comm.rank()), uint32_t(comm.size()));
-  ExactSum exact(*model_, 0, num_blocks(), micro_batches());
+  ExactSum exact(*model_, 0, num_blocks(), micro_batches(), gradient_arena_);
   std::vector<uint32_t> written;  // the blocks this rank writes into checkpoints
   for (uint32_t b = uint32_t(comm.rank()); b < num_blocks(); b += uint32_t(comm.size()))
     written.push_back(b);
   uint64_t at_step = start;             // (for the reductions' trace spans)
   const bool alone = comm.size() == 1;  // (nothing to sum)
-  GradientSum sums(*model_, spec_.reduce_bf16, std::chrono::milliseconds(spec_.failure_timeout_ms));
+  GradientSum sums(*model_, spec_.reduce_bf16, std::chrono::milliseconds(spec_.failure_timeout_ms),
+                   gradient_arena_);
   auto reduce_block = [&](size_t b) {
     const int64_t r0 = StepTrace::now_us();
     const bool on_device = sums.reduce(b, comm, device_plane_);
@@ -345,7 +358,8 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
     if (b % plan.dp == r) written.push_back(b);
   std::unique_ptr<ExactSum> exact;
   if (active && spec_.deterministic)
-    exact = std::make_unique<ExactSum>(*model_, mine.begin, mine.end, micro_batches());
+    exact =
+        std::make_unique<ExactSum>(*model_, mine.begin, mine.end, micro_batches(), gradient_arena_);
   // A stage without a replica is backed up at the start of every generation too (not only every
   // stage_backup_steps): losing it before the first interval (or after a re-plan) goes back to
   // here instead of failing the job.

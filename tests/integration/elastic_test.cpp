@@ -108,23 +108,27 @@ TEST(Elastic, StoppedAgentIsDetectedByHeartbeatsAndCutOffWhenItWakes) { scenario
 
 // Gradients large enough to be read in place by the members (workers/registered_gradients.h:
 // a layer of 768 x 768 floats, above the registered size on any CPU): a SIGKILL mid-run, and the
-// survivors' next generation reads their gradients in place again, computing the same function.
-TEST(Elastic, GradientsReadInPlaceByTheMembersThroughAKill) {
+// survivors' next generation reads them in place again, computing the static run's function
+// (within `relative`; 0: bitwise).
+void in_place_through_a_kill(const std::vector<std::string>& sets, double relative) {
   std::string config = kConfig;
   config.replace(config.find("steps = 2500"), 12, "steps = 100");
   config.replace(config.find("hidden = [64]"), 13, "hidden = [768, 768]");
   TempDir dir;
-  Job reference = start_job(dir, "static", config, 1);
+  Job reference = start_job(dir, "static", config, 1, sets);
   ASSERT_TRUE(reference.proc->wait(120s));
   auto want = committed_losses(reference.run_dir);
   ASSERT_EQ(want.size(), 100u);
-  Job job = start_job(dir, "inplace", config, 3, {"elastic.max_restarts=0"}, {kPace});
+  std::vector<std::string> elastic = sets;
+  elastic.push_back("elastic.max_restarts=0");
+  Job job = start_job(dir, "inplace", config, 3, elastic, {kPace});
   wait_steps(job, 20);
   auto members = members_of(dir, job);
   ASSERT_EQ(members.size(), 3u);
   ASSERT_EQ(::kill(members[1].pid, SIGKILL), 0);
-  testing::expect_same_function(job, want, 100, 60);
+  testing::expect_same_function(job, want, 100, 60, relative);
   EXPECT_EQ(count_events(job, "member_failed"), 1);
+  if (relative == 0) EXPECT_EQ(final_checksum(job), final_checksum(reference));
   for (size_t r : {size_t(0), size_t(2)}) {
     const std::string log = text_of(job.run_dir + "/" + members[r].name + ".log");
     const size_t at = log.find(" allreduces read the members' gradients in place");
@@ -133,6 +137,13 @@ TEST(Elastic, GradientsReadInPlaceByTheMembersThroughAKill) {
     EXPECT_GT(std::stoul(log.substr(from + 2, at - from - 2)), 0u)
         << "the last generation staged every sum: " << log.substr(from, at - from + 50);
   }
+}
+
+TEST(Elastic, GradientsReadInPlaceByTheMembersThroughAKill) { in_place_through_a_kill({}, 1e-4); }
+
+// parallel.deterministic: the exact sums' integers read in place too, the same bits.
+TEST(Elastic, ExactSumsReadInPlaceThroughAKillChangeNoBit) {
+  in_place_through_a_kill({"parallel.deterministic=true", "batch.micro=6"}, 0);
 }
 
 TEST(Elastic, AnAgentJoinsARunningJobAndTakesPartFromTheNextGeneration) {
