@@ -147,6 +147,7 @@ class ShmAllreduce {
   std::shared_ptr<const SharedArena> arena_;  // this rank's registered buffers (null: none)
   std::vector<const uint8_t*> arenas_;        // every other rank's arena, mapped read-only
   std::vector<uint64_t> arena_bytes_;
+  std::vector<std::shared_ptr<const void>> arena_maps_;  // (kept across communicators: .cpp)
   uint64_t step_ = 0;   // chunks done by this rank (all ranks agree)
   uint64_t calls_ = 0;  // run() calls so far
   uint64_t registered_calls_ = 0;
