@@ -107,10 +107,12 @@ TEST(Elastic, KillTwoOfFourAgentsAtOnce) { scenario(4, {0, 2}); }
 TEST(Elastic, StoppedAgentIsDetectedByHeartbeatsAndCutOffWhenItWakes) { scenario(3, {2}, SIGSTOP); }
 
 // Gradients large enough to be read in place by the members (workers/registered_gradients.h:
-// a layer of 768 x 768 floats, above the registered size on any CPU): a SIGKILL mid-run, and the
-// survivors' next generation reads them in place again, computing the static run's function
+// a layer of 768 x 768 floats, above the registered size on any CPU): a SIGKILL mid-run (or,
+// `worker_throws`, a worker that throws and is rebuilt by its agent with a new arena), and the
+// members' next generation reads them in place again, computing the static run's function
 // (within `relative`; 0: bitwise).
-void in_place_through_a_kill(const std::vector<std::string>& sets, double relative) {
+void in_place_through_a_failure(const std::vector<std::string>& sets, double relative,
+                                bool worker_throws = false) {
   std::string config = kConfig;
   config.replace(config.find("steps = 2500"), 12, "steps = 100");
   config.replace(config.find("hidden = [64]"), 13, "hidden = [768, 768]");
@@ -119,19 +121,28 @@ void in_place_through_a_kill(const std::vector<std::string>& sets, double relati
   ASSERT_TRUE(reference.proc->wait(120s));
   auto want = committed_losses(reference.run_dir);
   ASSERT_EQ(want.size(), 100u);
-  std::vector<std::string> elastic = sets;
-  elastic.push_back("elastic.max_restarts=0");
-  Job job = start_job(dir, "inplace", config, 3, elastic, {kPace});
+  std::vector<std::string> elastic = sets, env = {kPace};
+  if (worker_throws) {
+    env.push_back("TROUPE_TEST_THROW_AGENT=agent-1");
+    env.push_back("TROUPE_TEST_THROW_AT_STEP=30");
+  } else {
+    elastic.push_back("elastic.max_restarts=0");
+  }
+  Job job = start_job(dir, "inplace", config, 3, elastic, env);
   wait_steps(job, 20);
   auto members = members_of(dir, job);
   ASSERT_EQ(members.size(), 3u);
-  ASSERT_EQ(::kill(members[1].pid, SIGKILL), 0);
+  if (!worker_throws) {
+    ASSERT_EQ(::kill(members[1].pid, SIGKILL), 0);
+  }
   testing::expect_same_function(job, want, 100, 60, relative);
-  EXPECT_EQ(count_events(job, "member_failed"), 1);
+  EXPECT_EQ(count_events(job, "member_failed"), worker_throws ? 0 : 1);
+  EXPECT_EQ(count_events(job, "worker_failed"), worker_throws ? 1 : 0);
   if (relative == 0) {
     EXPECT_EQ(final_checksum(job), final_checksum(reference));
   }
-  for (size_t r : {size_t(0), size_t(2)}) {  // (the last generation's count: its log's last)
+  for (size_t r = 0; r < 3; ++r) {  // (the last generation's count: its log's last)
+    if (r == 1 && !worker_throws) continue;
     const std::string log = text_of(job.run_dir + "/" + members[r].name + ".log");
     const size_t at = log.rfind(" allreduces read the members' gradients in place");
     ASSERT_NE(at, std::string::npos) << log;
@@ -141,11 +152,18 @@ void in_place_through_a_kill(const std::vector<std::string>& sets, double relati
   }
 }
 
-TEST(Elastic, GradientsReadInPlaceByTheMembersThroughAKill) { in_place_through_a_kill({}, 1e-4); }
+TEST(Elastic, GradientsReadInPlaceByTheMembersThroughAKill) {
+  in_place_through_a_failure({}, 1e-4);
+}
 
 // parallel.deterministic: the exact sums' integers read in place too, the same bits.
 TEST(Elastic, ExactSumsReadInPlaceThroughAKillChangeNoBit) {
-  in_place_through_a_kill({"parallel.deterministic=true", "batch.micro=6"}, 0);
+  in_place_through_a_failure({"parallel.deterministic=true", "batch.micro=6"}, 0);
+}
+
+// A worker rebuilt by its agent brings a new arena: the others map it and read it in place.
+TEST(Elastic, ARebuiltWorkersNewGradientsAreReadInPlace) {
+  in_place_through_a_failure({"parallel.deterministic=true", "batch.micro=6"}, 0, true);
 }
 
 TEST(Elastic, AnAgentJoinsARunningJobAndTakesPartFromTheNextGeneration) {
