@@ -353,6 +353,41 @@ void print_result(const std::string& line, int world, bool json) {
   std::fflush(stdout);
 }
 
+// One size sweep with `world` rank processes (`troupe bench allreduce-worker` and `args`): their
+// results printed as rank 0 reports them. False when a rank failed (its error is on stderr).
+bool run_ranks(const std::string& exe, int world, const std::vector<std::string>& args, bool json) {
+  auto dir = std::filesystem::temp_directory_path() /
+             ("troupe-bench-" + std::to_string(getpid()) + "-" + std::to_string(world));
+  std::filesystem::create_directories(dir);
+  std::vector<std::unique_ptr<coordinator::ChildProcess>> ranks;
+  for (int r = 0; r < world; ++r) {
+    std::vector<std::string> argv{exe,
+                                  "bench",
+                                  "allreduce-worker",
+                                  "--dir",
+                                  dir.string(),
+                                  "--rank",
+                                  std::to_string(r),
+                                  "--world",
+                                  std::to_string(world)};
+    argv.insert(argv.end(), args.begin(), args.end());
+    ranks.push_back(std::make_unique<coordinator::ChildProcess>(
+        coordinator::ChildProcess::Options{argv, "", "", {}}));
+  }
+  while (auto line = ranks[0]->read_line(std::chrono::seconds(600)))
+    print_result(*line, world, json);
+  bool ok = true;
+  for (int r = 0; r < world; ++r) {
+    const std::optional<int> status = ranks[size_t(r)]->wait(std::chrono::seconds(10));
+    if (!status || !WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
+      std::fprintf(stderr, "troupe bench: rank %d of %d failed (its error is above)\n", r, world);
+      ok = false;
+    }
+  }
+  std::filesystem::remove_all(dir);
+  return ok;
+}
+
 }  // namespace
 
 int run_allreduce_bench(const std::vector<std::string>& words) {
@@ -406,54 +441,12 @@ int run_allreduce_bench(const std::vector<std::string>& words) {
                 copy, lines);
     std::printf("%8s %8s %12s %12s\n", "workers", "size", "time us", "busbw GB/s");
   }
+  const std::vector<std::string> args{"--sizes",           sizes,   "--min-seconds", min_seconds,
+                                      "--segment-bytes",   segment, "--window",      window,
+                                      "--shm-slice-bytes", slice,   "--algorithm",   algorithm,
+                                      "--dtype",           dtype,   "--buffers",     buffers};
   bool failed = false;
-  for (int world : worlds) {
-    auto dir = std::filesystem::temp_directory_path() /
-               ("troupe-bench-" + std::to_string(getpid()) + "-" + std::to_string(world));
-    std::filesystem::create_directories(dir);
-    std::vector<std::unique_ptr<coordinator::ChildProcess>> ranks;
-    for (int r = 0; r < world; ++r) {
-      ranks.push_back(std::make_unique<coordinator::ChildProcess>(
-          coordinator::ChildProcess::Options{{exe,
-                                              "bench",
-                                              "allreduce-worker",
-                                              "--dir",
-                                              dir.string(),
-                                              "--rank",
-                                              std::to_string(r),
-                                              "--world",
-                                              std::to_string(world),
-                                              "--sizes",
-                                              sizes,
-                                              "--min-seconds",
-                                              min_seconds,
-                                              "--segment-bytes",
-                                              segment,
-                                              "--window",
-                                              window,
-                                              "--shm-slice-bytes",
-                                              slice,
-                                              "--algorithm",
-                                              algorithm,
-                                              "--dtype",
-                                              dtype,
-                                              "--buffers",
-                                              buffers},
-                                             "",
-                                             "",
-                                             {}}));
-    }
-    while (auto line = ranks[0]->read_line(std::chrono::seconds(600)))
-      print_result(*line, world, json);
-    for (int r = 0; r < world; ++r) {
-      const std::optional<int> status = ranks[size_t(r)]->wait(std::chrono::seconds(10));
-      if (!status || !WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
-        std::fprintf(stderr, "troupe bench: rank %d of %d failed (its error is above)\n", r, world);
-        failed = true;
-      }
-    }
-    std::filesystem::remove_all(dir);
-  }
+  for (int world : worlds) failed |= !run_ranks(exe, world, args, json);
   return failed ? 1 : 0;
 }
 

@@ -55,20 +55,17 @@ double loss_from_fixed_point(double sum) { return std::ldexp(sum, -32); }
 
 ExactSum::ExactSum(models::Model& model, uint32_t first, uint32_t last, uint64_t terms,
                    std::shared_ptr<comm::SharedArena> arena)
-    : model_(model), first_(first), last_(last), terms_(terms), arena_(std::move(arena)) {}
+    : model_(model), first_(first), last_(last), terms_(terms), arena_(std::move(arena)) {
+  for (uint32_t b = first_; b < last_; ++b)
+    most_ = std::max(most_, model_.block(b).grads().numel());
+}
 
 int64_t* ExactSum::zeroed_sums(size_t count) {
-  size_t most = 0;  // (room for the largest block's, taken once)
-  for (uint32_t b = first_; b < last_; ++b) most = std::max(most, model_.block(b).grads().numel());
-  if (!shared_.defined() && own_.empty() && arena_)
-    shared_ = arena_tensor(arena_, 2 * most, compute_of(model_.block(first_).grads()));
-  int64_t* p = nullptr;
-  if (shared_.defined()) {
-    p = reinterpret_cast<int64_t*>(shared_.data());
-  } else {
-    own_.resize(most);
-    p = own_.data();
+  if (!shared_.defined() && own_.empty()) {  // (taken once, for the largest block's)
+    shared_ = arena_tensor(arena_, 2 * most_, compute_of(model_.block(first_).grads()));
+    if (!shared_.defined()) own_.resize(most_);
   }
+  int64_t* p = shared_.defined() ? reinterpret_cast<int64_t*>(shared_.data()) : own_.data();
   std::memset(p, 0, count * sizeof(int64_t));
   return p;
 }

@@ -73,6 +73,7 @@ class ExactSum {
   size_t kept_ = 0;                                     // micro-batches moved aside this step
   std::vector<std::vector<std::vector<float>>> stash_;  // [micro][block - first]
   std::shared_ptr<comm::SharedArena> arena_;
+  size_t most_ = 0;        // the largest block's gradient elements
   models::Tensor shared_;  // the integer sums in the arena (two floats an integer)
   std::vector<int64_t> own_;
 };

@@ -26,9 +26,20 @@ size_t rounded(size_t bytes) {
          comm::SharedArena::kAlign;
 }
 
+// The room `also` takes.
+size_t room_for(models::Model& model, AlsoSummed also) {
+  size_t most = 0, halves = 0;
+  for (size_t b = 0; b < model.num_blocks(); ++b) {
+    const size_t n = model.block(b).grads().numel();
+    most = std::max(most, n);
+    halves += rounded((n + 1) / 2 * sizeof(float));
+  }
+  return (also.exact_sums ? rounded(most * sizeof(int64_t)) : 0) + (also.bf16_copies ? halves : 0);
+}
+
 }  // namespace
 
-std::shared_ptr<comm::SharedArena> register_gradients(models::Model& model, size_t extra_bytes,
+std::shared_ptr<comm::SharedArena> register_gradients(models::Model& model, AlsoSummed also,
                                                       std::string* why) {
   std::vector<models::Storage*> host;  // (each once: a tied weight's views share one)
   size_t capacity = 0;
@@ -43,7 +54,7 @@ std::shared_ptr<comm::SharedArena> register_gradients(models::Model& model, size
     *why = "no gradients in host memory";
     return nullptr;
   }
-  auto arena = comm::SharedArena::create(capacity + rounded(extra_bytes), why);
+  auto arena = comm::SharedArena::create(capacity + room_for(model, also), why);
   if (!arena) return nullptr;
   for (models::Storage* s : host) {
     void* p = arena->allocate(s->bytes());  // (room for all: capacity counts each rounded)

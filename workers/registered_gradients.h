@@ -17,11 +17,19 @@
 
 namespace troupe::workers {
 
+// What else a step sums in place besides the gradients, carved from the same arena
+// (arena_tensor): the integers of parallel.deterministic's exact sums (the largest block's) or
+// the bf16 copies of parallel.reduce_dtype = "bf16" (every block's).
+struct AlsoSummed {
+  bool exact_sums = false;
+  bool bf16_copies = false;
+};
+
 // Moves the gradients of every block of `model` that lives in host memory into one new arena
-// with room for `extra_bytes` more (other buffers summed in place: arena_tensor); they read
-// zeros after (call it before a backward). Returns the arena, or null and why when the system
-// refuses one or no block's gradients are on the host (the gradients stay where they are).
-std::shared_ptr<comm::SharedArena> register_gradients(models::Model& model, size_t extra_bytes,
+// with room for `also`; they read zeros after (call it before a backward). Returns the arena, or
+// null and why when the system refuses one or no block's gradients are on the host (the
+// gradients stay where they are).
+std::shared_ptr<comm::SharedArena> register_gradients(models::Model& model, AlsoSummed also,
                                                       std::string* why);
 
 // `numel` floats of zeros in `arena` (host memory `compute` runs on), for a sum read in place by

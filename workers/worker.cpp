@@ -90,20 +90,8 @@ Worker::Worker(const WorkerSpec& spec) : spec_(spec), trace_(spec.trace_first, s
 
 void Worker::share_gradients() {
   if (device_->device() != models::Device::cpu) return;  // (summed on the device plane)
-  // Room for what else is summed in place: the exact sums' integers (the largest block's), or
-  // the bf16 copies of every block's gradients.
-  size_t most = 0, halves = 0;
-  for (size_t b = 0; b < model_->num_blocks(); ++b) {
-    const size_t n = model_->block(b).grads().numel();
-    most = std::max(most, n);
-    halves += ((n + 1) / 2 * sizeof(float) + comm::SharedArena::kAlign - 1) /
-              comm::SharedArena::kAlign * comm::SharedArena::kAlign;
-  }
-  const size_t extra = spec_.deterministic ? most * sizeof(int64_t)
-                       : spec_.reduce_bf16 ? halves
-                                           : 0;
   std::string why;
-  gradient_arena_ = register_gradients(*model_, extra, &why);
+  gradient_arena_ = register_gradients(*model_, {spec_.deterministic, spec_.reduce_bf16}, &why);
   if (!gradient_arena_)
     spdlog::warn("worker {}: gradients not in shared memory ({}): the others stage copies of them",
                  spec_.device, why);
