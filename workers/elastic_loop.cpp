@@ -7,6 +7,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <stdexcept>
 #include <thread>
@@ -30,6 +31,8 @@ class ElasticLoop::Impl {
   std::optional<LoopStep> next_step();
   bool allreduce(void* data, size_t count, comm::DataType type);
   std::optional<double> commit(double loss);
+  void* shared(size_t count, size_t element_bytes);
+  uint64_t in_place() const;
 
   LoopJob job;
   int exit_code = 0;
@@ -38,6 +41,7 @@ class ElasticLoop::Impl {
  private:
   bool join_generation();  // false: the agent shuts down first
   void publish();
+  void retire_comm();  // counts what the generation's communicator read in place, then drops it
   void take_state(const actors::GenerationStart& g);
   LoopStep open_step();
   void broken(const comm::Error& e);
@@ -47,10 +51,13 @@ class ElasticLoop::Impl {
   std::thread watcher_;
   LoopState state_;
   int64_t failure_timeout_ms_;
+  size_t shared_bytes_;
+  std::shared_ptr<comm::SharedArena> arena_;  // shared(): registered with each communicator
   std::unique_ptr<comm::UcxCommunicator> comm_;
-  uint64_t want_ = 1;       // the generation it publishes for next
-  uint64_t applied_ = 0;    // steps applied so far (the state is as of this step)
-  bool has_state_ = false;  // a first member starts from its own (identical) initial state
+  uint64_t in_place_before_ = 0;  // allreduces read in place by the communicators before comm_
+  uint64_t want_ = 1;             // the generation it publishes for next
+  uint64_t applied_ = 0;          // steps applied so far (the state is as of this step)
+  bool has_state_ = false;        // a first member starts from its own (identical) initial state
   bool in_generation_ = false, step_open_ = false, stop_voted_ = false, received_ = false;
   bool ended_ = false;
   uint32_t rank_ = 0, world_ = 0;
@@ -80,7 +87,8 @@ workers::AgentOptions agent_options(const LoopOptions& o) {
 ElasticLoop::Impl::Impl(const LoopOptions& o, LoopState state)
     : session_(agent_options(o)),
       state_(std::move(state)),
-      failure_timeout_ms_(o.failure_timeout_ms) {
+      failure_timeout_ms_(o.failure_timeout_ms),
+      shared_bytes_(o.shared_bytes) {
   if (!state_.save || !state_.load) throw std::invalid_argument("LoopState needs save and load");
   if (!session_.error().empty()) throw std::runtime_error(session_.error());
   const actors::JobSpec& s = session_.spec();
@@ -100,9 +108,21 @@ ElasticLoop::Impl::~Impl() {
   watcher_.join();
 }
 
+void ElasticLoop::Impl::retire_comm() {
+  if (!comm_) return;
+  const uint64_t n = comm_->registered_allreduces();
+  if (n > 0)
+    spdlog::info("loop {}: generation {}: {} allreduces read the members' buffers in place",
+                 session_.name(), generation_, n);
+  in_place_before_ += n;
+  comm_.reset();
+}
+
 void ElasticLoop::Impl::publish() {
+  retire_comm();
   comm::UcxCommOptions co;
   co.timeout = std::chrono::milliseconds(failure_timeout_ms_);
+  co.registered = arena_;
   comm_ = std::make_unique<comm::UcxCommunicator>(want_, co);
   elastic::Holding h;
   h.applied = applied_;
@@ -236,6 +256,27 @@ bool ElasticLoop::Impl::allreduce(void* data, size_t count, comm::DataType type)
   }
 }
 
+void* ElasticLoop::Impl::shared(size_t count, size_t element_bytes) {
+  if (count > (size_t(1) << 62) / element_bytes)
+    throw std::runtime_error("shared buffer of " + std::to_string(count) + " elements: too large");
+  if (!arena_) {
+    std::string why;
+    arena_ = comm::SharedArena::create(shared_bytes_, &why);
+    if (!arena_) throw std::runtime_error("no shared memory for the loop's buffers: " + why);
+  }
+  void* p = arena_->allocate(std::max<size_t>(count * element_bytes, 1));
+  if (!p)
+    throw std::runtime_error(
+        "no room for a shared buffer of " + std::to_string(count * element_bytes) +
+        " bytes: LoopOptions::shared_bytes = " + std::to_string(shared_bytes_) +
+        " and the buffers so far take the rest");
+  return p;
+}
+
+uint64_t ElasticLoop::Impl::in_place() const {
+  return in_place_before_ + (comm_ ? comm_->registered_allreduces() : 0);
+}
+
 std::optional<double> ElasticLoop::Impl::commit(double loss) {
   if (!in_generation_ || !step_open_) return std::nullopt;
   auto& board = session_.board();
@@ -290,6 +331,13 @@ bool ElasticLoop::allreduce(float* data, size_t count) {
 bool ElasticLoop::allreduce(double* data, size_t count) {
   return impl_->allreduce(data, count, comm::DataType::f64);
 }
+float* ElasticLoop::shared_floats(size_t count) {
+  return static_cast<float*>(impl_->shared(count, sizeof(float)));
+}
+double* ElasticLoop::shared_doubles(size_t count) {
+  return static_cast<double*>(impl_->shared(count, sizeof(double)));
+}
+uint64_t ElasticLoop::in_place_allreduces() const { return impl_->in_place(); }
 std::optional<double> ElasticLoop::commit(double loss) { return impl_->commit(loss); }
 int ElasticLoop::exit_code() const { return impl_->exit_code; }
 std::string ElasticLoop::reason() const { return impl_->reason; }

@@ -21,6 +21,8 @@
 //   - allreduce() sums over the step's members; false when a member was lost: the step is
 //     discarded (do not update) and next_step() forms the next generation and gives the step
 //     again.
+//   - shared_floats(n) gives a gradient buffer in memory the members of this host map: its
+//     allreduce() reads the others' buffers in place instead of copying (same result bits).
 //   - commit(loss) ends the step: the step's loss when every member agreed on it (apply your
 //     update then, before the next call), nullopt when the step is discarded. `loss` is this
 //     member's part (its samples' loss / batch.global): the step's loss is their sum, as the
@@ -50,6 +52,9 @@ struct LoopOptions {
   std::string name;        // in the job's events and logs; default host:pid
   int64_t heartbeat_interval_ms = 200;
   int64_t failure_timeout_ms = 3000;  // a silent coordinator or member is lost after this
+  // Room for shared_floats() and shared_doubles(): address space only, the memory is taken as it
+  // is written.
+  size_t shared_bytes = size_t(1) << 30;
 };
 
 // The state every member keeps identical (parameters, optimizer moments, counters): as bytes,
@@ -93,6 +98,17 @@ class ElasticLoop {
   // Sums count values over the step's members, in place. false: the generation broke.
   bool allreduce(float* data, size_t count);
   bool allreduce(double* data, size_t count);
+  // `count` zeros in memory the members on this host map, for your gradients: allreduce() of such
+  // a buffer (or of a part of it) reads the other members' straight from theirs instead of
+  // copying it twice (registered buffers: comm/shared_arena.h; from 256 KiB on Intel CPUs, 2 MiB
+  // on AMD), with the same result bits, when every member of the host passes one. It lives as
+  // long as the loop. Ask before the first next_step() (later: read in place from the next
+  // generation on). Throws std::runtime_error saying why when the system refuses shared memory or
+  // LoopOptions::shared_bytes has no room left.
+  float* shared_floats(size_t count);
+  double* shared_doubles(size_t count);
+  // How many of this member's allreduce() calls so far read the others' buffers in place.
+  uint64_t in_place_allreduces() const;
   // The step's end: its loss (the members' parts summed), and apply the update now; nullopt:
   // discard the step.
   std::optional<double> commit(double loss);

@@ -47,17 +47,24 @@ std::string address_of(const Job& job) {
   return addr;
 }
 
-// A member: the user's program, joining the job.
+// A member: the user's program, joining the job (with `flags` of its own, and `env`).
 std::unique_ptr<coordinator::ChildProcess> member(const TempDir& dir, const Job& job,
-                                                  const std::string& addr,
-                                                  const std::string& name) {
+                                                  const std::string& addr, const std::string& name,
+                                                  const std::vector<std::string>& flags = {},
+                                                  const std::vector<std::string>& env = {}) {
   const std::string log = dir.path() + "/" + name + ".out";
-  return std::make_unique<coordinator::ChildProcess>(coordinator::ChildProcess::Options{
-      {OWN_LOOP_BINARY, "--join", addr, "--token-file", job.run_dir + "/job.token", "--name", name,
-       "--failure-timeout-ms", "4000"},
-      log,
-      log,
-      {}});
+  std::vector<std::string> argv = {OWN_LOOP_BINARY,
+                                   "--join",
+                                   addr,
+                                   "--token-file",
+                                   job.run_dir + "/job.token",
+                                   "--name",
+                                   name,
+                                   "--failure-timeout-ms",
+                                   "4000"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  return std::make_unique<coordinator::ChildProcess>(
+      coordinator::ChildProcess::Options{argv, log, log, env});
 }
 
 int exit_status(coordinator::ChildProcess& p) {
@@ -99,6 +106,79 @@ TEST(OwnLoop, AUsersLoopSurvivesAKillAndAJoinWithIdenticalParameters) {
   EXPECT_EQ(exit_status(*a), 0) << text_of(dir.path() + "/a.out");
   EXPECT_EQ(exit_status(*c), 0) << text_of(dir.path() + "/c.out");
   EXPECT_NE(text_of(dir.path() + "/c.out").find("ended (exit 0"), std::string::npos);
+}
+
+// What a member's last line says: "... state H, N sums read in place".
+std::pair<std::string, long> state_and_in_place(const std::string& out) {
+  const std::string text = text_of(out);
+  const size_t at = text.rfind(", state ");
+  if (at == std::string::npos) return {"", -1};
+  const size_t comma = text.find(", ", at + 8);
+  if (comma == std::string::npos) return {"", -1};
+  return {text.substr(at + 8, comma - at - 8), std::atol(text.c_str() + comma + 2)};
+}
+
+struct LoopRun {
+  std::vector<double> losses;
+  std::vector<std::string> states;
+  std::vector<long> in_place;
+};
+
+// Three members of a 2048 wide network (300 KB of gradients: read in place from 256 KiB with
+// TROUPE_PEER_LINES=intel, on any CPU), their gradients in the loop's shared memory or in their
+// own.
+LoopRun train_three(const TempDir& dir, const std::string& name, bool own_memory) {
+  const char* config = R"([job]
+name = "own-loop-shared"
+steps = 24
+seed = 23
+[model]
+kind = "external"
+[batch]
+global = 48
+micro = 16
+[optimizer]
+lr = 0.002
+[logging]
+progress = false
+)";
+  Job job = start_job(dir, name, config, 3);
+  const std::string addr = address_of(job);
+  EXPECT_FALSE(addr.empty()) << text_of(job.out);
+  std::vector<std::string> flags = {"--hidden", "2048"};
+  if (own_memory) flags.push_back("--own-memory");
+  std::vector<std::unique_ptr<coordinator::ChildProcess>> members;
+  for (const char* m : {"a", "b", "c"})
+    members.push_back(member(dir, job, addr, name + m, flags, {"TROUPE_PEER_LINES=intel"}));
+  auto st = job.proc->wait(120s);
+  EXPECT_TRUE(st && WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << text_of(job.out);
+  LoopRun run{committed_losses(job.run_dir), {}, {}};
+  for (size_t i = 0; i < members.size(); ++i) {
+    const std::string out = dir.path() + "/" + name + "abc"[i] + ".out";
+    EXPECT_EQ(exit_status(*members[i]), 0) << text_of(out);
+    auto [state, in_place] = state_and_in_place(out);
+    EXPECT_NE(state, "") << text_of(out);
+    run.states.push_back(state);
+    run.in_place.push_back(in_place);
+  }
+  return run;
+}
+
+// The gradients in the loop's shared memory (ElasticLoop::shared_floats) are summed in place, the
+// members reading one another's, with the bits of the sums that copy them (--own-memory): three
+// members, so the order of the additions counts; the same losses and the same parameters.
+TEST(OwnLoop, GradientsInSharedMemoryAreSummedInPlaceWithTheBitsOfCopiedOnes) {
+  TempDir dir;
+  const LoopRun shared = train_three(dir, "shared", false);
+  const LoopRun own = train_three(dir, "own", true);
+  ASSERT_EQ(shared.losses.size(), 24u);
+  EXPECT_EQ(shared.losses, own.losses);  // (bitwise: the loss printed to 17 digits)
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(shared.states[i], shared.states[0]) << "members differ";
+    EXPECT_EQ(own.states[i], shared.states[0]) << "in place and copied differ";
+    EXPECT_GE(shared.in_place[i], 24) << "a member's gradient sums were not read in place";
+    EXPECT_EQ(own.in_place[i], 0);
+  }
 }
 
 TEST(OwnLoop, AJobOfAnotherKindRefusesTheLoopAndTroupeAgentRefusesTheLoopsJob) {
