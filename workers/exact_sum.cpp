@@ -54,15 +54,17 @@ double fixed_point_loss(double loss) { return double(std::llrint(std::ldexp(loss
 double loss_from_fixed_point(double sum) { return std::ldexp(sum, -32); }
 
 ExactSum::ExactSum(models::Model& model, uint32_t first, uint32_t last, uint64_t terms,
-                   std::shared_ptr<comm::SharedArena> arena)
-    : model_(model), first_(first), last_(last), terms_(terms), arena_(std::move(arena)) {
+                   InPlaceBuffers* in_place)
+    : model_(model), first_(first), last_(last), terms_(terms), in_place_(in_place) {
   for (uint32_t b = first_; b < last_; ++b)
     most_ = std::max(most_, model_.block(b).grads().numel());
 }
 
 int64_t* ExactSum::zeroed_sums(size_t count) {
   if (!shared_.defined() && own_.empty()) {  // (taken once, for the largest block's)
-    shared_ = arena_tensor(arena_, 2 * most_, compute_of(model_.block(first_).grads()));
+    if (in_place_)
+      shared_ = in_place_->take(InPlaceBuffers::kExactSums, 2 * most_,
+                                compute_of(model_.block(first_).grads()));
     if (!shared_.defined()) own_.resize(most_);
   }
   int64_t* p = shared_.defined() ? reinterpret_cast<int64_t*>(shared_.data()) : own_.data();

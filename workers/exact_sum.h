@@ -28,8 +28,8 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "comm/shared_arena.h"
 #include "models/model.h"
+#include "workers/registered_gradients.h"
 
 namespace troupe::workers {
 
@@ -49,10 +49,11 @@ double loss_from_fixed_point(double sum);
 // The per-step gradient sum of the blocks [first, last) of a model.
 class ExactSum {
  public:
-  // terms: the global micro-batches of a step (batch.global / batch.micro). arena: where the
-  // integer sums go when it has room (read in place by the others: workers/registered_gradients.h).
+  // terms: the global micro-batches of a step (batch.global / batch.micro). in_place: where the
+  // integer sums go when it has room (read in place by the others: workers/registered_gradients.h;
+  // null: this object's own memory).
   ExactSum(models::Model& model, uint32_t first, uint32_t last, uint64_t terms,
-           std::shared_ptr<comm::SharedArena> arena = nullptr);
+           InPlaceBuffers* in_place = nullptr);
 
   // After a micro-batch's backward: its gradient moves aside and the blocks' are zeroed, so the
   // next micro-batch starts from zero. (The last micro-batch's may stay in the blocks.)
@@ -72,7 +73,7 @@ class ExactSum {
   uint64_t terms_;
   size_t kept_ = 0;                                     // micro-batches moved aside this step
   std::vector<std::vector<std::vector<float>>> stash_;  // [micro][block - first]
-  std::shared_ptr<comm::SharedArena> arena_;
+  InPlaceBuffers* in_place_;
   size_t most_ = 0;        // the largest block's gradient elements
   models::Tensor shared_;  // the integer sums in the arena (two floats an integer)
   std::vector<int64_t> own_;

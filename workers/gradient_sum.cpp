@@ -7,11 +7,11 @@
 namespace troupe::workers {
 
 GradientSum::GradientSum(models::Model& model, bool bf16, std::chrono::milliseconds timeout,
-                         std::shared_ptr<comm::SharedArena> arena)
+                         InPlaceBuffers* in_place)
     : model_(model),
       bf16_(bf16),
       timeout_(timeout),
-      arena_(std::move(arena)),
+      in_place_(in_place),
       half_(bf16 ? model.num_blocks() : 0),
       ready_(model.num_blocks()) {}
 
@@ -21,7 +21,8 @@ void GradientSum::prepare(size_t b, comm::Communicator* device_plane) {
   models::Tensor& g = model_.block(b).grads();
   models::Compute& on = compute_of(g);
   if (bf16_) {
-    if (!half_[b].defined()) half_[b] = arena_tensor(arena_, (g.numel() + 1) / 2, on);
+    if (!half_[b].defined() && in_place_)
+      half_[b] = in_place_->take(InPlaceBuffers::kHalves + b, (g.numel() + 1) / 2, on);
     if (!half_[b].defined()) half_[b] = on.tensor({(g.numel() + 1) / 2});
     on.to_bf16(reinterpret_cast<uint16_t*>(half_[b].data()), g.data(), g.numel());
   }

@@ -13,17 +13,18 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "comm/shared_arena.h"
 #include "models/model.h"
+#include "workers/registered_gradients.h"
 
 namespace troupe::workers {
 
 class GradientSum {
  public:
-  // arena: where the bf16 copies go when it has room (read in place by the others:
-  // workers/registered_gradients.h; the f32 gradients are there already).
+  // in_place: where the bf16 copies go when it has room (read in place by the others:
+  // workers/registered_gradients.h; the f32 gradients are there already; null: memory of the
+  // device's).
   GradientSum(models::Model& model, bool bf16, std::chrono::milliseconds timeout,
-              std::shared_ptr<comm::SharedArena> arena = nullptr);
+              InPlaceBuffers* in_place = nullptr);
   // Once block b's backward is enqueued: its bf16 copy, and the fence a reduction over the
   // device plane waits for (device_plane may be null).
   void prepare(size_t b, comm::Communicator* device_plane);
@@ -37,7 +38,7 @@ class GradientSum {
   models::Model& model_;
   const bool bf16_;
   const std::chrono::milliseconds timeout_;
-  std::shared_ptr<comm::SharedArena> arena_;
+  InPlaceBuffers* in_place_;
   std::vector<models::Tensor> half_;  // per block: bf16 bits, two to a float element
   std::vector<std::unique_ptr<models::Compute::Fence>> ready_;
   std::vector<size_t> prepared_;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "workers/host_staging.h"
+
 namespace troupe::workers {
 namespace {
 
@@ -63,14 +65,17 @@ std::shared_ptr<comm::SharedArena> register_gradients(models::Model& model, Also
   return arena;
 }
 
-models::Tensor arena_tensor(const std::shared_ptr<comm::SharedArena>& arena, size_t numel,
-                            models::Compute& compute) {
-  if (!arena || compute.device() != models::Device::cpu) return {};
+models::Tensor InPlaceBuffers::take(size_t key, size_t numel, models::Compute& compute) {
+  if (!arena_ || compute.device() != models::Device::cpu) return {};
+  models::Tensor& kept = kept_[key];
+  if (kept.defined() && kept.numel() == numel && &compute_of(kept) == &compute) return kept;
+  kept = models::Tensor();  // (its room back before the new one)
   const size_t bytes = numel * sizeof(float);
-  void* p = arena->allocate(bytes);
+  void* p = arena_->allocate(bytes);
   if (!p) return {};
-  return models::Tensor({numel}, std::make_shared<models::Storage>(
-                                     std::make_unique<ArenaMemory>(arena, p, bytes, compute)));
+  kept = models::Tensor({numel}, std::make_shared<models::Storage>(
+                                     std::make_unique<ArenaMemory>(arena_, p, bytes, compute)));
+  return kept;
 }
 
 }  // namespace troupe::workers

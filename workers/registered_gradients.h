@@ -9,6 +9,7 @@
 // Thread-safety: register_gradients() before the model computes; the memory as any tensor's.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 
@@ -18,7 +19,7 @@
 namespace troupe::workers {
 
 // What else a step sums in place besides the gradients, carved from the same arena
-// (arena_tensor): the integers of parallel.deterministic's exact sums (the largest block's) or
+// (InPlaceBuffers): the integers of parallel.deterministic's exact sums (the largest block's) or
 // the bf16 copies of parallel.reduce_dtype = "bf16" (every block's).
 struct AlsoSummed {
   bool exact_sums = false;
@@ -32,10 +33,24 @@ struct AlsoSummed {
 std::shared_ptr<comm::SharedArena> register_gradients(models::Model& model, AlsoSummed also,
                                                       std::string* why);
 
-// `numel` floats of zeros in `arena` (host memory `compute` runs on), for a sum read in place by
-// the others; undefined when there is no arena or no room left in it (then the caller uses
-// memory of its own and the sum stages copies).
-models::Tensor arena_tensor(const std::shared_ptr<comm::SharedArena>& arena, size_t numel,
-                            models::Compute& compute);
+// The buffers of what else a step sums in place (AlsoSummed), carved from a worker's arena and
+// kept from one generation to the next: given back, their pages would be faulted in again at the
+// next generation's first step, by this rank and by every other that maps them.
+class InPlaceBuffers {
+ public:
+  static constexpr size_t kExactSums = 0;  // the keys: ExactSum's integers
+  static constexpr size_t kHalves = 1;     // + b: GradientSum's bf16 copy of block b
+  explicit InPlaceBuffers(std::shared_ptr<comm::SharedArena> arena = nullptr)
+      : arena_(std::move(arena)) {}
+  // Buffer `key`: `numel` floats in the arena (host memory `compute` runs on), zeros when new;
+  // the one an earlier call took when it has this size (its contents as left), else a new one
+  // (the old given back first). Undefined when there is no arena or no room left in it (then the
+  // caller uses memory of its own and the sum stages copies).
+  models::Tensor take(size_t key, size_t numel, models::Compute& compute);
+
+ private:
+  std::shared_ptr<comm::SharedArena> arena_;
+  std::map<size_t, models::Tensor> kept_;
+};
 
 }  // namespace troupe::workers

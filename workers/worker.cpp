@@ -92,6 +92,7 @@ void Worker::share_gradients() {
   if (device_->device() != models::Device::cpu) return;  // (summed on the device plane)
   std::string why;
   gradient_arena_ = register_gradients(*model_, {spec_.deterministic, spec_.reduce_bf16}, &why);
+  in_place_ = InPlaceBuffers(gradient_arena_);
   if (!gradient_arena_)
     spdlog::warn("worker {}: gradients not in shared memory ({}): the others stage copies of them",
                  spec_.device, why);
@@ -172,14 +173,14 @@ TrainResult Worker::run_data_parallel(comm::Communicator& comm, uint64_t start,
                                       const OnStep& on_step, const Requests& requests) {
   TrainResult result{start, false};
   const elastic::Share share = share_of(uint32_t(comm.rank()), uint32_t(comm.size()));
-  ExactSum exact(*model_, 0, num_blocks(), micro_batches(), gradient_arena_);
+  ExactSum exact(*model_, 0, num_blocks(), micro_batches(), &in_place_);
   std::vector<uint32_t> written;  // the blocks this rank writes into checkpoints
   for (uint32_t b = uint32_t(comm.rank()); b < num_blocks(); b += uint32_t(comm.size()))
     written.push_back(b);
   uint64_t at_step = start;             // (for the reductions' trace spans)
   const bool alone = comm.size() == 1;  // (nothing to sum)
   GradientSum sums(*model_, spec_.reduce_bf16, std::chrono::milliseconds(spec_.failure_timeout_ms),
-                   gradient_arena_);
+                   &in_place_);
   auto reduce_block = [&](size_t b) {
     const int64_t r0 = StepTrace::now_us();
     const bool on_device = sums.reduce(b, comm, device_plane_);
@@ -346,8 +347,7 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
     if (b % plan.dp == r) written.push_back(b);
   std::unique_ptr<ExactSum> exact;
   if (active && spec_.deterministic)
-    exact =
-        std::make_unique<ExactSum>(*model_, mine.begin, mine.end, micro_batches(), gradient_arena_);
+    exact = std::make_unique<ExactSum>(*model_, mine.begin, mine.end, micro_batches(), &in_place_);
   // A stage without a replica is backed up at the start of every generation too (not only every
   // stage_backup_steps): losing it before the first interval (or after a re-plan) goes back to
   // here instead of failing the job.

@@ -228,6 +228,7 @@ class Worker {
   std::shared_ptr<models::Compute> device_;
   comm::Communicator* device_plane_ = nullptr;  // this generation's (null: host-staged)
   std::shared_ptr<comm::SharedArena> gradient_arena_;
+  InPlaceBuffers in_place_;  // what else a step sums in place, in gradient_arena_
   models::Peak peak_;
   std::unique_ptr<models::Model> model_;
   std::unique_ptr<models::Optimizer> opt_;

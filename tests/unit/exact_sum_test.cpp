@@ -8,6 +8,8 @@
 #include <cmath>
 #include <random>
 
+#include "workers/host_staging.h"
+
 namespace troupe::workers {
 namespace {
 
@@ -107,6 +109,47 @@ TEST(ExactSum, LossesInFixedPointAddUpExactlyInAnyOrder) {
   EXPECT_EQ(forward, backward);
   EXPECT_EQ(forward, pairs);
   EXPECT_NEAR(loss_from_fixed_point(fixed_point_loss(2.5)), 2.5, 1e-9);
+}
+
+}  // namespace
+}  // namespace troupe::workers
+
+namespace troupe::workers {
+namespace {
+
+// What a step sums in place besides the gradients stays in the arena from one generation to the
+// next (the same pages: not given back and faulted in again by every rank that maps them).
+TEST(InPlaceBuffers, KeepEachBufferFromOneGenerationToTheNext) {
+  std::string why;
+  auto arena = comm::SharedArena::create(16 * comm::SharedArena::kAlign, &why);
+  ASSERT_TRUE(arena) << why;
+  InPlaceBuffers buffers(arena);
+  models::Compute& cpu = compute_of(models::Tensor());
+  float* first = nullptr;
+  {
+    models::Tensor t = buffers.take(InPlaceBuffers::kExactSums, 5000, cpu);  // a generation's
+    ASSERT_TRUE(t.defined());
+    first = t.data();
+    EXPECT_EQ(first[4999], 0.0f);
+    first[4999] = 7;
+  }  // (the generation's sums are gone)
+  {
+    models::Tensor again = buffers.take(InPlaceBuffers::kExactSums, 5000, cpu);
+    EXPECT_EQ(again.data(), first);
+    EXPECT_EQ(again.data()[4999], 7.0f);  // (its contents as left: the caller zeroes them)
+    EXPECT_GE(arena->offset_of(again.data(), 5000 * sizeof(float)), 0);
+  }
+  // Another size (a pipeline stage of other blocks): a new buffer, the old one's room given back
+  // first (16 pages: 14 fit only where the 5 were).
+  models::Tensor larger = buffers.take(InPlaceBuffers::kExactSums, 14000, cpu);
+  ASSERT_TRUE(larger.defined());
+  EXPECT_EQ(larger.data(), first);
+  EXPECT_EQ(larger.data()[4999], 0.0f);
+  models::Tensor half = buffers.take(InPlaceBuffers::kHalves + 3, 100, cpu);  // another key
+  ASSERT_TRUE(half.defined());
+  EXPECT_NE(half.data(), first);
+  EXPECT_FALSE(buffers.take(InPlaceBuffers::kHalves, 4096, cpu).defined());  // no room left
+  EXPECT_FALSE(InPlaceBuffers().take(InPlaceBuffers::kExactSums, 10, cpu).defined());  // no arena
 }
 
 }  // namespace
