@@ -1,6 +1,8 @@
 #include "workers/registered_gradients.h"
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "workers/host_staging.h"
@@ -68,13 +70,22 @@ std::shared_ptr<comm::SharedArena> register_gradients(models::Model& model, Also
 models::Tensor InPlaceBuffers::take(size_t key, size_t numel, models::Compute& compute) {
   if (!arena_ || compute.device() != models::Device::cpu) return {};
   models::Tensor& kept = kept_[key];
+  if (kept.defined() && kept.storage().use_count() > 1)
+    throw std::logic_error("InPlaceBuffers: buffer " + std::to_string(key) +
+                           " taken again while its last taker still holds it");
   if (kept.defined() && kept.numel() == numel && &compute_of(kept) == &compute) return kept;
   kept = models::Tensor();  // (its room back before the new one)
   const size_t bytes = numel * sizeof(float);
   void* p = arena_->allocate(bytes);
   if (!p) return {};
-  kept = models::Tensor({numel}, std::make_shared<models::Storage>(
-                                     std::make_unique<ArenaMemory>(arena_, p, bytes, compute)));
+  std::unique_ptr<ArenaMemory> memory;
+  try {
+    memory = std::make_unique<ArenaMemory>(arena_, p, bytes, compute);
+  } catch (...) {
+    arena_->release(p);
+    throw;
+  }
+  kept = models::Tensor({numel}, std::make_shared<models::Storage>(std::move(memory)));
   return kept;
 }
 

@@ -35,7 +35,9 @@ std::shared_ptr<comm::SharedArena> register_gradients(models::Model& model, Also
 
 // The buffers of what else a step sums in place (AlsoSummed), carved from a worker's arena and
 // kept from one generation to the next: given back, their pages would be faulted in again at the
-// next generation's first step, by this rank and by every other that maps them.
+// next generation's first step, by this rank and by every other that maps them. They stay until
+// the worker goes (a standby's too). One taker per key at a time (a second take() while the first
+// taker holds the buffer throws std::logic_error).
 class InPlaceBuffers {
  public:
   static constexpr size_t kExactSums = 0;  // the keys: ExactSum's integers

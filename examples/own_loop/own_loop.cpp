@@ -181,6 +181,21 @@ Args args_from(int argc, char** argv) {
   return a;
 }
 
+// n zeros for the gradients: in the loop's shared memory (the host's other members read them in
+// place), else in `own` (their sums copy them; the same bits).
+float* gradient_buffer(troupe::ElasticLoop& loop, size_t n, bool own_memory,
+                       std::vector<float>& own) {
+  if (!own_memory) {
+    try {
+      return loop.shared_floats(n);
+    } catch (const std::runtime_error& e) {
+      std::fprintf(stderr, "own_loop: the gradients in our own memory: %s\n", e.what());
+    }
+  }
+  own.assign(n, 0.0f);
+  return own.data();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -191,8 +206,8 @@ int main(int argc, char** argv) try {
   const troupe::LoopJob& job = loop.job();
   model = std::make_unique<Model>(job.seed, args.hidden);  // every first member's is the same
   const size_t n = model->size();
-  std::vector<float> own(args.own_memory ? n : 0), x(kIn);
-  float* grad = args.own_memory ? own.data() : loop.shared_floats(n);  // (zeros)
+  std::vector<float> own, x(kIn);
+  float* grad = gradient_buffer(loop, n, args.own_memory, own);
   double first = -1, last = 0;
   uint64_t trained = 0;
   while (auto step = loop.next_step()) {

@@ -138,6 +138,7 @@ TEST(InPlaceBuffers, KeepEachBufferFromOneGenerationToTheNext) {
     EXPECT_EQ(again.data(), first);
     EXPECT_EQ(again.data()[4999], 7.0f);  // (its contents as left: the caller zeroes them)
     EXPECT_GE(arena->offset_of(again.data(), 5000 * sizeof(float)), 0);
+    EXPECT_THROW(buffers.take(InPlaceBuffers::kExactSums, 5000, cpu), std::logic_error);  // held
   }
   // Another size (a pipeline stage of other blocks): a new buffer, the old one's room given back
   // first (16 pages: 14 fit only where the 5 were).
