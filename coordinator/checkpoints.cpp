@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <type_traits>
 #include <variant>
 
 #include "comm/checksum.h"
@@ -55,6 +56,55 @@ std::map<uint64_t, fs::path> checkpoint_dirs(const std::string& dir) {
   return out;
 }
 
+// Field `key` of the JSON object `o` (what `where` names) into `out`, or why not: missing, or of
+// another type than the writer's (a manifest edited by hand, damaged, another program's).
+template <class T>
+std::string field(const json& o, const char* key, const char* where, T& out) {
+  const auto it = o.find(key);
+  if (it == o.end()) return std::string(where) + " has no \"" + key + "\"";
+  const bool text = std::is_same_v<T, std::string>, real = std::is_floating_point_v<T>;
+  if (text ? !it->is_string() : real ? !it->is_number() : !it->is_number_unsigned())
+    return std::string(where) + "'s \"" + key + "\" is not " +
+           (text   ? "a string"
+            : real ? "a number"
+                   : "a non-negative integer");
+  out = it->get<T>();
+  return "";
+}
+
+// "" when the shard `s` of the manifest is in dir, whole and intact, else why not.
+std::string check_shard(const fs::path& dir, const json& s) {
+  if (!s.is_object()) return "a shard of the manifest is not an object";
+  std::string file, checksum;
+  uint64_t bytes = 0;
+  std::string why = field(s, "file", "a shard", file);
+  if (why.empty()) why = field(s, "bytes", "a shard", bytes);
+  if (why.empty()) why = field(s, "checksum", "a shard", checksum);
+  if (!why.empty()) return why;
+  if (file.empty() || file.find('/') != std::string::npos) return "a shard has a bad file name";
+  std::ifstream f(dir / file, std::ios::binary | std::ios::ate);
+  if (!f) return (dir / file).string() + " is missing";
+  std::vector<char> content(size_t(f.tellg()));
+  f.seekg(0);
+  if (!f.read(content.data(), std::streamsize(content.size())))
+    return (dir / file).string() + " cannot be read";
+  if (content.size() != bytes)
+    return (dir / file).string() + " has " + std::to_string(content.size()) +
+           " bytes, the manifest says " + std::to_string(bytes);
+  const uint64_t sum =
+      comm::fnv1a(reinterpret_cast<const uint8_t*>(content.data()), content.size());
+  if (hex(sum) != checksum) return (dir / file).string() + " does not match its checksum (damaged)";
+  return "";
+}
+
+// The manifest's optimizer.lr when it says one (0: the config's), or why it is not a number.
+std::string manifest_lr(const json& m, double* lr) {
+  if (!lr || !m.contains("optimizer")) return "";
+  if (!m["optimizer"].is_object()) return "the manifest's \"optimizer\" is not an object";
+  if (!m["optimizer"].contains("lr")) return "";
+  return field(m["optimizer"], "lr", "the manifest's optimizer", *lr);
+}
+
 // "" when the checkpoint in dir is complete and intact, else why not. step: the step its name
 // says (UINT64_MAX: take the manifest's).
 std::string check(const fs::path& dir, const std::string& hash, uint64_t& step,
@@ -62,36 +112,29 @@ std::string check(const fs::path& dir, const std::string& hash, uint64_t& step,
   const fs::path manifest = dir / "manifest.json";
   std::ifstream in(manifest);
   if (!in) return "no manifest (a checkpoint still being written, or cut short by a crash)";
-  json m = json::parse(in, nullptr, false);
+  const json m = json::parse(in, nullptr, false);
   if (m.is_discarded() || !m.is_object()) return "the manifest is not JSON";
-  if (m.value("format", "") != kFormat)
-    return "the manifest's format is not " + std::string(kFormat);
-  if (step == UINT64_MAX) step = m.value("step", uint64_t(0));
-  if (m.value("step", uint64_t(0)) != step) return "the manifest's step is not the directory's";
-  if (m.value("config_hash", "") != hash)
-    return "it belongs to another model, data or seed (config hash " + m.value("config_hash", "?") +
-           ", this job's " + hash + ")";
-  if (lr && m.contains("optimizer") && m["optimizer"].is_object())
-    *lr = m["optimizer"].value("lr", 0.0);
-  const auto& shards = m["shards"];
-  if (!shards.is_array() || shards.size() != m.value("blocks", size_t(0)) || shards.empty())
+  std::string format, config_hash;
+  uint64_t says = 0, blocks = 0;
+  std::string why = field(m, "format", "the manifest", format);
+  if (why.empty() && format != kFormat)
+    why = "the manifest's format is not " + std::string(kFormat);
+  if (why.empty()) why = field(m, "step", "the manifest", says);
+  if (why.empty() && step != UINT64_MAX && says != step)
+    why = "the manifest's step is not the directory's";
+  if (why.empty()) why = field(m, "config_hash", "the manifest", config_hash);
+  if (why.empty() && config_hash != hash)
+    why = "it belongs to another model, data or seed (config hash " + config_hash +
+          ", this job's " + hash + ")";
+  if (why.empty()) why = manifest_lr(m, lr);
+  if (why.empty()) why = field(m, "blocks", "the manifest", blocks);
+  if (!why.empty()) return why;
+  const auto shards = m.find("shards");
+  if (shards == m.end() || !shards->is_array() || shards->size() != blocks || shards->empty())
     return "the manifest does not list one shard per block";
-  for (const auto& s : shards) {
-    const std::string file = s.value("file", "");
-    if (file.empty() || file.find('/') != std::string::npos) return "a shard has a bad file name";
-    std::ifstream f(dir / file, std::ios::binary | std::ios::ate);
-    if (!f) return (dir / file).string() + " is missing";
-    std::vector<char> bytes(size_t(f.tellg()));
-    f.seekg(0);
-    if (!f.read(bytes.data(), std::streamsize(bytes.size())))
-      return (dir / file).string() + " cannot be read";
-    if (bytes.size() != s.value("bytes", uint64_t(0)))
-      return (dir / file).string() + " has " + std::to_string(bytes.size()) +
-             " bytes, the manifest says " + std::to_string(s.value("bytes", uint64_t(0)));
-    const uint64_t sum = comm::fnv1a(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
-    if (hex(sum) != s.value("checksum", ""))
-      return (dir / file).string() + " does not match its checksum (damaged)";
-  }
+  for (const auto& s : *shards)
+    if (std::string bad = check_shard(dir, s); !bad.empty()) return bad;
+  step = says;
   return "";
 }
 

@@ -130,5 +130,51 @@ TEST(Checkpoints, DamagedOrForeignCheckpointsAreRefusedNamingWhyAndTheNewestVali
   EXPECT_NE(refused[1].find("step-00000030"), std::string::npos) << refused[1];
 }
 
+// A manifest whose fields have other types than the writer's (edited by hand, damaged, another
+// program's): refused naming the field, never an exception out of the check.
+TEST(Checkpoints, AManifestOfTheWrongShapeIsRefusedNamingTheField) {
+  Dir d;
+  const std::string hash = checkpoint_config_hash(config(d.path));
+  Checkpoints ck(config(d.path, 10));
+  ASSERT_TRUE(ck.add(report(d.path, 10, 1, {0}, 1), 1, "", 1e-3));
+  const std::string manifest = step_dir(d.path, 10) + "/manifest.json";
+  std::string good;
+  {
+    std::ifstream in(manifest);
+    good.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  std::string why;
+  ASSERT_TRUE(valid_checkpoint(step_dir(d.path, 10), hash, &why)) << why;
+  auto with = [&](const std::string& from, const std::string& to) {
+    const size_t at = good.find(from);
+    EXPECT_NE(at, std::string::npos) << from << " not in " << good;
+    std::string text = good;
+    if (at != std::string::npos) text.replace(at, from.size(), to);
+    std::ofstream(manifest, std::ios::trunc) << text;
+  };
+  const std::vector<std::pair<std::pair<std::string, std::string>, std::string>> cases = {
+      {{"\"format\":", "\"format\":7,\"was\":"}, "format"},
+      {{"\"step\":", "\"step\":\"ten\",\"was\":"}, "step"},
+      {{"\"config_hash\":", "\"config_hash\":[],\"was\":"}, "config_hash"},
+      {{"\"blocks\":", "\"blocks\":-1,\"was\":"}, "blocks"},
+      {{"\"shards\":", "\"shards\":[5],\"was\":"}, "shard"},
+      {{"\"file\":", "\"file\":{},\"was\":"}, "file"},
+      {{"\"bytes\":", "\"bytes\":\"many\",\"was\":"}, "bytes"},
+      {{"\"checksum\":", "\"checksum\":1,\"was\":"}, "checksum"},
+      {{"\"lr\":", "\"lr\":\"fast\",\"was\":"}, "lr"},
+  };
+  for (const auto& [edit, field] : cases) {
+    with(edit.first, edit.second);
+    why.clear();
+    bool valid = true;
+    EXPECT_NO_THROW(valid = valid_checkpoint(step_dir(d.path, 10), hash, &why).has_value())
+        << edit.second;
+    EXPECT_FALSE(valid) << edit.second;
+    EXPECT_NE(why.find(field), std::string::npos) << edit.second << ": " << why;
+    std::vector<std::string> refused;
+    EXPECT_NO_THROW(newest_valid_checkpoint(d.path, hash, &refused)) << edit.second;
+  }
+}
+
 }  // namespace
 }  // namespace troupe::coordinator
