@@ -223,28 +223,30 @@ std::optional<int> status_from_run_dir(const std::string& dir, bool json) {
   nlohmann::json first, last;
   for (std::string line; std::getline(in, line);) {
     auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) continue;
+    if (!j.is_object()) continue;  // (a cut or damaged line)
     if (first.is_null()) first = j;
     last = j;
   }
   if (last.is_null()) return std::nullopt;
-  const std::string event = last.value("event", ""), name = first.value("job", "?");
+  using coordinator::count_field, coordinator::text_field;
+  const std::string event = text_field(last, "event"), name = text_field(first, "job", "?");
   const bool finished = event == "job_finished", failed = event == "job_failed";
-  nlohmann::ordered_json out = {{"job", name},
-                                {"state", finished || failed ? "finished" : "not running"},
-                                {"outcome", finished ? last.value("state", "completed")
-                                            : failed ? "failed"
-                                                     : "unknown"},
-                                {"step", last.value("steps", last.value("step", 0))}};
-  if (finished) out["loss"] = last.value("loss", 0.0);
-  if (failed) out["reason"] = last.value("reason", "");
+  nlohmann::ordered_json out = {
+      {"job", name},
+      {"state", finished || failed ? "finished" : "not running"},
+      {"outcome", finished ? text_field(last, "state", "completed")
+                  : failed ? "failed"
+                           : "unknown"},
+      {"step", last.contains("steps") ? count_field(last, "steps") : count_field(last, "step")}};
+  if (finished) out["loss"] = coordinator::number_field(last, "loss");
+  if (failed) out["reason"] = text_field(last, "reason");
   if (!finished && !failed) out["last_event"] = event;
   if (json) {
     std::printf("%s\n", out.dump().c_str());
   } else if (finished || failed) {
     std::printf("job %s: finished (%s) at step %lld%s\n", name.c_str(),
                 out["outcome"].get<std::string>().c_str(), (long long)out["step"].get<int64_t>(),
-                failed ? (": " + last.value("reason", "")).c_str() : "");
+                failed ? (": " + text_field(last, "reason")).c_str() : "");
   } else {
     std::printf("job %s: not running, and it did not finish (its last event: %s)\n", name.c_str(),
                 event.c_str());

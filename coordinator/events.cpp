@@ -14,6 +14,21 @@
 
 namespace troupe::coordinator {
 
+std::string text_field(const nlohmann::json& j, const char* key, const std::string& otherwise) {
+  const auto it = j.is_object() ? j.find(key) : j.end();
+  return it != j.end() && it->is_string() ? it->get<std::string>() : otherwise;
+}
+
+double number_field(const nlohmann::json& j, const char* key, double otherwise) {
+  const auto it = j.is_object() ? j.find(key) : j.end();
+  return it != j.end() && it->is_number() ? it->get<double>() : otherwise;
+}
+
+uint64_t count_field(const nlohmann::json& j, const char* key) {
+  const double x = number_field(j, key);
+  return x >= 0 && x < 0x1p63 ? uint64_t(x) : 0;
+}
+
 double unix_seconds() {
   timeval tv;
   gettimeofday(&tv, nullptr);

@@ -31,6 +31,14 @@ class Json {
 
 double unix_seconds();
 
+// Reading a line back: its field `key` when it has the type the job writes, else `otherwise`
+// (absent, another type: a file edited by hand or damaged; a line that is not an object has no
+// fields). Never an exception.
+std::string text_field(const nlohmann::json& j, const char* key, const std::string& otherwise = "");
+double number_field(const nlohmann::json& j, const char* key, double otherwise = 0);
+// A count (a step): 0 when absent, negative or past what 63 bits hold.
+uint64_t count_field(const nlohmann::json& j, const char* key);
+
 class RunLog {
  public:
   explicit RunLog(const std::string& run_dir, bool ledger);  // throws std::runtime_error

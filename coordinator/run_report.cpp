@@ -8,16 +8,13 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "coordinator/events.h"
+
 namespace troupe::coordinator {
 namespace {
 
 using json = nlohmann::json;
 using Point = RunReport::Point;
-
-double num(const json& j, const char* key, double otherwise = 0) {
-  auto it = j.find(key);
-  return it != j.end() && it->is_number() ? it->get<double>() : otherwise;
-}
 
 // Every line of a JSON-lines file that parses as an object (a running job's last line may not).
 std::vector<json> lines_of(const std::string& path) {
@@ -51,24 +48,24 @@ class EventReader {
   explicit EventReader(RunReport& r) : r_(r) {}
 
   void read(const json& e) {
-    const std::string ev = e.value("event", "");
-    const double ts = num(e, "ts");
+    const std::string ev = text_field(e, "event");
+    const double ts = number_field(e, "ts");
     if (r_.start_ts == 0) r_.start_ts = ts;
     r_.end_ts = std::max(r_.end_ts, ts);
     const double t = ts - r_.start_ts;
     if (ev == "job_started") {
-      r_.job = e.value("job", "");
-      r_.planned_steps = uint64_t(num(e, "steps"));
+      r_.job = text_field(e, "job");
+      r_.planned_steps = count_field(e, "steps");
     } else if (ev == "step_committed") {
       committed(e, t);
     } else if (ev == "generation_started") {
       if (r_.world_size.empty()) r_.world_size.push_back({0, 0});  // (forming)
       r_.world_size.push_back({t, r_.world_size.back().y});
-      r_.world_size.push_back({t, num(e, "world_size")});
+      r_.world_size.push_back({t, number_field(e, "world_size")});
     } else if (ev == "eval") {
-      eval_[uint64_t(num(e, "step"))] = num(e, "loss");
+      eval_[count_field(e, "step")] = number_field(e, "loss");
     } else if (ev == "job_finished") {
-      r_.state = e.value("state", "completed");
+      r_.state = text_field(e, "state", "completed");
     } else if (ev == "job_failed") {
       r_.state = "failed";
     }
@@ -88,9 +85,9 @@ class EventReader {
 
  private:
   void committed(const json& e, double t) {
-    const uint64_t step = uint64_t(num(e, "step"));
-    const double gen = num(e, "generation");
-    loss_[step] = num(e, "loss");  // (a step redone after a rollback: its last commit)
+    const uint64_t step = count_field(e, "step");
+    const double gen = number_field(e, "generation");
+    loss_[step] = number_field(e, "loss");  // (a step redone after a rollback: its last commit)
     r_.steps = std::max(r_.steps, step + 1);
     ++commits_;
     if (pending_ && gen > last_generation_) {
@@ -128,9 +125,9 @@ void read_metrics(RunReport& r, const std::string& path) {
   };
   for (const auto& m : lines_of(path)) {
     if (!m.contains("step_seconds")) continue;
-    const double step = num(m, "step");
-    r.samples_per_s.push_back({step, num(m, "samples_per_s")});
-    r.idle.push_back({step, num(m, "idle_fraction")});
+    const double step = number_field(m, "step");
+    r.samples_per_s.push_back({step, number_field(m, "samples_per_s")});
+    r.idle.push_back({step, number_field(m, "idle_fraction")});
     by_rank(m, "worker_step_seconds", r.worker_step_ms, step);
     by_rank(m, "worker_compute_seconds", r.worker_compute_ms, step);
   }

@@ -223,6 +223,15 @@ TEST(Status, AnEndedJobsStatusComesFromItsRunDirectory) {
   EXPECT_NE(json.find("\"state\":\"finished\",\"outcome\":\"completed\",\"step\":5"),
             std::string::npos)
       << json;
+  // Lines of other shapes (a damaged or hand-edited file): skipped, or their fields of the wrong
+  // type taken as absent; never "type must be string" out of the JSON library.
+  std::ofstream(done.run_dir + "/events.jsonl", std::ios::app)
+      << "7\n"
+      << R"({"event":"job_finished","state":3,"steps":"many","loss":"low"})"
+      << "\n";
+  text = troupe_output(dir, {"status", "--run-dir", done.run_dir}, &rc);
+  EXPECT_EQ(rc, 0) << text;
+  EXPECT_NE(text.find("job hardening: finished (completed) at step 0"), std::string::npos) << text;
 }
 
 // Standbys are listed, and every row names its agent as its log file does (agent-N).

@@ -89,5 +89,29 @@ TEST(RunReport, ADirectoryWithoutEventsIsRefusedNamingTheFile) {
   }
 }
 
+// Fields of other types than the job writes (a file edited or damaged): the line's other fields
+// are read, the field is taken as absent, no exception and nothing undefined (steps past 2^64).
+TEST(RunReport, FieldsOfTheWrongTypeAreTakenAsAbsent) {
+  Dir d;
+  std::ofstream(d.path + "/events.jsonl")
+      << R"({"ts":100,"event":7,"job":[],"steps":1e300})"
+         "\n"
+      << R"({"ts":"x","event":"job_started","job":{},"steps":-5})"
+         "\n"
+      << R"({"ts":101,"event":"step_committed","step":1e300,"generation":"one","loss":"low"})"
+         "\n"
+      << R"({"ts":102,"event":"step_committed","step":3,"generation":1,"loss":2.5})"
+         "\n"
+      << R"({"ts":103,"event":"job_finished","state":false})"
+         "\n";
+  std::ofstream(d.path + "/metrics.jsonl")
+      << R"({"step":"2","step_seconds":0.1,"samples_per_s":"fast","worker_step_seconds":[0.1,"x"]})"
+         "\n";
+  RunReport r;
+  ASSERT_NO_THROW(r = read_run(d.path));
+  EXPECT_EQ(r.state, "completed");
+  EXPECT_NO_THROW(render_report(r));
+}
+
 }  // namespace
 }  // namespace troupe::coordinator
