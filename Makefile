@@ -40,8 +40,8 @@ FUZZ_SECONDS ?= 600
 fuzz: deps
 	@cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
 	  -DTROUPE_FUZZ=ON -DTROUPE_BUILD_TESTS=OFF -DTROUPE_WITH_CUDA=OFF > build-fuzz.log 2>&1 || { tail -n 30 build-fuzz.log; exit 1; }
-	@cmake --build build-fuzz -j $(JOBS) --target troupe_frame_fuzz troupe_config_fuzz troupe_data_fuzz >> build-fuzz.log 2>&1 || { tail -n 40 build-fuzz.log; exit 1; }
-	@for t in frame config data; do \
+	@cmake --build build-fuzz -j $(JOBS) --target troupe_frame_fuzz troupe_config_fuzz troupe_data_fuzz troupe_files_fuzz >> build-fuzz.log 2>&1 || { tail -n 40 build-fuzz.log; exit 1; }
+	@for t in frame config data files; do \
 	  echo "fuzz: $$t for $(FUZZ_SECONDS) s"; \
 	  build-fuzz/bin/troupe_$${t}_fuzz -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
 	    -timeout=10 -rss_limit_mb=2048 fuzz/corpus/$$t > build-fuzz/$$t.log 2>&1; rc=$$?; \
