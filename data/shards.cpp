@@ -113,53 +113,71 @@ nlohmann::json read_manifest(const std::string& dir) {
   }
 }
 
+// Field `key` of the manifest object `o` (what `where` names): a non-negative integer at most
+// `most`, else the data set is refused naming it.
+uint64_t count_in(const nlohmann::json& o, const char* key, const std::string& dir,
+                  const std::string& where, uint64_t most) {
+  const auto it = o.find(key);
+  if (it == o.end() || !it->is_number_unsigned() || it->get<uint64_t>() > most)
+    bad(dir, where + "'s \"" + key + "\" is not an integer from 0 to " + std::to_string(most));
+  return it->get<uint64_t>();
+}
+
 }  // namespace
+
+// Maps shard `s` of the manifest (its tokens of `width` bytes) after the ones mapped so far.
+void TokenShards::map_shard(const nlohmann::json& s) {
+  const std::string where = std::string(kManifestFile) + ": a shard";
+  if (!s.is_object() || !s.contains("file") || !s["file"].is_string())
+    bad(dir_, where + " has no \"file\" string");
+  const std::string file = s["file"].get<std::string>();
+  if (file.empty() || file.find('/') != std::string::npos)
+    bad(dir_, "shard file '" + file + "' is empty or has a '/'");
+  const uint64_t tokens = count_in(s, "tokens", dir_, where, uint64_t(1) << 60);
+  const std::string path = dir_ + "/" + file;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) bad(dir_, "shard " + file + " cannot be opened: " + strerror(errno));
+  struct stat st {};
+  ::fstat(fd, &st);
+  const uint64_t bytes = uint64_t(st.st_size);
+  if (bytes % width_ != 0 || bytes / width_ != tokens) {
+    ::close(fd);
+    bad(dir_, "shard " + file + " has " + std::to_string(bytes) + " bytes; the manifest says " +
+                  std::to_string(tokens) + " tokens of " + std::to_string(width_) +
+                  " bytes (truncated or replaced?)");
+  }
+  void* p = tokens ? ::mmap(nullptr, size_t(bytes), PROT_READ, MAP_SHARED, fd, 0) : nullptr;
+  ::close(fd);
+  if (p == MAP_FAILED) bad(dir_, "shard " + file + " cannot be mapped: " + strerror(errno));
+  maps_.push_back({static_cast<const unsigned char*>(p), size_t(bytes), total_, tokens});
+  total_ += tokens;  // (each at most 2^60, and as many as the files: no overflow)
+}
 
 std::shared_ptr<const TokenShards> TokenShards::open(const std::string& dir) {
   const nlohmann::json m = read_manifest(dir);
   std::shared_ptr<TokenShards> t(new TokenShards);
   t->dir_ = dir;
-  try {
-    if (!m.is_object() || m.value("format", "") != "troupe-tokens" || m.value("version", 0) != 1)
-      bad(dir, std::string(kManifestFile) + " is not a troupe token manifest of version 1");
-    t->vocab_ = m.at("vocab").get<size_t>();
-    t->width_ = m.at("token_bytes").get<unsigned>();
-    const Tokenizer tok = Tokenizer::load(dir + "/" + kTokenizerFile);
-    t->fingerprint_ = tok.fingerprint();
-    if (tok.vocab_size() != t->vocab_)
-      bad(dir, "the manifest's vocabulary (" + std::to_string(t->vocab_) +
-                   ") is not its tokenizer's (" + std::to_string(tok.vocab_size()) + ")");
-    if (t->width_ != 2 && t->width_ != 4) bad(dir, "token_bytes must be 2 or 4");
-    if (t->width_ == 2 && t->vocab_ > 65536) bad(dir, "16-bit ids cannot hold its vocabulary");
-    for (const auto& s : m.at("shards")) {
-      const std::string file = s.at("file").get<std::string>();
-      if (file.find('/') != std::string::npos) bad(dir, "shard file '" + file + "' has a '/'");
-      const uint64_t tokens = s.at("tokens").get<uint64_t>();
-      const std::string path = dir + "/" + file;
-      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) bad(dir, "shard " + file + " cannot be opened: " + strerror(errno));
-      struct stat st {};
-      ::fstat(fd, &st);
-      if (uint64_t(st.st_size) != tokens * t->width_) {
-        ::close(fd);
-        bad(dir, "shard " + file + " has " + std::to_string(st.st_size) +
-                     " bytes; the manifest says " + std::to_string(tokens) + " tokens of " +
-                     std::to_string(t->width_) + " bytes (truncated or replaced?)");
-      }
-      void* p =
-          tokens ? ::mmap(nullptr, size_t(st.st_size), PROT_READ, MAP_SHARED, fd, 0) : nullptr;
-      ::close(fd);
-      if (p == MAP_FAILED) bad(dir, "shard " + file + " cannot be mapped: " + strerror(errno));
-      t->maps_.push_back(
-          {static_cast<const unsigned char*>(p), size_t(st.st_size), t->total_, tokens});
-      t->total_ += tokens;
-    }
-    if (t->total_ != m.at("tokens").get<uint64_t>())
-      bad(dir, "its shards hold " + std::to_string(t->total_) + " tokens; the manifest says " +
-                   m.at("tokens").dump());
-  } catch (const nlohmann::json::exception& e) {
-    bad(dir, std::string(kManifestFile) + ": " + e.what());
-  }
+  if (!m.is_object() || m.value("format", nlohmann::json()) != "troupe-tokens" ||
+      m.value("version", nlohmann::json()) != 1)
+    bad(dir, std::string(kManifestFile) + " is not a troupe token manifest of version 1");
+  const std::string manifest = kManifestFile;
+  t->vocab_ = size_t(count_in(m, "vocab", dir, manifest, uint64_t(1) << 31));
+  const uint64_t width = count_in(m, "token_bytes", dir, manifest, 4);
+  if (width != 2 && width != 4) bad(dir, "token_bytes must be 2 or 4");
+  t->width_ = unsigned(width);
+  const Tokenizer tok = Tokenizer::load(dir + "/" + kTokenizerFile);
+  t->fingerprint_ = tok.fingerprint();
+  if (tok.vocab_size() != t->vocab_)
+    bad(dir, "the manifest's vocabulary (" + std::to_string(t->vocab_) +
+                 ") is not its tokenizer's (" + std::to_string(tok.vocab_size()) + ")");
+  if (t->width_ == 2 && t->vocab_ > 65536) bad(dir, "16-bit ids cannot hold its vocabulary");
+  const auto shards = m.find("shards");
+  if (shards == m.end() || !shards->is_array()) bad(dir, manifest + "'s \"shards\" is not a list");
+  for (const auto& s : *shards) t->map_shard(s);
+  const uint64_t total = count_in(m, "tokens", dir, manifest, UINT64_MAX);
+  if (t->total_ != total)
+    bad(dir, "its shards hold " + std::to_string(t->total_) + " tokens; the manifest says " +
+                 std::to_string(total));
   return t;
 }
 

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -91,6 +92,7 @@ class TokenShards {
 
  private:
   TokenShards() = default;
+  void map_shard(const nlohmann::json& s);  // one of the manifest's shards, after the others
   struct Map {
     const unsigned char* base;
     size_t bytes;

@@ -254,6 +254,31 @@ TEST(TokenShards, ReadAcrossShardsAndEveryDefectNamed) {
   fs::copy(d / "s", d / "garbled");
   write(d / "garbled/manifest.json", "{\"format\":\"troupe-tokens\",\"version\":1}");
   refused(d / "garbled", "manifest.json");
+  // Counts that wrap (2^63 + 97 tokens of 2 bytes are 194 bytes modulo 2^64), are negative, are
+  // of another type or are cut down to a valid one: refused naming the field, never read past a
+  // shard's end.
+  const std::string good = [&] {
+    std::ifstream in(d / "s/manifest.json");
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }();
+  auto edited = [&](const std::string& name, const std::string& from, const std::string& to) {
+    fs::copy(d / "s", d / name);
+    std::string text = good;
+    const size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    if (at != std::string::npos) text.replace(at, from.size(), to);
+    write(d / (name + "/manifest.json"), text);
+  };
+  edited("wraps", "\"tokens\":97}", "\"tokens\":9223372036854775905}");
+  refused(d / "wraps", "\"tokens\" is not an integer from 0 to");
+  edited("negative", "\"tokens\":97}", "\"tokens\":-97}");
+  refused(d / "negative", "\"tokens\" is not an integer");
+  edited("width", "\"token_bytes\":2", "\"token_bytes\":4294967298");
+  refused(d / "width", "\"token_bytes\" is not an integer from 0 to 4");
+  edited("vocab", "\"vocab\":", "\"vocab\":1e300,\"was\":");
+  refused(d / "vocab", "\"vocab\" is not an integer");
+  edited("shard", "\"shards\":[", "\"shards\":[7,");
+  refused(d / "shard", "a shard has no \"file\"");
 }
 
 TEST(TokenData, WindowsInAGlobalOrderEachOncePerEpoch) {
