@@ -273,6 +273,7 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const std::string& path)
   const auto& m = j.find("merges");
   if (m == j.end() || !m->is_array()) bad_file(path, "has no \"merges\" array");
   std::vector<Merge> merges;
+  std::vector<size_t> length(256, 1);  // each id's piece, in bytes
   for (size_t i = 0; i < m->size(); ++i) {
     const auto& p = (*m)[i];
     if (!p.is_array() || p.size() != 2 || !p[0].is_number_unsigned() || !p[1].is_number_unsigned())
@@ -280,6 +281,13 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const std::string& path)
     const uint64_t a = p[0], b = p[1];
     if (a >= 256 + i || b >= 256 + i)
       bad_file(path, "merge " + std::to_string(i) + " names an id not yet defined");
+    // (Training merges within words: a longer piece is never made nor matched, and a chain of
+    // merges of a piece with itself would double its length each time.)
+    length.push_back(length[a] + length[b]);
+    if (length.back() > kMaxWordBytes)
+      bad_file(path, "merge " + std::to_string(i) + " makes a piece of " +
+                         std::to_string(length.back()) + " bytes, longer than a word (" +
+                         std::to_string(kMaxWordBytes) + ")");
     merges.emplace_back(uint32_t(a), uint32_t(b));
   }
   Tokenizer t(std::move(merges));

@@ -175,6 +175,12 @@ TEST(Tokenizer, SavedAndLoadedAlikeAndBadFilesNamed) {
   refused(R"({"format":"troupe-tokenizer","version":1,"vocab":300,"merges":[[1,2]]})", "make 258");
   refused(R"({"format":"troupe-tokenizer","version":1,"vocab":258,"merges":[[1,"x"]]})",
           "not a pair of ids");
+  // Each merge of the last piece with itself doubles it: 40 of them would ask for 2^41 bytes.
+  std::string doubling =
+      R"({"format":"troupe-tokenizer","version":1,"vocab":297,"merges":[[97,97])";
+  for (int i = 0; i < 39; ++i)
+    doubling += ",[" + std::to_string(256 + i) + "," + std::to_string(256 + i) + "]";
+  refused(doubling + "]}", "merge 6 makes a piece of 128 bytes, longer than a word (64)");
   EXPECT_THROW(Tokenizer::load(d / "absent.json"), std::invalid_argument);
   std::string out;
   const uint32_t bad = 400;
