@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <string>
 #include <variant>
@@ -148,11 +149,19 @@ struct StateReceived {
   std::string data_plane;  // rank 0: the generation's data plane and why (workers/device_plane.h)
 };
 
+// "block-00003.trpblk": the shard file of a block, in its checkpoint's directory (the manifest
+// names each block's; a check refuses a manifest that names another for a block).
+inline std::string shard_file_name(uint32_t block) {
+  char name[32];
+  std::snprintf(name, sizeof name, "block-%05u.trpblk", block);
+  return name;
+}
+
 // worker -> coordinator (one way): its shards of a checkpoint are durable (written, fsynced,
 // renamed); the coordinator writes the manifest once every block is.
 struct CheckpointShard {
   uint32_t block = 0;
-  std::string file;
+  std::string file;  // shard_file_name(block)
   uint64_t bytes = 0, checksum = 0;
 };
 struct CheckpointWritten {

@@ -72,16 +72,23 @@ std::string field(const json& o, const char* key, const char* where, T& out) {
   return "";
 }
 
-// "" when the shard `s` of the manifest is in dir, whole and intact, else why not.
-std::string check_shard(const fs::path& dir, const json& s) {
+// "" when the shard `s` of the manifest is in dir, whole and intact, and the only one of its block
+// (`seen`: the blocks so far), else why not.
+std::string check_shard(const fs::path& dir, const json& s, std::vector<bool>& seen) {
   if (!s.is_object()) return "a shard of the manifest is not an object";
   std::string file, checksum;
-  uint64_t bytes = 0;
-  std::string why = field(s, "file", "a shard", file);
+  uint64_t block = 0, bytes = 0;
+  std::string why = field(s, "block", "a shard", block);
+  if (why.empty()) why = field(s, "file", "a shard", file);
   if (why.empty()) why = field(s, "bytes", "a shard", bytes);
   if (why.empty()) why = field(s, "checksum", "a shard", checksum);
   if (!why.empty()) return why;
-  if (file.empty() || file.find('/') != std::string::npos) return "a shard has a bad file name";
+  if (block >= seen.size() || seen[block])
+    return "the manifest lists block " + std::to_string(block) + " twice or past its blocks";
+  seen[block] = true;
+  if (file != actors::shard_file_name(uint32_t(block)))
+    return "the manifest's shard of block " + std::to_string(block) + " names " + file + ", not " +
+           actors::shard_file_name(uint32_t(block));
   std::ifstream f(dir / file, std::ios::binary | std::ios::ate);
   if (!f) return (dir / file).string() + " is missing";
   std::vector<char> content(size_t(f.tellg()));
@@ -132,8 +139,9 @@ std::string check(const fs::path& dir, const std::string& hash, uint64_t& step,
   const auto shards = m.find("shards");
   if (shards == m.end() || !shards->is_array() || shards->size() != blocks || shards->empty())
     return "the manifest does not list one shard per block";
+  std::vector<bool> seen(blocks);
   for (const auto& s : *shards)
-    if (std::string bad = check_shard(dir, s); !bad.empty()) return bad;
+    if (std::string bad = check_shard(dir, s, seen); !bad.empty()) return bad;
   step = says;
   return "";
 }

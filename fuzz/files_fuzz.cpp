@@ -22,7 +22,7 @@ const std::string& scratch() {
     if (!::mkdtemp(t.data())) abort();
     std::filesystem::create_directories(t + "/run");
     std::filesystem::create_directories(t + "/ckpt/step-00000010");
-    std::ofstream(t + "/ckpt/step-00000010/block-0.trpblk", std::ios::binary) << "state";
+    std::ofstream(t + "/ckpt/step-00000010/block-00000.trpblk", std::ios::binary) << "state";
     return t;
   }();
   return dir;

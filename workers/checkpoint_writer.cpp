@@ -56,12 +56,6 @@ std::string fsync_dir(const std::string& dir) {
 
 }  // namespace
 
-std::string shard_file_name(uint32_t block) {
-  char name[32];
-  std::snprintf(name, sizeof name, "block-%05u.trpblk", block);
-  return name;
-}
-
 std::string checkpoint_dir_name(uint64_t step) {
   char name[40];
   std::snprintf(name, sizeof name, "step-%08llu", (unsigned long long)step);

@@ -17,10 +17,11 @@
 #include <thread>
 #include <vector>
 
+#include "actors/job_protocol.h"
+
 namespace troupe::workers {
 
-// "block-00003.trpblk": the shard file of a block, in its checkpoint's directory.
-std::string shard_file_name(uint32_t block);
+using actors::shard_file_name;  // "block-00003.trpblk"
 // "step-00000120": a checkpoint's directory name under checkpoint.dir.
 std::string checkpoint_dir_name(uint64_t step);
 

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "comm/checksum.h"
 
@@ -36,7 +37,7 @@ std::string step_dir(const std::string& root, uint64_t step) {
 // Writes block b's shard of `step` (its bytes: `content`) and returns the worker's report.
 actors::CheckpointShard shard(const std::string& dir, uint32_t b, const std::string& content) {
   fs::create_directories(dir);
-  const std::string file = "block-" + std::to_string(b) + ".trpblk";
+  const std::string file = actors::shard_file_name(b);
   std::ofstream(dir + "/" + file, std::ios::binary) << content;
   return {b, file, content.size(),
           comm::fnv1a(reinterpret_cast<const uint8_t*>(content.data()), content.size())};
@@ -110,12 +111,12 @@ TEST(Checkpoints, DamagedOrForeignCheckpointsAreRefusedNamingWhyAndTheNewestVali
   for (uint64_t step : {10, 20, 30, 40})
     ASSERT_TRUE(ck.add(report(d.path, step, 1, {0, 1}, 2), 1, "", 1e-3));
   {  // 40: a flipped byte
-    std::fstream f(step_dir(d.path, 40) + "/block-1.trpblk",
+    std::fstream f(step_dir(d.path, 40) + "/" + actors::shard_file_name(1),
                    std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(3);
     f.put('X');
   }
-  fs::resize_file(step_dir(d.path, 30) + "/block-0.trpblk", 4);  // 30: truncated
+  fs::resize_file(step_dir(d.path, 30) + "/" + actors::shard_file_name(0), 4);  // 30: truncated
   JobConfig other = config(d.path);
   other.seed = 99;  // 20: another seed's
   std::string why;
@@ -132,6 +133,23 @@ TEST(Checkpoints, DamagedOrForeignCheckpointsAreRefusedNamingWhyAndTheNewestVali
 
 // A manifest whose fields have other types than the writer's (edited by hand, damaged, another
 // program's): refused naming the field, never an exception out of the check.
+// A manifest listing one block's shard twice (the other's file, damaged, never checked): refused.
+TEST(Checkpoints, EveryBlocksOwnShardIsChecked) {
+  Dir d;
+  const std::string hash = checkpoint_config_hash(config(d.path));
+  Checkpoints ck(config(d.path, 10));
+  ASSERT_TRUE(ck.add(report(d.path, 10, 1, {0, 1}, 2), 1, "", 1e-3));
+  const std::string manifest = step_dir(d.path, 10) + "/manifest.json";
+  std::ifstream in(manifest);
+  nlohmann::json m = nlohmann::json::parse(in);
+  m["shards"][1] = m["shards"][0];
+  std::ofstream(manifest, std::ios::trunc) << m.dump();
+  std::ofstream(step_dir(d.path, 10) + "/" + actors::shard_file_name(1), std::ios::trunc) << "junk";
+  std::string why;
+  EXPECT_FALSE(valid_checkpoint(step_dir(d.path, 10), hash, &why));
+  EXPECT_NE(why.find("block 0 twice"), std::string::npos) << why;
+}
+
 TEST(Checkpoints, AManifestOfTheWrongShapeIsRefusedNamingTheField) {
   Dir d;
   const std::string hash = checkpoint_config_hash(config(d.path));
@@ -162,6 +180,8 @@ TEST(Checkpoints, AManifestOfTheWrongShapeIsRefusedNamingTheField) {
       {{"\"bytes\":", "\"bytes\":\"many\",\"was\":"}, "bytes"},
       {{"\"checksum\":", "\"checksum\":1,\"was\":"}, "checksum"},
       {{"\"lr\":", "\"lr\":\"fast\",\"was\":"}, "lr"},
+      {{"\"block\":", "\"block\":1,\"was\":"}, "block 1 twice or past its blocks"},
+      {{"\"file\":", "\"file\":\"block-00001.trpblk\",\"was\":"}, "names block-00001.trpblk"},
   };
   for (const auto& [edit, field] : cases) {
     with(edit.first, edit.second);
