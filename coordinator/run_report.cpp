@@ -119,8 +119,9 @@ void read_metrics(RunReport& r, const std::string& path) {
                     double step) {
     auto it = m.find(key);
     if (it == m.end() || !it->is_array()) return;
-    if (out.size() < it->size()) out.resize(it->size());
-    for (size_t k = 0; k < it->size(); ++k)
+    const size_t ranks = std::min(it->size(), kMostRanksDrawn);  // (a page a browser can show)
+    if (out.size() < ranks) out.resize(ranks);
+    for (size_t k = 0; k < ranks; ++k)
       if ((*it)[k].is_number()) out[k].push_back({step, (*it)[k].get<double>() * 1e3});
   };
   for (const auto& m : lines_of(path)) {
@@ -321,6 +322,9 @@ std::string render_report(const RunReport& r) {
   }
   s += plot("throughput", "Throughput", "step", "samples/s", {{"samples/s", &r.samples_per_s}});
   s += plot("step_time", "Step time per worker", "step", "ms", per_rank(r.worker_step_ms));
+  if (r.worker_step_ms.size() == kMostRanksDrawn)
+    s += "<p class=\"empty\">Per worker: the first " + std::to_string(kMostRanksDrawn) +
+         " ranks.</p>\n";
   s += plot("compute_time", "Compute time per worker (forward, backward)", "step", "ms",
             per_rank(r.worker_compute_ms));
   s += plot("idle", "Idle fraction (1 - compute / step time)", "step", "fraction",

@@ -8,10 +8,14 @@
 // Thread-safety: plain functions.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
 namespace troupe::coordinator {
+
+// Per-worker series: at most this many ranks are read and drawn.
+constexpr size_t kMostRanksDrawn = 1024;
 
 struct RunReport {
   std::string job, state = "running";  // state: completed | stopped | failed | running

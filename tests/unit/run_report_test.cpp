@@ -111,6 +111,15 @@ TEST(RunReport, FieldsOfTheWrongTypeAreTakenAsAbsent) {
   ASSERT_NO_THROW(r = read_run(d.path));
   EXPECT_EQ(r.state, "completed");
   EXPECT_NO_THROW(render_report(r));
+  // A line with 200,000 ranks' step times (600 KB): the first kMostRanksDrawn drawn, said so.
+  std::string many = R"({"step":3,"step_seconds":0.1,"worker_step_seconds":[0)";
+  for (int i = 1; i < 200000; ++i) many += ",0";
+  std::ofstream(d.path + "/metrics.jsonl") << many << "]}\n";
+  r = read_run(d.path);
+  EXPECT_EQ(r.worker_step_ms.size(), kMostRanksDrawn);
+  const std::string page = render_report(r);
+  EXPECT_LT(page.size(), size_t(1) << 20);
+  EXPECT_NE(page.find("the first 1024 ranks"), std::string::npos);
 }
 
 }  // namespace
