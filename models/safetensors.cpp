@@ -15,9 +15,11 @@ using nlohmann::json;
   throw std::runtime_error(path + ": not a valid safetensors file: " + why);
 }
 
-size_t elements(const std::vector<size_t>& shape) {
-  size_t n = 1;
-  for (size_t d : shape) n *= d;
+// The bytes of a shape's 4-byte elements; SIZE_MAX when that overflows (no file holds it).
+size_t bytes_of(const std::vector<size_t>& shape) {
+  size_t n = 4;
+  for (size_t d : shape)
+    if (__builtin_mul_overflow(n, d, &n)) return SIZE_MAX;
   return n;
 }
 
@@ -44,9 +46,11 @@ Tensor entry(const std::string& path, const std::string& name, const json& e, si
   range = {off[0].get<size_t>(), off[1].get<size_t>()};
   if (range.first > range.second || range.second > data_size)
     fail(path, "tensor '" + name + "' lies outside the file's data");
-  if (range.second - range.first != elements(t.shape) * 4)
+  if (range.second - range.first != bytes_of(t.shape))
     fail(path, "tensor '" + name + "' has " + std::to_string(range.second - range.first) +
-                   " bytes for its shape's " + std::to_string(elements(t.shape) * 4));
+                   " bytes for its shape's " +
+                   (bytes_of(t.shape) == SIZE_MAX ? std::string("2^64 and more")
+                                                  : std::to_string(bytes_of(t.shape))));
   return t;
 }
 
@@ -64,7 +68,7 @@ void write(const std::string& path, const std::vector<Tensor>& tensors,
   if (!metadata.empty()) header["__metadata__"] = metadata;
   size_t at = 0;
   for (const auto& t : tensors) {
-    if (t.bytes.size() != elements(t.shape) * 4)
+    if (t.bytes.size() != bytes_of(t.shape))
       throw std::invalid_argument("safetensors: tensor '" + t.name +
                                   "' bytes do not fit its shape");
     header[t.name] = {

@@ -80,6 +80,9 @@ TEST(Safetensors, DamagedFilesAreRefusedNamingTheReason) {
        8, "overlap"},
       {"a negative dimension", R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4,
        "bad shape"},
+      {"a shape whose bytes wrap to 0 (2^31 x 2^31 x 4 bytes)",
+       R"({"a":{"dtype":"F32","shape":[2147483648,2147483648],"data_offsets":[0,0]}})", 0,
+       "has 0 bytes for its shape's 2^64 and more"},
   };
   for (const auto& c : cases) {
     write_raw(path, c.header, c.data);
