@@ -117,6 +117,11 @@ std::string prepare_resume(coordinator::JobConfig& cfg, const std::string& path,
              "(no manifest.json)";
     const auto record = coordinator::read_run_record(lines_of(path + "/events.jsonl"));
     cfg.take_over = record.started && !record.ended;
+    if (cfg.take_over && record.generation > 0 && record.world_size == 0)
+      return "--resume " + path + ": its events.jsonl says generation " +
+             std::to_string(record.generation) +
+             " started without a world size (a damaged file): a take-over could not tell when a "
+             "step is complete";
     if (cfg.take_over)
       if (std::string why = take_over_refusal(cfg, path, hooks); !why.empty())
         return "--resume " + path + ": " + why;

@@ -417,6 +417,23 @@ TEST(Checkpoints, BadCheckpointsAreRefusedNamingTheFileAndTheNewestValidOneIsUse
       std::string::npos)
       << text_of(resumed.out);
 
+  // A run that did not end (its job_finished line gone) whose events lost a generation's size:
+  // no take-over that would commit steps on one rank's report; exit 2 naming it.
+  const std::string cut = dir.path() + "/bad-cut";
+  fs::copy(saved.run_dir, cut, fs::copy_options::recursive);
+  fs::remove(cut + "/run.lock");
+  std::string events;
+  for (std::string line : lines_of(cut + "/events.jsonl")) {
+    if (line.find("\"job_finished\"") != std::string::npos) continue;
+    const size_t at = line.find("\"world_size\":");
+    if (line.find("\"generation_started\"") != std::string::npos && at != std::string::npos)
+      line.replace(at, 13, "\"size_was\":");
+    events += line + "\n";
+  }
+  std::ofstream(cut + "/events.jsonl", std::ios::trunc) << events;
+  std::string took = refused_resume(dir, cut, {"job.steps=80"});
+  EXPECT_NE(took.find("started without a world size"), std::string::npos) << took;
+
   // Another model, data or seed: every checkpoint refused, exit 2.
   std::string out = refused_resume(dir, saved.run_dir, {"job.seed=99", "job.steps=80"});
   EXPECT_NE(out.find("belongs to another model, data or seed"), std::string::npos) << out;
