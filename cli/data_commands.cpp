@@ -182,13 +182,19 @@ int run_data(const std::vector<std::string>& args) {
   if (sub == "prepare") return prepare(rest);
   if (sub == "encode") return encode(rest);
   if (sub == "decode") return decode(rest);
-  std::fprintf(stderr,
-               "troupe data: expected prepare, encode or decode%s\n"
-               "  troupe data prepare INPUT... --out DIR [--tokenizer byte|bpe --vocab N]\n"
-               "  troupe data encode --data DIR   (stdin bytes -> ids)\n"
-               "  troupe data decode --data DIR   (stdin ids -> bytes)\n",
-               sub.empty() ? "" : (", not '" + sub + "'").c_str());
-  return 2;
+  const bool help = sub == "--help" || sub == "-h";
+  std::fprintf(
+      help ? stdout : stderr,
+      "%s"
+      "  troupe data prepare INPUT... --out DIR [--tokenizer byte|bpe --vocab N]\n"
+      "  troupe data encode --data DIR   (stdin bytes -> ids)\n"
+      "  troupe data decode --data DIR   (stdin ids -> bytes)\n"
+      "(troupe data SUBCOMMAND --help lists its options)\n",
+      help ? "Token data sets: prepare one, encode or decode with its tokenizer.\n"
+      : sub.empty()
+          ? "troupe data: expected prepare, encode or decode\n"
+          : ("troupe data: expected prepare, encode or decode, not '" + sub + "'\n").c_str());
+  return help ? 0 : 2;
 }
 
 }  // namespace troupe::cli
