@@ -140,6 +140,7 @@ std::string prepare_resume(coordinator::JobConfig& cfg, const std::string& path,
   std::error_code ec;
   cfg.resume_dir = fs::absolute(found->directory, ec).lexically_normal().string();
   cfg.resume_step = found->step;
+  cfg.resume_blocks = found->blocks;
   if (found->lr > 0 && !lr_set) cfg.lr = found->lr;
   return "";
 }

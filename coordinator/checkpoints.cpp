@@ -112,10 +112,9 @@ std::string manifest_lr(const json& m, double* lr) {
   return field(m["optimizer"], "lr", "the manifest's optimizer", *lr);
 }
 
-// "" when the checkpoint in dir is complete and intact, else why not. step: the step its name
-// says (UINT64_MAX: take the manifest's).
-std::string check(const fs::path& dir, const std::string& hash, uint64_t& step,
-                  double* lr = nullptr) {
+// "" when the checkpoint in dir is complete and intact (its step, lr and blocks into `c`), else
+// why not. c.step: the step its name says (UINT64_MAX: take the manifest's).
+std::string check(const fs::path& dir, const std::string& hash, ValidCheckpoint& c) {
   const fs::path manifest = dir / "manifest.json";
   std::ifstream in(manifest);
   if (!in) return "no manifest (a checkpoint still being written, or cut short by a crash)";
@@ -127,13 +126,13 @@ std::string check(const fs::path& dir, const std::string& hash, uint64_t& step,
   if (why.empty() && format != kFormat)
     why = "the manifest's format is not " + std::string(kFormat);
   if (why.empty()) why = field(m, "step", "the manifest", says);
-  if (why.empty() && step != UINT64_MAX && says != step)
+  if (why.empty() && c.step != UINT64_MAX && says != c.step)
     why = "the manifest's step is not the directory's";
   if (why.empty()) why = field(m, "config_hash", "the manifest", config_hash);
   if (why.empty() && config_hash != hash)
     why = "it belongs to another model, data or seed (config hash " + config_hash +
           ", this job's " + hash + ")";
-  if (why.empty()) why = manifest_lr(m, lr);
+  if (why.empty()) why = manifest_lr(m, &c.lr);
   if (why.empty()) why = field(m, "blocks", "the manifest", blocks);
   if (!why.empty()) return why;
   const auto shards = m.find("shards");
@@ -142,7 +141,8 @@ std::string check(const fs::path& dir, const std::string& hash, uint64_t& step,
   std::vector<bool> seen(blocks);
   for (const auto& s : *shards)
     if (std::string bad = check_shard(dir, s, seen); !bad.empty()) return bad;
-  step = says;
+  c.step = says;
+  c.blocks = blocks;
   return "";
 }
 
@@ -222,10 +222,9 @@ std::optional<ValidCheckpoint> newest_valid_checkpoint(const std::string& dir,
                                                        std::vector<std::string>* refused) {
   auto dirs = checkpoint_dirs(dir);
   for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
-    uint64_t step = it->first;
-    double lr = 0;
-    std::string why = check(it->second, hash, step, &lr);
-    if (why.empty()) return ValidCheckpoint{it->first, it->second.string(), lr};
+    ValidCheckpoint c{it->first, it->second.string()};
+    std::string why = check(it->second, hash, c);
+    if (why.empty()) return c;
     if (refused) refused->push_back(it->second.string() + ": " + why);
   }
   return std::nullopt;
@@ -233,10 +232,9 @@ std::optional<ValidCheckpoint> newest_valid_checkpoint(const std::string& dir,
 
 std::optional<ValidCheckpoint> valid_checkpoint(const std::string& directory,
                                                 const std::string& hash, std::string* why) {
-  uint64_t step = UINT64_MAX;
-  double lr = 0;
-  std::string reason = check(directory, hash, step, &lr);
-  if (reason.empty()) return ValidCheckpoint{step, directory, lr};
+  ValidCheckpoint c{UINT64_MAX, directory};
+  std::string reason = check(directory, hash, c);
+  if (reason.empty()) return c;
   if (why) *why = reason;
   return std::nullopt;
 }

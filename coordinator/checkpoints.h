@@ -67,6 +67,7 @@ struct ValidCheckpoint {
   uint64_t step = 0;
   std::string directory;
   double lr = 0;  // optimizer.lr at its step, when the manifest says (0: the config's)
+  uint64_t blocks = 0;  // the model's blocks it holds (a job of another count refuses it)
 };
 // One checkpoint directory, checked as above: its step, or the reason it is not valid.
 std::optional<ValidCheckpoint> valid_checkpoint(const std::string& directory,

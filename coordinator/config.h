@@ -114,6 +114,7 @@ struct JobConfig {
   // a run whose coordinator was lost: its agents still alive are adopted, coordinator/job.h).
   std::string resume_dir;
   uint64_t resume_step = 0;
+  uint64_t resume_blocks = 0;  // the checkpoint's blocks: the model's must be as many
   bool take_over = false;
   // [observability]
   std::string metrics_listen;  // "": no endpoint; HOST:PORT serves GET /metrics (Prometheus)

@@ -501,6 +501,10 @@ class Coordinator : public caf::event_based_actor {
       holdings.push_back(r.holding);
       blocks = std::max(blocks, r.num_blocks);
     }
+    if (cfg_.resume_blocks != 0 && blocks != cfg_.resume_blocks)  // (the model's never changes)
+      return fail("the checkpoint " + cfg_.resume_dir + " holds " +
+                  std::to_string(cfg_.resume_blocks) + " blocks of the model, which has " +
+                  std::to_string(blocks));
     const auto g = elastic::start_generation(holdings, blocks, steps_.committed());
     if (!g.ok) return fail(g.reason + " (generation " + std::to_string(gens_.current() + 1) + ")");
     if (g.recover_to > g.recover_from) reforms_ = 0;

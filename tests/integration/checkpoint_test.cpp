@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "tests/harness/jobs.h"
@@ -433,6 +434,24 @@ TEST(Checkpoints, BadCheckpointsAreRefusedNamingTheFileAndTheNewestValidOneIsUse
   std::ofstream(cut + "/events.jsonl", std::ios::trunc) << events;
   std::string took = refused_resume(dir, cut, {"job.steps=80"});
   EXPECT_NE(took.find("started without a world size"), std::string::npos) << took;
+
+  // A manifest edited to list one block fewer (its last shard, then never checked): the job
+  // fails once the workers say how many blocks the model has, naming both counts.
+  const std::string fewer = dir.path() + "/bad-fewer";
+  fs::copy(ckpt + "/step-00000060", fewer, fs::copy_options::recursive);
+  {
+    std::ifstream in(fewer + "/manifest.json");
+    nlohmann::json m = nlohmann::json::parse(in);
+    m["shards"].erase(m["shards"].size() - 1);
+    m["blocks"] = m["blocks"].get<int>() - 1;
+    std::ofstream(fewer + "/manifest.json", std::ios::trunc) << m.dump(1);
+  }
+  Job short_one = start_job(dir, "fewer", kGpt, 1, {"job.steps=80"}, {}, {"--resume", fewer});
+  auto fst = short_one.proc->wait(60s);
+  ASSERT_TRUE(fst);
+  EXPECT_NE(WEXITSTATUS(*fst), 0);
+  EXPECT_NE(text_of(short_one.out).find("blocks of the model, which has"), std::string::npos)
+      << text_of(short_one.out);
 
   // Another model, data or seed: every checkpoint refused, exit 2.
   std::string out = refused_resume(dir, saved.run_dir, {"job.seed=99", "job.steps=80"});
