@@ -92,6 +92,10 @@ int run_export(const std::vector<std::string>& words, const Hooks& hooks) {
   models::Model& model = *built;
   const std::vector<size_t> counts = model.block_param_counts();
   models::Optimizer opt(w.optimizer, counts);
+  if (ckpt.blocks != model.num_blocks())
+    throw std::invalid_argument("the checkpoint " + ckpt.directory + " holds " +
+                                std::to_string(ckpt.blocks) + " blocks of the model, which has " +
+                                std::to_string(model.num_blocks()));
   for (uint32_t b = 0; b < model.num_blocks(); ++b) {
     const std::string path = ckpt.directory + "/" + workers::shard_file_name(b);
     models::load_block_state_file(path, model.block(b), b, opt);
