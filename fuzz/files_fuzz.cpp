@@ -2,7 +2,9 @@
 // a run directory's events.jsonl or metrics.jsonl give a report (coordinator::read_run and
 // render_report, as `troupe report` does), and any bytes as a checkpoint's manifest.json are
 // accepted or refused with a reason (valid_checkpoint, newest_valid_checkpoint: as a resume
-// does), never a crash, undefined behaviour or an exception. The first byte chooses the file.
+// does), and any bytes as a token data set's manifest.json open it or refuse it with
+// std::invalid_argument naming it (TokenShards::open, then reads of what it says it holds),
+// never a crash, undefined behaviour or another exception. The first byte chooses the file.
 // `make fuzz`; the corpus is fuzz/corpus/files.
 #include <stdlib.h>
 
@@ -13,6 +15,8 @@
 
 #include "coordinator/checkpoints.h"
 #include "coordinator/run_report.h"
+#include "data/shards.h"
+#include "data/tokenizer.h"
 
 namespace {
 
@@ -23,6 +27,9 @@ const std::string& scratch() {
     std::filesystem::create_directories(t + "/run");
     std::filesystem::create_directories(t + "/ckpt/step-00000010");
     std::ofstream(t + "/ckpt/step-00000010/block-00000.trpblk", std::ios::binary) << "state";
+    std::filesystem::create_directories(t + "/tokens");
+    troupe::data::Tokenizer::bytes().save(t + "/tokens/" + troupe::data::kTokenizerFile);
+    std::ofstream(t + "/tokens/tokens-00000.bin", std::ios::binary) << std::string(40, 'a');
     return t;
   }();
   return dir;
@@ -38,12 +45,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const std::string bytes(reinterpret_cast<const char*>(data) + 1, size - 1);
   const std::string& dir = scratch();
-  switch (data[0] % 3) {
+  switch (data[0] % 4) {
     case 0:
     case 1:
-      write(dir + "/run/events.jsonl", data[0] % 3 == 0 ? bytes : R"({"event":"job_started"})");
-      write(dir + "/run/metrics.jsonl", data[0] % 3 == 1 ? bytes : "");
+      write(dir + "/run/events.jsonl", data[0] % 4 == 0 ? bytes : R"({"event":"job_started"})");
+      write(dir + "/run/metrics.jsonl", data[0] % 4 == 1 ? bytes : "");
       (void)troupe::coordinator::render_report(troupe::coordinator::read_run(dir + "/run"));
+      break;
+    case 3:
+      write(dir + "/tokens/" + troupe::data::kManifestFile, bytes);
+      try {
+        auto t = troupe::data::TokenShards::open(dir + "/tokens");
+        int32_t ids[4];
+        for (uint64_t at = 0; at + 4 <= t->tokens() && at < 64; at += 4) t->read(at, 4, ids);
+      } catch (const std::invalid_argument&) {
+      }
       break;
     default: {
       write(dir + "/ckpt/step-00000010/manifest.json", bytes);
