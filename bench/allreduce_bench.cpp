@@ -48,6 +48,8 @@ size_t parse_size(const std::string& s) {
     mul = 1024.0 * 1024 * 1024;
   else if (!unit.empty() && unit != "B")
     throw std::invalid_argument("bad size '" + s + "' (use 4K, 1M, 64M)");
+  if (!(v * mul >= 1 && v * mul <= 0x1p40))  // (also NaN)
+    throw std::invalid_argument("size '" + s + "' is not from 1 byte to 1 TiB");
   return size_t(v * mul);
 }
 
@@ -296,7 +298,7 @@ int run_allreduce_worker(const std::vector<std::string>& words) {
   comm::UcxCommOptions opt;
   app.add_option("--dir", dir, "the rendezvous directory")->required();
   app.add_option("--rank", rank, "this rank")->required();
-  app.add_option("--world", world, "the number of ranks")->required()->check(CLI::PositiveNumber);
+  app.add_option("--world", world, "the number of ranks")->required()->check(cli::kPositive);
   app.add_option("--sizes", sizes, "bytes per allreduce, e.g. 4K,1M,64M");
   app.add_option("--mode", mode, "bench; check or loop (the multi-process tests)")
       ->check(CLI::IsMember({"bench", "check", "loop"}));
@@ -405,7 +407,7 @@ int run_allreduce_bench(const std::vector<std::string>& words) {
   std::vector<int> worlds;
   bool json = false;
   app.add_option("--workers", worlds, "process counts, repeatable (default 2 and 4)")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::kPositive);
   app.add_option("--sizes", sizes, "bytes per allreduce, e.g. 4K,1M,64M");
   app.add_option("--backend", backend, "ucx or nccl")->check(CLI::IsMember({"ucx", "nccl"}));
   app.add_option("--dtype", dtype, "f32, or i64 (parallel.deterministic's sums)")
@@ -413,7 +415,7 @@ int run_allreduce_bench(const std::vector<std::string>& words) {
   app.add_option("--algorithm", algorithm, "auto, ring, rd or shm");
   app.add_option("--min-seconds", min_seconds, "time each size at least this long");
   app.add_option("--segment-bytes", segment, "ring chunk size (bytes, or 64K, 1M)");
-  app.add_option("--window", window, "ring chunks in flight");
+  app.add_option("--window", window, "ring chunks in flight")->check(cli::kPositive);
   app.add_option("--shm-slice-bytes", slice,
                  "shared-memory slice size (bytes, or 64K, 1M); registered buffers go in the CPU's "
                  "own where it has one (comm::peer_lines)");
@@ -426,6 +428,7 @@ int run_allreduce_bench(const std::vector<std::string>& words) {
   parse_algorithm(algorithm);                     // refused here, before any process starts
   segment = std::to_string(parse_size(segment));  // the workers take bytes: 64K -> 65536
   slice = std::to_string(parse_size(slice));
+  (void)parse_sizes(sizes);  // (refused here too: -5, 0, 2T)
   if (backend == "nccl") return run_nccl_allreduce_bench(parse_sizes(sizes), json);
   if (worlds.empty()) worlds = {2, 4};
   std::string exe = coordinator::self_executable();

@@ -55,7 +55,7 @@ int run_checkpoint_bench(const std::vector<std::string>& words) {
   std::string dir;
   bool json = false;
   app.add_option("--params", params, "parameters (rounded to 4096-wide blocks)")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::kPositive);
   app.add_option("--dir", dir, "where to write (default: a directory under /tmp)");
   app.add_flag("--json", json, "one JSON line");
   if (auto rc = cli::parse(app, words)) return *rc;

@@ -139,13 +139,12 @@ int run_control_bench(const std::vector<std::string>& words) {
       payload = 8;
   bool json = false;
   app.add_option("--round-trips", round_trips, "timed request/reply round trips")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--messages", messages, "one-way messages for the rate")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::kPositive);
+  app.add_option("--messages", messages, "one-way messages for the rate")->check(cli::kPositive);
   app.add_option("--payload-bytes", payload, "bytes of each echo's payload")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::kNonNegative);
   app.add_option("--spin-us", spin_us, "the progress thread spins this long before it sleeps")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::kNonNegative);
   app.add_flag("--json", json, "JSON lines");
   if (auto rc = cli::parse(app, words)) return *rc;
   std::string exe = coordinator::self_executable();

@@ -21,9 +21,9 @@ int run_data_bench(const std::vector<std::string>& words) {
   double seconds = 3;
   bool json = false;
   app.add_option("--data", spec.data_path, "a data set made by troupe data prepare")->required();
-  app.add_option("--context", context, "tokens per window, less one")->check(CLI::PositiveNumber);
-  app.add_option("--batch", batch, "windows per micro-batch")->check(CLI::PositiveNumber);
-  app.add_option("--seconds", seconds, "how long to measure")->check(CLI::PositiveNumber);
+  app.add_option("--context", context, "tokens per window, less one")->check(cli::kPositive);
+  app.add_option("--batch", batch, "windows per micro-batch")->check(cli::kPositive);
+  app.add_option("--seconds", seconds, "how long to measure")->check(cli::kPositive);
   app.add_option("--seed", spec.seed, "the order's seed");
   app.add_flag("--json", json, "one JSON line");
   if (auto rc = cli::parse(app, words)) return *rc;

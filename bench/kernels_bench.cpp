@@ -230,13 +230,13 @@ int run_kernels_bench(const std::vector<std::string>& words, const std::string& 
       });
   app.add_option("--batch", o.B, "B (default: 8 on CUDA, 4 on the CPU)");
   app.add_option("--context", o.T, "T (default: 1024 on CUDA, 256 on the CPU)");
-  app.add_option("--d-model", o.C, "C")->check(CLI::PositiveNumber);
-  app.add_option("--heads", o.NH, "NH (dividing C)")->check(CLI::PositiveNumber);
-  app.add_option("--vocab", o.V, "V")->check(CLI::PositiveNumber);
+  app.add_option("--d-model", o.C, "C")->check(cli::kPositive);
+  app.add_option("--heads", o.NH, "NH (dividing C)")->check(cli::kPositive);
+  app.add_option("--vocab", o.V, "V")->check(cli::kPositive);
   app.add_option("--params", o.params,
                  "the optimizer's and the norm's size (default: 124M "
                  "on CUDA, 10M on the CPU)");
-  app.add_option("--threads", o.threads, "CPU compute threads")->check(CLI::PositiveNumber);
+  app.add_option("--threads", o.threads, "CPU compute threads")->check(cli::kPositive);
   app.add_flag("--bf16", o.bf16, "bf16 GEMM inputs (model.dtype = \"bf16\"; on the CPU emulated)");
   app.add_option("--bandwidth-gbs", o.bandwidth_gbs,
                  "the device's memory bandwidth, GB/s "

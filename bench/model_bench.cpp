@@ -89,11 +89,10 @@ int run_model_bench(const std::vector<std::string>& words) {
   app.add_option("--device", device, "cpu or cuda:N");
   app.add_option("--dtype", dtype, "f32 or bf16 (model.dtype)")
       ->check(CLI::IsMember({"f32", "bf16"}));
-  app.add_option("--batch", batch, "samples a step (default: the model's)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--steps", steps, "timed steps")->check(CLI::PositiveNumber);
-  app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
-  app.add_option("--threads", threads, "compute threads")->check(CLI::PositiveNumber);
+  app.add_option("--batch", batch, "samples a step (default: the model's)")->check(cli::kPositive);
+  app.add_option("--steps", steps, "timed steps")->check(cli::kPositive);
+  app.add_option("--warmup", warmup, "untimed steps first")->check(cli::kNonNegative);
+  app.add_option("--threads", threads, "compute threads")->check(cli::kPositive);
   app.add_option("--data-path", data_path, "the text the gpt trains on");
   app.add_option("--seed", seed, "initialisation seed");
   app.add_flag("--json", json, "one JSON line");

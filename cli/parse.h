@@ -4,6 +4,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -28,6 +29,23 @@ inline std::optional<int> parse(CLI::App& app, const std::vector<std::string>& w
   }
   return std::nullopt;
 }
+
+// A number above `floor` (or at it, when `or_equal`), else what it is not: for the options' checks
+// (CLI11's own say "not in range 0.000000 to 179769313486231570814527...").
+inline std::string number_check(const std::string& text, double floor, bool or_equal) {
+  try {
+    size_t used = 0;
+    const double v = std::stod(text, &used);
+    if (used == text.size() && std::isfinite(v) && (v > floor || (or_equal && v == floor)))
+      return "";
+  } catch (const std::exception&) {
+  }
+  return text + " is not a " + (or_equal ? "non-negative" : "positive") + " number";
+}
+inline const CLI::Validator kPositive([](std::string& s) { return number_check(s, 0, false); },
+                                      "POSITIVE", "positive");
+inline const CLI::Validator kNonNegative([](std::string& s) { return number_check(s, 0, true); },
+                                         "NONNEGATIVE", "non-negative");
 
 // The candidate nearest to word, if it is near enough to be a typo; "" otherwise.
 inline std::string did_you_mean(const std::string& word,

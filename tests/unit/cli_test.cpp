@@ -10,6 +10,7 @@ namespace {
 
 struct Parsed {
   std::optional<int> rc;
+  std::string said;  // stderr
   int64_t workers = 0;
   std::vector<std::string> sets;
   bool json = false;
@@ -18,14 +19,14 @@ struct Parsed {
 Parsed run(const std::vector<std::string>& words) {
   Parsed p;
   CLI::App app{"test", "troupe test"};
-  app.add_option("--workers", p.workers, "")->check(CLI::PositiveNumber);
+  app.add_option("--workers", p.workers, "")->check(cli::kPositive);
   app.add_option("--set", p.sets, "");
   app.add_flag("--json", p.json, "");
   testing::internal::CaptureStdout();
   testing::internal::CaptureStderr();
   p.rc = cli::parse(app, words);
   testing::internal::GetCapturedStdout();
-  testing::internal::GetCapturedStderr();
+  p.said = testing::internal::GetCapturedStderr();
   return p;
 }
 
@@ -43,6 +44,9 @@ TEST(CommandLine, HelpExitsZeroAndMistakesExitTwo) {
   EXPECT_EQ(run({"--workers"}).rc, 2);          // a value missing
   EXPECT_EQ(run({"--workers", "four"}).rc, 2);  // not a number
   EXPECT_EQ(run({"--workers", "0"}).rc, 2);     // out of range
+  EXPECT_NE(run({"--workers", "-3"}).said.find("--workers: -3 is not a positive number"),
+            std::string::npos)
+      << run({"--workers", "-3"}).said;
   EXPECT_EQ(run({"--json=1", "extra"}).rc, 2);
 }
 
