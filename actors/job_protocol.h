@@ -119,6 +119,23 @@ struct GenerationStart {
   std::vector<GenerationMember> members;  // by rank
   double lr = 0;                          // optimizer.lr from start_step on (0: the job's)
 };
+// "" when g's members hold the ranks 0..n-1 once each and its state source is one of them, else
+// why not (a coordinator's bug or another version's: an agent drops such a start, since its
+// workers index their peers by rank).
+inline std::string invalid_members(const GenerationStart& g) {
+  const size_t n = g.members.size();
+  std::vector<bool> seen(n);
+  for (const auto& m : g.members) {
+    if (m.rank >= n || seen[m.rank])
+      return "generation " + std::to_string(g.generation) + ": member rank " +
+             std::to_string(m.rank) + " twice or outside 0.." + std::to_string(n - 1);
+    seen[m.rank] = true;
+  }
+  if (n > 0 && g.state_source >= n)
+    return "generation " + std::to_string(g.generation) + ": state source " +
+           std::to_string(g.state_source) + " outside 0.." + std::to_string(n - 1);
+  return "";
+}
 
 // worker -> coordinator (one way): a step it applied.
 struct StepReport {

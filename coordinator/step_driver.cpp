@@ -9,6 +9,10 @@
 namespace troupe::coordinator {
 
 bool StepDriver::report(const actors::StepReport& r, uint64_t generation, size_t world) {
+  if (r.rank >= world) {  // (no generation yet, or a worker's bug: it must not count)
+    spdlog::warn("a step report of rank {} in a generation of {}: ignored", r.rank, world);
+    return false;
+  }
   if (r.step < committed_) return false;  // committed already (a report sent again)
   Pending& p = steps_[r.step];
   if (std::count(p.ranks.begin(), p.ranks.end(), r.rank)) return false;  // (sent again)
@@ -46,6 +50,7 @@ bool StepDriver::report(const actors::StepReport& r, uint64_t generation, size_t
 
 bool StepDriver::start_generation(const elastic::GenerationStart& g, uint64_t generation,
                                   size_t world) {
+  checksums_.clear();  // (a member's end counts in the generation it was sent in)
   for (uint64_t step = g.recover_from; step < g.recover_to; ++step)
     commit(step, /*recovered=*/true, generation, world);
   if (g.rolled_back) {
@@ -191,6 +196,10 @@ void StepDriver::write_ledger(uint64_t step, const Pending& p, bool recovered,
 }
 
 std::optional<StepDriver::Outcome> StepDriver::done(const actors::WorkerDone& d, size_t world) {
+  if (d.rank >= world) {  // (no generation yet, or a worker's bug: the job is not done)
+    spdlog::warn("a worker's end of rank {} in a generation of {}: ignored", d.rank, world);
+    return std::nullopt;
+  }
   checksums_[d.rank] = d.checksum;
   if (checksums_.size() < world) return std::nullopt;
   Outcome o;

@@ -42,6 +42,10 @@ caf::actor spawn_agent_actor(caf::actor_system& system, std::shared_ptr<Generati
       auto body = m.envelope().getBody();
       if (body.isGenerationStart()) {
         auto g = actors::decode(body.getGenerationStart());
+        if (const std::string why = actors::invalid_members(g); !why.empty()) {
+          spdlog::error("[job {}] [{}] a generation start dropped: {}", job, name, why);
+          return actors::make_ack();
+        }
         log_as(job, name, g, agent_id->load());
         board->start(std::move(g));
       } else if (body.isCheckpointAtStep()) {

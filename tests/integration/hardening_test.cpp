@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "coordinator/step_driver.h"
 #include "tests/harness/jobs.h"
 
 namespace troupe {
@@ -207,6 +208,32 @@ std::string troupe_output(const TempDir& dir, std::vector<std::string> args, int
   auto st = p.wait(30s);
   if (rc) *rc = st && WIFEXITED(*st) ? WEXITSTATUS(*st) : -1;
   return text_of(out);
+}
+
+// A step report or a worker's end from a rank outside the generation (no generation yet, a
+// worker's bug, another version) counts for nothing: no step commits on it, no job ends on it.
+// (No processes: the coordinator's step driver alone.)
+TEST(StepDriver, RanksOutsideTheGenerationCountForNothing) {
+  TempDir dir;
+  coordinator::RunLog log(dir.path(), false);
+  coordinator::JobConfig cfg;
+  int commits = 0;
+  coordinator::StepDriver steps(log, cfg, [&](const coordinator::StepCommitted&) { ++commits; });
+  actors::StepReport r;
+  r.generation = 1;
+  r.rank = 7;  // in a world of 2
+  EXPECT_FALSE(steps.report(r, 1, 2));
+  r.rank = 0;
+  EXPECT_FALSE(steps.report(r, 1, 2));  // (rank 1 has not reported)
+  EXPECT_FALSE(steps.report(r, 0, 0));  // no generation yet: a world of 0
+  EXPECT_EQ(commits, 0);
+  r.rank = 1;
+  EXPECT_TRUE(steps.report(r, 1, 2));
+  EXPECT_EQ(commits, 1);
+  EXPECT_FALSE(steps.done({5, 1, 1, 42}, 2));
+  EXPECT_FALSE(steps.done({0, 0, 0, 42}, 0));  // a world of 0: the job is not done
+  EXPECT_FALSE(steps.done({0, 1, 1, 42}, 2));
+  EXPECT_TRUE(steps.done({1, 1, 1, 42}, 2));
 }
 
 // `troupe status` of a job no process runs any more reads how it ended from its run directory

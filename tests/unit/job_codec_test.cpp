@@ -115,6 +115,25 @@ TEST(JobCodec, WorkerReadyAndGenerationStartCarryTheWholeHolding) {
   EXPECT_EQ(h.members[1].address, "b");
 }
 
+// A start whose members do not hold the ranks 0..n-1 once each, or whose state source is not one
+// of them, decodes (the codec checks no ranges) and is named invalid: an agent drops it rather
+// than index its peers by those ranks.
+TEST(JobCodec, AGenerationStartWithRanksOutsideItsMembersIsInvalid) {
+  GenerationStart g{6, 40, 1, {{0, {0, 0}, "a", {}}, {1, {2, 1}, "b", {}}}, 0};
+  EXPECT_EQ(invalid_members(g), "");
+  GenerationStart past = g;
+  past.members[1].rank = 7;
+  EXPECT_NE(invalid_members(decode(body(encode(past)).getGenerationStart()))
+                .find("rank 7 twice or outside 0..1"),
+            std::string::npos);
+  GenerationStart twice = g;
+  twice.members[1].rank = 0;
+  EXPECT_NE(invalid_members(twice).find("rank 0 twice"), std::string::npos);
+  GenerationStart source = g;
+  source.state_source = 2;
+  EXPECT_NE(invalid_members(source).find("state source 2 outside"), std::string::npos);
+}
+
 TEST(JobCodec, ReportsAndAnswersRoundTrip) {
   StepReport s{3, 17, 2, 1.25, 8, 256, 100, 108, 0.5, 0.4, 0.1, 0, 0, 3e9, 2e11, 1};
   StepReport t = decode(body(encode(s)).getStepReport());
