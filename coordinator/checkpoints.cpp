@@ -165,9 +165,33 @@ std::string checkpoint_config_hash(const JobConfig& c) {
 
 Checkpoints::Checkpoints(const JobConfig& cfg) : cfg_(cfg), hash_(checkpoint_config_hash(cfg)) {}
 
+// "" when a worker's report of its shards is one the manifest may list (every shard a block of
+// the checkpoint under its own name, in this job's checkpoint directory, of as many blocks as the
+// other writers said), else why not (a worker's bug or another version's).
+std::string Checkpoints::invalid(const actors::CheckpointWritten& w, uint32_t blocks) const {
+  const std::string who =
+      "rank " + std::to_string(w.rank) + "'s shards of step " + std::to_string(w.step);
+  if (w.blocks == 0 || (blocks != 0 && w.blocks != blocks))
+    return who + " are of " + std::to_string(w.blocks) + " blocks, the others' of " +
+           std::to_string(blocks);
+  for (const auto& s : w.shards)
+    if (s.block >= w.blocks || s.file != actors::shard_file_name(s.block))
+      return who + ": block " + std::to_string(s.block) + " in " + s.file;
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08llu", (unsigned long long)w.step);
+  std::error_code ec;
+  const fs::path dir(w.directory);
+  if (dir.filename() != name || !fs::equivalent(dir.parent_path(), cfg_.checkpoint_dir, ec))
+    return who + " are in " + w.directory + ", not " + cfg_.checkpoint_dir + "/" + name;
+  return "";
+}
+
 std::optional<CompletedCheckpoint> Checkpoints::add(const actors::CheckpointWritten& w,
                                                     uint32_t world_size, const std::string& plan,
                                                     double lr) {
+  auto at = pending_.find({w.step, w.generation});
+  if (std::string why = invalid(w, at == pending_.end() ? 0 : at->second.blocks); !why.empty())
+    throw std::runtime_error(why);
   // (By step and generation: a step redone after a rollback may be written again by other
   // members, whose blocks need not match the first writers'.)
   Pending& p = pending_[{w.step, w.generation}];

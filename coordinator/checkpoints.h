@@ -53,6 +53,7 @@ class Checkpoints {
     double blocking = 0, write = 0;
   };
   void prune();
+  std::string invalid(const actors::CheckpointWritten& w, uint32_t blocks) const;
 
   JobConfig cfg_;
   std::string hash_;
@@ -66,7 +67,7 @@ class Checkpoints {
 struct ValidCheckpoint {
   uint64_t step = 0;
   std::string directory;
-  double lr = 0;  // optimizer.lr at its step, when the manifest says (0: the config's)
+  double lr = 0;        // optimizer.lr at its step, when the manifest says (0: the config's)
   uint64_t blocks = 0;  // the model's blocks it holds (a job of another count refuses it)
 };
 // One checkpoint directory, checked as above: its step, or the reason it is not valid.

@@ -133,6 +133,34 @@ TEST(Checkpoints, DamagedOrForeignCheckpointsAreRefusedNamingWhyAndTheNewestVali
 
 // A manifest whose fields have other types than the writer's (edited by hand, damaged, another
 // program's): refused naming the field, never an exception out of the check.
+// A worker's report the manifest may not list (a worker's bug, another version's): refused naming
+// the rank and what, no manifest written, and the checkpoint completes from good reports after.
+TEST(Checkpoints, AReportOfShardsOutsideTheCheckpointIsRefused) {
+  Dir d;
+  Checkpoints ck(config(d.path, 10));
+  auto refused = [&](actors::CheckpointWritten w, const std::string& why) {
+    try {
+      ck.add(w, 1, "", 1e-3);
+      ADD_FAILURE() << "accepted: " << why;
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  actors::CheckpointWritten past = report(d.path, 10, 1, {0}, 2);
+  past.shards[0].block = 2;  // of 2 blocks
+  refused(past, "block 2 in");
+  actors::CheckpointWritten named = report(d.path, 10, 1, {0}, 2);
+  named.shards[0].file = "block-00001.trpblk";
+  refused(named, "block 0 in block-00001.trpblk");
+  actors::CheckpointWritten elsewhere = report(d.path, 10, 1, {0}, 2);
+  elsewhere.directory = d.path + "/step-00000011";
+  refused(elsewhere, "are in " + d.path + "/step-00000011");
+  ASSERT_FALSE(ck.add(report(d.path, 10, 1, {0}, 2), 1, "", 1e-3));
+  refused(report(d.path, 10, 1, {1}, 3), "are of 3 blocks, the others' of 2");
+  EXPECT_FALSE(fs::exists(step_dir(d.path, 10) + "/manifest.json"));
+  EXPECT_TRUE(ck.add(report(d.path, 10, 1, {1}, 2), 1, "", 1e-3));
+}
+
 // A manifest listing one block's shard twice (the other's file, damaged, never checked): refused.
 TEST(Checkpoints, EveryBlocksOwnShardIsChecked) {
   Dir d;
