@@ -6,6 +6,7 @@
 #include "workers/elastic_loop.h"
 
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -191,6 +192,12 @@ void ElasticLoop::Impl::take_state(const actors::GenerationStart& g) {
       comm_->send(bytes.data(), bytes.size(), int(m.rank), workers::tags::kState);
     } else if (m.rank == rank_) {
       comm_->recv(&size, sizeof size, int(g.state_source), workers::tags::kState);
+      const uint64_t memory =
+          uint64_t(::sysconf(_SC_PHYS_PAGES)) * uint64_t(::sysconf(_SC_PAGESIZE));
+      if (size > memory)  // (a sender's bug: not an allocation that ends the program)
+        throw comm::Error(comm::Errc::invalid_input,
+                          "rank " + std::to_string(g.state_source) + " sends a state of " +
+                              std::to_string(size) + " bytes, more than this machine's memory");
       bytes.resize(size);
       comm_->recv(bytes.data(), bytes.size(), int(g.state_source), workers::tags::kState);
       state_.load(bytes);
