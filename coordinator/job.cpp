@@ -331,6 +331,14 @@ class Coordinator : public caf::event_based_actor {
   // A worker's address for generation g+1 (g: the current one, 0 before the first).
   void on_ready(actors::WorkerReady r) {
     const WorkerId w = r.worker;
+    if (r.holding.applied > uint64_t(cfg_.steps) || r.holding.backup_step > uint64_t(cfg_.steps)) {
+      // (A worker's bug or another version's: a start there would commit steps never run.)
+      spdlog::error(
+          "worker {} says it holds state as of step {} of a job of {} steps: taken as "
+          "holding nothing (it receives the state)",
+          w.name(), std::max(r.holding.applied, r.holding.backup_step), cfg_.steps);
+      r.holding = elastic::Holding{};
+    }
     if (!roster_.known(w) || !gens_.publish(std::move(r))) return;  // unknown, or stale
     // A worker that is not a member (a joiner, a standby) being ready may change the membership.
     if (job_.started() && !gens_.is_member(w) && !gens_.is_expected(w)) decide_and_act();

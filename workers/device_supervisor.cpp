@@ -131,7 +131,10 @@ void DeviceSupervisor::publish() {
   comm_ = std::make_unique<comm::UcxCommunicator>(want_, co);
   rejoins_ = board_.rejoins();
   id_.agent = ctx_.agent_id();
-  ctx_.send(actors::encode(actors::WorkerReady{id_, want_, comm_->address(), worker_->holding(),
+  elastic::Holding holding = worker_->holding();
+  if (spec_.faults)
+    spec_.faults->before_ready(spec_.agent_name, spec_.device_index, holding.applied);
+  ctx_.send(actors::encode(actors::WorkerReady{id_, want_, comm_->address(), holding,
                                                worker_->num_blocks(), last_error_}));
   last_error_.clear();
 }

@@ -31,6 +31,8 @@ class EnvFaults : public workers::FaultInjector {
     if (const char* a = std::getenv("TROUPE_TEST_SLOW_AGENT")) slow_agent_ = a;
     if (const char* a = std::getenv("TROUPE_TEST_THROW_AGENT")) throw_agent_ = a;
     if (const char* a = std::getenv("TROUPE_TEST_PERTURB_AGENT")) perturb_agent_ = a;
+    if (const char* a = std::getenv("TROUPE_TEST_CLAIM_AGENT")) claim_agent_ = a;
+    claim_applied_ = uint64_t(env_int("TROUPE_TEST_CLAIM_APPLIED"));
     if (const char* f = std::getenv("TROUPE_TEST_STATE_DELAY_FILE")) state_delay_file_ = f;
     guarded_device_ = env_int("TROUPE_TEST_GUARDED_DEVICE") > 0;
     guarded_plane_ = env_int("TROUPE_TEST_GUARDED_PLANE") > 0;
@@ -38,7 +40,7 @@ class EnvFaults : public workers::FaultInjector {
   bool any() const {
     return step_delay_us_ > 0 || (throw_at_step_ > 0 && !throw_agent_.empty()) ||
            state_delay_ms_ > 0 || checkpoint_delay_ms_ > 0 || !perturb_agent_.empty() ||
-           guarded_device_ || (slow_us_ > 0 && !slow_agent_.empty());
+           guarded_device_ || (slow_us_ > 0 && !slow_agent_.empty()) || !claim_agent_.empty();
   }
 
   // TROUPE_TEST_GUARDED_DEVICE=1: every worker computes on a device the host cannot read; all
@@ -59,6 +61,10 @@ class EnvFaults : public workers::FaultInjector {
   void before_checksum(const std::string& agent, uint32_t, float* parameters,
                        size_t count) override {
     if (agent == perturb_agent_ && count > 0) parameters[0] += 1.0f;
+  }
+
+  void before_ready(const std::string& agent, uint32_t, uint64_t& applied) override {
+    if (agent == claim_agent_) applied = claim_applied_;
   }
 
   void before_step(const std::string& agent, uint32_t device, uint64_t step) override {
@@ -94,7 +100,8 @@ class EnvFaults : public workers::FaultInjector {
   int64_t step_delay_us_;
   uint64_t throw_at_step_;
   int64_t state_delay_ms_, checkpoint_delay_ms_, slow_us_;
-  std::string throw_agent_, perturb_agent_, slow_agent_, state_delay_file_;
+  std::string throw_agent_, perturb_agent_, slow_agent_, state_delay_file_, claim_agent_;
+  uint64_t claim_applied_ = 0;
   bool guarded_device_ = false, guarded_plane_ = false;
   std::atomic<bool> thrown_{false}, checkpoint_delayed_{false};
 };

@@ -257,6 +257,32 @@ TEST(Job, MembersThatEndDifferentFailTheJob) {
   EXPECT_NE(text.find("members ended with different parameters"), std::string::npos) << text;
 }
 
+// A worker that says it holds state as of a step far past the job's end (the test build makes
+// agent-1's say step 10^12): the coordinator takes it as holding nothing and it receives the
+// state; the job runs its steps once each and ends with identical parameters (before, the first
+// generation would have started at step 10^12, committing steps never run).
+TEST(Job, AWorkerClaimingAStepPastTheEndReceivesTheState) {
+  testing::TempDir dir;
+  std::string config = write_config(dir, "mlp.toml", kMlp);
+  std::string run_dir = dir.path() + "/claim", out = run_dir + ".out";
+  coordinator::ChildProcess p(
+      {{testing::troupe_binary(), "run", config, "--set", "job.run_dir=\"" + run_dir + "\"",
+        "--set", "cluster.agents=2"},
+       out,
+       out,
+       {"TROUPE_TEST_CLAIM_AGENT=agent-1", "TROUPE_TEST_CLAIM_APPLIED=1000000000000"}});
+  auto st = p.wait(120s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << testing::text_of(out);
+  auto events = testing::lines_of(run_dir + "/events.jsonl");
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(testing::json_field(events.back(), "identical_parameters"), "true") << events.back();
+  EXPECT_EQ(testing::committed_losses(run_dir).size(),
+            size_t(std::stoul(testing::json_field(events.back(), "steps"))));
+  EXPECT_NE(testing::text_of(run_dir + "/coordinator.log").find("taken as holding nothing"),
+            std::string::npos);
+}
+
 // A device the agent cannot open is refused where it starts: exit 2, with the reason, before it
 // contacts anyone (a CPU worker never stands in for a GPU one). On a machine without a GPU that
 // is any cuda:N; with one, a GPU it does not have.
