@@ -504,10 +504,13 @@ class Coordinator : public caf::event_based_actor {
     auto next = next_members();
     if (!next) return;
     std::vector<elastic::Holding> holdings;
-    uint32_t blocks = 0;
+    uint32_t blocks = next->empty() ? 0 : next->front().num_blocks;
     for (const auto& r : *next) {
       holdings.push_back(r.holding);
-      blocks = std::max(blocks, r.num_blocks);
+      if (r.num_blocks != blocks)  // (the same model everywhere: a worker's bug or version)
+        return fail("workers " + next->front().worker.name() + " and " + r.worker.name() +
+                    " say the model has " + std::to_string(blocks) + " and " +
+                    std::to_string(r.num_blocks) + " blocks");
     }
     if (cfg_.resume_blocks != 0 && blocks != cfg_.resume_blocks)  // (the model's never changes)
       return fail("the checkpoint " + cfg_.resume_dir + " holds " +
