@@ -132,10 +132,11 @@ void DeviceSupervisor::publish() {
   rejoins_ = board_.rejoins();
   id_.agent = ctx_.agent_id();
   elastic::Holding holding = worker_->holding();
+  uint32_t blocks = worker_->num_blocks();
   if (spec_.faults)
-    spec_.faults->before_ready(spec_.agent_name, spec_.device_index, holding.applied);
-  ctx_.send(actors::encode(actors::WorkerReady{id_, want_, comm_->address(), holding,
-                                               worker_->num_blocks(), last_error_}));
+    spec_.faults->before_ready(spec_.agent_name, spec_.device_index, holding.applied, blocks);
+  ctx_.send(actors::encode(
+      actors::WorkerReady{id_, want_, comm_->address(), holding, blocks, last_error_}));
   last_error_.clear();
 }
 

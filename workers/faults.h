@@ -34,9 +34,11 @@ class FaultInjector {
   // (a member that ended different: the job must say so, not report success).
   virtual void before_checksum(const std::string& agent, uint32_t device, float* parameters,
                                size_t count) {}
-  // Before worker `device` of `agent` says it is ready with `applied`, the step its state is as
-  // of: may change it (a worker claiming a step it never ran: the coordinator must not believe it).
-  virtual void before_ready(const std::string& agent, uint32_t device, uint64_t& applied) {}
+  // Before worker `device` of `agent` says it is ready (the step its state is as of, its model's
+  // blocks): may change what it says (a worker claiming a step it never ran, or another model:
+  // the coordinator must not believe it).
+  virtual void before_ready(const std::string& agent, uint32_t device, uint64_t& applied,
+                            uint32_t& blocks) {}
   // The device worker `device` of `agent` computes on instead of its own (null: its own): a
   // stand-in device whose memory the host cannot read, so a test sees every host-staged path.
   virtual std::shared_ptr<models::Compute> device_for(const std::string& agent, uint32_t device) {

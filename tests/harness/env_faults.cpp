@@ -33,6 +33,7 @@ class EnvFaults : public workers::FaultInjector {
     if (const char* a = std::getenv("TROUPE_TEST_PERTURB_AGENT")) perturb_agent_ = a;
     if (const char* a = std::getenv("TROUPE_TEST_CLAIM_AGENT")) claim_agent_ = a;
     claim_applied_ = uint64_t(env_int("TROUPE_TEST_CLAIM_APPLIED"));
+    claim_blocks_ = uint64_t(env_int("TROUPE_TEST_CLAIM_BLOCKS"));
     if (const char* f = std::getenv("TROUPE_TEST_STATE_DELAY_FILE")) state_delay_file_ = f;
     guarded_device_ = env_int("TROUPE_TEST_GUARDED_DEVICE") > 0;
     guarded_plane_ = env_int("TROUPE_TEST_GUARDED_PLANE") > 0;
@@ -63,8 +64,11 @@ class EnvFaults : public workers::FaultInjector {
     if (agent == perturb_agent_ && count > 0) parameters[0] += 1.0f;
   }
 
-  void before_ready(const std::string& agent, uint32_t, uint64_t& applied) override {
-    if (agent == claim_agent_) applied = claim_applied_;
+  void before_ready(const std::string& agent, uint32_t, uint64_t& applied,
+                    uint32_t& blocks) override {
+    if (agent != claim_agent_) return;
+    if (claim_applied_ > 0) applied = claim_applied_;
+    if (claim_blocks_ > 0) blocks = uint32_t(claim_blocks_);
   }
 
   void before_step(const std::string& agent, uint32_t device, uint64_t step) override {
@@ -101,7 +105,7 @@ class EnvFaults : public workers::FaultInjector {
   uint64_t throw_at_step_;
   int64_t state_delay_ms_, checkpoint_delay_ms_, slow_us_;
   std::string throw_agent_, perturb_agent_, slow_agent_, state_delay_file_, claim_agent_;
-  uint64_t claim_applied_ = 0;
+  uint64_t claim_applied_ = 0, claim_blocks_ = 0;
   bool guarded_device_ = false, guarded_plane_ = false;
   std::atomic<bool> thrown_{false}, checkpoint_delayed_{false};
 };

@@ -283,6 +283,24 @@ TEST(Job, AWorkerClaimingAStepPastTheEndReceivesTheState) {
             std::string::npos);
 }
 
+// Workers that disagree on the model's blocks (the test build makes agent-1 say 7): the job fails
+// naming both, instead of planning a generation around the larger count.
+TEST(Job, WorkersThatDisagreeOnTheModelsBlocksFailTheJobNamingThem) {
+  testing::TempDir dir;
+  std::string config = write_config(dir, "mlp.toml", kMlp);
+  std::string run_dir = dir.path() + "/blocks", out = run_dir + ".out";
+  coordinator::ChildProcess p({{testing::troupe_binary(), "run", config, "--set",
+                                "job.run_dir=\"" + run_dir + "\"", "--set", "cluster.agents=2"},
+                               out,
+                               out,
+                               {"TROUPE_TEST_CLAIM_AGENT=agent-1", "TROUPE_TEST_CLAIM_BLOCKS=7"}});
+  auto st = p.wait(120s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 1) << testing::text_of(out);
+  EXPECT_NE(testing::text_of(out).find("say the model has"), std::string::npos)
+      << testing::text_of(out);
+}
+
 // A device the agent cannot open is refused where it starts: exit 2, with the reason, before it
 // contacts anyone (a CPU worker never stands in for a GPU one). On a machine without a GPU that
 // is any cuda:N; with one, a GPU it does not have.
