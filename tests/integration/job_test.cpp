@@ -236,24 +236,36 @@ TEST(Job, InputsThatCouldHangOrMisleadAreRefusedBeforeAnythingStarts) {
   EXPECT_NE(text.find("--devices names no device"), std::string::npos) << text;
 }
 
+// The MLP job with two agents and the test build's faults `env`: its exit status (-1: none),
+// run directory and output.
+struct FaultedRun {
+  int status = -1;
+  std::string run_dir, out;
+};
+FaultedRun run_mlp_with(const testing::TempDir& dir, const std::string& name,
+                        const std::vector<std::string>& env) {
+  const std::string config = write_config(dir, name + ".toml", kMlp);
+  FaultedRun r{-1, dir.path() + "/" + name, dir.path() + "/" + name + ".out"};
+  coordinator::ChildProcess p({{testing::troupe_binary(), "run", config, "--set",
+                                "job.run_dir=\"" + r.run_dir + "\"", "--set", "cluster.agents=2"},
+                               r.out,
+                               r.out,
+                               env});
+  auto st = p.wait(120s);
+  if (st && WIFEXITED(*st)) r.status = WEXITSTATUS(*st);
+  return r;
+}
+
 // The checksum comparison can fail: a member that ends with other parameters (the test build
 // changes one of agent-1's before its final checksum) makes the job fail, naming it.
 TEST(Job, MembersThatEndDifferentFailTheJob) {
   testing::TempDir dir;
-  std::string config = write_config(dir, "mlp.toml", kMlp);
-  std::string run_dir = dir.path() + "/different", out = run_dir + ".out";
-  coordinator::ChildProcess p({{testing::troupe_binary(), "run", config, "--set",
-                                "job.run_dir=\"" + run_dir + "\"", "--set", "cluster.agents=2"},
-                               out,
-                               out,
-                               {"TROUPE_TEST_PERTURB_AGENT=agent-1"}});
-  auto st = p.wait(120s);
-  ASSERT_TRUE(st);
-  EXPECT_EQ(WEXITSTATUS(*st), 1);
-  auto events = testing::lines_of(run_dir + "/events.jsonl");
+  const FaultedRun r = run_mlp_with(dir, "different", {"TROUPE_TEST_PERTURB_AGENT=agent-1"});
+  EXPECT_EQ(r.status, 1);
+  auto events = testing::lines_of(r.run_dir + "/events.jsonl");
   ASSERT_FALSE(events.empty());
   EXPECT_EQ(testing::json_field(events.back(), "identical_parameters"), "false") << events.back();
-  const std::string text = testing::text_of(out);
+  const std::string text = testing::text_of(r.out);
   EXPECT_NE(text.find("members ended with different parameters"), std::string::npos) << text;
 }
 
@@ -263,23 +275,15 @@ TEST(Job, MembersThatEndDifferentFailTheJob) {
 // generation would have started at step 10^12, committing steps never run).
 TEST(Job, AWorkerClaimingAStepPastTheEndReceivesTheState) {
   testing::TempDir dir;
-  std::string config = write_config(dir, "mlp.toml", kMlp);
-  std::string run_dir = dir.path() + "/claim", out = run_dir + ".out";
-  coordinator::ChildProcess p(
-      {{testing::troupe_binary(), "run", config, "--set", "job.run_dir=\"" + run_dir + "\"",
-        "--set", "cluster.agents=2"},
-       out,
-       out,
-       {"TROUPE_TEST_CLAIM_AGENT=agent-1", "TROUPE_TEST_CLAIM_APPLIED=1000000000000"}});
-  auto st = p.wait(120s);
-  ASSERT_TRUE(st);
-  EXPECT_EQ(WEXITSTATUS(*st), 0) << testing::text_of(out);
-  auto events = testing::lines_of(run_dir + "/events.jsonl");
+  const FaultedRun r = run_mlp_with(
+      dir, "claim", {"TROUPE_TEST_CLAIM_AGENT=agent-1", "TROUPE_TEST_CLAIM_APPLIED=1000000000000"});
+  EXPECT_EQ(r.status, 0) << testing::text_of(r.out);
+  auto events = testing::lines_of(r.run_dir + "/events.jsonl");
   ASSERT_FALSE(events.empty());
   EXPECT_EQ(testing::json_field(events.back(), "identical_parameters"), "true") << events.back();
-  EXPECT_EQ(testing::committed_losses(run_dir).size(),
+  EXPECT_EQ(testing::committed_losses(r.run_dir).size(),
             size_t(std::stoul(testing::json_field(events.back(), "steps"))));
-  EXPECT_NE(testing::text_of(run_dir + "/coordinator.log").find("taken as holding nothing"),
+  EXPECT_NE(testing::text_of(r.run_dir + "/coordinator.log").find("taken as holding nothing"),
             std::string::npos);
 }
 
@@ -287,18 +291,11 @@ TEST(Job, AWorkerClaimingAStepPastTheEndReceivesTheState) {
 // naming both, instead of planning a generation around the larger count.
 TEST(Job, WorkersThatDisagreeOnTheModelsBlocksFailTheJobNamingThem) {
   testing::TempDir dir;
-  std::string config = write_config(dir, "mlp.toml", kMlp);
-  std::string run_dir = dir.path() + "/blocks", out = run_dir + ".out";
-  coordinator::ChildProcess p({{testing::troupe_binary(), "run", config, "--set",
-                                "job.run_dir=\"" + run_dir + "\"", "--set", "cluster.agents=2"},
-                               out,
-                               out,
-                               {"TROUPE_TEST_CLAIM_AGENT=agent-1", "TROUPE_TEST_CLAIM_BLOCKS=7"}});
-  auto st = p.wait(120s);
-  ASSERT_TRUE(st);
-  EXPECT_EQ(WEXITSTATUS(*st), 1) << testing::text_of(out);
-  EXPECT_NE(testing::text_of(out).find("say the model has"), std::string::npos)
-      << testing::text_of(out);
+  const FaultedRun r = run_mlp_with(
+      dir, "blocks", {"TROUPE_TEST_CLAIM_AGENT=agent-1", "TROUPE_TEST_CLAIM_BLOCKS=7"});
+  EXPECT_EQ(r.status, 1) << testing::text_of(r.out);
+  EXPECT_NE(testing::text_of(r.out).find("say the model has"), std::string::npos)
+      << testing::text_of(r.out);
 }
 
 // A device the agent cannot open is refused where it starts: exit 2, with the reason, before it
