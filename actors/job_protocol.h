@@ -166,6 +166,12 @@ struct StateReceived {
   std::string data_plane;  // rank 0: the generation's data plane and why (workers/device_plane.h)
 };
 
+// "step-00000120": the directory of the checkpoint of a step, in checkpoint.dir.
+inline std::string checkpoint_dir_name(uint64_t step) {
+  char name[40];
+  std::snprintf(name, sizeof name, "step-%08llu", (unsigned long long)step);
+  return name;
+}
 // "block-00003.trpblk": the shard file of a block, in its checkpoint's directory (the manifest
 // names each block's; a check refuses a manifest that names another for a block).
 inline std::string shard_file_name(uint32_t block) {

@@ -105,11 +105,11 @@ std::string check_shard(const fs::path& dir, const json& s, std::vector<bool>& s
 }
 
 // The manifest's optimizer.lr when it says one (0: the config's), or why it is not a number.
-std::string manifest_lr(const json& m, double* lr) {
-  if (!lr || !m.contains("optimizer")) return "";
+std::string manifest_lr(const json& m, double& lr) {
+  if (!m.contains("optimizer")) return "";
   if (!m["optimizer"].is_object()) return "the manifest's \"optimizer\" is not an object";
   if (!m["optimizer"].contains("lr")) return "";
-  return field(m["optimizer"], "lr", "the manifest's optimizer", *lr);
+  return field(m["optimizer"], "lr", "the manifest's optimizer", lr);
 }
 
 // "" when the checkpoint in dir is complete and intact (its step, lr and blocks into `c`), else
@@ -132,7 +132,7 @@ std::string check(const fs::path& dir, const std::string& hash, ValidCheckpoint&
   if (why.empty() && config_hash != hash)
     why = "it belongs to another model, data or seed (config hash " + config_hash +
           ", this job's " + hash + ")";
-  if (why.empty()) why = manifest_lr(m, &c.lr);
+  if (why.empty()) why = manifest_lr(m, c.lr);
   if (why.empty()) why = field(m, "blocks", "the manifest", blocks);
   if (!why.empty()) return why;
   const auto shards = m.find("shards");
@@ -177,8 +177,7 @@ std::string Checkpoints::invalid(const actors::CheckpointWritten& w, uint32_t bl
   for (const auto& s : w.shards)
     if (s.block >= w.blocks || s.file != actors::shard_file_name(s.block))
       return who + ": block " + std::to_string(s.block) + " in " + s.file;
-  char name[32];
-  std::snprintf(name, sizeof name, "step-%08llu", (unsigned long long)w.step);
+  const std::string name = actors::checkpoint_dir_name(w.step);
   std::error_code ec;
   const fs::path dir(w.directory);
   if (dir.filename() != name || !fs::equivalent(dir.parent_path(), cfg_.checkpoint_dir, ec))

@@ -56,12 +56,6 @@ std::string fsync_dir(const std::string& dir) {
 
 }  // namespace
 
-std::string checkpoint_dir_name(uint64_t step) {
-  char name[40];
-  std::snprintf(name, sizeof name, "step-%08llu", (unsigned long long)step);
-  return name;
-}
-
 CheckpointWriter::~CheckpointWriter() { wait(); }
 
 void CheckpointWriter::wait() {

@@ -21,9 +21,8 @@
 
 namespace troupe::workers {
 
-using actors::shard_file_name;  // "block-00003.trpblk"
-// "step-00000120": a checkpoint's directory name under checkpoint.dir.
-std::string checkpoint_dir_name(uint64_t step);
+using actors::checkpoint_dir_name;  // "step-00000120"
+using actors::shard_file_name;      // "block-00003.trpblk"
 
 class CheckpointWriter {
  public:
