@@ -328,15 +328,28 @@ class Coordinator : public caf::event_based_actor {
     return encode(spec);
   }
 
+  // Why a worker's holding cannot be true ("" when it can): state past the job's end, or past
+  // the step the job starts from before its first generation (nothing ran; a coordinator that
+  // took over running agents cannot tell, their steps may not have reached its ledger).
+  std::string implausible(const elastic::Holding& h) const {
+    const uint64_t newest = std::max(h.applied, h.backup_step);
+    if (newest > uint64_t(cfg_.steps))
+      return "of a job of " + std::to_string(cfg_.steps) + " steps";
+    if (job_.phase() == JobPhase::forming && !taking_over_ && newest > steps_.committed())
+      return "before the job ran any step (it starts at step " +
+             std::to_string(steps_.committed()) + ")";
+    return "";
+  }
+
   // A worker's address for generation g+1 (g: the current one, 0 before the first).
   void on_ready(actors::WorkerReady r) {
     const WorkerId w = r.worker;
-    if (r.holding.applied > uint64_t(cfg_.steps) || r.holding.backup_step > uint64_t(cfg_.steps)) {
+    if (const std::string why = implausible(r.holding); !why.empty()) {
       // (A worker's bug or another version's: a start there would commit steps never run.)
       spdlog::error(
-          "worker {} says it holds state as of step {} of a job of {} steps: taken as "
-          "holding nothing (it receives the state)",
-          w.name(), std::max(r.holding.applied, r.holding.backup_step), cfg_.steps);
+          "worker {} says it holds state as of step {} {}: taken as holding nothing (it "
+          "receives the state)",
+          w.name(), std::max(r.holding.applied, r.holding.backup_step), why);
       r.holding = elastic::Holding{};
     }
     if (!roster_.known(w) || !gens_.publish(std::move(r))) return;  // unknown, or stale

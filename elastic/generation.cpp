@@ -19,6 +19,21 @@ std::optional<Copy> copy_at(const Holding& m, uint32_t b, uint64_t step) {
   return std::nullopt;
 }
 
+std::string claims_beyond(const Holding& said, const Holding& own) {
+  auto named = [](uint32_t b, const char* copy, uint64_t step) {
+    return "block " + std::to_string(b) + " " + copy + " as of step " + std::to_string(step);
+  };
+  for (uint32_t b : said.held)
+    if (said.applied != own.applied || !has(own.held, b)) return named(b, "live", said.applied);
+  for (uint32_t b : said.snapshot)
+    if (said.applied == 0 || said.applied != own.applied || !has(own.snapshot, b))
+      return named(b, "in a snapshot", said.applied > 0 ? said.applied - 1 : 0);
+  for (uint32_t b : said.backup)
+    if (said.backup_step != own.backup_step || !has(own.backup, b))
+      return named(b, "in a backup", said.backup_step);
+  return "";
+}
+
 std::optional<uint64_t> choose_start_step(const std::vector<Holding>& members, uint32_t blocks) {
   std::vector<uint64_t> candidates;
   for (const auto& m : members) {

@@ -40,6 +40,12 @@ enum class Copy : uint8_t { live, snapshot, backup };
 // The copy of block b as of `step` that m holds, preferring live, then snapshot, then backup.
 std::optional<Copy> copy_at(const Holding& m, uint32_t block, uint64_t step);
 
+// What `said` (the holding the coordinator relays for a member) claims that `own` (what the
+// member holds) does not: "" when nothing, else the first such copy, named ("block 3 live as of
+// step 40"). Claiming less is fine (the coordinator takes a member whose claim it doubts as
+// holding nothing); claiming more would make the member send, keep or restore state it lacks.
+std::string claims_beyond(const Holding& said, const Holding& own);
+
 // The newest step at which every block in [0, blocks) is held by some member (live at its
 // applied step, in a snapshot at applied - 1, or in a backup at backup_step); nullopt if there is
 // none. blocks == 0: the newest applied step (nothing to check).

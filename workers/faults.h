@@ -39,6 +39,9 @@ class FaultInjector {
   // the coordinator must not believe it).
   virtual void before_ready(const std::string& agent, uint32_t device, uint64_t& applied,
                             uint32_t& blocks) {}
+  // As worker `device` of `agent` reads the generation's start: may change the step the
+  // coordinator relays as its own state's (a coordinator's bug: the worker must not believe it).
+  virtual void relayed_applied(const std::string& agent, uint32_t device, uint64_t& applied) {}
   // The device worker `device` of `agent` computes on instead of its own (null: its own): a
   // stand-in device whose memory the host cannot read, so a test sees every host-staged path.
   virtual std::shared_ptr<models::Compute> device_for(const std::string& agent, uint32_t device) {

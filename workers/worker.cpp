@@ -507,6 +507,17 @@ StateTransfer Worker::take_state(comm::Communicator& comm, uint64_t start_step,
   for (uint32_t r = 0; r < n; ++r) ownership[r] = owned(plan, r);
   std::vector<uint64_t> bytes(num_blocks());
   for (uint32_t b = 0; b < num_blocks(); ++b) bytes[b] = states_->bytes(b);
+  // Every member plans from what the coordinator relayed; a copy it says this worker holds and
+  // this worker lacks would be sent, kept or restored from memory that is not that state. The
+  // worker fails (its agent restarts it holding nothing, and it receives the state).
+  elastic::Holding said = members.at(me);
+  if (spec_.faults)
+    spec_.faults->relayed_applied(spec_.agent_name, spec_.device_index, said.applied);
+  const std::string claimed = elastic::claims_beyond(said, holding());
+  if (!claimed.empty())
+    throw std::runtime_error("the generation's start says this worker holds " + claimed +
+                             ", which it does not (its state is as of step " +
+                             std::to_string(next_step_) + ")");
   const elastic::Migration mig = elastic::plan_migration(members, start_step, ownership, bytes);
   if (!mig.ok) throw StateLost(mig.reason);
   // What it keeps: the blocks it owns and holds live as of the start.

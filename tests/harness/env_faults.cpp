@@ -34,6 +34,7 @@ class EnvFaults : public workers::FaultInjector {
     if (const char* a = std::getenv("TROUPE_TEST_CLAIM_AGENT")) claim_agent_ = a;
     claim_applied_ = uint64_t(env_int("TROUPE_TEST_CLAIM_APPLIED"));
     claim_blocks_ = uint64_t(env_int("TROUPE_TEST_CLAIM_BLOCKS"));
+    relay_applied_ = uint64_t(env_int("TROUPE_TEST_RELAY_APPLIED"));
     if (const char* f = std::getenv("TROUPE_TEST_STATE_DELAY_FILE")) state_delay_file_ = f;
     guarded_device_ = env_int("TROUPE_TEST_GUARDED_DEVICE") > 0;
     guarded_plane_ = env_int("TROUPE_TEST_GUARDED_PLANE") > 0;
@@ -71,6 +72,10 @@ class EnvFaults : public workers::FaultInjector {
     if (claim_blocks_ > 0) blocks = uint32_t(claim_blocks_);
   }
 
+  void relayed_applied(const std::string& agent, uint32_t, uint64_t& applied) override {
+    if (agent == claim_agent_ && relay_applied_ > 0) applied = relay_applied_;
+  }
+
   void before_step(const std::string& agent, uint32_t device, uint64_t step) override {
     // Once per agent process: the restarted worker does not fail again.
     if (device == 0 && agent == throw_agent_ && step + 1 == throw_at_step_ &&
@@ -105,7 +110,7 @@ class EnvFaults : public workers::FaultInjector {
   uint64_t throw_at_step_;
   int64_t state_delay_ms_, checkpoint_delay_ms_, slow_us_;
   std::string throw_agent_, perturb_agent_, slow_agent_, state_delay_file_, claim_agent_;
-  uint64_t claim_applied_ = 0, claim_blocks_ = 0;
+  uint64_t claim_applied_ = 0, claim_blocks_ = 0, relay_applied_ = 0;
   bool guarded_device_ = false, guarded_plane_ = false;
   std::atomic<bool> thrown_{false}, checkpoint_delayed_{false};
 };

@@ -287,6 +287,45 @@ TEST(Job, AWorkerClaimingAStepPastTheEndReceivesTheState) {
             std::string::npos);
 }
 
+// Every step of the MLP job committed once, each with a loss it computed (a step committed
+// without running has none), and the members ended alike.
+void expect_every_step_run(const FaultedRun& r) {
+  EXPECT_EQ(r.status, 0) << testing::text_of(r.out);
+  auto events = testing::lines_of(r.run_dir + "/events.jsonl");
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(testing::json_field(events.back(), "identical_parameters"), "true") << events.back();
+  const auto losses = testing::committed_losses(r.run_dir);
+  EXPECT_EQ(losses.size(), 30u);
+  for (size_t s = 0; s < losses.size(); ++s) EXPECT_GT(losses[s], 0.0) << "step " << s;
+}
+
+// A worker that says, before the job's first step, that it holds state as of step 5 (the test
+// build makes agent-1's say so): nothing ran, so the coordinator takes it as holding nothing.
+// (Before, the first generation started at step 5 from agent-1's step-0 state and the ledger
+// committed steps 0-4 unrun, with loss 0.)
+TEST(Job, AWorkerClaimingStepsBeforeAnyRanReceivesTheState) {
+  testing::TempDir dir;
+  const FaultedRun r = run_mlp_with(
+      dir, "early", {"TROUPE_TEST_CLAIM_AGENT=agent-1", "TROUPE_TEST_CLAIM_APPLIED=5"});
+  expect_every_step_run(r);
+  EXPECT_NE(testing::text_of(r.run_dir + "/coordinator.log").find("before the job ran any step"),
+            std::string::npos);
+}
+
+// A worker the coordinator says holds what it does not (the test build makes agent-1 read its
+// own state in the generation's start as of step 5; it is as of step 0): it fails naming the
+// claim rather than keep or send that state, its agent restarts it holding nothing and it
+// receives the state; the job runs every step once.
+TEST(Job, AWorkerSaidToHoldStateItLacksFailsAndIsRestartedToReceiveIt) {
+  testing::TempDir dir;
+  const FaultedRun r = run_mlp_with(
+      dir, "lacks", {"TROUPE_TEST_CLAIM_AGENT=agent-1", "TROUPE_TEST_RELAY_APPLIED=5"});
+  expect_every_step_run(r);
+  const std::string all = testing::text_of(r.run_dir + "/events.jsonl");
+  EXPECT_NE(all.find("holds block 0 live as of step 5, which it does not"), std::string::npos)
+      << all;
+}
+
 // Workers that disagree on the model's blocks (the test build makes agent-1 say 7): the job fails
 // naming both, instead of planning a generation around the larger count.
 TEST(Job, WorkersThatDisagreeOnTheModelsBlocksFailTheJobNamingThem) {

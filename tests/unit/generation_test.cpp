@@ -58,6 +58,28 @@ TEST(StartStep, ANewcomerHoldsTheInitialStateOnlyBeforeTheFirstStep) {
 
 // --- start_generation ---------------------------------------------------------------------------
 
+// A member checks what the coordinator relays for it against what it holds: less is fine (a
+// doubted claim is taken as nothing), more is named.
+TEST(Claims, ARelayedHoldingMayClaimLessThanTheMemberHoldsButNotMore) {
+  Holding own = H(26, {0, 1}, {0, 1});
+  own.backup_step = 20;
+  own.backup = {2};
+  EXPECT_EQ(claims_beyond(own, own), "");
+  EXPECT_EQ(claims_beyond(Holding{}, own), "");
+  EXPECT_EQ(claims_beyond(H(26, {1}, {}), own), "");
+  EXPECT_EQ(claims_beyond(H(26, {0, 1, 2}, {}), own), "block 2 live as of step 26");
+  EXPECT_EQ(claims_beyond(H(40, {0}, {}), own), "block 0 live as of step 40");
+  EXPECT_EQ(claims_beyond(H(27, {}, {1}), own), "block 1 in a snapshot as of step 26");
+  EXPECT_EQ(claims_beyond(H(0, {}, {1}), H(0, {}, {})), "block 1 in a snapshot as of step 0");
+  Holding backup = H(26, {}, {});
+  backup.backup_step = 20;
+  backup.backup = {2, 3};
+  EXPECT_EQ(claims_beyond(backup, own), "block 3 in a backup as of step 20");
+  backup.backup = {2};
+  backup.backup_step = 10;
+  EXPECT_EQ(claims_beyond(backup, own), "block 2 in a backup as of step 10");
+}
+
 TEST(GenerationStart, AFailureAfterAStepSomeAppliedCommitsThatStep) {
   // Three members: two applied step 12 (the lost member's reduction completed), one did not
   // see the last collective complete; the ledger has 11 steps committed.
