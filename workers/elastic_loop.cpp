@@ -42,6 +42,7 @@ class ElasticLoop::Impl {
  private:
   bool join_generation();  // false: the agent shuts down first
   void publish();
+  elastic::Holding holding() const;  // what this member publishes: its state, as of applied_
   void retire_comm();  // counts what the generation's communicator read in place, then drops it
   void take_state(const actors::GenerationStart& g);
   LoopStep open_step();
@@ -125,11 +126,8 @@ void ElasticLoop::Impl::publish() {
   co.timeout = std::chrono::milliseconds(failure_timeout_ms_);
   co.registered = arena_;
   comm_ = std::make_unique<comm::UcxCommunicator>(want_, co);
-  elastic::Holding h;
-  h.applied = applied_;
-  if (has_state_) h.held = {0};
-  session_.send(actors::encode(
-      actors::WorkerReady{{session_.agent_id(), 0}, want_, comm_->address(), h, 1, last_error_}));
+  session_.send(actors::encode(actors::WorkerReady{
+      {session_.agent_id(), 0}, want_, comm_->address(), holding(), 1, last_error_}));
   last_error_.clear();
 }
 
@@ -173,10 +171,26 @@ bool ElasticLoop::Impl::join_generation() {
   }
 }
 
+elastic::Holding ElasticLoop::Impl::holding() const {
+  elastic::Holding h;
+  h.applied = applied_;
+  if (has_state_) h.held = {0};
+  return h;
+}
+
 // The members whose state is not as of the start step receive it from the state source: its
-// size, then its bytes.
+// size, then its bytes. A member said to hold a state it lacks (a coordinator's bug) would go on
+// from its own: it gives its state up (it receives it in the next generation) and the generation
+// breaks, naming the claim.
 void ElasticLoop::Impl::take_state(const actors::GenerationStart& g) {
   received_ = false;
+  for (const auto& m : g.members) {
+    const std::string claimed = m.rank == rank_ ? elastic::claims_beyond(m.holding, holding()) : "";
+    if (claimed.empty()) continue;
+    has_state_ = false;
+    throw comm::Error(comm::Errc::internal, "the generation's start says this member holds " +
+                                                claimed + ", which it does not");
+  }
   const auto t0 = Clock::now();
   auto lacks = [&](const actors::GenerationMember& m) {
     return m.holding.held.empty() || m.holding.applied != g.start_step;
