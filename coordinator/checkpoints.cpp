@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -30,12 +32,17 @@ std::string hex(uint64_t v) {
 // Writes text to path through path.tmp: written, fsynced, renamed, the directory fsynced.
 void write_durably(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
+  errno = 0;
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   bool ok =
       fd >= 0 && ::write(fd, text.data(), text.size()) == ssize_t(text.size()) && ::fsync(fd) == 0;
   if (fd >= 0) ::close(fd);
   ok = ok && ::rename(tmp.c_str(), path.c_str()) == 0;
-  if (!ok) throw std::runtime_error("cannot write the checkpoint manifest " + path);
+  if (!ok) {
+    const std::string why = errno != 0 ? std::strerror(errno) : "a short write (disk full?)";
+    ::unlink(tmp.c_str());
+    throw std::runtime_error("cannot write the checkpoint manifest " + path + ": " + why);
+  }
   int dfd = ::open(fs::path(path).parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);
@@ -188,6 +195,10 @@ std::string Checkpoints::invalid(const actors::CheckpointWritten& w, uint32_t bl
 std::optional<CompletedCheckpoint> Checkpoints::add(const actors::CheckpointWritten& w,
                                                     uint32_t world_size, const std::string& plan,
                                                     double lr) {
+  if (failed_.count({w.step, w.generation})) {  // (a slower writer's shards of a failed one)
+    discard(w.step);
+    return std::nullopt;
+  }
   auto at = pending_.find({w.step, w.generation});
   if (std::string why = invalid(w, at == pending_.end() ? 0 : at->second.blocks); !why.empty())
     throw std::runtime_error(why);
@@ -224,6 +235,21 @@ std::optional<CompletedCheckpoint> Checkpoints::add(const actors::CheckpointWrit
   pending_.erase(pending_.begin(), pending_.upper_bound({w.step, UINT64_MAX}));
   prune();
   return done;
+}
+
+bool Checkpoints::fail(uint64_t step, uint64_t generation) {
+  const bool first = failed_.insert({step, generation}).second;
+  pending_.erase({step, generation});
+  discard(step);
+  return first;
+}
+
+void Checkpoints::discard(uint64_t step) {
+  const auto others = pending_.lower_bound({step, 0});
+  if (others != pending_.end() && others->first.first == step) return;  // another generation's
+  const fs::path dir = fs::path(cfg_.checkpoint_dir) / actors::checkpoint_dir_name(step);
+  std::error_code ec;
+  if (!fs::exists(dir / "manifest.json", ec)) fs::remove_all(dir, ec);
 }
 
 // Keeps the newest checkpoint.keep complete checkpoints; older directories (complete or not)

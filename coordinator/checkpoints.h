@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -42,6 +43,12 @@ class Checkpoints {
   // lr: optimizer.lr in effect at the checkpoint's step (a resume goes on with it).
   std::optional<CompletedCheckpoint> add(const actors::CheckpointWritten& w, uint32_t world_size,
                                          const std::string& plan, double lr);
+  // A checkpoint of (step, generation) that cannot complete (a writer's error, its manifest not
+  // written): its directory goes now (the shards written so far would fill the disk that most
+  // likely failed it) and again at each later report of it (a slower writer's shards). Not when
+  // the directory has a manifest, or another generation writes the same step there (a step
+  // redone after a rollback). True the first time for that checkpoint.
+  bool fail(uint64_t step, uint64_t generation);
   // The newest complete checkpoint written by this job (step, manifest), if any.
   const std::optional<CompletedCheckpoint>& newest() const { return newest_; }
 
@@ -53,11 +60,13 @@ class Checkpoints {
     double blocking = 0, write = 0;
   };
   void prune();
+  void discard(uint64_t step);
   std::string invalid(const actors::CheckpointWritten& w, uint32_t blocks) const;
 
   JobConfig cfg_;
   std::string hash_;
   std::map<std::pair<uint64_t, uint64_t>, Pending> pending_;  // by (step, generation)
+  std::set<std::pair<uint64_t, uint64_t>> failed_;            // (step, generation)
   std::optional<CompletedCheckpoint> newest_;
 };
 

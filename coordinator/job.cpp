@@ -662,6 +662,8 @@ class Coordinator : public caf::event_based_actor {
     auto failed = [&](const std::string& why) {
       log_.event("checkpoint_failed", Json().integer("step", long(w.step)).str("reason", why));
       spdlog::error("checkpoint at step {} failed: {}", w.step, why);
+      if (checkpoints_->fail(w.step, w.generation))  // (once a checkpoint: each writer may say)
+        tell("checkpoint at step " + std::to_string(w.step) + " failed: " + why);
     };
     if (!w.error.empty()) return failed("rank " + std::to_string(w.rank) + ": " + w.error);
     std::optional<CompletedCheckpoint> done;

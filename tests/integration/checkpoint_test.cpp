@@ -314,6 +314,50 @@ TEST(Checkpoints, AMemberLostMidWriteLeavesTheCheckpointAbsentAndEveryOtherValid
   EXPECT_GE(valid, 2);
 }
 
+// Checkpoints on a full disk: the checkpoint directory is a 2 MiB tmpfs in a user and mount
+// namespace of the test's own (room for one checkpoint of this MLP: its first block's shard is
+// 1.6 MB). The first checkpoint is written; the later ones fail with the system's reason, said on
+// the console once each, and leave nothing behind (the other writer's shard, kept, would fill the
+// disk further); the job trains to its end.
+TEST(Checkpoints, OnAFullDiskTheyFailWithTheReasonAndLeaveNothingBehind) {
+  if (std::system("/usr/bin/unshare -rm true > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "no user and mount namespaces here (unshare -rm true fails)";
+  TempDir dir;
+  const std::string config = dir.path() + "/full.toml", ck = dir.path() + "/ck",
+                    run_dir = dir.path() + "/full", out = dir.path() + "/full.out";
+  std::ofstream(config) << "[job]\nname = \"full-disk\"\nseed = 1\nsteps = 60\n"
+                           "[model]\nkind = \"mlp\"\ninputs = 784\nhidden = [256]\nclasses = 10\n"
+                           "[data]\nkind = \"synthetic\"\nsamples = 2000\n"
+                           "[batch]\nglobal = 32\nmicro = 16\n"
+                           "[optimizer]\nkind = \"sgd\"\nlr = 0.05\nmomentum = 0.9\n"
+                           "[checkpoint]\nevery_steps = 20\nkeep = 3\ndir = \""
+                        << ck << "\"\n[cluster]\nagents = 2\n";
+  fs::create_directories(ck);
+  // (timeout: the job ends even if the shell is killed; the listing is taken inside, where the
+  // tmpfs is mounted.)
+  const std::string script = "mount -t tmpfs -o size=2m tmpfs " + ck + " && timeout 100 " +
+                             troupe_binary() + " run " + config + " --set job.run_dir=\\\"" +
+                             run_dir + "\\\"; rc=$?; ls " + ck + " > " + dir.path() +
+                             "/listing; exit $rc";
+  coordinator::ChildProcess p({{"/usr/bin/unshare", "-rm", "/bin/sh", "-c", script}, out, out, {}});
+  const auto status = p.wait(120s);
+  ASSERT_TRUE(status && WIFEXITED(*status)) << text_of(out);
+  EXPECT_EQ(WEXITSTATUS(*status), 0) << text_of(out);
+  EXPECT_EQ(lines_of(dir.path() + "/listing"), std::vector<std::string>{"step-00000020"});
+  const std::string console = text_of(out);
+  EXPECT_NE(console.find("checkpoint at step 40 failed: rank 0: cannot write"), std::string::npos)
+      << console;
+  EXPECT_NE(console.find("No space left on device"), std::string::npos) << console;
+  int written = 0, failed = 0;
+  for (const auto& e : lines_of(run_dir + "/events.jsonl")) {
+    written += json_field(e, "event") == "checkpoint_written";
+    failed += json_field(e, "event") == "checkpoint_failed";
+  }
+  EXPECT_EQ(written, 1);
+  EXPECT_EQ(failed, 2);
+  EXPECT_EQ(committed_losses(run_dir).size(), 60u);
+}
+
 // On request: `troupe checkpoint` writes one at the next step boundary and says where, while
 // training goes on; `troupe stop --checkpoint` writes one where it stops. No periodic ones, and
 // each request is served once (all members vote on it at the same step boundary). The resume

@@ -94,6 +94,27 @@ TEST(Checkpoints, BlocksOfOneStepFromTwoGenerationsAreNotOneCheckpoint) {
   EXPECT_TRUE(ck.add(report(d.path, 20, 2, {0}, 2), 1, "", 1e-3));
 }
 
+// A checkpoint that failed (a writer's error, e.g. a full disk): the shards written so far go,
+// and so do a slower writer's when it reports them; a complete checkpoint of the same step (a
+// later generation's), or one another generation is writing there, stays.
+TEST(Checkpoints, AFailedCheckpointsShardsGoNowAndWhenASlowerWriterReportsThem) {
+  Dir d;
+  Checkpoints ck(config(d.path));
+  EXPECT_FALSE(ck.add(report(d.path, 10, 1, {0}, 2), 2, "", 1e-3));
+  EXPECT_TRUE(ck.fail(10, 1));
+  EXPECT_FALSE(fs::exists(step_dir(d.path, 10)));
+  EXPECT_FALSE(ck.fail(10, 1));  // (each writer may say it failed: once a checkpoint)
+  EXPECT_FALSE(ck.add(report(d.path, 10, 1, {1}, 2), 2, "", 1e-3));
+  EXPECT_FALSE(fs::exists(step_dir(d.path, 10)));
+  ASSERT_TRUE(ck.add(report(d.path, 10, 2, {0, 1}, 2), 1, "", 1e-3));  // redone, complete
+  EXPECT_FALSE(ck.add(report(d.path, 10, 1, {1}, 2), 2, "", 1e-3));
+  EXPECT_TRUE(fs::exists(step_dir(d.path, 10) + "/manifest.json"));
+  EXPECT_FALSE(ck.add(report(d.path, 30, 2, {0}, 2), 1, "", 1e-3));
+  EXPECT_TRUE(ck.fail(30, 1));
+  EXPECT_TRUE(fs::exists(step_dir(d.path, 30) + "/" + actors::shard_file_name(0)));
+  EXPECT_TRUE(ck.add(report(d.path, 30, 2, {1}, 2), 1, "", 1e-3));
+}
+
 TEST(Checkpoints, KeepDeletesTheOldestCompleteOnes) {
   Dir d;
   Checkpoints ck(config(d.path, 2));
