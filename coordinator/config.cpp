@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -168,6 +169,7 @@ std::vector<Field> fields_of(JobConfig& c, const ExtensionKinds& kinds = {}) {
 
 std::string where(const std::string& source, const toml::node& n) {
   const auto& s = n.source();
+  if (s.path && s.path->rfind("--set ", 0) == 0) return *s.path;  // (apply_override's)
   if (!s.begin) return source;
   return source + ":" + std::to_string(s.begin.line) + ":" + std::to_string(s.begin.column);
 }
@@ -329,6 +331,24 @@ void assign(const Field& f, const toml::node& n, const std::string& source) {
   }
 }
 
+// text as a TOML basic string: "...", with its quotes, backslashes and control characters escaped.
+std::string toml_string(const std::string& text) {
+  std::string out = "\"";
+  for (unsigned char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += char(c);
+    } else if (c < 0x20 || c == 0x7f) {
+      char esc[8];
+      std::snprintf(esc, sizeof esc, "\\u%04x", c);
+      out += esc;
+    } else {
+      out += char(c);
+    }
+  }
+  return out + "\"";
+}
+
 void apply_override(toml::table& root, const std::string& ov) {
   auto eq = ov.find('=');
   auto dot = ov.find('.');
@@ -337,16 +357,23 @@ void apply_override(toml::table& root, const std::string& ov) {
   }
   std::string table = ov.substr(0, dot), key = ov.substr(dot + 1, eq - dot - 1),
               value = ov.substr(eq + 1);
+  // (Its nodes' source is "--set ...": what a message about the key names, not the file.)
+  const std::string origin = "--set " + table + "." + key;
   toml::table parsed;
   try {
-    parsed = toml::parse(std::string_view("v = " + value));
-  } catch (const toml::parse_error&) {
-    parsed = toml::table{{"v", value}};  // a bare word: a string
+    parsed = toml::parse("v = " + value, origin);
+  } catch (const toml::parse_error&) {  // a bare word: a string
+    try {
+      parsed = toml::parse("v = " + toml_string(value), origin);
+    } catch (const toml::parse_error& e) {
+      throw ConfigError(origin + ": " + std::string(e.description()));
+    }
   }
   if (!root.contains(table)) root.insert(table, toml::table{});
   auto* t = root[table].as_table();
   if (!t) throw ConfigError("--set " + ov + ": '" + table + "' is not a table");
-  t->insert_or_assign(key, *parsed["v"].node());
+  // (moved, not copied: a copy of a toml node drops its source)
+  parsed["v"].node()->visit([&](auto&& n) { t->insert_or_assign(key, std::move(n)); });
 }
 
 // Where each key was set ("table.key" -> "file:line:col"), for messages about it.
