@@ -54,7 +54,8 @@ int run_checkpoint_bench(const std::vector<std::string>& words) {
   double params = 100e6;
   std::string dir;
   bool json = false;
-  app.add_option("--params", params, "parameters (rounded to 4096-wide blocks)")
+  app.add_option("--params", params,
+                 "parameters (rounded up to whole 4096 x 4096 layers: 16.8M each)")
       ->check(cli::kPositive);
   app.add_option("--dir", dir, "where to write (default: a directory under /tmp)");
   app.add_flag("--json", json, "one JSON line");

@@ -36,12 +36,39 @@ struct JobName {
   }
 };
 
+// The first and the last event a run directory's events.jsonl holds (null when none can be
+// read; a cut or damaged line is passed over).
+struct RunEvents {
+  nlohmann::json first, last;
+};
+RunEvents run_events(const std::string& dir) {
+  RunEvents e;
+  std::ifstream in(dir + "/events.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) continue;
+    if (e.first.is_null()) e.first = j;
+    e.last = j;
+  }
+  return e;
+}
+
 struct JobRef {
   std::string address, job_id, token;
 };
 JobRef job_ref(const JobName& n) {
   JobRef r;
   std::string token_file = n.token_file;
+  if (!n.run_dir.empty() && !coordinator::run_dir_in_use(n.run_dir)) {
+    const nlohmann::json last = run_events(n.run_dir).last;
+    const std::string event = last.is_null() ? "" : coordinator::text_field(last, "event");
+    const bool ended = event == "job_finished" || event == "job_failed";
+    const std::string how =
+        ended ? ": it ended at step " + std::to_string(coordinator::count_field(last, "steps"))
+              : "";
+    throw std::runtime_error("no coordinator runs the job in " + n.run_dir + how +
+                             " (troupe status --run-dir " + n.run_dir + ")");
+  }
   if (!n.run_dir.empty()) {
     std::ifstream in(n.run_dir + "/coordinator.addr");
     if (!(in >> r.address))
@@ -218,15 +245,7 @@ void print_status(const actors::JobStatus& s, bool json) {
 // ended. nullopt when a job runs there (ask its coordinator).
 std::optional<int> status_from_run_dir(const std::string& dir, bool json) {
   if (dir.empty() || coordinator::run_dir_in_use(dir)) return std::nullopt;
-  std::ifstream in(dir + "/events.jsonl");
-  if (!in) return std::nullopt;
-  nlohmann::json first, last;
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object()) continue;  // (a cut or damaged line)
-    if (first.is_null()) first = j;
-    last = j;
-  }
+  const auto [first, last] = run_events(dir);
   if (last.is_null()) return std::nullopt;
   using coordinator::count_field, coordinator::text_field;
   const std::string event = text_field(last, "event"), name = text_field(first, "job", "?");
@@ -277,6 +296,19 @@ int watch_status(const JobName& job, double interval_s) {
   }
 }
 
+// troupe top: troupe status --watch, under its own name.
+int run_top(const std::vector<std::string>& words) {
+  CLI::App app{"A job's live view, refreshed in place until it ends (troupe status --watch).",
+               "troupe top"};
+  JobName job;
+  job.add_to(app);
+  double interval_s = 1;
+  app.add_option("--interval", interval_s, "seconds between refreshes (default 1)")
+      ->check(number_in(0.05, 3600));
+  if (auto rc = parse(app, words)) return *rc;
+  return watch_status(job, interval_s);
+}
+
 int run_status(const std::vector<std::string>& words) {
   CLI::App app{"Shows a running job: its phase, generation, step, loss and members.",
                "troupe status"};
@@ -289,7 +321,7 @@ int run_status(const std::vector<std::string>& words) {
   app.add_flag("--watch", watch, "refresh in place until the job ends (troupe top)")
       ->excludes("--json");
   app.add_option("--interval", interval_s, "seconds between refreshes with --watch (default 1)")
-      ->check(CLI::Range(0.05, 3600.0));
+      ->check(number_in(0.05, 3600));
   if (auto rc = parse(app, words)) return *rc;
   if (watch) return watch_status(job, interval_s);
   if (auto rc = status_from_run_dir(job.run_dir, json)) return *rc;
@@ -326,7 +358,7 @@ int run_scale(const std::vector<std::string>& words) {
   job.add_to(app);
   app.add_option("--workers", n, "the number of workers to run with")
       ->required()
-      ->check(CLI::Range(uint32_t(1), uint32_t(1000000)));
+      ->check(number_in(1, 1000000));
   if (auto rc = parse(app, words)) return *rc;
   return admin_request(job, actors::make_scale_request(n), [&](actors::ControlMessage&) {
     std::printf("troupe: scaling the job to %u worker(s) at the next step boundary\n", n);
@@ -342,7 +374,7 @@ int run_lr(const std::vector<std::string>& words) {
   JobName job;
   double lr = 0;
   job.add_to(app);
-  app.add_option("LR", lr, "the new learning rate")->required()->check(CLI::Range(1e-12, 1e3));
+  app.add_option("LR", lr, "the new learning rate")->required()->check(number_in(1e-12, 1e3));
   if (auto rc = parse(app, words)) return *rc;
   return admin_request(job, actors::make_learning_rate_request(lr), [&](actors::ControlMessage&) {
     std::printf("troupe: learning rate %g from the next step boundary\n", lr);
@@ -383,7 +415,7 @@ int run_checkpoint(const std::vector<std::string>& words) {
   job.add_to(app);
   app.add_flag("--no-wait", no_wait, "return once the job took the request");
   app.add_option("--timeout", timeout_s, "seconds to wait for the write (default 600)")
-      ->check(CLI::Range(0.1, 86400.0));
+      ->check(number_in(0.1, 86400));
   if (auto rc = parse(app, words)) return *rc;
   AdminSession session(job);
   auto before = session.status();

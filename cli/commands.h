@@ -34,6 +34,7 @@ int run_run(const std::vector<std::string>& args, const Hooks& hooks);
 int run_coordinator(const std::vector<std::string>& args, const Hooks& hooks);
 int run_agent_command(const std::vector<std::string>& args, const Hooks& hooks);
 int run_status(const std::vector<std::string>& args);
+int run_top(const std::vector<std::string>& args);  // troupe status --watch
 int run_stop(const std::vector<std::string>& args);
 int run_checkpoint(const std::vector<std::string>& args);
 int run_drain(const std::vector<std::string>& args);

@@ -47,6 +47,23 @@ inline const CLI::Validator kPositive([](std::string& s) { return number_check(s
 inline const CLI::Validator kNonNegative([](std::string& s) { return number_check(s, 0, true); },
                                          "NONNEGATIVE", "non-negative");
 
+// A number in [lo, hi], else "TEXT is not a number in [lo, hi]".
+inline CLI::Validator number_in(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& s) -> std::string {
+        try {
+          size_t used = 0;
+          const double v = std::stod(s, &used);
+          if (used == s.size() && v >= lo && v <= hi) return "";
+        } catch (const std::exception&) {
+        }
+        char range[64];
+        std::snprintf(range, sizeof range, "[%g, %g]", lo, hi);
+        return s + " is not a number in " + range;
+      },
+      "NUMBER", "number in range");
+}
+
 // The candidate nearest to word, if it is near enough to be a typo; "" otherwise.
 inline std::string did_you_mean(const std::string& word,
                                 const std::vector<std::string>& candidates) {

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <variant>
@@ -147,6 +148,63 @@ void choose_blas_kernels(char** argv) {
                d.wanted.c_str(), std::strerror(errno));
 }
 
+// The commands of a group (troupe bench X, troupe demo X): each takes the words after its name.
+struct SubCommand {
+  const char* name;
+  int (*run)(const std::vector<std::string>&);
+  const char* help;  // (nullptr: internal, not listed)
+};
+int run_kernels_bench(const std::vector<std::string>& args) {
+  return troupe::bench::run_kernels_bench(args);
+}
+const std::vector<SubCommand> kBench = {
+    {"control", troupe::bench::run_control_bench, "control-plane round trip and message rate"},
+    {"allreduce", troupe::bench::run_allreduce_bench, "allreduce between processes or GPUs"},
+    {"model", troupe::bench::run_model_bench, "one process's training throughput and MFU"},
+    {"kernels", run_kernels_bench, "each kernel of a device at a GPT's shapes"},
+    {"drift", troupe::bench::run_drift_bench, "how far a change of world size moves a run"},
+    {"data", troupe::bench::run_data_bench, "micro-batches from a token data set"},
+    {"checkpoint", troupe::bench::run_checkpoint_bench, "a checkpoint's copy, write and restore"},
+    {"allreduce-worker", troupe::bench::run_allreduce_worker, nullptr},
+    {"raw-ucx-server", troupe::bench::run_raw_ucx_server, nullptr}};
+const std::vector<SubCommand> kDemo = {
+    {"control", troupe::cli::run_demo_control, "two-process control-plane demo"}};
+
+// troupe GROUP SUB ARGS...: SUB's run; without SUB, or with --help, the group's list (exit 2 and
+// 0); an unknown SUB named, with the nearest one.
+int run_group(const std::string& group, const std::vector<SubCommand>& subs,
+              const std::vector<std::string>& rest) {
+  const std::string word = rest.empty() ? "" : rest[0];
+  for (const auto& s : subs)
+    if (word == s.name) return s.run({rest.begin() + 1, rest.end()});
+  const bool help = word == "--help" || word == "-h" || word == "help";
+  std::vector<std::string> names;
+  for (const auto& s : subs)
+    if (s.help) names.push_back(s.name);
+  FILE* out = help ? stdout : stderr;
+  if (!word.empty() && !help) {
+    const std::string near = troupe::cli::did_you_mean(word, names);
+    const std::string hint = near.empty() ? "" : "; did you mean '" + near + "'?";
+    std::fprintf(out, "troupe %s: unknown command '%s'%s\n", group.c_str(), word.c_str(),
+                 hint.c_str());
+  }
+  std::fprintf(out, "usage: troupe %s COMMAND [--help]\n", group.c_str());
+  for (const auto& s : subs)
+    if (s.help) std::fprintf(out, "  %-12s %s\n", s.name, s.help);
+  return help ? 0 : 2;
+}
+
+// version and kinds take nothing: --help says so (exit 0), anything else is refused (exit 2);
+// nothing without arguments.
+std::optional<int> no_arguments(const std::string& cmd, const std::vector<std::string>& rest) {
+  if (rest.empty()) return std::nullopt;
+  const bool help = rest[0] == "--help" || rest[0] == "-h";
+  const std::string refused = help ? "" : "troupe " + cmd + ": unexpected '" + rest[0] + "'; ";
+  std::fprintf(help ? stdout : stderr, "%susage: troupe %s (no arguments)\n", refused.c_str(),
+               cmd.c_str());
+  return help ? 0 : 2;
+}
+
 }  // namespace
 
 namespace troupe::cli {
@@ -180,17 +238,16 @@ int troupe_main(int argc, char** argv, const Hooks& hooks) {
   std::string cmd = words[0];
   std::vector<std::string> rest(words.begin() + 1, words.end());
   try {
-    if (cmd == "version") return version();
-    if (cmd == "kinds") return kinds(hooks);
+    if (cmd == "version" || cmd == "kinds") {
+      if (auto rc = no_arguments(cmd, rest)) return *rc;
+      return cmd == "version" ? version() : kinds(hooks);
+    }
     if (cmd == "node") return run_node(rest);
     if (cmd == "run") return run_run(rest, hooks);
     if (cmd == "coordinator") return run_coordinator(rest, hooks);
     if (cmd == "agent") return run_agent_command(rest, hooks);
     if (cmd == "status") return run_status(rest);
-    if (cmd == "top") {  // troupe top ARGS = troupe status --watch ARGS
-      rest.push_back("--watch");
-      return run_status(rest);
-    }
+    if (cmd == "top") return run_top(rest);
     if (cmd == "stop") return run_stop(rest);
     if (cmd == "checkpoint") return run_checkpoint(rest);
     if (cmd == "drain") return run_drain(rest);
@@ -199,38 +256,14 @@ int troupe_main(int argc, char** argv, const Hooks& hooks) {
     if (cmd == "report") return run_report(rest);
     if (cmd == "export") return run_export(rest, hooks);
     if (cmd == "data") return run_data(rest);
-    if (cmd == "demo" && !rest.empty() && rest[0] == "control")
-      return run_demo_control({rest.begin() + 1, rest.end()});
-    if (cmd == "bench" && !rest.empty() && rest[0] == "control")
-      return troupe::bench::run_control_bench({rest.begin() + 1, rest.end()});
-    if (cmd == "bench" && !rest.empty() && rest[0] == "allreduce")
-      return troupe::bench::run_allreduce_bench({rest.begin() + 1, rest.end()});
-    if (cmd == "bench" && !rest.empty() && rest[0] == "allreduce-worker")
-      return troupe::bench::run_allreduce_worker({rest.begin() + 1, rest.end()});
-    if (cmd == "bench" && !rest.empty() && rest[0] == "model")
-      return troupe::bench::run_model_bench({rest.begin() + 1, rest.end()});
-    if (cmd == "bench" && !rest.empty() && rest[0] == "kernels")
-      return troupe::bench::run_kernels_bench({rest.begin() + 1, rest.end()});
-    if (cmd == "bench" && !rest.empty() && rest[0] == "data")
-      return troupe::bench::run_data_bench({rest.begin() + 1, rest.end()});
-    if (cmd == "bench" && !rest.empty() && rest[0] == "checkpoint")
-      return troupe::bench::run_checkpoint_bench({rest.begin() + 1, rest.end()});
-    if (cmd == "bench" && !rest.empty() && rest[0] == "drift")
-      return troupe::bench::run_drift_bench({rest.begin() + 1, rest.end()});
-    if (cmd == "bench" && !rest.empty() && rest[0] == "raw-ucx-server")
-      return troupe::bench::run_raw_ucx_server({rest.begin() + 1, rest.end()});
-    const bool bench = cmd == "bench";
-    const std::string word = bench ? (rest.empty() ? "" : rest[0]) : cmd;
-    const std::string near = cli::did_you_mean(
-        word, bench ? std::vector<std::string>{"control", "allreduce", "model", "kernels", "drift",
-                                               "checkpoint", "data"}
-                    : std::vector<std::string>{"run", "coordinator", "agent", "status", "stop",
-                                               "drain", "scale", "lr", "export", "data", "version",
-                                               "kinds", "demo", "node", "bench", "help"});
-    const std::string hint =
-        near.empty() ? "" : "; did you mean '" + std::string(bench ? "bench " : "") + near + "'?";
-    std::fprintf(stderr, "troupe: unknown command '%s%s'%s\n\n%s", bench ? "bench " : "",
-                 word.c_str(), hint.c_str(), kUsage);
+    if (cmd == "demo") return run_group("demo", kDemo, rest);
+    if (cmd == "bench") return run_group("bench", kBench, rest);
+    const std::string near =
+        cli::did_you_mean(cmd, {"run", "coordinator", "agent", "status", "top", "stop",
+                                "checkpoint", "drain", "scale", "lr", "export", "report", "data",
+                                "version", "kinds", "demo", "node", "bench", "help"});
+    const std::string hint = near.empty() ? "" : "; did you mean '" + near + "'?";
+    std::fprintf(stderr, "troupe: unknown command '%s'%s\n\n%s", cmd.c_str(), hint.c_str(), kUsage);
     return 2;
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "troupe %s: %s\n", cmd.c_str(), e.what());

@@ -21,6 +21,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -150,11 +151,22 @@ struct Args {
   bool own_memory = false;  // the gradients in this program's memory, not the loop's shared one
 };
 
+const char* kUsage =
+    "usage: own_loop --join HOST:PORT --token-file FILE [--name N] [--hidden N] [--own-memory] "
+    "[--failure-timeout-ms MS]";
+
 Args args_from(int argc, char** argv) {
   Args a;
   troupe::LoopOptions& o = a.loop;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      std::printf(
+          "%s\n(the members of a troupe job of model.kind = \"external\"; see the top "
+          "of examples/own_loop/own_loop.cpp)\n",
+          kUsage);
+      std::exit(0);
+    }
     if (flag == "--own-memory") {
       a.own_memory = true;
       continue;
@@ -174,10 +186,7 @@ Args args_from(int argc, char** argv) {
     else
       throw std::invalid_argument("unknown flag " + flag);
   }
-  if (o.join.empty() || o.token_file.empty() || a.hidden == 0)
-    throw std::invalid_argument(
-        "usage: own_loop --join HOST:PORT --token-file FILE [--name N] [--hidden N] "
-        "[--own-memory] [--failure-timeout-ms MS]");
+  if (o.join.empty() || o.token_file.empty() || a.hidden == 0) throw std::invalid_argument(kUsage);
   return a;
 }
 

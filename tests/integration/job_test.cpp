@@ -399,6 +399,48 @@ TEST(Job, CudaDevicesWhereThereAreNoneAreRefusedAndAutoTrainsOnTheCpu) {
 
 // Fault injection lives in the test build only: the release `troupe` given the variables that
 // make troupe_test's worker throw trains on without a failure.
+// `troupe ARGS...` run to its end: the exit code and what it printed (stdout and stderr).
+std::pair<int, std::string> troupe_says(const testing::TempDir& dir,
+                                        const std::vector<std::string>& args) {
+  std::vector<std::string> argv{testing::troupe_binary()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  const std::string out = dir.path() + "/said.out";
+  coordinator::ChildProcess p({argv, out, out, {}});
+  auto status = p.wait(30s);
+  return {status && WIFEXITED(*status) ? WEXITSTATUS(*status) : -1, testing::text_of(out)};
+}
+
+// Every command and group answers --help (exit 0, under its own name) and names a mistake
+// (exit 2): a group without its command lists its commands.
+TEST(Command, EveryCommandAndGroupAnswersHelpAndNamesAMistake) {
+  testing::TempDir dir;
+  struct Case {
+    std::vector<std::string> args;
+    int rc;
+    const char* expect;
+  } cases[] = {
+      {{"bench"}, 2, "usage: troupe bench COMMAND"},
+      {{"bench", "--help"}, 0, "  checkpoint   a checkpoint's copy"},
+      {{"bench", "modle"}, 2, "troupe bench: unknown command 'modle'; did you mean 'model'?"},
+      {{"demo"}, 2, "  control      two-process control-plane demo"},
+      {{"demo", "--help"}, 0, "usage: troupe demo COMMAND"},
+      {{"top", "--help"}, 0, "Usage: troupe top"},
+      {{"kinds", "--help"}, 0, "usage: troupe kinds (no arguments)"},
+      {{"kinds", "extra"}, 2, "troupe kinds: unexpected 'extra'"},
+      {{"version", "-h"}, 0, "usage: troupe version (no arguments)"},
+      {{"stauts"}, 2, "unknown command 'stauts'; did you mean 'status'?"},
+      {{"bench", "model", "--help"}, 0, "--threads"},
+  };
+  for (const auto& c : cases) {
+    auto [rc, said] = troupe_says(dir, c.args);
+    EXPECT_EQ(rc, c.rc) << c.args.back() << ": " << said;
+    EXPECT_NE(said.find(c.expect), std::string::npos) << c.args.back() << ": " << said;
+  }
+  EXPECT_EQ(troupe_says(dir, {"top", "--help"}).second.find("Usage: troupe status"),
+            std::string::npos);
+  EXPECT_EQ(troupe_says(dir, {"bench"}).second.find("allreduce-worker"), std::string::npos);
+}
+
 TEST(Job, TheReleaseBinaryReadsNoFaultInjection) {
   testing::TempDir dir;
   std::string config = write_config(dir, "mlp.toml", kMlp);
@@ -604,6 +646,21 @@ TEST(Job, StatusAndStopAgainstARunningJob) {
   EXPECT_EQ(testing::json_field(events.back(), "event"), "job_finished");
   EXPECT_EQ(testing::json_field(events.back(), "state"), "stopped");
   EXPECT_EQ(testing::json_field(events.back(), "identical_parameters"), "true");
+  // The job ended: a command for it says so (not a transport error), and a bad value is named.
+  const std::string ended = "no coordinator runs the job in " + run_dir + ": it ended at step ";
+  for (std::vector<std::string> args : {std::vector<std::string>{"stop"},
+                                        {"checkpoint"},
+                                        {"scale", "--workers", "3"},
+                                        {"lr", "0.01"},
+                                        {"top"}}) {
+    args.insert(args.end(), {"--run-dir", run_dir});
+    auto [rc, said] = troupe_says(dir, args);
+    EXPECT_EQ(rc, 1) << args[0] << ": " << said;
+    EXPECT_NE(said.find(ended), std::string::npos) << args[0] << ": " << said;
+  }
+  auto [lr_rc, lr_said] = troupe_says(dir, {"lr", "--run-dir", run_dir, "abc"});
+  EXPECT_EQ(lr_rc, 2) << lr_said;
+  EXPECT_NE(lr_said.find("abc is not a number in [1e-12, 1000]"), std::string::npos) << lr_said;
 }
 
 }  // namespace
