@@ -34,7 +34,15 @@ coordinator::ValidCheckpoint choose(const coordinator::JobConfig& cfg, const std
   if (step >= 0) {
     const std::string at = dir + "/" + workers::checkpoint_dir_name(uint64_t(step));
     if (auto c = coordinator::valid_checkpoint(at, hash, &why)) return *c;
-    throw std::invalid_argument(at + ": " + why);
+    std::string valid;
+    for (uint64_t s : coordinator::valid_checkpoint_steps(dir, hash))
+      valid += (valid.empty() ? "" : ", ") + std::to_string(s);
+    const std::string choose = valid.empty() ? "; there is no valid checkpoint in " + dir
+                                             : "; the valid checkpoints are of steps " + valid;
+    if (!std::filesystem::exists(at))
+      throw std::invalid_argument("--step " + std::to_string(step) +
+                                  ": no checkpoint of that step" + choose);
+    throw std::invalid_argument(at + ": " + why + choose);
   }
   std::vector<std::string> refused;
   auto c = coordinator::newest_valid_checkpoint(dir, hash, &refused);

@@ -91,18 +91,25 @@ std::string take_over_refusal(const coordinator::JobConfig& cfg, const std::stri
                               const Hooks& hooks) {
   try {
     const auto theirs = coordinator::load_config(path + "/config.toml", {}, hooks.kinds());
-    if (coordinator::checkpoint_config_hash(theirs) == coordinator::checkpoint_config_hash(cfg))
-      return "";
+    if (coordinator::checkpoint_config_hash(theirs) != coordinator::checkpoint_config_hash(cfg))
+      return "the run was started with another model, data or seed (its config.toml): its agents "
+             "may still be training that";
+    if (theirs.steps != cfg.steps)
+      return "job.steps = " + std::to_string(cfg.steps) + ", but the run was started with " +
+             std::to_string(theirs.steps) + " (its config.toml): its agents still alive train to " +
+             "step " + std::to_string(theirs.steps) + "; take it over with its own job.steps";
   } catch (const coordinator::ConfigError& e) {
     return e.what();
   }
-  return "the run was started with another model, data or seed (its config.toml): its agents "
-         "may still be training that";
+  return "";
 }
 
-std::string prepare_resume(coordinator::JobConfig& cfg, const std::string& path, bool lr_set,
+std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool lr_set,
                            const Hooks& hooks, bool& into_run) {
   namespace fs = std::filesystem;
+  // (a checkpoint's manifest, as the stop line names it, stands for its directory)
+  if (fs::path(path).filename() == "manifest.json" && fs::is_regular_file(path))
+    path = fs::path(path).parent_path().string();
   const std::string hash = coordinator::checkpoint_config_hash(cfg);
   std::optional<coordinator::ValidCheckpoint> found;
   into_run = !fs::exists(fs::path(path) / "manifest.json");
@@ -253,7 +260,12 @@ void print_start(const coordinator::JobConfig& cfg, const std::string& dir,
     std::printf(
         "troupe: taking the run over: its agents still alive join again (within "
         "elastic.rejoin_timeout_ms) and go on from their own state\n");
-  if (!local_agents)
+  if (cfg.external())  // (troupe agent refuses such a job: its members are the user's program)
+    std::printf(
+        "troupe: coordinator at %s; model.kind = \"external\": your program's members join it "
+        "(troupe::ElasticLoop, LoopOptions{\"%s\", \"%s/job.token\"})\n",
+        address.c_str(), address.c_str(), dir.c_str());
+  else if (!local_agents)
     std::printf(
         "troupe: coordinator at %s; agents join with: troupe agent --join %s --token-file "
         "%s/job.token\n",
@@ -588,12 +600,15 @@ int run_agent_command(const std::vector<std::string>& words, const Hooks& hooks)
       ->required();
   app.add_option("--token-file", token_file, "the job's token file (RUN_DIR/job.token)")
       ->required();
-  app.add_option("--devices", devices, "the devices it offers, e.g. cpu:0,cpu:1 (default cpu:0)");
+  app.add_option(
+      "--devices", devices,
+      "the devices it offers, e.g. cpu:0,cpu:1 or cuda:0,cuda:1 (default: one worker per "
+      "visible GPU, CUDA_VISIBLE_DEVICES respected, else cpu:0)");
   app.add_option("--name", o.name, "its name in logs and events (default host:pid)");
   app.add_option("--heartbeat-interval-ms", heartbeat_ms, "control-plane heartbeats")
-      ->check(CLI::Range(int64_t(1), int64_t(600000)));
+      ->check(number_in(1, 600000));
   app.add_option("--failure-timeout-ms", failure_ms, "a silent peer is lost after this")
-      ->check(CLI::Range(int64_t(1), int64_t(3600000)));
+      ->check(number_in(1, 3600000));
   if (auto rc = parse(app, words)) return *rc;
   if (app.count("--devices")) {  // (first: a device this build cannot use is refused before all)
     o.devices.clear();

@@ -279,6 +279,15 @@ std::optional<ValidCheckpoint> newest_valid_checkpoint(const std::string& dir,
   return std::nullopt;
 }
 
+std::vector<uint64_t> valid_checkpoint_steps(const std::string& dir, const std::string& hash) {
+  std::vector<uint64_t> steps;
+  for (const auto& [step, path] : checkpoint_dirs(dir)) {
+    ValidCheckpoint c{step, path.string()};
+    if (check(path, hash, c).empty()) steps.push_back(step);
+  }
+  return steps;
+}
+
 std::optional<ValidCheckpoint> valid_checkpoint(const std::string& directory,
                                                 const std::string& hash, std::string* why) {
   ValidCheckpoint c{UINT64_MAX, directory};

@@ -85,5 +85,7 @@ std::optional<ValidCheckpoint> valid_checkpoint(const std::string& directory,
 std::optional<ValidCheckpoint> newest_valid_checkpoint(const std::string& dir,
                                                        const std::string& hash,
                                                        std::vector<std::string>* refused);
+// The steps of the valid checkpoints in dir, oldest first (what a user may choose from).
+std::vector<uint64_t> valid_checkpoint_steps(const std::string& dir, const std::string& hash);
 
 }  // namespace troupe::coordinator

@@ -150,7 +150,7 @@ std::string final_checksum(const Job& job) {
   return last.substr(at, last.find('"', at) - at);
 }
 
-std::string admin(const TempDir& dir, std::vector<std::string> args) {
+std::string admin(const TempDir& dir, std::vector<std::string> args, int expect_rc) {
   std::string out = dir.path() + "/admin.out";
   args.insert(args.begin(), troupe_binary());
   coordinator::ChildProcess p({args, out, out, {}});
@@ -158,7 +158,7 @@ std::string admin(const TempDir& dir, std::vector<std::string> args) {
   EXPECT_TRUE(st) << args[1] << " did not answer";
   auto lines = lines_of(out);
   if (st) {
-    EXPECT_EQ(WEXITSTATUS(*st), 0) << (lines.empty() ? "" : lines.back());
+    EXPECT_EQ(WEXITSTATUS(*st), expect_rc) << (lines.empty() ? "" : lines.back());
   }
   return text_of(out);
 }

@@ -60,9 +60,9 @@ std::unique_ptr<coordinator::ChildProcess> join_agent(const TempDir& dir, const 
                                                       const std::vector<std::string>& env = {});
 // The first member's parameter checksum in the job's job_finished event ("" if none).
 std::string final_checksum(const Job& job);
-// Runs `troupe ARGS...` (status, drain, scale, checkpoint, ...), expects exit 0 within 60 s;
-// returns what it printed.
-std::string admin(const TempDir& dir, std::vector<std::string> args);
+// Runs `troupe ARGS...` (status, drain, scale, checkpoint, ...), expects exit expect_rc within
+// 60 s; returns what it printed.
+std::string admin(const TempDir& dir, std::vector<std::string> args, int expect_rc = 0);
 
 // The job finishes (exit 0) with identical parameters on every member, per-step losses equal to
 // `want` within `relative` (0: bitwise; the losses are written at full precision), and a ledger

@@ -120,6 +120,22 @@ TEST(Checkpoints, SigtermLeavesAResumableRunAndTheResumeGoesOnFromWhereItStopped
   EXPECT_NE(text_of(job.out).find("resumable from"), std::string::npos) << text_of(job.out);
   for (int pid : agents) EXPECT_NE(::kill(pid, 0), 0) << "agent " << pid << " still runs";
 
+  // The path the stop line names (the checkpoint's manifest) resumes as its directory: here the
+  // step it is at and job.steps = that step leave nothing to run, refused before anything starts.
+  const std::string out = text_of(job.out), from = "resumable from ";
+  const size_t at = out.find(from) + from.size();
+  const std::string manifest = out.substr(at, out.find(": troupe run", at) - at);
+  Job nothing_left =
+      start_job(dir, "nothing-left", kGpt, 1, {"job.steps=" + std::to_string(stopped_at)}, {},
+                {"--resume", manifest});
+  auto refused = nothing_left.proc->wait(30s);
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(WEXITSTATUS(*refused), 2);
+  EXPECT_NE(text_of(nothing_left.out)
+                .find("is at step " + std::to_string(stopped_at) + " and job.steps = "),
+            std::string::npos)
+      << manifest << ": " << text_of(nothing_left.out);
+
   Job resumed = start_job(dir, "preempted", kGpt, 3, {}, {}, {"--resume", job.run_dir});
   expect_same_function(resumed, want.losses, 120, kBatch, 0);
   EXPECT_EQ(final_checksum(resumed), want.checksum);
@@ -256,6 +272,16 @@ TEST(Checkpoints, ARestartedCoordinatorAdoptsTheLiveAgentsAndNothingIsRedone) {
   ASSERT_LT(before, 100u) << "the kill came too late to see anything adopted";
   for (int pid : agents) EXPECT_FALSE(ended(pid)) << "agent " << pid << " did not wait";
 
+  // Another job.steps is refused, nothing started: the agents still alive train to the run's own.
+  Job other = start_job(dir, "adopted-steps", kGpt, 2, {sets[0], "job.steps=150"}, {},
+                        {"--resume", job.run_dir});
+  auto refused = other.proc->wait(30s);
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(WEXITSTATUS(*refused), 2) << text_of(other.out);
+  EXPECT_NE(text_of(other.out).find("job.steps = 150, but the run was started with 120"),
+            std::string::npos)
+      << text_of(other.out);
+
   Job taken = start_job(dir, "adopted", kGpt, 2, sets, {}, {"--resume", job.run_dir});
   expect_same_function(taken, want.losses, 120, kBatch, 0);
   EXPECT_EQ(final_checksum(taken), want.checksum);
@@ -312,6 +338,12 @@ TEST(Checkpoints, AMemberLostMidWriteLeavesTheCheckpointAbsentAndEveryOtherValid
     ++valid;
   }
   EXPECT_GE(valid, 2);
+  // A step without a valid checkpoint: refused, naming the ones there are.
+  for (const char* step : {"10", "7"}) {
+    const std::string said = admin(
+        dir, {"export", job.run_dir, "--step", step, "-o", dir.path() + "/none.safetensors"}, 2);
+    EXPECT_NE(said.find("; the valid checkpoints are of steps "), std::string::npos) << said;
+  }
 }
 
 // Checkpoints on a full disk: the checkpoint directory is a 2 MiB tmpfs in a user and mount

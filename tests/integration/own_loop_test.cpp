@@ -203,6 +203,11 @@ TEST(OwnLoop, AJobOfAnotherKindRefusesTheLoopAndTroupeAgentRefusesTheLoopsJob) {
   EXPECT_NE(text_of(dir.path() + "/agent.out").find("run their own training loop"),
             std::string::npos)
       << text_of(dir.path() + "/agent.out");
+  // (troupe run says how its members join: not troupe agent's line, which would be refused)
+  const std::string said = text_of(external.out);
+  EXPECT_NE(said.find("your program's members join it (troupe::ElasticLoop"), std::string::npos)
+      << said;
+  EXPECT_EQ(said.find("troupe agent --join"), std::string::npos) << said;
   external.proc->signal(SIGTERM);
   external.proc->wait(30s);
 }
