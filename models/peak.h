@@ -5,7 +5,7 @@
 // GPUs: the vendor's dense (no sparsity) figure for the GEMM precision, by the device's name:
 // bf16 tensor cores for model.dtype = "bf16", plain f32 (no TF32: the f32 GEMMs do not use it)
 // for f32. CPUs: an estimate, threads x f32 FLOP per cycle from the CPUID features x the clock
-// /proc/cpuinfo reports. Unknown (flops 0) where neither is known: MFU is then not reported,
+// (this_cpu). Unknown (flops 0) where neither is known: MFU is then not reported,
 // or observability.peak_tflops names the peak.
 //
 // cpu_peak and gpu_peak are pure (the CPU and the name passed in) and unit-tested.
@@ -21,11 +21,14 @@ namespace troupe::models {
 struct CpuModel {
   CpuFeatures features;
   bool amd = false;
-  int family = 0;  // CPUID family (base + extended)
-  double ghz = 0;  // the clock; 0: unknown
+  int family = 0;               // CPUID family (base + extended)
+  double ghz = 0;               // the clock; 0: unknown
+  bool clock_measured = false;  // (else /proc/cpuinfo's)
 };
 
-// This CPU: CPUID, and the clock of the first processor in /proc/cpuinfo.
+// This CPU: CPUID, and its clock: the first processor's in /proc/cpuinfo, or the one measured
+// running (a chain of dependent adds, ~2 ms) where that is faster (a boosting core; a virtual
+// machine's nominal clock).
 CpuModel this_cpu();
 
 // f32 FLOP per cycle and core: FMA lanes x 2 x FMA units (two 512-bit units on Intel AVX-512;
