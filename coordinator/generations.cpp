@@ -1,6 +1,7 @@
 #include "coordinator/generations.h"
 
 #include <algorithm>
+#include <iterator>
 
 namespace troupe::coordinator {
 
@@ -90,6 +91,11 @@ void Generations::start(std::vector<actors::WorkerReady> members) {
   restarting_.clear();
   taken_over_world_ = 0;
   ++generation_;
+}
+
+void Generations::forget_agent(uint32_t agent) {
+  for (auto it = published_.begin(); it != published_.end();)
+    it = it->first.agent == agent ? published_.erase(it) : std::next(it);
 }
 
 }  // namespace troupe::coordinator

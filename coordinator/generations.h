@@ -38,6 +38,8 @@ class Generations {
   bool publish(actors::WorkerReady ready);
   bool published(actors::WorkerId w) const { return published_.count(w) > 0; }
   size_t published_count() const { return published_.size(); }
+  // An agent lost before the first generation: its workers' addresses go (they count no more).
+  void forget_agent(uint32_t agent);
 
   // The next generation's members, once a change is decided (sorted by worker id).
   void expect(std::vector<actors::WorkerId> workers);

@@ -306,7 +306,7 @@ class Coordinator : public caf::event_based_actor {
   // (on_ready), a new generation takes it in, or it waits as a standby above
   // elastic.max_workers. The members train on meanwhile.
   ControlMessage on_join(uint64_t node, const actors::Join& j) {
-    if (job_.phase() == JobPhase::forming && int64_t(roster_.size()) >= cfg_.agents)
+    if (job_.phase() == JobPhase::forming && int64_t(roster_.alive()) >= cfg_.agents)
       return actors::make_error_reply(
           Errc::refused, "the job already has its " + std::to_string(cfg_.agents) + " agents");
     const Agent& a = roster_.admit(node, j);
@@ -368,11 +368,24 @@ class Coordinator : public caf::event_based_actor {
         Json().integer("member", a->id).str("name", a->name).str("reason", code + ": " + d.reason));
     std::string why =
         "agent " + std::to_string(a->id) + " (" + a->name + ") was lost: " + code + ": " + d.reason;
-    if (!job_.started()) return fail(why + " before training started");
+    if (!job_.started()) return lost_before_start(*a, why);
     spdlog::warn("{}", why);
     tell(a->name + " was lost (" + code + ")");
     last_failure_ = why;
     decide_and_act();
+  }
+
+  // Before the first generation: agents started by hand (cluster.launcher = "external") come and
+  // go as their operators start them; one lost leaves, and the job goes on waiting for enough
+  // workers until elastic.start_timeout_ms. The local launcher's agent lost then is a failure
+  // that would repeat (it fails the job, naming it).
+  void lost_before_start(const Agent& a, const std::string& why) {
+    if (cfg_.launcher != "external") return fail(why + " before training started");
+    gens_.forget_agent(a.id);
+    spdlog::warn("{} before training started; waiting for {} workers", why, cfg_.workers());
+    tell(a.name + " was lost before training started; waiting for " +
+         std::to_string(cfg_.workers()) + " workers (" + std::to_string(gens_.published_count()) +
+         " ready)");
   }
 
   // A worker thread that threw: its agent restarts it (it publishes for the next generation,

@@ -1,5 +1,7 @@
 #include "coordinator/roster.h"
 
+#include <algorithm>
+
 namespace troupe::coordinator {
 
 const Agent& Roster::admit(uint64_t node, const actors::Join& j) {
@@ -38,6 +40,11 @@ std::string Roster::name(actors::WorkerId w) const {
 
 std::string Roster::device(actors::WorkerId w) const {
   return known(w) ? agents_[w.agent].devices[w.device] : "?";
+}
+
+size_t Roster::alive() const {
+  return size_t(
+      std::count_if(agents_.begin(), agents_.end(), [](const Agent& a) { return a.alive; }));
 }
 
 }  // namespace troupe::coordinator

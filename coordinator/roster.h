@@ -30,6 +30,7 @@ class Roster {
   const Agent& admit(uint64_t node, const actors::Join& join);
 
   size_t size() const { return agents_.size(); }
+  size_t alive() const;  // (not lost, not drained)
   const std::vector<Agent>& agents() const { return agents_; }
   Agent& at(uint32_t id) { return agents_.at(id); }
   const Agent& at(uint32_t id) const { return agents_.at(id); }

@@ -532,6 +532,66 @@ TEST(Job, CoordinatorAndAgentsStartedByHand) {
   EXPECT_NE(said_by(1).find("can be read by others (mode 644)"), std::string::npos) << said_by(1);
 }
 
+// An agent started by hand and lost before the first generation leaves the job, which goes on
+// waiting for enough workers (elastic.start_timeout_ms): two others join and it trains to the end.
+TEST(Job, AHandStartedAgentLostBeforeTheStartLeavesAndOthersStartTheJob) {
+  testing::TempDir dir;
+  std::string config = write_config(dir, "mlp.toml", kMlp);
+  std::string run_dir = dir.path() + "/byhand";
+  std::string out = dir.path() + "/coordinator.out";
+  coordinator::ChildProcess coord(
+      {{testing::troupe_binary(), "coordinator", config, "--listen", "127.0.0.1:0", "--set",
+        "job.run_dir=\"" + run_dir + "\"", "--set", "cluster.agents=2"},
+       out,
+       out,
+       {}});
+  auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (testing::lines_of(run_dir + "/coordinator.addr").empty()) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline);
+    std::this_thread::sleep_for(20ms);
+  }
+  const std::string addr = testing::lines_of(run_dir + "/coordinator.addr").at(0);
+  auto agent = [&](const std::string& name) {
+    return std::make_unique<coordinator::ChildProcess>(
+        coordinator::ChildProcess::Options{{testing::troupe_binary(), "agent", "--join", addr,
+                                            "--token-file", run_dir + "/job.token", "--name", name},
+                                           dir.path() + "/" + name + ".out",
+                                           dir.path() + "/" + name + ".out",
+                                           {}});
+  };
+  auto count = [&](const char* event) {
+    int n = 0;
+    for (const auto& l : testing::lines_of(run_dir + "/events.jsonl"))
+      n += testing::json_field(l, "event") == event;
+    return n;
+  };
+  auto lost = agent("lost");
+  deadline = std::chrono::steady_clock::now() + 30s;
+  while (count("member_joined") < 1) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << testing::text_of(out);
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_EQ(::kill(lost->pid(), SIGKILL), 0);
+  deadline = std::chrono::steady_clock::now() + 30s;
+  while (count("member_failed") < 1) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << testing::text_of(out);
+    std::this_thread::sleep_for(20ms);
+  }
+  auto a = agent("a"), b = agent("b");
+  auto st = coord.wait(120s);
+  ASSERT_TRUE(st && WIFEXITED(*st));
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << testing::text_of(out);
+  EXPECT_EQ(testing::committed_losses(run_dir).size(), 30u);
+  EXPECT_NE(testing::text_of(out).find("lost was lost before training started; waiting for 2 "
+                                       "workers (0 ready)"),
+            std::string::npos)
+      << testing::text_of(out);
+  for (auto* p : {a.get(), b.get()}) {
+    auto s = p->wait(30s);
+    EXPECT_TRUE(s && WIFEXITED(*s) && WEXITSTATUS(*s) == 0);
+  }
+}
+
 TEST(Job, BelowMinWorkersWithNobodyReturningTheJobFailsAfterTheRejoinTimeout) {
   // Losing a member below elastic.min_workers pauses the job; with no restarts and nobody
   // joining, it fails when elastic.rejoin_timeout_ms runs out: with a clear reason, never a
