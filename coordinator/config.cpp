@@ -456,10 +456,12 @@ void check_token_sets(const JobConfig& c, const std::map<std::string, std::strin
     auto it = at.find(key);
     return it == at.end() ? source : it->second;
   };
-  const bool path_set = at.count("data.path") > 0;
+  // (data.path = "" is unset: how --set data.mix goes past a file's data.path)
+  const bool path_set = at.count("data.path") > 0 && !c.data_path.empty();
   if (path_set && !c.data_mix.empty())
     throw ConfigError(place("data.mix") +
-                      ": data.mix names the data sets; data.path is set too (set one of them)");
+                      ": data.mix names the data sets; data.path is set too (set one of them; "
+                      "--set data.path=\"\" unsets the file's)");
   if (!path_set && c.data_mix.empty())
     throw ConfigError(place("data.kind") +
                       ": data.kind = \"tokens\" needs data.path (a "
