@@ -58,7 +58,7 @@ inline CLI::Validator number_in(double lo, double hi) {
         } catch (const std::exception&) {
         }
         char range[64];
-        std::snprintf(range, sizeof range, "[%g, %g]", lo, hi);
+        std::snprintf(range, sizeof range, "[%.15g, %.15g]", lo, hi);
         return s + " is not a number in " + range;
       },
       "NUMBER", "number in range");

@@ -81,12 +81,17 @@ nlohmann::ordered_json StepDriver::by_rank(const Pending& p, const std::vector<d
   return out;
 }
 
+namespace {
+// The peaks' sources as a rank reports them (models::PeakSource).
+const char* const kPeakSources[] = {
+    "unknown", "cpu estimate (threads x f32 FLOP/cycle from CPUID x clock)",
+    "GPU data sheet (dense, in the GEMM precision)", "observability.peak_tflops"};
+constexpr uint8_t kCpuEstimate = 1;
+}  // namespace
+
 // A worker's peak as the coordinator can name it (each worker's log says how it was found).
 std::string StepDriver::peak_text(const std::pair<uint8_t, double>& peak) {
-  static const char* const sources[] = {
-      "unknown", "cpu estimate (threads x f32 FLOP/cycle from CPUID x clock)",
-      "GPU data sheet (dense, in the GEMM precision)", "observability.peak_tflops"};
-  const char* source = peak.first < 4 ? sources[peak.first] : "unknown";
+  const char* source = peak.first < 4 ? kPeakSources[peak.first] : "unknown";
   if (peak.second <= 0) return std::string(source) + " peak";
   return fmt::format("{}, {:.4g} TFLOP/s each", source, peak.second / 1e12);
 }
@@ -102,8 +107,18 @@ Utilisation StepDriver::utilisation_of(const Pending& p) {
   }
   // (Source 0 with no FLOPs: a rank without a model, a program's own loop: ElasticLoop.)
   if (p.flops <= 0) return u;
+  const bool one_source = std::all_of(p.peaks.begin(), p.peaks.end(), [&](const auto& each) {
+    return each.first == p.peaks.front().first;
+  });
   if (p.peaks.size() == 1) {
     u.peak = std::to_string(p.ranks.size()) + " x " + peak_text(p.peaks.front());
+  } else if (one_source && p.peaks.front().first == kCpuEstimate) {
+    // (each process measures its core's clock: a few percent apart on one host)
+    const auto [low, high] =
+        std::minmax_element(p.peaks.begin(), p.peaks.end(),
+                            [](const auto& a, const auto& b) { return a.second < b.second; });
+    u.peak = fmt::format("{} x {}, {:.4g} to {:.4g} TFLOP/s each", p.ranks.size(),
+                         kPeakSources[kCpuEstimate], low->second / 1e12, high->second / 1e12);
   } else {
     u.peak = "the sum of:";
     for (const auto& each : p.peaks) u.peak += " " + peak_text(each) + ";";

@@ -483,7 +483,8 @@ TEST(Elastic, ScaleAndDrainRequestsThatCannotBeMetAreRefusedWithTheReason) {
       "refused: 1 worker(s) is fewer than the job needs: 2");
   run({"scale", "--run-dir", job.run_dir, "--workers", "4"}, 1,
       "refused: 4 worker(s) is more than elastic.max_workers = 3");
-  run({"scale", "--run-dir", job.run_dir, "--workers", "0"}, 2, "--workers: Value 0 not in range");
+  run({"scale", "--run-dir", job.run_dir, "--workers", "0"}, 2,
+      "--workers: 0 is not a number in [1, 1000000]");
   run({"drain", "--run-dir", job.run_dir, "--agent", "9"}, 1, "refused: no live agent 9");
   run({"drain", "--run-dir", job.run_dir, "--agent", "0"}, 1,
       "would leave fewer workers than the job needs");
