@@ -9,6 +9,7 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "actors/bridge.h"
@@ -336,18 +337,46 @@ int run_status(const std::vector<std::string>& words) {
   });
 }
 
+// --agent ID or NAME: the agent's id (a name is looked up in the job's status, among the members
+// and the standbys). nullopt, printed why, with rc: 1 the job did not answer, 2 no such agent.
+std::optional<uint32_t> agent_id(AdminSession& session, const std::string& agent, int& rc) {
+  if (!agent.empty() && agent.size() < 10 &&
+      agent.find_first_not_of("0123456789") == std::string::npos)
+    return uint32_t(std::stoul(agent));
+  rc = 1;
+  auto status = session.status();
+  if (!status) return std::nullopt;
+  std::set<std::string> names;
+  for (const auto* rows : {&status->members, &status->standbys})
+    for (const auto& m : *rows) {
+      if (m.name == agent) return m.agent;
+      names.insert(m.name + " (" + std::to_string(m.agent) + ")");
+    }
+  std::string known;
+  for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
+  std::fprintf(stderr, "troupe drain: no agent '%s' in the job; its agents: %s\n", agent.c_str(),
+               known.empty() ? "none" : known.c_str());
+  rc = 2;
+  return std::nullopt;
+}
+
 int run_drain(const std::vector<std::string>& words) {
   CLI::App app{"Lets an agent leave the job at the next step boundary (nothing is redone).",
                "troupe drain"};
   JobName job;
-  uint32_t id = 0;
+  std::string agent;
   job.add_to(app);
-  app.add_option("--agent", id, "the agent's id (troupe status)")->required();
+  app.add_option("--agent", agent, "the agent: its id or its name (troupe status's columns)")
+      ->required();
   if (auto rc = parse(app, words)) return *rc;
-  return admin_request(job, actors::make_drain_request(id), [&](actors::ControlMessage&) {
-    std::printf("troupe: agent %u leaves at the next step boundary\n", id);
-    return 0;
-  });
+  AdminSession session(job);
+  int rc = 0;
+  std::optional<uint32_t> id = agent_id(session, agent, rc);
+  if (!id) return rc;
+  auto reply = session.request(actors::make_drain_request(*id));
+  if (!reply) return 1;
+  std::printf("troupe: agent %u leaves at the next step boundary\n", *id);
+  return 0;
 }
 
 int run_scale(const std::vector<std::string>& words) {

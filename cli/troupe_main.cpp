@@ -41,7 +41,7 @@ usage (troupe COMMAND --help: a command's options):
   troupe top    (--run-dir DIR | ...)                  per-worker live view (status --watch)
   troupe stop   (--run-dir DIR | --coordinator HOST:PORT --token-file F) [--checkpoint]
   troupe checkpoint (--run-dir DIR | ...) [--no-wait]   checkpoint at the next step boundary
-  troupe drain  (--run-dir DIR | ...) --agent ID      the agent leaves at the next step boundary
+  troupe drain  (--run-dir DIR | ...) --agent ID|NAME the agent leaves at the next step boundary
   troupe scale  (--run-dir DIR | ...) --workers N     grow (local launcher starts agents) or shrink (drains)
   troupe lr     (--run-dir DIR | ...) LR             optimizer.lr from the next step boundary
   troupe export RUN_DIR [--step N] -o FILE.safetensors   a checkpoint's parameters (docs/export.md)

@@ -202,7 +202,8 @@ TEST(Elastic, DrainLetsAnAgentLeaveAtAStepBoundaryWithNothingRedone) {
   for (const auto& m : members_of(dir, job))
     if (m.agent == 1) drained = m;
   ASSERT_GT(drained.pid, 0) << "no member is agent 1";
-  admin(dir, {"drain", "--run-dir", job.run_dir, "--agent", "1"});
+  // (by its name, as troupe status shows it: the launcher's names need not follow the ids)
+  admin(dir, {"drain", "--run-dir", job.run_dir, "--agent", drained.name});
   // The drained agent is told to shut down: it exits (0: the launcher does not restart it) while
   // the job goes on.
   ASSERT_NE(wait_event(job, is("member_left")), "");
@@ -486,6 +487,8 @@ TEST(Elastic, ScaleAndDrainRequestsThatCannotBeMetAreRefusedWithTheReason) {
   run({"scale", "--run-dir", job.run_dir, "--workers", "0"}, 2,
       "--workers: 0 is not a number in [1, 1000000]");
   run({"drain", "--run-dir", job.run_dir, "--agent", "9"}, 1, "refused: no live agent 9");
+  run({"drain", "--run-dir", job.run_dir, "--agent", "agent-9"}, 2,
+      "troupe drain: no agent 'agent-9' in the job; its agents: agent-");
   run({"drain", "--run-dir", job.run_dir, "--agent", "0"}, 1,
       "would leave fewer workers than the job needs");
   // Nothing changed: the job runs on with its two workers and ends normally.
