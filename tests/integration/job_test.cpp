@@ -464,23 +464,37 @@ TEST(Job, TheReleaseBinaryReadsNoFaultInjection) {
   }
 }
 
-TEST(Job, CoordinatorAndAgentsStartedByHand) {
+// `troupe coordinator` of the MLP job for 2 agents started by hand, once its address is in the
+// run directory (coord null if it is not within 30 s).
+struct ByHand {
   testing::TempDir dir;
-  std::string config = write_config(dir, "mlp.toml", kMlp);
-  std::string run_dir = dir.path() + "/byhand";
-  std::string out = dir.path() + "/coordinator.out";
-  coordinator::ChildProcess coord(
-      {{testing::troupe_binary(), "coordinator", config, "--listen", "127.0.0.1:0", "--set",
-        "job.run_dir=\"" + run_dir + "\"", "--set", "cluster.agents=2"},
-       out,
-       out,
-       {}});
-  auto deadline = std::chrono::steady_clock::now() + 30s;
-  while (testing::lines_of(run_dir + "/coordinator.addr").empty()) {
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline);
-    std::this_thread::sleep_for(20ms);
+  std::string run_dir = dir.path() + "/byhand", out = dir.path() + "/coordinator.out";
+  std::unique_ptr<coordinator::ChildProcess> coord;
+  std::string addr;
+  ByHand() {
+    coord = std::make_unique<coordinator::ChildProcess>(coordinator::ChildProcess::Options{
+        {testing::troupe_binary(), "coordinator", write_config(dir, "mlp.toml", kMlp), "--listen",
+         "127.0.0.1:0", "--set", "job.run_dir=\"" + run_dir + "\"", "--set", "cluster.agents=2"},
+        out,
+        out,
+        {}});
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (testing::lines_of(run_dir + "/coordinator.addr").empty()) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        coord.reset();
+        return;
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+    addr = testing::lines_of(run_dir + "/coordinator.addr").at(0);
   }
-  std::string addr = testing::lines_of(run_dir + "/coordinator.addr").at(0);
+};
+
+TEST(Job, CoordinatorAndAgentsStartedByHand) {
+  ByHand job;
+  ASSERT_TRUE(job.coord) << testing::text_of(job.out);
+  const testing::TempDir& dir = job.dir;
+  const std::string &run_dir = job.run_dir, &out = job.out, &addr = job.addr;
   // With a token file of the right job and the wrong token: the join reaches the coordinator's
   // process and is refused there (the agent exits 1 naming the refusal; nothing joins).
   const std::string bad_token = dir.path() + "/bad.token";
@@ -516,7 +530,7 @@ TEST(Job, CoordinatorAndAgentsStartedByHand) {
         dir.path() + "/agent" + std::to_string(i) + ".out",
         {}}));
   }
-  auto cst = coord.wait(120s);
+  auto cst = job.coord->wait(120s);
   ASSERT_TRUE(cst && WIFEXITED(*cst));
   EXPECT_EQ(WEXITSTATUS(*cst), 0);
   for (auto& a : agents) {
@@ -535,22 +549,10 @@ TEST(Job, CoordinatorAndAgentsStartedByHand) {
 // An agent started by hand and lost before the first generation leaves the job, which goes on
 // waiting for enough workers (elastic.start_timeout_ms): two others join and it trains to the end.
 TEST(Job, AHandStartedAgentLostBeforeTheStartLeavesAndOthersStartTheJob) {
-  testing::TempDir dir;
-  std::string config = write_config(dir, "mlp.toml", kMlp);
-  std::string run_dir = dir.path() + "/byhand";
-  std::string out = dir.path() + "/coordinator.out";
-  coordinator::ChildProcess coord(
-      {{testing::troupe_binary(), "coordinator", config, "--listen", "127.0.0.1:0", "--set",
-        "job.run_dir=\"" + run_dir + "\"", "--set", "cluster.agents=2"},
-       out,
-       out,
-       {}});
-  auto deadline = std::chrono::steady_clock::now() + 30s;
-  while (testing::lines_of(run_dir + "/coordinator.addr").empty()) {
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline);
-    std::this_thread::sleep_for(20ms);
-  }
-  const std::string addr = testing::lines_of(run_dir + "/coordinator.addr").at(0);
+  ByHand job;
+  ASSERT_TRUE(job.coord) << testing::text_of(job.out);
+  const testing::TempDir& dir = job.dir;
+  const std::string &run_dir = job.run_dir, &out = job.out, &addr = job.addr;
   auto agent = [&](const std::string& name) {
     return std::make_unique<coordinator::ChildProcess>(
         coordinator::ChildProcess::Options{{testing::troupe_binary(), "agent", "--join", addr,
@@ -566,7 +568,7 @@ TEST(Job, AHandStartedAgentLostBeforeTheStartLeavesAndOthersStartTheJob) {
     return n;
   };
   auto lost = agent("lost");
-  deadline = std::chrono::steady_clock::now() + 30s;
+  auto deadline = std::chrono::steady_clock::now() + 30s;
   while (count("member_joined") < 1) {
     ASSERT_LT(std::chrono::steady_clock::now(), deadline) << testing::text_of(out);
     std::this_thread::sleep_for(20ms);
@@ -578,7 +580,7 @@ TEST(Job, AHandStartedAgentLostBeforeTheStartLeavesAndOthersStartTheJob) {
     std::this_thread::sleep_for(20ms);
   }
   auto a = agent("a"), b = agent("b");
-  auto st = coord.wait(120s);
+  auto st = job.coord->wait(120s);
   ASSERT_TRUE(st && WIFEXITED(*st));
   EXPECT_EQ(WEXITSTATUS(*st), 0) << testing::text_of(out);
   EXPECT_EQ(testing::committed_losses(run_dir).size(), 30u);
