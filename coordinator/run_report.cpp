@@ -62,12 +62,13 @@ class EventReader {
       if (r_.world_size.empty()) r_.world_size.push_back({0, 0});  // (forming)
       r_.world_size.push_back({t, r_.world_size.back().y});
       r_.world_size.push_back({t, number_field(e, "world_size")});
-    } else if (ev == "eval") {
+    } else if (ev == "evaluated") {
       eval_[count_field(e, "step")] = number_field(e, "loss");
     } else if (ev == "job_finished") {
       r_.state = text_field(e, "state", "completed");
     } else if (ev == "job_failed") {
       r_.state = "failed";
+      r_.failure = text_field(e, "reason");
     }
     if (const char* kind = mark_kind(ev)) r_.marks.push_back({t, kind, describe(ev, e)});
     if (starts_change(ev) && commits_ > 0 && !pending_) {
@@ -314,6 +315,7 @@ std::string render_report(const RunReport& r) {
        fmt(r.end_ts - r.start_ts) + " s" +
        (r.loss.empty() ? std::string() : ", last loss " + fmt(r.loss.back().y)) + ", " +
        std::to_string(r.changes.size()) + " membership change(s)</p>\n";
+  if (!r.failure.empty()) s += "<p id=\"failure\">Why it failed: " + esc(r.failure) + "</p>\n";
   if (r.eval_loss.empty()) {
     s += plot("loss", "Loss", "step", "loss", {{"train", &r.loss}});
     s += "<p class=\"empty\">No eval loss: this run has no evaluation set.</p>\n";

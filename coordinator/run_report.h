@@ -19,13 +19,14 @@ constexpr size_t kMostRanksDrawn = 1024;
 
 struct RunReport {
   std::string job, state = "running";  // state: completed | stopped | failed | running
+  std::string failure;                 // failed: why (its job_failed event's reason)
   double start_ts = 0, end_ts = 0;     // unix seconds (end: the last line's)
   uint64_t steps = 0, planned_steps = 0;
   struct Point {
     double x = 0, y = 0;
   };
   std::vector<Point> loss, samples_per_s, idle;  // by step
-  std::vector<Point> eval_loss;                  // by step: `eval` events (step, loss)
+  std::vector<Point> eval_loss;                  // by step: `evaluated` events (step, loss)
   std::vector<std::vector<Point>> worker_step_ms, worker_compute_ms;  // by rank, by step
   std::vector<Point> world_size;                                      // by seconds since start
   struct Mark {

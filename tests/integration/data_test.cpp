@@ -135,6 +135,12 @@ TEST(TokenJob, PreparedBpeDataTrainsAndSurvivesAKillWithEveryWindowOnce) {
   EXPECT_EQ(count_events(job, "evaluated"), 6);
   for (const auto& [step, loss] : want_eval)
     EXPECT_NEAR(std::stod(got_eval.at(step)), std::stod(loss), 1e-4 * std::stod(loss)) << step;
+  // troupe report draws the evaluations next to the training loss.
+  const std::string html = dir.path() + "/killed.html";
+  admin(dir, {"report", job.run_dir, "-o", html});
+  const std::string page = text_of(html);
+  EXPECT_NE(page.find(">eval</text>"), std::string::npos);
+  EXPECT_EQ(page.find("No eval loss"), std::string::npos);
 }
 
 // Preempted (SIGTERM: a checkpoint where it stops) at 3 workers and resumed at 2: the global

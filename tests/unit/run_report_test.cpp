@@ -42,7 +42,7 @@ TEST(RunReport, EventsAndMetricsBecomeSeriesMarksAndRecoveryTimes) {
          "\n"
       << R"({"ts":102,"event":"step_committed","step":1,"loss":2.5,"generation":1})"
          "\n"
-      << R"({"ts":102.5,"event":"eval","step":1,"loss":2.75})"
+      << R"({"ts":102.5,"event":"evaluated","step":1,"loss":2.75})"
          "\n"
       << R"({"ts":103,"event":"member_failed","member":1,"name":"agent-1","reason":"lost"})"
          "\n"
@@ -77,6 +77,21 @@ TEST(RunReport, EventsAndMetricsBecomeSeriesMarksAndRecoveryTimes) {
   EXPECT_NE(html.find(">eval</text>"), std::string::npos);
   EXPECT_NE(html.find("class=\"mark failure\""), std::string::npos);
   EXPECT_EQ(html.find("<script"), std::string::npos);
+}
+
+TEST(RunReport, AFailedRunSaysWhy) {
+  Dir d;
+  std::ofstream(d.path + "/events.jsonl")
+      << R"({"ts":100,"event":"job_started","job":"r","steps":10})"
+         "\n"
+      << R"({"ts":101,"event":"job_failed","reason":"worker agent-0/0 failed: data <damaged>","step":0})"
+         "\n";
+  RunReport r = read_run(d.path);
+  EXPECT_EQ(r.state, "failed");
+  const std::string html = render_report(r);
+  EXPECT_NE(html.find("Why it failed: worker agent-0/0 failed: data &lt;damaged&gt;"),
+            std::string::npos)
+      << html;
 }
 
 TEST(RunReport, ADirectoryWithoutEventsIsRefusedNamingTheFile) {
