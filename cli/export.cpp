@@ -90,6 +90,10 @@ int run_export(const std::vector<std::string>& words, const Hooks& hooks) {
   if (auto rc = parse(app, words)) return *rc;
   coordinator::JobConfig cfg =
       coordinator::load_config(run_dir + "/config.toml", {}, hooks.kinds());
+  if (batch_step >= 0 && cfg.data_kind != "text" && cfg.data_kind != "tokens")
+    throw std::invalid_argument(
+        "--batch-of-step writes a batch of tokens: this run's data.kind is '" + cfg.data_kind +
+        "'");
   const coordinator::ValidCheckpoint ckpt = choose(cfg, run_dir, step);
   workers::WorkerSpec w = workers::worker_spec_of(coordinator::job_spec_of(cfg, 0, 1));
   w.extensions = hooks.extensions;
@@ -126,11 +130,12 @@ int run_export(const std::vector<std::string>& words, const Hooks& hooks) {
                         {"heads", spec.heads},
                         {"layers", spec.layers}})
       meta[std::string("model.") + k] = std::to_string(v);
+  if (spec.kind == "gpt") meta["model.tied_head"] = spec.tied_head ? "true" : "false";
   st::write(out, tensors, meta);
   std::printf("troupe: step %llu of %s -> %s (%zu tensors, %zu parameters)\n",
               (unsigned long long)ckpt.step, run_dir.c_str(), out.c_str(), tensors.size(),
               model.param_count());
-  if (batch_step >= 0 && (w.data_kind == "text" || w.data_kind == "tokens"))
+  if (batch_step >= 0)
     write_batch(out + ".batch.safetensors", *data, w.seed, uint64_t(batch_step),
                 uint64_t(cfg.global_batch));
   return 0;

@@ -36,6 +36,9 @@ def main():
     model = GPT(shape["vocab"], ctx=shape["context"], d=shape["d_model"], nh=shape["heads"], nl=shape["layers"])
     missing, unexpected = model.load_state_dict(read_safetensors(model_path), strict=False)
     missing = [m for m in missing if not m.endswith(".mask")]
+    if meta.get("model.tied_head") == "true":  # (the head is the token embedding: no head.weight)
+        model.head.weight = model.tok.weight
+        missing = [m for m in missing if m != "head.weight"]
     if missing or unexpected:
         sys.exit(f"torch_check_export: missing {missing}, unexpected {unexpected}")
     batch = read_safetensors(batch_path)

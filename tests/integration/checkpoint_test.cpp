@@ -553,26 +553,32 @@ TEST(Checkpoints, AnExportComputesTheSameLossInPyTorch) {
   if (std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") != 0)
     GTEST_SKIP() << "python3-torch is not installed (scripts/install-deps.sh installs it)";
   TempDir dir;
-  Job job = start_job(dir, "exported", kGpt, 2, {"job.steps=60", "parallel.deterministic=false"});
-  ASSERT_TRUE(job.proc->wait(120s));
-  const std::string model = dir.path() + "/model.safetensors";
-  admin(dir, {"export", job.run_dir, "--step", "40", "-o", model, "--batch-of-step", "40"});
-  const std::string out = dir.path() + "/torch.out";
-  coordinator::ChildProcess py(
-      {{"/usr/bin/python3", std::string(TROUPE_SOURCE_DIR) + "/bench/peers/torch_check_export.py",
-        model, model + ".batch.safetensors"},
-       out,
-       out,
-       {}});
-  auto st = py.wait(120s);
-  ASSERT_TRUE(st && WEXITSTATUS(*st) == 0) << text_of(out);
-  const double torch_loss = std::stod(json_field(last_line(out), "loss"));
-  double troupe_loss = -1;
-  for (const auto& e : events_of(job))
-    if (is("step_committed", "step", "40")(e)) troupe_loss = std::stod(json_field(e, "loss"));
-  ASSERT_GT(troupe_loss, 0);
-  EXPECT_NEAR(torch_loss, troupe_loss, 1e-5 * troupe_loss);
-  std::printf("step 40 loss: troupe %.9f, pytorch %.9f\n", troupe_loss, torch_loss);
+  for (const bool tied : {false, true}) {  // (tied: no head.weight; the metadata says to tie it)
+    const std::string name = tied ? "exported-tied" : "exported";
+    Job job = start_job(dir, name, kGpt, 2,
+                        {"job.steps=60", "parallel.deterministic=false",
+                         std::string("model.tied_head=") + (tied ? "true" : "false")});
+    ASSERT_TRUE(job.proc->wait(120s));
+    const std::string model = dir.path() + "/" + name + ".safetensors";
+    admin(dir, {"export", job.run_dir, "--step", "40", "-o", model, "--batch-of-step", "40"});
+    const std::string out = dir.path() + "/" + name + "-torch.out";
+    coordinator::ChildProcess py(
+        {{"/usr/bin/python3", std::string(TROUPE_SOURCE_DIR) + "/bench/peers/torch_check_export.py",
+          model, model + ".batch.safetensors"},
+         out,
+         out,
+         {}});
+    auto st = py.wait(120s);
+    ASSERT_TRUE(st && WEXITSTATUS(*st) == 0) << text_of(out);
+    const double torch_loss = std::stod(json_field(last_line(out), "loss"));
+    double troupe_loss = -1;
+    for (const auto& e : events_of(job))
+      if (is("step_committed", "step", "40")(e)) troupe_loss = std::stod(json_field(e, "loss"));
+    ASSERT_GT(troupe_loss, 0);
+    EXPECT_NEAR(torch_loss, troupe_loss, 1e-5 * troupe_loss) << name;
+    std::printf("%s: step 40 loss: troupe %.9f, pytorch %.9f\n", name.c_str(), troupe_loss,
+                torch_loss);
+  }
 }
 
 }  // namespace

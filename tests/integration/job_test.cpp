@@ -720,6 +720,11 @@ TEST(Job, StatusAndStopAgainstARunningJob) {
     EXPECT_EQ(rc, 1) << args[0] << ": " << said;
     EXPECT_NE(said.find(ended), std::string::npos) << args[0] << ": " << said;
   }
+  auto [export_rc, export_said] = troupe_says(
+      dir, {"export", run_dir, "-o", dir.path() + "/m.safetensors", "--batch-of-step", "3"});
+  EXPECT_EQ(export_rc, 2) << export_said;
+  EXPECT_NE(export_said.find("this run's data.kind is 'synthetic'"), std::string::npos)
+      << export_said;
   auto [lr_rc, lr_said] = troupe_says(dir, {"lr", "--run-dir", run_dir, "abc"});
   EXPECT_EQ(lr_rc, 2) << lr_said;
   EXPECT_NE(lr_said.find("abc is not a number in [1e-12, 1000]"), std::string::npos) << lr_said;
