@@ -344,6 +344,35 @@ std::string added_kinds_refusal(const coordinator::JobConfig& cfg, const Hooks& 
   return "";
 }
 
+// parallel.max_params_per_worker against a built-in model's blocks (counted without building
+// it): a block above the budget fits no layout, and one stage (pipeline_stages = 1) holds the
+// whole model. "" or why the budget cannot be met.
+std::string budget_refusal(const coordinator::JobConfig& cfg, const models::ModelSpec& m) {
+  const int64_t budget = cfg.max_params_per_worker;
+  if (budget <= 0) return "";
+  const std::string key = "parallel.max_params_per_worker = " + std::to_string(budget);
+  const std::vector<size_t> counts = models::Model::planned_block_param_counts(m);
+  size_t total = 0;
+  for (size_t b = 0; b < counts.size(); ++b) {
+    total += counts[b];
+    if (counts[b] > size_t(budget))
+      return key + ": block " + std::to_string(b) + " of the model has " +
+             std::to_string(counts[b]) + " parameters, and no layout splits a block";
+  }
+  if (cfg.pipeline_stages == 1 && total > size_t(budget))
+    return key + ": the model's " + std::to_string(total) +
+           " parameters are one stage's (parallel.pipeline_stages = 1); set "
+           "parallel.pipeline_stages = \"auto\" (the planner splits the model) or more stages";
+  int64_t stages = 1;  // the fewest contiguous stages within the budget (greedy is the fewest)
+  for (size_t b = 0, in_stage = 0; b < counts.size(); in_stage += counts[b++])
+    if (in_stage + counts[b] > size_t(budget)) stages += 1, in_stage = 0;
+  if (stages > cfg.workers())
+    return key + ": the model's " + std::to_string(total) + " parameters need at least " +
+           std::to_string(stages) + " pipeline stages, one worker each, and the job has " +
+           std::to_string(cfg.workers()) + " worker(s)";
+  return "";
+}
+
 std::string memory_refusal(const coordinator::JobConfig& cfg, const Hooks& hooks) {
   if (cfg.external()) return "";  // (the members' own loop holds its own state)
   const workers::WorkerSpec w = workers::worker_spec_of(coordinator::job_spec_of(cfg, 0, 1));
@@ -367,6 +396,8 @@ std::string memory_refusal(const coordinator::JobConfig& cfg, const Hooks& hooks
       return e.what();
     }
   }
+  if (cfg.builtin_model())
+    if (std::string why = budget_refusal(cfg, m); !why.empty()) return why;
   if (params == 0) params = double(models::Model::planned_param_count(m));
   const int64_t micro_batches = cfg.global_batch / cfg.micro_batch, workers = cfg.workers();
   const double stashed =

@@ -177,7 +177,8 @@ std::string block_costs(const std::vector<BlockCost>& blocks, const PlanOptions&
              ", measured_s_per_sample = " + num(b.measured_s_per_sample) + ")";
     if (limit && b.param_bytes > limit)
       return "block " + std::to_string(i) + " has " + std::to_string(b.param_bytes) +
-             " parameter bytes, more than max_params_per_worker = " + std::to_string(limit);
+             " parameter bytes, more than the " + std::to_string(limit) +
+             " max_params_per_worker allows";
     out->cost.push_back(c);
     out->bytes.push_back(b.param_bytes);
     out->total_bytes += b.param_bytes;
@@ -191,8 +192,8 @@ std::string stage_range(uint32_t W, size_t n, size_t need, uint64_t total_bytes,
                         const PlanOptions& o, uint32_t* lo, uint32_t* hi) {
   const std::string need_text =
       "the model's " + std::to_string(total_bytes) + " parameter bytes need at least " +
-      std::to_string(need) +
-      " stage(s) under max_params_per_worker = " + std::to_string(o.max_params_per_worker);
+      std::to_string(need) + " stage(s) of at most the " + std::to_string(o.max_params_per_worker) +
+      " bytes max_params_per_worker allows";
   *lo = 1;
   *hi = uint32_t(std::min<size_t>(W, n));
   if (o.pipeline_stages) {

@@ -53,17 +53,23 @@ Model::Model(const ModelSpec& spec, std::vector<std::unique_ptr<Block>> blocks)
   blocks_.front()->set_needs_input_grad(false);
 }
 
-size_t Model::planned_param_count(const ModelSpec& s) {
-  size_t n = 0;
+std::vector<size_t> Model::planned_block_param_counts(const ModelSpec& s) {
+  std::vector<size_t> counts;
   if (s.kind == "mlp") {
     for (size_t i = 0; i + 1 < s.mlp_sizes.size(); ++i)
-      n += s.mlp_sizes[i] * s.mlp_sizes[i + 1] + s.mlp_sizes[i + 1];
-    return n;
+      counts.push_back(s.mlp_sizes[i] * s.mlp_sizes[i + 1] + s.mlp_sizes[i + 1]);
+    return counts;
   }
   const size_t C = s.d_model;
-  n += s.vocab * C + s.context * C;              // embedding
-  n += s.layers * (12 * C * C + 13 * C);         // transformer blocks (as make_transformer_block)
-  n += 2 * C + (s.tied_head ? 0 : s.vocab * C);  // final layer norm and head
+  counts.push_back(s.vocab * C + s.context * C);               // embedding
+  counts.insert(counts.end(), s.layers, 12 * C * C + 13 * C);  // transformer blocks
+  counts.push_back(2 * C + (s.tied_head ? 0 : s.vocab * C));   // final norm, head
+  return counts;
+}
+
+size_t Model::planned_param_count(const ModelSpec& s) {
+  size_t n = 0;
+  for (size_t c : planned_block_param_counts(s)) n += c;
   return n;
 }
 

@@ -58,6 +58,8 @@ class Model {
   // The parameters a model of this spec has, without building it (for a gpt, spec.vocab is the
   // data's; 256 bounds it for byte-level text).
   static size_t planned_param_count(const ModelSpec& spec);
+  // ... and block by block (what block_param_counts says once built).
+  static std::vector<size_t> planned_block_param_counts(const ModelSpec& spec);
   double flops_per_sample() const;
   // Every named parameter tensor, in block order: the names of the PyTorch twin's state_dict
   // (bench/peers/torch_models.py): gpt "tok.weight", "blocks.{l}.qkv.weight", ..., "head.weight";

@@ -233,6 +233,29 @@ TEST(TokenJob, AMixtureWithAHeldOutSetOfItsOwn) {
 }
 
 // configs/gpt_tokens.toml as its comment says to run it (with the set made where the test is).
+// A data set damaged after it was prepared (a token id past the vocabulary, its size kept): the
+// job fails, and its reason names the damage, not only its consequence (no member holds state).
+TEST(TokenJob, ADamagedTokenFileFailsTheJobNamingTheDamage) {
+  TempDir dir;
+  const std::string ds = prepare_gpl(dir);
+  std::vector<std::string> shards;
+  for (const auto& e : fs::directory_iterator(ds))
+    if (e.path().extension() == ".bin") shards.push_back(e.path().string());
+  ASSERT_FALSE(shards.empty());
+  {
+    std::fstream f(shards.front(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.write("\xff\xff", 2);
+  }
+  Job job =
+      start_job(dir, "damaged", kConfig, 1, {"data.path=\"" + ds + "\"", "elastic.max_restarts=0"});
+  auto st = job.proc->wait(120s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 1) << text_of(job.out);
+  EXPECT_NE(text_of(job.out).find("outside the vocabulary of 320"), std::string::npos)
+      << text_of(job.out);
+}
+
 TEST(DataCommands, TheTokensConfigTrainsOnTheSetItsCommentPrepares) {
   TempDir dir;
   const std::string ds = dir.path() + "/licenses-bpe";

@@ -190,6 +190,16 @@ TEST(Job, BadConfigsExitNonZeroWithTheReasonAndStartNothing) {
        ":2:15: observability.trace_steps = \"9-3\" is not a step range"},
       {"[parallel]\ndeterministic = true\n[batch]\nglobal = 30\nmicro = 8\n",
        "parallel.deterministic needs batch.global (30) to be a multiple of batch.micro (8)"},
+      // A memory budget no layout meets (blocks of 4160 and 650 parameters).
+      {"[model]\ninputs = 64\nhidden = [64]\nclasses = 10\n[parallel]\nmax_params_per_worker = "
+       "4000\npipeline_stages = \"auto\"\n",
+       "max_params_per_worker = 4000: block 0 of the model has 4160 parameters"},
+      {"[model]\ninputs = 64\nhidden = [64]\nclasses = 10\n[parallel]\nmax_params_per_worker = "
+       "4500\n",
+       "the model's 4810 parameters are one stage's (parallel.pipeline_stages = 1)"},
+      {"[model]\ninputs = 64\nhidden = [64]\nclasses = 10\n[cluster]\nagents = 1\n[parallel]\n"
+       "max_params_per_worker = 4500\npipeline_stages = \"auto\"\n",
+       "need at least 2 pipeline stages, one worker each, and the job has 1 worker(s)"},
   };
   int i = 0;
   for (auto& c : cases) {

@@ -31,6 +31,7 @@ TEST(ModelSize, PlannedParameterCountIsTheBuiltModelsCount) {
   mlp.kind = "mlp";
   mlp.mlp_sizes = {7, 13, 5, 3};
   EXPECT_EQ(Model::planned_param_count(mlp), Model(mlp).param_count());
+  EXPECT_EQ(Model::planned_block_param_counts(mlp), Model(mlp).block_param_counts());
   for (bool tied : {false, true}) {
     ModelSpec gpt;
     gpt.kind = "gpt";
@@ -41,6 +42,7 @@ TEST(ModelSize, PlannedParameterCountIsTheBuiltModelsCount) {
     gpt.layers = 3;
     gpt.tied_head = tied;
     EXPECT_EQ(Model::planned_param_count(gpt), Model(gpt).param_count()) << "tied " << tied;
+    EXPECT_EQ(Model::planned_block_param_counts(gpt), Model(gpt).block_param_counts()) << tied;
   }
 }
 

@@ -329,8 +329,8 @@ TEST(Planner, MemoryBudgetForcesPipelining) {
   const Plan three = plan_pipeline(3, blocks, o);
   EXPECT_FALSE(three.ok);
   EXPECT_EQ(three.reason,
-            "the model's 800 parameter bytes need at least 4 stage(s) under "
-            "max_params_per_worker = 250, but only 3 worker(s) and 8 block(s)");
+            "the model's 800 parameter bytes need at least 4 stage(s) of at most the 250 bytes "
+            "max_params_per_worker allows, but only 3 worker(s) and 8 block(s)");
   // A fixed pp below what the budget allows.
   const Plan fixed = plan_pipeline(8, blocks, options(2, 64, 8, 250));
   EXPECT_FALSE(fixed.ok);
@@ -361,7 +361,8 @@ TEST(Planner, ImpossibleCasesSayWhyWithTheNumbers) {
   big[3].param_bytes = 500;
   const Plan p = plan_pipeline(4, big, options(0, 64, 4, 400));
   EXPECT_FALSE(p.ok);
-  EXPECT_EQ(p.reason, "block 3 has 500 parameter bytes, more than max_params_per_worker = 400");
+  EXPECT_EQ(p.reason,
+            "block 3 has 500 parameter bytes, more than the 400 max_params_per_worker allows");
   EXPECT_EQ(plan_pipeline(2, blocks, options(0, 0)).reason, "global batch B = 0");
   EXPECT_EQ(plan_pipeline(2, blocks, options(0, 8, 0)).reason, "micro_batches m = 0");
   auto bad = blocks;
