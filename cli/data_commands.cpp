@@ -1,9 +1,11 @@
 // troupe data prepare | encode | decode: token data sets (data/prepare.h, data/shards.h).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -37,6 +39,12 @@ void draw_progress(const data::Progress& p) {
   std::fflush(stderr);
 }
 
+// What --field may apply to: a JSON-lines file by its name, or a directory that may hold some.
+bool jsonl_or_directory(const std::string& input) {
+  const std::string ext = std::filesystem::path(input).extension().string();
+  return ext == ".jsonl" || ext == ".ndjson" || std::filesystem::is_directory(input);
+}
+
 int prepare(const std::vector<std::string>& words) {
   CLI::App app{"Tokenizes text files, directories and JSON-lines files into a token data set.",
                "troupe data prepare"};
@@ -55,6 +63,10 @@ int prepare(const std::vector<std::string>& words) {
       ->check(CLI::Range(uint64_t(1), uint64_t(1) << 40));
   app.add_flag("--json", json, "the summary as one JSON line");
   if (auto rc = parse(app, words)) return *rc;
+  if (app.count("--field") && std::none_of(o.inputs.begin(), o.inputs.end(), jsonl_or_directory))
+    throw std::invalid_argument("--field " + o.jsonl_field +
+                                ": none of the inputs is a JSON-lines file (*.jsonl, *.ndjson) or "
+                                "a directory; other files are read as text (rename it .jsonl)");
   const bool tty = ::isatty(2) && !json;
   const data::PrepareSummary s =
       data::prepare(o, tty ? std::function<void(const data::Progress&)>(draw_progress) : nullptr);

@@ -319,6 +319,8 @@ TEST(DataCommands, BadInputsAreRefusedWithTheReason) {
   expect("\"$T\" data prepare " + d + "/absent --out " + d + "/o2", 2, "does not exist");
   expect("\"$T\" data prepare " + d + "/in/deep --out " + d + "/o3", 2, "no text in the inputs");
   expect("\"$T\" data prepare " + d + "/in --out " + d + "/o4 --tokenizer bpe", 2, "--vocab");
+  expect("\"$T\" data prepare " + d + "/in/a.txt --out " + d + "/o5 --field body", 2,
+         "--field body: none of the inputs is a JSON-lines file");
   expect("\"$T\" data encode --data " + d + "/in < /dev/null", 2, "has no manifest.json");
   EXPECT_FALSE(fs::exists(d + "/o3"));
   // The job refuses a directory that is not a data set, and a mixture with a text model's kind.
