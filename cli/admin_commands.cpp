@@ -62,11 +62,14 @@ JobRef job_ref(const JobName& n) {
   std::string token_file = n.token_file;
   if (!n.run_dir.empty() && !coordinator::run_dir_in_use(n.run_dir)) {
     const nlohmann::json last = run_events(n.run_dir).last;
-    const std::string event = last.is_null() ? "" : coordinator::text_field(last, "event");
+    if (last.is_null())
+      throw std::invalid_argument(n.run_dir + " is not a run directory (no events in " + n.run_dir +
+                                  "/events.jsonl)");
+    const std::string event = coordinator::text_field(last, "event");
+    const uint64_t step = last.contains("steps") ? coordinator::count_field(last, "steps")
+                                                 : coordinator::count_field(last, "step");
     const bool ended = event == "job_finished" || event == "job_failed";
-    const std::string how =
-        ended ? ": it ended at step " + std::to_string(coordinator::count_field(last, "steps"))
-              : "";
+    const std::string how = ended ? ": it ended at step " + std::to_string(step) : "";
     throw std::runtime_error("no coordinator runs the job in " + n.run_dir + how +
                              " (troupe status --run-dir " + n.run_dir + ")");
   }

@@ -96,8 +96,10 @@ std::string take_over_refusal(const coordinator::JobConfig& cfg, const std::stri
              "may still be training that";
     if (theirs.steps != cfg.steps)
       return "job.steps = " + std::to_string(cfg.steps) + ", but the run was started with " +
-             std::to_string(theirs.steps) + " (its config.toml): its agents still alive train to " +
-             "step " + std::to_string(theirs.steps) + "; take it over with its own job.steps";
+             std::to_string(theirs.steps) + " (its config.toml): a take-over goes on with its " +
+             "own (any of its agents still alive train to step " + std::to_string(theirs.steps) +
+             "); to train to another step, resume from one of its checkpoints " +
+             "(--resume RUN_DIR/checkpoints/step-N: a new run)";
   } catch (const coordinator::ConfigError& e) {
     return e.what();
   }
@@ -108,8 +110,9 @@ std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool l
                            const Hooks& hooks, bool& into_run) {
   namespace fs = std::filesystem;
   // (a checkpoint's manifest, as the stop line names it, stands for its directory)
-  if (fs::path(path).filename() == "manifest.json" && fs::is_regular_file(path))
-    path = fs::path(path).parent_path().string();
+  std::error_code ec;
+  if (fs::path(path).filename() == "manifest.json" && fs::is_regular_file(path, ec))
+    path = fs::absolute(path, ec).parent_path().string();
   const std::string hash = coordinator::checkpoint_config_hash(cfg);
   std::optional<coordinator::ValidCheckpoint> found;
   into_run = !fs::exists(fs::path(path) / "manifest.json");
@@ -144,7 +147,6 @@ std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool l
   if (found->step >= uint64_t(cfg.steps))
     return "--resume " + path + ": the checkpoint is at step " + std::to_string(found->step) +
            " and job.steps = " + std::to_string(cfg.steps) + ": nothing is left to run";
-  std::error_code ec;
   cfg.resume_dir = fs::absolute(found->directory, ec).lexically_normal().string();
   cfg.resume_step = found->step;
   cfg.resume_blocks = found->blocks;
@@ -396,7 +398,8 @@ std::string memory_refusal(const coordinator::JobConfig& cfg, const Hooks& hooks
       return e.what();
     }
   }
-  if (cfg.builtin_model())
+  // (not for text: its vocabulary, the data's characters, is known only once it is read)
+  if (cfg.builtin_model() && cfg.data_kind != "text")
     if (std::string why = budget_refusal(cfg, m); !why.empty()) return why;
   if (params == 0) params = double(models::Model::planned_param_count(m));
   const int64_t micro_batches = cfg.global_batch / cfg.micro_batch, workers = cfg.workers();

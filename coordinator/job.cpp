@@ -352,7 +352,8 @@ class Coordinator : public caf::event_based_actor {
           w.name(), std::max(r.holding.applied, r.holding.backup_step), why);
       r.holding = elastic::Holding{};
     }
-    if (!roster_.known(w) || !gens_.publish(std::move(r))) return;  // unknown, or stale
+    // (unknown, its agent lost or drained, or stale)
+    if (!roster_.usable(w) || !gens_.publish(std::move(r))) return;
     // A worker that is not a member (a joiner, a standby) being ready may change the membership.
     if (job_.started() && !gens_.is_member(w) && !gens_.is_expected(w)) decide_and_act();
     try_start();

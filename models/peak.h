@@ -21,14 +21,14 @@ namespace troupe::models {
 struct CpuModel {
   CpuFeatures features;
   bool amd = false;
-  int family = 0;               // CPUID family (base + extended)
-  double ghz = 0;               // the clock; 0: unknown
-  bool clock_measured = false;  // (else /proc/cpuinfo's)
+  int family = 0;                              // CPUID family (base + extended)
+  double ghz = 0;                              // the clock; 0: unknown
+  std::string clock_source = "/proc/cpuinfo";  // (or "measured", "cpufreq's maximum")
 };
 
-// This CPU: CPUID, and its clock: the first processor's in /proc/cpuinfo, or the one measured
-// running (a chain of dependent adds, ~2 ms) where that is faster (a boosting core; a virtual
-// machine's nominal clock).
+// This CPU: CPUID, and its clock: the fastest of the first processor's in /proc/cpuinfo, the
+// frequency driver's maximum, and the one measured running (a chain of dependent adds, 5–50 ms)
+// (a boosting core; a virtual machine's nominal clock).
 CpuModel this_cpu();
 
 // f32 FLOP per cycle and core: FMA lanes x 2 x FMA units (two 512-bit units on Intel AVX-512;

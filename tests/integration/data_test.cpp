@@ -254,6 +254,11 @@ TEST(TokenJob, ADamagedTokenFileFailsTheJobNamingTheDamage) {
   EXPECT_EQ(WEXITSTATUS(*st), 1) << text_of(job.out);
   EXPECT_NE(text_of(job.out).find("outside the vocabulary of 320"), std::string::npos)
       << text_of(job.out);
+  // A command for the job says it ended, and at which step (its job_failed event's).
+  const std::string step = json_field(events_of(job).back(), "step");
+  ASSERT_NE(step, "");
+  const std::string said = admin(dir, {"stop", "--run-dir", job.run_dir}, 1);
+  EXPECT_NE(said.find("it ended at step " + step + " "), std::string::npos) << said;
 }
 
 TEST(DataCommands, TheTokensConfigTrainsOnTheSetItsCommentPrepares) {

@@ -414,7 +414,8 @@ std::pair<int, std::string> troupe_says(const testing::TempDir& dir,
                                         const std::vector<std::string>& args) {
   std::vector<std::string> argv{testing::troupe_binary()};
   argv.insert(argv.end(), args.begin(), args.end());
-  const std::string out = dir.path() + "/said.out";
+  static int calls = 0;  // (a file a call: ChildProcess appends)
+  const std::string out = dir.path() + "/said-" + std::to_string(calls++) + ".out";
   coordinator::ChildProcess p({argv, out, out, {}});
   auto status = p.wait(30s);
   return {status && WIFEXITED(*status) ? WEXITSTATUS(*status) : -1, testing::text_of(out)};
@@ -449,6 +450,9 @@ TEST(Command, EveryCommandAndGroupAnswersHelpAndNamesAMistake) {
   EXPECT_EQ(troupe_says(dir, {"top", "--help"}).second.find("Usage: troupe status"),
             std::string::npos);
   EXPECT_EQ(troupe_says(dir, {"bench"}).second.find("allreduce-worker"), std::string::npos);
+  auto [rc, said] = troupe_says(dir, {"stop", "--run-dir", dir.path() + "/none"});
+  EXPECT_EQ(rc, 2) << said;
+  EXPECT_NE(said.find(dir.path() + "/none is not a run directory"), std::string::npos) << said;
 }
 
 TEST(Job, TheReleaseBinaryReadsNoFaultInjection) {
