@@ -368,10 +368,14 @@ std::string budget_refusal(const coordinator::JobConfig& cfg, const models::Mode
   int64_t stages = 1;  // the fewest contiguous stages within the budget (greedy is the fewest)
   for (size_t b = 0, in_stage = 0; b < counts.size(); in_stage += counts[b++])
     if (in_stage + counts[b] > size_t(budget)) stages += 1, in_stage = 0;
+  const std::string need = key + ": the model's " + std::to_string(total) +
+                           " parameters need at least " + std::to_string(stages) +
+                           " pipeline stages";
   if (stages > cfg.workers())
-    return key + ": the model's " + std::to_string(total) + " parameters need at least " +
-           std::to_string(stages) + " pipeline stages, one worker each, and the job has " +
-           std::to_string(cfg.workers()) + " worker(s)";
+    return need + ", one worker each, and the job has " + std::to_string(cfg.workers()) +
+           " worker(s)";
+  if (cfg.pipeline_stages > 1 && stages > cfg.pipeline_stages)
+    return need + "; parallel.pipeline_stages = " + std::to_string(cfg.pipeline_stages);
   return "";
 }
 

@@ -200,6 +200,9 @@ TEST(Job, BadConfigsExitNonZeroWithTheReasonAndStartNothing) {
       {"[model]\ninputs = 64\nhidden = [64]\nclasses = 10\n[cluster]\nagents = 1\n[parallel]\n"
        "max_params_per_worker = 4500\npipeline_stages = \"auto\"\n",
        "need at least 2 pipeline stages, one worker each, and the job has 1 worker(s)"},
+      {"[model]\ninputs = 64\nhidden = [64, 64]\nclasses = 10\n[cluster]\nagents = 4\n"
+       "[parallel]\nmax_params_per_worker = 4200\npipeline_stages = 2\n",
+       "need at least 3 pipeline stages; parallel.pipeline_stages = 2"},
   };
   int i = 0;
   for (auto& c : cases) {
