@@ -149,7 +149,7 @@ void TokenShards::map_shard(const nlohmann::json& s) {
   void* p = tokens ? ::mmap(nullptr, size_t(bytes), PROT_READ, MAP_SHARED, fd, 0) : nullptr;
   ::close(fd);
   if (p == MAP_FAILED) bad(dir_, "shard " + file + " cannot be mapped: " + strerror(errno));
-  maps_.push_back({static_cast<const unsigned char*>(p), size_t(bytes), total_, tokens});
+  maps_.push_back({static_cast<const unsigned char*>(p), size_t(bytes), total_, tokens, file});
   total_ += tokens;  // (each at most 2^60, and as many as the files: no overflow)
 }
 
@@ -207,6 +207,13 @@ void TokenShards::read(uint64_t begin, size_t n, int32_t* out) const {
     } else {
       std::memcpy(out, m.base + at * 4, take * 4);  // (little-endian hosts only: x86, arm64)
     }
+    for (size_t i = 0; i < take; ++i)
+      if (uint32_t(out[i]) >= vocab_)
+        throw DamagedData(dir_ + "/" + m.file + ": id " + std::to_string(uint32_t(out[i])) +
+                          " at token " + std::to_string(at + i) + " is outside the vocabulary of " +
+                          std::to_string(vocab_) +
+                          " (the file changed after it was prepared: its checksum in "
+                          "manifest.json no longer matches)");
     out += take;
     n -= take;
     begin += take;

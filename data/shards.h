@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,13 @@ class ShardWriter {
   std::vector<unsigned char> buffer_;
 };
 
+// A token file whose ids are not what its manifest says (changed after it was prepared: an id
+// outside the vocabulary). Reading it again gives the same: a worker is not restarted for it.
+class DamagedData : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 class TokenShards {
  public:
   // Throws std::invalid_argument naming the directory and what is wrong or missing.
@@ -87,7 +95,8 @@ class TokenShards {
   unsigned token_bytes() const { return width_; }
   uint64_t tokenizer_fingerprint() const { return fingerprint_; }  // Tokenizer::fingerprint()
   const std::string& dir() const { return dir_; }
-  // Ids [begin, begin + n) of the stream into out; begin + n <= tokens().
+  // Ids [begin, begin + n) of the stream into out; begin + n <= tokens(). Throws DamagedData
+  // naming the file and the place of an id outside the vocabulary.
   void read(uint64_t begin, size_t n, int32_t* out) const;
 
  private:
@@ -97,6 +106,7 @@ class TokenShards {
     const unsigned char* base;
     size_t bytes;
     uint64_t first, tokens;  // its ids' place in the stream
+    std::string file;        // (for messages)
   };
   std::string dir_;
   size_t vocab_ = 0;

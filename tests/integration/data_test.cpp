@@ -234,7 +234,7 @@ TEST(TokenJob, AMixtureWithAHeldOutSetOfItsOwn) {
 
 // configs/gpt_tokens.toml as its comment says to run it (with the set made where the test is).
 // A data set damaged after it was prepared (a token id past the vocabulary, its size kept): the
-// job fails, and its reason names the damage, not only its consequence (no member holds state).
+// job fails at once, and its reason names the file and the place of the damage.
 TEST(TokenJob, ADamagedTokenFileFailsTheJobNamingTheDamage) {
   TempDir dir;
   const std::string ds = prepare_gpl(dir);
@@ -252,8 +252,12 @@ TEST(TokenJob, ADamagedTokenFileFailsTheJobNamingTheDamage) {
   auto st = job.proc->wait(120s);
   ASSERT_TRUE(st);
   EXPECT_EQ(WEXITSTATUS(*st), 1) << text_of(job.out);
-  EXPECT_NE(text_of(job.out).find("outside the vocabulary of 320"), std::string::npos)
+  EXPECT_NE(text_of(job.out).find(fs::path(shards.front()).filename().string() +
+                                  ": id 65535 at token 50 is outside the vocabulary of 320"),
+            std::string::npos)
       << text_of(job.out);
+  // (read again it is the same: the worker is not restarted for it)
+  EXPECT_EQ(text_of(job.out).find("restarting"), std::string::npos) << text_of(job.out);
   // A command for the job says it ended, and at which step (its job_failed event's).
   const std::string step = json_field(events_of(job).back(), "step");
   ASSERT_NE(step, "");

@@ -285,6 +285,24 @@ TEST(TokenShards, ReadAcrossShardsAndEveryDefectNamed) {
   refused(d / "vocab", "\"vocab\" is not an integer");
   edited("shard", "\"shards\":[", "\"shards\":[7,");
   refused(d / "shard", "a shard has no \"file\"");
+  // A shard changed after it was prepared (its size kept): the id outside the vocabulary is
+  // named, with its file and place, when it is read.
+  fs::copy(d / "s", d / "changed");
+  {
+    std::fstream f(d / "changed/tokens-00002.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(10);
+    f.write("\xff\xff", 2);
+  }
+  auto changed = TokenShards::open(d / "changed");
+  try {
+    changed->read(180, 40, got.data());
+    ADD_FAILURE() << "read a changed shard";
+  } catch (const DamagedData& e) {
+    EXPECT_NE(std::string(e.what()).find("tokens-00002.bin: id 65535 at token 5 is outside"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(changed->read(0, 150, got.data()));  // (the shards before it)
 }
 
 TEST(TokenData, WindowsInAGlobalOrderEachOncePerEpoch) {
