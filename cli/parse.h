@@ -30,16 +30,22 @@ inline std::optional<int> parse(CLI::App& app, const std::vector<std::string>& w
   return std::nullopt;
 }
 
-// A number above `floor` (or at it, when `or_equal`), else what it is not: for the options' checks
-// (CLI11's own say "not in range 0.000000 to 179769313486231570814527...").
-inline std::string number_check(const std::string& text, double floor, bool or_equal) {
+// text as a whole finite number, or nullopt.
+inline std::optional<double> whole_number(const std::string& text) {
   try {
     size_t used = 0;
     const double v = std::stod(text, &used);
-    if (used == text.size() && std::isfinite(v) && (v > floor || (or_equal && v == floor)))
-      return "";
+    if (used == text.size() && std::isfinite(v)) return v;
   } catch (const std::exception&) {
   }
+  return std::nullopt;
+}
+
+// A number above `floor` (or at it, when `or_equal`), else what it is not: for the options' checks
+// (CLI11's own say "not in range 0.000000 to 179769313486231570814527...").
+inline std::string number_check(const std::string& text, double floor, bool or_equal) {
+  const auto v = whole_number(text);
+  if (v && (*v > floor || (or_equal && *v == floor))) return "";
   return text + " is not a " + (or_equal ? "non-negative" : "positive") + " number";
 }
 inline const CLI::Validator kPositive([](std::string& s) { return number_check(s, 0, false); },
@@ -51,12 +57,8 @@ inline const CLI::Validator kNonNegative([](std::string& s) { return number_chec
 inline CLI::Validator number_in(double lo, double hi) {
   return CLI::Validator(
       [lo, hi](std::string& s) -> std::string {
-        try {
-          size_t used = 0;
-          const double v = std::stod(s, &used);
-          if (used == s.size() && v >= lo && v <= hi) return "";
-        } catch (const std::exception&) {
-        }
+        const auto v = whole_number(s);
+        if (v && *v >= lo && *v <= hi) return "";
         char range[64];
         std::snprintf(range, sizeof range, "[%.15g, %.15g]", lo, hi);
         return s + " is not a number in " + range;

@@ -212,8 +212,7 @@ void TokenShards::read(uint64_t begin, size_t n, int32_t* out) const {
         throw DamagedData(dir_ + "/" + m.file + ": id " + std::to_string(uint32_t(out[i])) +
                           " at token " + std::to_string(at + i) + " is outside the vocabulary of " +
                           std::to_string(vocab_) +
-                          " (the file changed after it was prepared: its checksum in "
-                          "manifest.json no longer matches)");
+                          " (not what troupe data prepare wrote: the file changed since)");
     out += take;
     n -= take;
     begin += take;
