@@ -99,9 +99,18 @@ class AdminSession {
     actors::configure_system(cfg_);
     system_ = std::make_unique<caf::actor_system>(cfg_);
     bridge_ = actors::spawn_bridge(*system_, actors::job_bridge_config(ref_.job_id, ref_.token));
+    // A connection that breaks while it forms (a coordinator too busy to answer its listener in
+    // time: seen under a sanitizer) is tried again, up to 5 times in about 1.5 s; a refusal is
+    // the coordinator's answer and is not.
     caf::scoped_actor self{*system_};
-    self->request(bridge_, std::chrono::seconds(10), actors::connect_atom::value, ref_.address)
-        .receive([&](uint64_t n) { node_ = n; }, [&](caf::error& e) { error_ = e; });
+    for (int attempt = 0; attempt < 5; ++attempt) {
+      if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(50 << attempt));
+      error_.reset();
+      self->request(bridge_, std::chrono::seconds(10), actors::connect_atom::value, ref_.address)
+          .receive([&](uint64_t n) { node_ = n; }, [&](caf::error& e) { error_ = e; });
+      const auto ce = error_ ? actors::control_error(*error_) : std::nullopt;
+      if (!ce || ce->code != comm::Errc::peer_lost) break;
+    }
   }
   ~AdminSession() { caf::anon_send_exit(bridge_, caf::exit_reason::user_shutdown); }
 

@@ -4,11 +4,13 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "cli/commands.h"
 #include "cli/parse.h"
@@ -115,6 +117,44 @@ data::Tokenizer tokenizer_of(const std::string& dir) {
   return data::Tokenizer::load(dir + "/" + data::kTokenizerFile);
 }
 
+// troupe data verify DIR...: every data set's token files read whole against the checksums its
+// manifest holds. Exit 1 when one differs, 2 when a directory is not a data set.
+int verify(const std::vector<std::string>& words) {
+  CLI::App app{
+      "Reads every token file of each data set and compares it with the checksum "
+      "troupe data prepare wrote in the manifest (troupe run does too, data.verify).",
+      "troupe data verify"};
+  std::vector<std::string> dirs;
+  app.add_option("DIR", dirs, "data sets made by troupe data prepare")->required();
+  if (auto rc = parse(app, words)) return *rc;
+  int rc = 0;
+  for (const std::string& dir : dirs) {
+    const auto start = std::chrono::steady_clock::now();
+    std::shared_ptr<const data::TokenShards> t;
+    try {
+      t = data::TokenShards::open(dir);
+    } catch (const std::invalid_argument& e) {
+      std::fprintf(stderr, "troupe data verify: %s\n", e.what());
+      rc = 2;
+      continue;
+    }
+    const std::vector<std::string> bad =
+        t->verify(std::max(1u, std::thread::hardware_concurrency()));
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    for (const std::string& b : bad)
+      std::fprintf(stderr, "troupe data verify: %s/%s\n", dir.c_str(), b.c_str());
+    if (!bad.empty()) {
+      rc = std::max(rc, 1);
+      continue;
+    }
+    std::printf("%s: %llu tokens in %zu shard(s) (%s): every checksum matches (%.1f s)\n",
+                dir.c_str(), (unsigned long long)t->tokens(), t->shards(),
+                megabytes(t->tokens() * t->token_bytes()).c_str(), seconds);
+  }
+  return rc;
+}
+
 int encode(const std::vector<std::string>& words) {
   CLI::App app{"Standard input's bytes -> token ids (space-separated) on standard output.",
                "troupe data encode"};
@@ -197,6 +237,7 @@ int run_data(const std::vector<std::string>& args) {
   if (sub == "prepare") return prepare(rest);
   if (sub == "encode") return encode(rest);
   if (sub == "decode") return decode(rest);
+  if (sub == "verify") return verify(rest);
   const bool help = sub == "--help" || sub == "-h";
   std::fprintf(
       help ? stdout : stderr,
@@ -204,11 +245,13 @@ int run_data(const std::vector<std::string>& args) {
       "  troupe data prepare INPUT... --out DIR [--tokenizer byte|bpe --vocab N]\n"
       "  troupe data encode --data DIR   (stdin bytes -> ids)\n"
       "  troupe data decode --data DIR   (stdin ids -> bytes)\n"
+      "  troupe data verify DIR...       (every token file against its manifest's checksum)\n"
       "(troupe data SUBCOMMAND --help lists its options)\n",
-      help ? "Token data sets: prepare one, encode or decode with its tokenizer.\n"
+      help ? "Token data sets: prepare one, encode or decode with its tokenizer, verify one.\n"
       : sub.empty()
-          ? "troupe data: expected prepare, encode or decode\n"
-          : ("troupe data: expected prepare, encode or decode, not '" + sub + "'\n").c_str());
+          ? "troupe data: expected prepare, encode, decode or verify\n"
+          : ("troupe data: expected prepare, encode, decode or verify, not '" + sub + "'\n")
+                .c_str());
   return help ? 0 : 2;
 }
 

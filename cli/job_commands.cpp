@@ -4,10 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "actors/bridge.h"
 #include "actors/job_protocol.h"
@@ -27,6 +29,7 @@
 #include "coordinator/process.h"
 #include "coordinator/run_dir.h"
 #include "coordinator/run_record.h"
+#include "data/shards.h"
 #include "data/token_data.h"
 #include "models/devices.h"
 #include "models/model.h"
@@ -482,6 +485,39 @@ std::string check_local_nccl(const coordinator::JobConfig& cfg) {
   return "";
 }
 
+// data.verify: every token data set the job reads, its files read whole and compared with the
+// checksums its manifest holds ("" when they match). Says how long it took when that is long.
+std::string data_refusal(const coordinator::JobConfig& cfg) {
+  if (cfg.data_kind != "tokens" || !cfg.verify_data) return "";
+  std::vector<std::string> dirs;  // (as workers::token_sources: data.mix, or data.path)
+  for (const auto& [dir, weight] : cfg.data_mix) dirs.push_back(dir);
+  if (dirs.empty()) dirs.push_back(cfg.data_path);
+  if (!cfg.eval_path.empty()) dirs.push_back(cfg.eval_path);
+  const auto start = std::chrono::steady_clock::now();
+  uint64_t bytes = 0;
+  for (const std::string& dir : dirs) {
+    std::vector<std::string> bad;
+    try {
+      const auto set = data::TokenShards::open(dir);
+      bad = set->verify(std::max(1u, std::thread::hardware_concurrency()));
+      bytes += set->tokens() * set->token_bytes();
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    if (!bad.empty())
+      return "data set '" + dir + "' changed since it was prepared: " + bad[0] +
+             (bad.size() > 1 ? " (and " + std::to_string(bad.size() - 1) + " more)" : "") +
+             "; prepare it again (data.verify = false trains on it as it is)";
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (s >= 2)
+    std::fprintf(stderr,
+                 "troupe: data.verify: read %.1f GB of token files in %.1f s (every checksum "
+                 "matches; data.verify = false skips it)\n",
+                 double(bytes) / 1e9, s);
+  return "";
+}
+
 int configure_job(const std::string& path, const std::vector<std::string>& sets,
                   const std::string& listen, const std::string& resume, bool spawn_agents,
                   const Hooks& hooks, coordinator::JobConfig& cfg, bool& into_run) {
@@ -494,6 +530,10 @@ int configure_job(const std::string& path, const std::vector<std::string>& sets,
   if (!listen.empty()) cfg.listen = listen;
   if (!spawn_agents || cfg.external()) cfg.launcher = "external";
   if (std::string why = memory_refusal(cfg, hooks); !why.empty()) {
+    std::fprintf(stderr, "troupe: %s: %s\n", path.c_str(), why.c_str());
+    return 2;
+  }
+  if (std::string why = data_refusal(cfg); !why.empty()) {
     std::fprintf(stderr, "troupe: %s: %s\n", path.c_str(), why.c_str());
     return 2;
   }

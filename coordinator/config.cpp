@@ -98,6 +98,7 @@ std::vector<Field> builtin_fields(JobConfig& c, const ExtensionKinds& kinds) {
       I("eval", "every_steps", &c.eval_every_steps, 0, 1e12),
       I("data", "samples", &c.samples, 1, 1e12),
       B("data", "ledger", &c.ledger),
+      B("data", "verify", &c.verify_data),
       I("batch", "global", &c.global_batch, 1, 1e9),
       I("batch", "micro", &c.micro_batch, 1, 1e9),
       S("optimizer", "kind", &c.optimizer, {"sgd", "adamw"}),
@@ -407,6 +408,11 @@ void refuse_what_cannot_act(const JobConfig& c, const std::string& source, const
     throw ConfigError(place("checkpoint.if_busy") +
                       ": checkpoint.if_busy = \"skip\" skips periodic checkpoints, and "
                       "checkpoint.every_steps is 0 (a checkpoint asked for is never skipped)");
+  if (at.count("data.verify") && c.data_kind != "tokens")
+    throw ConfigError(place("data.verify") +
+                      ": data.verify checks token data sets' files against their manifests; "
+                      "data.kind is \"" +
+                      c.data_kind + "\"");
   if (c.change_timeout_ms > 0 && c.change_timeout_ms <= c.failure_timeout_ms)
     throw ConfigError(place("elastic.change_timeout_ms") +
                       ": elastic.change_timeout_ms must be larger than "

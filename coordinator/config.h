@@ -66,6 +66,7 @@ struct JobConfig {
   int64_t eval_every_steps = 0;            // eval.every_steps (0: never)
   int64_t samples = 20000;                 // synthetic samples per epoch
   bool ledger = false;
+  bool verify_data = true;  // data.verify: token sets' files checked against their manifests
   // A program's own data.kind: its keys' values (data.ledger is the only built-in key it takes).
   std::map<std::string, OptionValue> data_options;
   // [batch]

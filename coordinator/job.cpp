@@ -676,10 +676,10 @@ class Coordinator : public caf::event_based_actor {
   void on_checkpoint(const actors::CheckpointWritten& w) {
     if (!checkpoints_) return;
     auto failed = [&](const std::string& why) {
-      log_.event("checkpoint_failed", Json().integer("step", long(w.step)).str("reason", why));
       spdlog::error("checkpoint at step {} failed: {}", w.step, why);
-      if (checkpoints_->fail(w.step, w.generation))  // (once a checkpoint: each writer may say)
-        tell("checkpoint at step " + std::to_string(w.step) + " failed: " + why);
+      if (!checkpoints_->fail(w.step, w.generation)) return;  // (each writer may say: once)
+      log_.event("checkpoint_failed", Json().integer("step", long(w.step)).str("reason", why));
+      tell("checkpoint at step " + std::to_string(w.step) + " failed: " + why);
     };
     if (!w.error.empty()) return failed("rank " + std::to_string(w.rank) + ": " + w.error);
     std::optional<CompletedCheckpoint> done;

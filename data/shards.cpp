@@ -5,11 +5,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <thread>
 
 #include "data/tokenizer.h"
 
@@ -134,6 +137,13 @@ void TokenShards::map_shard(const nlohmann::json& s) {
   if (file.empty() || file.find('/') != std::string::npos)
     bad(dir_, "shard file '" + file + "' is empty or has a '/'");
   const uint64_t tokens = count_in(s, "tokens", dir_, where, uint64_t(1) << 60);
+  std::string checksum;
+  if (const auto c = s.find("fnv1a64"); c != s.end()) {
+    if (!c->is_string() || c->get<std::string>().size() != 16 ||
+        c->get<std::string>().find_first_not_of("0123456789abcdef") != std::string::npos)
+      bad(dir_, "shard " + file + ": its \"fnv1a64\" is not 16 lowercase hex digits");
+    checksum = c->get<std::string>();
+  }
   const std::string path = dir_ + "/" + file;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) bad(dir_, "shard " + file + " cannot be opened: " + strerror(errno));
@@ -149,7 +159,8 @@ void TokenShards::map_shard(const nlohmann::json& s) {
   void* p = tokens ? ::mmap(nullptr, size_t(bytes), PROT_READ, MAP_SHARED, fd, 0) : nullptr;
   ::close(fd);
   if (p == MAP_FAILED) bad(dir_, "shard " + file + " cannot be mapped: " + strerror(errno));
-  maps_.push_back({static_cast<const unsigned char*>(p), size_t(bytes), total_, tokens, file});
+  maps_.push_back(
+      {static_cast<const unsigned char*>(p), size_t(bytes), total_, tokens, file, checksum});
   total_ += tokens;  // (each at most 2^60, and as many as the files: no overflow)
 }
 
@@ -218,6 +229,31 @@ void TokenShards::read(uint64_t begin, size_t n, int32_t* out) const {
     begin += take;
     ++s;
   }
+}
+
+std::vector<std::string> TokenShards::verify(unsigned threads) const {
+  std::vector<std::string> found(maps_.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < maps_.size();) {
+      const Map& m = maps_[i];
+      char hex[17];
+      std::snprintf(hex, sizeof hex, "%016llx",
+                    static_cast<unsigned long long>(fnv1a64(m.base, m.bytes)));
+      if (m.fnv1a64.empty())
+        found[i] = m.file + ": the manifest gives no checksum (\"fnv1a64\") to compare with";
+      else if (m.fnv1a64 != hex)
+        found[i] = m.file + ": its bytes are not those prepared (FNV-1a " + hex +
+                   "; the manifest says " + m.fnv1a64 + ")";
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < std::min<size_t>(std::max(threads, 1u), maps_.size()); ++t)
+    pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  found.erase(std::remove(found.begin(), found.end(), std::string()), found.end());
+  return found;
 }
 
 }  // namespace troupe::data

@@ -233,11 +233,16 @@ TEST(TokenJob, AMixtureWithAHeldOutSetOfItsOwn) {
 }
 
 // configs/gpt_tokens.toml as its comment says to run it (with the set made where the test is).
-// A data set damaged after it was prepared (a token id past the vocabulary, its size kept): the
-// job fails at once, and its reason names the file and the place of the damage.
-TEST(TokenJob, ADamagedTokenFileFailsTheJobNamingTheDamage) {
+// A data set damaged after it was prepared (a token id past the vocabulary, its size kept):
+// troupe run refuses it before anything starts, naming the file, and so does troupe data verify.
+// With data.verify = false the job fails at once when a worker reads the damage, and its reason
+// names the file and the place.
+TEST(TokenJob, ADamagedTokenFileIsRefusedOrFailsTheJobNamingTheDamage) {
   TempDir dir;
   const std::string ds = prepare_gpl(dir);
+  Result r = shell(dir, "\"$T\" data verify " + ds);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(": every checksum matches"), std::string::npos) << r.output;
   std::vector<std::string> shards;
   for (const auto& e : fs::directory_iterator(ds))
     if (e.path().extension() == ".bin") shards.push_back(e.path().string());
@@ -247,13 +252,25 @@ TEST(TokenJob, ADamagedTokenFileFailsTheJobNamingTheDamage) {
     f.seekp(100);
     f.write("\xff\xff", 2);
   }
-  Job job =
-      start_job(dir, "damaged", kConfig, 1, {"data.path=\"" + ds + "\"", "elastic.max_restarts=0"});
+  const std::string file = fs::path(shards.front()).filename().string();
+  r = shell(dir, "\"$T\" data verify " + ds);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find(file + ": its bytes are not those prepared"), std::string::npos)
+      << r.output;
+  Job refused = start_job(dir, "verified", kConfig, 1, {"data.path=\"" + ds + "\""});
+  auto rs = refused.proc->wait(60s);
+  ASSERT_TRUE(rs);
+  EXPECT_EQ(WEXITSTATUS(*rs), 2) << text_of(refused.out);
+  EXPECT_NE(text_of(refused.out).find("changed since it was prepared: " + file), std::string::npos)
+      << text_of(refused.out);
+  EXPECT_FALSE(fs::exists(refused.run_dir + "/events.jsonl")) << "refused before it started";
+
+  Job job = start_job(dir, "damaged", kConfig, 1,
+                      {"data.path=\"" + ds + "\"", "elastic.max_restarts=0", "data.verify=false"});
   auto st = job.proc->wait(120s);
   ASSERT_TRUE(st);
   EXPECT_EQ(WEXITSTATUS(*st), 1) << text_of(job.out);
-  EXPECT_NE(text_of(job.out).find(fs::path(shards.front()).filename().string() +
-                                  ": id 65535 at token 50 is outside the vocabulary of 320"),
+  EXPECT_NE(text_of(job.out).find(file + ": id 65535 at token 50 is outside the vocabulary of 320"),
             std::string::npos)
       << text_of(job.out);
   // (read again it is the same: the worker is not restarted for it)
@@ -331,6 +348,8 @@ TEST(DataCommands, BadInputsAreRefusedWithTheReason) {
   expect("\"$T\" data prepare " + d + "/in/a.txt --out " + d + "/o5 --field body", 2,
          "--field body: none of the inputs is a JSON-lines file");
   expect("\"$T\" data encode --data " + d + "/in < /dev/null", 2, "has no manifest.json");
+  expect("\"$T\" data verify " + d + "/in", 2, "has no manifest.json");
+  expect("\"$T\" data verify", 2, "DIR is required");
   EXPECT_FALSE(fs::exists(d + "/o3"));
   // The job refuses a directory that is not a data set, and a mixture with a text model's kind.
   const std::string cfg = d + "/tokens.toml";
@@ -338,6 +357,9 @@ TEST(DataCommands, BadInputsAreRefusedWithTheReason) {
   expect("\"$T\" run " + cfg + " --set data.path=\\\"" + d + "/in\\\"", 2, "has no manifest.json");
   expect("\"$T\" run " + cfg + " --set data.kind=text --set 'data.mix={\"" + d + "/ok\"=1}'", 2,
          "data.mix mixes token data sets");
+  expect("\"$T\" run " + cfg + " --set data.kind=text --set data.verify=false", 2,
+         "data.verify checks token data sets' files against their manifests; data.kind is "
+         "\"text\"");
   expect("\"$T\" run " + cfg + " --set data.path=\\\"" + d + "/ok\\\" --set eval.every_steps=5", 2,
          "needs a held-out set");
   expect("\"$T\" run " + cfg + " --set data.path=\\\"" + d + "/ok\\\" --set data.eval_fraction=0.1",

@@ -511,7 +511,7 @@ TEST(Job, CoordinatorAndAgentsStartedByHand) {
   ByHand job;
   ASSERT_TRUE(job.coord) << testing::text_of(job.out);
   const testing::TempDir& dir = job.dir;
-  const std::string &run_dir = job.run_dir, &out = job.out, &addr = job.addr;
+  const std::string &run_dir = job.run_dir, &addr = job.addr;
   // With a token file of the right job and the wrong token: the join reaches the coordinator's
   // process and is refused there (the agent exits 1 naming the refusal; nothing joins).
   const std::string bad_token = dir.path() + "/bad.token";

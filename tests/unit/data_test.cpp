@@ -216,9 +216,12 @@ void make_set(const std::string& dir, const std::vector<uint32_t>& ids, const To
   auto shards = w.finish();
   t.save(dir + "/" + kTokenizerFile);
   std::string list;
-  for (const auto& s : shards)
-    list += (list.empty() ? "" : ",") + std::string("{\"file\":\"") + s.file +
-            "\",\"tokens\":" + std::to_string(s.tokens) + "}";
+  for (const auto& s : shards) {
+    char sum[17];
+    std::snprintf(sum, sizeof sum, "%016llx", static_cast<unsigned long long>(s.checksum));
+    list += (list.empty() ? "" : ",") + std::string("{\"file\":\"") + s.file + "\",\"fnv1a64\":\"" +
+            sum + "\",\"tokens\":" + std::to_string(s.tokens) + "}";
+  }
   write(dir + "/" + kManifestFile,
         "{\"format\":\"troupe-tokens\",\"version\":1,\"vocab\":" + std::to_string(t.vocab_size()) +
             ",\"token_bytes\":2,\"tokens\":" + std::to_string(w.tokens()) + ",\"shards\":[" + list +
@@ -303,6 +306,34 @@ TEST(TokenShards, ReadAcrossShardsAndEveryDefectNamed) {
         << e.what();
   }
   EXPECT_NO_THROW(changed->read(0, 150, got.data()));  // (the shards before it)
+
+  // Every shard read whole against the manifest's checksum: a change inside the vocabulary too
+  // (which no read notices), a manifest without checksums, and one with a malformed checksum.
+  EXPECT_TRUE(t->verify(3).empty());
+  const std::vector<std::string> out_of_vocab = changed->verify(1);
+  ASSERT_EQ(out_of_vocab.size(), 1u);
+  EXPECT_EQ(out_of_vocab[0].find("tokens-00002.bin: its bytes are not those prepared (FNV-1a "), 0u)
+      << out_of_vocab[0];
+  fs::copy(d / "s", d / "swapped");
+  {
+    std::fstream f(d / "swapped/tokens-00009.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(0);
+    f.write("\x41\x00", 2);  // ('A': an id of the vocabulary)
+  }
+  auto swapped = TokenShards::open(d / "swapped");
+  EXPECT_NO_THROW(swapped->read(0, 1001, std::vector<int32_t>(1001).data()));
+  const std::vector<std::string> in_vocab = swapped->verify(4);
+  ASSERT_EQ(in_vocab.size(), 1u);
+  EXPECT_NE(in_vocab[0].find("tokens-00009.bin: its bytes are not those prepared"),
+            std::string::npos)
+      << in_vocab[0];
+  edited("unsummed", ",\"fnv1a64\":\"", ",\"was\":\"");
+  const std::vector<std::string> unsummed = TokenShards::open(d / "unsummed")->verify(2);
+  ASSERT_EQ(unsummed.size(), 1u);
+  EXPECT_NE(unsummed[0].find("tokens-00000.bin: the manifest gives no checksum"), std::string::npos)
+      << unsummed[0];
+  edited("malformed", "\"fnv1a64\":\"", "\"fnv1a64\":\"X");
+  refused(d / "malformed", "tokens-00000.bin: its \"fnv1a64\" is not 16 lowercase hex digits");
 }
 
 TEST(TokenData, WindowsInAGlobalOrderEachOncePerEpoch) {
