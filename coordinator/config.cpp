@@ -408,7 +408,7 @@ void refuse_what_cannot_act(const JobConfig& c, const std::string& source, const
     throw ConfigError(place("checkpoint.if_busy") +
                       ": checkpoint.if_busy = \"skip\" skips periodic checkpoints, and "
                       "checkpoint.every_steps is 0 (a checkpoint asked for is never skipped)");
-  if (at.count("data.verify") && c.data_kind != "tokens")
+  if (!c.verify_data && c.data_kind != "tokens")  // (at its default it is accepted, as all)
     throw ConfigError(place("data.verify") +
                       ": data.verify checks token data sets' files against their manifests; "
                       "data.kind is \"" +
