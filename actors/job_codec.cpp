@@ -330,11 +330,12 @@ ControlMessage encode(const WorkerDone& m) {
     d.setGeneration(m.generation);
     d.setSteps(m.steps);
     d.setChecksum(m.checksum);
+    d.setGroup(m.group);
   });
 }
 
 WorkerDone decode(proto::WorkerDone::Reader r) {
-  return {r.getRank(), r.getGeneration(), r.getSteps(), r.getChecksum()};
+  return {r.getRank(), r.getGeneration(), r.getSteps(), r.getChecksum(), r.getGroup()};
 }
 
 ControlMessage encode(const CheckpointWritten& m) {

@@ -202,7 +202,9 @@ struct CheckpointWritten {
 struct WorkerDone {
   uint32_t rank = 0;
   uint64_t generation = 0, steps = 0, checksum = 0;
+  uint32_t group = 0;  // whose checksums equal it (control.capnp): 0 the whole model
 };
+constexpr uint32_t kHoldsNoBlocks = 0xffffffff;  // WorkerDone::group of a rank holding none
 
 // agent -> coordinator (one way): a worker cannot go on.
 struct WorkerFailed {

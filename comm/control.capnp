@@ -219,7 +219,10 @@ struct WorkerDone {
   rank @0 :UInt32;          # the rank
   generation @1 :UInt64;    # its generation
   steps @2 :UInt64;         # steps applied in total
-  checksum @3 :UInt64;      # FNV-1a of all its parameters: equal on every member
+  checksum @3 :UInt64;      # FNV-1a of the parameters it holds: equal within its group
+  group @4 :UInt32;         # whose checksums must equal it: 0 the whole model (every member);
+                            # a pipeline stopped early, 1 + its stage (what the stage's replicas
+                            # hold); 0xffffffff holds no blocks (a pipeline's idle rank)
 }
 
 struct Shutdown {

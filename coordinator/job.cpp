@@ -736,20 +736,25 @@ class Coordinator : public caf::event_based_actor {
     if (stopped && checkpoints_ && checkpoints_->newest() &&
         checkpoints_->newest()->step == steps_.committed())
       resumable_ = checkpoints_->newest()->manifest;
+    if (!outcome->identical) {  // (a failure, in every record: the event, the exit, the status)
+      const std::string why = "members ended with different parameters: " + outcome->differing;
+      log_.event("job_failed", Json()
+                                   .str("reason", why)
+                                   .integer("step", long(steps_.committed()))
+                                   .value("checksums", outcome->checksums));
+      return finish(1, why, elastic::JobOutcome::failed);
+    }
     log_.event("job_finished",
                Json()
                    .integer("steps", long(steps_.committed()))
                    .num("loss", steps_.last_loss())
                    .str("state", stopped ? "stopped" : "completed")
                    .value("checksums", outcome->checksums)
-                   .boolean("identical_parameters", outcome->identical)
+                   .boolean("identical_parameters", true)
                    .num("seconds", std::chrono::duration<double>(Clock::now() - t_start_).count())
                    .boolean("resumable", !resumable_.empty())
                    .str("checkpoint", resumable_));
-    if (outcome->identical)
-      finish(0, "", stopped ? elastic::JobOutcome::stopped : elastic::JobOutcome::completed);
-    else
-      finish(1, "members ended with different parameters", elastic::JobOutcome::failed);
+    finish(0, "", stopped ? elastic::JobOutcome::stopped : elastic::JobOutcome::completed);
   }
 
   // ---- metrics endpoint ------------------------------------------------------------------------

@@ -215,13 +215,21 @@ std::optional<StepDriver::Outcome> StepDriver::done(const actors::WorkerDone& d,
     spdlog::warn("a worker's end of rank {} in a generation of {}: ignored", d.rank, world);
     return std::nullopt;
   }
-  checksums_[d.rank] = d.checksum;
+  checksums_[d.rank] = {d.checksum, d.group};
   if (checksums_.size() < world) return std::nullopt;
   Outcome o;
   o.checksums = nlohmann::ordered_json::array();
-  for (auto& [rank, sum] : checksums_) {
-    o.identical = o.identical && sum == checksums_.begin()->second;
+  std::map<uint32_t, std::pair<uint32_t, uint64_t>> first;  // group -> (its first rank, its sum)
+  for (auto& [rank, held] : checksums_) {
+    const auto [sum, group] = held;
     o.checksums.push_back(fmt::format("{:016x}", sum));
+    if (group == actors::kHoldsNoBlocks) continue;
+    const auto [it, fresh] = first.emplace(group, std::pair{rank, sum});
+    if (fresh || it->second.second == sum || !o.identical) continue;
+    o.identical = false;
+    o.differing = fmt::format(
+        "ranks {} and {} ({})", it->second.first, rank,
+        group == 0 ? "the whole model" : fmt::format("pipeline stage {}'s replicas", group - 1));
   }
   return o;
 }

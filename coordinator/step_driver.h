@@ -81,9 +81,11 @@ class StepDriver {
   // be rewritten (the caller fails the job: it would show those steps twice).
   bool start_generation(const elastic::GenerationStart& g, uint64_t generation, size_t world);
 
-  // A member finished with a checksum; once all `world` have: whether they agree, and the list.
+  // A member finished with a checksum; once all `world` have: whether those of each group
+  // (WorkerDone::group: members holding the same blocks) agree, and the list.
   struct Outcome {
     bool identical = true;
+    std::string differing;             // when not: "ranks 0 and 2 (the whole model)"
     nlohmann::ordered_json checksums;  // hex strings, by rank
   };
   std::optional<Outcome> done(const actors::WorkerDone& d, size_t world);
@@ -114,7 +116,7 @@ class StepDriver {
   const JobConfig& cfg_;
   std::function<void(const StepCommitted&)> on_commit_;
   std::map<uint64_t, Pending> steps_;
-  std::map<uint32_t, uint64_t> checksums_;
+  std::map<uint32_t, std::pair<uint64_t, uint32_t>> checksums_;  // rank -> (checksum, group)
   std::map<uint32_t, RankReport> last_reports_;
   uint64_t committed_ = 0;
   double last_loss_ = 0;

@@ -161,6 +161,8 @@ StepInfo Worker::step_info(uint64_t step, double loss, elastic::Share share, dou
 
 TrainResult Worker::run(comm::Communicator& comm, uint64_t start, const OnStep& on_step,
                         const Requests& requests) {
+  end_group_ = 0;
+  end_blocks_ = {0, num_blocks()};
   if (pipelined() && plan_for(uint32_t(comm.size())).pp > 1)
     return run_pipeline(comm, start, on_step, requests);
   return run_data_parallel(comm, start, on_step, requests);
@@ -404,7 +406,12 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
       break;
     }
   }
-  if (!result.stopped) gather_parameters(comm, plan);
+  if (!result.stopped) {
+    gather_parameters(comm, plan);
+  } else {  // (each holds its stage's blocks only: the replicas of a stage compare)
+    end_group_ = active ? 1 + s : kHoldsNoBlocks;
+    end_blocks_ = mine;
+  }
   comm.barrier();
   report_trace(true);
   return result;
@@ -551,7 +558,12 @@ uint64_t Worker::final_checksum() {
     spec_.faults->before_checksum(spec_.agent_name, spec_.device_index, p.data(), p.count());
     p.store();
   }
-  return checksum();
+  uint64_t h = 1469598103934665603ull;
+  for (uint32_t b = end_blocks_.begin; b < std::min(end_blocks_.end, num_blocks()); ++b) {
+    HostStaged p(static_cast<const models::Tensor&>(model_->block(b).params()));
+    h = comm::fnv1a(reinterpret_cast<const uint8_t*>(p.data()), p.bytes(), h);
+  }
+  return h;
 }
 
 uint64_t Worker::checksum() const {

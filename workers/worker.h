@@ -138,9 +138,15 @@ class Worker {
                   const Requests& requests);
 
   uint64_t checksum() const;  // FNV-1a over all parameters
+  // What run's end left it holding and whose final checksum must equal its own (WorkerDone's
+  // group): the whole model (0), or, a pipeline stopped before its last step (no gather), its
+  // stage's blocks (1 + the stage) or none (a rank of no stage: kHoldsNoBlocks).
+  uint32_t checksum_group() const { return end_group_; }
+  static constexpr uint32_t kHoldsNoBlocks = 0xffffffff;  // (actors::kHoldsNoBlocks)
   // Its device's peak FLOP/s (or observability.peak_tflops), the denominator of MFU.
   const models::Peak& peak() const { return peak_; }
-  uint64_t final_checksum();  // the job's end: checksum() (after a test's injector, if any)
+  // The job's end: FNV-1a over the blocks its group holds (after a test's injector, if any).
+  uint64_t final_checksum();
   // Called on the worker's thread with each finished checkpoint write (its agent reports it) and
   // the generation it was taken in (set_generation's when it started: the report may come in a
   // later one, and the members' shards of one checkpoint must say the same generation).
@@ -236,6 +242,8 @@ class Worker {
   std::unique_ptr<BlockStates> states_;
   std::unique_ptr<StageBackups> backups_;
   uint64_t next_step_ = 0;
+  uint32_t end_group_ = 0;                         // checksum_group()
+  elastic::BlockRange end_blocks_{0, UINT32_MAX};  // what final_checksum covers (run sets it)
   CheckpointWriter writer_;
   OnCheckpoint on_checkpoint_;
   uint64_t generation_ = 0, writing_generation_ = 0;  // now, and of the write in flight

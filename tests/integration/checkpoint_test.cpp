@@ -434,6 +434,27 @@ TEST(Checkpoints, OnRequestTroupeCheckpointAndStopWithACheckpoint) {
   EXPECT_EQ(resumed_from(resumed), stopped_at);
 }
 
+// A pipelined job stopped early (no gather: each member holds its stage's blocks) ends as a stop
+// does, exit 0 and resumable, in every record; the replicas of each stage agree, and a rank of
+// no stage is not compared (dp 2 x pp 2, then dp 1 x pp 2 with a third worker of no stage).
+TEST(Checkpoints, APipelineStoppedEarlyEndsResumableWithItsStagesCompared) {
+  for (const int agents : {4, 3}) {
+    TempDir dir;
+    Job job = start_job(dir, "piped", kGpt, agents,
+                        {"parallel.pipeline_stages=2", "checkpoint.every_steps=0"}, {pace(50000)});
+    wait_steps(job, 10);
+    admin(dir, {"stop", "--run-dir", job.run_dir, "--checkpoint"});
+    auto st = job.proc->wait(60s);
+    ASSERT_TRUE(st);
+    EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
+    const std::string end = events_of(job).back();
+    EXPECT_EQ(json_field(end, "event"), "job_finished") << end;
+    EXPECT_EQ(json_field(end, "state"), "stopped") << end;
+    EXPECT_EQ(json_field(end, "resumable"), "true") << end;
+    EXPECT_EQ(text_of(job.out).find("failed"), std::string::npos) << text_of(job.out);
+  }
+}
+
 // Saved by one layout, resumed by another: the shards are per block, so each member reads the
 // blocks it will own.
 void reshard(const std::vector<std::string>& save, int save_agents,

@@ -269,6 +269,18 @@ FaultedRun run_mlp_with(const testing::TempDir& dir, const std::string& name,
   return r;
 }
 
+// `troupe ARGS...` run to its end: the exit code and what it printed (stdout and stderr).
+std::pair<int, std::string> troupe_says(const testing::TempDir& dir,
+                                        const std::vector<std::string>& args) {
+  std::vector<std::string> argv{testing::troupe_binary()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  static int calls = 0;  // (a file a call: ChildProcess appends)
+  const std::string out = dir.path() + "/said-" + std::to_string(calls++) + ".out";
+  coordinator::ChildProcess p({argv, out, out, {}});
+  auto status = p.wait(30s);
+  return {status && WIFEXITED(*status) ? WEXITSTATUS(*status) : -1, testing::text_of(out)};
+}
+
 // The checksum comparison can fail: a member that ends with other parameters (the test build
 // changes one of agent-1's before its final checksum) makes the job fail, naming it.
 TEST(Job, MembersThatEndDifferentFailTheJob) {
@@ -277,9 +289,17 @@ TEST(Job, MembersThatEndDifferentFailTheJob) {
   EXPECT_EQ(r.status, 1);
   auto events = testing::lines_of(r.run_dir + "/events.jsonl");
   ASSERT_FALSE(events.empty());
-  EXPECT_EQ(testing::json_field(events.back(), "identical_parameters"), "false") << events.back();
+  // Every record says it failed: the event, the console, troupe status.
+  EXPECT_EQ(testing::json_field(events.back(), "event"), "job_failed") << events.back();
+  EXPECT_EQ(testing::json_field(events.back(), "reason"),
+            "members ended with different parameters: ranks 0 and 1 (the whole model)")
+      << events.back();
   const std::string text = testing::text_of(r.out);
+  EXPECT_NE(text.find("failed after"), std::string::npos) << text;
   EXPECT_NE(text.find("members ended with different parameters"), std::string::npos) << text;
+  auto [rc, said] = troupe_says(dir, {"status", "--run-dir", r.run_dir});
+  EXPECT_NE(said.find("failed"), std::string::npos) << said;
+  EXPECT_EQ(said.find("completed"), std::string::npos) << said;
 }
 
 // A worker that says it holds state as of a step far past the job's end (the test build makes
@@ -410,20 +430,6 @@ TEST(Job, CudaDevicesWhereThereAreNoneAreRefusedAndAutoTrainsOnTheCpu) {
       << "the CUDA module did not load in troupe: " << said;
 }
 
-// Fault injection lives in the test build only: the release `troupe` given the variables that
-// make troupe_test's worker throw trains on without a failure.
-// `troupe ARGS...` run to its end: the exit code and what it printed (stdout and stderr).
-std::pair<int, std::string> troupe_says(const testing::TempDir& dir,
-                                        const std::vector<std::string>& args) {
-  std::vector<std::string> argv{testing::troupe_binary()};
-  argv.insert(argv.end(), args.begin(), args.end());
-  static int calls = 0;  // (a file a call: ChildProcess appends)
-  const std::string out = dir.path() + "/said-" + std::to_string(calls++) + ".out";
-  coordinator::ChildProcess p({argv, out, out, {}});
-  auto status = p.wait(30s);
-  return {status && WIFEXITED(*status) ? WEXITSTATUS(*status) : -1, testing::text_of(out)};
-}
-
 // Every command and group answers --help (exit 0, under its own name) and names a mistake
 // (exit 2): a group without its command lists its commands.
 TEST(Command, EveryCommandAndGroupAnswersHelpAndNamesAMistake) {
@@ -458,6 +464,8 @@ TEST(Command, EveryCommandAndGroupAnswersHelpAndNamesAMistake) {
   EXPECT_NE(said.find(dir.path() + "/none is not a run directory"), std::string::npos) << said;
 }
 
+// Fault injection lives in the test build only: the release `troupe` given the variables that
+// make troupe_test's worker throw trains on without a failure.
 TEST(Job, TheReleaseBinaryReadsNoFaultInjection) {
   testing::TempDir dir;
   std::string config = write_config(dir, "mlp.toml", kMlp);

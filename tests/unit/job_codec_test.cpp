@@ -164,8 +164,11 @@ TEST(JobCodec, ReportsAndAnswersRoundTrip) {
   EXPECT_EQ(c2.shards[0].checksum, 0xabcULL);
   EXPECT_EQ(c2.write_seconds, 0.2);
 
-  WorkerDone d{1, 3, 100, 0xfeedULL};
+  WorkerDone d{1, 3, 100, 0xfeedULL, 2};
   EXPECT_EQ(decode(body(encode(d)).getWorkerDone()).checksum, 0xfeedULL);
+  EXPECT_EQ(decode(body(encode(d)).getWorkerDone()).group, 2u);
+  d.group = kHoldsNoBlocks;
+  EXPECT_EQ(decode(body(encode(d)).getWorkerDone()).group, kHoldsNoBlocks);
 
   WorkerFailed f{{4, 2}, 3, 9, "injected", true, false};
   WorkerFailed g = decode(body(encode(f)).getWorkerFailed());
