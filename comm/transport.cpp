@@ -133,6 +133,7 @@ struct Transport::Impl {
   std::vector<Peer*> to_close;
 
   std::thread thread;
+  bool endpoints_stuck = false;  // an endpoint's close never completed (shutdown says)
 
   static UcxContextOptions context_options(const TransportOptions& o) {
     UcxContextOptions c;
@@ -171,6 +172,10 @@ struct Transport::Impl {
     wake();
     if (thread.joinable()) thread.join();
     if (wake_fd >= 0) close(wake_fd);
+    if (endpoints_stuck) {  // (UCX would abort destroying them: left to the process's exit)
+      worker.abandon();
+      context.abandon();
+    }
   }
 
   void wake() {
@@ -251,6 +256,7 @@ struct Transport::Impl {
       ucp_worker_progress(worker.get());
       close_pending(false);
     }
+    endpoints_stuck = !closing.empty();
     for (auto& [peer, req] : closing) ucp_request_free(req);
     closing.clear();
     peers.clear();

@@ -41,6 +41,7 @@ class UcxContext {
   UcxContext& operator=(const UcxContext&) = delete;
   UcxContext& operator=(UcxContext&&) = delete;
   ucp_context_h get() const { return handle_; }
+  void abandon() { handle_ = nullptr; }  // (with its worker: UcxWorker::abandon)
 
  private:
   ucp_context_h handle_ = nullptr;
@@ -57,6 +58,10 @@ class UcxWorker {
   UcxWorker& operator=(UcxWorker&&) = delete;
   ucp_worker_h get() const { return handle_; }
   int event_fd() const;
+  // Left to the process's exit instead of destroyed: UCX aborts destroying a worker one of whose
+  // endpoints never finished closing (one whose connection never formed, to a listener that is
+  // not UCX's, keeps its first send pending).
+  void abandon() { handle_ = nullptr; }
 
  private:
   ucp_worker_h handle_ = nullptr;

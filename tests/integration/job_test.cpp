@@ -1,8 +1,11 @@
 // The job end to end, as a user runs it: `troupe run CONFIG` with local agents (real processes),
 // the run directory's logs, equivalence across world sizes, config errors, status and stop.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -462,6 +465,34 @@ TEST(Command, EveryCommandAndGroupAnswersHelpAndNamesAMistake) {
   auto [rc, said] = troupe_says(dir, {"stop", "--run-dir", dir.path() + "/none"});
   EXPECT_EQ(rc, 2) << said;
   EXPECT_NE(said.find(dir.path() + "/none is not a run directory"), std::string::npos) << said;
+}
+
+// A command sent to an address where something other than a coordinator listens (a stale
+// coordinator.addr whose port another program took): the reason and exit 1, not an abort in
+// UCX's teardown (the endpoint whose connection never formed keeps its first send pending).
+TEST(Command, AnAddressWhereSomethingElseListensIsAnErrorNotACrash) {
+  testing::TempDir dir;
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(s, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(s, 8), 0);
+  ASSERT_EQ(::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const std::string token = dir.path() + "/job.token";
+  std::ofstream(token) << "job-id secret\n";
+  std::filesystem::permissions(
+      token, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  const std::string at = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  for (const char* command : {"status", "stop"}) {
+    auto [rc, said] = troupe_says(dir, {command, "--coordinator", at, "--token-file", token});
+    EXPECT_EQ(rc, 1) << command << ": " << said;
+    EXPECT_NE(said.find("troupe: cannot reach the job at " + at), std::string::npos) << said;
+    EXPECT_EQ(said.find("Bug"), std::string::npos) << said;
+  }
+  ::close(s);
 }
 
 // Fault injection lives in the test build only: the release `troupe` given the variables that
