@@ -20,10 +20,9 @@ set(TROUPE_LIBRARIES troupe_frame troupe_comm troupe_models troupe_data troupe_e
 add_library(troupe_package INTERFACE)
 set_target_properties(troupe_package PROPERTIES EXPORT_NAME troupe)
 target_link_libraries(troupe_package INTERFACE ${TROUPE_LIBRARIES})
-# <troupe/...> for the program; the folder itself for the headers' own includes ("models/x.h").
-target_include_directories(troupe_package INTERFACE
-  $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
-  $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}/troupe>)
+# <troupe/...> for the program and for the headers' own includes, which are installed as
+# "troupe/models/x.h" (below): a project's own models/x.h cannot stand in for Troupe's.
+target_include_directories(troupe_package INTERFACE $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
 
 install(TARGETS troupe RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 if(TARGET troupe_cuda)  # (models/devices.cpp looks in PREFIX/lib/troupe/ next)
@@ -33,7 +32,13 @@ install(TARGETS ${TROUPE_LIBRARIES} troupe_package EXPORT TroupeTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}/troupe)
 foreach(h ${TROUPE_PUBLIC_HEADERS})
   get_filename_component(dir ${h} DIRECTORY)
-  install(FILES ${h} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/troupe/${dir})
+  file(READ ${CMAKE_SOURCE_DIR}/${h} text)
+  string(REGEX REPLACE "#include \"(actors|cli|comm|coordinator|data|elastic|models|workers)/"
+         "#include \"troupe/\\1/" text "${text}")
+  file(WRITE ${CMAKE_BINARY_DIR}/public/troupe/${h} "${text}")
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/${h})
+  install(FILES ${CMAKE_BINARY_DIR}/public/troupe/${h}
+          DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/troupe/${dir})
 endforeach()
 install(EXPORT TroupeTargets NAMESPACE Troupe:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/Troupe)
 configure_package_config_file(cmake/TroupeConfig.cmake.in

@@ -581,8 +581,9 @@ void validate(const JobConfig& c, const std::string& source, const Places& at) {
                       ": observability.metrics_listen = \"" + c.metrics_listen +
                       "\" is not HOST:PORT (e.g. \"127.0.0.1:9400\"; port 0 picks one)");
   if (c.micro_batch > c.global_batch)
-    fail("batch.micro (" + std::to_string(c.micro_batch) + ") exceeds batch.global (" +
-         std::to_string(c.global_batch) + ")");
+    throw ConfigError(place("batch.micro") + ": batch.micro (" + std::to_string(c.micro_batch) +
+                      ") exceeds batch.global (" + std::to_string(c.global_batch) +
+                      "): a micro-batch is part of a step's samples");
   if (c.global_batch < c.workers())
     fail("batch.global (" + std::to_string(c.global_batch) +
          ") is smaller than the number of workers (" + std::to_string(c.workers()) + ")");
@@ -762,6 +763,8 @@ JobConfig parse_config(const std::string& text, const std::string& source,
                       ": observability.trace_steps = \"" + c.trace_steps +
                       "\" is not a step range: \"A-B\" (A <= B) or \"N\"");
   }
+  // (batch.micro not given: at most the global batch, so `batch.global = 32` alone is a job)
+  if (!places.count("batch.micro")) c.micro_batch = std::min(c.micro_batch, c.global_batch);
   validate(c, source, places);
   return c;
 }

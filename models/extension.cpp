@@ -83,7 +83,8 @@ const std::string& Options::string(const std::string& name) const {
 }
 
 Extensions& Extensions::add_model(ModelKind kind) {
-  check_kind("model", kind.name, kind.options, names_of(models_, {"mlp", "gpt"}), {"kind"});
+  check_kind("model", kind.name, kind.options, names_of(models_, {"mlp", "gpt", "external"}),
+             {"kind"});
   if (!kind.build) throw std::invalid_argument("model kind '" + kind.name + "' has no build");
   models_.push_back(std::move(kind));
   return *this;
@@ -91,7 +92,7 @@ Extensions& Extensions::add_model(ModelKind kind) {
 
 Extensions& Extensions::add_dataset(DatasetKind kind) {
   check_kind("data set", kind.name, kind.options,
-             names_of(datasets_, {"synthetic", "text", "tokens"}), {"kind", "ledger"});
+             names_of(datasets_, {"synthetic", "text", "tokens", "external"}), {"kind", "ledger"});
   if (!kind.open) throw std::invalid_argument("data set kind '" + kind.name + "' has no open");
   datasets_.push_back(std::move(kind));
   return *this;

@@ -107,7 +107,8 @@ struct DatasetKind {
 
 class Extensions {
  public:
-  // Adds a kind. Throws std::invalid_argument when the name is a built-in kind's or taken, is
+  // Adds a kind. Throws std::invalid_argument when the name is a built-in kind's ("external"
+  // too: the kind of a job whose members run their own loop) or taken, is
   // not a plain word, or a key is named twice, is a reserved key ("kind"; for data sets also
   // "ledger"), or has a default outside its range.
   Extensions& add_model(ModelKind kind);

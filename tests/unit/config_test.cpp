@@ -73,7 +73,7 @@ TEST(Config, BadFilesAreRefusedWithFileLineAndReason) {
       {"micro above global",
        "[batch]\nglobal = 8\nmicro = 16\n",
        {},
-       "batch.micro (16) exceeds batch.global (8)"},
+       "job.toml:3:9: batch.micro (16) exceeds batch.global (8)"},
       {"bad override", "", {"batch.global=zero"}, "batch.global must be an integer"},
       {"override without a table", "", {"steps=3"}, "expected table.key=value"},
       {"a dtype this build does not compute in",
@@ -157,6 +157,10 @@ TEST(Config, DefaultsAndOverrides) {
   EXPECT_EQ(c.name, "demo");
   EXPECT_EQ(c.agents, 3);
   EXPECT_EQ(c.global_batch, 64);  // default
+  // batch.micro not given: the default, or the global batch when that is smaller.
+  EXPECT_EQ(c.micro_batch, 64);
+  EXPECT_EQ(parse_config("[batch]\nglobal = 32\n", "b.toml").micro_batch, 32);
+  EXPECT_EQ(parse_config("", "b.toml", {"batch.global=100"}).micro_batch, 64);
 }
 
 // The effective config.toml a run writes loads back to the same values: every value below

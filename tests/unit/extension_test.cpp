@@ -44,6 +44,11 @@ TEST(Extensions, BadKindsAreRefused) {
   ext.add_model(mlp_of("mine"));
   EXPECT_THROW(ext.add_model(mlp_of("mine")), std::invalid_argument);  // taken
   EXPECT_THROW(ext.add_model(mlp_of("gpt")), std::invalid_argument);   // built in
+  // (an external loop's kind: model.kind = "external" goes with data.kind = "external")
+  EXPECT_THROW(ext.add_model(mlp_of("external")), std::invalid_argument);
+  auto external = blobs();
+  external.name = "external";
+  EXPECT_THROW(ext.add_dataset(external), std::invalid_argument);
   EXPECT_THROW(ext.add_model(mlp_of("Has Space")), std::invalid_argument);
   auto reserved = mlp_of("other");
   reserved.options.push_back({"kind", int64_t(1)});
