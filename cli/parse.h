@@ -53,7 +53,7 @@ inline const CLI::Validator kPositive([](std::string& s) { return number_check(s
 inline const CLI::Validator kNonNegative([](std::string& s) { return number_check(s, 0, true); },
                                          "NONNEGATIVE", "non-negative");
 
-// A number in [lo, hi], else "TEXT is not a number in [lo, hi]".
+// A number in [lo, hi], else "TEXT is not a number in [lo, hi]" (or "is outside" for a number).
 inline CLI::Validator number_in(double lo, double hi) {
   return CLI::Validator(
       [lo, hi](std::string& s) -> std::string {
@@ -61,7 +61,7 @@ inline CLI::Validator number_in(double lo, double hi) {
         if (v && *v >= lo && *v <= hi) return "";
         char range[64];
         std::snprintf(range, sizeof range, "[%.15g, %.15g]", lo, hi);
-        return s + " is not a number in " + range;
+        return s + (v ? " is outside " : " is not a number in ") + range;
       },
       "NUMBER", "number in range");
 }

@@ -485,7 +485,7 @@ TEST(Elastic, ScaleAndDrainRequestsThatCannotBeMetAreRefusedWithTheReason) {
   run({"scale", "--run-dir", job.run_dir, "--workers", "4"}, 1,
       "refused: 4 worker(s) is more than elastic.max_workers = 3");
   run({"scale", "--run-dir", job.run_dir, "--workers", "0"}, 2,
-      "--workers: 0 is not a number in [1, 1000000]");
+      "--workers: 0 is outside [1, 1000000]");
   run({"drain", "--run-dir", job.run_dir, "--agent", "9"}, 1, "refused: no live agent 9");
   run({"drain", "--run-dir", job.run_dir, "--agent", "agent-9"}, 2,
       "troupe drain: no agent 'agent-9' in the job; its agents: agent-");
