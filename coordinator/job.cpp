@@ -544,9 +544,12 @@ class Coordinator : public caf::event_based_actor {
                   std::to_string(cfg_.resume_blocks) + " blocks of the model, which has " +
                   std::to_string(blocks));
     const auto g = elastic::start_generation(holdings, blocks, steps_.committed());
-    if (!g.ok)  // (the failure that took the state, where one did: what to fix)
-      return fail(g.reason + " (generation " + std::to_string(gens_.current() + 1) + ")" +
-                  (last_failure_.empty() ? "" : "; the last failure: " + last_failure_));
+    if (!g.ok) {  // (the failure that took the state first, where one did: what to fix)
+      const std::string gen = "generation " + std::to_string(gens_.current() + 1);
+      return fail(last_failure_.empty() ? g.reason + " (" + gen + ")"
+                                        : "the model's state was lost with the last failure: " +
+                                              last_failure_ + " (" + gen + ": " + g.reason + ")");
+    }
     if (g.recover_to > g.recover_from) reforms_ = 0;
     if (taking_over_) note_take_over(g);
     if (!steps_.start_generation(g, gens_.current(), gens_.world()))

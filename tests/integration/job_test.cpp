@@ -305,6 +305,27 @@ TEST(Job, MembersThatEndDifferentFailTheJob) {
   EXPECT_EQ(said.find("completed"), std::string::npos) << said;
 }
 
+// A job of one worker whose worker fails (it throws once; its agent rebuilds it, holding
+// nothing): no member holds the model's state, and the job fails leading with the failure that
+// took it, not with the planner's account of blocks and pipeline stages.
+TEST(Job, AJobThatLostItsOnlyStateFailsNamingTheFailureThatTookIt) {
+  testing::TempDir dir;
+  const std::string config = write_config(dir, "alone.toml", kMlp), run_dir = dir.path() + "/alone";
+  const std::string out = dir.path() + "/alone-faulted.out";
+  coordinator::ChildProcess p({{testing::troupe_binary(), "run", config, "--set",
+                                "job.run_dir=\"" + run_dir + "\"", "--set", "cluster.agents=1"},
+                               out,
+                               out,
+                               {"TROUPE_TEST_THROW_AGENT=agent-0", "TROUPE_TEST_THROW_AT_STEP=3"}});
+  auto st = p.wait(120s);
+  ASSERT_TRUE(st && WIFEXITED(*st));
+  EXPECT_EQ(WEXITSTATUS(*st), 1) << testing::text_of(out);
+  const std::string reason =
+      testing::json_field(testing::lines_of(run_dir + "/events.jsonl").back(), "reason");
+  EXPECT_EQ(reason.find("the model's state was lost with the last failure: "), 0u) << reason;
+  EXPECT_NE(reason.find("injected fault at step 2"), std::string::npos) << reason;
+}
+
 // A worker that says it holds state as of a step far past the job's end (the test build makes
 // agent-1's say step 10^12): the coordinator takes it as holding nothing and it receives the
 // state; the job runs its steps once each and ends with identical parameters (before, the first
