@@ -206,6 +206,10 @@ struct WorkerDone {
 };
 constexpr uint32_t kHoldsNoBlocks = 0xffffffff;  // WorkerDone::group of a rank holding none
 
+// The end of the coordinator's answer to a Join while the first generation forms with all the
+// agents the job asked for (cluster.agents): the agent asks again until the job has started.
+constexpr const char* kJoinOnceStarted = "join again once it has started";
+
 // agent -> coordinator (one way): a worker cannot go on.
 struct WorkerFailed {
   WorkerId worker;

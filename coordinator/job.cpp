@@ -306,9 +306,14 @@ class Coordinator : public caf::event_based_actor {
   // (on_ready), a new generation takes it in, or it waits as a standby above
   // elastic.max_workers. The members train on meanwhile.
   ControlMessage on_join(uint64_t node, const actors::Join& j) {
-    if (job_.phase() == JobPhase::forming && int64_t(roster_.alive()) >= cfg_.agents)
+    if (job_.phase() == JobPhase::forming && int64_t(roster_.alive()) >= cfg_.agents) {
+      spdlog::info("{} asked to join while the first generation forms: answered to ask again",
+                   j.agent_name);
       return actors::make_error_reply(
-          Errc::refused, "the job already has its " + std::to_string(cfg_.agents) + " agents");
+          Errc::refused, "the job forms its first generation with its " +
+                             std::to_string(cfg_.agents) + " agents (cluster.agents); " +
+                             actors::kJoinOnceStarted);
+    }
     const Agent& a = roster_.admit(node, j);
     send(bridge_, actors::monitor_atom::value, node);
     log_.event("member_joined", Json()

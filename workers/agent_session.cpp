@@ -4,8 +4,11 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <thread>
 
 #include "actors/bridge.h"
 #include "actors/services.h"
@@ -88,10 +91,24 @@ Joined join(caf::scoped_actor& self, const caf::actor& bridge, const std::string
   self->send(bridge, actors::monitor_atom::value, j.coordinator);
   actors::Join request{name, host_name(), uint32_t(getpid()), o.devices, rejoin};
   ControlMessage reply;
-  self->request(bridge, std::chrono::seconds(35), actors::request_atom::value,
-                actors::RemoteAddress{j.coordinator, actors::kCoordinatorActorId},
-                actors::encode(request), uint32_t(30000))
-      .receive([&](ControlMessage& r) { reply = r; }, render);
+  // A job forming its first generation with all its agents asks this one to come again once it
+  // has started: every half second, for up to two minutes.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+  for (bool said = false;; said = true) {
+    j.error.clear();
+    self->request(bridge, std::chrono::seconds(35), actors::request_atom::value,
+                  actors::RemoteAddress{j.coordinator, actors::kCoordinatorActorId},
+                  actors::encode(request), uint32_t(30000))
+        .receive([&](ControlMessage& r) { reply = r; }, render);
+    if (j.error.find(actors::kJoinOnceStarted) == std::string::npos ||
+        std::chrono::steady_clock::now() > until)
+      break;
+    if (!said)
+      std::fprintf(stderr,
+                   "troupe agent: the job forms its first generation without it: "
+                   "joining once it has started\n");
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
   if (j.error.empty() && !reply.envelope().getBody().isJobSpec())
     j.error = "the coordinator answered without a job spec";
   if (!j.error.empty())

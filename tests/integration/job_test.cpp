@@ -548,13 +548,19 @@ struct ByHand {
   std::string run_dir = dir.path() + "/byhand", out = dir.path() + "/coordinator.out";
   std::unique_ptr<coordinator::ChildProcess> coord;
   std::string addr;
-  ByHand() {
-    coord = std::make_unique<coordinator::ChildProcess>(coordinator::ChildProcess::Options{
-        {testing::troupe_binary(), "coordinator", write_config(dir, "mlp.toml", kMlp), "--listen",
-         "127.0.0.1:0", "--set", "job.run_dir=\"" + run_dir + "\"", "--set", "cluster.agents=2"},
-        out,
-        out,
-        {}});
+  explicit ByHand(const std::vector<std::string>& more = {}) {
+    std::vector<std::string> argv{testing::troupe_binary(),
+                                  "coordinator",
+                                  write_config(dir, "mlp.toml", kMlp),
+                                  "--listen",
+                                  "127.0.0.1:0",
+                                  "--set",
+                                  "job.run_dir=\"" + run_dir + "\"",
+                                  "--set",
+                                  "cluster.agents=2"};
+    for (const std::string& s : more) argv.insert(argv.end(), {"--set", s});
+    coord = std::make_unique<coordinator::ChildProcess>(
+        coordinator::ChildProcess::Options{argv, out, out, {}});
     const auto deadline = std::chrono::steady_clock::now() + 30s;
     while (testing::lines_of(run_dir + "/coordinator.addr").empty()) {
       if (std::chrono::steady_clock::now() > deadline) {
@@ -566,6 +572,42 @@ struct ByHand {
     addr = testing::lines_of(run_dir + "/coordinator.addr").at(0);
   }
 };
+
+// Three agents started by hand at once for a job of cluster.agents = 2: the one that comes while
+// the first generation forms with the other two is asked to join again once it has started,
+// and does (it was turned away, exit 1): all three train and end with the job.
+TEST(Job, AnAgentMoreThanTheJobAskedForJoinsOnceItHasStarted) {
+  ByHand job({"job.steps=150"});
+  ASSERT_TRUE(job.coord) << testing::text_of(job.out);
+  std::vector<std::unique_ptr<coordinator::ChildProcess>> agents;
+  for (int i = 0; i < 3; ++i) {
+    const std::string out = job.dir.path() + "/agent" + std::to_string(i) + ".out";
+    agents.push_back(std::make_unique<coordinator::ChildProcess>(
+        coordinator::ChildProcess::Options{{testing::troupe_binary(), "agent", "--join", job.addr,
+                                            "--token-file", job.run_dir + "/job.token"},
+                                           out,
+                                           out,
+                                           {"TROUPE_TEST_STEP_DELAY_US=20000"}}));
+  }
+  auto cst = job.coord->wait(120s);
+  ASSERT_TRUE(cst && WIFEXITED(*cst));
+  EXPECT_EQ(WEXITSTATUS(*cst), 0) << testing::text_of(job.out);
+  for (int i = 0; i < 3; ++i) {
+    auto st = agents[i]->wait(30s);
+    ASSERT_TRUE(st && WIFEXITED(*st));
+    EXPECT_EQ(WEXITSTATUS(*st), 0)
+        << testing::text_of(job.dir.path() + "/agent" + std::to_string(i) + ".out");
+  }
+  const auto events = testing::lines_of(job.run_dir + "/events.jsonl");
+  int joined = 0, of_three = 0;
+  for (const auto& e : events) {
+    joined += testing::json_field(e, "event") == "member_joined";
+    of_three += testing::json_field(e, "event") == "generation_started" &&
+                testing::json_field(e, "world_size") == "3";
+  }
+  EXPECT_EQ(joined, 3);
+  EXPECT_GE(of_three, 1);
+}
 
 TEST(Job, CoordinatorAndAgentsStartedByHand) {
   ByHand job;
