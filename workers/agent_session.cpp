@@ -174,6 +174,7 @@ void AgentSession::keep_report(const ControlMessage& m) {
 // commit anything more) and keep their state while this agent waits for a coordinator to take
 // the run over, up to elastic.rejoin_timeout_ms; without one (or a timeout of 0) it leaves.
 void AgentSession::lost(const std::string& why) {
+  if (board_->shutting_down()) return;  // (the job ended: its coordinator goes with it)
   if (spec_.rejoin_timeout_ms <= 0) return board_->shut_down(1, why);
   if (lost_since_) return;
   lost_since_ = Clock::now();

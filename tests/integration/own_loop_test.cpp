@@ -106,6 +106,10 @@ TEST(OwnLoop, AUsersLoopSurvivesAKillAndAJoinWithIdenticalParameters) {
   EXPECT_EQ(exit_status(*a), 0) << text_of(dir.path() + "/a.out");
   EXPECT_EQ(exit_status(*c), 0) << text_of(dir.path() + "/c.out");
   EXPECT_NE(text_of(dir.path() + "/c.out").find("ended (exit 0"), std::string::npos);
+  // (the job's end is not a lost coordinator: no member waits for one to take the run over)
+  for (const char* m : {"/a.out", "/c.out"})
+    EXPECT_EQ(text_of(dir.path() + m).find("to take the run over"), std::string::npos)
+        << text_of(dir.path() + m);
 }
 
 // What a member's last line says: "... state H, N sums read in place".
