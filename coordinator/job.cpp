@@ -894,7 +894,8 @@ class Coordinator : public caf::event_based_actor {
     if (!job_.started()) return actors::make_error_reply(Errc::refused, "the job is not running");
     auto agents = live_agents(roster_, gens_);
     auto d = elastic::decide_scale(n, agents, scale_limits(cfg_, min_workers()));
-    if (d.kind != elastic::ScaleDecision::Kind::invalid)
+    using Kind = elastic::ScaleDecision::Kind;
+    if (d.kind != Kind::invalid && d.kind != Kind::refuse)  // (a refusal changes nothing)
       log_.event("scale_requested", Json()
                                         .integer("workers", n)
                                         .integer("from", long(elastic::usable_workers(agents)))

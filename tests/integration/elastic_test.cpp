@@ -502,6 +502,9 @@ TEST(Elastic, ScaleAndDrainRequestsThatCannotBeMetAreRefusedWithTheReason) {
   ASSERT_TRUE(st);
   EXPECT_EQ(WEXITSTATUS(*st), 0);
   EXPECT_EQ(count_events(job, "generation_started"), 1);
+  // (a refused request is no membership change: troupe report would list it as one)
+  EXPECT_EQ(count_events(job, "scale_requested"), 0);
+  EXPECT_EQ(count_events(job, "drain_requested"), 0);
 }
 
 }  // namespace
