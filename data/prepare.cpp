@@ -244,11 +244,8 @@ void write_manifest(const std::string& dir, const PrepareOptions& o, const Prepa
   m["documents"] = s.documents;
   m["bytes"] = s.bytes;
   auto& sh = m["shards"] = nlohmann::json::array();
-  char hex[17];
-  for (const auto& x : shards) {
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(x.checksum));
-    sh.push_back({{"file", x.file}, {"tokens", x.tokens}, {"fnv1a64", hex}});
-  }
+  for (const auto& x : shards)
+    sh.push_back({{"file", x.file}, {"tokens", x.tokens}, {"fnv1a64", fnv1a64_hex(x.checksum)}});
   auto& src = m["sources"] = nlohmann::json::array();
   for (const Input& f : files)
     src.push_back({{"path", f.path}, {"bytes", f.bytes}, {"jsonl", f.jsonl}});

@@ -18,6 +18,12 @@
 
 namespace troupe::data {
 
+std::string fnv1a64_hex(uint64_t checksum) {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(checksum));
+  return hex;
+}
+
 std::string shard_name(size_t index) {
   char name[32];
   std::snprintf(name, sizeof name, "tokens-%05zu.bin", index);
@@ -237,9 +243,7 @@ std::vector<std::string> TokenShards::verify(unsigned threads) const {
   auto work = [&] {
     for (size_t i; (i = next.fetch_add(1)) < maps_.size();) {
       const Map& m = maps_[i];
-      char hex[17];
-      std::snprintf(hex, sizeof hex, "%016llx",
-                    static_cast<unsigned long long>(fnv1a64(m.base, m.bytes)));
+      const std::string hex = fnv1a64_hex(fnv1a64(m.base, m.bytes));
       if (m.fnv1a64.empty())
         found[i] = m.file + ": the manifest gives no checksum (\"fnv1a64\") to compare with";
       else if (m.fnv1a64 != hex)

@@ -31,6 +31,9 @@ inline uint64_t fnv1a64(const void* bytes, size_t n, uint64_t h = 14695981039346
   return h;
 }
 
+// fnv1a64 as the manifest writes it: 16 lowercase hex digits.
+std::string fnv1a64_hex(uint64_t checksum);
+
 std::string shard_name(size_t index);  // tokens-00000.bin
 
 // Appends token ids to shard files of at most shard_tokens ids each, and the document index.

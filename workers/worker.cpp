@@ -558,17 +558,14 @@ uint64_t Worker::final_checksum() {
     spec_.faults->before_checksum(spec_.agent_name, spec_.device_index, p.data(), p.count());
     p.store();
   }
-  uint64_t h = 1469598103934665603ull;
-  for (uint32_t b = end_blocks_.begin; b < std::min(end_blocks_.end, num_blocks()); ++b) {
-    HostStaged p(static_cast<const models::Tensor&>(model_->block(b).params()));
-    h = comm::fnv1a(reinterpret_cast<const uint8_t*>(p.data()), p.bytes(), h);
-  }
-  return h;
+  return checksum({end_blocks_.begin, std::min(end_blocks_.end, num_blocks())});
 }
 
-uint64_t Worker::checksum() const {
+uint64_t Worker::checksum() const { return checksum({0, num_blocks()}); }
+
+uint64_t Worker::checksum(elastic::BlockRange blocks) const {
   uint64_t h = 1469598103934665603ull;
-  for (size_t b = 0; b < model_->num_blocks(); ++b) {
+  for (uint32_t b = blocks.begin; b < blocks.end; ++b) {
     HostStaged p(static_cast<const models::Tensor&>(model_->block(b).params()));
     h = comm::fnv1a(reinterpret_cast<const uint8_t*>(p.data()), p.bytes(), h);
   }

@@ -137,7 +137,8 @@ class Worker {
   TrainResult run(comm::Communicator& comm, uint64_t start, const OnStep& on_step,
                   const Requests& requests);
 
-  uint64_t checksum() const;  // FNV-1a over all parameters
+  uint64_t checksum() const;                            // FNV-1a over all parameters
+  uint64_t checksum(elastic::BlockRange blocks) const;  // ... over those blocks'
   // What run's end left it holding and whose final checksum must equal its own (WorkerDone's
   // group): the whole model (0), or, a pipeline stopped before its last step (no gather), its
   // stage's blocks (1 + the stage) or none (a rank of no stage: kHoldsNoBlocks).

@@ -216,12 +216,9 @@ void make_set(const std::string& dir, const std::vector<uint32_t>& ids, const To
   auto shards = w.finish();
   t.save(dir + "/" + kTokenizerFile);
   std::string list;
-  for (const auto& s : shards) {
-    char sum[17];
-    std::snprintf(sum, sizeof sum, "%016llx", static_cast<unsigned long long>(s.checksum));
+  for (const auto& s : shards)
     list += (list.empty() ? "" : ",") + std::string("{\"file\":\"") + s.file + "\",\"fnv1a64\":\"" +
-            sum + "\",\"tokens\":" + std::to_string(s.tokens) + "}";
-  }
+            fnv1a64_hex(s.checksum) + "\",\"tokens\":" + std::to_string(s.tokens) + "}";
   write(dir + "/" + kManifestFile,
         "{\"format\":\"troupe-tokens\",\"version\":1,\"vocab\":" + std::to_string(t.vocab_size()) +
             ",\"token_bytes\":2,\"tokens\":" + std::to_string(w.tokens()) + ",\"shards\":[" + list +
