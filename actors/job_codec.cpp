@@ -121,6 +121,7 @@ ControlMessage encode(const JobSpec& m) {
     s.setDtype(m.dtype);
     s.setBackend(m.backend);
     s.setReduceDtype(m.reduce_dtype);
+    set_list(s.initBlockParams(unsigned(m.block_params.size())), m.block_params);
     s.setDataKind(m.data_kind);
     s.setDataPath(m.data_path);
     auto mix = s.initDataMix(unsigned(m.data_mix.size()));
@@ -183,6 +184,7 @@ JobSpec decode(proto::JobSpec::Reader s) {
   m.dtype = s.getDtype();
   m.backend = s.getBackend();
   m.reduce_dtype = s.getReduceDtype();
+  m.block_params = list_of<uint64_t>(s.getBlockParams());
   m.data_kind = s.getDataKind();
   m.data_path = s.getDataPath();
   for (auto p : s.getDataMix()) m.data_mix.emplace_back(p.cStr());
@@ -235,6 +237,7 @@ ControlMessage encode(const WorkerReady& m) {
     set_holding(w, m.holding);
     w.setNumBlocks(m.num_blocks);
     w.setLastError(m.last_error);
+    set_list(w.initBlockParams(unsigned(m.block_params.size())), m.block_params);
   });
 }
 
@@ -244,7 +247,8 @@ WorkerReady decode(proto::WorkerReady::Reader r) {
           r.getAddress(),
           holding_of(r),
           r.getNumBlocks(),
-          r.getLastError()};
+          r.getLastError(),
+          list_of<uint64_t>(r.getBlockParams())};
 }
 
 ControlMessage encode(const GenerationStart& m) {

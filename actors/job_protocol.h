@@ -51,8 +51,10 @@ struct JobSpec {
   int64_t inputs = 0, classes = 0, layers = 0, d_model = 0, heads = 0, context = 0;
   bool tied_head = false;
   std::string dtype;  // model.dtype: f32 | bf16
-  std::string
-      backend;  // parallel.backend: auto | ucx | nccl (the data plane: workers/device_plane.h)
+  // Each block's parameter count in the job's model (empty: not known yet): a worker that builds
+  // another model (another version of the program, other data) refuses to start.
+  std::vector<uint64_t> block_params;
+  std::string backend;       // parallel.backend: auto | ucx | nccl (workers/device_plane.h)
   std::string reduce_dtype;  // parallel.reduce_dtype: f32 | bf16 (the gradients' sums)
   // [data]
   std::string data_kind, data_path;
@@ -101,7 +103,8 @@ struct WorkerReady {
   std::string address;
   elastic::Holding holding;
   uint32_t num_blocks = 0;
-  std::string last_error;  // why its previous generation ended, if the data plane broke
+  std::string last_error;              // why its previous generation ended, if the data plane broke
+  std::vector<uint64_t> block_params;  // each block's parameter count in the model it built
 };
 
 // A member of a generation (by rank).

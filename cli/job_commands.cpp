@@ -9,6 +9,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <thread>
 
 #include "actors/bridge.h"
@@ -335,14 +336,14 @@ int report_end(const coordinator::JobConfig& cfg, const std::string& dir,
 // A program's own model or data set is opened and built as its workers will (the model lazily:
 // no memory), so a kind that cannot be built is refused here too.
 std::string added_kinds_refusal(const coordinator::JobConfig& cfg, const Hooks& hooks,
-                                double& params) {
+                                std::vector<size_t>& block_params) {
   workers::WorkerSpec w = workers::worker_spec_of(coordinator::job_spec_of(cfg, 0, 1));
   w.extensions = hooks.extensions;
   try {
     models::ModelSpec m = w.model;
     auto data = workers::open_dataset(w, m);
     models::LazyParameters lazy;
-    params = double(workers::build_model(w, m, *data)->param_count());
+    block_params = workers::build_model(w, m, *data)->block_param_counts();
   } catch (const std::exception& e) {
     return e.what();
   }
@@ -382,13 +383,16 @@ std::string budget_refusal(const coordinator::JobConfig& cfg, const models::Mode
   return "";
 }
 
-std::string memory_refusal(const coordinator::JobConfig& cfg, const Hooks& hooks) {
+//
+// The model's blocks' parameter counts go to cfg.block_params (every worker is checked against
+// them), except for text data, whose vocabulary only its workers read.
+std::string memory_refusal(coordinator::JobConfig& cfg, const Hooks& hooks) {
   if (cfg.external()) return "";  // (the members' own loop holds its own state)
   const workers::WorkerSpec w = workers::worker_spec_of(coordinator::job_spec_of(cfg, 0, 1));
   models::ModelSpec m = w.model;
-  double params = 0;
+  std::vector<size_t> blocks;
   if (!cfg.builtin_model() || !cfg.builtin_data()) {
-    if (std::string why = added_kinds_refusal(cfg, hooks, params); !why.empty()) return why;
+    if (std::string why = added_kinds_refusal(cfg, hooks, blocks); !why.empty()) return why;
   }
   if (m.kind == "gpt") m.vocab = 256;  // (byte-level text: at most 256 characters)
   if (cfg.data_kind == "tokens") {  // (the data sets opened as the workers will: a clear refusal)
@@ -408,7 +412,12 @@ std::string memory_refusal(const coordinator::JobConfig& cfg, const Hooks& hooks
   // (not for text: its vocabulary, the data's characters, is known only once it is read)
   if (cfg.builtin_model() && cfg.data_kind != "text")
     if (std::string why = budget_refusal(cfg, m); !why.empty()) return why;
-  if (params == 0) params = double(models::Model::planned_param_count(m));
+  if (blocks.empty() && cfg.data_kind != "text")
+    blocks = models::Model::planned_block_param_counts(m);
+  cfg.block_params.assign(blocks.begin(), blocks.end());
+  const double params = blocks.empty()
+                            ? double(models::Model::planned_param_count(m))
+                            : double(std::accumulate(blocks.begin(), blocks.end(), size_t(0)));
   const int64_t micro_batches = cfg.global_batch / cfg.micro_batch, workers = cfg.workers();
   const double stashed =
       cfg.deterministic ? double((micro_batches + workers - 1) / workers - 1) : 0.0;

@@ -110,8 +110,9 @@ struct JobSpec {
   initState @51 :Bool;            # its workers start from the seed or the checkpoint (else: receive it)
   dtype @52 :Text;                # model.dtype: f32 | bf16 ("" from an older coordinator: f32)
   peakTflops @53 :Float64;        # observability.peak_tflops: a worker's peak for MFU (0: its device's)
-  backend @54 :Text;
-  reduceDtype @55 :Text;          # parallel.reduce_dtype: f32 | bf16 ("" from an older coordinator: f32)              # parallel.backend: auto | ucx | nccl ("" from an older coordinator: auto)
+  backend @54 :Text;             # parallel.backend: auto | ucx | nccl ("" from an older coordinator: auto)
+  reduceDtype @55 :Text;          # parallel.reduce_dtype: f32 | bf16 ("" from an older coordinator: f32)
+  blockParams @56 :List(UInt64);  # each block's parameter count in the job's model (empty: not known yet)
 }
 
 # A value of a program's own config key (models/extension.h).
@@ -172,6 +173,7 @@ struct WorkerReady {
   numBlocks @8 :UInt32;     # blocks in the model
   backupBlocks @9 :List(UInt32);  # blocks whose state it holds as of backupStep (stage backups)
   backupStep @10 :UInt64;   # the step of those copies
+  blockParams @11 :List(UInt64);  # each block's parameter count in the model it built
 }
 
 struct Member {

@@ -117,6 +117,9 @@ struct JobConfig {
   uint64_t resume_step = 0;
   uint64_t resume_blocks = 0;  // the checkpoint's blocks: the model's must be as many
   bool take_over = false;
+  // Not a key: each block's parameter count in the model, where the coordinator could build it
+  // before the start (else the first generation's); every worker is checked against it.
+  std::vector<uint64_t> block_params;
   // [observability]
   std::string metrics_listen;  // "": no endpoint; HOST:PORT serves GET /metrics (Prometheus)
   std::string trace_steps;     // "A-B" or "N": those steps' spans in RUN_DIR/trace.json

@@ -528,6 +528,25 @@ class Coordinator : public caf::event_based_actor {
     return true;
   }
 
+  // Why the workers of a generation cannot train together ("" when they can): they built
+  // different models (a worker's bug, another program version, a model sized by local data).
+  static std::string differing_models(const std::vector<actors::WorkerReady>& next) {
+    for (const auto& r : next) {
+      const auto& first = next.front();
+      if (r.num_blocks != first.num_blocks)
+        return "workers " + first.worker.name() + " and " + r.worker.name() +
+               " say the model has " + std::to_string(first.num_blocks) + " and " +
+               std::to_string(r.num_blocks) + " blocks";
+      const std::string diff = elastic::model_difference(
+          first.block_params, "worker " + first.worker.name() + "'s model", r.block_params,
+          "worker " + r.worker.name() + "'s");
+      if (!diff.empty())
+        return "the workers built different models: " + diff +
+               " (every agent must run the same program, of the same version, on the same data)";
+    }
+    return "";
+  }
+
   // Starts generation g+1 when every worker it needs has published: where it starts
   // (elastic::start_generation), the ledger's recovery or rollback, and the member list to
   // every live agent.
@@ -535,15 +554,12 @@ class Coordinator : public caf::event_based_actor {
     if (job_.finished()) return;
     auto next = next_members();
     if (!next) return;
+    if (const std::string why = differing_models(*next); !why.empty()) return fail(why);
     std::vector<elastic::Holding> holdings;
-    uint32_t blocks = next->empty() ? 0 : next->front().num_blocks;
-    for (const auto& r : *next) {
-      holdings.push_back(r.holding);
-      if (r.num_blocks != blocks)  // (the same model everywhere: a worker's bug or version)
-        return fail("workers " + next->front().worker.name() + " and " + r.worker.name() +
-                    " say the model has " + std::to_string(blocks) + " and " +
-                    std::to_string(r.num_blocks) + " blocks");
-    }
+    const uint32_t blocks = next->empty() ? 0 : next->front().num_blocks;
+    for (const auto& r : *next) holdings.push_back(r.holding);
+    // (A joiner is told the model's blocks, and refuses to start with others.)
+    if (cfg_.block_params.empty() && !next->empty()) cfg_.block_params = next->front().block_params;
     if (cfg_.resume_blocks != 0 && blocks != cfg_.resume_blocks)  // (the model's never changes)
       return fail("the checkpoint " + cfg_.resume_dir + " holds " +
                   std::to_string(cfg_.resume_blocks) + " blocks of the model, which has " +

@@ -21,6 +21,7 @@ actors::JobSpec job_spec_of(const JobConfig& c, uint32_t agent_id, uint64_t firs
   s.dtype = c.dtype;
   s.backend = c.backend;
   s.reduce_dtype = c.reduce_dtype;
+  s.block_params = c.block_params;
   s.data_kind = c.data_kind;
   s.data_path = c.data_path;
   s.eval_every = c.eval_every_steps;

@@ -125,4 +125,16 @@ Migration plan_migration(const std::vector<Holding>& members, uint64_t start,
   return mig;
 }
 
+std::string model_difference(const std::vector<uint64_t>& a_params, const std::string& a,
+                             const std::vector<uint64_t>& b_params, const std::string& b) {
+  if (a_params.size() != b_params.size())
+    return a + " has " + std::to_string(a_params.size()) + " blocks, " + b + " has " +
+           std::to_string(b_params.size());
+  for (size_t i = 0; i < a_params.size(); ++i)
+    if (a_params[i] != b_params[i])
+      return "block " + std::to_string(i) + " has " + std::to_string(a_params[i]) +
+             " parameters in " + a + ", " + std::to_string(b_params[i]) + " in " + b;
+  return "";
+}
+
 }  // namespace troupe::elastic

@@ -65,6 +65,13 @@ struct GenerationStart {
   bool rolled_back = false;
 };
 
+// Where two models differ ("" when they are the same): in how many blocks they have, else the
+// first block whose parameter count differs; `a` and `b` name the models in the sentence ("worker
+// 1.0's model", "the job's model"). Every member of a job must build the same model: a block's size
+// that differs between them is another program version, or a model that depends on local data.
+std::string model_difference(const std::vector<uint64_t>& a_params, const std::string& a,
+                             const std::vector<uint64_t>& b_params, const std::string& b);
+
 // The start of the generation whose members (by rank) hold `members`, for a model of `blocks`
 // blocks, when `committed` steps are committed so far.
 GenerationStart start_generation(const std::vector<Holding>& members, uint32_t blocks,

@@ -30,6 +30,7 @@ WorkerSpec worker_spec_of(const actors::JobSpec& s) {
   w.bf16 = s.dtype == "bf16";
   w.backend = s.backend.empty() ? "auto" : s.backend;
   w.reduce_bf16 = s.reduce_dtype == "bf16";
+  w.block_params = s.block_params;
   w.model_options = s.model_options;
   w.data_options = s.data_options;
   w.data_kind = s.data_kind;
@@ -137,8 +138,8 @@ void DeviceSupervisor::publish() {
   uint32_t blocks = worker_->num_blocks();
   if (spec_.faults)
     spec_.faults->before_ready(spec_.agent_name, spec_.device_index, holding.applied, blocks);
-  ctx_.send(actors::encode(
-      actors::WorkerReady{id_, want_, comm_->address(), holding, blocks, last_error_}));
+  ctx_.send(actors::encode(actors::WorkerReady{id_, want_, comm_->address(), holding, blocks,
+                                               last_error_, worker_->block_params()}));
   last_error_.clear();
 }
 

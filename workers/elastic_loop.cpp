@@ -127,7 +127,7 @@ void ElasticLoop::Impl::publish() {
   co.registered = arena_;
   comm_ = std::make_unique<comm::UcxCommunicator>(want_, co);
   session_.send(actors::encode(actors::WorkerReady{
-      {session_.agent_id(), 0}, want_, comm_->address(), holding(), 1, last_error_}));
+      {session_.agent_id(), 0}, want_, comm_->address(), holding(), 1, last_error_, {}}));
   last_error_.clear();
 }
 

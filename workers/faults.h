@@ -1,7 +1,7 @@
 // Faults a test injects into an agent's workers, through an interface the test build passes in
 // (tests/harness/env_faults.cpp, in the `troupe_test` binary); the release `troupe` passes none
-// and never reads the environment for them. The numbers a worker computes are unchanged: the
-// hooks only throw, or wait.
+// and never reads the environment for them. The hooks throw, wait, or change what a worker
+// says or builds (each names the defect of another process it stands for).
 //
 // Thread-safety: called from every worker thread of an agent; implementations synchronise.
 #pragma once
@@ -14,6 +14,9 @@
 
 namespace troupe::comm {
 class Communicator;  // (comm/communicator.h: not an installed header)
+}
+namespace troupe::models {
+struct ModelSpec;  // (models/model.h)
 }
 
 namespace troupe::workers {
@@ -39,6 +42,9 @@ class FaultInjector {
   // the coordinator must not believe it).
   virtual void before_ready(const std::string& agent, uint32_t device, uint64_t& applied,
                             uint32_t& blocks) {}
+  // Before worker `device` of `agent` builds its model: may change it (an agent of another
+  // program version: the worker must refuse to start, not fail a transfer later).
+  virtual void model(const std::string& agent, uint32_t device, models::ModelSpec& spec) {}
   // As worker `device` of `agent` reads the generation's start: may change the step the
   // coordinator relays as its own state's (a coordinator's bug: the worker must not believe it).
   virtual void relayed_applied(const std::string& agent, uint32_t device, uint64_t& applied) {}

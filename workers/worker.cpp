@@ -59,7 +59,9 @@ Worker::Worker(const WorkerSpec& spec) : spec_(spec), trace_(spec.trace_first, s
   {
     std::optional<models::LazyParameters> lazy;
     if (pipelined()) lazy.emplace();
+    if (spec.faults) spec.faults->model(spec.agent_name, spec.device_index, m);
     model_ = build_model(spec, m, *data_);
+    check_model();
     opt_ = std::make_unique<models::Optimizer>(spec.optimizer, model_->block_param_counts());
   }
   device_ = open_device(spec);
@@ -559,6 +561,23 @@ uint64_t Worker::final_checksum() {
     p.store();
   }
   return checksum({end_blocks_.begin, std::min(end_blocks_.end, num_blocks())});
+}
+
+std::vector<uint64_t> Worker::block_params() const {
+  const std::vector<size_t> counts = model_->block_param_counts();
+  return {counts.begin(), counts.end()};
+}
+
+// (Before the first state transfer or reduction: a block of another size there ends in a
+// transfer error far from its cause, after every reform the job retries.)
+void Worker::check_model() const {
+  if (spec_.block_params.empty()) return;
+  const std::string diff = elastic::model_difference(block_params(), "this worker's model",
+                                                     spec_.block_params, "the job's model");
+  if (!diff.empty())
+    throw std::invalid_argument(
+        "it built another model than the job's: " + diff +
+        " (every agent must run the same program, of the same version, on the same data)");
 }
 
 uint64_t Worker::checksum() const { return checksum({0, num_blocks()}); }

@@ -46,6 +46,9 @@ struct WorkerSpec {
   uint32_t device_index = 0;     // among its agent's devices
   uint64_t seed = 0, steps = 0;
   models::ModelSpec model;
+  // Each block's parameter count in the job's model (empty: not known): a worker whose model
+  // differs refuses to start (ModelDiffers).
+  std::vector<uint64_t> block_params;
   std::string data_kind = "synthetic", data_path;
   // A program's own model or data kind (model.kind, data.kind): its keys' values, and the
   // program's kinds that build them (null: only the built-in kinds).
@@ -181,6 +184,8 @@ class Worker {
   // What this worker holds (published for the next generation).
   elastic::Holding holding() const;
   uint32_t num_blocks() const { return uint32_t(model_->num_blocks()); }
+  // Each block's parameter count (what WorkerReady says).
+  std::vector<uint64_t> block_params() const;
   // The layout of a generation of `world` workers (elastic::plan_pipeline on this model's
   // per-block FLOPs and parameter sizes; the same on every worker). Throws if impossible.
   elastic::Plan plan_for(uint32_t world) const;
@@ -189,6 +194,8 @@ class Worker {
  private:
   bool pipelined() const { return spec_.pipeline_stages != 1; }
   void share_gradients();  // gradient_arena_, on a CPU worker
+  // Throws std::invalid_argument when its model is not the job's (spec_.block_params).
+  void check_model() const;
   uint64_t micro_batches() const { return uint64_t(spec_.global_batch / spec_.micro_batch); }
   TrainResult run_data_parallel(comm::Communicator& comm, uint64_t start, const OnStep& on_step,
                                 const Requests& requests);

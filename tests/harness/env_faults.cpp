@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "models/model.h"
 #include "tests/harness/guarded_compute.h"
 #include "tests/harness/guarded_link.h"
 
@@ -32,6 +33,7 @@ class EnvFaults : public workers::FaultInjector {
     if (const char* a = std::getenv("TROUPE_TEST_THROW_AGENT")) throw_agent_ = a;
     if (const char* a = std::getenv("TROUPE_TEST_PERTURB_AGENT")) perturb_agent_ = a;
     if (const char* a = std::getenv("TROUPE_TEST_CLAIM_AGENT")) claim_agent_ = a;
+    if (const char* a = std::getenv("TROUPE_TEST_WIDEN_AGENT")) widen_agent_ = a;
     claim_applied_ = uint64_t(env_int("TROUPE_TEST_CLAIM_APPLIED"));
     claim_blocks_ = uint64_t(env_int("TROUPE_TEST_CLAIM_BLOCKS"));
     relay_applied_ = uint64_t(env_int("TROUPE_TEST_RELAY_APPLIED"));
@@ -42,7 +44,8 @@ class EnvFaults : public workers::FaultInjector {
   bool any() const {
     return step_delay_us_ > 0 || (throw_at_step_ > 0 && !throw_agent_.empty()) ||
            state_delay_ms_ > 0 || checkpoint_delay_ms_ > 0 || !perturb_agent_.empty() ||
-           guarded_device_ || (slow_us_ > 0 && !slow_agent_.empty()) || !claim_agent_.empty();
+           guarded_device_ || (slow_us_ > 0 && !slow_agent_.empty()) || !claim_agent_.empty() ||
+           !widen_agent_.empty();
   }
 
   // TROUPE_TEST_GUARDED_DEVICE=1: every worker computes on a device the host cannot read; all
@@ -70,6 +73,14 @@ class EnvFaults : public workers::FaultInjector {
     if (agent != claim_agent_) return;
     if (claim_applied_ > 0) applied = claim_applied_;
     if (claim_blocks_ > 0) blocks = uint32_t(claim_blocks_);
+  }
+
+  // Another program's model: its first layer wider (an mlp's first hidden layer by one, a gpt's
+  // d_model by a head).
+  void model(const std::string& agent, uint32_t, models::ModelSpec& m) override {
+    if (agent != widen_agent_) return;
+    if (m.kind == "mlp" && m.mlp_sizes.size() > 2) m.mlp_sizes[1] += 1;
+    if (m.kind == "gpt") m.d_model += m.heads;
   }
 
   void relayed_applied(const std::string& agent, uint32_t, uint64_t& applied) override {
@@ -109,7 +120,8 @@ class EnvFaults : public workers::FaultInjector {
   int64_t step_delay_us_;
   uint64_t throw_at_step_;
   int64_t state_delay_ms_, checkpoint_delay_ms_, slow_us_;
-  std::string throw_agent_, perturb_agent_, slow_agent_, state_delay_file_, claim_agent_;
+  std::string throw_agent_, perturb_agent_, slow_agent_, state_delay_file_, claim_agent_,
+      widen_agent_;
   uint64_t claim_applied_ = 0, claim_blocks_ = 0, relay_applied_ = 0;
   bool guarded_device_ = false, guarded_plane_ = false;
   std::atomic<bool> thrown_{false}, checkpoint_delayed_{false};

@@ -394,6 +394,81 @@ TEST(Job, WorkersThatDisagreeOnTheModelsBlocksFailTheJobNamingThem) {
       << testing::text_of(r.out);
 }
 
+// A worker that builds another model than the job's (the test build widens the first layer of
+// `TROUPE_TEST_WIDEN_AGENT`'s model: another version of the program) is refused before any state
+// moves, naming the block and both sizes; it used to end, after every reform, as "peer_lost:
+// transfer failed: Message truncated". The coordinator knows the model's blocks before the start
+// (it builds the model of an mlp, a gpt on token data, a program's own kinds) and tells every
+// agent: such a worker refuses to start.
+TEST(Job, AWorkerThatBuildsAnotherModelRefusesToStartNamingTheBlock) {
+  testing::TempDir dir;
+  const FaultedRun r = run_mlp_with(dir, "wider", {"TROUPE_TEST_WIDEN_AGENT=agent-1"});
+  const std::string text = testing::text_of(r.out);
+  EXPECT_EQ(r.status, 1) << text;
+  // (64 inputs: the widened first block has 65 weights more and one bias more.)
+  EXPECT_NE(text.find("/0 failed: it built another model than the job's: block 0 has "
+                      "4225 parameters in this worker's model, 4160 in the job's model"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("truncated"), std::string::npos) << text;
+}
+
+// The same on text data, whose vocabulary (and so the model) only the workers read: the
+// coordinator compares what the workers built before the first generation starts.
+TEST(Job, WorkersThatBuildDifferentModelsOnTextDataFailTheJobBeforeItStarts) {
+  testing::TempDir dir;
+  const std::string config = write_config(dir, "text.toml", R"([job]
+steps = 6
+[model]
+kind = "gpt"
+layers = 1
+d_model = 16
+heads = 2
+context = 8
+[data]
+kind = "text"
+[batch]
+global = 4
+micro = 2
+)");
+  const std::string out = dir.path() + "/text.out";
+  coordinator::ChildProcess p(
+      {{testing::troupe_binary(), "run", config, "--set", "job.run_dir=\"" + dir.path() + "/text\"",
+        "--set", "cluster.agents=2"},
+       out,
+       out,
+       {"TROUPE_TEST_WIDEN_AGENT=agent-1"}});
+  auto st = p.wait(120s);
+  ASSERT_TRUE(st && WIFEXITED(*st)) << testing::text_of(out);
+  EXPECT_EQ(WEXITSTATUS(*st), 1) << testing::text_of(out);
+  const std::string text = testing::text_of(out);
+  EXPECT_NE(text.find("the workers built different models: block 0 has "), std::string::npos)
+      << text;
+  EXPECT_NE(text.find(" parameters in worker 0/0's model, "), std::string::npos) << text;
+  EXPECT_NE(text.find(" in worker 1/0's (every agent must run the same program"), std::string::npos)
+      << text;
+  EXPECT_TRUE(testing::committed_losses(dir.path() + "/text").empty());
+}
+
+// An agent of another model joining a running job: its worker refuses to start and is given up;
+// the job trains on without it and finishes.
+TEST(Job, AJoinerThatBuildsAnotherModelIsGivenUpAndTheJobGoesOn) {
+  testing::TempDir dir;
+  testing::Job job =
+      testing::start_job(dir, "joiner", kMlp, 1, {"job.steps=60"}, {testing::pace(30000)});
+  testing::wait_steps(job, 3);
+  auto wide = testing::join_agent(dir, job, "wide", {"TROUPE_TEST_WIDEN_AGENT=wide"});
+  const std::string failed = testing::wait_event(job, testing::is("worker_failed"));
+  EXPECT_NE(failed.find("it built another model than the job's: block 0 has 4225 parameters"),
+            std::string::npos)
+      << failed;
+  auto st = job.proc->wait(120s);
+  ASSERT_TRUE(st && WIFEXITED(*st)) << testing::text_of(job.out);
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << testing::text_of(job.out);
+  EXPECT_EQ(testing::count_events(job, "generation_started"), 1);
+  EXPECT_TRUE(wide->wait(30s)) << "the refused agent did not exit";
+}
+
 // A device the agent cannot open is refused where it starts: exit 2, with the reason, before it
 // contacts anyone (a CPU worker never stands in for a GPU one). On a machine without a GPU that
 // is any cuda:N; with one, a GPU it does not have.

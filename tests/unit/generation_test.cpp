@@ -56,6 +56,17 @@ TEST(StartStep, ANewcomerHoldsTheInitialStateOnlyBeforeTheFirstStep) {
   EXPECT_EQ(choose_start_step(m, 3), 40u);
 }
 
+// --- the same model everywhere ------------------------------------------------------------------
+
+TEST(ModelDifference, NamesTheBlockCountOrTheFirstBlockOfAnotherSize) {
+  EXPECT_EQ(model_difference({10, 20, 30}, "a", {10, 20, 30}, "b"), "");
+  EXPECT_EQ(model_difference({}, "a", {}, "b"), "");
+  EXPECT_EQ(model_difference({10, 20}, "worker 1.0's model", {10, 20, 30}, "the job's model"),
+            "worker 1.0's model has 2 blocks, the job's model has 3");
+  EXPECT_EQ(model_difference({10, 21, 31}, "worker 1.0's model", {10, 20, 30}, "0.0's"),
+            "block 1 has 21 parameters in worker 1.0's model, 20 in 0.0's");
+}
+
 // --- start_generation ---------------------------------------------------------------------------
 
 // A member checks what the coordinator relays for it against what it holds: less is fine (a

@@ -36,6 +36,7 @@ TEST(JobCodec, JoinAndJobSpecRoundTrip) {
   s.steps = 300;
   s.model_kind = "gpt";
   s.hidden = {64, 32};
+  s.block_params = {12, 1ull << 33};
   s.layers = 3;
   s.d_model = 96;
   s.heads = 3;
@@ -73,6 +74,7 @@ TEST(JobCodec, JoinAndJobSpecRoundTrip) {
   EXPECT_EQ(t.agent_id, 7u);
   EXPECT_EQ(t.first_generation, 5u);
   EXPECT_EQ(t.hidden, s.hidden);
+  EXPECT_EQ(t.block_params, s.block_params);
   EXPECT_EQ(t.model_kind, "gpt");
   EXPECT_EQ(t.data_path, "/tmp/x");
   EXPECT_EQ(t.lr, 2e-3);
@@ -94,7 +96,7 @@ TEST(JobCodec, JoinAndJobSpecRoundTrip) {
 }
 
 TEST(JobCodec, WorkerReadyAndGenerationStartCarryTheWholeHolding) {
-  WorkerReady r{{2, 1}, 6, "9@h@ab", holding(), 5, "peer_lost: rank 1 lost"};
+  WorkerReady r{{2, 1}, 6, "9@h@ab", holding(), 5, "peer_lost: rank 1 lost", {7, 1ull << 40, 3}};
   WorkerReady q = decode(body(encode(r)).getWorkerReady());
   EXPECT_EQ(q.worker, r.worker);
   EXPECT_EQ(q.generation, 6u);
@@ -102,6 +104,7 @@ TEST(JobCodec, WorkerReadyAndGenerationStartCarryTheWholeHolding) {
   EXPECT_EQ(q.holding, r.holding);
   EXPECT_EQ(q.num_blocks, 5u);
   EXPECT_EQ(q.last_error, r.last_error);
+  EXPECT_EQ(q.block_params, r.block_params);
 
   GenerationStart g{6, 40, 1, {{0, {0, 0}, "a", holding()}, {1, {2, 1}, "b", {}}}, 2.5e-4};
   GenerationStart h = decode(body(encode(g)).getGenerationStart());
