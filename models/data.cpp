@@ -90,10 +90,19 @@ Batch make_batch(const Dataset& data, GlobalSampler& sampler, uint64_t begin, ui
   size_t w = data.input_width(), k = data.targets_per_sample();
   b.inputs = Tensor({b.size, w});
   b.targets.resize(b.size * k);
+  b.samples.resize(b.size);
   for (size_t i = 0; i < b.size; ++i) {
     const uint64_t p = begin + i;
-    data.fill(data.orders_itself() ? size_t(p) : sampler.sample_at(p), b.inputs.data() + i * w,
-              b.targets.data() + i * k);
+    const size_t sample = data.orders_itself() ? size_t(p) : sampler.sample_at(p);
+    b.samples[i] = sample;
+    try {
+      data.fill(sample, b.inputs.data() + i * w, b.targets.data() + i * k);
+    } catch (const SampleError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw SampleError("the data set failed on sample " + std::to_string(sample) + ": " +
+                        e.what());
+    }
   }
   return b;
 }

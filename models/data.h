@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -87,7 +88,8 @@ class GlobalSampler {
   std::vector<uint32_t> perm_;
 };
 
-// Fills a batch with the samples at global positions [begin, end).
+// Fills a batch with the samples at global positions [begin, end) (and Batch::samples). Throws
+// SampleError naming the sample when the data set's fill throws.
 Batch make_batch(const Dataset& data, GlobalSampler& sampler, uint64_t begin, uint64_t end);
 
 }  // namespace troupe::models

@@ -137,7 +137,8 @@ ForwardResult Model::forward_backward(const Batch& batch, double loss_scale,
   const auto t0 = Clock::now();
   Tensor x = batch.inputs;
   for (auto& b : blocks_) x = b->forward(x, batch.size);
-  const size_t rows = batch.targets.size(), classes = scored_classes(x, batch.targets);
+  const size_t rows = batch.targets.size(),
+               classes = scored_classes(x, batch.targets, batch.samples);
   x = compute_->on_device(x);
   if (!dlogits_.defined() || dlogits_.numel() != x.numel() ||
       &dlogits_.storage()->compute() != compute_)
@@ -160,7 +161,8 @@ ForwardResult Model::forward_backward(const Batch& batch, double loss_scale,
 ForwardResult Model::evaluate(const Batch& batch) {
   Tensor x = batch.inputs;
   for (auto& b : blocks_) x = b->forward(x, batch.size);
-  const size_t rows = batch.targets.size(), classes = scored_classes(x, batch.targets);
+  const size_t rows = batch.targets.size(),
+               classes = scored_classes(x, batch.targets, batch.samples);
   x = compute_->on_device(x);
   Tensor scratch = compute_->tensor({rows, classes});
   ForwardResult r;
@@ -170,20 +172,25 @@ ForwardResult Model::evaluate(const Batch& batch) {
   return r;
 }
 
-size_t scored_classes(const Tensor& logits, const std::vector<int32_t>& targets) {
+size_t scored_classes(const Tensor& logits, const std::vector<int32_t>& targets,
+                      const std::vector<size_t>& samples) {
   const size_t rows = targets.size();
   if (rows == 0 || logits.numel() % rows != 0)
     throw std::invalid_argument("the model's output (" + std::to_string(logits.numel()) +
                                 " values) does not divide into the batch's " +
                                 std::to_string(rows) + " target rows");
   const size_t classes = logits.numel() / rows;
-  for (size_t i = 0; i < rows; ++i)
-    if (targets[i] < 0 || size_t(targets[i]) >= classes)
-      throw std::invalid_argument("target " + std::to_string(targets[i]) + " (row " +
-                                  std::to_string(i) + ") is outside the model's " +
-                                  std::to_string(classes) +
-                                  " outputs: the data set's classes "
-                                  "do not fit the model");
+  for (size_t i = 0; i < rows; ++i) {
+    if (targets[i] >= 0 && size_t(targets[i]) < classes) continue;
+    const size_t per = samples.empty() ? 0 : rows / samples.size();  // (targets per sample)
+    const std::string where =
+        per == 0 ? "row " + std::to_string(i)
+                 : "sample " + std::to_string(samples[i / per]) +
+                       (per > 1 ? ", position " + std::to_string(i % per) : std::string());
+    throw SampleError("target " + std::to_string(targets[i]) + " (" + where +
+                      " of the data set) is outside the model's " + std::to_string(classes) +
+                      " outputs: the data set's classes do not fit the model");
+  }
   return classes;
 }
 

@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -30,7 +31,16 @@ struct ModelSpec {
 struct Batch {
   Tensor inputs;
   std::vector<int32_t> targets;
-  size_t size = 0;  // B
+  size_t size = 0;              // B
+  std::vector<size_t> samples;  // the data set's index of each row's sample (empty: not known)
+};
+
+// A sample the job cannot train on: the data set threw filling it, or a target lies outside the
+// model's outputs. The message names the sample. Reading it again gives the same: a worker is
+// not restarted for it (workers/device_supervisor.cpp).
+class SampleError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
 };
 
 struct ForwardResult {
@@ -96,9 +106,11 @@ class Model {
 };
 
 // The classes the logits score per target row: logits.numel() / targets.size(). Throws
-// std::invalid_argument when they do not divide or a target lies outside [0, classes): a data
-// set and a model that do not fit (the message says which target).
-size_t scored_classes(const Tensor& logits, const std::vector<int32_t>& targets);
+// std::invalid_argument when they do not divide, SampleError when a target lies outside
+// [0, classes): a data set and a model that do not fit (the message says which target of which
+// sample, when `samples` knows the rows' samples: Batch::samples).
+size_t scored_classes(const Tensor& logits, const std::vector<int32_t>& targets,
+                      const std::vector<size_t>& samples = {});
 
 // Intra-op threads for the BLAS (process-wide; default 1 per worker: several share a machine).
 void set_compute_threads(int threads);

@@ -101,7 +101,8 @@ void PipelineStage::loss(uint32_t j) {
   if (m.batch.targets.empty()) m.batch = trainer_.batch(step_, m.begin, m.end);
   Busy timer(result_.busy);
   const auto& targets = m.batch.targets;
-  const size_t n = targets.size(), classes = models::scored_classes(m.output, targets);
+  const size_t n = targets.size(),
+               classes = models::scored_classes(m.output, targets, m.batch.samples);
   models::Compute& c = compute_of(m.output);
   models::Tensor d = c.tensor({n, classes});
   size_t correct = 0;

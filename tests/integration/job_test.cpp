@@ -469,6 +469,33 @@ TEST(Job, AJoinerThatBuildsAnotherModelIsGivenUpAndTheJobGoesOn) {
   EXPECT_TRUE(wide->wait(30s)) << "the refused agent did not exit";
 }
 
+// A data set that cannot give a sample (the test build's data.kind = "broken_samples": its fill
+// throws on sample 100, or sample 200's target is one past the classes) fails the job at once,
+// naming the sample: reading it again would give the same, so the worker is not restarted (it
+// used to be, up to elastic.max_restarts times, and the message named the micro-batch's row).
+TEST(Job, ASampleTheDataSetCannotGiveFailsTheJobNamingItWithoutRestarts) {
+  testing::TempDir dir;
+  struct Case {
+    const char* set;
+    const char* expect;
+  } cases[] = {
+      {"data.fail_at=100", "the data set failed on sample 100: record 100 is corrupt (a test's)"},
+      {"data.bad_target_at=200",
+       "target 10 (sample 200 of the data set) is outside the model's 10 outputs"},
+  };
+  for (const Case& c : cases) {
+    RunResult r = troupe_run(
+        dir, write_config(dir, "broken.toml", kMlp),
+        {"data.kind=\"broken_samples\"", "data.samples=512", c.set, "cluster.agents=2"}, 120s);
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find(c.expect), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("restarting"), std::string::npos) << r.output;
+    const std::string events = testing::text_of(r.run_dir + "/events.jsonl");
+    EXPECT_EQ(events.find("\"restarting\":true"), std::string::npos) << events;
+    EXPECT_NE(events.find(c.expect), std::string::npos) << events;
+  }
+}
+
 // A device the agent cannot open is refused where it starts: exit 2, with the reason, before it
 // contacts anyone (a CPU worker never stands in for a GPU one). On a machine without a GPU that
 // is any cuda:N; with one, a GPU it does not have.

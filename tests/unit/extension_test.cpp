@@ -6,7 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "coordinator/config.h"
+#include "models/data.h"
 #include "models/model.h"
 #include "models/optim.h"
 #include "models/trainer.h"
@@ -189,6 +192,44 @@ TEST(Extensions, TargetsOutsideTheModelsOutputsAreRefused) {
   EXPECT_THROW(models::scored_classes(logits, {0, 3}), std::invalid_argument);
   EXPECT_THROW(models::scored_classes(logits, {-1, 0}), std::invalid_argument);
   EXPECT_THROW(models::scored_classes(logits, {0, 1, 2, 0}), std::invalid_argument);
+}
+
+// What a job's failure says names the data set's sample, not the micro-batch's row.
+TEST(Extensions, ABadTargetOrAFailingSampleIsNamedBySample) {
+  auto what = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const models::SampleError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no SampleError");
+  };
+  models::Tensor logits({2, 3});
+  EXPECT_EQ(what([&] {
+              models::scored_classes(logits, {0, 3}, {11, 17});
+            }),
+            "target 3 (sample 17 of the data set) is outside the model's 3 outputs: the data "
+            "set's classes do not fit the model");
+  // Two targets a sample (a token window): which one, too.
+  models::Tensor tokens({4, 3});
+  EXPECT_NE(what([&] {
+              models::scored_classes(tokens, {0, 1, 2, -1}, {5, 9});
+            }).find("target -1 (sample 9, position 1 of the data set)"),
+            std::string::npos);
+
+  struct Failing : models::SyntheticClassification {
+    Failing() : SyntheticClassification(1, 64, 4, 3) {}
+    void fill(size_t index, float* input, int32_t* targets) const override {
+      if (index == 7) throw std::runtime_error("record 7 is corrupt");
+      SyntheticClassification::fill(index, input, targets);
+    }
+  } data;
+  models::GlobalSampler sampler(1, data.size());
+  models::Batch b = models::make_batch(data, sampler, 0, 5);
+  EXPECT_EQ(b.samples.size(), 5u);
+  EXPECT_EQ(b.samples[2], sampler.sample_at(2));
+  EXPECT_EQ(what([&] { models::make_batch(data, sampler, 0, 64); }),
+            "the data set failed on sample 7: record 7 is corrupt");
 }
 
 }  // namespace
