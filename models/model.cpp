@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 
 extern "C" void openblas_set_num_threads(int);
@@ -44,7 +45,7 @@ Model::Model(const ModelSpec& spec) : spec_(spec) {
 }
 
 Model::Model(const ModelSpec& spec, std::vector<std::unique_ptr<Block>> blocks)
-    : spec_(spec), blocks_(std::move(blocks)) {
+    : spec_(spec), blocks_(std::move(blocks)), check_init_(true) {
   if (blocks_.empty()) throw std::invalid_argument("model '" + spec.kind + "' has no blocks");
   for (size_t i = 0; i < blocks_.size(); ++i)
     if (!blocks_[i])
@@ -115,7 +116,31 @@ void Model::init_block(size_t i, uint64_t seed) {
   Compute& device = b.compute();
   if (device.device() != Device::cpu) b.to(cpu_compute());
   b.init(seed, i);
+  if (check_init_) check_init_repeats(i, seed);
   if (device.device() != Device::cpu) b.to(device);
+}
+
+// (A program's own block: once more, and the same bits. Workers initialise apart, and a restart
+// or a resumed pipeline stage initialises again: an init that reads the clock or an unseeded
+// generator gives members different models, found otherwise only by the job's last checksum.)
+void Model::check_init_repeats(size_t i, uint64_t seed) {
+  Block& b = *blocks_[i];
+  const float* p = b.params().data();
+  const std::vector<float> first(p, p + b.param_count());
+  b.init(seed, i);
+  p = b.params().data();
+  for (size_t k = 0; k < first.size(); ++k) {
+    if (std::memcmp(&first[k], &p[k], sizeof(float)) == 0) continue;
+    std::string name = "element " + std::to_string(k);
+    for (const auto& v : b.param_views())
+      if (k >= v.offset) name = "'" + v.name + "' element " + std::to_string(k - v.offset);
+    throw ModelDefect("model '" + spec_.kind + "': block " + std::to_string(i) + " ('" + b.kind() +
+                      "') initialised twice from the same seed gave different "
+                      "parameters (" +
+                      name + ": " + std::to_string(first[k]) + ", then " + std::to_string(p[k]) +
+                      "): a block's init(seed, index) must depend on "
+                      "them alone, or its workers start from different models");
+  }
 }
 
 void Model::to(Compute& compute) {

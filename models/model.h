@@ -43,6 +43,13 @@ class SampleError : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// A model no worker can train whatever it retries: a block whose init is not a function of its
+// seed and index. Not restarted either.
+class ModelDefect : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
 struct ForwardResult {
   double loss = 0;     // sum over rows of loss * loss_scale
   size_t rows = 0;     // rows scored (B for classification, B*T for tokens)
@@ -83,7 +90,10 @@ class Model {
   };
   std::vector<Parameter> parameters() const;
 
-  void init(uint64_t seed);  // block i from (seed, i): the same whatever the layout (and device)
+  // Block i from (seed, i): the same whatever the layout (and device). A program's own block is
+  // initialised twice and compared: ModelDefect (naming the block and parameter) when the two
+  // differ.
+  void init(uint64_t seed);
   void init_block(size_t i, uint64_t seed);  // block i alone, as init does it
   // Moves every block's parameters and gradients to `compute`'s device, where the model's
   // kernels run from now on (the CPU until then). Throws std::invalid_argument, before moving
@@ -99,8 +109,11 @@ class Model {
   ForwardResult evaluate(const Batch& batch);
 
  private:
+  void check_init_repeats(size_t i, uint64_t seed);  // throws ModelDefect
+
   ModelSpec spec_;
   std::vector<std::unique_ptr<Block>> blocks_;
+  bool check_init_ = false;  // a program's own blocks: init_block checks init is repeatable
   Tensor dlogits_;
   Compute* compute_ = &cpu_compute();
 };

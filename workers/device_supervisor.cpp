@@ -270,7 +270,8 @@ bool DeviceSupervisor::restart_after(const std::exception& e) {
   }
   // A lost block (a stage without a replica) cannot be repaired by a restart, nor a data plane
   // the members cannot use (parallel.backend = "nccl" with members sharing a GPU), nor a data
-  // set damaged after it was prepared or a sample it cannot give (the same is read again).
+  // set damaged after it was prepared or a sample it cannot give (the same is read again), nor
+  // a model whose init is not repeatable.
   const bool fatal =
       dynamic_cast<const StateLost*>(&e) != nullptr || dynamic_cast<const PlaneRefused*>(&e) ||
       dynamic_cast<const data::DamagedData*>(&e) || dynamic_cast<const models::SampleError*>(&e);

@@ -496,6 +496,37 @@ TEST(Job, ASampleTheDataSetCannotGiveFailsTheJobNamingItWithoutRestarts) {
   }
 }
 
+// A program's block whose init is not a function of its seed (the test build's
+// model.kind = "shifted_linear" with repeatable_init = false) fails the job before its first
+// step, naming the block: it used to train the whole run on members with different models and
+// fail at the end, on the final checksums. A repeatable one trains.
+TEST(Job, ABlockWhoseInitIsNotRepeatableFailsTheJobBeforeItTrains) {
+  testing::TempDir dir;
+  const std::string config = write_config(dir, "unseeded.toml", R"([job]
+steps = 20
+[model]
+kind = "shifted_linear"
+[data]
+kind = "broken_samples"
+[batch]
+global = 32
+micro = 8
+)");
+  const std::vector<std::string> sets{"cluster.agents=2"};
+  RunResult ok = troupe_run(dir, config, sets, 120s);
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  std::vector<std::string> unseeded = sets;
+  unseeded.push_back("model.repeatable_init=false");
+  RunResult r = troupe_run(dir, config, unseeded, 120s);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("failed after 0 steps"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("model 'shifted_linear': block 1 ('shift') initialised twice from the "
+                          "same seed gave different parameters ('bias' element 9: "),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("restarting"), std::string::npos) << r.output;
+}
+
 // A device the agent cannot open is refused where it starts: exit 2, with the reason, before it
 // contacts anyone (a CPU worker never stands in for a GPU one). On a machine without a GPU that
 // is any cuda:N; with one, a GPU it does not have.

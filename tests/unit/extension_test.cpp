@@ -13,6 +13,7 @@
 #include "models/model.h"
 #include "models/optim.h"
 #include "models/trainer.h"
+#include "tests/harness/test_kinds.h"
 
 namespace troupe {
 namespace {
@@ -184,6 +185,29 @@ TEST(Extensions, AModelOfUserBlocksTrains) {
   double last = first;
   for (uint64_t s = 1; s < 60; ++s) last = trainer.step(s).loss;
   EXPECT_LT(last, 0.7 * first);
+}
+
+TEST(Extensions, ABlockWhoseInitIsNotRepeatableIsRefusedNamingIt) {
+  models::ModelSpec spec;
+  spec.kind = "mine";
+  std::vector<std::unique_ptr<models::Block>> ok;
+  ok.push_back(std::make_unique<testing::Shift>(4, true));
+  models::Model good(spec, std::move(ok));
+  EXPECT_NO_THROW(good.init(3));
+  std::vector<std::unique_ptr<models::Block>> blocks;
+  blocks.push_back(std::make_unique<testing::Shift>(4, true));
+  blocks.push_back(std::make_unique<testing::Shift>(5, false));
+  models::Model bad(spec, std::move(blocks));
+  try {
+    bad.init(3);
+    ADD_FAILURE() << "no ModelDefect";
+  } catch (const models::ModelDefect& e) {
+    EXPECT_NE(std::string(e.what()).find("model 'mine': block 1 ('shift') initialised twice from "
+                                         "the same seed gave different parameters ('bias' "
+                                         "element 4: "),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Extensions, TargetsOutsideTheModelsOutputsAreRefused) {
