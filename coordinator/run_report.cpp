@@ -53,9 +53,14 @@ class EventReader {
     if (r_.start_ts == 0) r_.start_ts = ts;
     r_.end_ts = std::max(r_.end_ts, ts);
     const double t = ts - r_.start_ts;
-    if (ev == "job_started") {
+    if (ev == "job_started") {  // (again in a resumed run: its agents' joins are no change)
       r_.job = text_field(e, "job");
       r_.planned_steps = count_field(e, "steps");
+      r_.state = "running";
+      r_.failure.clear();
+      commits_ = 0;
+      last_generation_ = 0;
+      pending_ = false;
     } else if (ev == "step_committed") {
       committed(e, t);
     } else if (ev == "generation_started") {

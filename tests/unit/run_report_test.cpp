@@ -79,6 +79,43 @@ TEST(RunReport, EventsAndMetricsBecomeSeriesMarksAndRecoveryTimes) {
   EXPECT_EQ(html.find("<script"), std::string::npos);
 }
 
+// A run stopped and resumed in the same directory: the resumed run's agents joining is its
+// start, not a change that never recovered (its generations count from 1 again).
+TEST(RunReport, AResumedRunsFirstJoinsAreNotAChange) {
+  Dir d;
+  std::ofstream(d.path + "/events.jsonl")
+      << R"({"ts":100,"event":"job_started","job":"r","steps":10})"
+         "\n"
+      << R"({"ts":100.5,"event":"generation_started","generation":1,"world_size":2})"
+         "\n"
+      << R"({"ts":101,"event":"member_failed","member":1,"name":"agent-1","reason":"lost"})"
+         "\n"
+      << R"({"ts":101.5,"event":"step_committed","step":0,"loss":3.0,"generation":1})"
+         "\n"
+      << R"({"ts":102,"event":"member_failed","member":1,"name":"agent-1","reason":"lost"})"
+         "\n"
+      << R"({"ts":102.5,"event":"generation_started","generation":2,"world_size":1})"
+         "\n"
+      << R"({"ts":103,"event":"step_committed","step":1,"loss":2.5,"generation":2})"
+         "\n"
+      << R"({"ts":104,"event":"job_finished","state":"stopped"})"
+         "\n"
+      << R"({"ts":200,"event":"job_started","job":"r","steps":10})"
+         "\n"
+      << R"({"ts":200.5,"event":"member_joined","member":0,"name":"agent-0"})"
+         "\n"
+      << R"({"ts":201,"event":"generation_started","generation":1,"world_size":1})"
+         "\n"
+      << R"({"ts":201.5,"event":"step_committed","step":2,"loss":2.0,"generation":1})"
+         "\n";
+  RunReport r = read_run(d.path);
+  EXPECT_EQ(r.state, "running");
+  EXPECT_EQ(r.steps, 3u);
+  ASSERT_EQ(r.changes.size(), 1u);  // (the first failure came before any step: no change)
+  EXPECT_DOUBLE_EQ(r.changes[0].recovery_s, 1.0);  // 102 -> 103
+  EXPECT_EQ(render_report(r).find("not yet"), std::string::npos);
+}
+
 TEST(RunReport, AFailedRunSaysWhy) {
   Dir d;
   std::ofstream(d.path + "/events.jsonl")
