@@ -421,6 +421,7 @@ void set_members(List list, const std::vector<MemberStatus>& v) {
     list[i].setLastReportMs(v[i].last_report_ms);
     list[i].setDataSeconds(v[i].data_seconds);
     list[i].setLastHeardMs(v[i].last_heard_ms);
+    list[i].setState(v[i].state);
   }
 }
 
@@ -430,7 +431,7 @@ std::vector<MemberStatus> members_of(Reader r) {
   for (auto x : r)
     out.push_back({x.getRank(), x.getAgentId(), x.getPid(), x.getHost(), x.getDevice(), x.getName(),
                    x.getStage(), x.getStepSeconds(), x.getComputeSeconds(), x.getLastReportMs(),
-                   x.getDataSeconds(), x.getLastHeardMs()});
+                   x.getDataSeconds(), x.getLastHeardMs(), x.getState()});
   return out;
 }
 

@@ -237,6 +237,10 @@ struct MemberStatus {
   int64_t last_report_ms = -1;                   // since that report; -1: none yet
   double data_seconds = 0;                       // of compute_seconds: assembling batches
   int64_t last_heard_ms = -1;  // since the coordinator last heard from its agent; -1: not known
+  // training (it reported a step of this generation), starting (not yet: admitted, receiving
+  // state, in its first step), paused (the job waits for workers), restarting (its thread threw),
+  // lost (its agent), given up (by its agent), idle (a pipeline's rank beyond dp x pp), standby.
+  std::string state;
 };
 
 // The answer to a status request.

@@ -166,10 +166,11 @@ int admin_request(const JobName& job, const actors::ControlMessage& request,
   return reply ? on_reply(*reply) : 1;
 }
 
-// A worker's state in a row: a member that has reported a step of this generation is
-// "training"; one that has not yet (it is being admitted, receiving state, or in its first
-// step) "starting"; a live worker outside the generation "standby".
-const char* row_state(bool member, const actors::MemberStatus& m) {
+// A worker's state in a row: the coordinator's (actors::MemberStatus::state); from an older
+// one, a member that has reported a step of this generation is "training", one that has not yet
+// "starting", a live worker outside the generation "standby".
+std::string row_state(bool member, const actors::MemberStatus& m) {
+  if (!m.state.empty()) return m.state;
   if (!member) return "standby";
   return m.last_report_ms >= 0 ? "training" : "starting";
 }
@@ -250,8 +251,9 @@ void print_status(const actors::JobStatus& s, bool json) {
   std::printf("%7s %5s %-12s %8s %-12s %-7s %5s %8s %10s %8s %9s %9s %-8s\n", "rank", "agent",
               "name", "pid", "host", "device", "stage", "step ms", "compute ms", "data ms",
               "last step", "heard", "state");
-  for (const auto& m : s.members) print_row(std::to_string(m.rank).c_str(), row_state(true, m), m);
-  for (const auto& m : s.standbys) print_row("standby", row_state(false, m), m);
+  for (const auto& m : s.members)
+    print_row(std::to_string(m.rank).c_str(), row_state(true, m).c_str(), m);
+  for (const auto& m : s.standbys) print_row("standby", row_state(false, m).c_str(), m);
 }
 
 // A job no process runs any more (its run directory is not locked): its events say how it

@@ -246,6 +246,8 @@ struct MemberStatus {
   dataSeconds @10 :Float64;  # ... and the part of compute spent assembling batches
   lastHeardMs @11 :Int64 = -1;  # milliseconds since the coordinator last heard from its agent
                                 # (a heartbeat or any frame; -1: not known)
+  state @12 :Text;          # training | starting | paused | restarting | lost | given up | idle
+                            # | standby ("" from an older coordinator: from lastReportMs)
 }
 
 struct JobStatus {

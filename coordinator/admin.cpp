@@ -19,7 +19,7 @@ std::pair<uint32_t, uint32_t> layout_of(const std::string& plan) {
 actors::MemberStatus member_row(uint32_t rank, const Agent& a, const std::string& device,
                                 const StepDriver& steps, uint64_t generation,
                                 std::pair<uint32_t, uint32_t> layout) {
-  actors::MemberStatus m{rank, a.id, a.pid, a.host, device, a.name, -1, 0, 0, -1, 0};
+  actors::MemberStatus m{rank, a.id, a.pid, a.host, device, a.name, -1, 0, 0, -1, 0, -1, ""};
   const auto [dp, pp] = layout;
   if (pp > 1 && rank < dp * pp) m.stage = int32_t(rank % pp);
   auto it = steps.last_reports().find(rank);
@@ -32,6 +32,18 @@ actors::MemberStatus member_row(uint32_t rank, const Agent& a, const std::string
                            .count();
   }
   return m;
+}
+
+// What a member of the current generation is doing (MemberStatus::state).
+std::string member_state(const actors::MemberStatus& m, actors::WorkerId w, const Roster& roster,
+                         const Generations& gens, elastic::JobPhase phase,
+                         std::pair<uint32_t, uint32_t> layout) {
+  if (!roster.at(w.agent).alive) return "lost";
+  if (gens.is_restarting(w)) return "restarting";
+  if (!roster.usable(w)) return "given up";
+  if (layout.second > 1 && m.rank >= layout.first * layout.second) return "idle";
+  if (phase == elastic::JobPhase::paused) return "paused";
+  return m.last_report_ms >= 0 ? "training" : "starting";
 }
 
 }  // namespace
@@ -52,14 +64,17 @@ actors::JobStatus job_status(const JobConfig& cfg, const elastic::JobLifecycle& 
   s.plan = plan;
   const auto layout = layout_of(plan);
   const auto& members = gens.members();
-  for (uint32_t i = 0; i < members.size(); ++i)
-    s.members.push_back(member_row(i, roster.at(members[i].worker.agent),
-                                   roster.device(members[i].worker), steps, gens.current(),
-                                   layout));
+  for (uint32_t i = 0; i < members.size(); ++i) {
+    const actors::WorkerId w = members[i].worker;
+    s.members.push_back(
+        member_row(i, roster.at(w.agent), roster.device(w), steps, gens.current(), layout));
+    s.members.back().state = member_state(s.members.back(), w, roster, gens, job.phase(), layout);
+  }
   for (actors::WorkerId w : roster.usable_workers()) {
     if (gens.is_member(w)) continue;
     const Agent& a = roster.at(w.agent);
-    s.standbys.push_back({0, a.id, a.pid, a.host, roster.device(w), a.name, -1, 0, 0, -1, 0});
+    s.standbys.push_back(
+        {0, a.id, a.pid, a.host, roster.device(w), a.name, -1, 0, 0, -1, 0, -1, "standby"});
   }
   return s;
 }

@@ -49,6 +49,7 @@ class Generations {
 
   // A member threw in this generation and its agent restarts it (re-admitted in the next one).
   void restarting(actors::WorkerId w) { restarting_.insert(w); }
+  bool is_restarting(actors::WorkerId w) const { return restarting_.count(w) > 0; }
 
   // What decide_membership needs: the current members (alive unless lost or restarting, with
   // their applied steps) and the usable workers waiting to join (published, or restarting).

@@ -360,6 +360,28 @@ TEST(Elastic, BelowMinWorkersTheJobPausesAndResumesWhenAnAgentReturns) {
   EXPECT_EQ(count_events(job, "agent_restarted"), 1);
 }
 
+// While the job waits below elastic.min_workers, troupe status says so member by member: the
+// killed one "lost", the one waiting "paused" (both said "training"); a new agent resumes it.
+TEST(Elastic, WhilePausedStatusShowsTheLostMemberAndTheOneWaiting) {
+  TempDir dir;
+  auto want = reference_losses(dir);
+  Job job = start(dir, "paused", 2, {"elastic.min_workers=2", "elastic.max_restarts=0"});
+  wait_steps(job, 20);
+  ASSERT_EQ(::kill(pid_of(job, "agent-1"), SIGKILL), 0);
+  ASSERT_NE(wait_event(job, is("job_paused"), 30s), "");
+  const std::string text = admin(dir, {"status", "--run-dir", job.run_dir});
+  EXPECT_NE(text.find("lost"), std::string::npos) << text;
+  EXPECT_NE(text.find("paused"), std::string::npos) << text;
+  EXPECT_EQ(text.find("training"), std::string::npos) << text;
+  const std::string json = admin(dir, {"status", "--run-dir", job.run_dir, "--json"});
+  EXPECT_NE(json.find(R"("name":"agent-1")"), std::string::npos) << json;
+  EXPECT_NE(json.find(R"("state":"lost")"), std::string::npos) << json;
+  EXPECT_NE(json.find(R"("state":"paused")"), std::string::npos) << json;
+  auto joiner = join_agent(dir, job, "agent-new");
+  ASSERT_NE(wait_event(job, is("job_resumed"), 60s), "");
+  expect_same_function(job, want);
+}
+
 TEST(Elastic, StandbysAboveMaxWorkersAreAdmittedWhenAMemberFails) {
   TempDir dir;
   auto want = reference_losses(dir);

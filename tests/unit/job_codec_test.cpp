@@ -190,8 +190,8 @@ TEST(JobCodec, ReportsAndAnswersRoundTrip) {
                10,
                100,
                1.5,
-               {{0, 1, 99, "h", "cpu:0", "agent-1", 1, 0.5, 0.25, 120, 0.125, 180}},
-               {{0, 3, 98, "h", "cpu:0", "agent-3"}},
+               {{0, 1, 99, "h", "cpu:0", "agent-1", 1, 0.5, 0.25, 120, 0.125, 180, "paused"}},
+               {{0, 3, 98, "h", "cpu:0", "agent-3", -1, 0, 0, -1, 0, -1, "standby"}},
                40,
                "/r/checkpoints/step-40/manifest.json",
                1.5,
@@ -213,6 +213,7 @@ TEST(JobCodec, ReportsAndAnswersRoundTrip) {
   EXPECT_EQ(su.members[0].compute_seconds, 0.25);
   EXPECT_EQ(su.members[0].last_report_ms, 120);
   EXPECT_EQ(su.members[0].data_seconds, 0.125);
+  EXPECT_EQ(su.members[0].state, "paused");
   EXPECT_EQ(su.members[0].last_heard_ms, 180);
   EXPECT_EQ(su.standbys[0].last_report_ms, -1);
   EXPECT_EQ(su.standbys[0].last_heard_ms, -1);
