@@ -443,6 +443,9 @@ TEST(Checkpoints, APipelineStoppedEarlyEndsResumableWithItsStagesCompared) {
     Job job = start_job(dir, "piped", kGpt, agents,
                         {"parallel.pipeline_stages=2", "checkpoint.every_steps=0"}, {pace(50000)});
     wait_steps(job, 10);
+    // (Three workers in two stages: dp 1 x pp 2 and a rank that holds no stage.)
+    const std::string status = admin(dir, {"status", "--run-dir", job.run_dir, "--json"});
+    EXPECT_EQ(status.find(R"("state":"idle")") != std::string::npos, agents == 3) << status;
     admin(dir, {"stop", "--run-dir", job.run_dir, "--checkpoint"});
     auto st = job.proc->wait(60s);
     ASSERT_TRUE(st);
