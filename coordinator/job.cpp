@@ -756,10 +756,13 @@ class Coordinator : public caf::event_based_actor {
     auto outcome = steps_.done(d, gens_.members().size());
     if (!outcome) return;
     const bool stopped = job_.stop_requested();
-    // Stopped early with a checkpoint where it stopped: resumable (troupe run --resume).
-    if (stopped && checkpoints_ && checkpoints_->newest() &&
+    // Its checkpoint where it ended (the last step's, or a stop's): what troupe export reads, and
+    // where a stopped job resumes (troupe run --resume).
+    std::string last;
+    if (checkpoints_ && checkpoints_->newest() &&
         checkpoints_->newest()->step == steps_.committed())
-      resumable_ = checkpoints_->newest()->manifest;
+      last = checkpoints_->newest()->manifest;
+    if (stopped) resumable_ = last;
     if (!outcome->identical) {  // (a failure, in every record: the event, the exit, the status)
       const std::string why = "members ended with different parameters: " + outcome->differing;
       log_.event("job_failed", Json()
@@ -777,7 +780,7 @@ class Coordinator : public caf::event_based_actor {
                    .boolean("identical_parameters", true)
                    .num("seconds", std::chrono::duration<double>(Clock::now() - t_start_).count())
                    .boolean("resumable", !resumable_.empty())
-                   .str("checkpoint", resumable_));
+                   .str("checkpoint", last));
     finish(0, "", stopped ? elastic::JobOutcome::stopped : elastic::JobOutcome::completed);
   }
 

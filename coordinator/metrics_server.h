@@ -9,6 +9,7 @@
 // threads (it must be thread-safe: JobMetrics::exposition is).
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -33,6 +34,7 @@ class MetricsServer {
  private:
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
+  std::atomic<bool> ended_{false};  // its thread left the accept loop
   std::string address_;
 };
 

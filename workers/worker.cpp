@@ -453,7 +453,9 @@ void Worker::maybe_checkpoint(const std::vector<uint32_t>& blocks, bool requeste
   take_checkpoint_result(false);
   if (requested) requested_through_ = next_step_;  // (also on a rank that writes no block)
   const uint64_t every = uint64_t(spec_.checkpoint_every);
-  const bool due = requested || (every > 0 && next_step_ % every == 0);
+  // (The job's last step too: a finished job's parameters are in its checkpoints, to export.)
+  const bool due =
+      requested || (every > 0 && (next_step_ % every == 0 || next_step_ == spec_.steps));
   if (!due || spec_.checkpoint_dir.empty() || blocks.empty() || last_checkpoint_ == next_step_)
     return;
   if (writer_.busy() && spec_.checkpoint_skip_if_busy && !requested) {

@@ -317,6 +317,26 @@ std::vector<std::string> checkpoint_dirs(const Job& job) {
 // A member SIGKILLed while its checkpoint write is in flight (every write pauses after its first
 // shard): that checkpoint never gets a manifest, so it does not exist; every checkpoint that
 // has one is complete and valid (troupe export checks it), and the job goes on to the end.
+// A job that completes keeps its last step's parameters in a checkpoint (troupe export reads it)
+// though its steps are no multiple of checkpoint.every_steps: steps 50 to 59 were lost.
+TEST(Checkpoints, AJobThatCompletesCheckpointsItsLastStep) {
+  TempDir dir;
+  Job job = start_job(dir, "last", kGpt, 2, {"job.steps=59", "checkpoint.every_steps=25"});
+  auto st = job.proc->wait(120s);
+  ASSERT_TRUE(st && WIFEXITED(*st));
+  ASSERT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
+  EXPECT_EQ(checkpoint_dirs(job),
+            (std::vector<std::string>{"step-00000025", "step-00000050", "step-00000059"}));
+  const std::string end = events_of(job).back();
+  EXPECT_EQ(json_field(end, "state"), "completed") << end;
+  EXPECT_EQ(json_field(end, "resumable"), "false") << end;  // (nothing left to run)
+  EXPECT_EQ(json_field(end, "checkpoint"), job.run_dir + "/checkpoints/step-00000059/manifest.json")
+      << end;
+  const std::string said =
+      admin(dir, {"export", job.run_dir, "-o", dir.path() + "/last.safetensors"});
+  EXPECT_NE(said.find("step 59 of"), std::string::npos) << said;
+}
+
 TEST(Checkpoints, AMemberLostMidWriteLeavesTheCheckpointAbsentAndEveryOtherValid) {
   TempDir dir;
   Reference want = reference(dir, 120);

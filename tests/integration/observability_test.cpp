@@ -10,12 +10,14 @@
 
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <thread>
 
+#include "coordinator/metrics_server.h"
 #include "tests/harness/jobs.h"
 
 namespace troupe {
@@ -142,6 +144,20 @@ TEST(Metrics, APrometheusScrapesARunningJobAndPromtoolAcceptsTheOutput) {
 // Anything but GET /metrics is a 404; garbage is answered 400 and dropped; clients that send
 // half a request and wait hold a thread for the read deadline only, so a scrape still gets its
 // answer while more of them than the server has threads hang on.
+// An endpoint closed as soon as it opens (a job refused before it starts) ends: its stop used to
+// be lost when it came before the server's thread reached its accept loop, and `troupe run` then
+// hung in the destructor, deaf to SIGTERM (2 runs in 8).
+TEST(Metrics, AnEndpointClosedAsSoonAsItOpensEnds) {
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> ended = done->get_future();
+  std::thread([done] {
+    for (int i = 0; i < 300; ++i)
+      coordinator::MetricsServer s("127.0.0.1:0", [] { return std::string(); });
+    done->set_value();
+  }).detach();  // (a hung one cannot be joined: the test fails instead)
+  EXPECT_EQ(ended.wait_for(60s), std::future_status::ready) << "a server's destructor hung";
+}
+
 TEST(Metrics, TheEndpointSurvivesGarbageSlowClientsAndOtherPaths) {
   TempDir dir;
   Job job = start_job(dir, "observed", kMlp, 2, {}, {pace(20000)});
