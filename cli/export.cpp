@@ -29,7 +29,7 @@ coordinator::ValidCheckpoint choose(const coordinator::JobConfig& cfg, const std
                                     int64_t step) {
   const std::string dir =
       cfg.checkpoint_dir.empty() ? run_dir + "/checkpoints" : cfg.checkpoint_dir;
-  const std::string hash = coordinator::checkpoint_config_hash(cfg);
+  const coordinator::CheckpointIdentity hash = coordinator::checkpoint_identity(cfg);
   std::string why;
   if (step >= 0) {
     const std::string at = dir + "/" + workers::checkpoint_dir_name(uint64_t(step));

@@ -117,7 +117,7 @@ std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool l
   std::error_code ec;
   if (fs::path(path).filename() == "manifest.json" && fs::is_regular_file(path, ec))
     path = fs::absolute(path, ec).parent_path().string();
-  const std::string hash = coordinator::checkpoint_config_hash(cfg);
+  const coordinator::CheckpointIdentity hash = coordinator::checkpoint_identity(cfg);
   std::optional<coordinator::ValidCheckpoint> found;
   into_run = !fs::exists(fs::path(path) / "manifest.json");
   if (!into_run) {

@@ -119,9 +119,32 @@ std::string manifest_lr(const json& m, double& lr) {
   return field(m["optimizer"], "lr", "the manifest's optimizer", lr);
 }
 
+// The fields of the job's identity that differ from the manifest's ("data.eval_fraction: 0.05 in
+// the checkpoint, 0 now; "), where both are known.
+std::string changes(const json& manifest, const CheckpointIdentity& job) {
+  const auto theirs = manifest.find("config");
+  const json ours = json::parse(job.config, nullptr, false);
+  if (theirs == manifest.end() || !theirs->is_object() || !ours.is_object()) return "";
+  std::string out;
+  auto differs = [&](const std::string& key, const json* a, const json* b) {
+    out += key + ": " + (a ? a->dump() : "unset") + " in the checkpoint, " +
+           (b ? b->dump() : "unset") + " now; ";
+  };
+  for (const auto& [key, value] : theirs->items()) {
+    const auto it = ours.find(key);
+    if (it == ours.end())
+      differs(key, &value, nullptr);
+    else if (*it != value)
+      differs(key, &value, &*it);
+  }
+  for (const auto& [key, value] : ours.items())
+    if (!theirs->contains(key)) differs(key, nullptr, &value);
+  return out;
+}
+
 // "" when the checkpoint in dir is complete and intact (its step, lr and blocks into `c`), else
 // why not. c.step: the step its name says (UINT64_MAX: take the manifest's).
-std::string check(const fs::path& dir, const std::string& hash, ValidCheckpoint& c) {
+std::string check(const fs::path& dir, const CheckpointIdentity& job, ValidCheckpoint& c) {
   const fs::path manifest = dir / "manifest.json";
   std::ifstream in(manifest);
   if (!in) return "no manifest (a checkpoint still being written, or cut short by a crash)";
@@ -136,9 +159,9 @@ std::string check(const fs::path& dir, const std::string& hash, ValidCheckpoint&
   if (why.empty() && c.step != UINT64_MAX && says != c.step)
     why = "the manifest's step is not the directory's";
   if (why.empty()) why = field(m, "config_hash", "the manifest", config_hash);
-  if (why.empty() && config_hash != hash)
-    why = "it belongs to another model, data or seed (config hash " + config_hash +
-          ", this job's " + hash + ")";
+  if (why.empty() && config_hash != job.hash)
+    why = "it belongs to another model, data or seed (" + changes(m, job) + "config hash " +
+          config_hash + ", this job's " + job.hash + ")";
   if (why.empty()) why = manifest_lr(m, c.lr);
   if (why.empty()) why = field(m, "blocks", "the manifest", blocks);
   if (!why.empty()) return why;
@@ -155,22 +178,28 @@ std::string check(const fs::path& dir, const std::string& hash, ValidCheckpoint&
 
 }  // namespace
 
-std::string checkpoint_config_hash(const JobConfig& c) {
+std::string checkpoint_config_hash(const JobConfig& c) { return checkpoint_identity(c).hash; }
+
+CheckpointIdentity checkpoint_identity(const JobConfig& c) {
   json j = {{"model", c.model_kind}, {"hidden", c.hidden},      {"inputs", c.inputs},
             {"classes", c.classes},  {"layers", c.layers},      {"d_model", c.d_model},
             {"heads", c.heads},      {"context", c.context},    {"tied_head", c.tied_head},
             {"data", c.data_kind},   {"path", c.data_path},     {"samples", c.samples},
             {"seed", c.seed},        {"batch", c.global_batch}, {"optimizer", c.optimizer}};
-  // A program's own kinds: their keys too (absent for the built-in kinds: their hashes stay).
+  // A program's own kinds' keys, a mix and a held-out fraction only when there are (the hashes
+  // of jobs without them stay what they were).
   for (const auto& [table, options] :
        {std::pair{"model_options", &c.model_options}, std::pair{"data_options", &c.data_options}})
     for (const auto& [key, value] : *options)
       std::visit([&, table = table, key = key](const auto& v) { j[table][key] = v; }, value);
-  const std::string text = j.dump();
-  return hex(comm::fnv1a(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+  if (!c.data_mix.empty()) j["mix"] = c.data_mix;
+  if (c.eval_fraction != 0) j["eval_fraction"] = c.eval_fraction;
+  std::string text = j.dump();
+  return {hex(comm::fnv1a(reinterpret_cast<const uint8_t*>(text.data()), text.size())),
+          std::move(text)};
 }
 
-Checkpoints::Checkpoints(const JobConfig& cfg) : cfg_(cfg), hash_(checkpoint_config_hash(cfg)) {}
+Checkpoints::Checkpoints(const JobConfig& cfg) : cfg_(cfg), identity_(checkpoint_identity(cfg)) {}
 
 // "" when a worker's report of its shards is one the manifest may list (every shard a block of
 // the checkpoint under its own name, in this job's checkpoint directory, of as many blocks as the
@@ -218,7 +247,8 @@ std::optional<CompletedCheckpoint> Checkpoints::add(const actors::CheckpointWrit
   json m = {{"format", kFormat},
             {"job", cfg_.name},
             {"step", w.step},
-            {"config_hash", hash_},
+            {"config_hash", identity_.hash},
+            {"config", json::parse(identity_.config)},
             {"data",
              {{"seed", cfg_.seed},
               {"global_batch", cfg_.global_batch},
@@ -267,31 +297,32 @@ void Checkpoints::prune() {
 }
 
 std::optional<ValidCheckpoint> newest_valid_checkpoint(const std::string& dir,
-                                                       const std::string& hash,
+                                                       const CheckpointIdentity& job,
                                                        std::vector<std::string>* refused) {
   auto dirs = checkpoint_dirs(dir);
   for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
     ValidCheckpoint c{it->first, it->second.string()};
-    std::string why = check(it->second, hash, c);
+    std::string why = check(it->second, job, c);
     if (why.empty()) return c;
     if (refused) refused->push_back(it->second.string() + ": " + why);
   }
   return std::nullopt;
 }
 
-std::vector<uint64_t> valid_checkpoint_steps(const std::string& dir, const std::string& hash) {
+std::vector<uint64_t> valid_checkpoint_steps(const std::string& dir,
+                                             const CheckpointIdentity& job) {
   std::vector<uint64_t> steps;
   for (const auto& [step, path] : checkpoint_dirs(dir)) {
     ValidCheckpoint c{step, path.string()};
-    if (check(path, hash, c).empty()) steps.push_back(step);
+    if (check(path, job, c).empty()) steps.push_back(step);
   }
   return steps;
 }
 
 std::optional<ValidCheckpoint> valid_checkpoint(const std::string& directory,
-                                                const std::string& hash, std::string* why) {
+                                                const CheckpointIdentity& job, std::string* why) {
   ValidCheckpoint c{UINT64_MAX, directory};
-  std::string reason = check(directory, hash, c);
+  std::string reason = check(directory, job, c);
   if (reason.empty()) return c;
   if (why) *why = reason;
   return std::nullopt;

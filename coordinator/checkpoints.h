@@ -24,9 +24,21 @@
 
 namespace troupe::coordinator {
 
-// The hash of what a checkpoint's state and data order depend on: model.*, data.*, job.seed,
-// batch.global, optimizer.kind (16 hex digits).
+// The hash of what a checkpoint's state and data order depend on: model.*, data.* (the mix and
+// the held-out fraction too: they change which windows are trained on), job.seed, batch.global,
+// optimizer.kind (16 hex digits).
 std::string checkpoint_config_hash(const JobConfig& cfg);
+
+// A job as its checkpoints know it: the hash above, and the fields it is of (a JSON object's
+// text, kept in every manifest: a refusal names the fields that differ). Made from a hash alone,
+// a refusal only says that they differ.
+struct CheckpointIdentity {
+  CheckpointIdentity(std::string hash) : hash(std::move(hash)) {}  // NOLINT (implicit)
+  CheckpointIdentity(std::string hash, std::string config)
+      : hash(std::move(hash)), config(std::move(config)) {}
+  std::string hash, config;
+};
+CheckpointIdentity checkpoint_identity(const JobConfig& cfg);
 
 struct CompletedCheckpoint {
   uint64_t step = 0;
@@ -64,7 +76,7 @@ class Checkpoints {
   std::string invalid(const actors::CheckpointWritten& w, uint32_t blocks) const;
 
   JobConfig cfg_;
-  std::string hash_;
+  CheckpointIdentity identity_;
   std::map<std::pair<uint64_t, uint64_t>, Pending> pending_;  // by (step, generation)
   std::set<std::pair<uint64_t, uint64_t>> failed_;            // (step, generation)
   std::optional<CompletedCheckpoint> newest_;
@@ -81,11 +93,11 @@ struct ValidCheckpoint {
 };
 // One checkpoint directory, checked as above: its step, or the reason it is not valid.
 std::optional<ValidCheckpoint> valid_checkpoint(const std::string& directory,
-                                                const std::string& hash, std::string* why);
+                                                const CheckpointIdentity& job, std::string* why);
 std::optional<ValidCheckpoint> newest_valid_checkpoint(const std::string& dir,
-                                                       const std::string& hash,
+                                                       const CheckpointIdentity& job,
                                                        std::vector<std::string>* refused);
 // The steps of the valid checkpoints in dir, oldest first (what a user may choose from).
-std::vector<uint64_t> valid_checkpoint_steps(const std::string& dir, const std::string& hash);
+std::vector<uint64_t> valid_checkpoint_steps(const std::string& dir, const CheckpointIdentity& job);
 
 }  // namespace troupe::coordinator

@@ -163,6 +163,16 @@ TEST(TokenJob, APreemptedRunResumesWithTheSameWindows) {
   const std::string end = events_of(job).back();
   ASSERT_EQ(json_field(end, "resumable"), "true") << end;
   EXPECT_LT(std::stoi(json_field(end, "steps")), 150) << "it stopped before the end";
+  // Resumed without the held-out fraction, it would train on the held-out windows: refused,
+  // naming the key (it used to be accepted, and its "held-out" loss fell below a clean run's).
+  Job unheld = start_job(dir, "preempted", kConfig, 2, {path, "data.eval_fraction=0"}, {},
+                         {"--resume", job.run_dir});
+  auto refused = unheld.proc->wait(60s);
+  ASSERT_TRUE(refused && WIFEXITED(*refused));
+  EXPECT_EQ(WEXITSTATUS(*refused), 2) << text_of(unheld.out);
+  EXPECT_NE(text_of(unheld.out).find("eval_fraction: 0.1 in the checkpoint, unset now"),
+            std::string::npos)
+      << text_of(unheld.out);
   Job resumed = start_job(dir, "preempted", kConfig, 2, {path, held_out, every}, {},
                           {"--resume", job.run_dir});
   expect_same_function(resumed, want, 150, 24);

@@ -143,6 +143,16 @@ TEST(Checkpoints, DamagedOrForeignCheckpointsAreRefusedNamingWhyAndTheNewestVali
   std::string why;
   EXPECT_FALSE(valid_checkpoint(step_dir(d.path, 20), checkpoint_config_hash(other), &why));
   EXPECT_NE(why.find("another model, data or seed"), std::string::npos) << why;
+  // Given the job's fields (not only their hash), the refusal names what changed: a held-out
+  // fraction too (it changes which windows are trained on).
+  other.eval_fraction = 0.05;
+  EXPECT_FALSE(valid_checkpoint(step_dir(d.path, 20), checkpoint_identity(other), &why));
+  EXPECT_NE(
+      why.find("(seed: " + std::to_string(config(d.path).seed) +
+               " in the checkpoint, 99 now; eval_fraction: unset in the checkpoint, 0.05 now; "
+               "config hash "),
+      std::string::npos)
+      << why;
   std::vector<std::string> refused;
   auto found = newest_valid_checkpoint(d.path, hash, &refused);
   ASSERT_TRUE(found);
