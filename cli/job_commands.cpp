@@ -312,6 +312,9 @@ int report_end(const coordinator::JobConfig& cfg, const std::string& dir,
   if (end.exit_code != 0) {
     std::fprintf(stderr, "troupe: job '%s' failed after %llu steps: %s (see %s)\n",
                  cfg.name.c_str(), (unsigned long long)end.steps, end.reason.c_str(), dir.c_str());
+    if (!end.checkpoint.empty())  // (what was saved is not lost: say where it goes on from)
+      std::fprintf(stderr, "troupe: its newest checkpoint is %s: troupe run CONFIG --resume %s\n",
+                   end.checkpoint.c_str(), dir.c_str());
     return first_signal ? 128 + first_signal : end.exit_code;
   }
   const bool stopped = end.state == "stopped";

@@ -1053,9 +1053,13 @@ class Coordinator : public caf::event_based_actor {
     for (const auto& a : roster_.agents()) send(bridge_, actors::demonitor_atom::value, a.node);
     auto msg = encode(actors::Shutdown{reason.empty() ? "the job is finished" : reason, code});
     for (const auto& a : roster_.agents()) to_agent(a.id, msg);
+    const bool failed = outcome == elastic::JobOutcome::failed;
+    const std::string checkpoint = failed && checkpoints_ && checkpoints_->newest()
+                                       ? checkpoints_->newest()->manifest
+                                       : resumable_;
     if (observer_)
       send(observer_, JobFinished{code, reason, elastic::outcome_name(outcome), steps_.committed(),
-                                  steps_.last_loss(), resumable_});
+                                  steps_.last_loss(), checkpoint});
     become(finished());
   }
 

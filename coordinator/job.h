@@ -44,11 +44,13 @@ typename Inspector::result_type inspect(Inspector& f, JobProgress& x) {
 
 struct JobFinished {
   int exit_code = 0;
-  std::string reason;      // one line
-  std::string state;       // completed | stopped | failed
-  uint64_t steps = 0;      // committed
-  double loss = 0;         // of the last committed step
-  std::string checkpoint;  // stopped with a checkpoint where it stopped: its manifest (resumable)
+  std::string reason;  // one line
+  std::string state;   // completed | stopped | failed
+  uint64_t steps = 0;  // committed
+  double loss = 0;     // of the last committed step
+  // Stopped with a checkpoint where it stopped: its manifest (resumable); failed: its newest
+  // checkpoint's, if it has one (a resume goes on from there).
+  std::string checkpoint;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, JobFinished& x) {
