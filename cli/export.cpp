@@ -86,7 +86,8 @@ int run_export(const std::vector<std::string>& words, const Hooks& hooks) {
   app.add_option("--step", step, "the checkpoint's step (default: the newest valid one)");
   app.add_option("--format", format, "safetensors")->check(CLI::IsMember({"safetensors"}));
   app.add_option("--batch-of-step", batch_step,
-                 "also write step S's global batch (tokens) to OUTPUT.batch.safetensors");
+                 "also write step S's global batch (tokens) to OUTPUT.batch.safetensors")
+      ->check(CLI::NonNegativeNumber);
   if (auto rc = parse(app, words)) return *rc;
   coordinator::JobConfig cfg =
       coordinator::load_config(run_dir + "/config.toml", {}, hooks.kinds());
@@ -94,6 +95,9 @@ int run_export(const std::vector<std::string>& words, const Hooks& hooks) {
     throw std::invalid_argument(
         "--batch-of-step writes a batch of tokens: this run's data.kind is '" + cfg.data_kind +
         "'");
+  if (batch_step >= cfg.steps)
+    throw std::invalid_argument("--batch-of-step " + std::to_string(batch_step) +
+                                ": the job's steps are 0 to " + std::to_string(cfg.steps - 1));
   const coordinator::ValidCheckpoint ckpt = choose(cfg, run_dir, step);
   workers::WorkerSpec w = workers::worker_spec_of(coordinator::job_spec_of(cfg, 0, 1));
   w.extensions = hooks.extensions;
@@ -135,9 +139,12 @@ int run_export(const std::vector<std::string>& words, const Hooks& hooks) {
   std::printf("troupe: step %llu of %s -> %s (%zu tensors, %zu parameters)\n",
               (unsigned long long)ckpt.step, run_dir.c_str(), out.c_str(), tensors.size(),
               model.param_count());
-  if (batch_step >= 0)
+  if (batch_step >= 0) {
     write_batch(out + ".batch.safetensors", *data, w.seed, uint64_t(batch_step),
                 uint64_t(cfg.global_batch));
+    std::printf("troupe: the global batch of step %lld -> %s.batch.safetensors\n",
+                (long long)batch_step, out.c_str());
+  }
   return 0;
 }
 

@@ -332,9 +332,19 @@ TEST(Checkpoints, AJobThatCompletesCheckpointsItsLastStep) {
   EXPECT_EQ(json_field(end, "resumable"), "false") << end;  // (nothing left to run)
   EXPECT_EQ(json_field(end, "checkpoint"), job.run_dir + "/checkpoints/step-00000059/manifest.json")
       << end;
-  const std::string said =
-      admin(dir, {"export", job.run_dir, "-o", dir.path() + "/last.safetensors"});
+  const std::string model = dir.path() + "/last.safetensors";
+  const std::string said = admin(dir, {"export", job.run_dir, "-o", model, "--batch-of-step", "9"});
   EXPECT_NE(said.find("step 59 of"), std::string::npos) << said;
+  EXPECT_NE(said.find("the global batch of step 9 -> " + model + ".batch.safetensors"),
+            std::string::npos)
+      << said;
+  // A batch of no step of the job: refused (they wrote nothing, or a batch of a step never run).
+  EXPECT_NE(admin(dir, {"export", job.run_dir, "-o", model, "--batch-of-step", "59"}, 2)
+                .find("--batch-of-step 59: the job's steps are 0 to 58"),
+            std::string::npos);
+  EXPECT_NE(admin(dir, {"export", job.run_dir, "-o", model, "--batch-of-step", "-5"}, 2)
+                .find("--batch-of-step"),
+            std::string::npos);
 }
 
 TEST(Checkpoints, AMemberLostMidWriteLeavesTheCheckpointAbsentAndEveryOtherValid) {
