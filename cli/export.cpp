@@ -87,7 +87,11 @@ int run_export(const std::vector<std::string>& words, const Hooks& hooks) {
   app.add_option("--format", format, "safetensors")->check(CLI::IsMember({"safetensors"}));
   app.add_option("--batch-of-step", batch_step,
                  "also write step S's global batch (tokens) to OUTPUT.batch.safetensors")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Validator(
+          [](std::string& s) {
+            return s.rfind('-', 0) == 0 ? s + " is not a step (0 or more)" : std::string();
+          },
+          "STEP"));
   if (auto rc = parse(app, words)) return *rc;
   coordinator::JobConfig cfg =
       coordinator::load_config(run_dir + "/config.toml", {}, hooks.kinds());

@@ -343,7 +343,7 @@ TEST(Checkpoints, AJobThatCompletesCheckpointsItsLastStep) {
                 .find("--batch-of-step 59: the job's steps are 0 to 58"),
             std::string::npos);
   EXPECT_NE(admin(dir, {"export", job.run_dir, "-o", model, "--batch-of-step", "-5"}, 2)
-                .find("--batch-of-step"),
+                .find("--batch-of-step: -5 is not a step (0 or more)"),
             std::string::npos);
 }
 
