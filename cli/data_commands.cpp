@@ -58,7 +58,8 @@ int prepare(const std::vector<std::string>& words) {
   app.add_option("inputs", o.inputs, "text files, directories (recursively), *.jsonl files")
       ->required();
   app.add_option("--out", o.out, "the data set's directory (must not exist)")->required();
-  app.add_option("--tokenizer", o.tokenizer, "byte (257 ids) or bpe (trained on the inputs)")
+  app.add_option("--tokenizer", o.tokenizer,
+                 "byte (257 ids; the default) or bpe (trained on the inputs)")
       ->check(CLI::IsMember({"byte", "bpe"}));
   app.add_option("--vocab", o.vocab, "bpe: ids in all, >= 257 (256 bytes, merges, end of text)");
   app.add_option("--tokenizer-from", o.tokenizer_from,
@@ -68,6 +69,10 @@ int prepare(const std::vector<std::string>& words) {
       ->check(CLI::Range(uint64_t(1), uint64_t(1) << 40));
   app.add_flag("--json", json, "the summary as one JSON line");
   if (auto rc = parse(app, words)) return *rc;
+  if (app.count("--tokenizer-from") && (app.count("--tokenizer") || app.count("--vocab")))
+    throw std::invalid_argument(
+        "--tokenizer-from takes its tokenizer from a data set: it cannot be given with "
+        "--tokenizer or --vocab");
   if (app.count("--field") && std::none_of(o.inputs.begin(), o.inputs.end(), jsonl_or_directory))
     throw std::invalid_argument("--field " + o.jsonl_field +
                                 ": none of the inputs is a JSON-lines file (*.jsonl, *.ndjson) or "

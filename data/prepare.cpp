@@ -268,22 +268,22 @@ PrepareSummary prepare(const PrepareOptions& o,
   std::string out = o.out;  // ("runs/x/" is "runs/x": its partial is a sibling, not a child)
   while (out.size() > 1 && out.back() == '/') out.pop_back();
   if (out.empty()) throw std::invalid_argument("--out: the data set's directory is required");
+  if (!o.tokenizer_from.empty() && (o.vocab != 0 || o.tokenizer != "byte"))
+    throw std::invalid_argument(
+        "--tokenizer-from takes its tokenizer from a data set: it "
+        "cannot be given with --tokenizer or --vocab");
   if (o.tokenizer != "byte" && o.tokenizer != "bpe")
     throw std::invalid_argument("--tokenizer must be byte or bpe, not '" + o.tokenizer + "'");
   if (o.tokenizer == "bpe" && o.vocab < 257)
     throw std::invalid_argument(
         "--tokenizer bpe needs --vocab N with N >= 257 (256 bytes and "
-        "the end of a document), got " +
-        std::to_string(o.vocab));
+        "the end of a document), " +
+        (o.vocab == 0 ? std::string("and none was given") : "not " + std::to_string(o.vocab)));
   if (o.tokenizer == "byte" && o.vocab != 0 && o.vocab != 257)
     throw std::invalid_argument("--tokenizer byte has 257 ids; --vocab " + std::to_string(o.vocab) +
                                 " is for --tokenizer bpe");
   if (o.vocab > (uint64_t(1) << 24))
     throw std::invalid_argument("--vocab is at most 16,777,216 (ids reach the model as floats)");
-  if (!o.tokenizer_from.empty() && (o.vocab != 0 || o.tokenizer != "byte"))
-    throw std::invalid_argument(
-        "--tokenizer-from takes its tokenizer from a data set: it "
-        "cannot be given with --tokenizer or --vocab");
   std::error_code ec;
   if (fs::exists(out, ec))
     throw std::invalid_argument("--out '" + out +

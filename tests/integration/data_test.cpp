@@ -354,7 +354,13 @@ TEST(DataCommands, BadInputsAreRefusedWithTheReason) {
   expect("\"$T\" data prepare " + d + "/in --out " + d + "/ok", 2, "exists");
   expect("\"$T\" data prepare " + d + "/absent --out " + d + "/o2", 2, "does not exist");
   expect("\"$T\" data prepare " + d + "/in/deep --out " + d + "/o3", 2, "no text in the inputs");
-  expect("\"$T\" data prepare " + d + "/in --out " + d + "/o4 --tokenizer bpe", 2, "--vocab");
+  expect("\"$T\" data prepare " + d + "/in --out " + d + "/o4 --tokenizer bpe", 2,
+         "--vocab N with N >= 257 (256 bytes and the end of a document), and none was given");
+  // (--tokenizer byte, the default, was ignored; --vocab blamed a byte tokenizer not asked for)
+  for (const char* given : {" --tokenizer byte", " --vocab 300"})
+    expect(
+        "\"$T\" data prepare " + d + "/in --out " + d + "/o6 --tokenizer-from " + d + "/ok" + given,
+        2, "--tokenizer-from takes its tokenizer from a data set: it cannot be given with");
   expect("\"$T\" data prepare " + d + "/in/a.txt --out " + d + "/o5 --field body", 2,
          "--field body: none of the inputs is a JSON-lines file");
   expect("\"$T\" data encode --data " + d + "/in < /dev/null", 2, "has no manifest.json");
