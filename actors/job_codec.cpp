@@ -335,11 +335,14 @@ ControlMessage encode(const WorkerDone& m) {
     d.setSteps(m.steps);
     d.setChecksum(m.checksum);
     d.setGroup(m.group);
+    d.setEvalLoss(m.eval_loss);
+    d.setEvalTokens(m.eval_tokens);
   });
 }
 
 WorkerDone decode(proto::WorkerDone::Reader r) {
-  return {r.getRank(), r.getGeneration(), r.getSteps(), r.getChecksum(), r.getGroup()};
+  return {r.getRank(),  r.getGeneration(), r.getSteps(),     r.getChecksum(),
+          r.getGroup(), r.getEvalLoss(),   r.getEvalTokens()};
 }
 
 ControlMessage encode(const CheckpointWritten& m) {

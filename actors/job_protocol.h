@@ -205,7 +205,9 @@ struct CheckpointWritten {
 struct WorkerDone {
   uint32_t rank = 0;
   uint64_t generation = 0, steps = 0, checksum = 0;
-  uint32_t group = 0;  // whose checksums equal it (control.capnp): 0 the whole model
+  uint32_t group = 0;        // whose checksums equal it (control.capnp): 0 the whole model
+  double eval_loss = 0;      // a completed job's held-out loss of its final parameters ...
+  uint64_t eval_tokens = 0;  // ... over these tokens (0: not evaluated)
 };
 constexpr uint32_t kHoldsNoBlocks = 0xffffffff;  // WorkerDone::group of a rank holding none
 

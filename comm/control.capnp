@@ -225,6 +225,8 @@ struct WorkerDone {
   group @4 :UInt32;         # whose checksums must equal it: 0 the whole model (every member);
                             # a pipeline stopped early, 1 + its stage (what the stage's replicas
                             # hold); 0xffffffff holds no blocks (a pipeline's idle rank)
+  evalLoss @5 :Float64;     # a completed job's held-out loss of the parameters it ended with ...
+  evalTokens @6 :UInt64;    # ... over these tokens (0: not evaluated)
 }
 
 struct Shutdown {

@@ -642,6 +642,7 @@ class Coordinator : public caf::event_based_actor {
   void on_commit(const StepCommitted& c) {
     reforms_ = 0;
     watch_stragglers(c);
+    if (c.eval_tokens > 0) tell_eval(c.committed - 1, c.eval_loss, c.eval_tokens);
     if (observer_)
       send(observer_, JobProgress{c.committed, uint64_t(cfg_.steps), c.loss, c.samples_per_s,
                                   c.tokens_per_s, c.generation, c.world_size});
@@ -763,6 +764,14 @@ class Coordinator : public caf::event_based_actor {
         checkpoints_->newest()->step == steps_.committed())
       last = checkpoints_->newest()->manifest;
     if (stopped) resumable_ = last;
+    if (outcome->eval_tokens > 0) {  // (the final parameters': after the last committed step)
+      log_.event("evaluated", Json()
+                                  .integer("step", long(steps_.committed()))
+                                  .num("loss", outcome->eval_loss)
+                                  .integer("tokens", long(outcome->eval_tokens))
+                                  .integer("world_size", long(gens_.members().size())));
+      tell_eval(steps_.committed(), outcome->eval_loss, outcome->eval_tokens);
+    }
     if (!outcome->identical) {  // (a failure, in every record: the event, the exit, the status)
       const std::string why = "members ended with different parameters: " + outcome->differing;
       log_.event("job_failed", Json()
@@ -1061,6 +1070,16 @@ class Coordinator : public caf::event_based_actor {
       send(observer_, JobFinished{code, reason, elastic::outcome_name(outcome), steps_.committed(),
                                   steps_.last_loss(), checkpoint});
     become(finished());
+  }
+
+  // An evaluation, for the people watching: the parameters before step `step` (the final ones
+  // when it is the job's steps).
+  void tell_eval(uint64_t step, double loss, uint64_t tokens) {
+    char line[160];
+    std::snprintf(line, sizeof line, "held-out loss %.4f at step %llu (%llu tokens)%s", loss,
+                  (unsigned long long)step, (unsigned long long)tokens,
+                  step == uint64_t(cfg_.steps) ? ": the final parameters" : "");
+    tell(line);
   }
 
   // A membership change, for the people watching `troupe run`.

@@ -107,6 +107,9 @@ void JobMetrics::on_event(const std::string& name, const json& e) {
     checkpoint_write_ = number(e, "write_seconds");
   } else if (name == "checkpoint_failed") {
     ++checkpoint_failures_;
+  } else if (name == "evaluated") {
+    eval_loss_ = number(e, "loss");
+    eval_step_ = number(e, "step");
   } else if (name == "straggler") {
     ++stragglers_;
   } else if (name == "job_paused") {
@@ -209,6 +212,8 @@ std::string JobMetrics::exposition() const {
   counter("checkpoints", "Checkpoints written (manifest durable).", checkpoints_);
   counter("checkpoint_failures", "Checkpoints that could not be written.", checkpoint_failures_);
   gauge("checkpoint_step", "The newest checkpoint's step (0: none).", checkpoint_step_);
+  gauge("eval_loss", "The last evaluation's held-out loss (NaN: none yet).", eval_loss_);
+  gauge("eval_step", "The step of the parameters it evaluated.", eval_step_);
   gauge("checkpoint_blocking_seconds",
         "Training blocked while the last checkpoint's state was copied.", checkpoint_blocking_);
   gauge("checkpoint_write_seconds", "The last checkpoint's background write.", checkpoint_write_);

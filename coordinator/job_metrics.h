@@ -43,6 +43,7 @@ class JobMetrics {
   double step_seconds_ = 0, idle_ = 0, world_size_ = 0, generation_ = 0, data_seconds_ = 0;
   double last_commit_ts_ = 0, recovery_seconds_ = 0, checkpoint_step_ = 0;
   double checkpoint_blocking_ = 0, checkpoint_write_ = 0;
+  double eval_loss_ = std::nan(""), eval_step_ = 0;
   double members_ = 0, standbys_ = 0, paused_ = 0, started_ts_ = 0;
   std::vector<double> worker_step_seconds_, worker_compute_seconds_;  // by rank, last step
   // counters

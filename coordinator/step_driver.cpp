@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 namespace troupe::coordinator {
 
@@ -145,6 +146,8 @@ void StepDriver::commit(uint64_t step, bool recovered, uint64_t generation, size
                   std::vector<double>(world, std::nan(""))};
   for (size_t i = 0; i < p.ranks.size(); ++i)
     if (p.ranks[i] < world) c.compute_seconds[p.ranks[i]] = p.rank_busy[i];
+  c.eval_tokens = p.eval_tokens;
+  c.eval_loss = p.eval_loss;
   log_.event("step_committed", Json()
                                    .integer("step", long(step))
                                    .num("loss", p.loss)
@@ -216,8 +219,10 @@ std::optional<StepDriver::Outcome> StepDriver::done(const actors::WorkerDone& d,
     return std::nullopt;
   }
   checksums_[d.rank] = {d.checksum, d.group};
+  if (d.rank == 0) final_eval_ = {d.eval_loss, d.eval_tokens};
   if (checksums_.size() < world) return std::nullopt;
   Outcome o;
+  std::tie(o.eval_loss, o.eval_tokens) = final_eval_;
   o.checksums = nlohmann::ordered_json::array();
   std::map<uint32_t, std::pair<uint32_t, uint64_t>> first;  // group -> (its first rank, its sum)
   for (auto& [rank, held] : checksums_) {

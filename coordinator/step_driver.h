@@ -39,6 +39,8 @@ struct StepCommitted {
   double loss = 0, samples_per_s = 0, tokens_per_s = 0;
   uint64_t generation = 0, world_size = 0;
   std::vector<double> compute_seconds;  // by rank (NaN: it did not report)
+  uint64_t eval_tokens = 0;             // held out, evaluated before this step (0: none) ...
+  double eval_loss = 0;                 // ... and their loss
 };
 
 class StepDriver {
@@ -87,6 +89,8 @@ class StepDriver {
     bool identical = true;
     std::string differing;             // when not: "ranks 0 and 2 (the whole model)"
     nlohmann::ordered_json checksums;  // hex strings, by rank
+    double eval_loss = 0;              // the final parameters' held-out loss (rank 0's) ...
+    uint64_t eval_tokens = 0;          // ... over these tokens (0: not evaluated)
   };
   std::optional<Outcome> done(const actors::WorkerDone& d, size_t world);
 
@@ -117,6 +121,7 @@ class StepDriver {
   std::function<void(const StepCommitted&)> on_commit_;
   std::map<uint64_t, Pending> steps_;
   std::map<uint32_t, std::pair<uint64_t, uint32_t>> checksums_;  // rank -> (checksum, group)
+  std::pair<double, uint64_t> final_eval_{0, 0};                 // rank 0's (loss, tokens)
   std::map<uint32_t, RankReport> last_reports_;
   uint64_t committed_ = 0;
   double last_loss_ = 0;

@@ -235,9 +235,9 @@ DeviceSupervisor::Next DeviceSupervisor::train(const actors::GenerationStart& g)
   // The job's end: the last checkpoint's write finishes (a job stopped with a checkpoint, the
   // coordinator asked for it with the stop, is left resumable).
   worker_->finish_checkpoints();
-  ctx_.send(
-      actors::encode(actors::WorkerDone{uint32_t(rank_), gen, result.next_step,
-                                        worker_->final_checksum(), worker_->checksum_group()}));
+  ctx_.send(actors::encode(actors::WorkerDone{uint32_t(rank_), gen, result.next_step,
+                                              worker_->final_checksum(), worker_->checksum_group(),
+                                              result.eval_loss, result.eval_tokens}));
   static_assert(Worker::kHoldsNoBlocks == actors::kHoldsNoBlocks);
   return Next::done;
 }

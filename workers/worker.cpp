@@ -255,6 +255,9 @@ TrainResult Worker::run_data_parallel(comm::Communicator& comm, uint64_t start,
       break;
     }
   }
+  // (Completed: its final parameters evaluated too, the ones a user exports.)
+  if (eval_ && !result.stopped && result.next_step == spec_.steps)
+    std::tie(result.eval_loss, result.eval_tokens) = evaluate(comm);
   comm.barrier();  // nobody leaves while another still waits on it
   report_trace(true);
   return result;

@@ -116,6 +116,9 @@ struct StepInfo {
 struct TrainResult {
   uint64_t next_step = 0;
   bool stopped = false;  // a stop was voted
+  // A completed job's held-out loss of its final parameters, over eval_tokens (0: none).
+  double eval_loss = 0;
+  uint64_t eval_tokens = 0;
 };
 
 // What the members vote on at every step boundary: any rank's yes is everyone's, so all of them

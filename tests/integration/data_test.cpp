@@ -130,9 +130,9 @@ TEST(TokenJob, PreparedBpeDataTrainsAndSurvivesAKillWithEveryWindowOnce) {
   // Every evaluation once (a step redone evaluates again, written when it commits), and the
   // same held-out losses as the static run's.
   const auto want_eval = eval_losses(reference), got_eval = eval_losses(job);
-  ASSERT_EQ(want_eval.size(), 6u) << "steps 0, 25, ..., 125";
-  ASSERT_EQ(got_eval.size(), 6u);
-  EXPECT_EQ(count_events(job, "evaluated"), 6);
+  ASSERT_EQ(want_eval.size(), 7u) << "steps 0, 25, ..., 125, and the final parameters' (150)";
+  ASSERT_EQ(got_eval.size(), 7u);
+  EXPECT_EQ(count_events(job, "evaluated"), 7);
   for (const auto& [step, loss] : want_eval)
     EXPECT_NEAR(std::stod(got_eval.at(step)), std::stod(loss), 1e-4 * std::stod(loss)) << step;
   // troupe report draws the evaluations next to the training loss.
@@ -195,13 +195,22 @@ TEST(TokenJob, TheHeldOutLossIsTheSameAtWorldSizesOneAndThree) {
     ASSERT_TRUE(one.proc->wait(180s));
     ASSERT_TRUE(three.proc->wait(180s));
     const auto a = eval_losses(one), b = eval_losses(three);
-    ASSERT_EQ(a.size(), 3u) << "steps 0, 10, 20";
-    ASSERT_EQ(b.size(), 3u);
+    ASSERT_EQ(a.size(), 4u) << "steps 0, 10, 20, and the final parameters' (30)";
+    ASSERT_EQ(b.size(), 4u);
     EXPECT_EQ(a.at(0), b.at(0)) << "the initial parameters' held-out loss";
     if (std::string(deterministic) == "true") {
       EXPECT_EQ(a, b);
     }
-    EXPECT_LT(std::stod(a.at(20)), std::stod(a.at(0))) << "it learns";
+    EXPECT_LT(std::stod(a.at(30)), std::stod(a.at(0))) << "it learns";
+    // On the console too, the final parameters' last.
+    const std::string said = text_of(one.out);
+    EXPECT_NE(said.find("troupe: held-out loss "), std::string::npos) << said;
+    EXPECT_NE(
+        said.find(" at step 30 (" +
+                  std::to_string(data::TokenData({{ds, 1.0}}, 16, 11, 0.1).eval_windows() * 16) +
+                  " tokens): the final parameters"),
+        std::string::npos)
+        << said;
     const std::string first = wait_event(one, is("evaluated"), 0s);
     data::TokenData d({{ds, 1.0}}, 16, 11, 0.1);
     EXPECT_EQ(json_field(first, "tokens"), std::to_string(d.eval_windows() * 16)) << first;
@@ -231,7 +240,7 @@ TEST(TokenJob, AMixtureWithAHeldOutSetOfItsOwn) {
   const auto done = job.proc->wait(180s);
   ASSERT_TRUE(done);
   EXPECT_EQ(WEXITSTATUS(*done), 0) << text_of(job.out);
-  EXPECT_EQ(eval_losses(job).size(), 2u) << text_of(job.out);
+  EXPECT_EQ(eval_losses(job).size(), 3u) << text_of(job.out);  // (0, 10 and the final 20)
   std::vector<std::string> alien = sets;
   alien.back() = "data.eval_path=\"" + d + "/alien\"";
   Job refused = start_job(dir, "alien", kConfig, 2, alien);

@@ -46,6 +46,8 @@ TEST(JobMetrics, StepsChangesAndCheckpointsBecomeGaugesAndCounters) {
             {"step", 2},
             {"blocking_seconds", 0.01},
             {"write_seconds", 0.5}});
+  EXPECT_TRUE(has("\n" + m.exposition(), "troupe_eval_loss NaN"));  // (none yet)
+  m.record({{"ts", 105.5}, {"event", "evaluated"}, {"step", 2}, {"loss", 1.75}, {"tokens", 64}});
   m.set_members(1, 1);
   m.set_frames(40, {{"malformed", 3}, {"stale", 1}});
   const std::string t = "\n" + m.exposition();
@@ -67,6 +69,8 @@ TEST(JobMetrics, StepsChangesAndCheckpointsBecomeGaugesAndCounters) {
   EXPECT_TRUE(has(t, "troupe_joins_total 1")) << t;
   EXPECT_TRUE(has(t, "troupe_checkpoints_total 1")) << t;
   EXPECT_TRUE(has(t, "troupe_checkpoint_write_seconds 0.5")) << t;
+  EXPECT_TRUE(has(t, "troupe_eval_loss 1.75")) << t;
+  EXPECT_TRUE(has(t, "troupe_eval_step 2")) << t;
   EXPECT_TRUE(has(t, "troupe_control_frames_rejected_total{reason=\"malformed\"} 3")) << t;
   EXPECT_TRUE(has(t, "# TYPE troupe_failures_total counter")) << t;
   EXPECT_TRUE(has(t, "# TYPE troupe_loss gauge")) << t;
