@@ -351,21 +351,25 @@ int run_status(const std::vector<std::string>& words) {
   });
 }
 
-// --agent ID or NAME: the agent's id (a name is looked up in the job's status, among the members
-// and the standbys). nullopt, printed why, with rc: 1 the job did not answer, 2 no such agent.
-std::optional<uint32_t> agent_id(AdminSession& session, const std::string& agent, int& rc) {
-  if (!agent.empty() && agent.size() < 10 &&
-      agent.find_first_not_of("0123456789") == std::string::npos)
-    return uint32_t(std::stoul(agent));
+// --agent ID or NAME: the agent's id and its name, looked up in the job's status among the
+// members and the standbys (an id is not a name: agent-0 need not be agent 0; an id not there is
+// the coordinator's to refuse, unnamed). nullopt, printed why, with rc: 1 the job did not answer,
+// 2 no such agent.
+std::optional<std::pair<uint32_t, std::string>> agent_id(AdminSession& session,
+                                                         const std::string& agent, int& rc) {
+  const bool numeric = !agent.empty() && agent.size() < 10 &&
+                       agent.find_first_not_of("0123456789") == std::string::npos;
   rc = 1;
   auto status = session.status();
   if (!status) return std::nullopt;
   std::set<std::string> names;
   for (const auto* rows : {&status->members, &status->standbys})
     for (const auto& m : *rows) {
-      if (m.name == agent) return m.agent;
+      if (numeric ? m.agent == std::stoul(agent) : m.name == agent)
+        return std::pair{m.agent, m.name};
       names.insert(m.name + " (" + std::to_string(m.agent) + ")");
     }
+  if (numeric) return std::pair{uint32_t(std::stoul(agent)), std::string()};
   std::string known;
   for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
   std::fprintf(stderr, "troupe drain: no agent '%s' in the job; its agents: %s\n", agent.c_str(),
@@ -385,11 +389,12 @@ int run_drain(const std::vector<std::string>& words) {
   if (auto rc = parse(app, words)) return *rc;
   AdminSession session(job);
   int rc = 0;
-  std::optional<uint32_t> id = agent_id(session, agent, rc);
+  const auto id = agent_id(session, agent, rc);
   if (!id) return rc;
-  auto reply = session.request(actors::make_drain_request(*id));
+  auto reply = session.request(actors::make_drain_request(id->first));
   if (!reply) return 1;
-  std::printf("troupe: agent %u leaves at the next step boundary\n", *id);
+  std::printf("troupe: agent %u%s leaves at the next step boundary\n", id->first,
+              id->second.empty() ? "" : (" (" + id->second + ")").c_str());
   return 0;
 }
 

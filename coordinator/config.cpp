@@ -712,6 +712,46 @@ std::string unknown_key(const JobConfig& c, const std::vector<Field>& fields,
   return msg + (hint.empty() ? "" : "; did you mean " + table + "." + hint + "?");
 }
 
+// Every table and key the job does not take, one line each in the file's order (a file with two
+// typos names both), as one ConfigError; nothing when there is none.
+void reject_unknown(const toml::table& root, const std::string& source, const JobConfig& c,
+                    const std::vector<Field>& fields, const std::vector<std::string>& tables) {
+  std::vector<std::tuple<uint32_t, uint32_t, std::string>> found;  // (line, column, message)
+  auto add = [&](const toml::source_region& s, const std::string& at, const std::string& what) {
+    found.emplace_back(uint32_t(s.begin.line), uint32_t(s.begin.column), at + ": " + what);
+  };
+  for (auto& [tkey, tnode] : root) {
+    const std::string tname(tkey.str());
+    if (std::find(tables.begin(), tables.end(), tname) == tables.end()) {
+      const std::string hint = nearest_word(tname, tables);
+      add(tnode.source(), where(source, tnode),
+          "unknown table [" + tname + "]" + (hint.empty() ? "" : "; did you mean [" + hint + "]?"));
+      continue;
+    }
+    const auto* t = tnode.as_table();
+    if (!t) {
+      add(tnode.source(), where(source, tnode), "'" + tname + "' must be a table");
+      continue;
+    }
+    for (auto& [kkey, knode] : *t) {
+      const std::string kname(kkey.str());
+      if (std::any_of(fields.begin(), fields.end(),
+                      [&](const Field& f) { return f.table == tname && f.key == kname; }))
+        continue;
+      const auto& ks = kkey.source();
+      const std::string at = ks.begin ? source + ":" + std::to_string(ks.begin.line) + ":" +
+                                            std::to_string(ks.begin.column)
+                                      : where(source, knode);
+      add(ks.begin ? ks : knode.source(), at, unknown_key(c, fields, tname, kname));
+    }
+  }
+  if (found.empty()) return;
+  std::sort(found.begin(), found.end());
+  std::string all;
+  for (const auto& f : found) all += (all.empty() ? "" : "\n") + std::get<2>(f);
+  throw ConfigError(all);
+}
+
 }  // namespace
 
 JobConfig parse_config(const std::string& text, const std::string& source,
@@ -733,26 +773,13 @@ JobConfig parse_config(const std::string& text, const std::string& source,
   std::vector<std::string> tables;
   for (auto& f : fields)
     if (std::find(tables.begin(), tables.end(), f.table) == tables.end()) tables.push_back(f.table);
+  reject_unknown(root, source, c, fields, tables);
   for (auto& [tkey, tnode] : root) {
     std::string tname(tkey.str());
-    if (std::find(tables.begin(), tables.end(), tname) == tables.end()) {
-      std::string hint = nearest_word(tname, tables);
-      throw ConfigError(where(source, tnode) + ": unknown table [" + tname + "]" +
-                        (hint.empty() ? "" : "; did you mean [" + hint + "]?"));
-    }
-    auto* t = tnode.as_table();
-    if (!t) throw ConfigError(where(source, tnode) + ": '" + tname + "' must be a table");
-    for (auto& [kkey, knode] : *t) {
+    for (auto& [kkey, knode] : *tnode.as_table()) {
       std::string kname(kkey.str());
       auto it = std::find_if(fields.begin(), fields.end(),
                              [&](const Field& f) { return f.table == tname && f.key == kname; });
-      if (it == fields.end()) {
-        const auto& ks = kkey.source();
-        std::string at = ks.begin ? source + ":" + std::to_string(ks.begin.line) + ":" +
-                                        std::to_string(ks.begin.column)
-                                  : where(source, knode);
-        throw ConfigError(at + ": " + unknown_key(c, fields, tname, kname));
-      }
       assign(*it, knode, source);
       places[tname + "." + kname] = where(source, knode);
     }

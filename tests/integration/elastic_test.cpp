@@ -208,7 +208,10 @@ TEST(Elastic, DrainLetsAnAgentLeaveAtAStepBoundaryWithNothingRedone) {
     if (m.agent == 1) drained = m;
   ASSERT_GT(drained.pid, 0) << "no member is agent 1";
   // (by its name, as troupe status shows it: the launcher's names need not follow the ids)
-  admin(dir, {"drain", "--run-dir", job.run_dir, "--agent", drained.name});
+  const std::string said = admin(dir, {"drain", "--run-dir", job.run_dir, "--agent", drained.name});
+  EXPECT_NE(said.find("agent 1 (" + drained.name + ") leaves at the next step boundary"),
+            std::string::npos)
+      << said;
   // The drained agent is told to shut down: it exits (0: the launcher does not restart it) while
   // the job goes on.
   ASSERT_NE(wait_event(job, is("member_left")), "");

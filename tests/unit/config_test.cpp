@@ -26,6 +26,12 @@ TEST(Config, BadFilesAreRefusedWithFileLineAndReason) {
        "[job]\nstesp = 10\n",
        {},
        "job.toml:2:1: unknown key job.stesp; did you mean job.steps?"},
+      {"every unknown key, in the file's order (not the tables')",
+       "[job]\nstesp = 10\n[eval]\nevery_step = 5\n[checkpoint]\nevery_step = 5\n",
+       {},
+       "job.toml:2:1: unknown key job.stesp; did you mean job.steps?\njob.toml:4:1: unknown key "
+       "eval.every_step; did you mean eval.every_steps?\njob.toml:6:1: unknown key "
+       "checkpoint.every_step; did you mean checkpoint.every_steps?"},
       {"unknown table",
        "[optimiser]\nlr = 0.1\n",
        {},
