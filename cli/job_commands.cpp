@@ -145,6 +145,7 @@ std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool l
     for (const auto& r : refused)
       std::fprintf(stderr, "troupe: skipping checkpoint %s\n", r.c_str());
     cfg.run_dir = fs::absolute(path, ec).lexically_normal().string();  // (config.toml keeps it)
+    if (ec) cfg.run_dir = path;
     while (cfg.run_dir.size() > 1 && cfg.run_dir.back() == '/') cfg.run_dir.pop_back();
     if (!found && cfg.take_over) return "";  // (without adopted agents: from the seed)
     if (!found) return "--resume " + path + ": no valid checkpoint in " + dir;

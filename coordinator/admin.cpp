@@ -50,7 +50,7 @@ std::string member_state(const actors::MemberStatus& m, actors::WorkerId w, cons
 
 actors::JobStatus job_status(const JobConfig& cfg, const elastic::JobLifecycle& job,
                              const Roster& roster, const Generations& gens, const StepDriver& steps,
-                             const std::string& plan) {
+                             const std::string& plan, const std::vector<uint32_t>& draining) {
   actors::JobStatus s;
   s.job_name = cfg.name;
   s.state = elastic::phase_name(job.phase());
@@ -68,7 +68,9 @@ actors::JobStatus job_status(const JobConfig& cfg, const elastic::JobLifecycle& 
     const actors::WorkerId w = members[i].worker;
     s.members.push_back(
         member_row(i, roster.at(w.agent), roster.device(w), steps, gens.current(), layout));
-    s.members.back().state = member_state(s.members.back(), w, roster, gens, job.phase(), layout);
+    const bool leaving = std::count(draining.begin(), draining.end(), w.agent) > 0;
+    s.members.back().state =
+        leaving ? "draining" : member_state(s.members.back(), w, roster, gens, job.phase(), layout);
   }
   for (actors::WorkerId w : roster.usable_workers()) {
     if (gens.is_member(w)) continue;

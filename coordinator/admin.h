@@ -16,10 +16,12 @@
 
 namespace troupe::coordinator {
 
-// `troupe status`: the phase, the generation and its members by rank, the standbys.
+// `troupe status`: the phase, the generation and its members by rank, the standbys. draining:
+// the agents asked to leave at the next step boundary (members until then).
 actors::JobStatus job_status(const JobConfig& config, const elastic::JobLifecycle& job,
                              const Roster& roster, const Generations& generations,
-                             const StepDriver& steps, const std::string& plan);
+                             const StepDriver& steps, const std::string& plan,
+                             const std::vector<uint32_t>& draining);
 
 // The live agents as elastic::decide_scale and decide_drain see them (in join order).
 std::vector<elastic::LiveAgent> live_agents(const Roster& roster, const Generations& generations);

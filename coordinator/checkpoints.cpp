@@ -159,7 +159,11 @@ std::string check(const fs::path& dir, const CheckpointIdentity& job, ValidCheck
   if (why.empty() && c.step != UINT64_MAX && says != c.step)
     why = "the manifest's step is not the directory's";
   if (why.empty()) why = field(m, "config_hash", "the manifest", config_hash);
-  if (why.empty() && config_hash != job.hash)
+  // (A manifest without the fields is an older Troupe's, whose hash left the mix and the held-out
+  // fraction out: taken on that hash, as that version did.)
+  const bool older =
+      !m.contains("config") && !job.older_hash.empty() && config_hash == job.older_hash;
+  if (why.empty() && config_hash != job.hash && !older)
     why = "it belongs to another model, data or seed (" + changes(m, job) + "config hash " +
           config_hash + ", this job's " + job.hash + ")";
   if (why.empty()) why = manifest_lr(m, c.lr);
@@ -192,11 +196,17 @@ CheckpointIdentity checkpoint_identity(const JobConfig& c) {
        {std::pair{"model_options", &c.model_options}, std::pair{"data_options", &c.data_options}})
     for (const auto& [key, value] : *options)
       std::visit([&, table = table, key = key](const auto& v) { j[table][key] = v; }, value);
+  auto hash_of = [](const std::string& text) {
+    return hex(comm::fnv1a(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+  };
+  const std::string before = hash_of(j.dump());  // (what an older Troupe's manifests say)
   if (!c.data_mix.empty()) j["mix"] = c.data_mix;
   if (c.eval_fraction != 0) j["eval_fraction"] = c.eval_fraction;
   std::string text = j.dump();
-  return {hex(comm::fnv1a(reinterpret_cast<const uint8_t*>(text.data()), text.size())),
-          std::move(text)};
+  const std::string hash = hash_of(text);  // (before text moves: arguments have no order)
+  CheckpointIdentity id(hash, std::move(text));
+  if (before != id.hash) id.older_hash = before;
+  return id;
 }
 
 Checkpoints::Checkpoints(const JobConfig& cfg) : cfg_(cfg), identity_(checkpoint_identity(cfg)) {}

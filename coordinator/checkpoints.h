@@ -37,6 +37,7 @@ struct CheckpointIdentity {
   CheckpointIdentity(std::string hash, std::string config)
       : hash(std::move(hash)), config(std::move(config)) {}
   std::string hash, config;
+  std::string older_hash;  // the hash an older Troupe gave the job ("": the same as hash)
 };
 CheckpointIdentity checkpoint_identity(const JobConfig& cfg);
 

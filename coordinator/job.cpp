@@ -537,6 +537,7 @@ class Coordinator : public caf::event_based_actor {
         return "workers " + first.worker.name() + " and " + r.worker.name() +
                " say the model has " + std::to_string(first.num_blocks) + " and " +
                std::to_string(r.num_blocks) + " blocks";
+      if (first.block_params.empty() || r.block_params.empty()) continue;  // (an older agent's)
       const std::string diff = elastic::model_difference(
           first.block_params, "worker " + first.worker.name() + "'s model", r.block_params,
           "worker " + r.worker.name() + "'s");
@@ -846,7 +847,7 @@ class Coordinator : public caf::event_based_actor {
   // ---- admin -----------------------------------------------------------------------------------
 
   actors::JobStatus status() const {
-    auto s = job_status(cfg_, job_, roster_, gens_, steps_, plan_);
+    auto s = job_status(cfg_, job_, roster_, gens_, steps_, plan_, draining_);
     s.data_plane = data_plane_;
     fill_heard(s.members);
     fill_heard(s.standbys);

@@ -55,9 +55,9 @@ MetricsServer::MetricsServer(const std::string& listen, std::function<std::strin
                              " (in use, or not an address of this host)");
   address_ =
       (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(bound);
-  thread_ = std::thread([this] {
-    server_->listen_after_bind();
-    ended_ = true;
+  thread_ = std::thread([s = server_.get(), ended = ended_] {
+    s->listen_after_bind();
+    *ended = true;
   });
 }
 
@@ -65,10 +65,10 @@ MetricsServer::~MetricsServer() {
   // (httplib's stop() acts only on a server whose thread is in its accept loop: one that comes
   // before is lost, and the thread would wait in accept for good.)
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (!server_->is_running() && !ended_ && std::chrono::steady_clock::now() < deadline)
+  while (!server_->is_running() && !*ended_ && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  if (!server_->is_running() && !ended_) {  // (its thread never ran: left to the process's exit)
-    thread_.detach();
+  if (!server_->is_running() && !*ended_) {  // (its thread never ran: left to the process's exit
+    thread_.detach();                        // with the server it will use, leaked)
     (void)server_.release();
     return;
   }

@@ -34,7 +34,8 @@ class MetricsServer {
  private:
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
-  std::atomic<bool> ended_{false};  // its thread left the accept loop
+  // Its thread left the accept loop (shared: a thread left to the process's exit outlives this).
+  std::shared_ptr<std::atomic<bool>> ended_ = std::make_shared<std::atomic<bool>>(false);
   std::string address_;
 };
 

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <new>
 #include <sstream>
 #include <stdexcept>
+#include <system_error>
 
 #include "models/random.h"
 
@@ -98,6 +100,10 @@ Batch make_batch(const Dataset& data, GlobalSampler& sampler, uint64_t begin, ui
     try {
       data.fill(sample, b.inputs.data() + i * w, b.targets.data() + i * k);
     } catch (const SampleError&) {
+      throw;
+    } catch (const std::bad_alloc&) {  // (the machine's, not the sample's: a restart may pass)
+      throw;
+    } catch (const std::system_error&) {  // (an I/O error: EIO, a network file system's hiccup)
       throw;
     } catch (const std::exception& e) {
       throw SampleError("the data set failed on sample " + std::to_string(sample) + ": " +

@@ -207,7 +207,9 @@ size_t scored_classes(const Tensor& logits, const std::vector<int32_t>& targets,
   const size_t classes = logits.numel() / rows;
   for (size_t i = 0; i < rows; ++i) {
     if (targets[i] >= 0 && size_t(targets[i]) < classes) continue;
-    const size_t per = samples.empty() ? 0 : rows / samples.size();  // (targets per sample)
+    const size_t per = samples.empty() || rows % samples.size() != 0
+                           ? 0
+                           : rows / samples.size();  // (targets per sample; 0: rows unnamed)
     const std::string where =
         per == 0 ? "row " + std::to_string(i)
                  : "sample " + std::to_string(samples[i / per]) +

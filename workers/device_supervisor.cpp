@@ -274,7 +274,8 @@ bool DeviceSupervisor::restart_after(const std::exception& e) {
   // a model whose init is not repeatable.
   const bool fatal =
       dynamic_cast<const StateLost*>(&e) != nullptr || dynamic_cast<const PlaneRefused*>(&e) ||
-      dynamic_cast<const data::DamagedData*>(&e) || dynamic_cast<const models::SampleError*>(&e);
+      dynamic_cast<const data::DamagedData*>(&e) || dynamic_cast<const models::SampleError*>(&e) ||
+      dynamic_cast<const models::ModelDefect*>(&e);
   const bool restart = !fatal && worker_ && intensity_.allow_restart(Clock::now());
   spdlog::error("worker {} (rank {}) failed: {}{}", id_.device, rank_, e.what(),
                 restart ? "; restarting it" : "");

@@ -461,7 +461,8 @@ void Worker::maybe_checkpoint(const std::vector<uint32_t>& blocks, bool requeste
       requested || (every > 0 && (next_step_ % every == 0 || next_step_ == spec_.steps));
   if (!due || spec_.checkpoint_dir.empty() || blocks.empty() || last_checkpoint_ == next_step_)
     return;
-  if (writer_.busy() && spec_.checkpoint_skip_if_busy && !requested) {
+  if (writer_.busy() && spec_.checkpoint_skip_if_busy && !requested &&
+      next_step_ != spec_.steps) {  // (the last step's is never skipped: what export reads)
     spdlog::warn("checkpoint at step {} skipped: the one before is still being written",
                  next_step_);
     return;

@@ -314,9 +314,6 @@ std::vector<std::string> checkpoint_dirs(const Job& job) {
   return out;
 }
 
-// A member SIGKILLed while its checkpoint write is in flight (every write pauses after its first
-// shard): that checkpoint never gets a manifest, so it does not exist; every checkpoint that
-// has one is complete and valid (troupe export checks it), and the job goes on to the end.
 // A job that completes keeps its last step's parameters in a checkpoint (troupe export reads it)
 // though its steps are no multiple of checkpoint.every_steps: steps 50 to 59 were lost.
 TEST(Checkpoints, AJobThatCompletesCheckpointsItsLastStep) {
@@ -347,6 +344,9 @@ TEST(Checkpoints, AJobThatCompletesCheckpointsItsLastStep) {
             std::string::npos);
 }
 
+// A member SIGKILLed while its checkpoint write is in flight (every write pauses after its first
+// shard): that checkpoint never gets a manifest, so it does not exist; every checkpoint that
+// has one is complete and valid (troupe export checks it), and the job goes on to the end.
 TEST(Checkpoints, AMemberLostMidWriteLeavesTheCheckpointAbsentAndEveryOtherValid) {
   TempDir dir;
   Reference want = reference(dir, 120);

@@ -327,9 +327,12 @@ TEST(DataCommands, EncodeAndDecodeCommandsRoundTripAnyBytes) {
   std::string bytes(20000, '\0');
   for (auto& c : bytes) c = char(rng() & 0xff);
   std::ofstream(dir.path() + "/random.bin", std::ios::binary) << bytes;
-  Result r = shell(dir, "\"$T\" data encode --data " + ds + " < " + dir.path() +
-                            "/random.bin > ids.txt && \"$T\" data decode --data " + ds +
-                            " < ids.txt > back.bin && cmp back.bin " + dir.path() + "/random.bin");
+  // (the files in the test's own directory, not wherever the tests run)
+  const std::string d = dir.path();
+  Result r =
+      shell(dir, "\"$T\" data encode --data " + ds + " < " + d + "/random.bin > " + d +
+                     "/ids.txt && \"$T\" data decode --data " + ds + " < " + d + "/ids.txt > " + d +
+                     "/back.bin && cmp " + d + "/back.bin " + d + "/random.bin");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   r = shell(dir, "echo 'Copyright' | \"$T\" data encode --data " + ds +
                      " --lines | \"$T\" data decode --data " + ds);

@@ -141,9 +141,6 @@ TEST(Metrics, APrometheusScrapesARunningJobAndPromtoolAcceptsTheOutput) {
   stop_job(dir, job);
 }
 
-// Anything but GET /metrics is a 404; garbage is answered 400 and dropped; clients that send
-// half a request and wait hold a thread for the read deadline only, so a scrape still gets its
-// answer while more of them than the server has threads hang on.
 // An endpoint closed as soon as it opens (a job refused before it starts) ends: its stop used to
 // be lost when it came before the server's thread reached its accept loop, and `troupe run` then
 // hung in the destructor, deaf to SIGTERM (2 runs in 8).
@@ -158,6 +155,9 @@ TEST(Metrics, AnEndpointClosedAsSoonAsItOpensEnds) {
   EXPECT_EQ(ended.wait_for(60s), std::future_status::ready) << "a server's destructor hung";
 }
 
+// Anything but GET /metrics is a 404; garbage is answered 400 and dropped; clients that send
+// half a request and wait hold a thread for the read deadline only, so a scrape still gets its
+// answer while more of them than the server has threads hang on.
 TEST(Metrics, TheEndpointSurvivesGarbageSlowClientsAndOtherPaths) {
   TempDir dir;
   Job job = start_job(dir, "observed", kMlp, 2, {}, {pace(20000)});

@@ -125,6 +125,34 @@ TEST(Checkpoints, KeepDeletesTheOldestCompleteOnes) {
   EXPECT_TRUE(fs::exists(step_dir(d.path, 30) + "/manifest.json"));
 }
 
+// A job with a held-out fraction: its checkpoints from an older Troupe (a manifest without the
+// fields, its hash without the fraction) are still taken; this version's, with another fraction,
+// are not.
+TEST(Checkpoints, AnOlderVersionsManifestIsTakenOnTheHashItWasWrittenWith) {
+  Dir d;
+  JobConfig c = config(d.path, 10);
+  c.eval_fraction = 0.05;
+  Checkpoints ck(c);
+  ASSERT_TRUE(ck.add(report(d.path, 10, 1, {0}, 1), 1, "", 1e-3));
+  std::string why;
+  EXPECT_TRUE(valid_checkpoint(step_dir(d.path, 10), checkpoint_identity(c), &why)) << why;
+  JobConfig other = c;
+  other.eval_fraction = 0.1;
+  EXPECT_FALSE(valid_checkpoint(step_dir(d.path, 10), checkpoint_identity(other), &why));
+  // As an older Troupe wrote it: no "config", the hash of the fields without the fraction.
+  const std::string path = step_dir(d.path, 10) + "/manifest.json";
+  std::ifstream in(path);
+  nlohmann::json m = nlohmann::json::parse(in);
+  in.close();
+  JobConfig without = c;
+  without.eval_fraction = 0;
+  m.erase("config");
+  m["config_hash"] = checkpoint_config_hash(without);
+  std::ofstream(path, std::ios::trunc) << m.dump(1);
+  EXPECT_TRUE(valid_checkpoint(step_dir(d.path, 10), checkpoint_identity(c), &why)) << why;
+  EXPECT_TRUE(valid_checkpoint(step_dir(d.path, 10), checkpoint_identity(other), &why)) << why;
+}
+
 TEST(Checkpoints, DamagedOrForeignCheckpointsAreRefusedNamingWhyAndTheNewestValidIsFound) {
   Dir d;
   const std::string hash = checkpoint_config_hash(config(d.path));

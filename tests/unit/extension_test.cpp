@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <system_error>
 
 #include "coordinator/config.h"
 #include "models/data.h"
@@ -254,6 +255,14 @@ TEST(Extensions, ABadTargetOrAFailingSampleIsNamedBySample) {
   EXPECT_EQ(b.samples[2], sampler.sample_at(2));
   EXPECT_EQ(what([&] { models::make_batch(data, sampler, 0, 64); }),
             "the data set failed on sample 7: record 7 is corrupt");
+  // An I/O error is the machine's, not the sample's: passed on as it is (a restart may pass).
+  struct Unreadable : models::SyntheticClassification {
+    Unreadable() : SyntheticClassification(1, 64, 4, 3) {}
+    void fill(size_t, float*, int32_t*) const override {
+      throw std::system_error(EIO, std::generic_category(), "reading a record");
+    }
+  } unreadable;
+  EXPECT_THROW(models::make_batch(unreadable, sampler, 0, 4), std::system_error);
 }
 
 }  // namespace
