@@ -65,12 +65,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     default: {
       write(dir + "/ckpt/step-00000010/manifest.json", bytes);
+      // (A job's fields too: a manifest of another hash is compared with them, field by field.)
+      const troupe::coordinator::CheckpointIdentity job("0123456789abcdef",
+                                                        R"({"seed":3,"model":"gpt"})");
       std::string why;
-      (void)troupe::coordinator::valid_checkpoint(dir + "/ckpt/step-00000010", "0123456789abcdef",
-                                                  &why);
+      (void)troupe::coordinator::valid_checkpoint(dir + "/ckpt/step-00000010", job, &why);
       std::vector<std::string> refused;
-      (void)troupe::coordinator::newest_valid_checkpoint(dir + "/ckpt", "0123456789abcdef",
-                                                         &refused);
+      (void)troupe::coordinator::newest_valid_checkpoint(dir + "/ckpt", job, &refused);
     }
   }
   return 0;
