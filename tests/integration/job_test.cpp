@@ -461,14 +461,16 @@ micro = 2
 // the job trains on without it and finishes.
 TEST(Job, AJoinerThatBuildsAnotherModelIsGivenUpAndTheJobGoesOn) {
   testing::TempDir dir;
+  // (Long enough for a joiner under a sanitizer; stopped once it was given up.)
   testing::Job job =
-      testing::start_job(dir, "joiner", kMlp, 1, {"job.steps=60"}, {testing::pace(30000)});
+      testing::start_job(dir, "joiner", kMlp, 1, {"job.steps=1000000"}, {testing::pace(30000)});
   testing::wait_steps(job, 3);
   auto wide = testing::join_agent(dir, job, "wide", {"TROUPE_TEST_WIDEN_AGENT=wide"});
-  const std::string failed = testing::wait_event(job, testing::is("worker_failed"));
+  const std::string failed = testing::wait_event(job, testing::is("worker_failed"), 120s);
   EXPECT_NE(failed.find("it built another model than the job's: block 0 has 4225 parameters"),
             std::string::npos)
       << failed;
+  testing::admin(dir, {"stop", "--run-dir", job.run_dir});
   auto st = job.proc->wait(120s);
   ASSERT_TRUE(st && WIFEXITED(*st)) << testing::text_of(job.out);
   EXPECT_EQ(WEXITSTATUS(*st), 0) << testing::text_of(job.out);
