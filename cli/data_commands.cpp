@@ -103,9 +103,8 @@ int prepare(const std::vector<std::string>& words) {
       "troupe data prepare: %s: %llu document%s from %llu file%s (%s) -> %llu tokens, %s "
       "tokenizer, %zu ids; train %.1f s, encode %.1f s (%.1f MB/s)\n",
       o.out.c_str(), (unsigned long long)s.documents, s.documents == 1 ? "" : "s",
-      (unsigned long long)s.files, s.files == 1 ? "" : "s",
-      megabytes(s.bytes).c_str(), (unsigned long long)s.tokens, s.tokenizer.c_str(), s.vocab,
-      s.seconds_train, s.seconds_encode,
+      (unsigned long long)s.files, s.files == 1 ? "" : "s", megabytes(s.bytes).c_str(),
+      (unsigned long long)s.tokens, s.tokenizer.c_str(), s.vocab, s.seconds_train, s.seconds_encode,
       s.seconds_encode > 0 ? double(s.bytes) / s.seconds_encode / 1e6 : 0.0);
   if (skipped)
     std::printf(
