@@ -766,11 +766,8 @@ class Coordinator : public caf::event_based_actor {
       last = checkpoints_->newest()->manifest;
     if (stopped) resumable_ = last;
     if (outcome->eval_tokens > 0) {  // (the final parameters': after the last committed step)
-      log_.event("evaluated", Json()
-                                  .integer("step", long(steps_.committed()))
-                                  .num("loss", outcome->eval_loss)
-                                  .integer("tokens", long(outcome->eval_tokens))
-                                  .integer("world_size", long(gens_.members().size())));
+      steps_.evaluated(steps_.committed(), outcome->eval_loss, outcome->eval_tokens,
+                       gens_.members().size());
       tell_eval(steps_.committed(), outcome->eval_loss, outcome->eval_tokens);
     }
     if (!outcome->identical) {  // (a failure, in every record: the event, the exit, the status)

@@ -154,12 +154,7 @@ void StepDriver::commit(uint64_t step, bool recovered, uint64_t generation, size
                                    .integer("samples", long(cfg_.global_batch))
                                    .integer("generation", long(generation))
                                    .integer("world_size", long(world)));
-  if (p.eval_tokens > 0)
-    log_.event("evaluated", Json()
-                                .integer("step", long(step))
-                                .num("loss", p.eval_loss)
-                                .integer("tokens", long(p.eval_tokens))
-                                .integer("world_size", long(world)));
+  if (p.eval_tokens > 0) evaluated(step, p.eval_loss, p.eval_tokens, world);
   const double idle = p.ranks.empty() ? 0.0 : 1.0 - p.busy / (double(p.ranks.size()) * seconds);
   Json metric = std::move(Json()
                               .integer("step", long(step))
@@ -211,6 +206,14 @@ void StepDriver::write_ledger(uint64_t step, const Pending& p, bool recovered,
   uint32_t missing = 0;
   while (std::count(p.ranks.begin(), p.ranks.end(), missing)) ++missing;
   if (!gaps.empty()) line(missing, gaps);
+}
+
+void StepDriver::evaluated(uint64_t step, double loss, uint64_t tokens, size_t world) {
+  log_.event("evaluated", Json()
+                              .integer("step", long(step))
+                              .num("loss", loss)
+                              .integer("tokens", long(tokens))
+                              .integer("world_size", long(world)));
 }
 
 std::optional<StepDriver::Outcome> StepDriver::done(const actors::WorkerDone& d, size_t world) {
