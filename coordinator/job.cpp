@@ -542,8 +542,8 @@ class Coordinator : public caf::event_based_actor {
           first.block_params, "worker " + first.worker.name() + "'s model", r.block_params,
           "worker " + r.worker.name() + "'s");
       if (!diff.empty())
-        return "the workers built different models: " + diff +
-               " (every agent must run the same program, of the same version, on the same data)";
+        return "the workers built different models: " + diff + " (" +
+               elastic::kSameModelEverywhere + ")";
     }
     return "";
   }

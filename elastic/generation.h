@@ -69,6 +69,8 @@ struct GenerationStart {
 // first block whose parameter count differs; `a` and `b` name the models in the sentence ("worker
 // 1.0's model", "the job's model"). Every member of a job must build the same model: a block's size
 // that differs between them is another program version, or a model that depends on local data.
+constexpr const char* kSameModelEverywhere =
+    "every agent must run the same program, of the same version, on the same data";
 std::string model_difference(const std::vector<uint64_t>& a_params, const std::string& a,
                              const std::vector<uint64_t>& b_params, const std::string& b);
 

@@ -456,13 +456,12 @@ void Worker::maybe_checkpoint(const std::vector<uint32_t>& blocks, bool requeste
   take_checkpoint_result(false);
   if (requested) requested_through_ = next_step_;  // (also on a rank that writes no block)
   const uint64_t every = uint64_t(spec_.checkpoint_every);
-  // (The job's last step too: a finished job's parameters are in its checkpoints, to export.)
-  const bool due =
-      requested || (every > 0 && (next_step_ % every == 0 || next_step_ == spec_.steps));
+  // (The job's last step too, never skipped: a finished job's parameters, what export reads.)
+  const bool last = next_step_ == spec_.steps;
+  const bool due = requested || (every > 0 && (next_step_ % every == 0 || last));
   if (!due || spec_.checkpoint_dir.empty() || blocks.empty() || last_checkpoint_ == next_step_)
     return;
-  if (writer_.busy() && spec_.checkpoint_skip_if_busy && !requested &&
-      next_step_ != spec_.steps) {  // (the last step's is never skipped: what export reads)
+  if (writer_.busy() && spec_.checkpoint_skip_if_busy && !requested && !last) {
     spdlog::warn("checkpoint at step {} skipped: the one before is still being written",
                  next_step_);
     return;
@@ -581,9 +580,8 @@ void Worker::check_model() const {
   const std::string diff = elastic::model_difference(block_params(), "this worker's model",
                                                      spec_.block_params, "the job's model");
   if (!diff.empty())
-    throw std::invalid_argument(
-        "it built another model than the job's: " + diff +
-        " (every agent must run the same program, of the same version, on the same data)");
+    throw std::invalid_argument("it built another model than the job's: " + diff + " (" +
+                                elastic::kSameModelEverywhere + ")");
 }
 
 uint64_t Worker::checksum() const { return checksum({0, num_blocks()}); }
