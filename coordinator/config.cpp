@@ -140,6 +140,7 @@ std::vector<Field> builtin_fields(JobConfig& c, const ExtensionKinds& kinds) {
       I("checkpoint", "every_steps", &c.checkpoint_every_steps, 0, 1e12),
       I("checkpoint", "keep", &c.checkpoint_keep, 1, 1e6),
       S("checkpoint", "if_busy", &c.checkpoint_if_busy, {"wait", "skip"}),
+      S("checkpoint", "on_state_lost", &c.checkpoint_on_state_lost, {"rollback", "fail"}),
       S("observability", "metrics_listen", &c.metrics_listen),
       S("observability", "trace_steps", &c.trace_steps),
       R("observability", "peak_tflops", &c.peak_tflops, 0, 1e9),
@@ -541,6 +542,8 @@ void check_external(const JobConfig& c, const std::string& source, const Places&
   if (c.checkpoint_every_steps > 0 || !c.checkpoint_dir.empty())
     refuse(c.checkpoint_dir.empty() ? "checkpoint.every_steps" : "checkpoint.dir",
            "needs Troupe's workers: the loop keeps its own checkpoints");
+  if (c.checkpoint_on_state_lost != "rollback")
+    refuse("checkpoint.on_state_lost", "needs Troupe's workers: the loop keeps its own state");
   if (c.launcher != "external")
     refuse("cluster.launcher",
            "must be \"external\": the members are processes of your program, started by you");

@@ -111,6 +111,9 @@ struct JobConfig {
   int64_t checkpoint_every_steps = 0;       // 0: no checkpoints
   int64_t checkpoint_keep = 3;              // the newest complete checkpoints kept
   std::string checkpoint_if_busy = "wait";  // the previous write still going: wait | skip
+  // The model's state lost with the members that held it: rollback (to the newest checkpoint,
+  // within the running job) | fail.
+  std::string checkpoint_on_state_lost = "rollback";
   // Not keys: set by `troupe run --resume` (the checkpoint the job starts from; with take_over,
   // a run whose coordinator was lost: its agents still alive are adopted, coordinator/job.h).
   std::string resume_dir;

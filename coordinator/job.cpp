@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <random>
 
@@ -565,16 +566,24 @@ class Coordinator : public caf::event_based_actor {
       return fail("the checkpoint " + cfg_.resume_dir + " holds " +
                   std::to_string(cfg_.resume_blocks) + " blocks of the model, which has " +
                   std::to_string(blocks));
-    const auto g = elastic::start_generation(holdings, blocks, steps_.committed());
-    if (!g.ok) {  // (the failure that took the state first, where one did: what to fix)
+    auto g = elastic::start_generation(holdings, blocks, steps_.committed());
+    std::string checkpoint;  // (the state lost: the one every member reloads it from)
+    if (!g.ok) {             // (the failure that took the state first, where one did: what to fix)
       const std::string gen = "generation " + std::to_string(gens_.current() + 1);
-      return fail(last_failure_.empty() ? g.reason + " (" + gen + ")"
-                                        : "the model's state was lost with the last failure: " +
-                                              last_failure_ + " (" + gen + ": " + g.reason + ")");
+      const std::string why =
+          last_failure_.empty()
+              ? g.reason + " (" + gen + ")"
+              : "the model's state was lost with the last failure: " + last_failure_ + " (" + gen +
+                    ": " + g.reason + ")";
+      const std::string no_rollback = roll_back_to_checkpoint(*next, blocks, g, checkpoint);
+      if (!no_rollback.empty()) return fail(why + "; " + no_rollback);
+      spdlog::warn("{}; every member reloads the state from {}", why, checkpoint);
+      tell("the model's state was lost; rolling back to the checkpoint of step " +
+           std::to_string(g.start_step) + " (" + checkpoint + ")");
     }
     if (g.recover_to > g.recover_from) reforms_ = 0;
     if (taking_over_) note_take_over(g);
-    if (!steps_.start_generation(g, gens_.current(), gens_.world()))
+    if (!steps_.start_generation(g, gens_.current(), gens_.world(), checkpoint))
       return fail("cannot rewrite " + dir_ + "/ledger.jsonl for the rollback to step " +
                   std::to_string(g.start_step));
     const bool resumed = job_.resuming();
@@ -584,7 +593,36 @@ class Coordinator : public caf::event_based_actor {
     job_.generation_started();
     if (gens_.current() == 1) t_start_ = Clock::now();
     if (resumed) log_resumed(g.start_step);
-    announce(g);
+    announce(g, checkpoint);
+  }
+
+  // The model's state held by no member (checkpoint.on_state_lost = "rollback"): the generation
+  // starts at the newest checkpoint, every member reloading its state from it (each member's
+  // holding then says it holds every block as of that step: nothing moves between them), and
+  // the steps after it are redone. "" when so (g and `checkpoint` say where), else why not.
+  std::string roll_back_to_checkpoint(std::vector<actors::WorkerReady>& next, uint32_t blocks,
+                                      elastic::GenerationStart& g, std::string& checkpoint) {
+    if (cfg_.checkpoint_on_state_lost != "rollback") return "checkpoint.on_state_lost = \"fail\"";
+    std::string directory = cfg_.resume_dir;  // (a resumed job's first checkpoint)
+    if (checkpoints_ && checkpoints_->newest())
+      directory = std::filesystem::path(checkpoints_->newest()->manifest).parent_path().string();
+    if (directory.empty() || next.empty()) return "no checkpoint to roll back to";
+    std::string why;
+    const auto c = valid_checkpoint(directory, checkpoint_identity(cfg_), &why);
+    if (!c) return "its newest checkpoint cannot be rolled back to: " + why;
+    if (c->step > steps_.committed())
+      return "its newest checkpoint " + directory + " is of step " + std::to_string(c->step) +
+             ", past the " + std::to_string(steps_.committed()) + " committed";
+    g = elastic::GenerationStart{};
+    g.ok = true;
+    g.start_step = c->step;
+    g.lacking = uint32_t(next.size());
+    g.rolled_back = c->step < steps_.committed();
+    elastic::Holding all{c->step, {}, {}, 0, {}};
+    for (uint32_t b = 0; b < blocks; ++b) all.held.push_back(b);
+    for (auto& r : next) r.holding = all;
+    checkpoint = c->directory;
+    return "";
   }
 
   void log_resumed(uint64_t step) {
@@ -598,11 +636,11 @@ class Coordinator : public caf::event_based_actor {
 
   // The member list to every live agent (standbys included: they publish again for the next
   // one), the event, and the drained agents' shutdown now that the others moved on without them.
-  void announce(const elastic::GenerationStart& g) {
+  void announce(const elastic::GenerationStart& g, const std::string& checkpoint) {
     const uint64_t gen = gens_.current();
     spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [job " + cfg_.name + "] [coordinator] [gen " +
                         std::to_string(gen) + "] [%l] %v");
-    actors::GenerationStart msg{gen, g.start_step, g.state_source, {}, lr_};
+    actors::GenerationStart msg{gen, g.start_step, g.state_source, {}, lr_, checkpoint};
     note_lr(gen, g.start_step);
     const auto& members = gens_.members();
     for (uint32_t i = 0; i < members.size(); ++i)

@@ -50,19 +50,23 @@ bool StepDriver::report(const actors::StepReport& r, uint64_t generation, size_t
 }
 
 bool StepDriver::start_generation(const elastic::GenerationStart& g, uint64_t generation,
-                                  size_t world) {
+                                  size_t world, const std::string& checkpoint) {
   checksums_.clear();  // (a member's end counts in the generation it was sent in)
   for (uint64_t step = g.recover_from; step < g.recover_to; ++step)
     commit(step, /*recovered=*/true, generation, world);
   if (g.rolled_back) {
-    // A pipeline stage without a replica was lost: everyone resumes from the stage backups. The
-    // steps since are redone; their ledger lines go (they are written again when the steps
-    // commit again), so every sample is still used once in the committed steps.
-    log_.event("steps_rolled_back", Json()
-                                        .integer("from", long(g.start_step))
-                                        .integer("to", long(committed_))
-                                        .integer("generation", long(generation + 1)));
-    spdlog::warn("rolling back steps {}..{} to the stage backups", g.start_step, committed_ - 1);
+    // A pipeline stage without a replica was lost: everyone resumes from the stage backups (or
+    // the state was lost: from the newest checkpoint). The steps since are redone; their ledger
+    // lines go (they are written again when the steps commit again), so every sample is still
+    // used once in the committed steps.
+    Json e = Json()
+                 .integer("from", long(g.start_step))
+                 .integer("to", long(committed_))
+                 .integer("generation", long(generation + 1));
+    if (!checkpoint.empty()) e.str("checkpoint", checkpoint);
+    log_.event("steps_rolled_back", e);
+    spdlog::warn("rolling back steps {}..{} to {}", g.start_step, committed_ - 1,
+                 checkpoint.empty() ? "the stage backups" : "the checkpoint " + checkpoint);
     if (!log_.drop_ledger_from(g.start_step)) return false;
     committed_ = g.start_step;
   }

@@ -26,6 +26,17 @@ BlockStates::BlockStates(models::Model& model, models::Optimizer& opt, const Ori
     for (uint32_t b = 0; b < n; ++b) materialize(b);
 }
 
+void BlockStates::reload(const std::string& directory, uint64_t step, bool lazy) {
+  origin_.init_state = true;
+  origin_.checkpoint = directory;
+  origin_.step = step;
+  held_at_.assign(held_at_.size(), step);
+  pending_init_.assign(held_at_.size(), true);
+  snap_at_.assign(held_at_.size(), kStale);
+  if (!lazy)
+    for (uint32_t b = 0; b < num_blocks(); ++b) materialize(b);
+}
+
 std::vector<models::Tensor*> BlockStates::buffers(uint32_t b) {
   opt_.ensure(b);
   std::vector<models::Tensor*> out{&model_.block(b).params(), &opt_.m(b)};

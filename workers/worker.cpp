@@ -514,7 +514,16 @@ void Worker::gather_parameters(comm::Communicator& comm, const elastic::Plan& pl
 }
 
 StateTransfer Worker::take_state(comm::Communicator& comm, uint64_t start_step,
-                                 const std::vector<elastic::Holding>& members) {
+                                 const std::vector<elastic::Holding>& members,
+                                 const std::string& checkpoint) {
+  if (!checkpoint.empty()) {  // (what it held is newer than the checkpoint, or nothing)
+    spdlog::warn("worker {}: the job's state was lost; reloading it from {}", spec_.device,
+                 checkpoint);
+    states_->reload(checkpoint, start_step, pipelined());
+    backups_ = std::make_unique<StageBackups>(num_blocks());
+    next_step_ = start_step;
+    last_checkpoint_ = start_step;  // (that state is the checkpoint: not written again)
+  }
   const uint32_t n = uint32_t(comm.size()), me = uint32_t(comm.rank());
   const elastic::Plan plan = pipelined() ? plan_for(n) : elastic::Plan{};
   std::vector<elastic::BlockRange> ownership(n);

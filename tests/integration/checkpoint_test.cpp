@@ -344,6 +344,41 @@ TEST(Checkpoints, AJobThatCompletesCheckpointsItsLastStep) {
             std::string::npos);
 }
 
+// The state lost with the members that held it (checkpoint.on_state_lost = "rollback", the
+// default): every agent of a data-parallel job SIGKILLed at once, or a pipeline stage without a
+// replica or a stage backup; the launcher starts them again, and the running job goes on from
+// its newest checkpoint (step 40), redoing the steps after it. The same function, bitwise: the
+// losses and the ledger as an uninterrupted run's, and (data parallel) the same parameters.
+TEST(Checkpoints, StateLostWithItsMembersIsReloadedFromTheNewestCheckpointWithinTheJob) {
+  TempDir dir;
+  Reference want = reference(dir, 120);
+  struct Case {
+    const char* name;
+    std::vector<std::string> sets;
+    std::vector<std::string> killed;
+  } cases[] = {
+      {"all-lost", {}, {"agent-0", "agent-1"}},
+      {"stage-lost", {"parallel.pipeline_stages=2", "parallel.stage_backup_steps=0"}, {"agent-1"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Job job = start_job(dir, c.name, kGpt, 2, c.sets, {pace(30000)});
+    wait_steps(job, 50);
+    for (const auto& name : c.killed) ASSERT_EQ(::kill(pid_of(job, name), SIGKILL), 0);
+    expect_same_function(job, want.losses, 120, kBatch, 0);
+    if (c.sets.empty()) {  // (a pipeline's members hold different blocks)
+      EXPECT_EQ(final_checksum(job), want.checksum);
+    }
+    const std::string back = wait_event(job, is("steps_rolled_back"), 1s);
+    EXPECT_EQ(json_field(back, "from"), "40") << back;
+    EXPECT_EQ(json_field(back, "checkpoint"), job.run_dir + "/checkpoints/step-00000040") << back;
+    EXPECT_NE(text_of(job.out).find("the model's state was lost; rolling back to the checkpoint "
+                                    "of step 40"),
+              std::string::npos)
+        << text_of(job.out);
+  }
+}
+
 // A member SIGKILLed while its checkpoint write is in flight (every write pauses after its first
 // shard): that checkpoint never gets a manifest, so it does not exist; every checkpoint that
 // has one is complete and valid (troupe export checks it), and the job goes on to the end.

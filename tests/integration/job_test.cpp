@@ -307,15 +307,17 @@ TEST(Job, MembersThatEndDifferentFailTheJob) {
 
 // A job of one worker whose worker fails (it throws once; its agent rebuilds it, holding
 // nothing): no member holds the model's state, and the job fails leading with the failure that
-// took it, not with the planner's account of blocks and pipeline stages. Its checkpoints are
-// named as where a resume goes on from.
+// took it, not with the planner's account of blocks and pipeline stages, when asked not to roll
+// back to a checkpoint (checkpoint.on_state_lost = "fail"). Its checkpoints are named as where a
+// resume goes on from. (Rolled back: Checkpoints.StateLostWithItsMembersIsReloaded...)
 TEST(Job, AJobThatLostItsOnlyStateFailsNamingTheFailureThatTookIt) {
   testing::TempDir dir;
   const std::string config = write_config(dir, "alone.toml", kMlp), run_dir = dir.path() + "/alone";
   const std::string out = dir.path() + "/alone-faulted.out";
   coordinator::ChildProcess p(
       {{testing::troupe_binary(), "run", config, "--set", "job.run_dir=\"" + run_dir + "\"",
-        "--set", "cluster.agents=1", "--set", "checkpoint.every_steps=1"},
+        "--set", "cluster.agents=1", "--set", "checkpoint.every_steps=1", "--set",
+        "checkpoint.on_state_lost=\"fail\""},
        out,
        out,
        {"TROUPE_TEST_THROW_AGENT=agent-0", "TROUPE_TEST_THROW_AT_STEP=3", testing::pace(100000)}});
@@ -326,6 +328,7 @@ TEST(Job, AJobThatLostItsOnlyStateFailsNamingTheFailureThatTookIt) {
       testing::json_field(testing::lines_of(run_dir + "/events.jsonl").back(), "reason");
   EXPECT_EQ(reason.find("the model's state was lost with the last failure: "), 0u) << reason;
   EXPECT_NE(reason.find("injected fault at step 2"), std::string::npos) << reason;
+  EXPECT_NE(reason.find("; checkpoint.on_state_lost = "), std::string::npos) << reason;
   EXPECT_NE(testing::text_of(out).find("troupe: its newest checkpoint is " + run_dir +
                                        "/checkpoints/step-0000000"),
             std::string::npos)

@@ -309,7 +309,8 @@ TEST(Pipeline, AStageWithoutAReplicaLostBeforeTheFirstIntervalGoesBackToTheStart
 }
 
 // parallel.stage_backup_steps = 0: no backups, so losing a stage without a replica loses its
-// blocks for good; the job fails saying so (it does not train on with some blocks reset).
+// blocks for good; without a checkpoint to roll back to, the job fails saying so (it does not
+// train on with some blocks reset).
 TEST(Pipeline, WithoutBackupsLosingAStageWithoutAReplicaFailsTheJobWithTheReason) {
   TempDir dir;
   Job job = start_job(dir, "nobackup", kMlp, 3,
@@ -325,6 +326,7 @@ TEST(Pipeline, WithoutBackupsLosingAStageWithoutAReplicaFailsTheJobWithTheReason
   EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 1) << job.out;
   auto failed = wait_event(job, is("job_failed"), 0s);
   EXPECT_NE(failed.find("no replica and no backup"), std::string::npos) << failed;
+  EXPECT_NE(failed.find("; no checkpoint to roll back to"), std::string::npos) << failed;
   EXPECT_EQ(count_events(job, "steps_rolled_back"), 0);
   EXPECT_EQ(count_events(job, "state_received"), 0);
 }

@@ -138,6 +138,8 @@ TEST(Extensions, AnExternalLoopsJobTakesOnlyWhatActsOnIt) {
       {"[parallel]\npipeline_stages = 2\n", "job.toml:4:19: parallel.pipeline_stages must be 1"},
       {"[parallel]\ndeterministic = true\n", "parallel.deterministic cannot make"},
       {"[checkpoint]\nevery_steps = 5\n", "checkpoint.every_steps needs Troupe's workers"},
+      {"[checkpoint]\non_state_lost = \"fail\"\n",
+       "checkpoint.on_state_lost needs Troupe's workers"},
       {"[cluster]\nlauncher = \"local\"\n", "cluster.launcher must be \"external\""},
   };
   for (const auto& [text, expect] : refused) {
