@@ -204,7 +204,8 @@ std::string JobMetrics::exposition() const {
   counter("joins", "Agents that joined (the first ones included).", joins_);
   counter("leaves", "Agents that left (drained).", leaves_);
   counter("restarts", "Workers and agent processes restarted.", restarts_);
-  counter("rollbacks", "Rollbacks to a stage backup (steps redone).", rollbacks_);
+  counter("rollbacks", "Rollbacks to the stage backups or to a checkpoint (steps redone).",
+          rollbacks_);
   counter("generations", "Generations started.", generations_);
   counter("stragglers",
           "Workers found computing much slower than the others (elastic.straggler_*).",
