@@ -504,9 +504,9 @@ class Back : public caf::event_based_actor {
         [this](observe_atom) {
           if (auto who = caf::actor_cast<caf::actor>(current_sender())) observers_.push_back(who);
         },
-        [this](disconnect_atom, uint64_t node) {
-          shared_->transport()->disconnect(node, comm::Errc::peer_lost, "disconnected by request",
-                                           true);
+        [this](disconnect_atom, uint64_t node, const std::string& reason) {
+          if (auto t = shared_->transport())
+            t->disconnect(node, comm::Errc::timed_out, reason, true);
         },
         [this](stats_atom) -> ControlMessage { return stats_message(); },
         [this](silence_atom) {

@@ -12,7 +12,8 @@
 //   - observe:   (observe_atom)               the sender gets NodeUp/NodeDown for every node
 //   - info:      (info_atom) -> (uint64 node_id, std::string address)
 //   - generation:(generation_atom, uint64 g)  stamps outbound messages, drops older inbound ones
-//   - disconnect:(disconnect_atom, uint64 node) cut and fence a node
+//   - disconnect:(disconnect_atom, uint64 node, string reason) cut and fence a node: it is
+//     reported lost (timed_out, the reason) as one silent past the failure timeout
 //   - silence:   (silence_atom) -> std::vector<uint64> {node, milliseconds since last heard, ...}
 //                for every node the failure detector watches
 //

@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 
 #include "actors/bridge.h"
 #include "actors/job_protocol.h"
@@ -52,6 +53,7 @@ using log_failed_atom = caf::atom_constant<caf::atom("jlogfail")>;
 using metrics_atom = caf::atom_constant<caf::atom("jmetrics")>;
 using hearing_atom = caf::atom_constant<caf::atom("jhearing")>;
 using adopted_atom = caf::atom_constant<caf::atom("jadopted")>;
+using hung_atom = caf::atom_constant<caf::atom("jhung")>;
 
 // A file's lines (none when it cannot be read).
 std::vector<std::string> lines_of_file(const std::string& path) {
@@ -164,6 +166,9 @@ class Coordinator : public caf::event_based_actor {
         [this](metrics_atom) { update_metrics(); },
         [this](hearing_atom) { update_hearing(); },
         [this](adopted_atom) { launch_missing(); },
+        [this](hung_atom, uint64_t generation, const std::string& error) {
+          cut_hung_members(generation, error);
+        },
     };
   }
 
@@ -188,6 +193,7 @@ class Coordinator : public caf::event_based_actor {
         [this](metrics_atom) { update_metrics(); },
         [](hearing_atom) {},
         [](adopted_atom) {},
+        [](hung_atom, uint64_t, const std::string&) {},
     };
   }
 
@@ -358,11 +364,39 @@ class Coordinator : public caf::event_based_actor {
           w.name(), std::max(r.holding.applied, r.holding.backup_step), why);
       r.holding = elastic::Holding{};
     }
+    const std::string error = r.last_error;
     // (unknown, its agent lost or drained, or stale)
     if (!roster_.usable(w) || !gens_.publish(std::move(r))) return;
+    if (job_.started() && !error.empty() && gens_.is_member(w)) watch_for_hung(error);
     // A worker that is not a member (a joiner, a standby) being ready may change the membership.
     if (job_.started() && !gens_.is_member(w) && !gens_.is_expected(w)) decide_and_act();
     try_start();
+  }
+
+  // A member left the current generation because its data plane made no progress (a peer that
+  // never came to a collective). A member still silent 2 x elastic.failure_timeout_ms later (its
+  // own collectives would have failed by then) is hung: in its data set's fill, a block, a
+  // device. Its agent is cut as one silent that long would be (the launcher starts it again).
+  void watch_for_hung(const std::string& error) {
+    if (hung_watch_ == gens_.current()) return;
+    hung_watch_ = gens_.current();
+    delayed_send(this, std::chrono::milliseconds(2 * cfg_.failure_timeout_ms), hung_atom::value,
+                 gens_.current(), error);
+  }
+
+  void cut_hung_members(uint64_t generation, const std::string& error) {
+    if (job_.finished() || gens_.current() != generation) return;
+    std::set<uint32_t> cut;
+    for (const auto& m : gens_.members()) {
+      const WorkerId w = m.worker;
+      if (gens_.published(w) || !roster_.usable(w) || !cut.insert(w.agent).second) continue;
+      const std::string why = "hung: its worker " + w.name() + " did not leave generation " +
+                              std::to_string(generation) + " within " +
+                              std::to_string(2 * cfg_.failure_timeout_ms) +
+                              " ms of a member that lost it (" + error + ")";
+      spdlog::error("agent {} ({}) {}", w.agent, roster_.at(w.agent).name, why);
+      send(bridge_, actors::disconnect_atom::value, roster_.at(w.agent).node, why);
+    }
   }
 
   void on_node_down(const actors::NodeDown& d) {
@@ -1140,6 +1174,7 @@ class Coordinator : public caf::event_based_actor {
   StepDriver steps_;
   std::vector<uint32_t> draining_;  // agents that leave when the next generation starts
   int64_t reforms_ = 0;             // generations broken in a row without a committed step
+  uint64_t hung_watch_ = 0;         // the generation whose silent members are being watched
   int64_t interrupts_ = 0;          // SIGINT/SIGTERM to the process
   std::string plan_;                // the generation's pipeline layout, as its rank 0 reported it
   std::string data_plane_;          // the generation's data plane, as its rank 0 reported it

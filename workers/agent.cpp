@@ -7,8 +7,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 #include "actors/job_protocol.h"
@@ -38,6 +41,25 @@ std::string missing_kind(const actors::JobSpec& spec, const models::Extensions* 
       spec.data_kind == "synthetic" || spec.data_kind == "text" || spec.data_kind == "tokens",
       ext && ext->dataset(spec.data_kind), "data.kind", spec.data_kind);
 }
+
+// The worker threads that ended, waited for with a deadline.
+class Stopped {
+ public:
+  void one() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++count_;
+    cv_.notify_all();
+  }
+  bool all(uint32_t n, std::chrono::milliseconds within) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, within, [&] { return count_ >= n; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint32_t count_ = 0;
+};
 
 }  // namespace
 
@@ -83,10 +105,24 @@ int run_agent(const AgentOptions& o) {
   ctx.max_restarts = int(spec.worker_max_restarts);
   ctx.restart_window = std::chrono::milliseconds(spec.worker_restart_window_ms);
   std::vector<std::thread> threads;
+  Stopped stopped;
   for (uint32_t d = 0; d < o.devices.size(); ++d)
-    threads.emplace_back(
-        [&ctx, d, device = o.devices[d]] { DeviceSupervisor(ctx, d, device).run(); });
+    threads.emplace_back([&ctx, &stopped, d, device = o.devices[d]] {
+      DeviceSupervisor(ctx, d, device).run();
+      stopped.one();
+    });
   session.watch(&signals);
+  // (A worker hung in its step cannot be stopped: the process exits without it.)
+  const auto grace = std::chrono::milliseconds(spec.failure_timeout_ms) + std::chrono::seconds(10);
+  if (!stopped.all(uint32_t(threads.size()), grace)) {
+    std::fprintf(stderr,
+                 "troupe agent: %s; a worker did not stop within %lld ms (hung in its step: a data "
+                 "set's fill, a model's block or a device that never returns): exiting without "
+                 "it\n",
+                 session.board().reason().c_str(), static_cast<long long>(grace.count()));
+    std::fflush(nullptr);
+    std::_Exit(session.board().exit_code() != 0 ? session.board().exit_code() : 1);
+  }
   for (auto& t : threads) t.join();
   const int code = session.board().exit_code();
   if (code != 0)

@@ -1,5 +1,6 @@
 #include "tests/harness/test_kinds.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <stdexcept>
@@ -18,8 +19,11 @@ class BrokenSamples : public models::SyntheticClassification {
                                 size_t(o.integer("classes"))),
         classes_(int32_t(o.integer("classes"))),
         fail_at_(o.integer("fail_at")),
-        bad_target_at_(o.integer("bad_target_at")) {}
+        bad_target_at_(o.integer("bad_target_at")),
+        hang_at_(o.integer("hang_at")),
+        hang_file_(o.string("hang_file")) {}
   void fill(size_t index, float* input, int32_t* targets) const override {
+    if (int64_t(index) == hang_at_) hang_once();
     if (int64_t(index) == fail_at_)
       throw std::runtime_error("record " + std::to_string(index) + " is corrupt (a test's)");
     SyntheticClassification::fill(index, input, targets);
@@ -27,9 +31,20 @@ class BrokenSamples : public models::SyntheticClassification {
   }
   size_t classes() const override { return 0; }  // (not known: the model's check finds it)
 
+  // Hung: the first fill of the sample, in whichever process, never returns while hang_file
+  // exists (a day at most); the others go on (the job can finish without the hung worker).
+  void hang_once() const {
+    if (::access(hang_file_.c_str(), F_OK) != 0) return;
+    const int claimed = ::open((hang_file_ + ".taken").c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
+    if (claimed < 0) return;
+    ::close(claimed);
+    for (int s = 0; s < 86400 * 50 && ::access(hang_file_.c_str(), F_OK) == 0; ++s) ::usleep(20000);
+  }
+
  private:
   int32_t classes_;
-  int64_t fail_at_, bad_target_at_;
+  int64_t fail_at_, bad_target_at_, hang_at_;
+  std::string hang_file_;
 };
 
 models::DatasetKind broken_samples() {
@@ -38,7 +53,10 @@ models::DatasetKind broken_samples() {
            {"dim", int64_t(64), 1, 4096, "features per sample"},
            {"classes", int64_t(10), 2, 1000, "classes"},
            {"fail_at", int64_t(-1), -1, 1e9, "the sample whose fill throws"},
-           {"bad_target_at", int64_t(-1), -1, 1e9, "the sample of a bad target"}},
+           {"bad_target_at", int64_t(-1), -1, 1e9, "the sample of a bad target"},
+           {"hang_at", int64_t(-1), -1, 1e9,
+            "the sample whose first fill hangs while hang_file exists"},
+           {"hang_file", std::string(""), "see hang_at"}},
           [](const models::Options& o, uint64_t seed) {
             return std::make_unique<BrokenSamples>(seed, o);
           },

@@ -4,6 +4,7 @@
 // to a static run's within 1e-4 relative, identical parameters on every member.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -348,6 +349,51 @@ TEST(Elastic, AnAgentThatKeepsDyingIsRestartedUpToMaxRestartsAndTheJobGoesOn) {
   EXPECT_EQ(count_events(job, "agent_restarted"), 2);
   EXPECT_EQ(count_events(job, "agent_gave_up"), 1);
   EXPECT_EQ(count_events(job, "member_failed"), 3);
+}
+
+// A worker hung in its step (the test build's data set does not return from sample 100's first
+// fill while a file exists), its agent alive and heartbeating: its peer's collective makes no
+// progress and leaves the generation; 2 x failure_timeout_ms later the coordinator cuts the hung
+// member's agent, which exits without its hung thread (the file still exists), the launcher
+// starts it again and the job finishes with every sample of every step once. Before, the job
+// waited for the hung member for good, deaf to a SIGTERM's stop.
+TEST(Elastic, AWorkerHungInItsStepIsCutAndItsAgentStartedAgain) {
+  TempDir dir;
+  const std::string gate = dir.path() + "/hang";
+  std::ofstream(gate) << "";
+  Job job = start(
+      dir, "hung", 2,
+      {"job.steps=1000", "data.kind=\"broken_samples\"", "data.samples=512", "data.hang_at=100",
+       "data.hang_file=\"" + gate + "\"", "elastic.failure_timeout_ms=1000"},
+      {pace(20000)});
+  const std::string failed = wait_event(job, is("member_failed"), 60s);
+  EXPECT_NE(failed.find("timed_out: hung: its worker "), std::string::npos) << failed;
+  EXPECT_NE(failed.find(" did not leave generation 1 within 2000 ms of a member that lost it ("),
+            std::string::npos)
+      << failed;
+  ASSERT_FALSE(failed.empty());
+  const size_t member = std::stoul(json_field(failed, "member"));
+  const std::vector<int> pids = joined_pids(job);
+  ASSERT_LT(member, pids.size());
+  const auto until = std::chrono::steady_clock::now() + 40s;
+  while (::kill(pids[member], 0) == 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(20ms);
+  EXPECT_NE(::kill(pids[member], 0), 0) << "the hung agent " << pids[member] << " still runs";
+  ::unlink(gate.c_str());
+  auto st = job.proc->wait(120s);
+  ASSERT_TRUE(st && WIFEXITED(*st)) << text_of(job.out);
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
+  const auto events = events_of(job);
+  EXPECT_EQ(json_field(events.back(), "identical_parameters"), "true") << events.back();
+  check_ledger(job.run_dir, 1000, 60);
+  EXPECT_EQ(count_events(job, "agent_restarted"), 1);
+  std::string name;
+  for (const auto& e : events)
+    if (is("member_joined", "member", std::to_string(member))(e) && name.empty())
+      name = json_field(e, "name");
+  const std::string log = text_of(job.run_dir + "/" + name + ".log");
+  EXPECT_NE(log.find("a worker did not stop within 11000 ms (hung in its step"), std::string::npos)
+      << log;
 }
 
 TEST(Elastic, BelowMinWorkersTheJobPausesAndResumesWhenAnAgentReturns) {
