@@ -86,6 +86,16 @@ size_t GlobalSampler::sample_at(uint64_t position) {
   return perm_[position % n_];
 }
 
+// A sample's input with a NaN or an infinity would make the step's loss and every parameter NaN
+// from there on, silently: refused, naming the sample.
+static void check_finite(const float* input, size_t width, size_t sample) {
+  for (size_t j = 0; j < width; ++j)
+    if (!std::isfinite(input[j]))
+      throw SampleError("sample " + std::to_string(sample) + "'s input has a non-finite value (" +
+                        std::to_string(input[j]) + " at feature " + std::to_string(j) +
+                        "): the data set gave it");
+}
+
 Batch make_batch(const Dataset& data, GlobalSampler& sampler, uint64_t begin, uint64_t end) {
   Batch b;
   b.size = size_t(end - begin);
@@ -109,6 +119,7 @@ Batch make_batch(const Dataset& data, GlobalSampler& sampler, uint64_t begin, ui
       throw SampleError("the data set failed on sample " + std::to_string(sample) + ": " +
                         e.what());
     }
+    check_finite(b.inputs.data() + i * w, w, sample);
   }
   return b;
 }

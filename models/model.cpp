@@ -143,6 +143,11 @@ void Model::check_init_repeats(size_t i, uint64_t seed) {
   }
 }
 
+std::string Model::block_name(size_t i) const {
+  return "model '" + spec_.kind + "': block " + std::to_string(i) + " ('" + blocks_[i]->kind() +
+         "')";
+}
+
 void Model::to(Compute& compute) {
   for (auto& b : blocks_)
     if (!b->runs_on(compute.device()))
@@ -161,7 +166,11 @@ ForwardResult Model::forward_backward(const Batch& batch, double loss_scale,
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   Tensor x = batch.inputs;
-  for (auto& b : blocks_) x = b->forward(x, batch.size);
+  in_numel_.resize(blocks_.size());
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    in_numel_[i] = x.numel();
+    x = in_block(i, "forward", [&] { return blocks_[i]->forward(x, batch.size); });
+  }
   const size_t rows = batch.targets.size(),
                classes = scored_classes(x, batch.targets, batch.samples);
   x = compute_->on_device(x);
@@ -175,7 +184,11 @@ ForwardResult Model::forward_backward(const Batch& batch, double loss_scale,
   const auto t1 = Clock::now();
   Tensor d = dlogits_;
   for (size_t i = blocks_.size(); i-- > 0;) {
-    d = blocks_[i]->backward(d);
+    d = in_block(i, "backward", [&] { return blocks_[i]->backward(d); });
+    if (i > 0 && d.numel() != in_numel_[i])  // (the block before reads it as its output's)
+      throw ModelDefect(block_name(i) + " returned a gradient of " + std::to_string(d.numel()) +
+                        " values from backward for an input of " + std::to_string(in_numel_[i]) +
+                        ": backward must return the gradient of its input, shaped as it");
     if (block_done) block_done(i);
   }
   r.forward_seconds = std::chrono::duration<double>(t1 - t0).count();
@@ -185,7 +198,8 @@ ForwardResult Model::forward_backward(const Batch& batch, double loss_scale,
 
 ForwardResult Model::evaluate(const Batch& batch) {
   Tensor x = batch.inputs;
-  for (auto& b : blocks_) x = b->forward(x, batch.size);
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    x = in_block(i, "forward", [&] { return blocks_[i]->forward(x, batch.size); });
   const size_t rows = batch.targets.size(),
                classes = scored_classes(x, batch.targets, batch.samples);
   x = compute_->on_device(x);
@@ -201,9 +215,10 @@ size_t scored_classes(const Tensor& logits, const std::vector<int32_t>& targets,
                       const std::vector<size_t>& samples) {
   const size_t rows = targets.size();
   if (rows == 0 || logits.numel() % rows != 0)
-    throw std::invalid_argument("the model's output (" + std::to_string(logits.numel()) +
-                                " values) does not divide into the batch's " +
-                                std::to_string(rows) + " target rows");
+    throw ModelDefect("the model's output (" + std::to_string(logits.numel()) +
+                      " values) does not divide into the batch's " + std::to_string(rows) +
+                      " target rows: its last block must give (rows, classes) logits, rows = "
+                      "samples x the data set's targets per sample");
   const size_t classes = logits.numel() / rows;
   for (size_t i = 0; i < rows; ++i) {
     if (targets[i] >= 0 && size_t(targets[i]) < classes) continue;

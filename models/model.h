@@ -110,16 +110,32 @@ class Model {
 
  private:
   void check_init_repeats(size_t i, uint64_t seed);  // throws ModelDefect
+  // Block i's pass: a std::invalid_argument it throws (an input it cannot take: the same at
+  // every retry) becomes a ModelDefect naming the block; a sample's error passes as it is.
+  template <class Pass>
+  Tensor in_block(size_t i, const char* pass, Pass&& run) {
+    try {
+      return run();
+    } catch (const SampleError&) {
+      throw;
+    } catch (const ModelDefect&) {
+      throw;
+    } catch (const std::invalid_argument& e) {
+      throw ModelDefect(block_name(i) + " " + pass + ": " + e.what());
+    }
+  }
+  std::string block_name(size_t i) const;  // "model 'gpt': block 2 ('attention')"
 
   ModelSpec spec_;
   std::vector<std::unique_ptr<Block>> blocks_;
   bool check_init_ = false;  // a program's own blocks: init_block checks init is repeatable
   Tensor dlogits_;
+  std::vector<size_t> in_numel_;  // each block's input size in the last forward
   Compute* compute_ = &cpu_compute();
 };
 
 // The classes the logits score per target row: logits.numel() / targets.size(). Throws
-// std::invalid_argument when they do not divide, SampleError when a target lies outside
+// ModelDefect when they do not divide, SampleError when a target lies outside
 // [0, classes): a data set and a model that do not fit (the message says which target of which
 // sample, when `samples` knows the rows' samples: Batch::samples).
 size_t scored_classes(const Tensor& logits, const std::vector<int32_t>& targets,

@@ -92,6 +92,8 @@ void Shift::init(uint64_t seed, size_t index) {
 
 models::Tensor Shift::forward(const models::Tensor& x, size_t B) {
   const size_t n = bias_.numel();
+  if (x.numel() != B * n)
+    throw std::invalid_argument("input is not (B, " + std::to_string(n) + ")");
   models::Tensor y({B, n});
   for (size_t r = 0; r < B; ++r)
     for (size_t i = 0; i < n; ++i) y.data()[r * n + i] = x.data()[r * n + i] + bias_.data()[i];

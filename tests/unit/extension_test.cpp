@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <system_error>
 
@@ -119,6 +120,14 @@ TEST(Extensions, TheConfigChecksAProgramsKeys) {
             "label, noise, samples)");
   EXPECT_NE(refusal("[model]\nkind = \"theirs\"\n").find("is not one of: mlp, gpt, external, mine"),
             std::string::npos);
+  // A mistyped kind with its keys: the kind is named, not its keys as unknown ones.
+  EXPECT_EQ(
+      refusal("[model]\nkind = \"mnie\"\nwidth = 3\n[data]\nkind = \"blbos\"\nnoise = 1\n")
+          .find("job.toml:2:8: model.kind = \"mnie\" is not one of: mlp, gpt, external, mine"),
+      0u);
+  EXPECT_EQ(refusal("[data]\nkind = \"blbos\"\nnoise = 1\n")
+                .find("job.toml:2:8: data.kind = \"blbos\" is not one of: "),
+            0u);
   // Without the program's kinds (the release `troupe`), the kind itself is unknown.
   EXPECT_THROW(coordinator::parse_config(head, "job.toml"), coordinator::ConfigError);
 }
@@ -210,6 +219,70 @@ TEST(Extensions, ABlockWhoseInitIsNotRepeatableIsRefusedNamingIt) {
                                          "element 4: "),
               std::string::npos)
         << e.what();
+  }
+}
+
+// A program's block that cannot take its input, or whose backward returns a gradient of another
+// size than its input (the block before would read past it): a ModelDefect naming the block (not
+// restarted: the same at every retry), never a read out of bounds or a NaN loss. So is a model
+// whose output does not divide into the batch's target rows (6 values for 4 rows).
+TEST(Extensions, ABlockThatCannotTakeItsInputOrGivesAWrongGradientIsNamed) {
+  struct ShortGradient : testing::Shift {
+    using Shift::Shift;
+    models::Tensor backward(const models::Tensor& dy) override {
+      Shift::backward(dy);
+      return models::Tensor({dy.numel() - 1});
+    }
+  };
+  auto defect = [](std::vector<std::unique_ptr<models::Block>> blocks, size_t inputs) {
+    models::ModelSpec spec;
+    spec.kind = "mine";
+    models::Model m(spec, std::move(blocks));
+    m.init(3);
+    models::Batch b;
+    b.size = 2;
+    b.inputs = models::Tensor({2, inputs});
+    b.targets = {0, 1};
+    b.samples = {4, 5};
+    try {
+      m.forward_backward(b, 0.5);
+    } catch (const models::ModelDefect& e) {
+      return std::string(e.what());
+    }
+    return std::string("no ModelDefect");
+  };
+  std::vector<std::unique_ptr<models::Block>> wide;
+  wide.push_back(std::make_unique<testing::Shift>(4, true));
+  wide.push_back(std::make_unique<testing::Shift>(5, true));
+  EXPECT_EQ(defect(std::move(wide), 4),
+            "model 'mine': block 1 ('shift') forward: input is not (B, 5)");
+  std::vector<std::unique_ptr<models::Block>> short_gradient;
+  short_gradient.push_back(std::make_unique<testing::Shift>(4, true));
+  short_gradient.push_back(std::make_unique<ShortGradient>(4, true));
+  EXPECT_EQ(defect(std::move(short_gradient), 4),
+            "model 'mine': block 1 ('shift') returned a gradient of 7 values from backward for an "
+            "input of 8: backward must return the gradient of its input, shaped as it");
+  models::Tensor logits({2, 3});
+  EXPECT_THROW(models::scored_classes(logits, {0, 1, 2, 0}), models::ModelDefect);
+}
+
+// A sample whose input holds a NaN or an infinity: refused naming the sample and the feature
+// (it would make the loss and every parameter NaN, silently).
+TEST(Extensions, ASampleWithANonFiniteInputIsNamed) {
+  struct Holey : models::SyntheticClassification {
+    Holey() : SyntheticClassification(1, 64, 4, 3) {}
+    void fill(size_t index, float* input, int32_t* targets) const override {
+      SyntheticClassification::fill(index, input, targets);
+      if (index == 9) input[2] = std::nanf("");
+    }
+  } data;
+  models::GlobalSampler sampler(1, data.size());
+  try {
+    models::make_batch(data, sampler, 0, 64);
+    ADD_FAILURE() << "no SampleError";
+  } catch (const models::SampleError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "sample 9's input has a non-finite value (nan at feature 2): the data set gave it");
   }
 }
 
