@@ -266,8 +266,10 @@ void assign(const Field& f, const toml::node& n, const std::string& source) {
     }
   };
   auto wrong = [&]() -> ConfigError {
-    return ConfigError(at + ": " + name + " must be " + kind_name(f.kind) + ", not a " +
-                       std::string(toml::impl::node_type_friendly_names[size_t(n.type())]));
+    const std::string type(toml::impl::node_type_friendly_names[size_t(n.type())]);
+    const bool vowel = !type.empty() && std::string("aeiou").find(type[0]) != std::string::npos;
+    return ConfigError(at + ": " + name + " must be " + kind_name(f.kind) + ", not " +
+                       (vowel ? "an " : "a ") + type);
   };
   switch (f.kind) {
     case Kind::integer: {
@@ -695,6 +697,18 @@ void choose_added_kinds(toml::table& root, const ExtensionKinds& kinds, JobConfi
   }
 }
 
+// A kind this program does not have is named as such first (not the keys it would take as
+// unknown keys of the built-in kind).
+void check_kinds(toml::table& root, const std::string& source, const std::vector<Field>& fields) {
+  for (const char* table : {"model", "data"}) {
+    const auto* t = root[table].as_table();
+    const toml::node* kind = t ? t->get("kind") : nullptr;
+    if (!kind) continue;
+    for (const auto& f : fields)
+      if (f.table == table && f.key == "kind") assign(f, *kind, source);
+  }
+}
+
 // The message for a key the table does not take (with the nearest one, or the keys a
 // program's kind takes).
 std::string unknown_key(const JobConfig& c, const std::vector<Field>& fields,
@@ -727,7 +741,11 @@ void reject_unknown(const toml::table& root, const std::string& source, const Jo
     const std::string tname(tkey.str());
     if (std::find(tables.begin(), tables.end(), tname) == tables.end()) {
       const std::string hint = nearest_word(tname, tables);
-      add(tnode.source(), where(source, tnode),
+      const auto* made = tnode.as_table();  // (made by --set: its key names it, not the file)
+      const toml::node& at = made && !tnode.source().begin && !made->empty()
+                                 ? made->cbegin()->second
+                                 : static_cast<const toml::node&>(tnode);
+      add(tnode.source(), where(source, at),
           "unknown table [" + tname + "]" + (hint.empty() ? "" : "; did you mean [" + hint + "]?"));
       continue;
     }
@@ -776,6 +794,7 @@ JobConfig parse_config(const std::string& text, const std::string& source,
   std::vector<std::string> tables;
   for (auto& f : fields)
     if (std::find(tables.begin(), tables.end(), f.table) == tables.end()) tables.push_back(f.table);
+  check_kinds(root, source, fields);
   reject_unknown(root, source, c, fields, tables);
   for (auto& [tkey, tnode] : root) {
     std::string tname(tkey.str());
