@@ -258,6 +258,7 @@ ControlMessage encode(const GenerationStart& m) {
     g.setStartStep(m.start_step);
     g.setStateSource(m.state_source);
     g.setLr(m.lr);
+    g.setReload(m.reload);
     g.setCheckpoint(m.checkpoint);
     auto ms = g.initMembers(unsigned(m.members.size()));
     for (unsigned i = 0; i < m.members.size(); ++i) {
@@ -273,7 +274,7 @@ ControlMessage encode(const GenerationStart& m) {
 
 GenerationStart decode(proto::GenerationStart::Reader r) {
   GenerationStart m{r.getGeneration(), r.getStartStep(), r.getStateSource(), {},
-                    r.getLr(),         r.getCheckpoint()};
+                    r.getLr(),         r.getReload(),    r.getCheckpoint()};
   for (auto x : r.getMembers())
     m.members.push_back(
         {x.getRank(), {x.getAgentId(), x.getDevice()}, x.getAddress(), holding_of(x)});

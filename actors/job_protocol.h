@@ -121,8 +121,10 @@ struct GenerationStart {
   uint32_t state_source = 0;
   std::vector<GenerationMember> members;  // by rank
   double lr = 0;                          // optimizer.lr from start_step on (0: the job's)
-  std::string checkpoint;  // "" or the checkpoint every member reloads its state from (as of
-                           // start_step): the state was lost with the members that held it
+  // The state was lost with the members that held it: every member reloads it as of start_step,
+  // from `checkpoint` (a checkpoint's directory), or "" from the job's seed.
+  bool reload = false;
+  std::string checkpoint;
 };
 // "" when g's members hold the ranks 0..n-1 once each and its state source is one of them, else
 // why not (a coordinator's bug or another version's: an agent drops such a start, since its

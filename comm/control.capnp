@@ -194,9 +194,9 @@ struct GenerationStart {
   members @2 :List(Member); # by rank
   stateSource @3 :UInt32;   # the rank whose parameters and optimizer state everyone takes
   lr @4 :Float64;           # optimizer.lr from startStep on (0: the job's optimizer.lr)
-  checkpoint @5 :Text;      # "" or the checkpoint (its directory) every member reloads its
-                            # state from, as of startStep: the job's state was lost with its
-                            # members (checkpoint.on_state_lost = "rollback")
+  reload @5 :Bool;          # the job's state was lost with its members: every member reloads
+                            # it as of startStep (checkpoint.on_state_lost = "rollback") ...
+  checkpoint @6 :Text;      # ... from this checkpoint (its directory), or "" the job's seed
 }
 
 struct StepReport {

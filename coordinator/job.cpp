@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -601,23 +602,26 @@ class Coordinator : public caf::event_based_actor {
                   std::to_string(cfg_.resume_blocks) + " blocks of the model, which has " +
                   std::to_string(blocks));
     auto g = elastic::start_generation(holdings, blocks, steps_.committed());
-    std::string checkpoint;  // (the state lost: the one every member reloads it from)
-    if (!g.ok) {             // (the failure that took the state first, where one did: what to fix)
+    std::optional<std::string> reload;  // (the state lost: a checkpoint, or "" the seed)
+    if (!g.ok) {  // (the failure that took the state first, where one did: what to fix)
       const std::string gen = "generation " + std::to_string(gens_.current() + 1);
       const std::string why =
           last_failure_.empty()
               ? g.reason + " (" + gen + ")"
               : "the model's state was lost with the last failure: " + last_failure_ + " (" + gen +
                     ": " + g.reason + ")";
-      const std::string no_rollback = roll_back_to_checkpoint(*next, blocks, g, checkpoint);
+      const std::string no_rollback = roll_back(*next, blocks, g, reload);
       if (!no_rollback.empty()) return fail(why + "; " + no_rollback);
-      spdlog::warn("{}; every member reloads the state from {}", why, checkpoint);
-      tell("the model's state was lost; rolling back to the checkpoint of step " +
-           std::to_string(g.start_step) + " (" + checkpoint + ")");
+      const std::string from =
+          reload->empty()
+              ? "the job's start (its seed)"
+              : "the checkpoint of step " + std::to_string(g.start_step) + " (" + *reload + ")";
+      spdlog::warn("{}; every member reloads the state from {}", why, from);
+      tell("the model's state was lost; rolling back to " + from);
     }
     if (g.recover_to > g.recover_from) reforms_ = 0;
     if (taking_over_) note_take_over(g);
-    if (!steps_.start_generation(g, gens_.current(), gens_.world(), checkpoint))
+    if (!steps_.start_generation(g, gens_.current(), gens_.world(), reload))
       return fail("cannot rewrite " + dir_ + "/ledger.jsonl for the rollback to step " +
                   std::to_string(g.start_step));
     const bool resumed = job_.resuming();
@@ -627,35 +631,41 @@ class Coordinator : public caf::event_based_actor {
     job_.generation_started();
     if (gens_.current() == 1) t_start_ = Clock::now();
     if (resumed) log_resumed(g.start_step);
-    announce(g, checkpoint);
+    announce(g, reload);
   }
 
   // The model's state held by no member (checkpoint.on_state_lost = "rollback"): the generation
-  // starts at the newest checkpoint, every member reloading its state from it (each member's
-  // holding then says it holds every block as of that step: nothing moves between them), and
-  // the steps after it are redone. "" when so (g and `checkpoint` say where), else why not.
-  std::string roll_back_to_checkpoint(std::vector<actors::WorkerReady>& next, uint32_t blocks,
-                                      elastic::GenerationStart& g, std::string& checkpoint) {
+  // starts at the newest checkpoint (this job's, else the one it resumed from), or without one at
+  // the job's start (its seed); every member reloads its state from there (each member's holding
+  // then says it holds every block as of that step: nothing moves between them), and the steps
+  // after it are redone. "" when so (g and `reload` say where), else why not.
+  std::string roll_back(std::vector<actors::WorkerReady>& next, uint32_t blocks,
+                        elastic::GenerationStart& g, std::optional<std::string>& reload) {
     if (cfg_.checkpoint_on_state_lost != "rollback") return "checkpoint.on_state_lost = \"fail\"";
+    if (next.empty()) return "no member to roll back";
     std::string directory = cfg_.resume_dir;  // (a resumed job's first checkpoint)
     if (checkpoints_ && checkpoints_->newest())
       directory = std::filesystem::path(checkpoints_->newest()->manifest).parent_path().string();
-    if (directory.empty() || next.empty()) return "no checkpoint to roll back to";
-    std::string why;
-    const auto c = valid_checkpoint(directory, checkpoint_identity(cfg_), &why);
-    if (!c) return "its newest checkpoint cannot be rolled back to: " + why;
-    if (c->step > steps_.committed())
-      return "its newest checkpoint " + directory + " is of step " + std::to_string(c->step) +
-             ", past the " + std::to_string(steps_.committed()) + " committed";
+    uint64_t step = 0;
+    if (!directory.empty()) {
+      std::string why;
+      const auto c = valid_checkpoint(directory, checkpoint_identity(cfg_), &why);
+      if (!c) return "its newest checkpoint cannot be rolled back to: " + why;
+      if (c->step > steps_.committed())
+        return "its newest checkpoint " + directory + " is of step " + std::to_string(c->step) +
+               ", past the " + std::to_string(steps_.committed()) + " committed";
+      step = c->step;
+      directory = c->directory;
+    }
     g = elastic::GenerationStart{};
     g.ok = true;
-    g.start_step = c->step;
+    g.start_step = step;
     g.lacking = uint32_t(next.size());
-    g.rolled_back = c->step < steps_.committed();
-    elastic::Holding all{c->step, {}, {}, 0, {}};
+    g.rolled_back = step < steps_.committed();
+    elastic::Holding all{step, {}, {}, 0, {}};
     for (uint32_t b = 0; b < blocks; ++b) all.held.push_back(b);
     for (auto& r : next) r.holding = all;
-    checkpoint = c->directory;
+    reload = directory;
     return "";
   }
 
@@ -670,11 +680,12 @@ class Coordinator : public caf::event_based_actor {
 
   // The member list to every live agent (standbys included: they publish again for the next
   // one), the event, and the drained agents' shutdown now that the others moved on without them.
-  void announce(const elastic::GenerationStart& g, const std::string& checkpoint) {
+  void announce(const elastic::GenerationStart& g, const std::optional<std::string>& reload) {
     const uint64_t gen = gens_.current();
     spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [job " + cfg_.name + "] [coordinator] [gen " +
                         std::to_string(gen) + "] [%l] %v");
-    actors::GenerationStart msg{gen, g.start_step, g.state_source, {}, lr_, checkpoint};
+    actors::GenerationStart msg{gen, g.start_step, g.state_source,     {},
+                                lr_, bool(reload), reload.value_or("")};
     note_lr(gen, g.start_step);
     const auto& members = gens_.members();
     for (uint32_t i = 0; i < members.size(); ++i)
@@ -1115,6 +1126,11 @@ class Coordinator : public caf::event_based_actor {
     if (e.pid) j.integer("pid", e.pid);
     if (e.event == "agent_restarted") j.integer("backoff_ms", e.backoff_ms);
     log_.event(e.event, j.str("detail", e.detail));
+    // How a lost agent's process ended (a crash's signal), in the failure it is named by.
+    const std::string name = "(agent-" + std::to_string(e.slot) + ")";
+    if (!e.detail.empty() && last_failure_.find(name) != std::string::npos &&
+        last_failure_.find(e.detail) == std::string::npos)
+      last_failure_ += "; " + e.detail;
     tell("agent-" + std::to_string(e.slot) + ": " + e.event.substr(e.event.find('_') + 1) +
          (e.detail.empty() ? "" : " (" + e.detail + ")"));
   }

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <memory>
 
 #include "coordinator/exit_watcher.h"
@@ -19,8 +20,9 @@ using restart_atom = caf::atom_constant<caf::atom("lrestart")>;
 using grace_atom = caf::atom_constant<caf::atom("lgrace")>;
 
 std::string how_it_ended(int status) {
-  return WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
-                             : "exited " + std::to_string(WEXITSTATUS(status));
+  if (!WIFSIGNALED(status)) return "exited " + std::to_string(WEXITSTATUS(status));
+  const int sig = WTERMSIG(status);
+  return "killed by signal " + std::to_string(sig) + " (" + ::strsignal(sig) + ")";
 }
 
 class Launcher : public caf::event_based_actor {
@@ -72,6 +74,7 @@ class Launcher : public caf::event_based_actor {
     int64_t restarts = 0;
     uint64_t incarnation = 0;
     std::chrono::milliseconds backoff{0};  // the wait before the last restart
+    std::string ended;                     // how the last incarnation ended ("killed by ...")
   };
 
   void add_slot() {
@@ -114,6 +117,7 @@ class Launcher : public caf::event_based_actor {
       return;
     }
     ++s.restarts;
+    s.ended = how;
     spdlog::warn("agent-{} {}; restarting it in {} ms ({} of {})", i, how, d.backoff.count(),
                  s.restarts, opt_.restarts.max_restarts);
     s.backoff = d.backoff;
@@ -123,7 +127,8 @@ class Launcher : public caf::event_based_actor {
   void restart(uint64_t i) {
     if (stopping_) return;
     start(size_t(i));
-    report("agent_restarted", size_t(i), slots_[i].restarts, "");
+    report("agent_restarted", size_t(i), slots_[i].restarts,
+           "agent-" + std::to_string(i) + " " + slots_[i].ended);
   }
 
   void report(const std::string& event, size_t slot, int64_t attempt, const std::string& detail) {

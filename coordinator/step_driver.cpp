@@ -50,7 +50,7 @@ bool StepDriver::report(const actors::StepReport& r, uint64_t generation, size_t
 }
 
 bool StepDriver::start_generation(const elastic::GenerationStart& g, uint64_t generation,
-                                  size_t world, const std::string& checkpoint) {
+                                  size_t world, const std::optional<std::string>& reload) {
   checksums_.clear();  // (a member's end counts in the generation it was sent in)
   for (uint64_t step = g.recover_from; step < g.recover_to; ++step)
     commit(step, /*recovered=*/true, generation, world);
@@ -63,10 +63,13 @@ bool StepDriver::start_generation(const elastic::GenerationStart& g, uint64_t ge
                  .integer("from", long(g.start_step))
                  .integer("to", long(committed_))
                  .integer("generation", long(generation + 1));
-    if (!checkpoint.empty()) e.str("checkpoint", checkpoint);
+    if (reload && !reload->empty()) e.str("checkpoint", *reload);
+    if (reload && reload->empty()) e.boolean("seed", true);
     log_.event("steps_rolled_back", e);
     spdlog::warn("rolling back steps {}..{} to {}", g.start_step, committed_ - 1,
-                 checkpoint.empty() ? "the stage backups" : "the checkpoint " + checkpoint);
+                 !reload           ? std::string("the stage backups")
+                 : reload->empty() ? std::string("the job's seed")
+                                   : "the checkpoint " + *reload);
     if (!log_.drop_ledger_from(g.start_step)) return false;
     committed_ = g.start_step;
   }

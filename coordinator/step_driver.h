@@ -79,11 +79,11 @@ class StepDriver {
 
   // The generation after `generation` (of `world` members) starts as g says: steps the old one
   // completed are committed (recovered), or the steps since a rollback's start are dropped from
-  // the ledger (`checkpoint`: the one the rollback reloads, "" for the stage backups). Reports
-  // of the old generation are void from here. False: the ledger could not be rewritten (the
-  // caller fails the job: it would show those steps twice).
+  // the ledger (`reload`: the checkpoint the rollback reloads, "" the job's seed; none: the stage
+  // backups). Reports of the old generation are void from here. False: the ledger could not be
+  // rewritten (the caller fails the job: it would show those steps twice).
   bool start_generation(const elastic::GenerationStart& g, uint64_t generation, size_t world,
-                        const std::string& checkpoint = "");
+                        const std::optional<std::string>& reload = std::nullopt);
 
   // A member finished with a checksum; once all `world` have: whether those of each group
   // (WorkerDone::group: members holding the same blocks) agree, and the list.

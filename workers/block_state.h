@@ -43,9 +43,9 @@ class BlockStates {
   // Marks a block current as of `step` (trained, received or restored).
   void hold(uint32_t block, uint64_t step);
   bool holds(uint32_t block, uint64_t step) const { return held_at_[block] == step; }
-  // Every block is held as of `step` again, from the checkpoint in `directory` (the job's state
-  // was lost with the members that held it): read now, or when lazy, at materialize(). Copies
-  // and snapshots of the lost steps go.
+  // Every block is held as of `step` again, from the checkpoint in `directory`, or ("") made
+  // from the seed (the job's state was lost with the members that held it): now, or when lazy,
+  // at materialize(). Snapshots of the lost steps go.
   void reload(const std::string& directory, uint64_t step, bool lazy);
   // Initialises the block (from the seed or the checkpoint) if that is pending.
   void materialize(uint32_t block);

@@ -189,7 +189,9 @@ void DeviceSupervisor::form_device_plane(uint64_t gen) {
 void DeviceSupervisor::take_state(const actors::GenerationStart& g) {
   std::vector<elastic::Holding> holdings(g.members.size());
   for (const auto& m : g.members) holdings[m.rank] = m.holding;
-  StateTransfer t = worker_->take_state(*comm_, g.start_step, holdings, g.checkpoint);
+  StateTransfer t =
+      worker_->take_state(*comm_, g.start_step, holdings,
+                          g.reload ? std::optional<std::string>(g.checkpoint) : std::nullopt);
   std::string plan;
   if (spec_.pipeline_stages != 1)
     plan = Worker::describe(worker_->plan_for(uint32_t(g.members.size())));

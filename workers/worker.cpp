@@ -515,11 +515,11 @@ void Worker::gather_parameters(comm::Communicator& comm, const elastic::Plan& pl
 
 StateTransfer Worker::take_state(comm::Communicator& comm, uint64_t start_step,
                                  const std::vector<elastic::Holding>& members,
-                                 const std::string& checkpoint) {
-  if (!checkpoint.empty()) {  // (what it held is newer than the checkpoint, or nothing)
+                                 const std::optional<std::string>& reload) {
+  if (reload) {  // (what it held is newer than the checkpoint, or nothing)
     spdlog::warn("worker {}: the job's state was lost; reloading it from {}", spec_.device,
-                 checkpoint);
-    states_->reload(checkpoint, start_step, pipelined());
+                 reload->empty() ? "the job's seed" : *reload);
+    states_->reload(*reload, start_step, pipelined());
     backups_ = std::make_unique<StageBackups>(num_blocks());
     next_step_ = start_step;
     last_checkpoint_ = start_step;  // (that state is the checkpoint: not written again)

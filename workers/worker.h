@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -180,11 +181,12 @@ class Worker {
   // communicator, the state of each block it will own but does not hold as of start_step
   // (elastic::plan_migration over members, by rank: what each holds). A block held by nobody at
   // start_step is lost (a pipeline stage without a replica): throws StateLost. Everyone then
-  // resumes at start_step. With `checkpoint` (the job's state was lost with the members that
-  // held it), every member first reloads its state from that checkpoint, as of start_step.
+  // resumes at start_step. With `reload` (the job's state was lost with the members that held
+  // it), every member first reloads its state as of start_step from that checkpoint's
+  // directory, or ("") from the job's seed.
   StateTransfer take_state(comm::Communicator& comm, uint64_t start_step,
                            const std::vector<elastic::Holding>& members,
-                           const std::string& checkpoint = "");
+                           const std::optional<std::string>& reload = std::nullopt);
 
   // What this worker holds (published for the next generation).
   elastic::Holding holding() const;

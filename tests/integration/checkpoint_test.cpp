@@ -347,8 +347,9 @@ TEST(Checkpoints, AJobThatCompletesCheckpointsItsLastStep) {
 // The state lost with the members that held it (checkpoint.on_state_lost = "rollback", the
 // default): every agent of a data-parallel job SIGKILLed at once, or a pipeline stage without a
 // replica or a stage backup; the launcher starts them again, and the running job goes on from
-// its newest checkpoint (step 40), redoing the steps after it. The same function, bitwise: the
-// losses and the ledger as an uninterrupted run's, and (data parallel) the same parameters.
+// its newest checkpoint (step 40), or without checkpoints from its start (the seed), redoing the
+// steps after it. The same function, bitwise: the losses and the ledger as an uninterrupted
+// run's, and (data parallel) the same parameters.
 TEST(Checkpoints, StateLostWithItsMembersIsReloadedFromTheNewestCheckpointWithinTheJob) {
   TempDir dir;
   Reference want = reference(dir, 120);
@@ -356,9 +357,14 @@ TEST(Checkpoints, StateLostWithItsMembersIsReloadedFromTheNewestCheckpointWithin
     const char* name;
     std::vector<std::string> sets;
     std::vector<std::string> killed;
+    const char* from;
   } cases[] = {
-      {"all-lost", {}, {"agent-0", "agent-1"}},
-      {"stage-lost", {"parallel.pipeline_stages=2", "parallel.stage_backup_steps=0"}, {"agent-1"}},
+      {"all-lost", {}, {"agent-0", "agent-1"}, "40"},
+      {"stage-lost",
+       {"parallel.pipeline_stages=2", "parallel.stage_backup_steps=0"},
+       {"agent-1"},
+       "40"},
+      {"no-checkpoint", {"checkpoint.every_steps=0"}, {"agent-0", "agent-1"}, "0"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -366,16 +372,21 @@ TEST(Checkpoints, StateLostWithItsMembersIsReloadedFromTheNewestCheckpointWithin
     wait_steps(job, 50);
     for (const auto& name : c.killed) ASSERT_EQ(::kill(pid_of(job, name), SIGKILL), 0);
     expect_same_function(job, want.losses, 120, kBatch, 0);
-    if (c.sets.empty()) {  // (a pipeline's members hold different blocks)
+    if (c.sets.size() != 2) {  // (a pipeline's members hold different blocks)
       EXPECT_EQ(final_checksum(job), want.checksum);
     }
     const std::string back = wait_event(job, is("steps_rolled_back"), 1s);
-    EXPECT_EQ(json_field(back, "from"), "40") << back;
+    EXPECT_EQ(json_field(back, "from"), c.from) << back;
+    const std::string said = text_of(job.out);
+    if (std::string(c.from) == "0") {
+      EXPECT_EQ(json_field(back, "seed"), "true") << back;
+      EXPECT_NE(said.find("rolling back to the job's start (its seed)"), std::string::npos) << said;
+      continue;
+    }
     EXPECT_EQ(json_field(back, "checkpoint"), job.run_dir + "/checkpoints/step-00000040") << back;
-    EXPECT_NE(text_of(job.out).find("the model's state was lost; rolling back to the checkpoint "
-                                    "of step 40"),
+    EXPECT_NE(said.find("the model's state was lost; rolling back to the checkpoint of step 40"),
               std::string::npos)
-        << text_of(job.out);
+        << said;
   }
 }
 

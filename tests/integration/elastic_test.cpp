@@ -343,6 +343,8 @@ TEST(Elastic, AnAgentThatKeepsDyingIsRestartedUpToMaxRestartsAndTheJobGoesOn) {
   for (size_t k = 0; k < restarts.size(); ++k) {
     const long backoff = std::atol(json_field(restarts[k], "backoff_ms").c_str());
     EXPECT_EQ(backoff, 100L << k) << restarts[k];
+    EXPECT_EQ(json_field(restarts[k], "detail"), "agent-1 killed by signal 9 (Killed)")
+        << restarts[k];
     EXPECT_GE(std::atof(json_field(restarts[k], "ts").c_str()) - kills[k], backoff * 1e-3)
         << restarts[k];
   }

@@ -309,14 +309,15 @@ TEST(Pipeline, AStageWithoutAReplicaLostBeforeTheFirstIntervalGoesBackToTheStart
 }
 
 // parallel.stage_backup_steps = 0: no backups, so losing a stage without a replica loses its
-// blocks for good; without a checkpoint to roll back to, the job fails saying so (it does not
-// train on with some blocks reset).
+// blocks for good; asked not to roll back (checkpoint.on_state_lost = "fail"), the job fails
+// saying so (it does not train on with some blocks reset). (Rolled back: Checkpoints.StateLost...)
 TEST(Pipeline, WithoutBackupsLosingAStageWithoutAReplicaFailsTheJobWithTheReason) {
   TempDir dir;
-  Job job = start_job(dir, "nobackup", kMlp, 3,
-                      {"parallel.pipeline_stages=2", "parallel.stage_backup_steps=0",
-                       "elastic.max_restarts=0", "elastic.failure_timeout_ms=4000"},
-                      {pace(3000)});
+  Job job = start_job(
+      dir, "nobackup", kMlp, 3,
+      {"parallel.pipeline_stages=2", "parallel.stage_backup_steps=0", "elastic.max_restarts=0",
+       "elastic.failure_timeout_ms=4000", "checkpoint.on_state_lost=\"fail\""},
+      {pace(3000)});
   wait_steps(job, 20);
   auto pids = member_pids(dir, job);
   ASSERT_EQ(pids.size(), 3u);
@@ -326,7 +327,7 @@ TEST(Pipeline, WithoutBackupsLosingAStageWithoutAReplicaFailsTheJobWithTheReason
   EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 1) << job.out;
   auto failed = wait_event(job, is("job_failed"), 0s);
   EXPECT_NE(failed.find("no replica and no backup"), std::string::npos) << failed;
-  EXPECT_NE(failed.find("; no checkpoint to roll back to"), std::string::npos) << failed;
+  EXPECT_NE(failed.find("; checkpoint.on_state_lost = "), std::string::npos) << failed;
   EXPECT_EQ(count_events(job, "steps_rolled_back"), 0);
   EXPECT_EQ(count_events(job, "state_received"), 0);
 }

@@ -106,11 +106,16 @@ TEST(JobCodec, WorkerReadyAndGenerationStartCarryTheWholeHolding) {
   EXPECT_EQ(q.last_error, r.last_error);
   EXPECT_EQ(q.block_params, r.block_params);
 
-  GenerationStart g{6,      40,
-                    1,      {{0, {0, 0}, "a", holding()}, {1, {2, 1}, "b", {}}},
-                    2.5e-4, "/runs/a/checkpoints/step-0000040"};
+  GenerationStart g{6,
+                    40,
+                    1,
+                    {{0, {0, 0}, "a", holding()}, {1, {2, 1}, "b", {}}},
+                    2.5e-4,
+                    true,
+                    "/runs/a/checkpoints/step-0000040"};
   GenerationStart h = decode(body(encode(g)).getGenerationStart());
   EXPECT_EQ(h.lr, 2.5e-4);
+  EXPECT_TRUE(h.reload);
   EXPECT_EQ(h.checkpoint, g.checkpoint);
   EXPECT_EQ(h.generation, 6u);
   EXPECT_EQ(h.start_step, 40u);
@@ -125,7 +130,7 @@ TEST(JobCodec, WorkerReadyAndGenerationStartCarryTheWholeHolding) {
 // of them, decodes (the codec checks no ranges) and is named invalid: an agent drops it rather
 // than index its peers by those ranks.
 TEST(JobCodec, AGenerationStartWithRanksOutsideItsMembersIsInvalid) {
-  GenerationStart g{6, 40, 1, {{0, {0, 0}, "a", {}}, {1, {2, 1}, "b", {}}}, 0, ""};
+  GenerationStart g{6, 40, 1, {{0, {0, 0}, "a", {}}, {1, {2, 1}, "b", {}}}, 0, false, ""};
   EXPECT_EQ(invalid_members(g), "");
   GenerationStart past = g;
   past.members[1].rank = 7;
