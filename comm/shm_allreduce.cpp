@@ -200,8 +200,9 @@ void ShmAllreduce::wait_all(std::atomic<uint64_t> Header::*counter, uint64_t at_
 std::string ShmAllreduce::mismatch() const {
   const Call& mine = header(rank_)->call;
   auto text = [](const Call& c) {
-    return "allreduce " + std::to_string(c.number) + " (step " + std::to_string(c.first_step) +
-           ") with " + std::to_string(c.count) + " " + dtype_name(DataType(c.dtype)) +
+    // (number: the call's on this communicator, counted from 0: not a training step)
+    return "allreduce " + std::to_string(c.number) + " of this generation's communicator with " +
+           std::to_string(c.count) + " " + dtype_name(DataType(c.dtype)) +
            (c.average ? " avg" : " sum");
   };
   for (int q = 0; q < n_; ++q) {

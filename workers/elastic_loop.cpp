@@ -31,6 +31,7 @@ class ElasticLoop::Impl {
 
   std::optional<LoopStep> next_step();
   bool allreduce(void* data, size_t count, comm::DataType type);
+  void check_in_step(const char* call) const;
   std::optional<double> commit(double loss);
   void* shared(size_t count, size_t element_bytes);
   uint64_t in_place() const;
@@ -61,6 +62,7 @@ class ElasticLoop::Impl {
   uint64_t applied_ = 0;          // steps applied so far (the state is as of this step)
   bool has_state_ = false;        // a first member starts from its own (identical) initial state
   bool in_generation_ = false, step_open_ = false, stop_voted_ = false, received_ = false;
+  bool step_broken_ = false;  // the step next_step() gave broke (its calls answer false)
   bool ended_ = false;
   uint32_t rank_ = 0, world_ = 0;
   uint64_t generation_ = 0;
@@ -230,6 +232,7 @@ LoopStep ElasticLoop::Impl::open_step() {
            first + share.end, received_,   lr_};
   received_ = false;
   step_open_ = true;
+  step_broken_ = false;
   step_start_ = Clock::now();
   return step_;
 }
@@ -266,7 +269,17 @@ std::optional<LoopStep> ElasticLoop::Impl::next_step() {
   return std::nullopt;
 }
 
+// A call outside a step (before next_step(), after commit()) is the program's bug: named. One in
+// a step whose generation broke is not: false, as the call that found it broken.
+void ElasticLoop::Impl::check_in_step(const char* call) const {
+  if (!step_open_ && !step_broken_)
+    throw std::logic_error(std::string("ElasticLoop::") + call +
+                           " outside a step: call next_step() first (and once after each "
+                           "commit(); a false or empty answer means redo from next_step())");
+}
+
 bool ElasticLoop::Impl::allreduce(void* data, size_t count, comm::DataType type) {
+  check_in_step("allreduce()");
   if (!in_generation_ || !step_open_) return false;
   try {
     comm_->allreduce(data, data, count, type, comm::ReduceOp::sum);
@@ -299,7 +312,11 @@ uint64_t ElasticLoop::Impl::in_place() const {
 }
 
 std::optional<double> ElasticLoop::Impl::commit(double loss) {
-  if (!in_generation_ || !step_open_) return std::nullopt;
+  check_in_step("commit()");
+  if (!in_generation_ || !step_open_) {
+    step_broken_ = false;  // (the step ends here: the next call must come after next_step())
+    return std::nullopt;
+  }
   auto& board = session_.board();
   double control[2] = {loss, board.stop_requested() || board.leaving(generation_) ? 1.0 : 0.0};
   try {
@@ -323,6 +340,7 @@ void ElasticLoop::Impl::broken(const comm::Error& e) {
   spdlog::warn("loop {} (rank {}, generation {}): {}; waiting for the next generation",
                session_.name(), rank_, generation_, e.what());
   last_error_ = e.what();
+  step_broken_ = step_open_;
   in_generation_ = step_open_ = false;
   if (comm_) comm_->abort();
   ++want_;

@@ -1,12 +1,55 @@
 // troupe_test: the `troupe` command of the test build. The same dispatch as the release binary,
 // plus a fault injector read from TROUPE_TEST_* (env_faults.h) for the agents' workers, and kinds
 // of its own as a user's program adds them (test_kinds.h). The integration tests run this
-// binary; `troupe run` starts its agents from it too.
+// binary; `troupe run` starts its agents from it too. `troupe_test loop-misuse ADDRESS
+// TOKEN_FILE` is a member of a model.kind = "external" job that calls ElasticLoop out of order
+// (before its first step and after its last) and prints what it was told, training in between.
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+
 #include "cli/commands.h"
 #include "tests/harness/env_faults.h"
 #include "tests/harness/test_kinds.h"
+#include "workers/elastic_loop.h"
+
+namespace {
+
+int loop_misuse(const char* address, const char* token_file) {
+  double state = 0;
+  troupe::LoopState s{
+      [&] { return std::vector<uint8_t>(sizeof state); },
+      [&](const std::vector<uint8_t>&) {},
+  };
+  troupe::LoopOptions o;
+  o.join = address;
+  o.token_file = token_file;
+  o.name = "misuse";
+  troupe::ElasticLoop loop(o, s);
+  float g = 1;
+  try {
+    loop.allreduce(&g, 1);
+  } catch (const std::logic_error& e) {
+    std::printf("before: %s\n", e.what());
+  }
+  while (auto step = loop.next_step()) {
+    g = 1;
+    if (!loop.allreduce(&g, 1)) continue;
+    if (loop.commit(1.0)) state += g;
+  }
+  try {
+    loop.commit(1.0);
+  } catch (const std::logic_error& e) {
+    std::printf("after: %s\n", e.what());
+  }
+  std::fflush(stdout);
+  return loop.exit_code();
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 4 && std::strcmp(argv[1], "loop-misuse") == 0) return loop_misuse(argv[2], argv[3]);
   troupe::cli::Hooks hooks;
   hooks.faults = [] { return troupe::testing::faults_from_environment(); };
   hooks.extensions = troupe::testing::test_kinds();

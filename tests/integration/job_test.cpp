@@ -460,6 +460,36 @@ micro = 2
   EXPECT_TRUE(testing::committed_losses(dir.path() + "/text").empty());
 }
 
+// A program whose own loop calls ElasticLoop out of order (allreduce() before its first
+// next_step(), commit() after the loop ended: the test build's `loop-misuse` member) is told so,
+// naming the call, instead of a silent false; in between it trains the job to its end.
+TEST(Job, ALoopsCallOutsideAStepIsNamed) {
+  testing::TempDir dir;
+  testing::Job job = testing::start_job(
+      dir, "loop", "[job]\nsteps = 5\n[model]\nkind = \"external\"\n[logging]\nprogress = false\n",
+      1, {"cluster.launcher=\"external\""});
+  std::string addr;
+  for (int i = 0; i < 500 && addr.empty(); ++i) {
+    std::ifstream(job.run_dir + "/coordinator.addr") >> addr;
+    if (addr.empty()) std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_FALSE(addr.empty());
+  const std::string out = dir.path() + "/misuse-member.out";
+  coordinator::ChildProcess p(
+      {{testing::troupe_binary(), "loop-misuse", addr, job.run_dir + "/job.token"}, out, out, {}});
+  auto member = p.wait(60s);
+  const std::string said = testing::text_of(out);
+  ASSERT_TRUE(member && WIFEXITED(*member)) << said;
+  EXPECT_EQ(WEXITSTATUS(*member), 0) << said;
+  EXPECT_NE(said.find("before: ElasticLoop::allreduce() outside a step: call next_step() first"),
+            std::string::npos)
+      << said;
+  EXPECT_NE(said.find("after: ElasticLoop::commit() outside a step"), std::string::npos) << said;
+  auto st = job.proc->wait(60s);
+  ASSERT_TRUE(st && WIFEXITED(*st));
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << testing::text_of(job.out);
+}
+
 // An agent of another model joining a running job: its worker refuses to start and is given up;
 // the job trains on without it and finishes.
 TEST(Job, AJoinerThatBuildsAnotherModelIsGivenUpAndTheJobGoesOn) {
