@@ -42,11 +42,16 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace troupe {
 
 struct LoopOptions {
+  LoopOptions() = default;
+  // LoopOptions{address, token_file} (what `troupe run` prints), warning-free under -Wextra.
+  LoopOptions(std::string join, std::string token_file, std::string name = "")
+      : join(std::move(join)), token_file(std::move(token_file)), name(std::move(name)) {}
   std::string join;        // the coordinator's HOST:PORT (RUN_DIR/coordinator.addr)
   std::string token_file;  // the job's token file (RUN_DIR/job.token)
   std::string name;        // in the job's events and logs; default host:pid

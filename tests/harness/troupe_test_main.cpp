@@ -21,11 +21,7 @@ int loop_misuse(const char* address, const char* token_file) {
       [&] { return std::vector<uint8_t>(sizeof state); },
       [&](const std::vector<uint8_t>&) {},
   };
-  troupe::LoopOptions o;
-  o.join = address;
-  o.token_file = token_file;
-  o.name = "misuse";
-  troupe::ElasticLoop loop(o, s);
+  troupe::ElasticLoop loop({address, token_file, "misuse"}, s);  // (docs/api.md's form)
   float g = 1;
   try {
     loop.allreduce(&g, 1);
