@@ -375,14 +375,18 @@ class Coordinator : public caf::event_based_actor {
   }
 
   // A member left the current generation because its data plane made no progress (a peer that
-  // never came to a collective). A member still silent 2 x elastic.failure_timeout_ms later (its
-  // own collectives would have failed by then) is hung: in its data set's fill, a block, a
-  // device. Its agent is cut as one silent that long would be (the launcher starts it again).
+  // never came to a collective). A member still silent 2 x elastic.failure_timeout_ms + 10 s
+  // later (its own collectives and connections would have failed by then), and not being
+  // restarted by its agent, is hung: in its data set's fill, a block, a device. Its agent is cut
+  // as one silent that long would be (the launcher starts it again).
   void watch_for_hung(const std::string& error) {
     if (hung_watch_ == gens_.current()) return;
     hung_watch_ = gens_.current();
-    delayed_send(this, std::chrono::milliseconds(2 * cfg_.failure_timeout_ms), hung_atom::value,
-                 gens_.current(), error);
+    delayed_send(this, hung_after(), hung_atom::value, gens_.current(), error);
+  }
+  // (Its own collectives time out within failure_timeout_ms, a connection within 10 s.)
+  std::chrono::milliseconds hung_after() const {
+    return std::chrono::milliseconds(2 * cfg_.failure_timeout_ms + 10000);
   }
 
   void cut_hung_members(uint64_t generation, const std::string& error) {
@@ -390,10 +394,12 @@ class Coordinator : public caf::event_based_actor {
     std::set<uint32_t> cut;
     for (const auto& m : gens_.members()) {
       const WorkerId w = m.worker;
-      if (gens_.published(w) || !roster_.usable(w) || !cut.insert(w.agent).second) continue;
+      if (gens_.published(w) || gens_.is_restarting(w) || !roster_.usable(w) ||
+          !cut.insert(w.agent).second)
+        continue;
       const std::string why = "hung: its worker " + w.name() + " did not leave generation " +
                               std::to_string(generation) + " within " +
-                              std::to_string(2 * cfg_.failure_timeout_ms) +
+                              std::to_string(hung_after().count()) +
                               " ms of a member that lost it (" + error + ")";
       spdlog::error("agent {} ({}) {}", w.agent, roster_.at(w.agent).name, why);
       send(bridge_, actors::disconnect_atom::value, roster_.at(w.agent).node, why);
@@ -641,8 +647,17 @@ class Coordinator : public caf::event_based_actor {
   // after it are redone. "" when so (g and `reload` say where), else why not.
   std::string roll_back(std::vector<actors::WorkerReady>& next, uint32_t blocks,
                         elastic::GenerationStart& g, std::optional<std::string>& reload) {
+    if (cfg_.external()) return "a loop of its own keeps its own state (model.kind = \"external\")";
     if (cfg_.checkpoint_on_state_lost != "rollback") return "checkpoint.on_state_lost = \"fail\"";
     if (next.empty()) return "no member to roll back";
+    // (A failure that recurs at the same step, a bug and not a lost machine, would roll back for
+    // ever: elastic.max_reforms rollbacks in a row that commit no step past the last one fail.)
+    rollbacks_ = steps_.committed() > rollback_mark_ ? 1 : rollbacks_ + 1;
+    rollback_mark_ = steps_.committed();
+    if (rollbacks_ > cfg_.max_reforms)
+      return "rolled back " + std::to_string(rollbacks_ - 1) +
+             " times in a row without committing a step past " + std::to_string(rollback_mark_) +
+             " (elastic.max_reforms)";
     std::string directory = cfg_.resume_dir;  // (a resumed job's first checkpoint)
     if (checkpoints_ && checkpoints_->newest())
       directory = std::filesystem::path(checkpoints_->newest()->manifest).parent_path().string();
@@ -1191,6 +1206,8 @@ class Coordinator : public caf::event_based_actor {
   std::vector<uint32_t> draining_;  // agents that leave when the next generation starts
   int64_t reforms_ = 0;             // generations broken in a row without a committed step
   uint64_t hung_watch_ = 0;         // the generation whose silent members are being watched
+  int64_t rollbacks_ = 0;           // rollbacks in a row that committed no step past ...
+  uint64_t rollback_mark_ = 0;      // ... the steps committed when the last one was decided
   int64_t interrupts_ = 0;          // SIGINT/SIGTERM to the process
   std::string plan_;                // the generation's pipeline layout, as its rank 0 reported it
   std::string data_plane_;          // the generation's data plane, as its rank 0 reported it

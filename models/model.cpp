@@ -115,6 +115,9 @@ void Model::init_block(size_t i, uint64_t seed) {
   Block& b = *blocks_.at(i);
   Compute& device = b.compute();
   if (device.device() != Device::cpu) b.to(cpu_compute());
+  // (Zeros first: a block's init sets what it draws, and leaves its biases to the zeros of a
+  // fresh buffer; a block initialised again, as in a rollback to the seed, is trained.)
+  cpu_compute().zero(b.params().data(), b.params().bytes());
   b.init(seed, i);
   if (check_init_) check_init_repeats(i, seed);
   if (device.device() != Device::cpu) b.to(device);
@@ -143,6 +146,19 @@ void Model::check_init_repeats(size_t i, uint64_t seed) {
   }
 }
 
+Tensor Model::forward_block(size_t i, const Tensor& x, size_t batch_size) {
+  return in_block(i, "forward", [&] { return blocks_[i]->forward(x, batch_size); });
+}
+
+Tensor Model::backward_block(size_t i, const Tensor& dy, size_t input_numel) {
+  Tensor d = in_block(i, "backward", [&] { return blocks_[i]->backward(dy); });
+  if (input_numel != 0 && d.numel() != input_numel)  // (the block before reads it as its own)
+    throw ModelDefect(block_name(i) + " returned a gradient of " + std::to_string(d.numel()) +
+                      " values from backward for an input of " + std::to_string(input_numel) +
+                      ": backward must return the gradient of its input, shaped as it");
+  return d;
+}
+
 std::string Model::block_name(size_t i) const {
   return "model '" + spec_.kind + "': block " + std::to_string(i) + " ('" + blocks_[i]->kind() +
          "')";
@@ -169,7 +185,7 @@ ForwardResult Model::forward_backward(const Batch& batch, double loss_scale,
   in_numel_.resize(blocks_.size());
   for (size_t i = 0; i < blocks_.size(); ++i) {
     in_numel_[i] = x.numel();
-    x = in_block(i, "forward", [&] { return blocks_[i]->forward(x, batch.size); });
+    x = forward_block(i, x, batch.size);
   }
   const size_t rows = batch.targets.size(),
                classes = scored_classes(x, batch.targets, batch.samples);
@@ -184,11 +200,7 @@ ForwardResult Model::forward_backward(const Batch& batch, double loss_scale,
   const auto t1 = Clock::now();
   Tensor d = dlogits_;
   for (size_t i = blocks_.size(); i-- > 0;) {
-    d = in_block(i, "backward", [&] { return blocks_[i]->backward(d); });
-    if (i > 0 && d.numel() != in_numel_[i])  // (the block before reads it as its output's)
-      throw ModelDefect(block_name(i) + " returned a gradient of " + std::to_string(d.numel()) +
-                        " values from backward for an input of " + std::to_string(in_numel_[i]) +
-                        ": backward must return the gradient of its input, shaped as it");
+    d = backward_block(i, d, i > 0 ? in_numel_[i] : 0);  // (block 0's input: the data)
     if (block_done) block_done(i);
   }
   r.forward_seconds = std::chrono::duration<double>(t1 - t0).count();
@@ -198,8 +210,7 @@ ForwardResult Model::forward_backward(const Batch& batch, double loss_scale,
 
 ForwardResult Model::evaluate(const Batch& batch) {
   Tensor x = batch.inputs;
-  for (size_t i = 0; i < blocks_.size(); ++i)
-    x = in_block(i, "forward", [&] { return blocks_[i]->forward(x, batch.size); });
+  for (size_t i = 0; i < blocks_.size(); ++i) x = forward_block(i, x, batch.size);
   const size_t rows = batch.targets.size(),
                classes = scored_classes(x, batch.targets, batch.samples);
   x = compute_->on_device(x);

@@ -107,6 +107,11 @@ class Model {
   ForwardResult forward_backward(const Batch& batch, double loss_scale,
                                  const std::function<void(size_t)>& block_done = nullptr);
   ForwardResult evaluate(const Batch& batch);
+  // Block i's forward and backward as forward_backward runs them (a pipeline stage's too): a
+  // std::invalid_argument the block throws becomes a ModelDefect naming it, and a backward whose
+  // gradient is not of its input's size (`input_numel`; 0: unchecked) is one.
+  Tensor forward_block(size_t i, const Tensor& x, size_t batch_size);
+  Tensor backward_block(size_t i, const Tensor& dy, size_t input_numel);
 
  private:
   void check_init_repeats(size_t i, uint64_t seed);  // throws ModelDefect

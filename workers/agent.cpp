@@ -113,7 +113,11 @@ int run_agent(const AgentOptions& o) {
     });
   session.watch(&signals);
   // (A worker hung in its step cannot be stopped: the process exits without it.)
-  const auto grace = std::chrono::milliseconds(spec.failure_timeout_ms) + std::chrono::seconds(10);
+  // (A clean end, a drain, may first finish a checkpoint write: it waits longer.)
+  const auto grace =
+      session.board().exit_code() == 0
+          ? std::chrono::milliseconds(600000)
+          : std::chrono::milliseconds(spec.failure_timeout_ms) + std::chrono::seconds(10);
   if (!stopped.all(uint32_t(threads.size()), grace)) {
     std::fprintf(stderr,
                  "troupe agent: %s; a worker did not stop within %lld ms (hung in its step: a data "

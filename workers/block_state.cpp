@@ -64,6 +64,8 @@ void BlockStates::materialize(uint32_t b) {
   if (!pending_init_[b]) return;
   if (origin_.checkpoint.empty()) {
     model_.init_block(b, origin_.seed);
+    opt_.release(b);  // (zero moments, as at the start: a reload's may be of lost steps)
+    opt_.ensure(b);
   } else {
     // (The coordinator checked every shard's checksum before the job started.)
     const std::string path = origin_.checkpoint + "/" + shard_file_name(b);

@@ -264,6 +264,7 @@ std::optional<LoopStep> ElasticLoop::Impl::next_step() {
     return open_step();
   }
   ended_ = true;
+  step_broken_ = false;
   exit_code = board.exit_code();
   reason = board.reason();
   return std::nullopt;
@@ -323,6 +324,7 @@ std::optional<double> ElasticLoop::Impl::commit(double loss) {
     comm_->allreduce(control, control, 2, comm::DataType::f64, comm::ReduceOp::sum);
   } catch (const comm::Error& e) {
     broken(e);
+    step_broken_ = false;  // (the step ends with its commit, as a committed one)
     return std::nullopt;
   }
   step_open_ = false;

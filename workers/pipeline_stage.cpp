@@ -39,7 +39,7 @@ StageStepResult PipelineStage::run(comm::Communicator& comm, uint64_t step, elas
   after_backward_ = after_backward;
   mbs_.clear();
   for (uint64_t at = share.begin; at < share.end; at += micro)
-    mbs_.push_back({at, std::min(share.end, at + micro), {}, {}, {}, {}, {}, {}});
+    mbs_.push_back({at, std::min(share.end, at + micro), {}, {}, {}, {}, {}, {}, {}});
   cached_ = -1;
   result_ = {};
   for (const auto& op : elastic::one_f_one_b(layout_.stages, layout_.stage, uint32_t(mbs_.size())))
@@ -90,7 +90,11 @@ void PipelineStage::forward(uint32_t j) {
   put_away();
   Busy timer(result_.busy);
   models::Tensor x = mbs_[j].input;
-  for (uint32_t b = layout_.first; b < layout_.last; ++b) x = model_.block(b).forward(x, rows(j));
+  mbs_[j].in_numel.resize(layout_.last - layout_.first);
+  for (uint32_t b = layout_.first; b < layout_.last; ++b) {
+    mbs_[j].in_numel[b - layout_.first] = x.numel();
+    x = model_.forward_block(b, x, rows(j));
+  }
   mbs_[j].output = x;
   cached_ = int(j);
 }
@@ -126,7 +130,8 @@ void PipelineStage::backward(uint32_t j) {
   if (cached_ != int(j)) forward(j);  // recompute from the saved input
   Busy timer(result_.busy);
   models::Tensor dy = m.grad_out;
-  for (uint32_t b = layout_.last; b-- > layout_.first;) dy = model_.block(b).backward(dy);
+  for (uint32_t b = layout_.last; b-- > layout_.first;)  // (block 0's input: the data)
+    dy = model_.backward_block(b, dy, b > 0 ? m.in_numel.at(b - layout_.first) : 0);
   m.grad_in = dy;
   m.input = m.output = m.grad_out = models::Tensor();
   cached_ = -1;

@@ -59,6 +59,7 @@ class PipelineStage {
     models::Batch batch;  // (first stage: inputs; last stage: targets)
     models::Tensor input, output, grad_out, grad_in;
     std::vector<models::Block::Saved> stash;  // the blocks' forward caches, put away
+    std::vector<size_t> in_numel;             // each of the stage's blocks' input size
   };
   void load(uint32_t j);
   void forward(uint32_t j);
