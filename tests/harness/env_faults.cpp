@@ -26,11 +26,13 @@ class EnvFaults : public workers::FaultInjector {
   EnvFaults()
       : step_delay_us_(env_int("TROUPE_TEST_STEP_DELAY_US")),
         throw_at_step_(uint64_t(env_int("TROUPE_TEST_THROW_AT_STEP"))),
+        exit_at_step_(uint64_t(env_int("TROUPE_TEST_EXIT_AT_STEP"))),
         state_delay_ms_(env_int("TROUPE_TEST_STATE_DELAY_MS")),
         checkpoint_delay_ms_(env_int("TROUPE_TEST_CHECKPOINT_DELAY_MS")),
         slow_us_(env_int("TROUPE_TEST_SLOW_STEP_US")) {
     if (const char* a = std::getenv("TROUPE_TEST_SLOW_AGENT")) slow_agent_ = a;
     if (const char* a = std::getenv("TROUPE_TEST_THROW_AGENT")) throw_agent_ = a;
+    if (const char* a = std::getenv("TROUPE_TEST_EXIT_AGENT")) exit_agent_ = a;
     if (const char* a = std::getenv("TROUPE_TEST_PERTURB_AGENT")) perturb_agent_ = a;
     if (const char* a = std::getenv("TROUPE_TEST_CLAIM_AGENT")) claim_agent_ = a;
     if (const char* a = std::getenv("TROUPE_TEST_WIDEN_AGENT")) widen_agent_ = a;
@@ -45,7 +47,7 @@ class EnvFaults : public workers::FaultInjector {
     return step_delay_us_ > 0 || (throw_at_step_ > 0 && !throw_agent_.empty()) ||
            state_delay_ms_ > 0 || checkpoint_delay_ms_ > 0 || !perturb_agent_.empty() ||
            guarded_device_ || (slow_us_ > 0 && !slow_agent_.empty()) || !claim_agent_.empty() ||
-           !widen_agent_.empty();
+           !widen_agent_.empty() || (exit_at_step_ > 0 && !exit_agent_.empty());
   }
 
   // TROUPE_TEST_GUARDED_DEVICE=1: every worker computes on a device the host cannot read; all
@@ -93,6 +95,10 @@ class EnvFaults : public workers::FaultInjector {
         !thrown_.exchange(true))
       throw std::runtime_error("injected fault at step " + std::to_string(step) +
                                " (TROUPE_TEST_THROW_AT_STEP)");
+    if (agent == exit_agent_ && step + 1 == exit_at_step_) {        // (every incarnation)
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // (its last report goes out)
+      std::_Exit(9);
+    }
     if (step_delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(step_delay_us_));
     if (slow_us_ > 0 && agent == slow_agent_)
       std::this_thread::sleep_for(std::chrono::microseconds(slow_us_));
@@ -118,10 +124,10 @@ class EnvFaults : public workers::FaultInjector {
 
  private:
   int64_t step_delay_us_;
-  uint64_t throw_at_step_;
+  uint64_t throw_at_step_, exit_at_step_;
   int64_t state_delay_ms_, checkpoint_delay_ms_, slow_us_;
   std::string throw_agent_, perturb_agent_, slow_agent_, state_delay_file_, claim_agent_,
-      widen_agent_;
+      widen_agent_, exit_agent_;
   uint64_t claim_applied_ = 0, claim_blocks_ = 0, relay_applied_ = 0;
   bool guarded_device_ = false, guarded_plane_ = false;
   std::atomic<bool> thrown_{false}, checkpoint_delayed_{false};

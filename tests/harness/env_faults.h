@@ -5,6 +5,8 @@
 //   TROUPE_TEST_STEP_DELAY_US     every step of every worker waits this long first (pacing)
 //   TROUPE_TEST_THROW_AGENT       with TROUPE_TEST_THROW_AT_STEP: device 0 of the agent of this
 //   TROUPE_TEST_THROW_AT_STEP     name throws once when it reaches this step (counting from 1)
+//   TROUPE_TEST_EXIT_AGENT        with TROUPE_TEST_EXIT_AT_STEP: that agent's process exits (9)
+//   TROUPE_TEST_EXIT_AT_STEP      when it reaches this step (from 1), in every incarnation
 //   TROUPE_TEST_STATE_DELAY_MS    a state transfer this agent sends pauses this long after its
 //                                 first buffer
 //   TROUPE_TEST_STATE_DELAY_FILE  with the delay: the pause lasts while this file exists (at most
