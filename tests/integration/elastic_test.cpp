@@ -433,6 +433,23 @@ TEST(Elastic, WhilePausedStatusShowsTheLostMemberAndTheOneWaiting) {
   expect_same_function(job, want);
 }
 
+// Between a drain and the step boundary it leaves at (steps of 3 s here), troupe status shows the
+// drained member as draining and the other as training; it then leaves and the job finishes.
+TEST(Elastic, WhileDrainingStatusShowsTheDrainedMember) {
+  TempDir dir;
+  Job job = start(dir, "draining", 2, {"job.steps=6"}, {pace(3000000)});
+  wait_steps(job, 1);
+  const std::string said = admin(dir, {"drain", "--run-dir", job.run_dir, "--agent", "agent-1"});
+  EXPECT_NE(said.find("leaves at the next step boundary"), std::string::npos) << said;
+  const std::string json = admin(dir, {"status", "--run-dir", job.run_dir, "--json"});
+  EXPECT_NE(json.find(R"("state":"draining")"), std::string::npos) << json;
+  EXPECT_NE(json.find(R"("state":"training")"), std::string::npos) << json;
+  ASSERT_NE(wait_event(job, is("member_left"), 60s), "");
+  auto st = job.proc->wait(120s);
+  ASSERT_TRUE(st && WIFEXITED(*st)) << text_of(job.out);
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
+}
+
 TEST(Elastic, StandbysAboveMaxWorkersAreAdmittedWhenAMemberFails) {
   TempDir dir;
   auto want = reference_losses(dir);
