@@ -672,14 +672,8 @@ class Coordinator : public caf::event_based_actor {
       step = c->step;
       directory = c->directory;
     }
-    g = elastic::GenerationStart{};
-    g.ok = true;
-    g.start_step = step;
-    g.lacking = uint32_t(next.size());
-    g.rolled_back = step < steps_.committed();
-    elastic::Holding all{step, {}, {}, 0, {}};
-    for (uint32_t b = 0; b < blocks; ++b) all.held.push_back(b);
-    for (auto& r : next) r.holding = all;
+    g = elastic::reload_start(step, steps_.committed(), uint32_t(next.size()));
+    for (auto& r : next) r.holding = elastic::reloaded(step, blocks);
     reload = directory;
     return "";
   }

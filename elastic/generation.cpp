@@ -54,6 +54,22 @@ std::optional<uint64_t> choose_start_step(const std::vector<Holding>& members, u
   return std::nullopt;
 }
 
+GenerationStart reload_start(uint64_t step, uint64_t committed, uint32_t members) {
+  GenerationStart g;
+  g.ok = true;
+  g.start_step = step;
+  g.lacking = members;
+  g.rolled_back = step < committed;
+  return g;
+}
+
+Holding reloaded(uint64_t step, uint32_t blocks) {
+  Holding h;
+  h.applied = step;
+  for (uint32_t b = 0; b < blocks; ++b) h.held.push_back(b);
+  return h;
+}
+
 GenerationStart start_generation(const std::vector<Holding>& members, uint32_t blocks,
                                  uint64_t committed) {
   GenerationStart g;

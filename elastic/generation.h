@@ -79,6 +79,13 @@ std::string model_difference(const std::vector<uint64_t>& a_params, const std::s
 GenerationStart start_generation(const std::vector<Holding>& members, uint32_t blocks,
                                  uint64_t committed);
 
+// The start when no member holds some block any more and every member reloads the model's state
+// as of `step` (a checkpoint's, or 0: the seed): `members` of them lack it until they reload, and
+// the steps [step, committed) are redone (rolled_back).
+GenerationStart reload_start(uint64_t step, uint64_t committed, uint32_t members);
+// What a member holds once it reloaded: every one of `blocks` blocks live as of `step`.
+Holding reloaded(uint64_t step, uint32_t blocks);
+
 // The blocks a rank trains in the new layout: [begin, end) (begin == end: none, a standby).
 struct BlockRange {
   uint32_t begin = 0, end = 0;

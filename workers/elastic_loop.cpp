@@ -62,7 +62,7 @@ class ElasticLoop::Impl {
   uint64_t applied_ = 0;          // steps applied so far (the state is as of this step)
   bool has_state_ = false;        // a first member starts from its own (identical) initial state
   bool in_generation_ = false, step_open_ = false, stop_voted_ = false, received_ = false;
-  bool step_broken_ = false;  // the step next_step() gave broke (its calls answer false)
+  bool step_given_ = false;  // from next_step()'s step to its commit() (or the loop's end)
   bool ended_ = false;
   uint32_t rank_ = 0, world_ = 0;
   uint64_t generation_ = 0;
@@ -231,8 +231,7 @@ LoopStep ElasticLoop::Impl::open_step() {
   step_ = {applied_,          generation_, rank_, world_, first + share.begin,
            first + share.end, received_,   lr_};
   received_ = false;
-  step_open_ = true;
-  step_broken_ = false;
+  step_open_ = step_given_ = true;
   step_start_ = Clock::now();
   return step_;
 }
@@ -264,7 +263,7 @@ std::optional<LoopStep> ElasticLoop::Impl::next_step() {
     return open_step();
   }
   ended_ = true;
-  step_broken_ = false;
+  step_given_ = false;
   exit_code = board.exit_code();
   reason = board.reason();
   return std::nullopt;
@@ -273,7 +272,7 @@ std::optional<LoopStep> ElasticLoop::Impl::next_step() {
 // A call outside a step (before next_step(), after commit()) is the program's bug: named. One in
 // a step whose generation broke is not: false, as the call that found it broken.
 void ElasticLoop::Impl::check_in_step(const char* call) const {
-  if (!step_open_ && !step_broken_)
+  if (!step_given_)
     throw std::logic_error(std::string("ElasticLoop::") + call +
                            " outside a step: call next_step() first (and once after each "
                            "commit(); a false or empty answer means redo from next_step())");
@@ -314,17 +313,14 @@ uint64_t ElasticLoop::Impl::in_place() const {
 
 std::optional<double> ElasticLoop::Impl::commit(double loss) {
   check_in_step("commit()");
-  if (!in_generation_ || !step_open_) {
-    step_broken_ = false;  // (the step ends here: the next call must come after next_step())
-    return std::nullopt;
-  }
+  step_given_ = false;  // (the step ends here, committed or not)
+  if (!in_generation_ || !step_open_) return std::nullopt;
   auto& board = session_.board();
   double control[2] = {loss, board.stop_requested() || board.leaving(generation_) ? 1.0 : 0.0};
   try {
     comm_->allreduce(control, control, 2, comm::DataType::f64, comm::ReduceOp::sum);
   } catch (const comm::Error& e) {
     broken(e);
-    step_broken_ = false;  // (the step ends with its commit, as a committed one)
     return std::nullopt;
   }
   step_open_ = false;
@@ -342,7 +338,6 @@ void ElasticLoop::Impl::broken(const comm::Error& e) {
   spdlog::warn("loop {} (rank {}, generation {}): {}; waiting for the next generation",
                session_.name(), rank_, generation_, e.what());
   last_error_ = e.what();
-  step_broken_ = step_open_;
   in_generation_ = step_open_ = false;
   if (comm_) comm_->abort();
   ++want_;

@@ -50,6 +50,26 @@ TEST(StartStep, ALostStageWithoutAReplicaRollsBackToTheNewestBackup) {
   EXPECT_FALSE(choose_start_step({stage0, standby}, 4).has_value());
 }
 
+// The state lost, every member reloads it (a checkpoint of step 40, 52 steps committed): the
+// steps since are redone, and with each member holding every block as of 40 nothing moves, on
+// any layout (here two pipeline stages).
+TEST(StartStep, AReloadRedoesTheStepsSinceAndMovesNothing) {
+  const GenerationStart g = reload_start(40, 52, 2);
+  EXPECT_TRUE(g.ok);
+  EXPECT_EQ(g.start_step, 40u);
+  EXPECT_TRUE(g.rolled_back);
+  EXPECT_EQ(g.lacking, 2u);
+  EXPECT_EQ(g.recover_to, g.recover_from);
+  EXPECT_FALSE(reload_start(0, 0, 1).rolled_back);  // (nothing committed yet: nothing redone)
+  const std::vector<Holding> members(2, reloaded(40, 4));
+  EXPECT_EQ(members[0].held, (std::vector<uint32_t>{0, 1, 2, 3}));
+  const Migration m = plan_migration(members, 40, {{0, 2}, {2, 4}}, {8, 8, 8, 8});
+  EXPECT_TRUE(m.ok) << m.reason;
+  EXPECT_TRUE(m.batches.empty());
+  EXPECT_TRUE(m.restores.empty());
+  EXPECT_EQ(m.bytes_moved, 0u);
+}
+
 TEST(StartStep, ANewcomerHoldsTheInitialStateOnlyBeforeTheFirstStep) {
   // A fresh worker holds every block at step 0; the members at step 40 win.
   std::vector<Holding> m{H(40, {0, 1}, {0, 1}), H(40, {2}, {2}), H(0, {0, 1, 2}, {})};
