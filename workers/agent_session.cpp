@@ -39,9 +39,10 @@ void log_as(const std::string& job, const std::string& agent, const actors::Gene
 // (It shares the board: it may run after run_agent has returned.)
 caf::actor spawn_agent_actor(caf::actor_system& system, std::shared_ptr<GenerationBoard> board,
                              const std::string& job, const std::string& name,
-                             std::shared_ptr<std::atomic<uint32_t>> agent_id) {
-  return system.spawn([board, job, name, agent_id](caf::event_based_actor*) -> caf::behavior {
-    return {[board, job, name, agent_id](ControlMessage& m) -> ControlMessage {
+                             std::shared_ptr<std::atomic<uint32_t>> agent_id, caf::actor bridge,
+                             caf::actor watcher) {
+  return system.spawn([=](caf::event_based_actor*) -> caf::behavior {
+    return {[=](ControlMessage& m) -> ControlMessage {
       auto body = m.envelope().getBody();
       if (body.isGenerationStart()) {
         auto g = actors::decode(body.getGenerationStart());
@@ -58,6 +59,8 @@ caf::actor spawn_agent_actor(caf::actor_system& system, std::shared_ptr<Generati
       } else if (body.isLeaveGeneration()) {
         board->leave(body.getLeaveGeneration());
       } else if (body.isShutdown()) {
+        // The job ended: the coordinator's process goes next, and that is no loss.
+        caf::send_as(watcher, bridge, actors::demonitor_atom::value, m.envelope().getSrcNode());
         auto s = actors::decode(body.getShutdown());
         board->shut_down(s.exit_code, s.reason);
       }
@@ -139,7 +142,8 @@ AgentSession::AgentSession(const AgentOptions& o)
   bridge_ = actors::spawn_bridge(*system_, bc);
   self_ = std::make_unique<caf::scoped_actor>(*system_);
   name_ = o.name.empty() ? host_name() + ":" + std::to_string(getpid()) : o.name;
-  agent_ = spawn_agent_actor(*system_, board_, o.job_id, name_, agent_id_);
+  agent_ = spawn_agent_actor(*system_, board_, o.job_id, name_, agent_id_, bridge_,
+                             caf::actor_cast<caf::actor>(*self_));
   (*self_)->send(bridge_, actors::register_atom::value, actors::kAgentActorId, agent_);
   Joined joined = join(*self_, bridge_, o.join, o, name_, false);
   error_ = joined.error;
