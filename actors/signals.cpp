@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdint>
+#include <ctime>
 
 namespace troupe::actors {
 namespace {
@@ -12,7 +14,25 @@ namespace {
 std::atomic<int> pipe_write{-1};
 int pipe_read = -1;
 
+// When each signal was last taken (CLOCK_MONOTONIC ns; 0: never).
+constexpr int kSlots = 65;
+std::atomic<int64_t> last_taken_ns[kSlots];
+
+// Whether this arrival repeats the last one of the same signal (async-signal-safe; a handler
+// does not interrupt itself for the same signal).
+bool repeats(int sig) {
+  if (sig <= 0 || sig >= kSlots) return false;
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  const int64_t now = int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+  const int64_t last = last_taken_ns[sig].load();
+  if (last != 0 && now - last < int64_t(kRepeatWindowMs) * 1000000) return true;
+  last_taken_ns[sig].store(now);
+  return false;
+}
+
 void on_signal(int sig) {
+  if (repeats(sig)) return;
   const int fd = pipe_write.load();
   const unsigned char byte = static_cast<unsigned char>(sig);
   if (fd >= 0) (void)!::write(fd, &byte, 1);  // async-signal-safe; a full pipe drops it

@@ -4,6 +4,9 @@
 // into a pipe, and the process asks for them with next() (a job finishes its step and writes its
 // final event instead of dying mid-line). The default actions come back when it goes; children
 // exec'd meanwhile get them anyway (exec resets caught signals).
+// A signal that arrives again within kRepeatWindowMs of its last taken arrival is the same
+// request, taken once: `timeout` and `kill 0` deliver it twice at once (to the process and to
+// its group); a second Ctrl-C pressed by a person comes later and counts.
 //
 // Thread-safety: next(), count() and first() from any thread; one watcher per process.
 #pragma once
@@ -14,6 +17,8 @@
 #include <mutex>
 
 namespace troupe::actors {
+
+constexpr int kRepeatWindowMs = 200;
 
 class SignalWatcher {
  public:
