@@ -3,10 +3,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <thread>
 
 namespace troupe::coordinator {
 
 namespace {
+
+// The local launcher's bound on a scale: CPU workers share the machine's cores, and more than this
+// per core only slow each other down (a GPU worker is a process too).
+constexpr uint32_t kWorkersPerCore = 8;
 
 // dp and pp of a pipeline plan ("dp 2 x pp 3, stages ..."); {0, 0} without one.
 std::pair<uint32_t, uint32_t> layout_of(const std::string& plan) {
@@ -99,6 +104,9 @@ elastic::ScaleLimits scale_limits(const JobConfig& cfg, uint32_t min_workers) {
   l.can_launch = cfg.launcher == "local";
   l.launcher = cfg.launcher;
   l.workers_per_agent = uint32_t(std::max<int64_t>(1, cfg.devices_per_agent));
+  l.machine_cores = std::max(1u, std::thread::hardware_concurrency());
+  l.machine_workers =
+      std::max<uint32_t>(kWorkersPerCore * l.machine_cores, uint32_t(cfg.workers()));
   return l;
 }
 

@@ -184,7 +184,7 @@ class Coordinator : public caf::event_based_actor {
           return AdminReply{false, "the job is finished"};
         },
         [](subscribe_atom, caf::actor&) {},
-        [this](LauncherEvent& e) { on_launcher_event(e); },
+        [](LauncherEvent&) {},  // (the events end with the job's: agents going is its end)
         [](actors::NodeDown&) {},
         [](actors::NodeUp&) {},
         [](deadline_atom, uint64_t) {},
@@ -719,6 +719,7 @@ class Coordinator : public caf::event_based_actor {
   }
 
   void shut_down_drained(uint32_t id, uint64_t step) {
+    send(bridge_, actors::demonitor_atom::value, roster_.at(id).node);  // (its exit is no loss)
     to_agent(id, encode(actors::Shutdown{"drained", 0}));
     tell(roster_.at(id).name + " left (drained)");
     log_.event("member_left",

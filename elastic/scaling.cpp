@@ -32,6 +32,12 @@ ScaleDecision decide_scale(uint32_t n, const std::vector<LiveAgent>& agents,
                  ")";
       return d;
     }
+    if (lim.machine_workers > 0 && n > lim.machine_workers)
+      return invalid(
+          std::to_string(n) + " worker(s) is more than this machine can run: the local " +
+          "launcher starts every agent here, which has " + std::to_string(lim.machine_cores) +
+          " core(s) (at most " + std::to_string(lim.machine_workers) +
+          " workers); other machines join with `troupe agent --join`");
     const uint32_t per = lim.workers_per_agent ? lim.workers_per_agent : 1;
     d.kind = ScaleDecision::Kind::launch;
     d.agents_to_launch = (n - have + per - 1) / per;

@@ -22,6 +22,10 @@ struct ScaleLimits {
   bool can_launch = false;   // the local launcher starts agents
   std::string launcher;      // cluster.launcher, for the refusal
   uint32_t workers_per_agent = 1;
+  // The local launcher starts every agent on this machine: at most this many workers (0: no
+  // bound), and the machine's cores for the refusal.
+  uint32_t machine_workers = 0;
+  uint32_t machine_cores = 0;
 };
 
 struct ScaleDecision {

@@ -186,6 +186,9 @@ TEST(Signals, SigtermToAnAgentDrainsIt) {
   const std::string log = text_of(job.run_dir + "/agent-2.log");
   EXPECT_NE(log.find("SIGTERM: asking the coordinator to drain this agent"), std::string::npos)
       << log;
+  // (a drained agent's exit is no loss: the coordinator warns of nothing)
+  const std::string coordinator = text_of(job.run_dir + "/coordinator.log");
+  EXPECT_EQ(coordinator.find("[warning] control plane"), std::string::npos) << coordinator;
 }
 
 // A full disk (a 64 KiB tmpfs for the run directory, in a mount namespace of the test's own): the

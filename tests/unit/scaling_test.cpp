@@ -32,6 +32,18 @@ TEST(Scale, GrowingAsksTheLocalLauncherForTheMissingAgents) {
   EXPECT_EQ(decide_scale(7, kAgents, two).agents_to_launch, 2u);  // 3 more workers: 2 agents
 }
 
+// `troupe scale --workers 100000` with the local launcher: refused, not 100000 processes here.
+TEST(Scale, GrowingPastWhatTheMachineRunsIsInvalid) {
+  ScaleLimits l = limits();
+  l.machine_cores = 2;
+  l.machine_workers = 16;
+  EXPECT_EQ(decide_scale(16, kAgents, l).kind, Kind::launch);
+  auto d = decide_scale(100000, kAgents, l);
+  EXPECT_EQ(d.kind, Kind::invalid);
+  EXPECT_NE(d.reason.find("2 core(s) (at most 16 workers)"), std::string::npos) << d.reason;
+  EXPECT_EQ(decide_scale(2, kAgents, l).kind, Kind::drain);  // (shrinking is not bounded)
+}
+
 TEST(Scale, GrowingWithAnExternalLauncherIsRefusedWithWhatToDo) {
   auto d = decide_scale(6, kAgents, limits(1, 0, false));
   EXPECT_EQ(d.kind, Kind::refuse);
