@@ -254,6 +254,34 @@ TEST(Checkpoints, TheCoordinatorKilledLeavesNoAgentAndTheRunResumesFromItsCheckp
   EXPECT_GE(resumed_from(resumed), 40);
 }
 
+// The coordinator stalled (SIGSTOP) past elastic.rejoin_timeout_ms, then SIGKILLed: every agent,
+// launched or joined by hand, gives up waiting for a take-over and exits. (They waited for good
+// in the end of their control plane, CAF's teardown, after saying they gave up.)
+TEST(Checkpoints, AgentsWhoseCoordinatorStalledAndDiedExit) {
+  TempDir dir;
+  Job job =
+      start_job(dir, "stalled", kGpt, 2,
+                {"job.steps=100000", "elastic.max_workers=3", "elastic.rejoin_timeout_ms=30000"},
+                {pace(60000)});
+  wait_steps(job, 1);
+  auto joiner = join_agent(dir, job, "joiner", {pace(60000)});
+  ASSERT_NE(wait_event(job, is("generation_started", "world_size", "3"), 60s), "");
+  std::vector<int> agents = joined_pids(job);
+  ASSERT_EQ(agents.size(), 3u);
+  ASSERT_EQ(::kill(job.proc->pid(), SIGSTOP), 0);
+  std::this_thread::sleep_for(40s);  // (past the agents' 3 s failure timeout and 30 s rejoin)
+  ASSERT_EQ(::kill(job.proc->pid(), SIGKILL), 0);
+  ASSERT_TRUE(job.proc->wait(10s));
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  for (int pid : agents)
+    while (!ended(pid) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(50ms);
+  for (int pid : agents) EXPECT_TRUE(ended(pid)) << "agent " << pid << " lingers";
+  EXPECT_NE(text_of(dir.path() + "/joiner.out").find("no coordinator took the run over"),
+            std::string::npos)
+      << text_of(dir.path() + "/joiner.out");
+}
+
 // The coordinator SIGKILLed and `troupe run --resume RUN_DIR` started again within
 // elastic.rejoin_timeout_ms: it takes the run over, the agents still alive join it again and go on
 // from their own state (nothing is rolled back to the checkpoint, no agent is launched anew), and
