@@ -43,6 +43,14 @@ class SampleError : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// The training diverged: a step's loss or gradient norm is not finite. Its update is not applied
+// (the parameters, and every checkpoint, stay those of the step before); computing the step
+// again gives the same, so the job fails naming the step.
+class Diverged : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 // A model no worker can train whatever it retries: a block whose init is not a function of its
 // seed and index. Not restarted either.
 class ModelDefect : public std::invalid_argument {

@@ -273,11 +273,11 @@ bool DeviceSupervisor::restart_after(const std::exception& e) {
   // A lost block (a stage without a replica) cannot be repaired by a restart, nor a data plane
   // the members cannot use (parallel.backend = "nccl" with members sharing a GPU), nor a data
   // set damaged after it was prepared or a sample it cannot give (the same is read again), nor
-  // a model whose init is not repeatable.
+  // a model whose init is not repeatable, nor a step that diverged.
   const bool fatal =
       dynamic_cast<const StateLost*>(&e) != nullptr || dynamic_cast<const PlaneRefused*>(&e) ||
       dynamic_cast<const data::DamagedData*>(&e) || dynamic_cast<const models::SampleError*>(&e) ||
-      dynamic_cast<const models::ModelDefect*>(&e);
+      dynamic_cast<const models::ModelDefect*>(&e) || dynamic_cast<const models::Diverged*>(&e);
   const bool restart = !fatal && worker_ && intensity_.allow_restart(Clock::now());
   spdlog::error("worker {} (rank {}) failed: {}{}", id_.device, rank_, e.what(),
                 restart ? "; restarting it" : "");

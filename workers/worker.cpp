@@ -237,6 +237,7 @@ TrainResult Worker::run_data_parallel(comm::Communicator& comm, uint64_t start,
     double norm_sq = 0;
     for (size_t b = 0; b < model_->num_blocks(); ++b)
       norm_sq += models::grad_norm_sq(model_->block(b).grads());
+    check_finite(step, control[0], norm_sq);
     const int64_t u0 = StepTrace::now_us();
     trainer_->apply(step, norm_sq, stats);
     trace_.span(step, "update", "compute", u0);
@@ -391,6 +392,7 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
       norm_sq = control[2];
     models::StepStats stats;
     stats.loss = control[0];
+    check_finite(step, stats.loss, norm_sq);
     for (uint32_t b = mine.begin; b < mine.end; ++b) states_->snapshot(b, step);
     const int64_t u0 = StepTrace::now_us();
     if (active) trainer_->apply_blocks(step, norm_sq, mine.begin, mine.end, stats);
@@ -483,6 +485,19 @@ void Worker::maybe_checkpoint(const std::vector<uint32_t>& blocks, bool requeste
 }
 
 void Worker::finish_checkpoints() { take_checkpoint_result(true); }
+
+// Before a step's update, on every rank alike (the loss and norm are the global ones): a
+// non-finite loss or gradient norm is a diverged training, not an update.
+void Worker::check_finite(uint64_t step, double loss, double norm_sq) const {
+  if (std::isfinite(loss) && std::isfinite(norm_sq)) return;
+  const bool by_loss = !std::isfinite(loss);
+  throw models::Diverged(
+      "the training diverged at step " + std::to_string(step) + ": its " +
+      (by_loss ? "loss" : "gradient norm") + " is " +
+      (std::isnan(by_loss ? loss : norm_sq) ? "nan" : "infinite") +
+      " (its update was not applied; the parameters and checkpoints are those before it: a "
+      "smaller optimizer.lr or an optimizer.clip_norm may help)");
+}
 
 // The squared gradient norm summed block by block in block order, as a data-parallel worker sums
 // it: each block's from one replica of its stage (the others add zeros: exact), gathered by an

@@ -170,6 +170,7 @@ class Worker {
   std::shared_ptr<const comm::SharedArena> gradient_arena() const { return gradient_arena_; }
   // Waits for the checkpoint write in flight and reports it (the job's end).
   void finish_checkpoints();
+  void check_finite(uint64_t step, double loss, double norm_sq) const;  // throws models::Diverged
   // Called on the worker's thread with its spans of observability.trace_steps, once they are done.
   using OnTrace = std::function<void(std::vector<actors::TraceEvent>)>;
   void set_trace_reporter(OnTrace f) { on_trace_ = std::move(f); }

@@ -538,6 +538,36 @@ TEST(Job, ASampleTheDataSetCannotGiveFailsTheJobNamingItWithoutRestarts) {
   }
 }
 
+// A diverged training (SGD at lr 1000): the job fails at the step whose loss or gradient norm is
+// not finite, without restarts, naming it; no committed step has a nan loss and every complete
+// checkpoint is of a step before it (it used to train on with "loss -nan", exit 0, and its
+// checkpoints rotated the good ones out).
+TEST(Job, ADivergedTrainingFailsAtTheStepNamingItAndKeepsTheCheckpointsBefore) {
+  testing::TempDir dir;
+  RunResult r = troupe_run(dir, write_config(dir, "diverge.toml", kMlp),
+                           {"optimizer.kind=\"sgd\"", "optimizer.lr=1000", "optimizer.clip_norm=0",
+                            "checkpoint.every_steps=2", "cluster.agents=2"},
+                           120s);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  const size_t at = r.output.find("the training diverged at step ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const uint64_t step = std::stoull(r.output.substr(at + 30));
+  EXPECT_EQ(r.output.find("restarting"), std::string::npos) << r.output;
+  const std::string metrics = testing::text_of(r.run_dir + "/metrics.jsonl");
+  EXPECT_EQ(metrics.find("null"), std::string::npos) << metrics;
+  const auto losses = testing::committed_losses(r.run_dir);
+  EXPECT_EQ(losses.size(), step) << "the steps before it commit";
+  for (double l : losses) EXPECT_TRUE(std::isfinite(l));
+  int complete = 0;  // (a checkpoint is complete once its manifest is written)
+  for (const auto& d : std::filesystem::directory_iterator(r.run_dir + "/checkpoints"))
+    if (std::filesystem::exists(d.path() / "manifest.json")) {
+      ++complete;
+      EXPECT_LE(std::stoull(d.path().filename().string().substr(5)), step) << d.path();
+    }
+  EXPECT_GT(complete, 0);
+  EXPECT_NE(r.output.find("its newest checkpoint is"), std::string::npos) << r.output;
+}
+
 // A program's block whose init is not a function of its seed (the test build's
 // model.kind = "shifted_linear" with repeatable_init = false) fails the job before its first
 // step, naming the block: it used to train the whole run on members with different models and
