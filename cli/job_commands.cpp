@@ -541,7 +541,13 @@ int configure_job(const std::string& path, const std::vector<std::string>& sets,
     std::fprintf(stderr, "troupe: %s\n", e.what());
     return 2;
   }
-  if (!listen.empty()) cfg.listen = listen;
+  if (!listen.empty()) try {
+      comm::split_host_port(listen);
+      cfg.listen = listen;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "troupe: --listen %s: %s\n", listen.c_str(), e.what());
+      return 2;
+    }
   if (!spawn_agents || cfg.external()) cfg.launcher = "external";
   if (std::string why = memory_refusal(cfg, hooks); !why.empty()) {
     std::fprintf(stderr, "troupe: %s: %s\n", path.c_str(), why.c_str());

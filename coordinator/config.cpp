@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -574,6 +575,26 @@ bool host_and_port(const std::string& a) {
          port.find_first_not_of("0123456789") == std::string::npos && std::stoi(port) <= 65535;
 }
 
+// job.name (the job's id in its token file, "JOB_ID TOKEN", and its run directory's name) and
+// the addresses the job listens on.
+void check_name_and_addresses(const JobConfig& c,
+                              const std::function<std::string(const char*)>& place) {
+  const bool plain = std::none_of(c.name.begin(), c.name.end(), [](char ch) {
+    return std::isspace(static_cast<unsigned char>(ch)) ||
+           std::iscntrl(static_cast<unsigned char>(ch)) || ch == '/';
+  });
+  if (c.name.empty() || !plain)
+    throw ConfigError(place("job.name") + ": job.name = \"" + c.name +
+                      "\" must be a non-empty name without spaces, control characters or '/' "
+                      "(it names the job's run directory and its id in the token file)");
+  for (auto [key, value, example] :
+       {std::tuple{"observability.metrics_listen", &c.metrics_listen, "127.0.0.1:9400"},
+        std::tuple{"cluster.listen", &c.listen, "127.0.0.1:0"}})
+    if (!value->empty() && !host_and_port(*value))
+      throw ConfigError(place(key) + ": " + key + " = \"" + *value +
+                        "\" is not HOST:PORT (e.g. \"" + example + "\"; port 0 picks one)");
+}
+
 void validate(const JobConfig& c, const std::string& source, const Places& at) {
   auto place = [&](const std::string& key) {
     auto it = at.find(key);
@@ -581,10 +602,7 @@ void validate(const JobConfig& c, const std::string& source, const Places& at) {
   };
   refuse_what_cannot_act(c, source, at);
   auto fail = [&](const std::string& m) { throw ConfigError(source + ": " + m); };
-  if (!c.metrics_listen.empty() && !host_and_port(c.metrics_listen))
-    throw ConfigError(place("observability.metrics_listen") +
-                      ": observability.metrics_listen = \"" + c.metrics_listen +
-                      "\" is not HOST:PORT (e.g. \"127.0.0.1:9400\"; port 0 picks one)");
+  check_name_and_addresses(c, [&](const char* key) { return place(key); });
   if (c.micro_batch > c.global_batch)
     throw ConfigError(place("batch.micro") + ": batch.micro (" + std::to_string(c.micro_batch) +
                       ") exceeds batch.global (" + std::to_string(c.global_batch) +

@@ -189,6 +189,10 @@ TEST(Job, BadConfigsExitNonZeroWithTheReasonAndStartNothing) {
       {"[observability]\nmetrics_listen = \"127.0.0.1\"\n",
        "observability.metrics_listen = \"127.0.0.1\" is not HOST:PORT"},
       {"[observability]\nmetrics_listen = \"192.0.2.1:0\"\n", "cannot listen on 192.0.2.1:0"},
+      {"[cluster]\nlisten = \"127.0.0.1:99999\"\n",
+       ":2:10: cluster.listen = \"127.0.0.1:99999\" is not HOST:PORT"},
+      // (the job's id in its token file: a space made every agent's join fail, unexplained)
+      {"[job]\nname = \"my gpt\"\n", ":2:8: job.name = \"my gpt\" must be a non-empty name"},
       {"[observability]\ntrace_steps = \"9-3\"\n",
        ":2:15: observability.trace_steps = \"9-3\" is not a step range"},
       {"[parallel]\ndeterministic = true\n[batch]\nglobal = 30\nmicro = 8\n",
