@@ -83,15 +83,17 @@ int run_export(const std::vector<std::string>& words, const Hooks& hooks) {
   int64_t step = -1, batch_step = -1;
   app.add_option("RUN_DIR", run_dir, "the run directory")->required();
   app.add_option("-o,--output", out, "the file to write")->required();
-  app.add_option("--step", step, "the checkpoint's step (default: the newest valid one)");
+  const CLI::Validator a_step(
+      [](std::string& s) {
+        return s.rfind('-', 0) == 0 ? s + " is not a step (0 or more)" : std::string();
+      },
+      "STEP");
+  app.add_option("--step", step, "the checkpoint's step (default: the newest valid one)")
+      ->check(a_step);
   app.add_option("--format", format, "safetensors")->check(CLI::IsMember({"safetensors"}));
   app.add_option("--batch-of-step", batch_step,
                  "also write step S's global batch (tokens) to OUTPUT.batch.safetensors")
-      ->check(CLI::Validator(
-          [](std::string& s) {
-            return s.rfind('-', 0) == 0 ? s + " is not a step (0 or more)" : std::string();
-          },
-          "STEP"));
+      ->check(a_step);
   if (auto rc = parse(app, words)) return *rc;
   coordinator::JobConfig cfg =
       coordinator::load_config(run_dir + "/config.toml", {}, hooks.kinds());

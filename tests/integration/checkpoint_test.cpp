@@ -370,6 +370,10 @@ TEST(Checkpoints, AJobThatCompletesCheckpointsItsLastStep) {
   EXPECT_NE(admin(dir, {"export", job.run_dir, "-o", model, "--batch-of-step", "-5"}, 2)
                 .find("--batch-of-step: -5 is not a step (0 or more)"),
             std::string::npos);
+  // (--step -1 exported the newest checkpoint)
+  EXPECT_NE(admin(dir, {"export", job.run_dir, "-o", model, "--step", "-1"}, 2)
+                .find("--step: -1 is not a step (0 or more)"),
+            std::string::npos);
 }
 
 // The state lost with the members that held it (checkpoint.on_state_lost = "rollback", the
