@@ -56,11 +56,37 @@ Json& Json::value(const std::string& k, nlohmann::ordered_json v) {
   return *this;
 }
 
+namespace {
+
+// A line a process killed mid-write left at the end of a file it appends to: cut back to the last
+// whole line, so that the next line starts on its own (a resume glued its first event onto it).
+void cut_partial_line(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || st.st_size == 0) return;
+  off_t end = st.st_size;
+  char buf[4096];
+  while (end > 0) {
+    const off_t from = end > off_t(sizeof buf) ? end - off_t(sizeof buf) : 0;
+    const ssize_t n = ::pread(fd, buf, size_t(end - from), from);
+    if (n != end - from) return;  // (unreadable: left as it is)
+    for (ssize_t i = n; i-- > 0;)
+      if (buf[i] == '\n') {
+        if (from + i + 1 < st.st_size) (void)!::ftruncate(fd, from + i + 1);
+        return;
+      }
+    end = from;
+  }
+  (void)!::ftruncate(fd, 0);  // (no whole line at all)
+}
+
+}  // namespace
+
 RunLog::RunLog(const std::string& dir, bool ledger) : dir_(dir) {
   auto open = [&](File& f, const char* name) {
     f.path = dir + "/" + name;
-    f.fd = ::open(f.path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    f.fd = ::open(f.path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (f.fd < 0) throw std::runtime_error("cannot write " + f.path + ": " + std::strerror(errno));
+    cut_partial_line(f.fd);
   };
   open(events_, "events.jsonl");
   open(metrics_, "metrics.jsonl");

@@ -5,8 +5,37 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "coordinator/events.h"
+
 namespace troupe::coordinator {
 namespace {
+
+// A run directory whose events.jsonl ends in a line cut short (its coordinator killed mid-write):
+// the next run log (a resume) cuts it off and its first event is a line of its own.
+TEST(RunRecord, AResumedRunLogCutsOffThePartialLineItFinds) {
+  const std::string dir = ::testing::TempDir() + "run-log-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/events.jsonl")
+      << "{\"ts\":1,\"event\":\"job_started\"}\n{\"ts\":2,\"event\":\"step_comm";
+  std::ofstream(dir + "/metrics.jsonl") << "{\"step\":1";  // (no whole line at all)
+  {
+    RunLog log(dir, false);
+    log.event("job_resumed", Json().integer("step", 1));
+  }
+  std::stringstream events, metrics;
+  events << std::ifstream(dir + "/events.jsonl").rdbuf();
+  metrics << std::ifstream(dir + "/metrics.jsonl").rdbuf();
+  EXPECT_EQ(events.str().find("step_comm"), std::string::npos) << events.str();
+  EXPECT_EQ(events.str().rfind("{\"ts\":1,\"event\":\"job_started\"}\n{\"ts\":", 0), 0u)
+      << events.str();
+  EXPECT_NE(events.str().find("\"event\":\"job_resumed\""), std::string::npos);
+  EXPECT_EQ(metrics.str(), "");
+  std::filesystem::remove_all(dir);
+}
 
 TEST(RunRecord, ALostCoordinatorsRunSaysWhereItGot) {
   const std::vector<std::string> lines = {
