@@ -900,6 +900,10 @@ std::string to_toml(const JobConfig& config) {
       }
     }
   }
+  // (data.mix names the data sets: a data.path left at its default is not written, or the file
+  // would set both; one the config unset, "", is)
+  if (!config.data_mix.empty() && config.data_path == JobConfig{}.data_path)
+    root["data"].as_table()->erase("path");
   std::ostringstream out;
   out << "# The effective configuration of this run (defaults and --set overrides applied).\n"
       << root << "\n";

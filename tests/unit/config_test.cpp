@@ -3,9 +3,13 @@
 #include "coordinator/config.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <tuple>
 
+#include "coordinator/checkpoints.h"
 #include "coordinator/run_dir.h"
 
 namespace troupe::coordinator {
@@ -181,6 +185,22 @@ TEST(Config, DefaultsAndOverrides) {
 // The effective config.toml a run writes loads back to the same values: every value below
 // differs from its default, so a key to_toml dropped or wrote wrong would come back as the
 // default (or fail to parse) and differ here.
+// A data.mix run's effective config (what export and a resume read) loads back: it wrote the
+// default data.path next to the mix, which the file then refused as both set.
+TEST(Config, AMixRunsEffectiveConfigLoadsBackWithTheSameIdentity) {
+  const std::string dir = ::testing::TempDir() + "mix-set-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/manifest.json") << "{}";  // (opened only when the job starts)
+  const std::string text =
+      "[model]\nkind = \"gpt\"\n[data]\nkind = \"tokens\"\nmix = { \"" + dir + "\" = 2.0 }\n";
+  JobConfig c = parse_config(text, "mix.toml");
+  JobConfig d = parse_config(to_toml(c), "effective.toml");
+  EXPECT_EQ(d.data_mix, c.data_mix);
+  EXPECT_EQ(d.data_path, c.data_path);
+  EXPECT_EQ(checkpoint_identity(d).hash, checkpoint_identity(c).hash);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Config, TheEffectiveConfigLoadsBackToTheSameValues) {
   const char* text = R"([job]
 name = "round\"trip\"é"
