@@ -120,7 +120,7 @@ xfer=()
 for ((r = 0; r < REPS; r++)); do
   d=$tmp/xfer$r
   "$TROUPE" run "$tmp/mlp.toml" --set "job.run_dir=\"$d\"" --set cluster.agents=1 \
-    --set 'model.hidden=[4096,4096]' --set optimizer.kind="adamw" --set optimizer.lr=0.0001 \
+    --set 'model.hidden=[4096,4096]' --set optimizer.kind="adamw" --set optimizer.momentum=0.9 --set optimizer.lr=0.0001 \
     --set batch.global=8 --set batch.micro=8 >"$d.out" 2>&1 &
   wait_steps "$d/events.jsonl" 3
   t_start=$(now)

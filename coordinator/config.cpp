@@ -385,6 +385,41 @@ void apply_override(toml::table& root, const std::string& ov) {
 using Places = std::map<std::string, std::string>;
 
 // Keys this build accepts but cannot act on: refused, never ignored.
+// A built-in kind's key changed from its default while another kind is chosen would not act
+// (data.samples of a token job, model.hidden of a GPT, optimizer.momentum of AdamW). At their
+// defaults they are accepted: the effective config (RUN_DIR/config.toml) writes every key.
+void refuse_keys_of_other_kinds(const JobConfig& c,
+                                const std::function<std::string(const char*)>& place) {
+  const JobConfig d;
+  struct Key {
+    const char* key;
+    bool changed, acts;
+    const char* with;
+  };
+  const bool mlp = c.model_kind == "mlp", gpt = c.model_kind == "gpt";
+  const bool model = c.builtin_model(), data = c.builtin_data();
+  const Key keys[] = {
+      {"model.hidden", c.hidden != d.hidden, mlp || !model, "model.kind = \"mlp\""},
+      {"model.inputs", c.inputs != d.inputs, mlp || !model, "model.kind = \"mlp\""},
+      {"model.classes", c.classes != d.classes, mlp || !model, "model.kind = \"mlp\""},
+      {"model.layers", c.layers != d.layers, gpt || !model, "model.kind = \"gpt\""},
+      {"model.d_model", c.d_model != d.d_model, gpt || !model, "model.kind = \"gpt\""},
+      {"model.heads", c.heads != d.heads, gpt || !model, "model.kind = \"gpt\""},
+      {"model.context", c.context != d.context, gpt || !model, "model.kind = \"gpt\""},
+      {"model.tied_head", c.tied_head != d.tied_head, gpt || !model, "model.kind = \"gpt\""},
+      {"data.samples", c.samples != d.samples, c.data_kind == "synthetic" || !data,
+       "data.kind = \"synthetic\""},
+      {"data.path", c.data_path != d.data_path && !c.data_path.empty(),
+       c.data_kind != "synthetic" || !data, "data.kind = \"text\" or \"tokens\""},
+      {"optimizer.momentum", c.momentum != d.momentum, c.optimizer == "sgd",
+       "optimizer.kind = \"sgd\""},
+  };
+  for (const Key& k : keys)
+    if (k.changed && !k.acts)
+      throw ConfigError(place(k.key) + ": " + k.key + " acts only with " + k.with +
+                        ": it would not act in this job");
+}
+
 void refuse_what_cannot_act(const JobConfig& c, const std::string& source, const Places& at) {
   auto place = [&](const std::string& key) {
     auto it = at.find(key);
@@ -417,6 +452,7 @@ void refuse_what_cannot_act(const JobConfig& c, const std::string& source, const
                       ": data.verify checks token data sets' files against their manifests; "
                       "data.kind is \"" +
                       c.data_kind + "\"");
+  refuse_keys_of_other_kinds(c, [&](const char* key) { return place(key); });
   if (c.change_timeout_ms > 0 && c.change_timeout_ms <= c.failure_timeout_ms)
     throw ConfigError(place("elastic.change_timeout_ms") +
                       ": elastic.change_timeout_ms must be larger than "

@@ -151,6 +151,23 @@ TEST(Config, BadFilesAreRefusedWithFileLineAndReason) {
        "[model]\nkind = \"gpt\"\n[data]\nkind = \"tokens\"\npath = \"/nonexistent-a\"\n",
        {"data.mix={ \"/nonexistent-b\" = 1 }", "data.path=\"\""},
        "--set data.mix: data.mix: '/nonexistent-b' is not a directory"},
+      // A kind's key set for another kind would not act.
+      {"an MLP's key for a GPT",
+       "[model]\nkind = \"gpt\"\nhidden = [5]\n",
+       {},
+       "job.toml:3:10: model.hidden acts only with model.kind = \"mlp\""},
+      {"a GPT's key for an MLP",
+       "",
+       {"model.layers=7"},
+       "--set model.layers: model.layers acts only with model.kind = \"gpt\""},
+      {"synthetic samples for text",
+       "[data]\nkind = \"text\"\nsamples = 5\n",
+       {},
+       "data.samples acts only with data.kind = \"synthetic\""},
+      {"momentum for AdamW",
+       "[optimizer]\nkind = \"adamw\"\nmomentum = 0.5\n",
+       {},
+       "optimizer.momentum acts only with optimizer.kind = \"sgd\""},
       {"change timeout below the failure timeout",
        "[elastic]\nchange_timeout_ms = 1000\nfailure_timeout_ms = 3000\n",
        {},
@@ -208,7 +225,6 @@ seed = 9007199254740993
 steps = 77
 [model]
 kind = "gpt"
-hidden = [5, 7]
 layers = 3
 d_model = 96
 heads = 3
@@ -251,7 +267,10 @@ progress = false
   EXPECT_EQ(d.seed, 9007199254740993);  // not through a double
   EXPECT_EQ(d.steps, 77);
   EXPECT_EQ(d.model_kind, "gpt");
-  EXPECT_EQ(d.hidden, (std::vector<int64_t>{5, 7}));
+  // (an array: an MLP's; a GPT refuses model.hidden, which would not act)
+  EXPECT_EQ(parse_config(to_toml(parse_config("[model]\nhidden = [5, 7]\n", "mlp.toml")), "e.toml")
+                .hidden,
+            (std::vector<int64_t>{5, 7}));
   EXPECT_EQ(std::tie(d.layers, d.d_model, d.heads, d.context), std::make_tuple(3, 96, 3, 17));
   EXPECT_TRUE(d.tied_head);
   EXPECT_EQ(d.data_kind, "text");
