@@ -363,13 +363,24 @@ std::optional<std::pair<uint32_t, std::string>> agent_id(AdminSession& session,
   auto status = session.status();
   if (!status) return std::nullopt;
   std::set<std::string> names;
+  std::set<uint32_t> named;  // (two agents started by hand may share a name)
   for (const auto* rows : {&status->members, &status->standbys})
     for (const auto& m : *rows) {
-      if (numeric ? m.agent == std::stoul(agent) : m.name == agent)
-        return std::pair{m.agent, m.name};
+      if (numeric && m.agent == std::stoul(agent)) return std::pair{m.agent, m.name};
+      if (!numeric && m.name == agent) named.insert(m.agent);
       names.insert(m.name + " (" + std::to_string(m.agent) + ")");
     }
   if (numeric) return std::pair{uint32_t(std::stoul(agent)), std::string()};
+  if (named.size() == 1) return std::pair{*named.begin(), agent};
+  if (named.size() > 1) {
+    std::string ids;
+    for (uint32_t id : named) ids += (ids.empty() ? "" : ", ") + std::to_string(id);
+    std::fprintf(stderr,
+                 "troupe drain: %zu agents are named '%s' (agents %s): name one by its id\n",
+                 named.size(), agent.c_str(), ids.c_str());
+    rc = 2;
+    return std::nullopt;
+  }
   std::string known;
   for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
   std::fprintf(stderr, "troupe drain: no agent '%s' in the job; its agents: %s\n", agent.c_str(),

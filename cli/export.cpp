@@ -27,8 +27,7 @@ namespace st = models::safetensors;
 // The checkpoint to export: --step N, or the newest valid one. Throws naming why there is none.
 coordinator::ValidCheckpoint choose(const coordinator::JobConfig& cfg, const std::string& run_dir,
                                     int64_t step) {
-  const std::string dir =
-      cfg.checkpoint_dir.empty() ? run_dir + "/checkpoints" : cfg.checkpoint_dir;
+  const std::string dir = coordinator::checkpoints_dir(cfg, run_dir);
   const coordinator::CheckpointIdentity hash = coordinator::checkpoint_identity(cfg);
   std::string why;
   if (step >= 0) {

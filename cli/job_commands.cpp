@@ -110,6 +110,27 @@ std::string take_over_refusal(const coordinator::JobConfig& cfg, const std::stri
   return "";
 }
 
+// A run resumed with a config that differs from its own (RUN_DIR/config.toml: its file and --set
+// overrides as it was started) goes on with the new values: each is named on stderr (a resume
+// with the run's file but without its --set overrides changed them unsaid).
+void warn_of_changes(const coordinator::JobConfig& cfg, const std::string& path,
+                     const Hooks& hooks) {
+  std::vector<std::string> changed;
+  try {
+    changed = coordinator::config_differences(
+        coordinator::load_config(path + "/config.toml", {}, hooks.kinds()), cfg);
+  } catch (const coordinator::ConfigError&) {
+    return;  // (none, or an older Troupe's: nothing to compare)
+  }
+  for (const auto& c : changed)
+    std::fprintf(stderr, "troupe: --resume %s: %s\n", path.c_str(), c.c_str());
+  if (!changed.empty())
+    std::fprintf(stderr,
+                 "troupe: --resume %s goes on with the values above (troupe run %s/config.toml "
+                 "--resume %s keeps the run's)\n",
+                 path.c_str(), path.c_str(), path.c_str());
+}
+
 std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool lr_set,
                            const Hooks& hooks, bool& into_run) {
   namespace fs = std::filesystem;
@@ -139,7 +160,9 @@ std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool l
     if (cfg.take_over)
       if (std::string why = take_over_refusal(cfg, path, hooks); !why.empty())
         return "--resume " + path + ": " + why;
-    const std::string dir = cfg.checkpoint_dir.empty() ? path + "/checkpoints" : cfg.checkpoint_dir;
+    warn_of_changes(cfg, path, hooks);
+    const std::string dir = coordinator::checkpoints_dir(cfg, path);
+    if (dir == path + "/checkpoints") cfg.checkpoint_dir.clear();  // (it goes on there)
     std::vector<std::string> refused;
     found = coordinator::newest_valid_checkpoint(dir, hash, &refused);
     for (const auto& r : refused)
@@ -167,7 +190,13 @@ RunDir prepare_run_dir(coordinator::JobConfig& cfg, bool resuming) {
       resuming);
   d.path = d.owned->path();
   resolve_checkpoint_dir(cfg, d.path);
-  { std::ofstream(d.path + "/config.toml") << coordinator::to_toml(cfg); }
+  {  // (the run's own checkpoints/ stays relative: the directory may be moved or copied)
+    coordinator::JobConfig effective = cfg;
+    std::error_code ec;
+    if (cfg.checkpoint_dir == fs::absolute(d.path + "/checkpoints", ec).lexically_normal().string())
+      effective.checkpoint_dir.clear();
+    std::ofstream(d.path + "/config.toml") << coordinator::to_toml(effective);
+  }
   if (cfg.take_over) {  // (its agents still alive present this token)
     auto [job, token] = workers::read_token_file(d.path + "/job.token");
     if (job != cfg.name)
@@ -244,8 +273,15 @@ coordinator::LauncherOptions launcher_options(const coordinator::JobConfig& cfg,
                   "--failure-timeout-ms",
                   std::to_string(cfg.failure_timeout_ms)};
   o.run_dir = dir.path;
-  // Taking over a run: the coordinator starts the agents that did not come back, after a while.
+  // Taking over a run: the coordinator starts the agents that did not come back, after a while,
+  // named past the run's agents (adopted ones may live on under their names, into their logs).
   o.agents = cfg.take_over ? 0 : cfg.agents;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir.path, ec)) {
+    const std::string f = e.path().filename().string();
+    if (cfg.take_over && f.rfind("agent-", 0) == 0 && e.path().extension() == ".log")
+      o.first_slot = std::max<int64_t>(o.first_slot, std::atoll(f.c_str() + 6) + 1);
+  }
   o.restarts.max_restarts = cfg.max_restarts;
   return o;
 }
@@ -268,6 +304,9 @@ void print_start(const coordinator::JobConfig& cfg, const std::string& dir,
     std::printf(
         "troupe: taking the run over: its agents still alive join again (within "
         "elastic.rejoin_timeout_ms) and go on from their own state\n");
+  else if (!cfg.resume_dir.empty())
+    std::printf("troupe: resuming at step %llu from %s\n", (unsigned long long)cfg.resume_step,
+                cfg.resume_dir.c_str());
   if (cfg.external())  // (troupe agent refuses such a job: its members are the user's program)
     std::printf(
         "troupe: coordinator at %s; model.kind = \"external\": your program's members join it "
@@ -325,11 +364,18 @@ int report_end(const coordinator::JobConfig& cfg, const std::string& dir,
               end.loss, dir.c_str());
   // Stopped with a checkpoint where it stopped (the preemption pattern: SIGTERM, then later the
   // same job again): resumable, and not a failure.
-  if (stopped && !end.checkpoint.empty()) {
+  const bool where_it_stopped =
+      end.checkpoint.find("/" + actors::checkpoint_dir_name(end.steps) + "/") != std::string::npos;
+  if (stopped && !end.checkpoint.empty() && where_it_stopped) {
     std::printf("troupe: resumable from %s: troupe run CONFIG --resume %s\n",
                 end.checkpoint.c_str(), dir.c_str());
     return 0;
   }
+  if (stopped && !end.checkpoint.empty())  // (stopped without one: an older one)
+    std::printf(
+        "troupe: its newest checkpoint is %s: troupe run CONFIG --resume %s goes on from "
+        "there (the steps after it again)\n",
+        end.checkpoint.c_str(), dir.c_str());
   return stopped && first_signal ? 128 + first_signal : 0;
 }
 

@@ -8,9 +8,11 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -452,7 +454,6 @@ void refuse_what_cannot_act(const JobConfig& c, const std::string& source, const
                       ": data.verify checks token data sets' files against their manifests; "
                       "data.kind is \"" +
                       c.data_kind + "\"");
-  refuse_keys_of_other_kinds(c, [&](const char* key) { return place(key); });
   if (c.change_timeout_ms > 0 && c.change_timeout_ms <= c.failure_timeout_ms)
     throw ConfigError(place("elastic.change_timeout_ms") +
                       ": elastic.change_timeout_ms must be larger than "
@@ -695,6 +696,8 @@ void validate(const JobConfig& c, const std::string& source, const Places& at) {
     throw ConfigError(place("data.mix") +
                       ": data.mix mixes token data sets: it needs "
                       "data.kind = \"tokens\"");
+  // (after the kinds' own checks: a kind that does not fit its data says so first)
+  refuse_keys_of_other_kinds(c, [&](const char* key) { return place(key); });
 }
 
 }  // namespace
@@ -889,52 +892,78 @@ JobConfig load_config(const std::string& path, const std::vector<std::string>& o
   return parse_config(ss.str(), path, overrides, kinds);
 }
 
+std::string checkpoints_dir(const JobConfig& cfg, const std::string& run_dir) {
+  namespace fs = std::filesystem;
+  const auto own = (fs::path(cfg.run_dir) / "checkpoints").lexically_normal();
+  if (cfg.checkpoint_dir.empty() ||
+      (!cfg.run_dir.empty() && fs::path(cfg.checkpoint_dir).lexically_normal() == own))
+    return run_dir + "/checkpoints";
+  return cfg.checkpoint_dir;
+}
+
+// One key's value into its table, as the effective config writes it.
+void insert_field(toml::table* t, const Field& f) {
+  switch (f.kind) {
+    case Kind::integer:
+      t->insert(f.key, *static_cast<int64_t*>(f.target));
+      break;
+    case Kind::int_or_auto: {
+      int64_t v = *static_cast<int64_t*>(f.target);
+      if (v == 0)
+        t->insert(f.key, "auto");
+      else
+        t->insert(f.key, v);
+      break;
+    }
+    case Kind::real:
+      t->insert(f.key, *static_cast<double*>(f.target));
+      break;
+    case Kind::string:
+      t->insert(f.key, *static_cast<std::string*>(f.target));
+      break;
+    case Kind::boolean:
+      t->insert(f.key, *static_cast<bool*>(f.target));
+      break;
+    case Kind::int_array: {
+      toml::array a;
+      for (int64_t v : *static_cast<std::vector<int64_t>*>(f.target)) a.push_back(v);
+      t->insert(f.key, a);
+      break;
+    }
+    case Kind::option:
+      std::visit([&](const auto& v) { t->insert(f.key, v); }, *static_cast<OptionValue*>(f.target));
+      break;
+    case Kind::weights: {
+      toml::table w;
+      for (const auto& [k, v] : *static_cast<std::map<std::string, double>*>(f.target))
+        w.insert(k, v);
+      w.is_inline(true);
+      t->insert(f.key, w);
+      break;
+    }
+  }
+}
+
+// One key's value as the effective config writes it ("[5, 7]", "'adamw'", "0.001").
+std::string value_text(const Field& f) {
+  toml::table t;
+  insert_field(&t, f);
+  if (f.kind == Kind::real) {  // (the shortest text that reads back the same: 0.1, not 0.1000...01)
+    char buf[64];
+    const auto r = std::to_chars(buf, buf + sizeof buf, *static_cast<const double*>(f.target));
+    return std::string(buf, r.ptr);
+  }
+  std::ostringstream out;
+  t.get(f.key)->visit([&](const auto& node) { out << node; });
+  return out.str();
+}
+
 std::string to_toml(const JobConfig& config) {
   JobConfig copy = config;
   toml::table root;
   for (auto& f : fields_of(copy)) {
     if (!root.contains(f.table)) root.insert(f.table, toml::table{});
-    auto* t = root[f.table].as_table();
-    switch (f.kind) {
-      case Kind::integer:
-        t->insert(f.key, *static_cast<int64_t*>(f.target));
-        break;
-      case Kind::int_or_auto: {
-        int64_t v = *static_cast<int64_t*>(f.target);
-        if (v == 0)
-          t->insert(f.key, "auto");
-        else
-          t->insert(f.key, v);
-        break;
-      }
-      case Kind::real:
-        t->insert(f.key, *static_cast<double*>(f.target));
-        break;
-      case Kind::string:
-        t->insert(f.key, *static_cast<std::string*>(f.target));
-        break;
-      case Kind::boolean:
-        t->insert(f.key, *static_cast<bool*>(f.target));
-        break;
-      case Kind::int_array: {
-        toml::array a;
-        for (int64_t v : *static_cast<std::vector<int64_t>*>(f.target)) a.push_back(v);
-        t->insert(f.key, a);
-        break;
-      }
-      case Kind::option:
-        std::visit([&](const auto& v) { t->insert(f.key, v); },
-                   *static_cast<OptionValue*>(f.target));
-        break;
-      case Kind::weights: {
-        toml::table w;
-        for (const auto& [k, v] : *static_cast<std::map<std::string, double>*>(f.target))
-          w.insert(k, v);
-        w.is_inline(true);
-        t->insert(f.key, w);
-        break;
-      }
-    }
+    insert_field(root[f.table].as_table(), f);
   }
   // (data.mix names the data sets: a data.path left at its default is not written, or the file
   // would set both; one the config unset, "", is)
@@ -944,6 +973,19 @@ std::string to_toml(const JobConfig& config) {
   out << "# The effective configuration of this run (defaults and --set overrides applied).\n"
       << root << "\n";
   return out.str();
+}
+
+std::vector<std::string> config_differences(const JobConfig& before, const JobConfig& now) {
+  JobConfig a = before, b = now;
+  const auto fa = fields_of(a), fb = fields_of(b);
+  std::vector<std::string> out;
+  for (size_t i = 0; i < fa.size() && i < fb.size(); ++i) {
+    const std::string key = fa[i].table + "." + fa[i].key;
+    if (key == "job.run_dir" || key == "checkpoint.dir" || fa[i].key != fb[i].key) continue;
+    const std::string was = value_text(fa[i]), is = value_text(fb[i]);
+    if (was != is) out.push_back(key + " = " + is + " (the run's: " + was + ")");
+  }
+  return out;
 }
 
 }  // namespace troupe::coordinator

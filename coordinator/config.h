@@ -158,6 +158,15 @@ JobConfig parse_config(const std::string& text, const std::string& source,
 // The effective configuration as TOML (written to the run directory).
 std::string to_toml(const JobConfig& config);
 
+// The keys whose values differ between two configs ("cluster.agents = 2 (the run's: 3)"), in
+// the order of docs/config.md; job.run_dir and checkpoint.dir (where, not what) left out.
+std::vector<std::string> config_differences(const JobConfig& before, const JobConfig& now);
+
+// Where a run's checkpoints are: checkpoint.dir, or RUN_DIR/checkpoints where it is unset or
+// names the run's own (cfg.run_dir's checkpoints/, as an effective config wrote it): a run
+// directory moved or copied takes its checkpoints along.
+std::string checkpoints_dir(const JobConfig& cfg, const std::string& run_dir);
+
 // The candidate nearest to word (edit distance) when it is near enough to be a typo, else "":
 // the "did you mean" of config keys and of the command line.
 std::string nearest_word(const std::string& word, const std::vector<std::string>& candidates);

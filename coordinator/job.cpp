@@ -420,6 +420,9 @@ class Coordinator : public caf::event_based_actor {
     spdlog::warn("{}", why);
     tell(a->name + " was lost (" + code + ")");
     last_failure_ = why;
+    // (an adopted agent is no child of this launcher, which would restart it: one in its place)
+    if (a->adopted && launcher_ && int64_t(roster_.alive()) < cfg_.agents)
+      send(launcher_, ScaleAgents{1});
     decide_and_act();
   }
 
@@ -1158,8 +1161,11 @@ class Coordinator : public caf::event_based_actor {
     for (const auto& a : roster_.agents()) send(bridge_, actors::demonitor_atom::value, a.node);
     auto msg = encode(actors::Shutdown{reason.empty() ? "the job is finished" : reason, code});
     for (const auto& a : roster_.agents()) to_agent(a.id, msg);
-    const bool failed = outcome == elastic::JobOutcome::failed;
-    const std::string checkpoint = failed && checkpoints_ && checkpoints_->newest()
+    // (failed, or stopped without a checkpoint where it stopped: the newest, the steps after it
+    // to be redone by a resume)
+    const bool without = outcome == elastic::JobOutcome::failed ||
+                         (outcome == elastic::JobOutcome::stopped && resumable_.empty());
+    const std::string checkpoint = without && checkpoints_ && checkpoints_->newest()
                                        ? checkpoints_->newest()->manifest
                                        : resumable_;
     if (observer_)

@@ -77,6 +77,11 @@ class Launcher : public caf::event_based_actor {
     std::string ended;                     // how the last incarnation ended ("killed by ...")
   };
 
+  // agent-N: its name and its log's (after a take-over, past the names of the run's agents).
+  std::string name_of(size_t i) const {
+    return "agent-" + std::to_string(opt_.first_slot + int64_t(i));
+  }
+
   void add_slot() {
     slots_.emplace_back();
     start(slots_.size() - 1);
@@ -84,10 +89,10 @@ class Launcher : public caf::event_based_actor {
 
   void start(size_t i) {
     Slot& s = slots_[i];
-    const std::string log = opt_.run_dir + "/agent-" + std::to_string(i) + ".log";
+    const std::string log = opt_.run_dir + "/" + name_of(i) + ".log";
     std::vector<std::string> argv{opt_.program, "agent"};
     argv.insert(argv.end(), opt_.agent_args.begin(), opt_.agent_args.end());
-    argv.insert(argv.end(), {"--name", "agent-" + std::to_string(i)});
+    argv.insert(argv.end(), {"--name", name_of(i)});
     // SIGHUP when the coordinator's process ends: the agent, launched (TROUPE_LAUNCHED_BY), knows
     // what it means and leaves at once, saying why (workers/agent.cpp).
     s.proc = std::make_unique<ChildProcess>(ChildProcess::Options{
@@ -112,13 +117,12 @@ class Launcher : public caf::event_based_actor {
     if (d.kind == Kind::done) return;
     const std::string how = how_it_ended(*status);
     if (d.kind == Kind::give_up) {
-      report("agent_gave_up", i, s.restarts,
-             "agent-" + std::to_string(i) + " " + how + "; " + d.reason);
+      report("agent_gave_up", i, s.restarts, name_of(i) + " " + how + "; " + d.reason);
       return;
     }
     ++s.restarts;
     s.ended = how;
-    spdlog::warn("agent-{} {}; restarting it in {} ms ({} of {})", i, how, d.backoff.count(),
+    spdlog::warn("{} {}; restarting it in {} ms ({} of {})", name_of(i), how, d.backoff.count(),
                  s.restarts, opt_.restarts.max_restarts);
     s.backoff = d.backoff;
     delayed_send(this, d.backoff, restart_atom::value, uint64_t(i));
@@ -127,15 +131,14 @@ class Launcher : public caf::event_based_actor {
   void restart(uint64_t i) {
     if (stopping_) return;
     start(size_t(i));
-    report("agent_restarted", size_t(i), slots_[i].restarts,
-           "agent-" + std::to_string(i) + " " + slots_[i].ended);
+    report("agent_restarted", size_t(i), slots_[i].restarts, name_of(i) + " " + slots_[i].ended);
   }
 
   void report(const std::string& event, size_t slot, int64_t attempt, const std::string& detail) {
     const Slot& s = slots_[slot];
     const int64_t pid = event == "agent_gave_up" || !s.proc ? 0 : s.proc->pid();
-    send(coordinator_,
-         LauncherEvent{event, int64_t(slot), attempt, pid, detail, int64_t(s.backoff.count())});
+    send(coordinator_, LauncherEvent{event, opt_.first_slot + int64_t(slot), attempt, pid, detail,
+                                     int64_t(s.backoff.count())});
   }
 
   size_t running() const {

@@ -24,6 +24,7 @@ struct LauncherOptions {
   std::vector<std::string> agent_args;  // after `agent`: --join ADDR --token-file F ...
   std::string run_dir;                  // agent-N.log goes here
   int64_t agents = 0;                   // slots to start at once
+  int64_t first_slot = 0;               // the first slot's N (agent-N)
   elastic::RestartPolicy restarts;
 };
 

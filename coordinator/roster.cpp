@@ -12,6 +12,7 @@ const Agent& Roster::admit(uint64_t node, const actors::Join& j) {
   a.host = j.host;
   a.pid = j.pid;
   a.devices = j.devices;
+  a.adopted = j.rejoin;
   agents_.push_back(std::move(a));
   return agents_.back();
 }

@@ -22,6 +22,7 @@ struct Agent {
   std::vector<std::string> devices;
   bool alive = true;     // false once lost or drained
   bool standby = false;  // logged as a standby (above elastic.max_workers)
+  bool adopted = false;  // came back to a coordinator that took the run over (no launcher's child)
 };
 
 class Roster {

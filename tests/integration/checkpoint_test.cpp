@@ -334,6 +334,51 @@ TEST(Checkpoints, ARestartedCoordinatorAdoptsTheLiveAgentsAndNothingIsRedone) {
   for (int pid : agents) EXPECT_TRUE(ended(pid)) << "adopted agent " << pid << " lingers";
 }
 
+// An adopted agent lost after the take-over is no child of the new launcher: one is started in its
+// place, named past the run's agents (a scale used to start a second agent-0 beside the adopted
+// one, both writing agent-0.log; the lost one was never replaced).
+TEST(Checkpoints, AnAdoptedAgentLostAfterATakeOverIsReplacedUnderANewName) {
+  TempDir dir;
+  const std::vector<std::string> sets{"elastic.rejoin_timeout_ms=60000", "job.steps=100000"};
+  Job job = start_job(dir, "adopted-lost", kGpt, 2, sets, {pace(60000)});
+  wait_steps(job, 5);
+  std::vector<int> agents = joined_pids(job);
+  ASSERT_EQ(agents.size(), 2u);
+  ASSERT_EQ(::kill(job.proc->pid(), SIGKILL), 0);
+  ASSERT_TRUE(job.proc->wait(10s));
+  Job taken = start_job(dir, "adopted-lost", kGpt, 2, sets, {}, {"--resume", job.run_dir});
+  ASSERT_NE(wait_event(taken, is("members_adopted"), 60s), "") << text_of(taken.out);
+  ASSERT_EQ(::kill(agents[0], SIGKILL), 0);
+  const std::string started = wait_event(taken, is("agent_started"), 60s);
+  ASSERT_NE(started, "") << "the lost adopted agent was not replaced";
+  EXPECT_EQ(json_field(started, "slot"), "2") << started;
+  ASSERT_NE(wait_event(taken, is("member_joined", "name", "agent-2"), 60s), "");
+  // (the adoption's generation had two members, the one after the loss one; then two again)
+  int twos = 0;
+  for (auto until = std::chrono::steady_clock::now() + 60s;
+       twos < 2 && std::chrono::steady_clock::now() < until; std::this_thread::sleep_for(100ms)) {
+    twos = 0;
+    bool restarted = false;  // (the run's events before the take-over are in the file too)
+    for (const auto& e : events_of(taken)) {
+      restarted = restarted || is("coordinator_restarted")(e);
+      twos += restarted && is("generation_started", "world_size", "2")(e);
+    }
+  }
+  EXPECT_GE(twos, 2) << "the replacement never trained";
+  admin(dir, {"stop", "--run-dir", taken.run_dir});
+  auto st = taken.proc->wait(60s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(taken.out);
+  const std::string log0 = text_of(taken.run_dir + "/agent-0.log");
+  EXPECT_EQ(log0.find("joined job"), log0.rfind("joined job")) << "two agent-0s: " << log0;
+  for (int pid : agents) {
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (!ended(pid) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(50ms);
+    EXPECT_TRUE(ended(pid)) << "adopted agent " << pid << " lingers";
+  }
+}
+
 std::vector<std::string> checkpoint_dirs(const Job& job) {
   std::vector<std::string> out;
   for (const auto& e : fs::directory_iterator(job.run_dir + "/checkpoints"))
@@ -373,6 +418,12 @@ TEST(Checkpoints, AJobThatCompletesCheckpointsItsLastStep) {
   // (--step -1 exported the newest checkpoint)
   EXPECT_NE(admin(dir, {"export", job.run_dir, "-o", model, "--step", "-1"}, 2)
                 .find("--step: -1 is not a step (0 or more)"),
+            std::string::npos);
+  // A run directory moved takes its checkpoints along (export read the old place's, by the
+  // absolute checkpoint.dir in config.toml: gone, or another run's).
+  const std::string moved = dir.path() + "/moved";
+  fs::rename(job.run_dir, moved);
+  EXPECT_NE(admin(dir, {"export", moved, "-o", model, "--step", "50"}).find("step 50 of"),
             std::string::npos);
 }
 

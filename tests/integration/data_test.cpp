@@ -178,6 +178,12 @@ TEST(TokenJob, APreemptedRunResumesWithTheSameWindows) {
   expect_same_function(resumed, want, 150, 24);
   expect_each_window_once_per_epoch(resumed.run_dir, ds);
   EXPECT_EQ(count_events(resumed, "resumed_from_checkpoint"), 1);
+  // (what differs from the run's own config is named; where it goes on from is said)
+  const std::string said = text_of(resumed.out);
+  EXPECT_NE(said.find("--resume " + job.run_dir + ": cluster.agents = 2 (the run's: 3)"),
+            std::string::npos)
+      << said;
+  EXPECT_NE(said.find("troupe: resuming at step "), std::string::npos) << said;
 }
 
 // The held-out loss counts every evaluation window once, in groups computed alone and summed

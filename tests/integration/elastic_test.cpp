@@ -562,7 +562,7 @@ TEST(Elastic, ScaleAndDrainRequestsThatCannotBeMetAreRefusedWithTheReason) {
   // Paced to outlast the six requests (each a process of its own, slow under a sanitizer): the
   // last one, stop, ends the job.
   Job job =
-      start(dir, "refusals", 2, {"elastic.min_workers=2", "elastic.max_workers=3"}, {pace(20000)});
+      start(dir, "refusals", 2, {"elastic.min_workers=2", "elastic.max_workers=2"}, {pace(20000)});
   wait_steps(job, 5);
   int request = 0;
   auto run = [&](std::vector<std::string> args, int want_rc, const std::string& want_text) {
@@ -577,8 +577,8 @@ TEST(Elastic, ScaleAndDrainRequestsThatCannotBeMetAreRefusedWithTheReason) {
   };
   run({"scale", "--run-dir", job.run_dir, "--workers", "1"}, 1,
       "refused: 1 worker(s) is fewer than the job needs: 2");
-  run({"scale", "--run-dir", job.run_dir, "--workers", "4"}, 1,
-      "refused: 4 worker(s) is more than elastic.max_workers = 3");
+  run({"scale", "--run-dir", job.run_dir, "--workers", "3"}, 1,
+      "refused: 3 worker(s) is more than elastic.max_workers = 2");
   run({"scale", "--run-dir", job.run_dir, "--workers", "0"}, 2,
       "--workers: 0 is outside [1, 1000000]");
   run({"drain", "--run-dir", job.run_dir, "--agent", "9"}, 1, "refused: no live agent 9");
@@ -586,6 +586,12 @@ TEST(Elastic, ScaleAndDrainRequestsThatCannotBeMetAreRefusedWithTheReason) {
       "troupe drain: no agent 'agent-9' in the job; its agents: agent-");
   run({"drain", "--run-dir", job.run_dir, "--agent", "0"}, 1,
       "would leave fewer workers than the job needs");
+  // An agent started by hand with a launched one's name (a standby above max_workers): a drain
+  // by that name is ambiguous, refused (it drained one of them).
+  auto twin = join_agent(dir, job, "agent-0");
+  ASSERT_NE(wait_event(job, is("member_standby", "name", "agent-0"), 60s), "");
+  run({"drain", "--run-dir", job.run_dir, "--agent", "agent-0"}, 2,
+      "2 agents are named 'agent-0' (agents ");
   // Nothing changed: the job runs on with its two workers and ends normally.
   run({"stop", "--run-dir", job.run_dir}, 0, "stop requested");
   auto st = job.proc->wait(60s);
@@ -595,6 +601,7 @@ TEST(Elastic, ScaleAndDrainRequestsThatCannotBeMetAreRefusedWithTheReason) {
   // (a refused request is no membership change: troupe report would list it as one)
   EXPECT_EQ(count_events(job, "scale_requested"), 0);
   EXPECT_EQ(count_events(job, "drain_requested"), 0);
+  EXPECT_TRUE(twin->wait(30s)) << "the standby was left running";
 }
 
 }  // namespace

@@ -153,7 +153,7 @@ TEST(Config, BadFilesAreRefusedWithFileLineAndReason) {
        "--set data.mix: data.mix: '/nonexistent-b' is not a directory"},
       // A kind's key set for another kind would not act.
       {"an MLP's key for a GPT",
-       "[model]\nkind = \"gpt\"\nhidden = [5]\n",
+       "[model]\nkind = \"gpt\"\nhidden = [5]\n[data]\nkind = \"text\"\n",
        {},
        "job.toml:3:10: model.hidden acts only with model.kind = \"mlp\""},
       {"a GPT's key for an MLP",
@@ -161,7 +161,7 @@ TEST(Config, BadFilesAreRefusedWithFileLineAndReason) {
        {"model.layers=7"},
        "--set model.layers: model.layers acts only with model.kind = \"gpt\""},
       {"synthetic samples for text",
-       "[data]\nkind = \"text\"\nsamples = 5\n",
+       "[model]\nkind = \"gpt\"\n[data]\nkind = \"text\"\nsamples = 5\n",
        {},
        "data.samples acts only with data.kind = \"synthetic\""},
       {"momentum for AdamW",
