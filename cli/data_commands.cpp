@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <charconv>
 #include <chrono>
@@ -10,8 +11,10 @@
 #include <iostream>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
+#include "actors/signals.h"
 #include "cli/commands.h"
 #include "cli/parse.h"
 #include "data/prepare.h"
@@ -50,6 +53,40 @@ bool jsonl_or_directory(const std::string& input) {
          !std::filesystem::exists(input, ec);
 }
 
+// While a prepare runs: SIGINT, SIGTERM or SIGHUP removes its partial directory (OUT.partial-PID,
+// where it writes until the data set is whole and renamed) and ends it with 128 + the signal. (A
+// prepare killed outright leaves it: the next prepare of the same OUT removes it.)
+class PrepareInterrupts {
+ public:
+  explicit PrepareInterrupts(const std::string& out) {
+    std::string o = out;
+    while (o.size() > 1 && o.back() == '/') o.pop_back();
+    const std::string partial = o + ".partial-" + std::to_string(::getpid());
+    thread_ = std::thread([this, partial] {
+      while (!done_.load()) {
+        if (const int sig = signals_.next()) {
+          std::fprintf(stderr, "\ntroupe data prepare: %s: stopped; %s removed\n",
+                       actors::signal_name(sig), partial.c_str());
+          std::error_code ec;
+          std::filesystem::remove_all(partial, ec);
+          std::fflush(nullptr);
+          std::_Exit(128 + sig);
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    });
+  }
+  ~PrepareInterrupts() {
+    done_ = true;
+    thread_.join();
+  }
+
+ private:
+  actors::SignalWatcher signals_;
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
+
 int prepare(const std::vector<std::string>& words) {
   CLI::App app{"Tokenizes text files, directories and JSON-lines files into a token data set.",
                "troupe data prepare"};
@@ -78,8 +115,10 @@ int prepare(const std::vector<std::string>& words) {
                                 ": none of the inputs is a JSON-lines file (*.jsonl, *.ndjson) or "
                                 "a directory; other files are read as text (rename it .jsonl)");
   const bool tty = ::isatty(2) && !json;
+  std::optional<PrepareInterrupts> interrupts(std::in_place, o.out);
   const data::PrepareSummary s =
       data::prepare(o, tty ? std::function<void(const data::Progress&)>(draw_progress) : nullptr);
+  interrupts.reset();  // (done: a signal now finds no partial)
   const uint64_t skipped =
       s.skipped_binary + s.skipped_invalid_utf8 + s.skipped_empty + s.skipped_bad_json;
   if (json) {

@@ -350,6 +350,43 @@ TEST(DataCommands, EncodeAndDecodeCommandsRoundTripAnyBytes) {
       << r.output;
 }
 
+// Ctrl-C during a prepare: its partial directory (OUT.partial-PID) goes with it, exit 130, and no
+// data set (it was left behind until a prepare of the same OUT came).
+TEST(DataCommands, AnInterruptedPrepareLeavesNothingBehind) {
+  TempDir dir;
+  const std::string d = dir.path();
+  {  // 25 MB of words: a BPE's training, then its encoding into the partial, take seconds
+    std::mt19937 rng(7);
+    std::ofstream text(d + "/words.txt");
+    std::string line;
+    for (int i = 0; i < 300000; ++i, text << line << '\n')
+      for (int w = (line.clear(), 0); w < 12; ++w, line += ' ')
+        for (int c = 0; c < 6; ++c) line += char('a' + rng() % 10);
+  }
+  coordinator::ChildProcess p({{troupe_binary(), "data", "prepare", d + "/words.txt", "--out",
+                                d + "/ds", "--tokenizer", "bpe", "--vocab", "2000"},
+                               d + "/prepare.out",
+                               d + "/prepare.out",
+                               {}});
+  auto partials = [&] {
+    int n = 0;
+    for (const auto& e : fs::directory_iterator(d))
+      n += e.path().filename().string().rfind("ds.partial-", 0) == 0;
+    return n;
+  };
+  for (auto until = std::chrono::steady_clock::now() + 120s;
+       partials() == 0 && p.running() && std::chrono::steady_clock::now() < until;)
+    std::this_thread::sleep_for(20ms);
+  ASSERT_EQ(partials(), 1) << "no partial to see: " << text_of(d + "/prepare.out");
+  ASSERT_TRUE(p.signal(SIGINT));
+  auto st = p.wait(60s);
+  ASSERT_TRUE(st);
+  EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 130) << text_of(d + "/prepare.out");
+  EXPECT_EQ(partials(), 0);
+  EXPECT_FALSE(fs::exists(d + "/ds"));
+  EXPECT_NE(text_of(d + "/prepare.out").find("SIGINT: stopped;"), std::string::npos);
+}
+
 TEST(DataCommands, BadInputsAreRefusedWithTheReason) {
   TempDir dir;
   const std::string d = dir.path();
