@@ -73,6 +73,18 @@ bool is_jsonl(const fs::path& p) {
   return e == ".jsonl" || e == ".ndjson";
 }
 
+// What a directory holds that cannot be read is an error, not a file fewer: a subdirectory it
+// may not list, a link to nothing.
+void refuse_unreadable(const std::string& in, const fs::directory_entry& e) {
+  std::error_code ec;
+  if (e.is_symlink(ec) && !fs::exists(e.path(), ec))
+    throw std::invalid_argument("input '" + in + "': '" + e.path().string() +
+                                "' is a link to nothing");
+  if (e.is_directory(ec) && ::access(e.path().c_str(), R_OK | X_OK) != 0)
+    throw std::invalid_argument("input '" + in + "': its directory '" + e.path().string() +
+                                "' cannot be read: " + std::strerror(errno));
+}
+
 // Every input file, directories expanded recursively in name order.
 std::vector<Input> collect(const std::vector<std::string>& inputs) {
   std::vector<Input> files;
@@ -85,6 +97,7 @@ std::vector<Input> collect(const std::vector<std::string>& inputs) {
       for (auto it = fs::recursive_directory_iterator(
                in, fs::directory_options::skip_permission_denied, ec);
            !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+        refuse_unreadable(in, *it);
         if (it->is_regular_file(ec))
           here.push_back({it->path().string(), uint64_t(it->file_size(ec)), is_jsonl(it->path())});
       }

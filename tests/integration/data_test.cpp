@@ -408,6 +408,12 @@ TEST(DataCommands, BadInputsAreRefusedWithTheReason) {
          "skipped 4 documents: 1 binary, 1 invalid UTF-8, 1 empty, 1 not JSON with the field");
   expect("\"$T\" data prepare " + d + "/in --out " + d + "/ok", 2, "exists");
   expect("\"$T\" data prepare " + d + "/absent --out " + d + "/o2", 2, "does not exist");
+  // (a link to nothing in a directory was dropped without a word)
+  fs::create_directories(d + "/links");
+  std::ofstream(d + "/links/a.txt") << "text\n";
+  fs::create_symlink(d + "/nowhere.txt", d + "/links/gone.txt");
+  expect("\"$T\" data prepare " + d + "/links --out " + d + "/o5", 2,
+         "'" + d + "/links/gone.txt' is a link to nothing");
   expect("\"$T\" data prepare " + d + "/in/deep --out " + d + "/o3", 2, "no text in the inputs");
   expect("\"$T\" data prepare " + d + "/in --out " + d + "/o4 --tokenizer bpe", 2,
          "--vocab N with N >= 257 (256 bytes and the end of a document), and none was given");
