@@ -168,6 +168,9 @@ std::string check(const fs::path& dir, const CheckpointIdentity& job, ValidCheck
           config_hash + ", this job's " + job.hash + ")";
   if (why.empty()) why = manifest_lr(m, c.lr);
   if (why.empty()) why = field(m, "blocks", "the manifest", blocks);
+  if (why.empty() && job.blocks != 0 && blocks != job.blocks)
+    why = "it holds " + std::to_string(blocks) + " blocks of the model, which has " +
+          std::to_string(job.blocks);
   if (!why.empty()) return why;
   const auto shards = m.find("shards");
   if (shards == m.end() || !shards->is_array() || shards->size() != blocks || shards->empty())
@@ -206,6 +209,7 @@ CheckpointIdentity checkpoint_identity(const JobConfig& c) {
   const std::string hash = hash_of(text);  // (before text moves: arguments have no order)
   CheckpointIdentity id(hash, std::move(text));
   if (before != id.hash) id.older_hash = before;
+  id.blocks = c.block_params.size();  // (0 where not known yet)
   return id;
 }
 

@@ -188,6 +188,12 @@ TEST(Checkpoints, DamagedOrForeignCheckpointsAreRefusedNamingWhyAndTheNewestVali
   ASSERT_EQ(refused.size(), 2u);
   EXPECT_NE(refused[0].find("step-00000040"), std::string::npos) << refused[0];
   EXPECT_NE(refused[1].find("step-00000030"), std::string::npos) << refused[1];
+  // A model of 3 blocks (the job's, where known): a 2-block manifest is skipped like a damaged one
+  // (a resume found it, then failed the job at its first generation, every time).
+  CheckpointIdentity three = checkpoint_identity(config(d.path));
+  three.blocks = 3;
+  EXPECT_FALSE(valid_checkpoint(step_dir(d.path, 20), three, &why));
+  EXPECT_NE(why.find("it holds 2 blocks of the model, which has 3"), std::string::npos) << why;
 }
 
 // A manifest whose fields have other types than the writer's (edited by hand, damaged, another
