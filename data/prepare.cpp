@@ -249,7 +249,9 @@ void write_manifest(const std::string& dir, const PrepareOptions& o, const Prepa
   nlohmann::json m;
   m["format"] = "troupe-tokens";
   m["version"] = 1;
-  m["tokenizer"] = {{"kind", tok.kind()}, {"file", kTokenizerFile}};
+  m["tokenizer"] = {{"kind", tok.kind()},
+                    {"file", kTokenizerFile},
+                    {"fingerprint", fnv1a64_hex(tok.fingerprint())}};
   m["vocab"] = tok.vocab_size();
   m["end_of_document"] = tok.end_of_document();
   m["token_bytes"] = width;

@@ -170,6 +170,26 @@ void TokenShards::map_shard(const nlohmann::json& s) {
   total_ += tokens;  // (each at most 2^60, and as many as the files: no overflow)
 }
 
+// The tokenizer the shards were encoded with (its merges' fingerprint and its end of document,
+// as the manifest says where it says them: a manifest of an older prepare has no fingerprint).
+void check_tokenizer(const std::string& dir, const nlohmann::json& m, const Tokenizer& tok) {
+  const auto t = m.find("tokenizer");
+  const std::string said = t != m.end() && t->is_object() && t->contains("fingerprint") &&
+                                   (*t)["fingerprint"].is_string()
+                               ? (*t)["fingerprint"].get<std::string>()
+                               : "";
+  const std::string is = fnv1a64_hex(tok.fingerprint());
+  if (!said.empty() && said != is)
+    bad(dir, std::string(kTokenizerFile) + " is not the tokenizer its shards were encoded with " +
+                 "(merges' fingerprint " + is + "; the manifest says " + said + ")");
+  const auto eod = m.find("end_of_document");
+  if (eod != m.end() && eod->is_number_unsigned() &&
+      eod->get<uint64_t>() != uint64_t(tok.end_of_document()))
+    bad(dir, std::string(kTokenizerFile) + "'s end of document (" +
+                 std::to_string(tok.end_of_document()) + ") is not the manifest's (" +
+                 std::to_string(eod->get<uint64_t>()) + ")");
+}
+
 std::shared_ptr<const TokenShards> TokenShards::open(const std::string& dir) {
   const nlohmann::json m = read_manifest(dir);
   std::shared_ptr<TokenShards> t(new TokenShards);
@@ -187,6 +207,7 @@ std::shared_ptr<const TokenShards> TokenShards::open(const std::string& dir) {
   if (tok.vocab_size() != t->vocab_)
     bad(dir, "the manifest's vocabulary (" + std::to_string(t->vocab_) +
                  ") is not its tokenizer's (" + std::to_string(tok.vocab_size()) + ")");
+  check_tokenizer(dir, m, tok);
   if (t->width_ == 2 && t->vocab_ > 65536) bad(dir, "16-bit ids cannot hold its vocabulary");
   const auto shards = m.find("shards");
   if (shards == m.end() || !shards->is_array()) bad(dir, manifest + "'s \"shards\" is not a list");

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 #include <thread>
@@ -408,6 +409,20 @@ TEST(DataCommands, BadInputsAreRefusedWithTheReason) {
          "skipped 4 documents: 1 binary, 1 invalid UTF-8, 1 empty, 1 not JSON with the field");
   expect("\"$T\" data prepare " + d + "/in --out " + d + "/ok", 2, "exists");
   expect("\"$T\" data prepare " + d + "/absent --out " + d + "/o2", 2, "does not exist");
+  // A tokenizer.json edited after the prepare (its first merge reversed): its ids are no longer
+  // those of the shards; verify and every reader refuse it (every checksum matched).
+  expect("\"$T\" data prepare " + d + "/in/a.txt " + d + "/in/x.jsonl --out " + d +
+             "/bpe --tokenizer bpe --vocab 262",
+         0, "bpe tokenizer");
+  {
+    nlohmann::json t = nlohmann::json::parse(std::ifstream(d + "/bpe/tokenizer.json"));
+    ASSERT_GE(t["merges"].size(), 1u) << t.dump();
+    auto& first = t["merges"][0];  // (a pair of bytes: merged the other way round)
+    first = nlohmann::json::array({first[1], first[0]});
+    std::ofstream(d + "/bpe/tokenizer.json") << t.dump();
+  }
+  expect("\"$T\" data verify " + d + "/bpe", 2,
+         "tokenizer.json is not the tokenizer its shards were encoded with");
   // (a link to nothing in a directory was dropped without a word)
   fs::create_directories(d + "/links");
   std::ofstream(d + "/links/a.txt") << "text\n";
