@@ -234,9 +234,12 @@ void print_status(const actors::JobStatus& s, bool json) {
                             .c_str());
     return;
   }
-  std::printf("job %s: %s, generation %llu, step %llu/%llu, loss %.4f\n", s.job_name.c_str(),
+  char loss[32] = "-";  // (no step committed yet by this coordinator: no loss to show)
+  if (s.step > 0 && std::isfinite(s.last_loss))
+    std::snprintf(loss, sizeof loss, "%.4f", s.last_loss);
+  std::printf("job %s: %s, generation %llu, step %llu/%llu, loss %s\n", s.job_name.c_str(),
               s.state.c_str(), (unsigned long long)s.generation, (unsigned long long)s.step,
-              (unsigned long long)s.steps, s.last_loss);
+              (unsigned long long)s.steps, loss);
   if (s.checkpoint_step > 0)
     std::printf("checkpoint: step %llu, %s\n", (unsigned long long)s.checkpoint_step,
                 s.checkpoint_path.c_str());
