@@ -34,6 +34,7 @@ const char* mark_kind(const std::string& event) {
   if (event == "steps_rolled_back") return "rollback";
   if (event == "straggler") return "straggler";
   if (event == "checkpoint_written") return "checkpoint";
+  if (event == "resumed_from_checkpoint" || event == "coordinator_restarted") return "resume";
   return nullptr;
 }
 
@@ -51,6 +52,8 @@ class EventReader {
     const std::string ev = text_field(e, "event");
     const double ts = number_field(e, "ts");
     if (r_.start_ts == 0) r_.start_ts = ts;
+    // (a resumed run's coordinator starts after a while without one: not the job's time)
+    if (ev == "job_started" && r_.end_ts > 0 && ts > r_.end_ts) r_.between_runs_s += ts - r_.end_ts;
     r_.end_ts = std::max(r_.end_ts, ts);
     const double t = ts - r_.start_ts;
     if (ev == "job_started") {  // (again in a resumed run: its agents' joins are no change)
@@ -76,7 +79,8 @@ class EventReader {
       r_.failure = text_field(e, "reason");
     }
     if (const char* kind = mark_kind(ev)) r_.marks.push_back({t, kind, describe(ev, e)});
-    if (starts_change(ev) && commits_ > 0 && !pending_) {
+    // (a take-over: the coordinator was lost, whatever this one committed yet)
+    if ((starts_change(ev) && commits_ > 0 || ev == "coordinator_restarted") && !pending_) {
       r_.changes.push_back({t, describe(ev, e), -1});
       pending_ = true;
     }
@@ -196,6 +200,7 @@ const char* mark_color(const std::string& kind) {
   if (kind == "leave") return "#ff7f0e";
   if (kind == "rollback") return "#9467bd";
   if (kind == "straggler") return "#8c564b";
+  if (kind == "resume") return "#17becf";
   return "#1f77b4";  // checkpoint
 }
 
@@ -302,7 +307,8 @@ std::string changes_table(const RunReport& r) {
          (c.recovery_s < 0 ? std::string("not yet") : fmt(c.recovery_s)) + "</td></tr>\n";
   if (r.changes.empty()) s += "<tr><td colspan=\"3\">none</td></tr>\n";
   s += "</table>\n<p class=\"legend\">";
-  for (const char* k : {"failure", "join", "leave", "rollback", "straggler", "checkpoint"})
+  for (const char* k :
+       {"failure", "join", "leave", "rollback", "straggler", "checkpoint", "resume"})
     s += std::string("<span style=\"color:") + mark_color(k) + "\">&#9474; " + k + "</span> ";
   return s + "</p>\n";
 }
@@ -317,7 +323,8 @@ std::string render_report(const RunReport& r) {
       ".empty{color:#888}</style></head><body>\n";
   s += "<h1>" + esc(r.job) + "</h1>\n<p id=\"summary\">" + esc(r.state) + ", " +
        std::to_string(r.steps) + " of " + std::to_string(r.planned_steps) + " steps in " +
-       fmt(r.end_ts - r.start_ts) + " s" +
+       fmt(r.end_ts - r.start_ts - r.between_runs_s) + " s" +
+       (r.between_runs_s > 0 ? " (and " + fmt(r.between_runs_s) + " s between its runs)" : "") +
        (r.loss.empty() ? std::string() : ", last loss " + fmt(r.loss.back().y)) + ", " +
        std::to_string(r.changes.size()) + " membership change(s)</p>\n";
   if (!r.failure.empty()) s += "<p id=\"failure\">Why it failed: " + esc(r.failure) + "</p>\n";

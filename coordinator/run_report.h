@@ -21,6 +21,7 @@ struct RunReport {
   std::string job, state = "running";  // state: completed | stopped | failed | running
   std::string failure;                 // failed: why (its job_failed event's reason)
   double start_ts = 0, end_ts = 0;     // unix seconds (end: the last line's)
+  double between_runs_s = 0;           // without a coordinator: from one run's end to a resume
   uint64_t steps = 0, planned_steps = 0;
   struct Point {
     double x = 0, y = 0;

@@ -114,6 +114,38 @@ TEST(RunReport, AResumedRunsFirstJoinsAreNotAChange) {
   ASSERT_EQ(r.changes.size(), 1u);  // (the first failure came before any step: no change)
   EXPECT_DOUBLE_EQ(r.changes[0].recovery_s, 1.0);  // 102 -> 103
   EXPECT_EQ(render_report(r).find("not yet"), std::string::npos);
+  // (the 96 s without a coordinator, 104 -> 200, are not the job's: it said 101.5 s)
+  EXPECT_DOUBLE_EQ(r.between_runs_s, 96.0);
+  EXPECT_NE(render_report(r).find("3 of 10 steps in 5.5 s (and 96 s between its runs)"),
+            std::string::npos)
+      << render_report(r);
+}
+
+// A coordinator that took the run over is a change (its loss, then the agents adopted: the
+// recovery to the next commit) and a mark, though it committed nothing yet.
+TEST(RunReport, ATakeOverIsAChangeAndAMark) {
+  Dir d;
+  std::ofstream(d.path + "/events.jsonl")
+      << R"({"ts":100,"event":"job_started","job":"t","steps":10})"
+         "\n"
+      << R"({"ts":100.5,"event":"generation_started","generation":1,"world_size":2})"
+         "\n"
+      << R"({"ts":101,"event":"step_committed","step":0,"loss":3.0,"generation":1})"
+         "\n"
+      << R"({"ts":110,"event":"job_started","job":"t","steps":10})"
+         "\n"
+      << R"({"ts":110,"event":"coordinator_restarted","generation":1,"step":1})"
+         "\n"
+      << R"({"ts":111,"event":"generation_started","generation":2,"world_size":2})"
+         "\n"
+      << R"({"ts":112,"event":"step_committed","step":1,"loss":2.5,"generation":2})"
+         "\n";
+  RunReport r = read_run(d.path);
+  ASSERT_EQ(r.changes.size(), 1u);
+  EXPECT_NE(r.changes[0].what.find("coordinator_restarted"), std::string::npos);
+  EXPECT_DOUBLE_EQ(r.changes[0].recovery_s, 2.0);  // 110 -> 112
+  ASSERT_EQ(r.marks.size(), 1u);
+  EXPECT_EQ(r.marks[0].kind, "resume");
 }
 
 TEST(RunReport, AFailedRunSaysWhy) {
