@@ -140,24 +140,6 @@ TEST(Checkpoints, SigtermLeavesAResumableRunAndTheResumeGoesOnFromWhereItStopped
   expect_same_function(resumed, want.losses, 120, kBatch, 0);
   EXPECT_EQ(final_checksum(resumed), want.checksum);
   EXPECT_EQ(resumed_from(resumed), stopped_at);
-
-  // A plain stop (no checkpoint where it stops) names the newest one to go on from: it said
-  // nothing, as if there were none.
-  Job plain = start_job(dir, "plain", kGpt, 1, {"checkpoint.every_steps=0"}, {pace(100000)});
-  wait_steps(plain, 5);
-  const std::string asked = admin(dir, {"checkpoint", "--run-dir", plain.run_dir});
-  wait_steps(plain, size_t(std::stoi(asked.substr(asked.find("checkpoints/step-") + 17, 8))) + 3);
-  admin(dir, {"stop", "--run-dir", plain.run_dir});
-  auto plain_st = plain.proc->wait(60s);
-  ASSERT_TRUE(plain_st);
-  EXPECT_EQ(WEXITSTATUS(*plain_st), 0);
-  EXPECT_EQ(json_field(events_of(plain).back(), "resumable"), "false");
-  const std::string plain_out = text_of(plain.out);
-  EXPECT_NE(plain_out.find("its newest checkpoint is " + plain.run_dir + "/checkpoints/step-"),
-            std::string::npos)
-      << plain_out;
-  EXPECT_NE(plain_out.find("goes on from there (the steps after it again)"), std::string::npos)
-      << plain_out;
 }
 
 // `troupe lr` on a running job: from one step on, every member trains with the new learning rate
