@@ -113,7 +113,7 @@ std::string take_over_refusal(const coordinator::JobConfig& cfg, const std::stri
 // A run resumed with a config that differs from its own (RUN_DIR/config.toml: its file and --set
 // overrides as it was started) goes on with the new values: each is named on stderr (a resume
 // with the run's file but without its --set overrides changed them unsaid).
-void warn_of_changes(const coordinator::JobConfig& cfg, const std::string& path,
+void warn_of_changes(const coordinator::JobConfig& cfg, const std::string& path, bool lr_set,
                      const Hooks& hooks) {
   std::vector<std::string> changed;
   try {
@@ -122,6 +122,12 @@ void warn_of_changes(const coordinator::JobConfig& cfg, const std::string& path,
   } catch (const coordinator::ConfigError&) {
     return;  // (none, or an older Troupe's: nothing to compare)
   }
+  // (without --set optimizer.lr the checkpoint's goes on, whatever the file says)
+  if (!lr_set)
+    changed.erase(
+        std::remove_if(changed.begin(), changed.end(),
+                       [](const std::string& c) { return c.rfind("optimizer.lr ", 0) == 0; }),
+        changed.end());
   for (const auto& c : changed)
     std::fprintf(stderr, "troupe: --resume %s: %s\n", path.c_str(), c.c_str());
   if (!changed.empty())
@@ -160,7 +166,7 @@ std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool l
     if (cfg.take_over)
       if (std::string why = take_over_refusal(cfg, path, hooks); !why.empty())
         return "--resume " + path + ": " + why;
-    warn_of_changes(cfg, path, hooks);
+    warn_of_changes(cfg, path, lr_set, hooks);
     const std::string dir = coordinator::checkpoints_dir(cfg, path);
     if (dir == path + "/checkpoints") cfg.checkpoint_dir.clear();  // (it goes on there)
     std::vector<std::string> refused;
@@ -587,13 +593,19 @@ int configure_job(const std::string& path, const std::vector<std::string>& sets,
     std::fprintf(stderr, "troupe: %s\n", e.what());
     return 2;
   }
-  if (!listen.empty()) try {
-      comm::split_host_port(listen);
-      cfg.listen = listen;
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "troupe: --listen %s: %s\n", listen.c_str(), e.what());
-      return 2;
-    }
+  if (!listen.empty() && !coordinator::host_and_port(listen)) {
+    std::fprintf(stderr,
+                 "troupe: --listen %s is not HOST:PORT (e.g. 127.0.0.1:0; port 0 picks one)\n",
+                 listen.c_str());
+    return 2;
+  }
+  if (!listen.empty()) cfg.listen = listen;
+  if (!cfg.inert_key.empty() && resume.empty()) {
+    std::fprintf(stderr, "troupe: %s\n", cfg.inert_key.c_str());
+    return 2;
+  }
+  if (!cfg.inert_key.empty())  // (the run's checkpoints name its config as it was)
+    std::fprintf(stderr, "troupe: warning: %s\n", cfg.inert_key.c_str());
   if (!spawn_agents || cfg.external()) cfg.launcher = "external";
   if (std::string why = memory_refusal(cfg, hooks); !why.empty()) {
     std::fprintf(stderr, "troupe: %s: %s\n", path.c_str(), why.c_str());
@@ -772,6 +784,7 @@ int run_agent_command(const std::vector<std::string>& words, const Hooks& hooks)
   o.failure_timeout = std::chrono::milliseconds(failure_ms);
   spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [job " + o.job_id + "] [" +
                       (o.name.empty() ? "agent" : o.name) + "] [%l] %v");
+  o.own_process = true;  // (a teardown past 10 s is left behind: workers/agent.cpp)
   return workers::run_agent(o);
 }
 

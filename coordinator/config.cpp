@@ -388,10 +388,9 @@ using Places = std::map<std::string, std::string>;
 
 // Keys this build accepts but cannot act on: refused, never ignored.
 // A built-in kind's key changed from its default while another kind is chosen would not act
-// (data.samples of a token job, model.hidden of a GPT, optimizer.momentum of AdamW). At their
-// defaults they are accepted: the effective config (RUN_DIR/config.toml) writes every key.
-void refuse_keys_of_other_kinds(const JobConfig& c,
-                                const std::function<std::string(const char*)>& place) {
+// (data.samples of a token job, model.hidden of a GPT, optimizer.momentum of AdamW): the message
+// naming it, or "". At their defaults they are not: the effective config writes every key.
+std::string inert_key_of(const JobConfig& c, const std::function<std::string(const char*)>& place) {
   const JobConfig d;
   struct Key {
     const char* key;
@@ -418,8 +417,9 @@ void refuse_keys_of_other_kinds(const JobConfig& c,
   };
   for (const Key& k : keys)
     if (k.changed && !k.acts)
-      throw ConfigError(place(k.key) + ": " + k.key + " acts only with " + k.with +
-                        ": it would not act in this job");
+      return place(k.key) + ": " + k.key + " acts only with " + k.with +
+             ": it would not act in this job";
+  return "";
 }
 
 void refuse_what_cannot_act(const JobConfig& c, const std::string& source, const Places& at) {
@@ -603,7 +603,8 @@ bool step_range(const std::string& text, int64_t& first, int64_t& last) {
   return first <= last;
 }
 
-// HOST:PORT or [V6]:PORT, the port 0..65535.
+}  // namespace
+
 bool host_and_port(const std::string& a) {
   const size_t colon = a.rfind(':');
   if (colon == std::string::npos || colon == 0) return false;
@@ -611,6 +612,8 @@ bool host_and_port(const std::string& a) {
   return !port.empty() && port.size() <= 5 &&
          port.find_first_not_of("0123456789") == std::string::npos && std::stoi(port) <= 65535;
 }
+
+namespace {
 
 // job.name (the job's id in its token file, "JOB_ID TOKEN", and its run directory's name) and
 // the addresses the job listens on.
@@ -696,8 +699,6 @@ void validate(const JobConfig& c, const std::string& source, const Places& at) {
     throw ConfigError(place("data.mix") +
                       ": data.mix mixes token data sets: it needs "
                       "data.kind = \"tokens\"");
-  // (after the kinds' own checks: a kind that does not fit its data says so first)
-  refuse_keys_of_other_kinds(c, [&](const char* key) { return place(key); });
 }
 
 }  // namespace
@@ -872,6 +873,10 @@ JobConfig parse_config(const std::string& text, const std::string& source,
   // (batch.micro not given: at most the global batch, so `batch.global = 32` alone is a job)
   if (!places.count("batch.micro")) c.micro_batch = std::min(c.micro_batch, c.global_batch);
   validate(c, source, places);
+  c.inert_key = inert_key_of(c, [&](const char* key) {
+    auto it = places.find(key);
+    return it == places.end() ? source : it->second;
+  });
   return c;
 }
 
@@ -892,12 +897,23 @@ JobConfig load_config(const std::string& path, const std::vector<std::string>& o
   return parse_config(ss.str(), path, overrides, kinds);
 }
 
+namespace {
+std::filesystem::path last_name(const std::string& path) {  // ("runs/x/": "x")
+  const auto p = std::filesystem::path(path).lexically_normal();
+  return p.filename().empty() ? p.parent_path().filename() : p.filename();
+}
+}  // namespace
+
 std::string checkpoints_dir(const JobConfig& cfg, const std::string& run_dir) {
   namespace fs = std::filesystem;
-  const auto own = (fs::path(cfg.run_dir) / "checkpoints").lexically_normal();
-  if (cfg.checkpoint_dir.empty() ||
-      (!cfg.run_dir.empty() && fs::path(cfg.checkpoint_dir).lexically_normal() == own))
-    return run_dir + "/checkpoints";
+  const fs::path dir = fs::path(cfg.checkpoint_dir).lexically_normal();
+  // (an older effective config of a run in the default place left job.run_dir unset: its own
+  // is RUN_DIR-named/checkpoints)
+  const bool own =
+      !cfg.run_dir.empty()
+          ? dir == (fs::path(cfg.run_dir) / "checkpoints").lexically_normal()
+          : dir.filename() == "checkpoints" && dir.parent_path().filename() == last_name(run_dir);
+  if (cfg.checkpoint_dir.empty() || own) return run_dir + "/checkpoints";
   return cfg.checkpoint_dir;
 }
 
@@ -978,11 +994,14 @@ std::string to_toml(const JobConfig& config) {
 std::vector<std::string> config_differences(const JobConfig& before, const JobConfig& now) {
   JobConfig a = before, b = now;
   const auto fa = fields_of(a), fb = fields_of(b);
+  std::map<std::string, const Field*> now_by_key;
+  for (const auto& f : fb) now_by_key[f.table + "." + f.key] = &f;
   std::vector<std::string> out;
-  for (size_t i = 0; i < fa.size() && i < fb.size(); ++i) {
-    const std::string key = fa[i].table + "." + fa[i].key;
-    if (key == "job.run_dir" || key == "checkpoint.dir" || fa[i].key != fb[i].key) continue;
-    const std::string was = value_text(fa[i]), is = value_text(fb[i]);
+  for (const auto& f : fa) {
+    const std::string key = f.table + "." + f.key;
+    const auto it = now_by_key.find(key);
+    if (key == "job.run_dir" || it == now_by_key.end()) continue;
+    const std::string was = value_text(f), is = value_text(*it->second);
     if (was != is) out.push_back(key + " = " + is + " (the run's: " + was + ")");
   }
   return out;

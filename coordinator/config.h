@@ -133,6 +133,10 @@ struct JobConfig {
   bool progress = true;
 
   int64_t workers() const { return agents * devices_per_agent; }
+  // A built-in kind's key changed from its default while another kind is chosen (it would not
+  // act), with its place; "" when none. `troupe run` refuses a new run with it; a resume warns (a
+  // run's checkpoints name the config as it was).
+  std::string inert_key;
   bool builtin_model() const { return model_kind == "mlp" || model_kind == "gpt"; }
   // model.kind = "external": the members run their own training loop (workers/elastic_loop.h);
   // Troupe keeps the membership, the data positions, the state of joiners and the ledger.
@@ -158,8 +162,11 @@ JobConfig parse_config(const std::string& text, const std::string& source,
 // The effective configuration as TOML (written to the run directory).
 std::string to_toml(const JobConfig& config);
 
+// HOST:PORT or [V6]:PORT, the port 0..65535 in digits (cluster.listen, metrics_listen, --listen).
+bool host_and_port(const std::string& address);
+
 // The keys whose values differ between two configs ("cluster.agents = 2 (the run's: 3)"), in
-// the order of docs/config.md; job.run_dir and checkpoint.dir (where, not what) left out.
+// the order of docs/config.md; job.run_dir (where, not what) left out.
 std::vector<std::string> config_differences(const JobConfig& before, const JobConfig& now);
 
 // Where a run's checkpoints are: checkpoint.dir, or RUN_DIR/checkpoints where it is unset or

@@ -283,9 +283,11 @@ class Coordinator : public caf::event_based_actor {
     // directory's coordinator.addr; after that the launcher starts the ones still missing.
     delayed_send(this, std::chrono::milliseconds(cfg_.failure_timeout_ms + 2000),
                  adopted_atom::value);
+    adoption_pending_ = true;
   }
 
   void launch_missing() {
+    adoption_pending_ = false;
     if (!launcher_ || job_.finished()) return;
     int64_t live = 0;
     for (const auto& a : roster_.agents()) live += a.alive;
@@ -420,8 +422,9 @@ class Coordinator : public caf::event_based_actor {
     spdlog::warn("{}", why);
     tell(a->name + " was lost (" + code + ")");
     last_failure_ = why;
-    // (an adopted agent is no child of this launcher, which would restart it: one in its place)
-    if (a->adopted && launcher_ && int64_t(roster_.alive()) < cfg_.agents)
+    // (an adopted agent is no child of this launcher, which would restart it: one in its place;
+    // before the adoption's wait ends, launch_missing counts it then)
+    if (a->adopted && launcher_ && !adoption_pending_ && int64_t(roster_.alive()) < cfg_.agents)
       send(launcher_, ScaleAgents{1});
     decide_and_act();
   }
@@ -1220,8 +1223,9 @@ class Coordinator : public caf::event_based_actor {
   uint64_t straggler_generation_ = 0;
   std::optional<TraceFile> trace_;  // with observability.trace_steps, from the first chunk
   std::string resumable_;           // the manifest a stopped job can resume from, once it finished
-  std::string last_failure_;        // the last failure, for the message if the job fails
-  double lr_;                       // optimizer.lr now (the config's, or the last one asked for)
+  bool adoption_pending_ = false;  // a take-over waits for its agents to come back (launch_missing)
+  std::string last_failure_;       // the last failure, for the message if the job fails
+  double lr_;                      // optimizer.lr now (the config's, or the last one asked for)
   std::map<uint64_t, double> lr_from_;   // each generation's start step -> its optimizer.lr
   std::vector<caf::actor> subscribers_;  // actors that get every event (subscribe_atom)
   bool taking_over_ = false;             // until the first generation after a take-over

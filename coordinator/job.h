@@ -48,8 +48,9 @@ struct JobFinished {
   std::string state;   // completed | stopped | failed
   uint64_t steps = 0;  // committed
   double loss = 0;     // of the last committed step
-  // Stopped with a checkpoint where it stopped: its manifest (resumable); failed: its newest
-  // checkpoint's, if it has one (a resume goes on from there).
+  // Stopped with a checkpoint where it stopped: its manifest (resumable: its directory is
+  // step-<steps>); failed, or stopped without one: its newest checkpoint's, if it has one (a resume
+  // goes on from there, the steps after it again).
   std::string checkpoint;
 };
 template <class Inspector>

@@ -61,13 +61,16 @@ class Stopped {
   uint32_t count_ = 0;
 };
 
-// Armed when run_agent returns, before its session ends: CAF's teardown waits for every actor of
-// the session's system without a deadline, and an agent whose coordinator stalled and was then
-// lost was seen waiting there for good. Past 10 s the process exits without it, with the code
-// the agent ends with. (The process exits once run_agent has returned: nothing disarms it.)
+// Armed when run_agent returns, before its session ends, in an agent that is its own process
+// (`troupe agent`): CAF's teardown waits for every actor of the session's system without a
+// deadline, and an agent whose coordinator stalled and was then lost was seen waiting there for
+// good. Past 10 s the process exits without it, with the code the agent ends with. (That process
+// exits once run_agent has returned: nothing disarms it.)
 struct TeardownDeadline {
   const GenerationBoard& board;
+  bool armed;  // (AgentOptions::own_process)
   ~TeardownDeadline() {
+    if (!armed) return;
     const int code = board.shutting_down() ? board.exit_code() : 1;
     std::thread([code] {
       std::this_thread::sleep_for(std::chrono::seconds(10));
@@ -101,7 +104,7 @@ std::pair<std::string, std::string> read_token_file(const std::string& path) {
 int run_agent(const AgentOptions& o) {
   actors::SignalWatcher signals;  // (before any thread starts)
   AgentSession session(o);
-  TeardownDeadline deadline{session.board()};  // (its destructor runs before the session's)
+  TeardownDeadline deadline{session.board(), o.own_process};  // (destroyed before the session)
   if (!session.error().empty()) {
     std::fprintf(stderr, "troupe agent: %s\n", session.error().c_str());
     return 1;

@@ -50,7 +50,12 @@ void from_fixed_point(float* g, const int64_t* acc, size_t n, int e) {
   for (size_t i = 0; i < n; ++i) g[i] = float((double_of(acc[i] + magic) - kMagic) * scale);
 }
 
-double fixed_point_loss(double loss) { return double(std::llrint(std::ldexp(loss, 32))); }
+// (A loss that is not finite, or past what 64-bit fixed point holds, stays NaN through the sum:
+// the step's divergence check sees it on every rank; llrint made it a finite INT64_MIN.)
+double fixed_point_loss(double loss) {
+  if (!(std::fabs(loss) < 0x1p30)) return std::numeric_limits<double>::quiet_NaN();
+  return double(std::llrint(std::ldexp(loss, 32)));
+}
 double loss_from_fixed_point(double sum) { return std::ldexp(sum, -32); }
 
 ExactSum::ExactSum(models::Model& model, uint32_t first, uint32_t last, uint64_t terms,

@@ -371,6 +371,7 @@ TEST(Checkpoints, AnAdoptedAgentLostAfterATakeOverIsReplacedUnderANewName) {
   EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(taken.out);
   const std::string log0 = text_of(taken.run_dir + "/agent-0.log");
   EXPECT_EQ(log0.find("joined job"), log0.rfind("joined job")) << "two agent-0s: " << log0;
+  EXPECT_EQ(count_events(taken, "agent_started"), 1) << "more agents than cluster.agents";
   for (int pid : agents) {
     const auto deadline = std::chrono::steady_clock::now() + 30s;
     while (!ended(pid) && std::chrono::steady_clock::now() < deadline)

@@ -191,6 +191,9 @@ TEST(Job, BadConfigsExitNonZeroWithTheReasonAndStartNothing) {
       {"[observability]\nmetrics_listen = \"192.0.2.1:0\"\n", "cannot listen on 192.0.2.1:0"},
       {"[cluster]\nlisten = \"127.0.0.1:99999\"\n",
        ":2:10: cluster.listen = \"127.0.0.1:99999\" is not HOST:PORT"},
+      // A kind's key for another kind would not act: a new run is refused (a resume warns).
+      {"[optimizer]\nkind = \"adamw\"\nmomentum = 0.5\n",
+       ":3:12: optimizer.momentum acts only with optimizer.kind = \"sgd\""},
       // (the job's id in its token file: a space made every agent's join fail, unexplained)
       {"[job]\nname = \"my gpt\"\n", ":2:8: job.name = \"my gpt\" must be a non-empty name"},
       {"[observability]\ntrace_steps = \"9-3\"\n",

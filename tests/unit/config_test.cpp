@@ -151,23 +151,6 @@ TEST(Config, BadFilesAreRefusedWithFileLineAndReason) {
        "[model]\nkind = \"gpt\"\n[data]\nkind = \"tokens\"\npath = \"/nonexistent-a\"\n",
        {"data.mix={ \"/nonexistent-b\" = 1 }", "data.path=\"\""},
        "--set data.mix: data.mix: '/nonexistent-b' is not a directory"},
-      // A kind's key set for another kind would not act.
-      {"an MLP's key for a GPT",
-       "[model]\nkind = \"gpt\"\nhidden = [5]\n[data]\nkind = \"text\"\n",
-       {},
-       "job.toml:3:10: model.hidden acts only with model.kind = \"mlp\""},
-      {"a GPT's key for an MLP",
-       "",
-       {"model.layers=7"},
-       "--set model.layers: model.layers acts only with model.kind = \"gpt\""},
-      {"synthetic samples for text",
-       "[model]\nkind = \"gpt\"\n[data]\nkind = \"text\"\nsamples = 5\n",
-       {},
-       "data.samples acts only with data.kind = \"synthetic\""},
-      {"momentum for AdamW",
-       "[optimizer]\nkind = \"adamw\"\nmomentum = 0.5\n",
-       {},
-       "optimizer.momentum acts only with optimizer.kind = \"sgd\""},
       {"change timeout below the failure timeout",
        "[elastic]\nchange_timeout_ms = 1000\nfailure_timeout_ms = 3000\n",
        {},
@@ -202,6 +185,65 @@ TEST(Config, DefaultsAndOverrides) {
 // The effective config.toml a run writes loads back to the same values: every value below
 // differs from its default, so a key to_toml dropped or wrote wrong would come back as the
 // default (or fail to parse) and differ here.
+// A kind's key set for another kind would not act: named with its place (troupe run refuses a
+// new run with it; a resume, whose checkpoints name the config as it was, warns).
+TEST(Config, AKindsKeySetForAnotherKindIsNamedWithItsPlace) {
+  struct Case {
+    const char* text;
+    std::vector<std::string> sets;
+    const char* expect;
+  } cases[] = {
+      {"[model]\nkind = \"gpt\"\nhidden = [5]\n[data]\nkind = \"text\"\n",
+       {},
+       "job.toml:3:10: model.hidden acts only with model.kind = \"mlp\""},
+      {"",
+       {"model.layers=7"},
+       "--set model.layers: model.layers acts only with model.kind = \"gpt\""},
+      {"[model]\nkind = \"gpt\"\n[data]\nkind = \"text\"\nsamples = 5\n",
+       {},
+       "data.samples acts only with data.kind = \"synthetic\""},
+      {"[optimizer]\nkind = \"adamw\"\nmomentum = 0.5\n",
+       {},
+       "optimizer.momentum acts only with optimizer.kind = \"sgd\""},
+  };
+  for (const Case& c : cases) {
+    const JobConfig j = parse_config(c.text, "job.toml", c.sets);
+    EXPECT_NE(j.inert_key.find(c.expect), std::string::npos) << j.inert_key;
+  }
+  EXPECT_EQ(parse_config("[model]\nkind = \"gpt\"\n[data]\nkind = \"text\"\n", "ok.toml").inert_key,
+            "");
+}
+
+// A run directory moved takes its checkpoints along: its own checkpoints/ (named so by the
+// effective config, or unset) is looked for where the directory is now; another is kept.
+TEST(Config, ARunsOwnCheckpointsAreWhereTheRunDirectoryIsNow) {
+  JobConfig c;
+  EXPECT_EQ(checkpoints_dir(c, "/new/run"), "/new/run/checkpoints");  // (unset)
+  c.run_dir = "/old/run";
+  c.checkpoint_dir = "/old/run/checkpoints";
+  EXPECT_EQ(checkpoints_dir(c, "/new/run"), "/new/run/checkpoints");
+  c.checkpoint_dir = "/elsewhere/ckpt";
+  EXPECT_EQ(checkpoints_dir(c, "/new/run"), "/elsewhere/ckpt");
+  // An older effective config of a run in the default place: job.run_dir unset.
+  c.run_dir.clear();
+  c.checkpoint_dir = "/old/runs/job-1/checkpoints";
+  EXPECT_EQ(checkpoints_dir(c, "/new/job-1/"), "/new/job-1//checkpoints");
+  EXPECT_EQ(checkpoints_dir(c, "/new/other"), "/old/runs/job-1/checkpoints");
+}
+
+// What a resume names: every key whose value differs, as the effective config writes it.
+TEST(Config, TheDifferencesOfTwoConfigsNameEachKeyWithBothValues) {
+  JobConfig a, b;
+  b.agents = 2;
+  a.agents = 3;
+  b.lr = 0.1;
+  b.run_dir = "/elsewhere";  // (where, not what: left out)
+  const auto d = config_differences(a, b);
+  ASSERT_EQ(d.size(), 2u) << ::testing::PrintToString(d);
+  EXPECT_EQ(d[0], "optimizer.lr = 0.1 (the run's: 0.001)");
+  EXPECT_EQ(d[1], "cluster.agents = 2 (the run's: 3)");
+}
+
 // A data.mix run's effective config (what export and a resume read) loads back: it wrote the
 // default data.path next to the mix, which the file then refused as both set.
 TEST(Config, AMixRunsEffectiveConfigLoadsBackWithTheSameIdentity) {
