@@ -18,16 +18,17 @@ int pipe_read = -1;
 constexpr int kSlots = 65;
 std::atomic<int64_t> last_taken_ns[kSlots];
 
-// Whether this arrival repeats the last one of the same signal (async-signal-safe; a handler
-// does not interrupt itself for the same signal).
+// Whether this arrival repeats the last one of the same signal (async-signal-safe: lock-free
+// atomics; handlers on two threads at once agree through the exchange).
 bool repeats(int sig) {
   if (sig <= 0 || sig >= kSlots) return false;
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
   const int64_t now = int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-  const int64_t last = last_taken_ns[sig].load();
-  if (last != 0 && now - last < int64_t(kRepeatWindowMs) * 1000000) return true;
-  last_taken_ns[sig].store(now);
+  int64_t last = last_taken_ns[sig].load();
+  do {  // (two threads may take the same signal at once: one of them takes it)
+    if (last != 0 && now - last < int64_t(kRepeatWindowMs) * 1000000) return true;
+  } while (!last_taken_ns[sig].compare_exchange_weak(last, now));
   return false;
 }
 

@@ -65,10 +65,14 @@ class PrepareInterrupts {
     thread_ = std::thread([this, partial] {
       while (!done_.load()) {
         if (const int sig = signals_.next()) {
-          std::fprintf(stderr, "\ntroupe data prepare: %s: stopped; %s removed\n",
-                       actors::signal_name(sig), partial.c_str());
           std::error_code ec;
-          std::filesystem::remove_all(partial, ec);
+          // (the writer goes on meanwhile: a file it adds during the removal is removed again)
+          for (int i = 0; i < 5 && std::filesystem::exists(partial, ec); ++i)
+            std::filesystem::remove_all(partial, ec);
+          std::fprintf(stderr, "\ntroupe data prepare: %s: stopped; %s\n", actors::signal_name(sig),
+                       std::filesystem::exists(partial, ec)
+                           ? ("could not remove " + partial + ": " + ec.message()).c_str()
+                           : "no data set written");
           std::fflush(nullptr);
           std::_Exit(128 + sig);
         }

@@ -74,12 +74,16 @@ bool is_jsonl(const fs::path& p) {
 }
 
 // What a directory holds that cannot be read is an error, not a file fewer: a subdirectory it
-// may not list, a link to nothing.
+// may not list, a link to nothing, a link to a directory (not followed).
 void refuse_unreadable(const std::string& in, const fs::directory_entry& e) {
   std::error_code ec;
   if (e.is_symlink(ec) && !fs::exists(e.path(), ec))
     throw std::invalid_argument("input '" + in + "': '" + e.path().string() +
                                 "' is a link to nothing");
+  if (e.is_symlink(ec) && fs::is_directory(e.path(), ec))  // (not followed: it could loop)
+    throw std::invalid_argument("input '" + in + "': '" + e.path().string() +
+                                "' is a link to a directory, which is not followed: name that "
+                                "directory as an input of its own");
   if (e.is_directory(ec) && ::access(e.path().c_str(), R_OK | X_OK) != 0)
     throw std::invalid_argument("input '" + in + "': its directory '" + e.path().string() +
                                 "' cannot be read: " + std::strerror(errno));

@@ -385,7 +385,8 @@ TEST(DataCommands, AnInterruptedPrepareLeavesNothingBehind) {
   EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 130) << text_of(d + "/prepare.out");
   EXPECT_EQ(partials(), 0);
   EXPECT_FALSE(fs::exists(d + "/ds"));
-  EXPECT_NE(text_of(d + "/prepare.out").find("SIGINT: stopped;"), std::string::npos);
+  EXPECT_NE(text_of(d + "/prepare.out").find("SIGINT: stopped; no data set written"),
+            std::string::npos);
 }
 
 TEST(DataCommands, BadInputsAreRefusedWithTheReason) {
@@ -429,6 +430,10 @@ TEST(DataCommands, BadInputsAreRefusedWithTheReason) {
   fs::create_symlink(d + "/nowhere.txt", d + "/links/gone.txt");
   expect("\"$T\" data prepare " + d + "/links --out " + d + "/o5", 2,
          "'" + d + "/links/gone.txt' is a link to nothing");
+  fs::remove(d + "/links/gone.txt");
+  fs::create_directory_symlink(d + "/in/deep", d + "/links/deep");
+  expect("\"$T\" data prepare " + d + "/links --out " + d + "/o6", 2,
+         "'" + d + "/links/deep' is a link to a directory, which is not followed");
   expect("\"$T\" data prepare " + d + "/in/deep --out " + d + "/o3", 2, "no text in the inputs");
   expect("\"$T\" data prepare " + d + "/in --out " + d + "/o4 --tokenizer bpe", 2,
          "--vocab N with N >= 257 (256 bytes and the end of a document), and none was given");
