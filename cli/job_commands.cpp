@@ -117,17 +117,13 @@ void warn_of_changes(const coordinator::JobConfig& cfg, const std::string& path,
                      const Hooks& hooks) {
   std::vector<std::string> changed;
   try {
+    // (without --set optimizer.lr the checkpoint's goes on, whatever the file says)
     changed = coordinator::config_differences(
-        coordinator::load_config(path + "/config.toml", {}, hooks.kinds()), cfg);
+        coordinator::load_config(path + "/config.toml", {}, hooks.kinds()), cfg,
+        lr_set ? std::vector<std::string>{} : std::vector<std::string>{"optimizer.lr"});
   } catch (const coordinator::ConfigError&) {
     return;  // (none, or an older Troupe's: nothing to compare)
   }
-  // (without --set optimizer.lr the checkpoint's goes on, whatever the file says)
-  if (!lr_set)
-    changed.erase(
-        std::remove_if(changed.begin(), changed.end(),
-                       [](const std::string& c) { return c.rfind("optimizer.lr ", 0) == 0; }),
-        changed.end());
   for (const auto& c : changed)
     std::fprintf(stderr, "troupe: --resume %s: %s\n", path.c_str(), c.c_str());
   if (!changed.empty())

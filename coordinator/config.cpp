@@ -991,7 +991,8 @@ std::string to_toml(const JobConfig& config) {
   return out.str();
 }
 
-std::vector<std::string> config_differences(const JobConfig& before, const JobConfig& now) {
+std::vector<std::string> config_differences(const JobConfig& before, const JobConfig& now,
+                                            const std::vector<std::string>& left_out) {
   JobConfig a = before, b = now;
   const auto fa = fields_of(a), fb = fields_of(b);
   std::map<std::string, const Field*> now_by_key;
@@ -1000,7 +1001,9 @@ std::vector<std::string> config_differences(const JobConfig& before, const JobCo
   for (const auto& f : fa) {
     const std::string key = f.table + "." + f.key;
     const auto it = now_by_key.find(key);
-    if (key == "job.run_dir" || it == now_by_key.end()) continue;
+    if (key == "job.run_dir" || it == now_by_key.end() ||
+        std::find(left_out.begin(), left_out.end(), key) != left_out.end())
+      continue;
     const std::string was = value_text(f), is = value_text(*it->second);
     if (was != is) out.push_back(key + " = " + is + " (the run's: " + was + ")");
   }

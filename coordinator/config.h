@@ -166,8 +166,10 @@ std::string to_toml(const JobConfig& config);
 bool host_and_port(const std::string& address);
 
 // The keys whose values differ between two configs ("cluster.agents = 2 (the run's: 3)"), in
-// the order of docs/config.md; job.run_dir (where, not what) left out.
-std::vector<std::string> config_differences(const JobConfig& before, const JobConfig& now);
+// the order of docs/config.md; job.run_dir (where, not what) and the keys in `left_out` are not
+// compared.
+std::vector<std::string> config_differences(const JobConfig& before, const JobConfig& now,
+                                            const std::vector<std::string>& left_out = {});
 
 // Where a run's checkpoints are: checkpoint.dir, or RUN_DIR/checkpoints where it is unset or
 // names the run's own (cfg.run_dir's checkpoints/, as an effective config wrote it): a run

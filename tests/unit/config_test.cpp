@@ -242,6 +242,8 @@ TEST(Config, TheDifferencesOfTwoConfigsNameEachKeyWithBothValues) {
   ASSERT_EQ(d.size(), 2u) << ::testing::PrintToString(d);
   EXPECT_EQ(d[0], "optimizer.lr = 0.1 (the run's: 0.001)");
   EXPECT_EQ(d[1], "cluster.agents = 2 (the run's: 3)");
+  EXPECT_EQ(config_differences(a, b, {"optimizer.lr"}),
+            std::vector<std::string>{"cluster.agents = 2 (the run's: 3)"});
 }
 
 // A data.mix run's effective config (what export and a resume read) loads back: it wrote the
