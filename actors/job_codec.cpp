@@ -260,6 +260,12 @@ ControlMessage encode(const GenerationStart& m) {
     g.setLr(m.lr);
     g.setReload(m.reload);
     g.setCheckpoint(m.checkpoint);
+    auto changes = g.initLrChanges(unsigned(m.lr_changes.size()));
+    unsigned at = 0;
+    for (const auto& [step, lr] : m.lr_changes) {
+      changes[at].setStep(step);
+      changes[at++].setLr(lr);
+    }
     auto ms = g.initMembers(unsigned(m.members.size()));
     for (unsigned i = 0; i < m.members.size(); ++i) {
       const GenerationMember& x = m.members[i];
@@ -274,10 +280,11 @@ ControlMessage encode(const GenerationStart& m) {
 
 GenerationStart decode(proto::GenerationStart::Reader r) {
   GenerationStart m{r.getGeneration(), r.getStartStep(), r.getStateSource(), {},
-                    r.getLr(),         r.getReload(),    r.getCheckpoint()};
+                    r.getLr(),         r.getReload(),    r.getCheckpoint(),  {}};
   for (auto x : r.getMembers())
     m.members.push_back(
         {x.getRank(), {x.getAgentId(), x.getDevice()}, x.getAddress(), holding_of(x)});
+  for (auto c : r.getLrChanges()) m.lr_changes[c.getStep()] = c.getLr();
   return m;
 }
 

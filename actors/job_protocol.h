@@ -125,6 +125,7 @@ struct GenerationStart {
   // from `checkpoint` (a checkpoint's directory), or "" from the job's seed.
   bool reload = false;
   std::string checkpoint;
+  std::map<uint64_t, double> lr_changes;  // optimizer.lr from later steps on (a rollback's redo)
 };
 // "" when g's members hold the ranks 0..n-1 once each and its state source is one of them, else
 // why not (a coordinator's bug or another version's: an agent drops such a start, since its

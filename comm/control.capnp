@@ -197,6 +197,13 @@ struct GenerationStart {
   reload @5 :Bool;          # the job's state was lost with its members: every member reloads
                             # it as of startStep (checkpoint.on_state_lost = "rollback") ...
   checkpoint @6 :Text;      # ... from this checkpoint (its directory), or "" the job's seed
+  lrChanges @7 :List(LrChange);  # optimizer.lr from later steps on (troupe lr's changes of
+                            # steps a rollback redoes: each acts at its step again)
+}
+
+struct LrChange {
+  step @0 :UInt64;          # the first step it acts on
+  lr @1 :Float64;
 }
 
 struct StepReport {

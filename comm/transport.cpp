@@ -568,6 +568,10 @@ struct Transport::Impl {
            "refused by " + peer->target + ": this node was fenced; rejoin as a new node");
       return UCS_OK;
     }
+    // A node this side fenced (lost to a stall) and now connected to on purpose (an agent
+    // rejoining its coordinator): its frames count again, or the link "succeeds" and every frame
+    // on it, the join's answer too, is dropped as a fenced node's.
+    fenced.erase(node);
     peer->node = node;
     mark_connected(peer);
     auto done = std::move(peer->connect_done);

@@ -238,6 +238,9 @@ std::string Checkpoints::invalid(const actors::CheckpointWritten& w, uint32_t bl
 std::optional<CompletedCheckpoint> Checkpoints::add(const actors::CheckpointWritten& w,
                                                     uint32_t world_size, const std::string& plan,
                                                     double lr) {
+  if (undone(w.step, w.generation))
+    return std::nullopt;                        // (roll_back cleaned up; the redo's
+                                                // writers may be writing there now)
   if (failed_.count({w.step, w.generation})) {  // (a slower writer's shards of a failed one)
     discard(w.step);
     return std::nullopt;
@@ -276,12 +279,57 @@ std::optional<CompletedCheckpoint> Checkpoints::add(const actors::CheckpointWrit
   write_durably(path, m.dump(1) + "\n");
   CompletedCheckpoint done{w.step, path, p.blocking, p.write};
   if (!newest_ || newest_->step < w.step) newest_ = done;
+  written_[w.step] = done;
   pending_.erase(pending_.begin(), pending_.upper_bound({w.step, UINT64_MAX}));
-  prune();
+  prune(newest_->step);
+  drop_undone(newest_->step);
   return done;
 }
 
+std::vector<std::string> Checkpoints::roll_back(uint64_t step, uint64_t generation) {
+  undone_after_ = step;
+  undone_before_ = generation;
+  std::set<uint64_t> writing;  // (their shards written so far go)
+  for (auto it = pending_.upper_bound({step, UINT64_MAX}); it != pending_.end();)
+    writing.insert(it->first.first), it = pending_.erase(it);
+  written_.erase(written_.upper_bound(step), written_.end());
+  newest_.reset();
+  if (!written_.empty()) newest_ = written_.rbegin()->second;
+  std::vector<std::string> set_aside;
+  std::error_code ec;
+  for (const auto& [s, path] : checkpoint_dirs(cfg_.checkpoint_dir)) {
+    if (s <= step) continue;
+    if (!fs::exists(path / "manifest.json", ec)) {
+      if (writing.count(s)) fs::remove_all(path, ec);
+      continue;
+    }
+    if (!ours(path.string())) continue;
+    const fs::path aside = path.string() + kUndone;
+    fs::remove_all(aside, ec);
+    fs::rename(path, aside, ec);
+    if (!ec) set_aside.push_back(aside.string());
+  }
+  return set_aside;
+}
+
+bool Checkpoints::undone(uint64_t step, uint64_t generation) const {
+  return step > undone_after_ && generation < undone_before_;
+}
+
+// A complete checkpoint of this job's config in `directory` (its manifest says so; the shards
+// are not read): not a checkpoint of another job sharing checkpoint.dir, nor one cut short.
+bool Checkpoints::ours(const std::string& directory) const {
+  std::ifstream in(directory + "/manifest.json");
+  const json m = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!m.is_object() || !m.contains("config_hash") || !m["config_hash"].is_string()) return false;
+  const std::string hash = m["config_hash"].get<std::string>();
+  const bool older = !m.contains("config") && !identity_.older_hash.empty() &&
+                     hash == identity_.older_hash;  // (as check() takes it)
+  return hash == identity_.hash || older;
+}
+
 bool Checkpoints::fail(uint64_t step, uint64_t generation) {
+  if (undone(step, generation)) return false;  // (its directory was set aside or removed)
   const bool first = failed_.insert({step, generation}).second;
   pending_.erase({step, generation});
   discard(step);
@@ -296,25 +344,58 @@ void Checkpoints::discard(uint64_t step) {
   if (!fs::exists(dir / "manifest.json", ec)) fs::remove_all(dir, ec);
 }
 
-// Keeps the newest checkpoint.keep complete checkpoints; older directories (complete or not)
-// go. Newer incomplete ones stay: their shards may still be coming.
-void Checkpoints::prune() {
+// Keeps the newest checkpoint.keep complete checkpoints of this job up to `through` (the one
+// just written); older directories of this job, and incomplete ones nobody writes, go. What is
+// newer stays (a newer incomplete one's shards may still be coming; a damaged one a resume
+// skipped is written again when the job gets there), and so does another job's checkpoint in a
+// shared checkpoint.dir: neither counts, so neither pushes this job's newest out.
+void Checkpoints::prune(uint64_t through) {
   auto dirs = checkpoint_dirs(cfg_.checkpoint_dir);
   std::vector<uint64_t> complete;
-  for (const auto& [step, path] : dirs)
-    if (fs::exists(path / "manifest.json")) complete.push_back(step);
+  std::set<uint64_t> foreign;
+  for (const auto& [step, path] : dirs) {
+    if (step > through || !fs::exists(path / "manifest.json")) continue;
+    if (ours(path.string()))
+      complete.push_back(step);
+    else
+      foreign.insert(step);
+  }
   if (complete.size() <= size_t(cfg_.checkpoint_keep)) return;
   const uint64_t oldest_kept = complete[complete.size() - size_t(cfg_.checkpoint_keep)];
+  auto writing = [&](uint64_t step) {
+    const auto it = pending_.lower_bound({step, 0});
+    return it != pending_.end() && it->first.first == step;
+  };
   std::error_code ec;
   for (const auto& [step, path] : dirs)
-    if (step < oldest_kept) fs::remove_all(path, ec);
+    if (step < oldest_kept && !foreign.count(step) && !writing(step)) fs::remove_all(path, ec);
+  written_.erase(written_.begin(), written_.lower_bound(oldest_kept));
+}
+
+// The checkpoints a rollback set aside (step-N.undone) go once the job has written one of a step
+// at or past theirs again: the redo replaced them.
+void Checkpoints::drop_undone(uint64_t through) {
+  std::error_code ec;
+  const std::string suffix = kUndone;
+  for (const auto& e : fs::directory_iterator(cfg_.checkpoint_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() != 13 + suffix.size() || name.rfind("step-", 0) != 0 ||
+        name.compare(13, std::string::npos, suffix) != 0)
+      continue;
+    const std::string digits = name.substr(5, 8);
+    if (digits.find_first_not_of("0123456789") == std::string::npos &&
+        std::stoull(digits) <= through)
+      fs::remove_all(e.path(), ec);
+  }
 }
 
 std::optional<ValidCheckpoint> newest_valid_checkpoint(const std::string& dir,
                                                        const CheckpointIdentity& job,
-                                                       std::vector<std::string>* refused) {
+                                                       std::vector<std::string>* refused,
+                                                       uint64_t at_most) {
   auto dirs = checkpoint_dirs(dir);
   for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
+    if (it->first > at_most) continue;
     ValidCheckpoint c{it->first, it->second.string()};
     std::string why = check(it->second, job, c);
     if (why.empty()) return c;

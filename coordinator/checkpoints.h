@@ -65,6 +65,13 @@ class Checkpoints {
   bool fail(uint64_t step, uint64_t generation);
   // The newest complete checkpoint written by this job (step, manifest), if any.
   const std::optional<CompletedCheckpoint>& newest() const { return newest_; }
+  // The job went back to `step` (a rollback) in `generation`: the steps after it are undone, and
+  // so are their checkpoints. This job's complete ones past it are set aside as step-N.undone (a
+  // resume does not take one: its steps are no longer in the ledger; they go once the redo has
+  // written a checkpoint at or past their step), pending ones are removed, and a report of a
+  // step past it from an earlier generation, coming later, changes nothing. Returns the
+  // directories set aside.
+  std::vector<std::string> roll_back(uint64_t step, uint64_t generation);
 
  private:
   struct Pending {
@@ -73,15 +80,21 @@ class Checkpoints {
     std::string directory;
     double blocking = 0, write = 0;
   };
-  void prune();
+  void prune(uint64_t through);
+  void drop_undone(uint64_t through);
   void discard(uint64_t step);
+  bool ours(const std::string& directory) const;
+  bool undone(uint64_t step, uint64_t generation) const;
+  static constexpr const char* kUndone = ".undone";
   std::string invalid(const actors::CheckpointWritten& w, uint32_t blocks) const;
 
   JobConfig cfg_;
   CheckpointIdentity identity_;
   std::map<std::pair<uint64_t, uint64_t>, Pending> pending_;  // by (step, generation)
   std::set<std::pair<uint64_t, uint64_t>> failed_;            // (step, generation)
+  std::map<uint64_t, CompletedCheckpoint> written_;           // by step, those not pruned
   std::optional<CompletedCheckpoint> newest_;
+  uint64_t undone_after_ = UINT64_MAX, undone_before_ = 0;  // steps > it of generations < it
 };
 
 // The checkpoints under dir, newest first, each checked: manifest readable, the config hash
@@ -96,9 +109,12 @@ struct ValidCheckpoint {
 // One checkpoint directory, checked as above: its step, or the reason it is not valid.
 std::optional<ValidCheckpoint> valid_checkpoint(const std::string& directory,
                                                 const CheckpointIdentity& job, std::string* why);
+// at_most: the newest of a step not past it (a rollback's: the steps after the committed one are
+// not in the ledger).
 std::optional<ValidCheckpoint> newest_valid_checkpoint(const std::string& dir,
                                                        const CheckpointIdentity& job,
-                                                       std::vector<std::string>* refused);
+                                                       std::vector<std::string>* refused,
+                                                       uint64_t at_most = UINT64_MAX);
 // The steps of the valid checkpoints in dir, oldest first (what a user may choose from).
 std::vector<uint64_t> valid_checkpoint_steps(const std::string& dir, const CheckpointIdentity& job);
 

@@ -133,6 +133,7 @@ std::vector<Field> builtin_fields(JobConfig& c, const ExtensionKinds& kinds) {
       I("elastic", "rejoin_timeout_ms", &c.rejoin_timeout_ms, 0, 86400000),
       I("elastic", "start_timeout_ms", &c.start_timeout_ms, 100, 86400000),
       I("elastic", "change_timeout_ms", &c.change_timeout_ms, 0, 86400000),
+      I("elastic", "step_timeout_ms", &c.step_timeout_ms, 0, 604800000),
       I("elastic", "max_reforms", &c.max_reforms, 0, 1000),
       I("elastic", "worker_max_restarts", &c.worker_max_restarts, 0, 1000),
       I("elastic", "worker_restart_window_ms", &c.worker_restart_window_ms, 1, 86400000),
@@ -458,6 +459,10 @@ void refuse_what_cannot_act(const JobConfig& c, const std::string& source, const
     throw ConfigError(place("elastic.change_timeout_ms") +
                       ": elastic.change_timeout_ms must be larger than "
                       "elastic.failure_timeout_ms (a member needs that long to notice a loss)");
+  if (c.step_timeout_ms > 0 && c.step_timeout_ms <= c.failure_timeout_ms)
+    throw ConfigError(place("elastic.step_timeout_ms") +
+                      ": elastic.step_timeout_ms must be larger than "
+                      "elastic.failure_timeout_ms (a member's peers notice a loss within that)");
 }
 
 // data.kind = "text" reads the file's bytes as characters: a regular file (never a FIFO, a

@@ -8,6 +8,7 @@
 // checkpoint.*): every key acts or is refused. They are thrown as ConfigError.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <stdexcept>
@@ -98,6 +99,7 @@ struct JobConfig {
           rejoin_timeout_ms = 30000;
   int64_t start_timeout_ms = 120000;  // every worker of the first generation ready by then
   int64_t change_timeout_ms = 0;      // a decided change forms in time; 0: 2 x failure + 30 s
+  int64_t step_timeout_ms = 0;        // a step commits in time; 0: 10 min or 2 x failure + 30 s
   int64_t max_reforms = 3;            // a generation may break this often without a step
   int64_t worker_max_restarts = 3;    // a worker thread that throws: restarts per window
   int64_t worker_restart_window_ms = 60000;
@@ -119,6 +121,7 @@ struct JobConfig {
   std::string resume_dir;
   uint64_t resume_step = 0;
   uint64_t resume_blocks = 0;  // the checkpoint's blocks: the model's must be as many
+  double resume_lr = 0;        // optimizer.lr at the checkpoint's step (0: not known)
   bool take_over = false;
   // Not a key: each block's parameter count in the model, where the coordinator could build it
   // before the start (else the first generation's); every worker is checked against it.
@@ -147,6 +150,12 @@ struct JobConfig {
   // elastic.change_timeout_ms, or its default.
   int64_t change_timeout() const {
     return change_timeout_ms > 0 ? change_timeout_ms : 2 * failure_timeout_ms + 30000;
+  }
+  // elastic.step_timeout_ms, or its default (as PyTorch's collective timeout, 10 minutes; longer
+  // where a member's loss takes longer to notice).
+  int64_t step_timeout() const {
+    return step_timeout_ms > 0 ? step_timeout_ms
+                               : std::max<int64_t>(600000, 2 * failure_timeout_ms + 30000);
   }
 };
 

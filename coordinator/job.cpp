@@ -138,6 +138,7 @@ class Coordinator : public caf::event_based_actor {
       log_.event("resumed_from_checkpoint",
                  Json().integer("step", long(cfg_.resume_step)).str("checkpoint", cfg_.resume_dir));
       if (!steps_.resume_at(cfg_.resume_step)) fail("cannot rewrite ledger.jsonl for the resume");
+      resume_lr_schedule();
     }
     set_down_handler([this](caf::down_msg& d) { unsubscribe(d.source); });
     arm_deadline();
@@ -271,7 +272,9 @@ class Coordinator : public caf::event_based_actor {
   void take_over() {
     const RunRecord rec = read_run_record(lines_of_file(dir_ + "/events.jsonl"));
     gens_.continue_after(rec.generation, rec.world_size);
-    steps_.continue_at(rec.committed);
+    if (!steps_.continue_at(rec.committed))
+      return fail("cannot rewrite " + dir_ + "/ledger.jsonl after step " +
+                  std::to_string(rec.committed) + " to take the run over");
     lr_from_ = rec.lr_from;
     if (!lr_from_.empty()) lr_ = lr_from_.rbegin()->second;
     taking_over_ = true;
@@ -284,6 +287,17 @@ class Coordinator : public caf::event_based_actor {
     delayed_send(this, std::chrono::milliseconds(cfg_.failure_timeout_ms + 2000),
                  adopted_atom::value);
     adoption_pending_ = true;
+  }
+
+  // A resume in its own run directory goes on with the run's learning-rate changes (troupe lr)
+  // after the checkpoint's step: each acts at its step again, as if nothing had happened. Not
+  // when optimizer.lr was set for the resume (it differs from the checkpoint's rate): that rate
+  // from the checkpoint on.
+  void resume_lr_schedule() {
+    if (cfg_.resume_lr <= 0 || cfg_.lr != cfg_.resume_lr) return;
+    lr_from_ = read_run_record(lines_of_file(dir_ + "/events.jsonl")).lr_from;
+    lr_from_[cfg_.resume_step] = cfg_.lr;
+    lr_ = scheduled_lr();
   }
 
   void launch_missing() {
@@ -468,8 +482,11 @@ class Coordinator : public caf::event_based_actor {
   // ---- generations -----------------------------------------------------------------------------
 
   uint32_t min_workers() const {
-    // A fixed number of pipeline stages needs at least that many workers too.
-    return uint32_t(std::max<int64_t>({1, cfg_.min_workers, cfg_.pipeline_stages}));
+    // A fixed number of pipeline stages needs at least that many workers too. A job stopping
+    // needs no more (the survivors of a pause take the stop's checkpoint; waiting for more would
+    // only end in the pause's failure, the state lost with them).
+    const int64_t least = job_.stop_requested() ? 1 : cfg_.min_workers;
+    return uint32_t(std::max<int64_t>({1, least, cfg_.pipeline_stages}));
   }
 
   // What the membership should be now (elastic::decide_membership), and acting on it: a new
@@ -632,10 +649,12 @@ class Coordinator : public caf::event_based_actor {
       tell("the model's state was lost; rolling back to " + from);
     }
     if (g.recover_to > g.recover_from) reforms_ = 0;
+    const uint64_t reached = steps_.committed();  // (before a rollback sets it back)
     if (taking_over_) note_take_over(g);
     if (!steps_.start_generation(g, gens_.current(), gens_.world(), reload))
       return fail("cannot rewrite " + dir_ + "/ledger.jsonl for the rollback to step " +
                   std::to_string(g.start_step));
+    if (checkpoints_ && g.start_step < reached) undo_checkpoints(g.start_step);
     const bool resumed = job_.resuming();
     gens_.start(std::move(*next));
     plan_.clear();  // rank 0 reports the new layout and data plane
@@ -643,7 +662,17 @@ class Coordinator : public caf::event_based_actor {
     job_.generation_started();
     if (gens_.current() == 1) t_start_ = Clock::now();
     if (resumed) log_resumed(g.start_step);
-    announce(g, reload);
+    announce(g, reload, reached);
+  }
+
+  // A rollback to `step`: the checkpoints of the steps after it are set aside (Checkpoints::
+  // roll_back).
+  void undo_checkpoints(uint64_t step) {
+    for (const auto& dir : checkpoints_->roll_back(step, gens_.current() + 1)) {
+      spdlog::warn("set aside as {}: its step was rolled back to {}", dir, step);
+      log_.event("checkpoint_undone",
+                 Json().str("path", dir).integer("rolled_back_to", long(step)));
+    }
   }
 
   // The model's state held by no member (checkpoint.on_state_lost = "rollback"): the generation
@@ -664,23 +693,41 @@ class Coordinator : public caf::event_based_actor {
       return "rolled back " + std::to_string(rollbacks_ - 1) +
              " times in a row without committing a step past " + std::to_string(rollback_mark_) +
              " (elastic.max_reforms)";
-    std::string directory = cfg_.resume_dir;  // (a resumed job's first checkpoint)
-    if (checkpoints_ && checkpoints_->newest())
-      directory = std::filesystem::path(checkpoints_->newest()->manifest).parent_path().string();
     uint64_t step = 0;
-    if (!directory.empty()) {
-      std::string why;
-      const auto c = valid_checkpoint(directory, checkpoint_identity(cfg_), &why);
-      if (!c) return "its newest checkpoint cannot be rolled back to: " + why;
-      if (c->step > steps_.committed())
-        return "its newest checkpoint " + directory + " is of step " + std::to_string(c->step) +
-               ", past the " + std::to_string(steps_.committed()) + " committed";
-      step = c->step;
-      directory = c->directory;
-    }
+    std::string directory;
+    if (const std::string why = rollback_checkpoint(step, directory); !why.empty()) return why;
     g = elastic::reload_start(step, steps_.committed(), uint32_t(next.size()));
     for (auto& r : next) r.holding = elastic::reloaded(step, blocks);
     reload = directory;
+    return "";
+  }
+
+  // The checkpoint a rollback goes to: the newest valid one in checkpoint.dir not past the
+  // committed step (one of the steps after it, undone by an earlier rollback, is not in the
+  // ledger; a damaged one is passed over) nor before the step it resumed from (an older one in a
+  // shared directory may be of the history the resume left), else the one it resumed from, else
+  // none (step 0, directory "": the seed). "" when so, else why not (the resumed-from one is not
+  // valid).
+  std::string rollback_checkpoint(uint64_t& step, std::string& directory) const {
+    const CheckpointIdentity identity = checkpoint_identity(cfg_);
+    std::vector<std::string> refused;
+    auto c = newest_valid_checkpoint(cfg_.checkpoint_dir, identity, &refused, steps_.committed());
+    if (c && c->step >= cfg_.resume_step) {
+      step = c->step;
+      directory = c->directory;
+      for (const auto& r : refused) spdlog::warn("not rolling back to {}", r);
+      return "";
+    }
+    if (cfg_.resume_dir.empty()) return "";  // (from the seed)
+    std::string why;
+    c = valid_checkpoint(cfg_.resume_dir, identity, &why);
+    if (!c) return "the checkpoint it resumed from cannot be rolled back to: " + why;
+    if (c->step > steps_.committed())
+      return "the checkpoint it resumed from, " + cfg_.resume_dir + ", is of step " +
+             std::to_string(c->step) + ", past the " + std::to_string(steps_.committed()) +
+             " committed";
+    step = c->step;
+    directory = c->directory;
     return "";
   }
 
@@ -695,20 +742,35 @@ class Coordinator : public caf::event_based_actor {
 
   // The member list to every live agent (standbys included: they publish again for the next
   // one), the event, and the drained agents' shutdown now that the others moved on without them.
-  void announce(const elastic::GenerationStart& g, const std::optional<std::string>& reload) {
+  void announce(const elastic::GenerationStart& g, const std::optional<std::string>& reload,
+                uint64_t reached) {
     const uint64_t gen = gens_.current();
     spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [job " + cfg_.name + "] [coordinator] [gen " +
                         std::to_string(gen) + "] [%l] %v");
-    actors::GenerationStart msg{gen, g.start_step, g.state_source,     {},
-                                lr_, bool(reload), reload.value_or("")};
-    note_lr(gen, g.start_step);
+    actors::GenerationStart msg{gen,
+                                g.start_step,
+                                g.state_source,
+                                {},
+                                schedule_lr(gen, g.start_step, reached),
+                                bool(reload),
+                                reload.value_or(""),
+                                {lr_from_.upper_bound(g.start_step), lr_from_.end()}};
     const auto& members = gens_.members();
     for (uint32_t i = 0; i < members.size(); ++i)
       msg.members.push_back({i, members[i].worker, members[i].address, members[i].holding});
     auto encoded = encode(msg);
     for (const auto& a : roster_.agents())
       if (a.alive) to_agent(a.id, encoded);
-    if (job_.stop_requested()) tell_agents_to_stop();  // (asked for while the change formed)
+    if (job_.stop_requested()) {  // (asked for while the change formed, or before it)
+      // A stop with a checkpoint: at the step it stops at (the one taken where the members left
+      // the last generation, if any, is a step short of it).
+      if (stop_checkpoint_) {
+        auto at = actors::make_checkpoint_at_step(g.start_step + 1);
+        for (const auto& a : roster_.agents())
+          if (a.alive) to_agent(a.id, at);
+      }
+      tell_agents_to_stop();
+    }
     log_.event("generation_started", Json()
                                          .integer("generation", long(gen))
                                          .integer("world_size", long(members.size()))
@@ -928,6 +990,64 @@ class Coordinator : public caf::event_based_actor {
             },
             [](caf::error&) {});
     delayed_send(this, std::chrono::milliseconds(cfg_.heartbeat_interval_ms), hearing_atom::value);
+    watch_steps();
+  }
+
+  // ---- a step that never ends ------------------------------------------------------------------
+
+  // elastic.step_timeout_ms without a committed step while the generation runs (or stops; no
+  // change forming, no pause: those have their own deadlines): the members that reported nothing
+  // since the last commit are hung in their step (a data set's fill on a hung mount, a model's
+  // block or a device that never returns) where no peer's collective can notice it (one worker,
+  // or every worker stuck). Their agents are cut as silent ones are: the launcher starts them
+  // again, and the job goes on (from a checkpoint if the state went with them). Once a window.
+  void watch_steps() {
+    const auto now = Clock::now();
+    const JobPhase p = job_.phase();
+    // (After the last step, or the one a stop ends at, the members write their checkpoint and
+    // evaluate: no step is to commit.)
+    const bool more = steps_.committed() < uint64_t(cfg_.steps) &&
+                      (p == JobPhase::running ||
+                       (p == JobPhase::stopping && steps_.committed() <= stop_requested_at_));
+    const bool waiting = more && gens_.expected().empty() && steps_.committed() == progress_step_ &&
+                         gens_.current() == progress_generation_;
+    if (!waiting) {
+      progress_step_ = steps_.committed();
+      progress_generation_ = gens_.current();
+      progress_at_ = now;
+      return;
+    }
+    if (now - progress_at_ < std::chrono::milliseconds(cfg_.step_timeout())) return;
+    progress_at_ = now;
+    cut_silent_members();
+  }
+
+  // The members that did not report the step to commit (all of them if each did: the step still
+  // never came).
+  void cut_silent_members() {
+    const uint64_t gen = gens_.current();
+    const auto& reports = steps_.last_reports();
+    auto silent = [&](uint32_t rank) {
+      const auto it = reports.find(rank);
+      return it == reports.end() || it->second.generation != gen ||
+             it->second.step < steps_.committed();
+    };
+    const auto& members = gens_.members();
+    bool any = false;
+    for (uint32_t r = 0; r < members.size(); ++r) any = any || silent(r);
+    std::set<uint32_t> cut;
+    for (uint32_t r = 0; r < members.size(); ++r) {
+      const WorkerId w = members[r].worker;
+      if ((any && !silent(r)) || gens_.published(w) || gens_.is_restarting(w) ||
+          !roster_.usable(w) || !cut.insert(w.agent).second)
+        continue;
+      const std::string why = "hung: its worker " + w.name() + " committed no step within " +
+                              std::to_string(cfg_.step_timeout()) + " ms (step " +
+                              std::to_string(steps_.committed()) + " of generation " +
+                              std::to_string(gen) + "; elastic.step_timeout_ms)";
+      spdlog::error("agent {} ({}) {}", w.agent, roster_.at(w.agent).name, why);
+      send(bridge_, actors::disconnect_atom::value, roster_.at(w.agent).node, why);
+    }
   }
 
   void fill_heard(std::vector<actors::MemberStatus>& rows) const {
@@ -966,16 +1086,20 @@ class Coordinator : public caf::event_based_actor {
     log_.event("checkpoint_requested", Json().integer("step", long(at)).boolean("stop", and_stop));
     auto msg = actors::make_checkpoint_at_step(at);
     for (const auto& a : roster_.agents()) to_agent(a.id, msg);
+    stop_checkpoint_ = stop_checkpoint_ || and_stop;
     return and_stop ? stop(false) : actors::make_ack();
   }
 
   ControlMessage stop(bool with_checkpoint) {
     if (with_checkpoint && checkpoints_ && !job_.stop_requested()) return checkpoint(true);
     if (job_.request_stop()) {
+      stop_requested_at_ = steps_.committed();
       log_.event("stop_requested", Json().integer("step", long(steps_.committed())));
       // While a change is under way (its LeaveGeneration sent), the next generation carries the
       // stop (announce): a member that heard only one of the two would leave, another stop.
       if (gens_.expected().empty()) tell_agents_to_stop();
+      // Paused below elastic.min_workers: the survivors form a generation that stops.
+      if (job_.phase() == JobPhase::paused) decide_and_act();
     }
     return actors::make_ack();
   }
@@ -1008,6 +1132,10 @@ class Coordinator : public caf::event_based_actor {
 
   ControlMessage drain(uint32_t id) {
     if (!job_.started()) return actors::make_error_reply(Errc::refused, "the job is not running");
+    // (Stopping, every member leaves at the next step boundary: this one with the others, its
+    // shards of the stop's checkpoint with theirs; a preemption signals agents and coordinator
+    // at once, and a refusal would have made the agent leave at once, without them.)
+    if (job_.stop_requested()) return actors::make_ack();
     return act_on(
         elastic::decide_drain(id, live_agents(roster_, gens_), scale_limits(cfg_, min_workers())));
   }
@@ -1040,6 +1168,7 @@ class Coordinator : public caf::event_based_actor {
     if (job_.stop_requested())
       return actors::make_error_reply(Errc::refused, "the job is stopping");
     lr_ = lr;
+    lr_asked_ = true;
     log_.event("lr_change_requested",
                Json().num("lr", lr).integer("step", long(steps_.committed())));
     if (!gens_.expected().empty() || job_.phase() != JobPhase::running) return actors::make_ack();
@@ -1054,19 +1183,24 @@ class Coordinator : public caf::event_based_actor {
     return actors::make_ack();
   }
 
-  // The learning rate of the generation starting at `step` (the steps before it keep theirs: a
-  // rollback drops what came after).
-  void note_lr(uint64_t gen, uint64_t step) {
-    const double before = lr_at(step);
-    lr_from_.erase(lr_from_.upper_bound(step), lr_from_.end());
-    lr_from_[step] = lr_;
-    if (gen > 1 && before != lr_) {
+  // The learning rate of a generation starting at `start`, the job having reached `reached`. A
+  // rate asked for since the last (troupe lr) acts from the later of the two: a rollback redoes
+  // the steps before it at the rates they had, and the changes after `start` go with the start
+  // (GenerationStart::lr_changes: each acts at its step again).
+  double schedule_lr(uint64_t gen, uint64_t start, uint64_t reached) {
+    const uint64_t from = std::max(start, reached);
+    if (lr_asked_) {
+      lr_asked_ = false;
+      lr_from_.erase(lr_from_.upper_bound(from), lr_from_.end());
+      lr_from_[from] = lr_;
       log_.event(
           "lr_changed",
-          Json().num("lr", lr_).integer("step", long(step)).integer("generation", long(gen)));
-      tell("learning rate " + fmt::format("{}", lr_) + " from step " + std::to_string(step));
+          Json().num("lr", lr_).integer("step", long(from)).integer("generation", long(gen)));
+      tell("learning rate " + fmt::format("{}", lr_) + " from step " + std::to_string(from));
     }
+    return lr_at(start);
   }
+  double scheduled_lr() const { return lr_from_.empty() ? cfg_.lr : lr_from_.rbegin()->second; }
   double lr_at(uint64_t step) const {
     auto it = lr_from_.upper_bound(step);
     return it == lr_from_.begin() ? cfg_.lr : std::prev(it)->second;
@@ -1226,7 +1360,12 @@ class Coordinator : public caf::event_based_actor {
   bool adoption_pending_ = false;  // a take-over waits for its agents to come back (launch_missing)
   std::string last_failure_;       // the last failure, for the message if the job fails
   double lr_;                      // optimizer.lr now (the config's, or the last one asked for)
-  std::map<uint64_t, double> lr_from_;   // each generation's start step -> its optimizer.lr
+  bool lr_asked_ = false;          // lr_ asked for and not yet scheduled (schedule_lr)
+  uint64_t progress_step_ = 0, progress_generation_ = 0;  // (watch_steps: the last seen)
+  uint64_t stop_requested_at_ = 0;                        // the steps committed at a stop
+  bool stop_checkpoint_ = false;                          // the stop asked for a checkpoint
+  Clock::time_point progress_at_ = Clock::now();          // (and when it was first seen)
+  std::map<uint64_t, double> lr_from_;   // step -> optimizer.lr from it on (before: the config's)
   std::vector<caf::actor> subscribers_;  // actors that get every event (subscribe_atom)
   bool taking_over_ = false;             // until the first generation after a take-over
   Clock::time_point t_start_ = Clock::now();

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 
@@ -100,8 +101,20 @@ void ChildProcess::kill_and_reap() {
   if (!running()) return;
   ::kill(-pid_, SIGKILL);
   ::kill(pid_, SIGKILL);
+  // (A process in an uninterruptible sleep, a hung mount's fsync, ends only when that returns:
+  // not waited for past 5 s. Nothing is asked of it again: it stays this process's zombie.)
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
   int status = 0;
-  while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+  pid_t r = 0;
+  while ((r = waitpid(pid_, &status, WNOHANG)) == 0 || (r < 0 && errno == EINTR)) {
+    if (Clock::now() >= deadline) {
+      std::fprintf(stderr,
+                   "troupe: pid %d did not end within 5 s of SIGKILL (in an uninterruptible "
+                   "sleep?): left behind\n",
+                   int(pid_));
+      break;
+    }
+    usleep(2000);
   }
   reaped_ = true;
 }

@@ -22,8 +22,12 @@ RunRecord read_run_record(const std::vector<std::string>& event_lines) {
     if (event == "step_committed") r.committed = std::max(r.committed, number("step") + 1);
     if (event == "steps_rolled_back") r.committed = number("from");
     if (event == "resumed_from_checkpoint") r.committed = number("step");
-    if (event == "lr_changed" && j.contains("lr") && j["lr"].is_number())
+    if (event == "lr_changed" && j.contains("lr") && j["lr"].is_number()) {
+      // (As the coordinator schedules it: a rate asked for replaces the changes after its step,
+      // ones a rollback kept for the steps it redoes.)
+      r.lr_from.erase(r.lr_from.upper_bound(number("step")), r.lr_from.end());
       r.lr_from[number("step")] = j["lr"].get<double>();
+    }
   }
   return r;
 }

@@ -36,8 +36,9 @@ bool StepDriver::report(const actors::StepReport& r, uint64_t generation, size_t
   if (std::find(p.peaks.begin(), p.peaks.end(), peak) == p.peaks.end()) p.peaks.push_back(peak);
   p.rank_seconds.push_back(r.seconds);
   p.rank_busy.push_back(r.busy_seconds);
-  last_reports_[r.rank] = {r.seconds, r.busy_seconds, r.data_seconds,
-                           std::chrono::steady_clock::now(), generation};
+  last_reports_[r.rank] = {r.seconds,      r.busy_seconds,
+                           r.data_seconds, std::chrono::steady_clock::now(),
+                           generation,     r.step};
   // Steps commit in order: reports sent again to a coordinator that took over may complete a
   // later step first.
   bool any = false;

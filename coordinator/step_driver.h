@@ -60,8 +60,13 @@ class StepDriver {
   }
   // A coordinator taking over a run whose coordinator was lost: `step` steps are committed
   // (coordinator/run_record.h); what comes next (reports sent again, the first generation's
-  // recovery or rollback) goes on from there.
-  void continue_at(uint64_t step) { committed_ = step; }
+  // recovery or rollback) goes on from there. Ledger lines of later steps go: the lost one may
+  // have written a step's lines and not its commit (the reports sent again commit it once).
+  // False if the ledger could not be rewritten.
+  bool continue_at(uint64_t step) {
+    committed_ = step;
+    return log_.drop_ledger_from(step);
+  }
   double last_loss() const { return last_loss_; }
   const Utilisation& utilisation() const { return utilisation_; }  // of the last committed step
 
@@ -74,6 +79,7 @@ class StepDriver {
     double step_seconds = 0, compute_seconds = 0, data_seconds = 0;
     std::chrono::steady_clock::time_point at;
     uint64_t generation = 0;
+    uint64_t step = 0;  // the step it reported
   };
   const std::map<uint32_t, RankReport>& last_reports() const { return last_reports_; }
 

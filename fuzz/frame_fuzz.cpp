@@ -94,8 +94,8 @@ void write_seeds(const std::string& dir) {
       actors::encode(extension_spec()),
       actors::make_learning_rate_request(3e-4),
       actors::encode(actors::WorkerReady{{1, 0}, 3, "1@h@00", holding, 5, "peer_lost", {7, 8}}),
-      actors::encode(
-          actors::GenerationStart{3, 40, 1, {{0, {1, 0}, "a", holding}}, 1e-3, true, "/c/step-40"}),
+      actors::encode(actors::GenerationStart{
+          3, 40, 1, {{0, {1, 0}, "a", holding}}, 1e-3, true, "/c/step-40", {{41, 2e-3}}}),
       actors::encode(actors::StepReport{3, 17, 0, 1.5, 8, 8, 0, 8, 0.1, 0.09, 0.01}),
       actors::encode(actors::WorkerDone{0, 3, 100, 0xfeed}),
       actors::encode(actors::WorkerFailed{{1, 0}, 0, 3, "boom", true, false}),

@@ -3,14 +3,17 @@
 // GenerationBoard until it is told to shut down or loses the coordinator.
 #include "workers/agent.h"
 
+#include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -50,9 +53,20 @@ class Stopped {
     ++count_;
     cv_.notify_all();
   }
-  bool all(uint32_t n, std::chrono::milliseconds within) {
+  // False past `within`; `poll` is called every 100 ms meanwhile.
+  bool all(uint32_t n, std::chrono::milliseconds within, const std::function<void()>& poll) {
+    const auto until = std::chrono::steady_clock::now() + within;
     std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, within, [&] { return count_ >= n; });
+    while (count_ < n) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= until) return false;
+      cv_.wait_for(lock, std::min<std::chrono::steady_clock::duration>(
+                             until - now, std::chrono::milliseconds(100)));
+      lock.unlock();
+      poll();
+      lock.lock();
+    }
+    return true;
   }
 
  private:
@@ -141,7 +155,26 @@ int run_agent(const AgentOptions& o) {
       session.board().exit_code() == 0
           ? std::chrono::milliseconds(600000)
           : std::chrono::milliseconds(spec.failure_timeout_ms) + std::chrono::seconds(10);
-  if (!stopped.all(uint32_t(threads.size()), grace)) {
+  // While it waits (up to 10 minutes for a checkpoint write) troupe agent is not deaf: Ctrl-C,
+  // or a second SIGTERM, leaves at once; a first SIGTERM (a scheduler's, after its stop) lets
+  // the write finish; SIGHUP (the launching coordinator's end) changes nothing. An agent
+  // embedded in a program leaves the program's signals to it.
+  int terms = 0;
+  auto interrupted = [&signals, &terms, own = o.own_process] {
+    const int sig = own ? signals.next() : 0;
+    if (sig == 0 || sig == SIGHUP) return;
+    if (sig == SIGTERM && terms++ == 0) {
+      std::fprintf(stderr,
+                   "troupe agent: SIGTERM while its workers stop: it waits for them (again: it "
+                   "exits at once)\n");
+      return;
+    }
+    std::fprintf(stderr, "troupe agent: %s while its workers stop: exiting at once\n",
+                 actors::signal_name(sig));
+    std::fflush(nullptr);
+    std::_Exit(128 + sig);
+  };
+  if (!stopped.all(uint32_t(threads.size()), grace, interrupted)) {
     std::fprintf(stderr,
                  "troupe agent: %s; a worker did not stop within %lld ms (hung in its step: a data "
                  "set's fill, a model's block or a device that never returns): exiting without "

@@ -77,21 +77,29 @@ struct Joined {
   bool fenced = false;  // the coordinator there refused this node: it dropped it (still alive)
 };
 
-Joined join(caf::scoped_actor& self, const caf::actor& bridge, const std::string& address,
+// Each request is made by a scoped actor of its own, gone with its answer: a reply that comes
+// after the request's deadline, and CAF's timeout message of a request answered in time (CAF 0.17
+// never cancels it), would otherwise wait for good in the long-lived watcher's mailbox cache
+// (its receive skips replies). A late reply holds the bridge's detached actor, whose destructor
+// then never runs: ~actor_system waited for it for ever (an agent that gave up rejoining a
+// stalled coordinator hung in its teardown). The rejoin's connect also waits longer than the
+// bridge's own connect deadline (actors::BridgeConfig::connect_timeout): its answer comes in time.
+Joined join(caf::scoped_actor& watcher, const caf::actor& bridge, const std::string& address,
             const AgentOptions& o, const std::string& name, bool rejoin) {
   Joined j;
   auto render = [&](const caf::error& e) {
     const auto ce = actors::control_error(e);
     j.fenced = ce && ce->code == comm::Errc::refused;
-    j.error = self->system().render(e);
+    j.error = watcher->system().render(e);
   };
-  self->request(bridge, std::chrono::seconds(rejoin ? 5 : 30), actors::connect_atom::value, address)
+  caf::scoped_actor(watcher->system())
+      ->request(bridge, std::chrono::seconds(rejoin ? 8 : 30), actors::connect_atom::value, address)
       .receive([&](uint64_t n) { j.coordinator = n; }, render);
   if (!j.error.empty()) {
     j.error = "cannot reach the coordinator at " + address + ": " + j.error;
     return j;
   }
-  self->send(bridge, actors::monitor_atom::value, j.coordinator);
+  watcher->send(bridge, actors::monitor_atom::value, j.coordinator);  // (its NodeDown: watch())
   actors::Join request{name, host_name(), uint32_t(getpid()), o.devices, rejoin};
   ControlMessage reply;
   // A job forming its first generation with all its agents asks this one to come again once it
@@ -99,7 +107,8 @@ Joined join(caf::scoped_actor& self, const caf::actor& bridge, const std::string
   const auto until = std::chrono::steady_clock::now() + std::chrono::minutes(2);
   for (bool said = false;; said = true) {
     j.error.clear();
-    self->request(bridge, std::chrono::seconds(35), actors::request_atom::value,
+    caf::scoped_actor(watcher->system())
+        ->request(bridge, std::chrono::seconds(35), actors::request_atom::value,
                   actors::RemoteAddress{j.coordinator, actors::kCoordinatorActorId},
                   actors::encode(request), uint32_t(30000))
         .receive([&](ControlMessage& r) { reply = r; }, render);
@@ -246,7 +255,8 @@ void AgentSession::on_signal(int sig, bool again) {
   }
   spdlog::warn("{}: asking the coordinator to drain this agent", name);
   std::string error;
-  (*self_)
+  bool refused = false;
+  caf::scoped_actor(*system_)  // (of its own: see join())
       ->request(bridge_, std::chrono::seconds(10), actors::request_atom::value,
                 actors::RemoteAddress{coordinator_.load(), actors::kCoordinatorActorId},
                 actors::make_drain_request(agent_id_->load()), uint32_t(5000))
@@ -254,10 +264,20 @@ void AgentSession::on_signal(int sig, bool again) {
                [&](caf::error& e) {
                  auto ce = actors::control_error(e);
                  error = ce ? ce->message : system_->render(e);
+                 refused = ce && ce->code == comm::Errc::refused;
                });
-  if (!error.empty())
-    board_->shut_down(128 + sig, name + " and the coordinator did not drain this agent (" + error +
-                                     "): leaving at once");
+  if (error.empty()) return;
+  // A preemption signals every process of the job at once: the coordinator, stopping too, may
+  // have refused the drain before it heard its own signal. Its stop, heard within 5 s, is
+  // followed (its checkpoint is taken with this agent's shards) instead of leaving at once.
+  for (int i = 0; refused && i < 50 && !board_->stop_requested(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  if (refused && board_->stop_requested() && !board_->shutting_down()) {
+    spdlog::warn("{}: the job stops at the next step boundary; this agent stops with it", name);
+    return;
+  }
+  board_->shut_down(128 + sig, name + " and the coordinator did not drain this agent (" + error +
+                                   "): leaving at once");
 }
 
 void AgentSession::watch(actors::SignalWatcher* signals) {

@@ -94,6 +94,9 @@ void DeviceSupervisor::run() {
       }
       while (run_generation() == Next::generation) {
       }
+      // A write it started and has not reported (a drained worker's, one that stops with the
+      // agent): reported, or the others' shards of that step never make a checkpoint.
+      worker_->finish_checkpoints();
       return;
     } catch (const std::exception& e) {
       if (board_.shutting_down() || !restart_after(e)) return;
@@ -205,6 +208,7 @@ void DeviceSupervisor::take_state(const actors::GenerationStart& g) {
 DeviceSupervisor::Next DeviceSupervisor::train(const actors::GenerationStart& g) {
   const uint64_t gen = g.generation;
   if (g.lr > 0) worker_->set_lr(g.lr);  // (the same on every member, from the start step)
+  worker_->set_lr_changes(g.lr_changes);
   auto on_step = [&](const StepInfo& s) {
     ctx_.send(actors::encode(actors::StepReport{
         gen, s.step, uint32_t(rank_), s.loss, s.samples, s.tokens, s.position_begin, s.position_end,
@@ -214,9 +218,10 @@ DeviceSupervisor::Next DeviceSupervisor::train(const actors::GenerationStart& g)
   Requests requests{[&] { return board_.stop_requested() || board_.leaving(gen); },
                     [&] { return board_.checkpoint_wanted(); }};
   worker_->set_generation(gen);
-  worker_->set_checkpoint_reporter([&](const CheckpointWriter::Written& w, uint64_t taken_in) {
-    report_checkpoint(taken_in, w);
-  });
+  worker_->set_checkpoint_reporter(
+      [this, rank = uint32_t(rank_)](const CheckpointWriter::Written& w, uint64_t taken_in) {
+        report_checkpoint(taken_in, rank, w);
+      });
   worker_->set_trace_reporter([&](std::vector<actors::TraceEvent> events) {
     ctx_.send(actors::encode(
         actors::TraceChunk{id_.agent, id_.device, uint32_t(rank_), std::move(events)}));
@@ -244,11 +249,12 @@ DeviceSupervisor::Next DeviceSupervisor::train(const actors::GenerationStart& g)
   return Next::done;
 }
 
-void DeviceSupervisor::report_checkpoint(uint64_t gen, const CheckpointWriter::Written& w) {
+void DeviceSupervisor::report_checkpoint(uint64_t gen, uint32_t rank,
+                                         const CheckpointWriter::Written& w) {
   if (!w.error.empty())
     spdlog::error("worker {}: checkpoint at step {} not written: {}", id_.device, w.step, w.error);
   actors::CheckpointWritten m{gen,
-                              uint32_t(rank_),
+                              rank,
                               w.step,
                               worker_->num_blocks(),
                               w.directory,

@@ -59,7 +59,7 @@ class DeviceSupervisor {
   void take_state(const actors::GenerationStart& g);
   Next train(const actors::GenerationStart& g);
   // A finished checkpoint write of this worker's blocks, to the coordinator.
-  void report_checkpoint(uint64_t gen, const CheckpointWriter::Written& w);
+  void report_checkpoint(uint64_t gen, uint32_t rank, const CheckpointWriter::Written& w);
   bool restart_after(const std::exception& e);  // true: the worker is built again
 
   const DeviceContext& ctx_;

@@ -239,7 +239,7 @@ TrainResult Worker::run_data_parallel(comm::Communicator& comm, uint64_t start,
       norm_sq += models::grad_norm_sq(model_->block(b).grads());
     check_finite(step, control[0], norm_sq);
     const int64_t u0 = StepTrace::now_us();
-    trainer_->apply(step, norm_sq, stats);
+    update(step, norm_sq, stats);
     trace_.span(step, "update", "compute", u0);
     next_step_ = step + 1;
     for (uint32_t b = 0; b < num_blocks(); ++b) states_->hold(b, next_step_);
@@ -395,7 +395,7 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
     check_finite(step, stats.loss, norm_sq);
     for (uint32_t b = mine.begin; b < mine.end; ++b) states_->snapshot(b, step);
     const int64_t u0 = StepTrace::now_us();
-    if (active) trainer_->apply_blocks(step, norm_sq, mine.begin, mine.end, stats);
+    if (active) update_blocks(step, norm_sq, mine.begin, mine.end, stats);
     trace_.span(step, "update", "compute", u0);
     next_step_ = step + 1;
     for (uint32_t b = mine.begin; b < mine.end; ++b) states_->hold(b, next_step_);
@@ -486,6 +486,17 @@ void Worker::maybe_checkpoint(const std::vector<uint32_t>& blocks, bool requeste
 
 void Worker::finish_checkpoints() { take_checkpoint_result(true); }
 
+void Worker::update(uint64_t step, double norm_sq, models::StepStats& stats) {
+  update_blocks(step, norm_sq, 0, num_blocks(), stats);
+}
+
+void Worker::update_blocks(uint64_t step, double norm_sq, uint32_t first, uint32_t last,
+                           models::StepStats& stats) {
+  if (auto it = lr_changes_.upper_bound(step); it != lr_changes_.begin())
+    opt_->set_lr(std::prev(it)->second);
+  trainer_->apply_blocks(step, norm_sq, first, last, stats);
+}
+
 // Before a step's update, on every rank alike (the loss and norm are the global ones): a
 // non-finite loss or gradient norm is a diverged training, not an update.
 void Worker::check_finite(uint64_t step, double loss, double norm_sq) const {
@@ -531,6 +542,11 @@ void Worker::gather_parameters(comm::Communicator& comm, const elastic::Plan& pl
 StateTransfer Worker::take_state(comm::Communicator& comm, uint64_t start_step,
                                  const std::vector<elastic::Holding>& members,
                                  const std::optional<std::string>& reload) {
+  if (start_step < next_step_) {  // (a rollback: the steps after it are redone, their
+    if (last_checkpoint_ != UINT64_MAX && last_checkpoint_ > start_step)  // checkpoints too)
+      last_checkpoint_ = UINT64_MAX;
+    requested_through_ = std::min(requested_through_, start_step);
+  }
   if (reload) {  // (what it held is newer than the checkpoint, or nothing)
     spdlog::warn("worker {}: the job's state was lost; reloading it from {}", spec_.device,
                  reload->empty() ? "the job's seed" : *reload);

@@ -171,12 +171,18 @@ class Worker {
   // Waits for the checkpoint write in flight and reports it (the job's end).
   void finish_checkpoints();
   void check_finite(uint64_t step, double loss, double norm_sq) const;  // throws models::Diverged
+  // The step's update (of blocks [first, last): a stage's), at its learning rate.
+  void update(uint64_t step, double norm_sq, models::StepStats& stats);
+  void update_blocks(uint64_t step, double norm_sq, uint32_t first, uint32_t last,
+                     models::StepStats& stats);
   // Called on the worker's thread with its spans of observability.trace_steps, once they are done.
   using OnTrace = std::function<void(std::vector<actors::TraceEvent>)>;
   void set_trace_reporter(OnTrace f) { on_trace_ = std::move(f); }
   uint64_t next_step() const { return next_step_; }  // steps applied so far
-  // optimizer.lr from the next step on (a generation's, when the job changed it).
+  // optimizer.lr from the next step on (a generation's, when the job changed it), and the
+  // changes at later steps (a rollback redoes steps where troupe lr acted: it acts there again).
   void set_lr(double lr) { opt_->set_lr(lr); }
+  void set_lr_changes(std::map<uint64_t, double> changes) { lr_changes_ = std::move(changes); }
 
   // After a membership change: every member receives, point to point over the new generation's
   // communicator, the state of each block it will own but does not hold as of start_step
@@ -267,6 +273,7 @@ class Worker {
   OnTrace on_trace_;
   std::map<uint32_t, std::vector<uint8_t>> staging_;  // checkpoint copies, kept for the next one
   void take_checkpoint_result(bool wait);             // reports a finished write, keeps its buffers
+  std::map<uint64_t, double> lr_changes_;             // optimizer.lr from these steps on
   uint64_t last_checkpoint_ = UINT64_MAX;             // the step of the last checkpoint started
   uint64_t requested_through_ = 0;  // the step of the last checkpoint taken for a request
   // Per block: the shape of its output for one sample (dim 0 scales with the samples), for the

@@ -203,6 +203,89 @@ TEST(Checkpoints, ALearningRateChangedWhileRunningActsFromOneStepOnEveryMember) 
     ASSERT_EQ(tail[i], losses[size_t(later) + i]) << "step " << later + int(i);
 }
 
+// A rollback past a `troupe lr` change (both agents SIGKILLed after it: the state goes back to the
+// checkpoint before it) redoes the steps before the change at the old rate and acts at its step
+// again: bitwise the same losses as the two phases run apart. (The redo took the new rate from
+// the checkpoint's step on.)
+TEST(Checkpoints, StepsRedoneAfterALearningRateChangeKeepTheRatesTheyHad) {
+  TempDir dir;
+  Job job =
+      start_job(dir, "lr-redo", kGpt, 2, {"job.steps=80", "checkpoint.keep=20"}, {pace(100000)});
+  wait_steps(job, 21);
+  admin(dir, {"lr", "--run-dir", job.run_dir, "0.001"});
+  const std::string changed = wait_event(job, is("lr_changed"), 60s);
+  ASSERT_NE(changed, "");
+  const int at = std::stoi(json_field(changed, "step"));
+  ASSERT_LT(at, 38) << "the change came too late: the rollback would not pass it";
+  wait_steps(job, size_t(at) + 2);
+  auto pids = member_pids(dir, job);
+  ASSERT_EQ(pids.size(), 2u);
+  for (int pid : pids) ASSERT_EQ(::kill(pid, SIGKILL), 0);  // (back to the checkpoint of 20)
+  auto st = job.proc->wait(180s);
+  ASSERT_TRUE(st);
+  ASSERT_EQ(WEXITSTATUS(*st), 0) << last_line(job.out);
+  const std::string back = wait_event(job, is("steps_rolled_back"), 0s);
+  ASSERT_NE(back, "");
+  EXPECT_EQ(json_field(back, "from"), "20") << back;
+  const auto losses = committed_losses(job.run_dir);
+  ASSERT_EQ(losses.size(), 80u);
+
+  const std::string s = std::to_string(at);
+  Job before = start_job(dir, "before", kGpt, 1, {"job.steps=" + s, "checkpoint.every_steps=" + s});
+  ASSERT_TRUE(before.proc->wait(180s));
+  char step_dir[32];
+  std::snprintf(step_dir, sizeof step_dir, "/checkpoints/step-%08d", at);
+  Job after = start_job(dir, "after", kGpt, 1, {"job.steps=80", "optimizer.lr=0.001"}, {},
+                        {"--resume", before.run_dir + step_dir});
+  ASSERT_TRUE(after.proc->wait(180s));
+  std::vector<double> apart = committed_losses(before.run_dir);
+  for (double l : committed_losses(after.run_dir)) apart.push_back(l);
+  ASSERT_EQ(apart.size(), losses.size());
+  for (size_t i = 0; i < losses.size(); ++i) ASSERT_EQ(losses[i], apart[i]) << "step " << i;
+}
+
+// `troupe run --resume RUN_DIR` from a checkpoint before a `troupe lr` change (the newer ones
+// removed) acts at the change's step again: bitwise the two phases run apart. (A resume went on
+// at the checkpoint's rate for good.)
+TEST(Checkpoints, AResumeFromBeforeALearningRateChangeActsAtItsStepAgain) {
+  TempDir dir;
+  Job job =
+      start_job(dir, "lr-resume", kGpt, 1, {"job.steps=80", "checkpoint.keep=20"}, {pace(100000)});
+  wait_steps(job, 21);
+  admin(dir, {"lr", "--run-dir", job.run_dir, "0.001"});
+  const std::string changed = wait_event(job, is("lr_changed"), 60s);
+  ASSERT_NE(changed, "");
+  const int at = std::stoi(json_field(changed, "step"));
+  wait_steps(job, size_t(at) + 2);
+  ASSERT_TRUE(job.proc->signal(SIGTERM));
+  auto st = job.proc->wait(60s);
+  ASSERT_TRUE(st);
+  ASSERT_EQ(WEXITSTATUS(*st), 0) << last_line(job.out);
+  for (const auto& e : fs::directory_iterator(job.run_dir + "/checkpoints"))
+    if (e.path().filename().string() > "step-00000020") fs::remove_all(e.path());
+  Job resumed = start_job(dir, "lr-resume", kGpt, 1, {"job.steps=80", "checkpoint.keep=20"}, {},
+                          {"--resume", job.run_dir});
+  auto rst = resumed.proc->wait(180s);
+  ASSERT_TRUE(rst);
+  ASSERT_EQ(WEXITSTATUS(*rst), 0) << last_line(resumed.out);
+  EXPECT_EQ(resumed_from(resumed), 20);
+  const auto losses = committed_losses(resumed.run_dir);
+  ASSERT_EQ(losses.size(), 80u);
+
+  const std::string s = std::to_string(at);
+  Job before = start_job(dir, "before", kGpt, 1, {"job.steps=" + s, "checkpoint.every_steps=" + s});
+  ASSERT_TRUE(before.proc->wait(180s));
+  char step_dir[32];
+  std::snprintf(step_dir, sizeof step_dir, "/checkpoints/step-%08d", at);
+  Job after = start_job(dir, "after", kGpt, 1, {"job.steps=80", "optimizer.lr=0.001"}, {},
+                        {"--resume", before.run_dir + step_dir});
+  ASSERT_TRUE(after.proc->wait(180s));
+  std::vector<double> apart = committed_losses(before.run_dir);
+  for (double l : committed_losses(after.run_dir)) apart.push_back(l);
+  ASSERT_EQ(apart.size(), losses.size());
+  for (size_t i = 0; i < losses.size(); ++i) ASSERT_EQ(losses[i], apart[i]) << "step " << i;
+}
+
 // Gone, or a zombie nobody reaped yet (the coordinator that started it was SIGKILLed).
 bool ended(int pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
@@ -280,6 +363,62 @@ TEST(Checkpoints, AgentsWhoseCoordinatorStalledAndDiedExit) {
   EXPECT_NE(text_of(dir.path() + "/joiner.out").find("no coordinator took the run over"),
             std::string::npos)
       << text_of(dir.path() + "/joiner.out");
+  // Each shut its control plane down (troupe agent's 10 s teardown deadline is a backstop only:
+  // a rejoin's reply that came after its request's deadline held the bridge's actor for good).
+  for (const std::string& out :
+       {dir.path() + "/joiner.out", job.run_dir + "/agent-0.log", job.run_dir + "/agent-1.log"})
+    EXPECT_EQ(text_of(out).find("did not shut down within 10 s"), std::string::npos) << out;
+}
+
+// A member drained at a step boundary where a checkpoint is due writes its shards of it there
+// with the others, and reports them as it leaves: that step's checkpoint is complete. (They were
+// written and never reported: the checkpoint never came, and the survivors, who had written
+// theirs, did not write it again.)
+TEST(Checkpoints, ADrainedMembersShardsCompleteTheCheckpointOfTheStepItLeavesAt) {
+  TempDir dir;
+  Job job = start_job(dir, "drained-write", kGpt, 3,
+                      {"job.steps=100000", "checkpoint.every_steps=1", "checkpoint.keep=100000"},
+                      {pace(30000)});
+  wait_steps(job, 5);
+  admin(dir, {"drain", "--run-dir", job.run_dir, "--agent", "agent-2"});
+  ASSERT_NE(wait_event(job, is("member_left"), 60s), "");
+  const std::string next = wait_event(job, is("generation_started", "generation", "2"), 30s);
+  ASSERT_NE(next, "");
+  const std::string step = json_field(next, "step");
+  EXPECT_NE(wait_event(job, is("checkpoint_written", "step", step), 30s), "")
+      << "the checkpoint of step " << step << ", where agent-2 left, never completed";
+  admin(dir, {"stop", "--run-dir", job.run_dir});
+  EXPECT_TRUE(job.proc->wait(60s));
+}
+
+// troupe agent hears Ctrl-C while it waits for its workers to stop (a drained member finishing
+// its checkpoint write may take up to 10 minutes): it leaves at once, 130, saying so.
+TEST(Checkpoints, ADrainedAgentWaitingForItsWriteLeavesAtOnceOnSigint) {
+  TempDir dir;
+  Job job = start_job(dir, "drained-sigint", kGpt, 2,
+                      {"job.steps=100000", "checkpoint.every_steps=0"}, {pace(30000)});
+  wait_steps(job, 3);
+  auto joiner =
+      join_agent(dir, job, "slow-writer", {pace(30000), "TROUPE_TEST_CHECKPOINT_DELAY_MS=120000"});
+  ASSERT_NE(wait_event(job, is("generation_started", "world_size", "3"), 60s), "");
+  // (troupe checkpoint waits for the checkpoint, which waits for the paused write: not here)
+  coordinator::ChildProcess asked({{troupe_binary(), "checkpoint", "--run-dir", job.run_dir},
+                                   dir.path() + "/checkpoint.out",
+                                   dir.path() + "/checkpoint.out",
+                                   {}});
+  ASSERT_NE(wait_event(job, is("checkpoint_requested"), 30s), "");
+  std::this_thread::sleep_for(1s);  // (its write starts at the next step boundary, and pauses)
+  admin(dir, {"drain", "--run-dir", job.run_dir, "--agent", "slow-writer"});
+  ASSERT_NE(wait_event(job, is("member_left"), 60s), "");
+  std::this_thread::sleep_for(1s);
+  ASSERT_TRUE(joiner->signal(SIGINT));
+  auto st = joiner->wait(10s);
+  ASSERT_TRUE(st) << "the agent did not leave on SIGINT";
+  EXPECT_EQ(WEXITSTATUS(*st), 130);
+  const std::string out = text_of(dir.path() + "/slow-writer.out");
+  EXPECT_NE(out.find("SIGINT while its workers stop: exiting at once"), std::string::npos) << out;
+  admin(dir, {"stop", "--run-dir", job.run_dir});
+  EXPECT_TRUE(job.proc->wait(60s));
 }
 
 // The coordinator SIGKILLed and `troupe run --resume RUN_DIR` started again within

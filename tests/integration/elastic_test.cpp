@@ -398,6 +398,32 @@ TEST(Elastic, AWorkerHungInItsStepIsCutAndItsAgentStartedAgain) {
       << log;
 }
 
+// A job's only worker hung in its step (the same data set, the same file): no peer's collective
+// can notice. elastic.step_timeout_ms without a committed step, the coordinator cuts its agent as
+// hung; the agent exits without its hung thread, the launcher starts it again (the state went
+// with it: back to the job's seed), and the job finishes with every sample of every step once.
+// Before, it waited for good.
+TEST(Elastic, AStepThatNeverEndsOnTheOnlyWorkerIsCutAfterTheStepTimeout) {
+  TempDir dir;
+  const std::string gate = dir.path() + "/hang";
+  std::ofstream(gate) << "";
+  Job job = start(dir, "hung-alone", 1,
+                  {"job.steps=300", "data.kind=\"broken_samples\"", "data.samples=512",
+                   "data.hang_at=100", "data.hang_file=\"" + gate + "\"",
+                   "elastic.failure_timeout_ms=1000", "elastic.step_timeout_ms=10000"},
+                  {pace(20000)});
+  const std::string failed = wait_event(job, is("member_failed"), 60s);
+  ASSERT_FALSE(failed.empty()) << text_of(job.out);
+  EXPECT_NE(failed.find("hung: its worker "), std::string::npos) << failed;
+  EXPECT_NE(failed.find("committed no step within 10000 ms"), std::string::npos) << failed;
+  ::unlink(gate.c_str());
+  auto st = job.proc->wait(120s);
+  ASSERT_TRUE(st && WIFEXITED(*st)) << text_of(job.out);
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
+  check_ledger(job.run_dir, 300, 60);
+  EXPECT_EQ(count_events(job, "agent_restarted"), 1);
+}
+
 TEST(Elastic, BelowMinWorkersTheJobPausesAndResumesWhenAnAgentReturns) {
   TempDir dir;
   auto want = reference_losses(dir);

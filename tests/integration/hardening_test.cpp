@@ -11,6 +11,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -191,6 +192,58 @@ TEST(Signals, SigtermToAnAgentDrainsIt) {
   EXPECT_EQ(coordinator.find("[warning] control plane"), std::string::npos) << coordinator;
 }
 
+// A preemption (Slurm's scancel, systemctl stop) signals the coordinator and every agent at once.
+// The agents' drains come before or after the coordinator's own signal; either way the job stops
+// at one step boundary with a checkpoint there (without periodic ones: nothing else to go on
+// from), every member's shards in it, nothing rolled back, no agent restarted, resumable. (An
+// agent whose drain was refused below min_workers left at once with 143: the stop's checkpoint
+// lacked its shards, its restarted self rolled the job back to the seed.)
+TEST(Signals, APreemptionSignallingTheCoordinatorAndEveryAgentAtOnceStopsWithACheckpoint) {
+  TempDir dir;
+  Job job = start_job(dir, "preempted", kConfig, 2, {"checkpoint.every_steps=0"}, {pace(5000)});
+  wait_steps(job, 10);
+  const int a0 = pid_of(job, "agent-0"), a1 = pid_of(job, "agent-1");
+  ASSERT_EQ(::kill(a0, SIGTERM), 0);
+  ASSERT_EQ(::kill(a1, SIGTERM), 0);
+  ASSERT_EQ(::kill(job.proc->pid(), SIGTERM), 0);
+  auto st = job.proc->wait(60s);
+  ASSERT_TRUE(st) << "the job did not stop";
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
+  auto events = events_of(job);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(json_field(events.back(), "state"), "stopped") << events.back();
+  EXPECT_EQ(json_field(events.back(), "resumable"), "true") << events.back();
+  EXPECT_NE(json_field(events.back(), "checkpoint"), "") << events.back();
+  EXPECT_EQ(count_events(job, "checkpoint_written"), 1);
+  EXPECT_EQ(count_events(job, "steps_rolled_back"), 0);
+  EXPECT_EQ(count_events(job, "agent_restarted"), 0);
+  EXPECT_FALSE(alive(a0));
+  EXPECT_FALSE(alive(a1));
+}
+
+// SIGTERM while the job is paused below elastic.min_workers: the survivor, which holds the whole
+// state, forms a generation of its own that stops with a checkpoint: resumable, exit 0. (It
+// waited for elastic.rejoin_timeout_ms and failed, the state lost with the survivor.)
+TEST(Signals, ASigtermWhilePausedStopsWithTheSurvivorsCheckpoint) {
+  TempDir dir;
+  Job job = start_job(dir, "paused-stop", kConfig, 2,
+                      {"elastic.min_workers=2", "elastic.max_restarts=0",
+                       "elastic.rejoin_timeout_ms=120000", "checkpoint.every_steps=0"},
+                      {pace(5000)});
+  wait_steps(job, 10);
+  ASSERT_EQ(::kill(pid_of(job, "agent-1"), SIGKILL), 0);
+  ASSERT_NE(wait_event(job, is("job_paused"), 30s), "");
+  ASSERT_TRUE(job.proc->signal(SIGTERM));
+  auto st = job.proc->wait(60s);
+  ASSERT_TRUE(st) << "the job did not stop";
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
+  auto events = events_of(job);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(json_field(events.back(), "state"), "stopped") << events.back();
+  EXPECT_EQ(json_field(events.back(), "resumable"), "true") << events.back();
+  EXPECT_NE(json_field(events.back(), "checkpoint"), "") << events.back();
+}
+
 // A full disk (a 64 KiB tmpfs for the run directory, in a mount namespace of the test's own): the
 // job fails naming the file, never reports success, and no JSON-lines file ends mid-line.
 TEST(RunLogs, AFullDiskFailsTheJobNamingTheFileWithoutPartialLines) {
@@ -257,6 +310,40 @@ TEST(StepDriver, RanksOutsideTheGenerationCountForNothing) {
   EXPECT_FALSE(steps.done({0, 0, 0, 42}, 0));  // a world of 0: the job is not done
   EXPECT_FALSE(steps.done({0, 1, 1, 42}, 2));
   EXPECT_TRUE(steps.done({1, 1, 1, 42}, 2));
+}
+
+// A coordinator killed after writing step 1's ledger lines and before its step_committed event:
+// the one taking the run over (committed 1, from the events) drops those lines, and the agents'
+// reports sent again commit step 1 once, each rank's line once in the ledger.
+TEST(StepDriver, ATakeOverCommitsAStepTheLostCoordinatorWroteToTheLedgerOnce) {
+  TempDir dir;
+  coordinator::JobConfig cfg;
+  cfg.ledger = true;
+  cfg.global_batch = 4;
+  auto report = [](uint64_t step, uint32_t rank) {
+    actors::StepReport r;
+    r.generation = 1;
+    r.step = step;
+    r.rank = rank;
+    r.position_begin = step * 4 + rank * 2;
+    r.position_end = r.position_begin + 2;
+    return r;
+  };
+  {
+    coordinator::RunLog log(dir.path(), true);
+    coordinator::StepDriver lost(log, cfg, [](const coordinator::StepCommitted&) {});
+    for (uint64_t step : {0, 1})
+      for (uint32_t rank : {0u, 1u}) lost.report(report(step, rank), 1, 2);
+  }
+  coordinator::RunLog log(dir.path(), true);
+  coordinator::StepDriver steps(log, cfg, [](const coordinator::StepCommitted&) {});
+  ASSERT_TRUE(steps.continue_at(1));
+  for (uint32_t rank : {0u, 1u}) steps.report(report(1, rank), 1, 2);
+  EXPECT_EQ(steps.committed(), 2u);
+  std::map<std::string, int> lines;
+  for (const auto& l : lines_of(dir.path() + "/ledger.jsonl"))
+    ++lines[json_field(l, "step") + "/" + json_field(l, "member")];
+  EXPECT_EQ(lines, (std::map<std::string, int>{{"0/0", 1}, {"0/1", 1}, {"1/0", 1}, {"1/1", 1}}));
 }
 
 // `troupe status` of a job no process runs any more reads how it ended from its run directory

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <fstream>
+#include <set>
 #include <thread>
 
 #include "tests/harness/jobs.h"
@@ -262,16 +264,44 @@ TEST(Pipeline, AStageWorkerKilledIsRecoveredFromItsReplica) {
   EXPECT_EQ(received, 1);
 }
 
+// The checkpoints of the steps a rollback undid are set aside (a resume from one would find those
+// steps missing from the ledger), and the steps redone write theirs again, whole: every member,
+// the survivors too, writes its shards (they skipped the steps they had written before).
+void expect_redone_checkpoints(const Job& job, long from, long to, int every) {
+  auto events = events_of(job);
+  auto rolled = std::find_if(events.begin(), events.end(), is("steps_rolled_back"));
+  ASSERT_NE(rolled, events.end());
+  int undone = 0;
+  for (auto e = events.begin(); e != rolled; ++e)
+    undone += json_field(*e, "event") == "checkpoint_undone";
+  EXPECT_EQ(undone, 0) << "set aside before the rollback";
+  for (auto e = rolled; e != events.end(); ++e)
+    if (json_field(*e, "event") == "checkpoint_undone") {
+      ++undone;
+      const std::string path = json_field(*e, "path");
+      EXPECT_GT(std::stol(path.substr(path.rfind("step-") + 5)), from) << *e;
+      EXPECT_EQ(path.substr(path.size() - 7), ".undone") << *e;
+    }
+  EXPECT_GE(undone, 1) << "nothing past step " << from << " was set aside";
+  std::set<long> rewritten;
+  for (auto e = rolled; e != events.end(); ++e)
+    if (json_field(*e, "event") == "checkpoint_written")
+      rewritten.insert(std::stol(json_field(*e, "step")));
+  for (long s = (from / every + 1) * every; s < to; s += every)
+    EXPECT_TRUE(rewritten.count(s)) << "the checkpoint of step " << s << " was not written again";
+}
+
 // 3 workers as one pipeline of 2 stages and a standby; every 20 steps (and at the start) each
 // stage copies its state to the other stage's worker. The stage-1 worker is killed between two
 // backups (not right after one, where nothing would need redoing), after at least `after`
 // committed steps (steps paced by step_delay_us).
-void backup_scenario(size_t after, int step_delay_us) {
+void backup_scenario(size_t after, int step_delay_us, int checkpoint_every = 0) {
   TempDir dir;
   auto want = reference(dir, kMlp, 400);
   Job job = start_job(dir, "backup", kMlp, 3,
                       {"parallel.pipeline_stages=2", "parallel.stage_backup_steps=20",
-                       "elastic.max_restarts=0", "elastic.failure_timeout_ms=4000"},
+                       "elastic.max_restarts=0", "elastic.failure_timeout_ms=4000",
+                       "checkpoint.every_steps=" + std::to_string(checkpoint_every)},
                       {pace(step_delay_us)});
   wait_steps(job, 1);
   auto pids = member_pids(dir, job);
@@ -279,7 +309,17 @@ void backup_scenario(size_t after, int step_delay_us) {
   auto deadline = std::chrono::steady_clock::now() + 60s;
   while (true) {
     size_t c = committed_losses(job.run_dir).size();
-    if (c >= after && c % 20 >= 5 && c % 20 <= 12) break;
+    // (with checkpoints: one past the backup is complete, and the rollback undoes it)
+    const bool written =
+        checkpoint_every == 0 || !wait_event(
+                                      job,
+                                      [&](const std::string& e) {
+                                        return json_field(e, "event") == "checkpoint_written" &&
+                                               std::stoul(json_field(e, "step")) > c / 20 * 20;
+                                      },
+                                      0s)
+                                      .empty();
+    if (c >= after && c % 20 >= 5 && c % 20 <= 12 && written) break;
     ASSERT_LT(std::chrono::steady_clock::now(), deadline);
     std::this_thread::sleep_for(1ms);
   }
@@ -298,10 +338,16 @@ void backup_scenario(size_t after, int step_delay_us) {
   auto p = plans(job);
   ASSERT_EQ(p.size(), 2u);
   EXPECT_EQ(p[1].substr(0, 12), "dp 1 x pp 2,");
+  if (checkpoint_every > 0) expect_redone_checkpoints(job, from, to, checkpoint_every);
 }
 
 TEST(Pipeline, AStageWithoutAReplicaIsRecoveredFromItsBackupWithABoundedRollback) {
   backup_scenario(40, 3000);
+}
+
+// With checkpoints every 5 steps: those past the backup it goes back to are set aside and redone.
+TEST(Pipeline, AStageBackupRollbackUndoesTheCheckpointsOfTheStepsItRedoes) {
+  backup_scenario(40, 3000, 5);
 }
 
 TEST(Pipeline, AStageWithoutAReplicaLostBeforeTheFirstIntervalGoesBackToTheStart) {

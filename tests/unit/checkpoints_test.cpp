@@ -125,6 +125,69 @@ TEST(Checkpoints, KeepDeletesTheOldestCompleteOnes) {
   EXPECT_TRUE(fs::exists(step_dir(d.path, 30) + "/manifest.json"));
 }
 
+// keep counts this job's checkpoints up to its newest: a newer one it did not write (damaged, a
+// resume passed it over) and another job's in the same directory neither count nor push this
+// job's newest out (keep 1 deleted the checkpoint just written, keeping the damaged one).
+TEST(Checkpoints, KeepCountsOnlyThisJobsCheckpointsUpToItsNewest) {
+  Dir d;
+  {
+    Checkpoints before(config(d.path, 10));
+    for (uint64_t step : {20, 30})
+      ASSERT_TRUE(before.add(report(d.path, step, 1, {0}, 1), 1, "", 1e-3));
+  }
+  std::ofstream(step_dir(d.path, 30) + "/" + actors::shard_file_name(0)) << "damaged";
+  JobConfig other = config(d.path, 10);
+  other.seed = 99;
+  ASSERT_TRUE(Checkpoints(other).add(report(d.path, 24, 1, {0}, 1), 1, "", 1e-3));
+  Checkpoints ck(config(d.path, 1));  // (resumed at 20: 30 is damaged)
+  ASSERT_TRUE(ck.add(report(d.path, 25, 2, {0}, 1), 1, "", 1e-3));
+  EXPECT_TRUE(fs::exists(step_dir(d.path, 25) + "/manifest.json"));
+  EXPECT_FALSE(fs::exists(step_dir(d.path, 20)));
+  EXPECT_TRUE(fs::exists(step_dir(d.path, 24) + "/manifest.json"));  // another job's
+  EXPECT_TRUE(fs::exists(step_dir(d.path, 30)));
+  ASSERT_TRUE(ck.newest());
+  EXPECT_EQ(ck.newest()->step, 25u);
+  ASSERT_TRUE(ck.add(report(d.path, 30, 2, {0}, 1), 1, "", 1e-3));  // written again, whole
+  EXPECT_FALSE(fs::exists(step_dir(d.path, 25)));
+  std::string why;
+  EXPECT_TRUE(valid_checkpoint(step_dir(d.path, 30), checkpoint_identity(config(d.path)), &why))
+      << why;
+}
+
+// A rollback to step 40 undoes the checkpoint of 45: set aside as step-00000045.undone (a resume
+// from it would leave the ledger without the steps redone; it goes once the redo has written 45
+// again), and the newest is 40 again; 50's partial shards go; the shards of 50 an earlier
+// generation reports late change nothing (the redo's writers may be writing there).
+TEST(Checkpoints, ARollbackUndoesTheCheckpointsOfTheStepsAfterIt) {
+  Dir d;
+  JobConfig other = config(d.path, 10);
+  other.seed = 99;
+  ASSERT_TRUE(Checkpoints(other).add(report(d.path, 60, 1, {0}, 1), 1, "", 1e-3));
+  Checkpoints ck(config(d.path, 10));
+  for (uint64_t step : {35, 40, 45})
+    ASSERT_TRUE(ck.add(report(d.path, step, 1, {0, 1}, 2), 1, "", 1e-3));
+  EXPECT_FALSE(ck.add(report(d.path, 50, 1, {0}, 2), 1, "", 1e-3));
+  const auto aside = ck.roll_back(40, 2);
+  ASSERT_EQ(aside, std::vector<std::string>{step_dir(d.path, 45) + ".undone"});
+  EXPECT_FALSE(fs::exists(step_dir(d.path, 45)));
+  EXPECT_TRUE(fs::exists(step_dir(d.path, 45) + ".undone/manifest.json"));
+  EXPECT_FALSE(fs::exists(step_dir(d.path, 50)));
+  EXPECT_TRUE(fs::exists(step_dir(d.path, 60) + "/manifest.json"));  // another job's
+  ASSERT_TRUE(ck.newest());
+  EXPECT_EQ(ck.newest()->step, 40u);
+  EXPECT_FALSE(ck.fail(50, 1));                                       // late, of generation 1
+  EXPECT_FALSE(ck.add(report(d.path, 50, 1, {1}, 2), 1, "", 1e-3));   // (written now, as the
+  EXPECT_FALSE(fs::exists(step_dir(d.path, 50) + "/manifest.json"));  // redo's writer would)
+  EXPECT_TRUE(fs::exists(step_dir(d.path, 50) + "/" + actors::shard_file_name(1)));
+  const auto valid =
+      newest_valid_checkpoint(d.path, checkpoint_identity(config(d.path)), nullptr, 44);
+  ASSERT_TRUE(valid);
+  EXPECT_EQ(valid->step, 40u);
+  ASSERT_TRUE(ck.add(report(d.path, 45, 2, {0, 1}, 2), 1, "", 1e-3));
+  EXPECT_EQ(ck.newest()->step, 45u);
+  EXPECT_FALSE(fs::exists(step_dir(d.path, 45) + ".undone"));  // (replaced by the redo's)
+}
+
 // A job with a held-out fraction: its checkpoints from an older Troupe (a manifest without the
 // fields, its hash without the fraction) are still taken; this version's, with another fraction,
 // are not.

@@ -112,9 +112,11 @@ TEST(JobCodec, WorkerReadyAndGenerationStartCarryTheWholeHolding) {
                     {{0, {0, 0}, "a", holding()}, {1, {2, 1}, "b", {}}},
                     2.5e-4,
                     true,
-                    "/runs/a/checkpoints/step-0000040"};
+                    "/runs/a/checkpoints/step-0000040",
+                    {{45, 1e-3}, {60, 5e-4}}};
   GenerationStart h = decode(body(encode(g)).getGenerationStart());
   EXPECT_EQ(h.lr, 2.5e-4);
+  EXPECT_EQ(h.lr_changes, g.lr_changes);
   EXPECT_TRUE(h.reload);
   EXPECT_EQ(h.checkpoint, g.checkpoint);
   EXPECT_EQ(h.generation, 6u);
@@ -130,7 +132,7 @@ TEST(JobCodec, WorkerReadyAndGenerationStartCarryTheWholeHolding) {
 // of them, decodes (the codec checks no ranges) and is named invalid: an agent drops it rather
 // than index its peers by those ranks.
 TEST(JobCodec, AGenerationStartWithRanksOutsideItsMembersIsInvalid) {
-  GenerationStart g{6, 40, 1, {{0, {0, 0}, "a", {}}, {1, {2, 1}, "b", {}}}, 0, false, ""};
+  GenerationStart g{6, 40, 1, {{0, {0, 0}, "a", {}}, {1, {2, 1}, "b", {}}}, 0, false, "", {}};
   EXPECT_EQ(invalid_members(g), "");
   GenerationStart past = g;
   past.members[1].rank = 7;

@@ -73,5 +73,17 @@ TEST(RunRecord, RollbacksAndResumesSetTheCommittedStepsBack) {
   EXPECT_TRUE(read_run_record(lines).ended);
 }
 
+// The learning rates by step as the coordinator scheduled them: a change at 100 kept through a
+// rollback to 50 (the redo meets it again), replaced by one asked for at 70.
+TEST(RunRecord, ALearningRateAskedForReplacesTheChangesAfterItsStep) {
+  std::vector<std::string> lines = {
+      R"({"event":"lr_changed","lr":0.01,"step":100,"generation":2})",
+      R"({"event":"steps_rolled_back","from":50,"to":110,"generation":3})",
+  };
+  EXPECT_EQ(read_run_record(lines).lr_from, (std::map<uint64_t, double>{{100, 0.01}}));
+  lines.push_back(R"({"event":"lr_changed","lr":0.02,"step":70,"generation":4})");
+  EXPECT_EQ(read_run_record(lines).lr_from, (std::map<uint64_t, double>{{70, 0.02}}));
+}
+
 }  // namespace
 }  // namespace troupe::coordinator
