@@ -193,18 +193,26 @@ TEST(Signals, SigtermToAnAgentDrainsIt) {
 }
 
 // A preemption (Slurm's scancel, systemctl stop) signals the coordinator and every agent at once.
-// The agents' drains come before or after the coordinator's own signal; either way the job stops
-// at one step boundary with a checkpoint there (without periodic ones: nothing else to go on
-// from), every member's shards in it, nothing rolled back, no agent restarted, resumable. (An
-// agent whose drain was refused below min_workers left at once with 143: the stop's checkpoint
+// Here the agents' drains come first (the worst order: one is drained, the other refused below
+// min_workers), then the coordinator's own signal: the job stops at one step boundary with a
+// checkpoint there (without periodic ones: nothing else to go on from), nothing rolled back, no
+// agent restarted, resumable. (The refused agent left at once with 143: the stop's checkpoint
 // lacked its shards, its restarted self rolled the job back to the seed.)
 TEST(Signals, APreemptionSignallingTheCoordinatorAndEveryAgentAtOnceStopsWithACheckpoint) {
   TempDir dir;
-  Job job = start_job(dir, "preempted", kConfig, 2, {"checkpoint.every_steps=0"}, {pace(5000)});
+  Job job = start_job(dir, "preempted", kConfig, 2, {"checkpoint.every_steps=0"}, {pace(20000)});
   wait_steps(job, 10);
   const int a0 = pid_of(job, "agent-0"), a1 = pid_of(job, "agent-1");
   ASSERT_EQ(::kill(a0, SIGTERM), 0);
   ASSERT_EQ(::kill(a1, SIGTERM), 0);
+  const auto until = std::chrono::steady_clock::now() + 20s;
+  auto asked = [&](const std::string& name) {
+    return text_of(job.run_dir + "/" + name + ".log").find("asking the coordinator to drain") !=
+           std::string::npos;
+  };
+  while (!(asked("agent-0") && asked("agent-1")) && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(10ms);
+  std::this_thread::sleep_for(300ms);  // (the drains answered: one yes, one no)
   ASSERT_EQ(::kill(job.proc->pid(), SIGTERM), 0);
   auto st = job.proc->wait(60s);
   ASSERT_TRUE(st) << "the job did not stop";
