@@ -185,7 +185,7 @@ std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool l
   cfg.resume_step = found->step;
   cfg.resume_blocks = found->blocks;
   if (found->lr > 0 && !lr_set) cfg.lr = found->lr;
-  cfg.resume_lr = found->lr;
+  cfg.resume_lr = lr_set ? 0 : found->lr;  // (0: the resume's rate replaces the run's changes)
   return "";
 }
 

@@ -287,8 +287,7 @@ std::optional<CompletedCheckpoint> Checkpoints::add(const actors::CheckpointWrit
 }
 
 std::vector<std::string> Checkpoints::roll_back(uint64_t step, uint64_t generation) {
-  undone_after_ = step;
-  undone_before_ = generation;
+  undone_.emplace_back(step, generation);
   std::set<uint64_t> writing;  // (their shards written so far go)
   for (auto it = pending_.upper_bound({step, UINT64_MAX}); it != pending_.end();)
     writing.insert(it->first.first), it = pending_.erase(it);
@@ -312,8 +311,16 @@ std::vector<std::string> Checkpoints::roll_back(uint64_t step, uint64_t generati
   return set_aside;
 }
 
+void Checkpoints::reloaded(uint64_t step, const std::string& directory) {
+  CompletedCheckpoint c{step, directory + "/manifest.json", 0, 0};
+  written_[step] = c;
+  newest_ = c;
+}
+
 bool Checkpoints::undone(uint64_t step, uint64_t generation) const {
-  return step > undone_after_ && generation < undone_before_;
+  for (const auto& [after, before] : undone_)
+    if (step > after && generation < before) return true;
+  return false;
 }
 
 // A complete checkpoint of this job's config in `directory` (its manifest says so; the shards

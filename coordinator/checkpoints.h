@@ -72,6 +72,8 @@ class Checkpoints {
   // step past it from an earlier generation, coming later, changes nothing. Returns the
   // directories set aside.
   std::vector<std::string> roll_back(uint64_t step, uint64_t generation);
+  // The job reloaded its state from the checkpoint in `directory` (of `step`): its newest now.
+  void reloaded(uint64_t step, const std::string& directory);
 
  private:
   struct Pending {
@@ -94,7 +96,8 @@ class Checkpoints {
   std::set<std::pair<uint64_t, uint64_t>> failed_;            // (step, generation)
   std::map<uint64_t, CompletedCheckpoint> written_;           // by step, those not pruned
   std::optional<CompletedCheckpoint> newest_;
-  uint64_t undone_after_ = UINT64_MAX, undone_before_ = 0;  // steps > it of generations < it
+  // Each rollback's (step, generation): the steps after it of the generations before it.
+  std::vector<std::pair<uint64_t, uint64_t>> undone_;
 };
 
 // The checkpoints under dir, newest first, each checked: manifest readable, the config hash

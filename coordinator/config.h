@@ -121,7 +121,7 @@ struct JobConfig {
   std::string resume_dir;
   uint64_t resume_step = 0;
   uint64_t resume_blocks = 0;  // the checkpoint's blocks: the model's must be as many
-  double resume_lr = 0;        // optimizer.lr at the checkpoint's step (0: not known)
+  double resume_lr = 0;        // optimizer.lr at the checkpoint's step (0: not known, or set anew)
   bool take_over = false;
   // Not a key: each block's parameter count in the model, where the coordinator could build it
   // before the start (else the first generation's); every worker is checked against it.
@@ -152,10 +152,11 @@ struct JobConfig {
     return change_timeout_ms > 0 ? change_timeout_ms : 2 * failure_timeout_ms + 30000;
   }
   // elastic.step_timeout_ms, or its default (as PyTorch's collective timeout, 10 minutes; longer
-  // where a member's loss takes longer to notice).
+  // where a member's loss takes longer to notice). 0: none (a loop of its own, model.kind =
+  // "external", whose steps may hold its own evaluation or saving, sets one if it wants one).
   int64_t step_timeout() const {
-    return step_timeout_ms > 0 ? step_timeout_ms
-                               : std::max<int64_t>(600000, 2 * failure_timeout_ms + 30000);
+    if (step_timeout_ms > 0) return step_timeout_ms;
+    return external() ? 0 : std::max<int64_t>(600000, 2 * failure_timeout_ms + 30000);
   }
 };
 

@@ -291,12 +291,19 @@ class Coordinator : public caf::event_based_actor {
 
   // A resume in its own run directory goes on with the run's learning-rate changes (troupe lr)
   // after the checkpoint's step: each acts at its step again, as if nothing had happened. Not
-  // when optimizer.lr was set for the resume (it differs from the checkpoint's rate): that rate
-  // from the checkpoint on.
+  // when optimizer.lr was set for the resume (resume_lr 0): that rate from the checkpoint on,
+  // recorded as a change there (a later take-over's run record forgets the old ones after it).
   void resume_lr_schedule() {
-    if (cfg_.resume_lr <= 0 || cfg_.lr != cfg_.resume_lr) return;
-    lr_from_ = read_run_record(lines_of_file(dir_ + "/events.jsonl")).lr_from;
-    lr_from_[cfg_.resume_step] = cfg_.lr;
+    const auto history = read_run_record(lines_of_file(dir_ + "/events.jsonl")).lr_from;
+    const uint64_t at = cfg_.resume_step;
+    if (cfg_.resume_lr <= 0) {
+      if (!history.empty())
+        log_.event("lr_changed",
+                   Json().num("lr", cfg_.lr).integer("step", long(at)).integer("generation", 0));
+      return;
+    }
+    lr_from_ = history;
+    lr_from_.try_emplace(at, cfg_.lr);  // (a change at that very step stays: it ran with it)
     lr_ = scheduled_lr();
   }
 
@@ -655,6 +662,7 @@ class Coordinator : public caf::event_based_actor {
       return fail("cannot rewrite " + dir_ + "/ledger.jsonl for the rollback to step " +
                   std::to_string(g.start_step));
     if (checkpoints_ && g.start_step < reached) undo_checkpoints(g.start_step);
+    if (checkpoints_ && reload && !reload->empty()) checkpoints_->reloaded(g.start_step, *reload);
     const bool resumed = job_.resuming();
     gens_.start(std::move(*next));
     plan_.clear();  // rank 0 reports the new layout and data plane
@@ -761,7 +769,8 @@ class Coordinator : public caf::event_based_actor {
     auto encoded = encode(msg);
     for (const auto& a : roster_.agents())
       if (a.alive) to_agent(a.id, encoded);
-    if (job_.stop_requested()) {  // (asked for while the change formed, or before it)
+    if (job_.stop_requested()) {          // (asked for while the change formed, or before it)
+      stop_requested_at_ = g.start_step;  // (it stops after one step: watch_steps)
       // A stop with a checkpoint: at the step it stops at (the one taken where the members left
       // the last generation, if any, is a step short of it).
       if (stop_checkpoint_) {
@@ -1006,7 +1015,7 @@ class Coordinator : public caf::event_based_actor {
     const JobPhase p = job_.phase();
     // (After the last step, or the one a stop ends at, the members write their checkpoint and
     // evaluate: no step is to commit.)
-    const bool more = steps_.committed() < uint64_t(cfg_.steps) &&
+    const bool more = cfg_.step_timeout() > 0 && steps_.committed() < uint64_t(cfg_.steps) &&
                       (p == JobPhase::running ||
                        (p == JobPhase::stopping && steps_.committed() <= stop_requested_at_));
     const bool waiting = more && gens_.expected().empty() && steps_.committed() == progress_step_ &&
@@ -1145,6 +1154,8 @@ class Coordinator : public caf::event_based_actor {
   // drained, standbys first, then the newest members.
   ControlMessage scale(uint32_t n) {
     if (!job_.started()) return actors::make_error_reply(Errc::refused, "the job is not running");
+    if (job_.stop_requested())
+      return actors::make_error_reply(Errc::refused, "the job is stopping");
     auto agents = live_agents(roster_, gens_);
     auto d = elastic::decide_scale(n, agents, scale_limits(cfg_, min_workers()));
     using Kind = elastic::ScaleDecision::Kind;

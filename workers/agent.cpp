@@ -148,7 +148,7 @@ int run_agent(const AgentOptions& o) {
       DeviceSupervisor(ctx, d, device).run();
       stopped.one();
     });
-  session.watch(&signals);
+  const int seen = session.watch(&signals);
   // (A worker hung in its step cannot be stopped: the process exits without it.)
   // (A clean end, a drain, may first finish a checkpoint write: it waits longer.)
   const auto grace =
@@ -159,7 +159,7 @@ int run_agent(const AgentOptions& o) {
   // or a second SIGTERM, leaves at once; a first SIGTERM (a scheduler's, after its stop) lets
   // the write finish; SIGHUP (the launching coordinator's end) changes nothing. An agent
   // embedded in a program leaves the program's signals to it.
-  int terms = 0;
+  int terms = seen;  // (a SIGTERM that asked for a drain was the first)
   auto interrupted = [&signals, &terms, own = o.own_process] {
     const int sig = own ? signals.next() : 0;
     if (sig == 0 || sig == SIGHUP) return;

@@ -237,8 +237,10 @@ void AgentSession::try_rejoin() {
 }
 
 // SIGTERM or SIGINT to an agent is a leave: it asks the coordinator to drain it (it then leaves
-// at the next step boundary and exits 0). If the coordinator refuses (too few workers would be
-// left) or cannot be asked, it exits at once with 128 + the signal; so does a second signal.
+// at the next step boundary and exits 0). If the coordinator cannot be asked, or refuses (too few
+// workers would be left) and no stop of the job comes within 5 s (a preemption signals the
+// coordinator too: then it stops with the job), it exits at once with 128 + the signal; so does
+// a second signal.
 // A SIGHUP to a launched agent: the coordinator's process that launched it ended, and nobody is
 // left to ask; it leaves at once with 1, saying so (the coordinator's loss would say it too,
 // within elastic.failure_timeout_ms).
@@ -280,7 +282,7 @@ void AgentSession::on_signal(int sig, bool again) {
                                    "): leaving at once");
 }
 
-void AgentSession::watch(actors::SignalWatcher* signals) {
+int AgentSession::watch(actors::SignalWatcher* signals) {
   int seen = 0;
   while (!board_->shutting_down()) {
     (*self_)->receive(
@@ -293,6 +295,7 @@ void AgentSession::watch(actors::SignalWatcher* signals) {
     if (lost_since_ && !board_->shutting_down()) try_rejoin();
     for (int sig; signals && (sig = signals->next()) != 0; ++seen) on_signal(sig, seen > 0);
   }
+  return seen;
 }
 
 }  // namespace troupe::workers

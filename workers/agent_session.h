@@ -50,7 +50,8 @@ class AgentSession {
   // step reports, and its workers publish to it (GenerationBoard::rejoined). Past the timeout it
   // shuts down with 1, saying why. Signals, when given, ask the coordinator to drain this agent
   // (SIGTERM, SIGINT); a second one ends it at once.
-  void watch(actors::SignalWatcher* signals);
+  // Returns the signals it took.
+  int watch(actors::SignalWatcher* signals);
 
  private:
   using Clock = std::chrono::steady_clock;

@@ -229,7 +229,7 @@ TrainResult Worker::run_data_parallel(comm::Communicator& comm, uint64_t start,
     }
     trace_compute(step, t0_us, stats);
     const int64_t v0 = StepTrace::now_us();
-    double control[3] = {stats.loss, requests.stop() ? 1.0 : 0.0, checkpoint_vote(requests)};
+    double control[3] = {stats.loss, requests.stop() ? 1.0 : 0.0, checkpoint_vote(requests, step)};
     comm.allreduce(control, control, 3, comm::DataType::f64, comm::ReduceOp::sum);
     trace_.span(step, "vote (loss, stop, checkpoint)", "wait", v0);
     if (spec_.deterministic) control[0] = loss_from_fixed_point(control[0]);
@@ -384,7 +384,7 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
     if (spec_.deterministic) norm_sq = global_norm_sq_exact(comm, plan, active && r == 0);
     double control[4] = {spec_.deterministic ? res.loss_fixed : res.loss,
                          requests.stop() ? 1.0 : 0.0, spec_.deterministic ? 0.0 : norm_sq,
-                         checkpoint_vote(requests)};
+                         checkpoint_vote(requests, step)};
     comm.allreduce(control, control, 4, comm::DataType::f64, comm::ReduceOp::sum);
     if (spec_.deterministic)
       control[0] = loss_from_fixed_point(control[0]);
@@ -449,9 +449,11 @@ void Worker::take_checkpoint_result(bool wait) {
   if (on_checkpoint_) on_checkpoint_(*done, writing_generation_);
 }
 
-double Worker::checkpoint_vote(const Requests& requests) const {
+// At the boundary after `step`: a checkpoint asked for at or after the next step, not taken yet
+// (after a rollback, not before the step it was asked for: one at each redone step otherwise).
+double Worker::checkpoint_vote(const Requests& requests, uint64_t step) const {
   const uint64_t wanted = requests.checkpoint_at ? requests.checkpoint_at() : 0;
-  return wanted > requested_through_ ? 1.0 : 0.0;
+  return wanted > requested_through_ && wanted <= step + 1 ? 1.0 : 0.0;
 }
 
 void Worker::maybe_checkpoint(const std::vector<uint32_t>& blocks, bool requested) {

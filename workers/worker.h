@@ -229,7 +229,7 @@ class Worker {
                     comm::Communicator* device);
   // This rank's checkpoint vote: 1 when a checkpoint is wanted at or after a step above the last
   // one it checkpointed for a request (a late copy of a request already served is not).
-  double checkpoint_vote(const Requests& requests) const;
+  double checkpoint_vote(const Requests& requests, uint64_t step) const;
   // At a step boundary: reports a finished checkpoint write; when next_step_ is due (every
   // checkpoint.every_steps) or `requested` (the vote), copies the state of `blocks` (the ones this
   // rank writes) and starts writing it.
