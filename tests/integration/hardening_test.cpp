@@ -142,13 +142,7 @@ TEST(Signals, ASigtermDeliveredTwiceAtOnceIsOneStop) {
   wait_steps(job, 3);
   ASSERT_EQ(::kill(job.proc->pid(), SIGTERM), 0);
   ASSERT_EQ(::kill(job.proc->pid(), SIGTERM), 0);
-  auto st = job.proc->wait(60s);
-  ASSERT_TRUE(st) << "the job did not stop";
-  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
-  auto events = events_of(job);
-  ASSERT_FALSE(events.empty());
-  EXPECT_EQ(json_field(events.back(), "state"), "stopped") << events.back();
-  EXPECT_EQ(json_field(events.back(), "resumable"), "true") << events.back();
+  expect_stopped_resumable(job);
   EXPECT_EQ(count_events(job, "interrupted"), 1);
   EXPECT_EQ(text_of(job.out).find("stopping at once"), std::string::npos) << text_of(job.out);
 }
