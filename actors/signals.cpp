@@ -5,7 +5,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <ctime>
+#include <thread>
 
 namespace troupe::actors {
 namespace {
@@ -114,6 +117,24 @@ const char* signal_name(int sig) {
     default:
       return "a signal";
   }
+}
+
+TeardownDeadline::~TeardownDeadline() { done_->store(true); }
+
+void TeardownDeadline::arm(std::chrono::milliseconds after, int code, std::string who) {
+  std::thread([after, code, who = std::move(who), done = done_] {
+    const auto until = std::chrono::steady_clock::now() + after;
+    while (std::chrono::steady_clock::now() < until) {
+      if (done->load()) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if (done->load()) return;
+    std::fprintf(stderr,
+                 "%s: its control plane did not shut down within %lld ms: exiting without it\n",
+                 who.c_str(), static_cast<long long>(after.count()));
+    std::fflush(nullptr);
+    std::_Exit(code);
+  }).detach();
 }
 
 }  // namespace troupe::actors

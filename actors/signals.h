@@ -13,8 +13,12 @@
 
 #include <signal.h>
 
+#include <atomic>
+#include <chrono>
 #include <deque>
+#include <memory>
 #include <mutex>
+#include <string>
 
 namespace troupe::actors {
 
@@ -43,5 +47,22 @@ class SignalWatcher {
 
 // "SIGINT", "SIGTERM", "SIGHUP", or "a signal".
 const char* signal_name(int signal);
+
+// The last resort of a process whose work is done: what is left is CAF's teardown, which waits
+// for every actor without a deadline (one blocked in a hung file system, a detached actor held
+// for good). Armed, it exits the process with `code` past `after`, saying `who`'s control plane
+// did not shut down; destroyed first (declared before the actor system: gone with it), it does
+// nothing (a program that embeds Troupe goes on).
+class TeardownDeadline {
+ public:
+  TeardownDeadline() = default;
+  ~TeardownDeadline();
+  TeardownDeadline(const TeardownDeadline&) = delete;
+  TeardownDeadline& operator=(const TeardownDeadline&) = delete;
+  void arm(std::chrono::milliseconds after, int code, std::string who);
+
+ private:
+  std::shared_ptr<std::atomic<bool>> done_ = std::make_shared<std::atomic<bool>>(false);
+};
 
 }  // namespace troupe::actors

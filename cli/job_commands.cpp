@@ -326,30 +326,6 @@ void print_start(const coordinator::JobConfig& cfg, const std::string& dir,
   std::fflush(stdout);
 }
 
-// After the job's end, what is left is CAF's teardown, which waits for every actor without a
-// deadline (one blocked in a hung file system's fsync, a launcher reaping an agent that does not
-// die): armed then, past 30 s the process exits without it, with the job's code (its results are
-// written). Declared before the actor system: gone with it, it disarms (a program that embeds
-// troupe::main goes on).
-class TeardownDeadline {
- public:
-  ~TeardownDeadline() { done_->store(true); }
-  void arm(int rc) {
-    std::thread([rc, done = done_] {
-      for (int i = 0; i < 300; ++i, std::this_thread::sleep_for(std::chrono::milliseconds(100)))
-        if (done->load()) return;
-      std::fprintf(stderr,
-                   "troupe: the control plane did not shut down within 30 s: exiting without "
-                   "it\n");
-      std::fflush(nullptr);
-      std::_Exit(rc);
-    }).detach();
-  }
-
- private:
-  std::shared_ptr<std::atomic<bool>> done_ = std::make_shared<std::atomic<bool>>(false);
-};
-
 // Until the job ends: progress lines, and SIGINT/SIGTERM forwarded to the coordinator (the
 // first stops the job at the next step boundary, a second at once). The coordinator's own
 // deadlines bound every phase, and its monitor ends the wait if the actor itself is gone.
@@ -699,7 +675,7 @@ int run_job(const std::vector<std::string>& words, bool spawn_agents, const Hook
 
   caf::actor_system_config sys_cfg;
   coordinator::configure_job_system(sys_cfg);
-  TeardownDeadline deadline;  // (destroyed after the system)
+  actors::TeardownDeadline deadline;  // (destroyed after the system: disarmed with it)
   caf::actor_system system{sys_cfg};
   auto bridge = actors::spawn_bridge(system, bridge_config_of(cfg, dir.token));
   caf::scoped_actor self{system};
@@ -727,7 +703,7 @@ int run_job(const std::vector<std::string>& words, bool spawn_agents, const Hook
   caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(bridge, caf::exit_reason::user_shutdown);
   const int rc = report_end(cfg, dir.path, end, signals.first());
-  deadline.arm(rc);
+  deadline.arm(std::chrono::seconds(30), rc, "troupe");
   return rc;
 }
 

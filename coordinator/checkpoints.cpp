@@ -50,15 +50,19 @@ void write_durably(const std::string& path, const std::string& text) {
   }
 }
 
-// The checkpoint directories under dir (step-N), by step.
-std::map<uint64_t, fs::path> checkpoint_dirs(const std::string& dir) {
+// The checkpoint directories under dir (step-N, or step-N followed by `suffix`), by step.
+std::map<uint64_t, fs::path> checkpoint_dirs(const std::string& dir,
+                                             const std::string& suffix = "") {
   std::map<uint64_t, fs::path> out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.size() != 13 || name.rfind("step-", 0) != 0 || !e.is_directory()) continue;
-    if (name.find_first_not_of("0123456789", 5) != std::string::npos) continue;
-    out[std::stoull(name.substr(5))] = e.path();
+    if (name.size() != 13 + suffix.size() || name.rfind("step-", 0) != 0 || !e.is_directory() ||
+        name.compare(13, std::string::npos, suffix) != 0)
+      continue;
+    const std::string digits = name.substr(5, 8);
+    if (digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    out[std::stoull(digits)] = e.path();
   }
   return out;
 }
@@ -383,17 +387,8 @@ void Checkpoints::prune(uint64_t through) {
 // at or past theirs again: the redo replaced them.
 void Checkpoints::drop_undone(uint64_t through) {
   std::error_code ec;
-  const std::string suffix = kUndone;
-  for (const auto& e : fs::directory_iterator(cfg_.checkpoint_dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.size() != 13 + suffix.size() || name.rfind("step-", 0) != 0 ||
-        name.compare(13, std::string::npos, suffix) != 0)
-      continue;
-    const std::string digits = name.substr(5, 8);
-    if (digits.find_first_not_of("0123456789") == std::string::npos &&
-        std::stoull(digits) <= through)
-      fs::remove_all(e.path(), ec);
-  }
+  for (const auto& [step, path] : checkpoint_dirs(cfg_.checkpoint_dir, kUndone))
+    if (step <= through) fs::remove_all(path, ec);
 }
 
 std::optional<ValidCheckpoint> newest_valid_checkpoint(const std::string& dir,

@@ -103,19 +103,11 @@ void ChildProcess::kill_and_reap() {
   ::kill(pid_, SIGKILL);
   // (A process in an uninterruptible sleep, a hung mount's fsync, ends only when that returns:
   // not waited for past 5 s. Nothing is asked of it again: it stays this process's zombie.)
-  const auto deadline = Clock::now() + std::chrono::seconds(5);
-  int status = 0;
-  pid_t r = 0;
-  while ((r = waitpid(pid_, &status, WNOHANG)) == 0 || (r < 0 && errno == EINTR)) {
-    if (Clock::now() >= deadline) {
-      std::fprintf(stderr,
-                   "troupe: pid %d did not end within 5 s of SIGKILL (in an uninterruptible "
-                   "sleep?): left behind\n",
-                   int(pid_));
-      break;
-    }
-    usleep(2000);
-  }
+  if (!wait(std::chrono::seconds(5)) && ::kill(pid_, 0) == 0)  // (not reaped, and still there)
+    std::fprintf(stderr,
+                 "troupe: pid %d did not end within 5 s of SIGKILL (in an uninterruptible "
+                 "sleep?): left behind\n",
+                 int(pid_));
   reaped_ = true;
 }
 

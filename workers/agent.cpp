@@ -75,25 +75,17 @@ class Stopped {
   uint32_t count_ = 0;
 };
 
-// Armed when run_agent returns, before its session ends, in an agent that is its own process
-// (`troupe agent`): CAF's teardown waits for every actor of the session's system without a
-// deadline, and an agent whose coordinator stalled and was then lost was seen waiting there for
-// good. Past 10 s the process exits without it, with the code the agent ends with. (That process
-// exits once run_agent has returned: nothing disarms it.)
-struct TeardownDeadline {
+// Arms the agent's teardown deadline when run_agent returns, in an agent that is its own process
+// (`troupe agent`; an agent whose coordinator stalled and was then lost was seen waiting in CAF's
+// teardown for good): past 10 s it exits with the code the agent ends with.
+struct ArmedOnReturn {
+  actors::TeardownDeadline& deadline;
   const GenerationBoard& board;
   bool armed;  // (AgentOptions::own_process)
-  ~TeardownDeadline() {
-    if (!armed) return;
-    const int code = board.shutting_down() ? board.exit_code() : 1;
-    std::thread([code] {
-      std::this_thread::sleep_for(std::chrono::seconds(10));
-      std::fprintf(stderr,
-                   "troupe agent: its control plane did not shut down within 10 s: "
-                   "exiting without it\n");
-      std::fflush(nullptr);
-      std::_Exit(code);
-    }).detach();
+  ~ArmedOnReturn() {
+    if (armed)
+      deadline.arm(std::chrono::seconds(10), board.shutting_down() ? board.exit_code() : 1,
+                   "troupe agent");
   }
 };
 
@@ -116,9 +108,10 @@ std::pair<std::string, std::string> read_token_file(const std::string& path) {
 }
 
 int run_agent(const AgentOptions& o) {
-  actors::SignalWatcher signals;  // (before any thread starts)
+  actors::SignalWatcher signals;      // (before any thread starts)
+  actors::TeardownDeadline deadline;  // (destroyed after the session: disarmed with it)
   AgentSession session(o);
-  TeardownDeadline deadline{session.board(), o.own_process};  // (destroyed before the session)
+  ArmedOnReturn arm{deadline, session.board(), o.own_process};
   if (!session.error().empty()) {
     std::fprintf(stderr, "troupe agent: %s\n", session.error().c_str());
     return 1;

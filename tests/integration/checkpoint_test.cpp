@@ -359,7 +359,7 @@ TEST(Checkpoints, AgentsWhoseCoordinatorStalledAndDiedExit) {
   // a rejoin's reply that came after its request's deadline held the bridge's actor for good).
   for (const std::string& out :
        {dir.path() + "/joiner.out", job.run_dir + "/agent-0.log", job.run_dir + "/agent-1.log"})
-    EXPECT_EQ(text_of(out).find("did not shut down within 10 s"), std::string::npos) << out;
+    EXPECT_EQ(text_of(out).find("did not shut down within"), std::string::npos) << out;
 }
 
 // A member drained at a step boundary where a checkpoint is due writes its shards of it there
