@@ -523,8 +523,13 @@ TraceChunk decode(proto::TraceChunk::Reader r) {
 ControlMessage make_ack() {
   return ControlMessage::build([](Env e) { e.initBody().setAck(); });
 }
-ControlMessage make_stop_at_next_step() {
-  return ControlMessage::build([](Env e) { e.initBody().setStopAtNextStep(); });
+ControlMessage make_stop_at_next_step(bool with_checkpoint) {
+  return ControlMessage::build([with_checkpoint](Env e) {
+    if (with_checkpoint)
+      e.initBody().setStopWithCheckpoint();
+    else
+      e.initBody().setStopAtNextStep();
+  });
 }
 ControlMessage make_status_request() {
   return ControlMessage::build([](Env e) { e.initBody().setStatusRequest(); });

@@ -298,7 +298,8 @@ ControlMessage encode(const JobStatus& m);
 ControlMessage encode(const LeaveGeneration& m);
 ControlMessage encode(const TraceChunk& m);
 ControlMessage make_ack();
-ControlMessage make_stop_at_next_step();
+// The stop of troupe stop, or with a checkpoint where it stops (troupe stop --checkpoint, SIGTERM).
+ControlMessage make_stop_at_next_step(bool with_checkpoint = false);
 ControlMessage make_status_request();
 ControlMessage make_stop_request();
 ControlMessage make_drain_request(uint32_t agent);

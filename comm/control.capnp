@@ -44,6 +44,7 @@ struct Envelope {
     checkpointAtStep @33 :UInt64;          # coordinator -> agents: a checkpoint at the first step boundary at or after this step
     traceChunk @34 :TraceChunk;            # worker -> coordinator (one way): its trace of observability.trace_steps
     learningRateRequest @35 :Float64;      # admin -> coordinator (request): optimizer.lr from the next step boundary
+    stopWithCheckpoint @36 :Void;          # coordinator -> agents: stop after the current step, with a checkpoint there (one message: no vote sees one without the other)
   }
 }
 

@@ -71,6 +71,7 @@ bool body_is_flat(proto::Envelope::Body::Which kind) {
     case B::STOP_REQUEST:
     case B::STATS_REQUEST:
     case B::LEARNING_RATE_REQUEST:
+    case B::STOP_WITH_CHECKPOINT:
       return true;
     default:
       return false;
@@ -227,6 +228,7 @@ std::variant<std::shared_ptr<const DecodedFrame>, Rejection> FrameValidator::dec
     case proto::Envelope::Body::CHECKPOINT_AT_STEP:
     case proto::Envelope::Body::TRACE_CHUNK:
     case proto::Envelope::Body::LEARNING_RATE_REQUEST:
+    case proto::Envelope::Body::STOP_WITH_CHECKPOINT:
       break;
     default:
       return reject(Reject::unknown_kind,

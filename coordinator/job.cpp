@@ -771,13 +771,6 @@ class Coordinator : public caf::event_based_actor {
       if (a.alive) to_agent(a.id, encoded);
     if (job_.stop_requested()) {          // (asked for while the change formed, or before it)
       stop_requested_at_ = g.start_step;  // (it stops after one step: watch_steps)
-      // A stop with a checkpoint: at the step it stops at (the one taken where the members left
-      // the last generation, if any, is a step short of it).
-      if (stop_checkpoint_) {
-        auto at = actors::make_checkpoint_at_step(g.start_step + 1);
-        for (const auto& a : roster_.agents())
-          if (a.alive) to_agent(a.id, at);
-      }
       tell_agents_to_stop();
     }
     log_.event("generation_started", Json()
@@ -1086,17 +1079,20 @@ class Coordinator : public caf::event_based_actor {
   // A checkpoint at the next step boundary (troupe checkpoint; with a stop: troupe stop
   // --checkpoint, SIGTERM). Every agent hears the step at or after which it is wanted (the next
   // one to commit); the members vote on it at their next step boundary, so all of them take it
-  // at the same step, and the stop, sent after it, at that step too.
+  // at the same step. With a stop, the stop's own message asks for it (tell_agents_to_stop).
   ControlMessage checkpoint(bool and_stop) {
     if (!checkpoints_)
       return actors::make_error_reply(Errc::refused, "this job has no checkpoint directory");
     if (!job_.started()) return actors::make_error_reply(Errc::refused, "the job is not running");
     const uint64_t at = steps_.committed() + 1;
     log_.event("checkpoint_requested", Json().integer("step", long(at)).boolean("stop", and_stop));
-    auto msg = actors::make_checkpoint_at_step(at);
-    for (const auto& a : roster_.agents()) to_agent(a.id, msg);
-    stop_checkpoint_ = stop_checkpoint_ || and_stop;
-    return and_stop ? stop(false) : actors::make_ack();
+    if (!and_stop) {
+      auto msg = actors::make_checkpoint_at_step(at);
+      for (const auto& a : roster_.agents()) to_agent(a.id, msg);
+      return actors::make_ack();
+    }
+    stop_checkpoint_ = true;
+    return stop(false);
   }
 
   ControlMessage stop(bool with_checkpoint) {
@@ -1114,7 +1110,7 @@ class Coordinator : public caf::event_based_actor {
   }
 
   void tell_agents_to_stop() {
-    auto msg = actors::make_stop_at_next_step();
+    auto msg = actors::make_stop_at_next_step(stop_checkpoint_);
     for (const auto& a : roster_.agents())
       if (a.alive) to_agent(a.id, msg);
   }

@@ -54,8 +54,8 @@ caf::actor spawn_agent_actor(caf::actor_system& system, std::shared_ptr<Generati
         board->start(std::move(g));
       } else if (body.isCheckpointAtStep()) {
         board->checkpoint_at_step(body.getCheckpointAtStep());
-      } else if (body.isStopAtNextStep()) {
-        board->stop_at_next_step();
+      } else if (body.isStopAtNextStep() || body.isStopWithCheckpoint()) {
+        board->stop_at_next_step(body.isStopWithCheckpoint());
       } else if (body.isLeaveGeneration()) {
         board->leave(body.getLeaveGeneration());
       } else if (body.isShutdown()) {

@@ -216,7 +216,8 @@ DeviceSupervisor::Next DeviceSupervisor::train(const actors::GenerationStart& g)
         worker_->peak().flops, uint8_t(worker_->peak().source)}));
   };
   Requests requests{[&] { return board_.stop_requested() || board_.leaving(gen); },
-                    [&] { return board_.checkpoint_wanted(); }};
+                    [&] { return board_.checkpoint_wanted(); },
+                    [&] { return board_.checkpoint_at_stop(); }};
   worker_->set_generation(gen);
   worker_->set_checkpoint_reporter(
       [this, rank = uint32_t(rank_)](const CheckpointWriter::Written& w, uint64_t taken_in) {

@@ -8,8 +8,9 @@ void GenerationBoard::start(actors::GenerationStart g) {
   cv_.notify_all();
 }
 
-void GenerationBoard::stop_at_next_step() {
+void GenerationBoard::stop_at_next_step(bool with_checkpoint) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (with_checkpoint) checkpoint_at_stop_.store(true);
   stop_.store(true);
   cv_.notify_all();
 }

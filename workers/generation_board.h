@@ -22,7 +22,7 @@ class GenerationBoard {
  public:
   // From the agent's actor.
   void start(actors::GenerationStart g);
-  void stop_at_next_step();
+  void stop_at_next_step(bool with_checkpoint = false);
   void checkpoint_at_step(uint64_t step);  // keeps the highest asked for
   void leave(uint64_t generation);
   void shut_down(int exit_code, const std::string& reason);  // the first call wins
@@ -47,6 +47,9 @@ class GenerationBoard {
   bool await_shutdown(std::chrono::milliseconds timeout);
 
   bool stop_requested() const { return stop_.load(); }
+  // A stop asked with a checkpoint where it stops (set before the stop: a thread that saw the
+  // stop sees it too).
+  bool checkpoint_at_stop() const { return checkpoint_at_stop_.load(); }
   // The step at or after which a checkpoint is wanted (troupe checkpoint); 0: none asked for.
   uint64_t checkpoint_wanted() const { return checkpoint_at_.load(); }
   bool leaving(uint64_t generation) const { return leave_.load() == generation; }
@@ -59,7 +62,7 @@ class GenerationBoard {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::optional<actors::GenerationStart> latest_;
-  std::atomic<bool> stop_{false};
+  std::atomic<bool> stop_{false}, checkpoint_at_stop_{false};
   std::atomic<uint64_t> leave_{0};
   std::atomic<uint64_t> checkpoint_at_{0};
   std::atomic<uint64_t> rejoins_{0}, next_generation_{0};

@@ -229,7 +229,8 @@ TrainResult Worker::run_data_parallel(comm::Communicator& comm, uint64_t start,
     }
     trace_compute(step, t0_us, stats);
     const int64_t v0 = StepTrace::now_us();
-    double control[3] = {stats.loss, requests.stop() ? 1.0 : 0.0, checkpoint_vote(requests, step)};
+    double control[3] = {stats.loss, requests.stop() ? 1.0 : 0.0,
+                         checkpoint_voted(requests, requested_through_, step) ? 1.0 : 0.0};
     comm.allreduce(control, control, 3, comm::DataType::f64, comm::ReduceOp::sum);
     trace_.span(step, "vote (loss, stop, checkpoint)", "wait", v0);
     if (spec_.deterministic) control[0] = loss_from_fixed_point(control[0]);
@@ -384,7 +385,7 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
     if (spec_.deterministic) norm_sq = global_norm_sq_exact(comm, plan, active && r == 0);
     double control[4] = {spec_.deterministic ? res.loss_fixed : res.loss,
                          requests.stop() ? 1.0 : 0.0, spec_.deterministic ? 0.0 : norm_sq,
-                         checkpoint_vote(requests, step)};
+                         checkpoint_voted(requests, requested_through_, step) ? 1.0 : 0.0};
     comm.allreduce(control, control, 4, comm::DataType::f64, comm::ReduceOp::sum);
     if (spec_.deterministic)
       control[0] = loss_from_fixed_point(control[0]);
@@ -449,11 +450,10 @@ void Worker::take_checkpoint_result(bool wait) {
   if (on_checkpoint_) on_checkpoint_(*done, writing_generation_);
 }
 
-// At the boundary after `step`: a checkpoint asked for at or after the next step, not taken yet
-// (after a rollback, not before the step it was asked for: one at each redone step otherwise).
-double Worker::checkpoint_vote(const Requests& requests, uint64_t step) const {
+bool checkpoint_voted(const Requests& requests, uint64_t requested_through, uint64_t step) {
+  if (requests.checkpoint_at_stop && requests.checkpoint_at_stop()) return true;
   const uint64_t wanted = requests.checkpoint_at ? requests.checkpoint_at() : 0;
-  return wanted > requested_through_ && wanted <= step + 1 ? 1.0 : 0.0;
+  return wanted > requested_through && wanted <= step + 1;
 }
 
 void Worker::maybe_checkpoint(const std::vector<uint32_t>& blocks, bool requested) {

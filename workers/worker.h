@@ -127,7 +127,17 @@ struct TrainResult {
 struct Requests {
   std::function<bool()> stop;               // stop after this step
   std::function<uint64_t()> checkpoint_at;  // a checkpoint at or after this step (0: none wanted)
+  // A checkpoint where the job stops, asked in the stop's own message: read after stop(), it
+  // is there whenever the stop is (two messages, a checkpoint and then a stop, may reach a member
+  // on either side of a vote: the checkpoint a step before the stop, none where it stopped).
+  std::function<bool()> checkpoint_at_stop;
 };
+
+// Whether a member votes for a checkpoint at the boundary after `step`, the last one it took for
+// a request being at `requested_through`: the stop's, or one asked for at or after a step up to
+// the next that was not taken yet (after a rollback, not before the step it was asked for: one at
+// each redone step otherwise).
+bool checkpoint_voted(const Requests& requests, uint64_t requested_through, uint64_t step);
 
 class Worker {
  public:
@@ -229,7 +239,6 @@ class Worker {
                     comm::Communicator* device);
   // This rank's checkpoint vote: 1 when a checkpoint is wanted at or after a step above the last
   // one it checkpointed for a request (a late copy of a request already served is not).
-  double checkpoint_vote(const Requests& requests, uint64_t step) const;
   // At a step boundary: reports a finished checkpoint write; when next_step_ is due (every
   // checkpoint.every_steps) or `requested` (the vote), copies the state of `blocks` (the ones this
   // rank writes) and starts writing it.
