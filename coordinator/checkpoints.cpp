@@ -100,17 +100,20 @@ std::string check_shard(const fs::path& dir, const json& s, std::vector<bool>& s
   if (file != actors::shard_file_name(uint32_t(block)))
     return "the manifest's shard of block " + std::to_string(block) + " names " + file + ", not " +
            actors::shard_file_name(uint32_t(block));
-  std::ifstream f(dir / file, std::ios::binary | std::ios::ate);
+  std::ifstream f(dir / file, std::ios::binary);
   if (!f) return (dir / file).string() + " is missing";
-  std::vector<char> content(size_t(f.tellg()));
-  f.seekg(0);
-  if (!f.read(content.data(), std::streamsize(content.size())))
-    return (dir / file).string() + " cannot be read";
-  if (content.size() != bytes)
-    return (dir / file).string() + " has " + std::to_string(content.size()) +
-           " bytes, the manifest says " + std::to_string(bytes);
-  const uint64_t sum =
-      comm::fnv1a(reinterpret_cast<const uint8_t*>(content.data()), content.size());
+  // In pieces: a block's shard (its parameters and optimizer moments) may be gigabytes, and the
+  // coordinator checks it while the job waits.
+  std::vector<char> piece(size_t(1) << 20);
+  uint64_t size = 0, sum = comm::fnv1a(nullptr, 0);
+  while (f.read(piece.data(), std::streamsize(piece.size())) || f.gcount() > 0) {
+    sum = comm::fnv1a(reinterpret_cast<const uint8_t*>(piece.data()), size_t(f.gcount()), sum);
+    size += uint64_t(f.gcount());
+  }
+  if (f.bad()) return (dir / file).string() + " cannot be read";
+  if (size != bytes)
+    return (dir / file).string() + " has " + std::to_string(size) + " bytes, the manifest says " +
+           std::to_string(bytes);
   if (hex(sum) != checksum) return (dir / file).string() + " does not match its checksum (damaged)";
   return "";
 }
