@@ -238,9 +238,8 @@ void AgentSession::try_rejoin() {
 
 // SIGTERM or SIGINT to an agent is a leave: it asks the coordinator to drain it (it then leaves
 // at the next step boundary and exits 0). If the coordinator cannot be asked, or refuses (too few
-// workers would be left) and no stop of the job comes within 5 s (a preemption signals the
-// coordinator too: then it stops with the job), it exits at once with 128 + the signal; so does
-// a second signal.
+// workers would be left) and no stop of the job comes (await_stop), it exits at once with 128 +
+// the signal; so does a second signal.
 // A SIGHUP to a launched agent: the coordinator's process that launched it ended, and nobody is
 // left to ask; it leaves at once with 1, saying so (the coordinator's loss would say it too,
 // within elastic.failure_timeout_ms).
@@ -269,17 +268,35 @@ void AgentSession::on_signal(int sig, bool again) {
                  refused = ce && ce->code == comm::Errc::refused;
                });
   if (error.empty()) return;
-  // A preemption signals every process of the job at once: the coordinator, stopping too, may
-  // have refused the drain before it heard its own signal. Its stop, heard within 5 s, is
-  // followed (its checkpoint is taken with this agent's shards) instead of leaving at once.
-  for (int i = 0; refused && i < 50 && !board_->stop_requested(); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  if (refused && board_->stop_requested() && !board_->shutting_down()) {
-    spdlog::warn("{}: the job stops at the next step boundary; this agent stops with it", name);
-    return;
-  }
-  board_->shut_down(128 + sig, name + " and the coordinator did not drain this agent (" + error +
-                                   "): leaving at once");
+  const auto now = Clock::now();
+  refused_ = Refused{sig, error, now + kStopGrace, now + std::chrono::seconds(60)};
+  if (refused)
+    await_stop();
+  else  // (not answered: nothing to wait for)
+    leave_at_once();
+}
+
+// A preemption signals every process of the job at once: the coordinator, stopping too, may have
+// refused the drain before it heard its own signal, and it holds its stop back while a membership
+// change is under way (another agent's drain) until the next generation starts. Its stop, heard
+// within kStopGrace of the refusal or of the change's end (a minute at most), is followed: the
+// checkpoint it asks for is taken with this agent's shards. Else this agent leaves at once.
+// Polled by watch(), which meanwhile hears a second signal and the coordinator's loss.
+void AgentSession::await_stop() {
+  const auto now = Clock::now();
+  if (board_->stop_requested() && !board_->shutting_down())
+    spdlog::warn("{}: the job stops at the next step boundary; this agent stops with it",
+                 actors::signal_name(refused_->signal));
+  if (board_->stop_requested() || board_->shutting_down()) return refused_.reset();
+  if (board_->leaving(board_->generation())) refused_->until = now + kStopGrace;
+  if (now >= std::min(refused_->until, refused_->at_most)) leave_at_once();
+}
+
+void AgentSession::leave_at_once() {
+  board_->shut_down(128 + refused_->signal, std::string(actors::signal_name(refused_->signal)) +
+                                                " and the coordinator did not drain this agent (" +
+                                                refused_->error + "): leaving at once");
+  refused_.reset();
 }
 
 int AgentSession::watch(actors::SignalWatcher* signals) {
@@ -293,6 +310,7 @@ int AgentSession::watch(actors::SignalWatcher* signals) {
         },
         caf::after(std::chrono::milliseconds(100)) >> [] {});
     if (lost_since_ && !board_->shutting_down()) try_rejoin();
+    if (refused_) await_stop();
     for (int sig; signals && (sig = signals->next()) != 0; ++seen) on_signal(sig, seen > 0);
   }
   return seen;

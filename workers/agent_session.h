@@ -57,6 +57,8 @@ class AgentSession {
   using Clock = std::chrono::steady_clock;
   static constexpr size_t kKeptReports = 4096;
   void on_signal(int sig, bool again);
+  void await_stop();
+  void leave_at_once();
   void keep_report(const actors::ControlMessage& m);
   void lost(const std::string& why);
   std::string address_now() const;
@@ -77,6 +79,15 @@ class AgentSession {
   std::optional<Clock::time_point> lost_since_;  // the coordinator was lost (watch's thread)
   std::string lost_reason_;
   Clock::time_point next_try_{};
+  // A signal whose drain the coordinator refused: the job's own stop is awaited until `until`,
+  // `at_most` (watch's thread).
+  static constexpr std::chrono::seconds kStopGrace{5};
+  struct Refused {
+    int signal;
+    std::string error;
+    Clock::time_point until, at_most;
+  };
+  std::optional<Refused> refused_;
 };
 
 }  // namespace troupe::workers

@@ -228,6 +228,34 @@ TEST(Signals, APreemptionSignallingTheCoordinatorAndEveryAgentAtOnceStopsWithACh
   EXPECT_FALSE(alive(a1));
 }
 
+// The same preemption with a change under way for longer than a refused agent's grace: the
+// drained agent leaves at the end of a long step, and the coordinator holds its stop back until
+// the next generation starts. The refused agent waits for the change and then the stop, and the
+// job stops resumable. (It waited 5 s from its refusal and left with 143: the stop's checkpoint
+// lacked its shards.)
+TEST(Signals, APreemptionDuringALongChangeStillStopsWithACheckpoint) {
+  TempDir dir;
+  Job job = start_job(dir, "preempted-slow", kConfig, 2, {"checkpoint.every_steps=0"},
+                      {pace(8000000)});  // (steps of 8 s: the change ends with one)
+  wait_steps(job, 1);
+  const int a0 = pid_of(job, "agent-0"), a1 = pid_of(job, "agent-1");
+  ASSERT_EQ(::kill(a1, SIGTERM), 0);
+  ASSERT_NE(wait_event(job, is("drain_requested"), 10s), "") << "agent-1's drain was not taken";
+  ASSERT_EQ(::kill(a0, SIGTERM), 0);
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (text_of(job.run_dir + "/agent-0.log").find("asking the coordinator to drain") ==
+             std::string::npos &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(10ms);
+  std::this_thread::sleep_for(300ms);  // (its drain refused: it would be the last)
+  ASSERT_TRUE(job.proc->signal(SIGTERM));
+  expect_stopped_resumable(job);
+  EXPECT_EQ(count_events(job, "steps_rolled_back"), 0);
+  EXPECT_EQ(count_events(job, "member_failed"), 0);
+  EXPECT_FALSE(alive(a0));
+  EXPECT_FALSE(alive(a1));
+}
+
 // SIGTERM while the job is paused below elastic.min_workers: the survivor, which holds the whole
 // state, forms a generation of its own that stops with a checkpoint: resumable, exit 0. (It
 // waited for elastic.rejoin_timeout_ms and failed, the state lost with the survivor.)
