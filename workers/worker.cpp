@@ -229,9 +229,10 @@ TrainResult Worker::run_data_parallel(comm::Communicator& comm, uint64_t start,
     }
     trace_compute(step, t0_us, stats);
     const int64_t v0 = StepTrace::now_us();
-    double control[3] = {stats.loss, requests.stop() ? 1.0 : 0.0,
-                         checkpoint_voted(requests, requested_through_, step) ? 1.0 : 0.0};
-    comm.allreduce(control, control, 3, comm::DataType::f64, comm::ReduceOp::sum);
+    double control[4] = {stats.loss, requests.stop() ? 1.0 : 0.0,
+                         checkpoint_voted(requests, requested_through_, step) ? 1.0 : 0.0,
+                         writer_busy_vote()};
+    comm.allreduce(control, control, 4, comm::DataType::f64, comm::ReduceOp::sum);
     trace_.span(step, "vote (loss, stop, checkpoint)", "wait", v0);
     if (spec_.deterministic) control[0] = loss_from_fixed_point(control[0]);
     // Update: the same clipped step everywhere (the gradients are identical after the sum).
@@ -244,7 +245,7 @@ TrainResult Worker::run_data_parallel(comm::Communicator& comm, uint64_t start,
     trace_.span(step, "update", "compute", u0);
     next_step_ = step + 1;
     for (uint32_t b = 0; b < num_blocks(); ++b) states_->hold(b, next_step_);
-    maybe_checkpoint(written, control[2] > 0);
+    maybe_checkpoint(written, control[2] > 0, control[3] > 0);
     StepInfo info = step_info(step, control[0], share, seconds_since(t0), busy,
                               model_->flops_per_sample() * double(share.size()));
     info.data_seconds = stats.data_seconds;
@@ -383,10 +384,11 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
           norm_sq += models::grad_norm_sq(model_->block(b).grads());
     }
     if (spec_.deterministic) norm_sq = global_norm_sq_exact(comm, plan, active && r == 0);
-    double control[4] = {spec_.deterministic ? res.loss_fixed : res.loss,
+    double control[5] = {spec_.deterministic ? res.loss_fixed : res.loss,
                          requests.stop() ? 1.0 : 0.0, spec_.deterministic ? 0.0 : norm_sq,
-                         checkpoint_voted(requests, requested_through_, step) ? 1.0 : 0.0};
-    comm.allreduce(control, control, 4, comm::DataType::f64, comm::ReduceOp::sum);
+                         checkpoint_voted(requests, requested_through_, step) ? 1.0 : 0.0,
+                         writer_busy_vote()};
+    comm.allreduce(control, control, 5, comm::DataType::f64, comm::ReduceOp::sum);
     if (spec_.deterministic)
       control[0] = loss_from_fixed_point(control[0]);
     else
@@ -402,7 +404,7 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
     for (uint32_t b = mine.begin; b < mine.end; ++b) states_->hold(b, next_step_);
     if (backups && next_step_ % uint64_t(spec_.stage_backup_steps) == 0)
       backups_->take(comm, plan, s, r, *states_, next_step_);
-    maybe_checkpoint(written, control[3] > 0);
+    maybe_checkpoint(written, control[3] > 0, control[4] > 0);
     // The samples are counted once, by the first stage of each pipeline.
     const elastic::Share counted = active && s == 0 ? share : elastic::Share{};
     on_step(step_info(step, control[0], counted, seconds_since(t0), res.busy,
@@ -456,7 +458,14 @@ bool checkpoint_voted(const Requests& requests, uint64_t requested_through, uint
   return wanted > requested_through && wanted <= step + 1;
 }
 
-void Worker::maybe_checkpoint(const std::vector<uint32_t>& blocks, bool requested) {
+// 1 when this rank's last checkpoint is still being written and periodic ones are skipped then
+// (checkpoint.if_busy = "skip"): every rank skips when any is busy, or the others' shards of the
+// step make no checkpoint.
+double Worker::writer_busy_vote() const {
+  return spec_.checkpoint_skip_if_busy && writer_.busy() ? 1.0 : 0.0;
+}
+
+void Worker::maybe_checkpoint(const std::vector<uint32_t>& blocks, bool requested, bool any_busy) {
   take_checkpoint_result(false);
   if (requested) requested_through_ = next_step_;  // (also on a rank that writes no block)
   const uint64_t every = uint64_t(spec_.checkpoint_every);
@@ -465,9 +474,9 @@ void Worker::maybe_checkpoint(const std::vector<uint32_t>& blocks, bool requeste
   const bool due = requested || (every > 0 && (next_step_ % every == 0 || last));
   if (!due || spec_.checkpoint_dir.empty() || blocks.empty() || last_checkpoint_ == next_step_)
     return;
-  if (writer_.busy() && spec_.checkpoint_skip_if_busy && !requested && !last) {
-    spdlog::warn("checkpoint at step {} skipped: the one before is still being written",
-                 next_step_);
+  if (any_busy && spec_.checkpoint_skip_if_busy && !requested && !last) {
+    spdlog::warn("checkpoint at step {} skipped: the one before is still being written{}",
+                 next_step_, writer_.busy() ? "" : " by another member");
     return;
   }
   take_checkpoint_result(true);

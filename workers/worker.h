@@ -237,12 +237,12 @@ class Worker {
   // the device plane's (device: null for none) or host-staged over the host's.
   void sum_replicas(elastic::BlockRange blocks, comm::Communicator& host,
                     comm::Communicator* device);
-  // This rank's checkpoint vote: 1 when a checkpoint is wanted at or after a step above the last
-  // one it checkpointed for a request (a late copy of a request already served is not).
   // At a step boundary: reports a finished checkpoint write; when next_step_ is due (every
   // checkpoint.every_steps) or `requested` (the vote), copies the state of `blocks` (the ones this
-  // rank writes) and starts writing it.
-  void maybe_checkpoint(const std::vector<uint32_t>& blocks, bool requested);
+  // rank writes) and starts writing it, unless a periodic one is skipped because a member's
+  // writer is busy (`any_busy`, the vote of writer_busy_vote()).
+  double writer_busy_vote() const;
+  void maybe_checkpoint(const std::vector<uint32_t>& blocks, bool requested, bool any_busy);
   void before_step(uint64_t step);  // the test's fault injection, if any
   // (flops: the model FLOPs this rank computed in the step.)
   StepInfo step_info(uint64_t step, double loss, elastic::Share share, double seconds, double busy,

@@ -660,6 +660,37 @@ TEST(Checkpoints, AMemberLostMidWriteLeavesTheCheckpointAbsentAndEveryOtherValid
   }
 }
 
+// checkpoint.if_busy = "skip" with one member's write slow (its first pauses 2.5 s, ~80 steps):
+// every member skips the periodic checkpoints while it writes, not only the busy one, so every
+// checkpoint directory there is has its manifest. (Each rank decided alone: the idle one wrote
+// its shards of ~20 steps whose checkpoints never completed, left on disk.)
+TEST(Checkpoints, SkippedWhileBusyByEveryMemberAtOnce) {
+  TempDir dir;
+  Job job = start_job(dir, "skip-busy", kGpt, 1,
+                      {"job.steps=100000", "checkpoint.every_steps=4", "checkpoint.keep=1000",
+                       "checkpoint.if_busy=\"skip\""},
+                      {pace(30000)});
+  wait_steps(job, 3);
+  auto joiner =
+      join_agent(dir, job, "slow-writer", {pace(30000), "TROUPE_TEST_CHECKPOINT_DELAY_MS=2500"});
+  const std::string two = wait_event(job, is("generation_started", "world_size", "2"), 60s);
+  ASSERT_NE(two, "");
+  wait_steps(job, std::stoul(json_field(two, "step")) + 150);
+  admin(dir, {"stop", "--run-dir", job.run_dir});
+  auto st = job.proc->wait(60s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
+  const std::string log = text_of(job.run_dir + "/agent-0.log");
+  EXPECT_NE(log.find("still being written by another member"), std::string::npos) << log;
+  size_t complete = 0;
+  for (const auto& name : checkpoint_dirs(job)) {
+    EXPECT_TRUE(fs::exists(job.run_dir + "/checkpoints/" + name + "/manifest.json"))
+        << name << " holds shards of a checkpoint that never completed";
+    complete += fs::exists(job.run_dir + "/checkpoints/" + name + "/manifest.json");
+  }
+  EXPECT_GE(complete, 3u);
+}
+
 // Checkpoints on a full disk: the checkpoint directory is a 2 MiB tmpfs in a user and mount
 // namespace of the test's own (room for one checkpoint of this MLP: its first block's shard is
 // 1.6 MB). The first checkpoint is written; the later ones fail with the system's reason, said on
