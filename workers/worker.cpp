@@ -558,6 +558,9 @@ StateTransfer Worker::take_state(comm::Communicator& comm, uint64_t start_step,
       last_checkpoint_ = UINT64_MAX;
     requested_through_ = std::min(requested_through_, start_step);
   }
+  // A worker's first generation (a restarted one, a standby taken in): a request for a step the
+  // job has passed was served before it (its agent's board still holds it: not again).
+  if (generation_ == 0) requested_through_ = std::max(requested_through_, start_step);
   if (reload) {  // (what it held is newer than the checkpoint, or nothing)
     spdlog::warn("worker {}: the job's state was lost; reloading it from {}", spec_.device,
                  reload->empty() ? "the job's seed" : *reload);

@@ -691,6 +691,28 @@ TEST(Checkpoints, SkippedWhileBusyByEveryMemberAtOnce) {
   EXPECT_GE(complete, 3u);
 }
 
+// troupe checkpoint, served; then a worker fails and is restarted (its agent's board still
+// holds the request): the next generation takes no checkpoint of its own. (The restarted worker
+// voted for the served request at its first step boundary, and every member took one.)
+TEST(Checkpoints, ARequestServedIsNotTakenAgainByARestartedWorker) {
+  TempDir dir;
+  Job job =
+      start_job(dir, "served-once", kGpt, 2, {"job.steps=100000", "checkpoint.every_steps=0"},
+                {pace(30000), "TROUPE_TEST_THROW_AGENT=agent-1", "TROUPE_TEST_THROW_AT_STEP=40"});
+  wait_steps(job, 5);
+  admin(dir, {"checkpoint", "--run-dir", job.run_dir});
+  ASSERT_EQ(count_events(job, "checkpoint_written"), 1);
+  ASSERT_NE(wait_event(job, is("worker_failed"), 60s), "");
+  const std::string next = wait_event(job, is("generation_started", "generation", "2"), 60s);
+  ASSERT_NE(next, "");
+  wait_steps(job, std::stoul(json_field(next, "step")) + 20);
+  admin(dir, {"stop", "--run-dir", job.run_dir});
+  auto st = job.proc->wait(60s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
+  EXPECT_EQ(count_events(job, "checkpoint_written"), 1) << "a checkpoint nobody asked for";
+}
+
 // Checkpoints on a full disk: the checkpoint directory is a 2 MiB tmpfs in a user and mount
 // namespace of the test's own (room for one checkpoint of this MLP: its first block's shard is
 // 1.6 MB). The first checkpoint is written; the later ones fail with the system's reason, said on
