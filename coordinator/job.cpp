@@ -766,6 +766,15 @@ class Coordinator : public caf::event_based_actor {
     const auto& members = gens_.members();
     for (uint32_t i = 0; i < members.size(); ++i)
       msg.members.push_back({i, members[i].worker, members[i].address, members[i].holding});
+    // Written before any agent hears of it: a coordinator lost in between is taken over by one
+    // that numbers its generations after this one (one an agent may have heard of, and be
+    // leaving, is never started again).
+    log_.event("generation_started", Json()
+                                         .integer("generation", long(gen))
+                                         .integer("world_size", long(members.size()))
+                                         .integer("step", long(g.start_step))
+                                         .integer("state_source", g.state_source)
+                                         .integer("lacking_state", g.lacking));
     auto encoded = encode(msg);
     for (const auto& a : roster_.agents())
       if (a.alive) to_agent(a.id, encoded);
@@ -773,12 +782,6 @@ class Coordinator : public caf::event_based_actor {
       stop_requested_at_ = g.start_step;  // (it stops after one step: watch_steps)
       tell_agents_to_stop();
     }
-    log_.event("generation_started", Json()
-                                         .integer("generation", long(gen))
-                                         .integer("world_size", long(members.size()))
-                                         .integer("step", long(g.start_step))
-                                         .integer("state_source", g.state_source)
-                                         .integer("lacking_state", g.lacking));
     spdlog::info("generation {} started: {} worker(s) from step {}", gen, members.size(),
                  g.start_step);
     if (gen > 1)
