@@ -103,7 +103,8 @@ Joined join(caf::scoped_actor& watcher, const caf::actor& bridge, const std::str
   actors::Join request{name, host_name(), uint32_t(getpid()), o.devices, rejoin};
   ControlMessage reply;
   // A job forming its first generation with all its agents asks this one to come again once it
-  // has started: every half second, for up to two minutes.
+  // has started: every half second, for up to two minutes (a rejoin: try_rejoin's own tries,
+  // within elastic.rejoin_timeout_ms). That is no refusal of this node.
   const auto until = std::chrono::steady_clock::now() + std::chrono::minutes(2);
   for (bool said = false;; said = true) {
     j.error.clear();
@@ -112,9 +113,9 @@ Joined join(caf::scoped_actor& watcher, const caf::actor& bridge, const std::str
                   actors::RemoteAddress{j.coordinator, actors::kCoordinatorActorId},
                   actors::encode(request), uint32_t(30000))
         .receive([&](ControlMessage& r) { reply = r; }, render);
-    if (j.error.find(actors::kJoinOnceStarted) == std::string::npos ||
-        std::chrono::steady_clock::now() > until)
-      break;
+    const bool later = j.error.find(actors::kJoinOnceStarted) != std::string::npos;
+    if (later) j.fenced = false;
+    if (!later || rejoin || std::chrono::steady_clock::now() > until) break;
     if (!said)
       std::fprintf(stderr,
                    "troupe agent: the job forms its first generation without it: "
@@ -210,9 +211,10 @@ std::string AgentSession::address_now() const {
 void AgentSession::try_rejoin() {
   const auto now = Clock::now();
   if (now - *lost_since_ > std::chrono::milliseconds(spec_.rejoin_timeout_ms))
-    return board_->shut_down(1, lost_reason_ + "; no coordinator took the run over within " +
-                                    std::to_string(spec_.rejoin_timeout_ms) +
-                                    " ms (elastic.rejoin_timeout_ms)");
+    return board_->shut_down(
+        1, lost_reason_ + "; no coordinator took the run over within " +
+               std::to_string(spec_.rejoin_timeout_ms) + " ms (elastic.rejoin_timeout_ms)" +
+               (rejoin_error_.empty() ? "" : "; the last try: " + rejoin_error_));
   if (now < next_try_) return;
   next_try_ = now + std::chrono::milliseconds(500);
   const std::string address = address_now();
@@ -220,7 +222,7 @@ void AgentSession::try_rejoin() {
   if (j.fenced)  // (its coordinator is there and dropped it, e.g. after it stalled: no take-over)
     return board_->shut_down(1, lost_reason_ + "; the coordinator at " + address +
                                     " is still there and refuses this agent (" + j.error + ")");
-  if (!j.error.empty()) return;
+  if (!j.error.empty()) return void(rejoin_error_ = j.error);
   coordinator_ = j.coordinator;
   agent_id_->store(j.spec.agent_id);
   address_ = address;

@@ -77,7 +77,7 @@ class AgentSession {
   std::mutex reports_mu_;
   std::deque<actors::ControlMessage> reports_;
   std::optional<Clock::time_point> lost_since_;  // the coordinator was lost (watch's thread)
-  std::string lost_reason_;
+  std::string lost_reason_, rejoin_error_;       // (why the last try to rejoin failed)
   Clock::time_point next_try_{};
   // A signal whose drain the coordinator refused: the job's own stop is awaited until `until`,
   // `at_most` (watch's thread).
