@@ -781,6 +781,13 @@ class Coordinator : public caf::event_based_actor {
     if (job_.stop_requested()) {          // (asked for while the change formed, or before it)
       stop_requested_at_ = g.start_step;  // (it stops after one step: watch_steps)
       tell_agents_to_stop();
+    } else if (requested_checkpoint_ > 0 && checkpoints_ &&
+               (!checkpoints_->newest() || checkpoints_->newest()->step < requested_checkpoint_)) {
+      // A requested checkpoint not complete: the members voted for it, but one whose write was
+      // under way may have ended with its worker (the result never reported). Asked again.
+      auto at = actors::make_checkpoint_at_step(std::max(requested_checkpoint_, g.start_step + 1));
+      for (const auto& a : roster_.agents())
+        if (a.alive) to_agent(a.id, at);
     }
     spdlog::info("generation {} started: {} worker(s) from step {}", gen, members.size(),
                  g.start_step);
@@ -1090,11 +1097,14 @@ class Coordinator : public caf::event_based_actor {
     const uint64_t at = steps_.committed() + 1;
     log_.event("checkpoint_requested", Json().integer("step", long(at)).boolean("stop", and_stop));
     if (!and_stop) {
+      requested_checkpoint_ = at;
       auto msg = actors::make_checkpoint_at_step(at);
       for (const auto& a : roster_.agents()) to_agent(a.id, msg);
       return actors::make_ack();
     }
     stop_checkpoint_ = true;
+    // (a stop asked for before, without one: its message again, with one)
+    if (job_.stop_requested() && gens_.expected().empty()) tell_agents_to_stop();
     return stop(false);
   }
 
@@ -1372,9 +1382,10 @@ class Coordinator : public caf::event_based_actor {
   double lr_;                      // optimizer.lr now (the config's, or the last one asked for)
   bool lr_asked_ = false;          // lr_ asked for and not yet scheduled (schedule_lr)
   uint64_t progress_step_ = 0, progress_generation_ = 0;  // (watch_steps: the last seen)
-  uint64_t stop_requested_at_ = 0;                        // the steps committed at a stop
-  bool stop_checkpoint_ = false;                          // the stop asked for a checkpoint
-  Clock::time_point progress_at_ = Clock::now();          // (and when it was first seen)
+  uint64_t requested_checkpoint_ = 0;  // the step troupe checkpoint last asked for (0: none)
+  uint64_t stop_requested_at_ = 0;     // the steps committed at a stop
+  bool stop_checkpoint_ = false;       // the stop asked for a checkpoint
+  Clock::time_point progress_at_ = Clock::now();  // (and when it was first seen)
   std::map<uint64_t, double> lr_from_;   // step -> optimizer.lr from it on (before: the config's)
   std::vector<caf::actor> subscribers_;  // actors that get every event (subscribe_atom)
   bool taking_over_ = false;             // until the first generation after a take-over

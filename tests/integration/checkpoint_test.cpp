@@ -698,10 +698,12 @@ TEST(Checkpoints, ARequestServedIsNotTakenAgainByARestartedWorker) {
   TempDir dir;
   Job job =
       start_job(dir, "served-once", kGpt, 2, {"job.steps=100000", "checkpoint.every_steps=0"},
-                {pace(30000), "TROUPE_TEST_THROW_AGENT=agent-1", "TROUPE_TEST_THROW_AT_STEP=40"});
+                {pace(30000), "TROUPE_TEST_THROW_AGENT=agent-1", "TROUPE_TEST_THROW_AT_STEP=200"});
   wait_steps(job, 5);
   admin(dir, {"checkpoint", "--run-dir", job.run_dir});
   ASSERT_EQ(count_events(job, "checkpoint_written"), 1);
+  // (complete before the failure: else it is rightly asked for again)
+  ASSERT_LT(std::stoul(json_field(wait_event(job, is("checkpoint_written"), 1s), "step")), 195u);
   ASSERT_NE(wait_event(job, is("worker_failed"), 60s), "");
   const std::string next = wait_event(job, is("generation_started", "generation", "2"), 60s);
   ASSERT_NE(next, "");
@@ -711,6 +713,33 @@ TEST(Checkpoints, ARequestServedIsNotTakenAgainByARestartedWorker) {
   ASSERT_TRUE(st);
   EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
   EXPECT_EQ(count_events(job, "checkpoint_written"), 1) << "a checkpoint nobody asked for";
+}
+
+// troupe checkpoint while a member's worker fails with its write under way (every write pauses
+// 4 s after its first shard, and agent-1's worker throws meanwhile): its result is never
+// reported, so the checkpoint never completes; the next generation is asked for it again, and
+// troupe checkpoint gets one. (It waited its 10 minutes: every member counted it served.)
+TEST(Checkpoints, ARequestedCheckpointWhoseWriterFailedIsTakenAgain) {
+  TempDir dir;
+  Job job =
+      start_job(dir, "writer-failed", kGpt, 2, {"job.steps=100000", "checkpoint.every_steps=0"},
+                {pace(50000), "TROUPE_TEST_THROW_AGENT=agent-1", "TROUPE_TEST_THROW_AT_STEP=60",
+                 "TROUPE_TEST_CHECKPOINT_DELAY_MS=4000"});
+  wait_steps(job, 5);
+  coordinator::ChildProcess asked({{troupe_binary(), "checkpoint", "--run-dir", job.run_dir},
+                                   dir.path() + "/checkpoint.out",
+                                   dir.path() + "/checkpoint.out",
+                                   {}});
+  const std::string req = wait_event(job, is("checkpoint_requested"), 30s);
+  ASSERT_NE(req, "");
+  ASSERT_LT(std::stoul(json_field(req, "step")), 55u) << "asked for after the failure";
+  ASSERT_NE(wait_event(job, is("worker_failed"), 60s), "");
+  auto st = asked.wait(60s);
+  ASSERT_TRUE(st) << "troupe checkpoint still waits: " << text_of(dir.path() + "/checkpoint.out");
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(dir.path() + "/checkpoint.out");
+  EXPECT_GE(count_events(job, "checkpoint_written"), 1);
+  admin(dir, {"stop", "--run-dir", job.run_dir});
+  EXPECT_TRUE(job.proc->wait(60s));
 }
 
 // Checkpoints on a full disk: the checkpoint directory is a 2 MiB tmpfs in a user and mount
