@@ -193,6 +193,7 @@ void AgentSession::lost(const std::string& why) {
   if (lost_since_) return;
   lost_since_ = Clock::now();
   lost_reason_ = why;
+  rejoin_error_.clear();
   board_->leave(board_->generation());
   spdlog::warn("{}: waiting up to {} ms for a coordinator to take the run over", why,
                spec_.rejoin_timeout_ms);
@@ -290,7 +291,8 @@ void AgentSession::await_stop() {
     spdlog::warn("{}: the job stops at the next step boundary; this agent stops with it",
                  actors::signal_name(refused_->signal));
   if (board_->stop_requested() || board_->shutting_down()) return refused_.reset();
-  if (board_->leaving(board_->generation())) refused_->until = now + kStopGrace;
+  if (board_->generation() > 0 && board_->leaving(board_->generation()))
+    refused_->until = now + kStopGrace;  // (a change under way)
   if (now >= std::min(refused_->until, refused_->at_most)) leave_at_once();
 }
 

@@ -256,6 +256,19 @@ TEST(Signals, APreemptionDuringALongChangeStillStopsWithACheckpoint) {
   EXPECT_FALSE(alive(a1));
 }
 
+// troupe stop, then troupe stop --checkpoint before the step ends: the job stops there with the
+// checkpoint the second asked for (its stop was already sent, without one: it said "with a
+// checkpoint" and ended not resumable).
+TEST(Signals, AStopWithACheckpointAfterAPlainStopStillTakesIt) {
+  TempDir dir;
+  Job job = start_job(dir, "stop-twice", kConfig, 1, {"checkpoint.every_steps=0"},
+                      {pace(3000000)});  // (steps of 3 s: both stops come within one)
+  wait_steps(job, 1);
+  admin(dir, {"stop", "--run-dir", job.run_dir});
+  admin(dir, {"stop", "--checkpoint", "--run-dir", job.run_dir});
+  expect_stopped_resumable(job);
+}
+
 // SIGTERM while the job is paused below elastic.min_workers: the survivor, which holds the whole
 // state, forms a generation of its own that stops with a checkpoint: resumable, exit 0. (It
 // waited for elastic.rejoin_timeout_ms and failed, the state lost with the survivor.)
