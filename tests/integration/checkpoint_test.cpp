@@ -660,6 +660,14 @@ TEST(Checkpoints, AMemberLostMidWriteLeavesTheCheckpointAbsentAndEveryOtherValid
   }
 }
 
+// troupe stop: the job ends within a minute, exit 0.
+void stop_expecting_0(const TempDir& dir, const Job& job) {
+  admin(dir, {"stop", "--run-dir", job.run_dir});
+  auto st = job.proc->wait(60s);
+  ASSERT_TRUE(st) << "the job did not stop";
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
+}
+
 // checkpoint.if_busy = "skip" with one member's write slow (its first pauses 2.5 s, ~80 steps):
 // every member skips the periodic checkpoints while it writes, not only the busy one, so every
 // checkpoint directory there is has its manifest. (Each rank decided alone: the idle one wrote
@@ -676,10 +684,7 @@ TEST(Checkpoints, SkippedWhileBusyByEveryMemberAtOnce) {
   const std::string two = wait_event(job, is("generation_started", "world_size", "2"), 60s);
   ASSERT_NE(two, "");
   wait_steps(job, std::stoul(json_field(two, "step")) + 150);
-  admin(dir, {"stop", "--run-dir", job.run_dir});
-  auto st = job.proc->wait(60s);
-  ASSERT_TRUE(st);
-  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
+  stop_expecting_0(dir, job);
   const std::string log = text_of(job.run_dir + "/agent-0.log");
   EXPECT_NE(log.find("still being written by another member"), std::string::npos) << log;
   size_t complete = 0;
@@ -708,10 +713,7 @@ TEST(Checkpoints, ARequestServedIsNotTakenAgainByARestartedWorker) {
   const std::string next = wait_event(job, is("generation_started", "generation", "2"), 60s);
   ASSERT_NE(next, "");
   wait_steps(job, std::stoul(json_field(next, "step")) + 20);
-  admin(dir, {"stop", "--run-dir", job.run_dir});
-  auto st = job.proc->wait(60s);
-  ASSERT_TRUE(st);
-  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
+  stop_expecting_0(dir, job);
   EXPECT_EQ(count_events(job, "checkpoint_written"), 1) << "a checkpoint nobody asked for";
 }
 

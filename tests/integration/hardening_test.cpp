@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -198,6 +199,24 @@ TEST(Signals, SigtermToAnAgentDrainsIt) {
   EXPECT_EQ(coordinator.find("[warning] control plane"), std::string::npos) << coordinator;
 }
 
+// Once the agents `names`, sent SIGTERM, have asked for their drains (and heard the answers),
+// the coordinator's own SIGTERM: the job stops resumable, nothing rolled back, those agents gone.
+void preempt_after_drains(const Job& job, const std::vector<std::string>& names) {
+  const auto until = std::chrono::steady_clock::now() + 20s;
+  auto asked = [&](const std::string& name) {
+    return text_of(job.run_dir + "/" + name + ".log").find("asking the coordinator to drain") !=
+           std::string::npos;
+  };
+  while (!std::all_of(names.begin(), names.end(), asked) &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(10ms);
+  std::this_thread::sleep_for(300ms);  // (the drains answered)
+  ASSERT_EQ(::kill(job.proc->pid(), SIGTERM), 0);
+  expect_stopped_resumable(job);
+  EXPECT_EQ(count_events(job, "steps_rolled_back"), 0);
+  for (const auto& name : names) EXPECT_FALSE(alive(pid_of(job, name))) << name;
+}
+
 // A preemption (Slurm's scancel, systemctl stop) signals the coordinator and every agent at once.
 // Here the agents' drains come first (the worst order: one is drained, the other refused below
 // min_workers), then the coordinator's own signal: the job stops at one step boundary with a
@@ -211,21 +230,9 @@ TEST(Signals, APreemptionSignallingTheCoordinatorAndEveryAgentAtOnceStopsWithACh
   const int a0 = pid_of(job, "agent-0"), a1 = pid_of(job, "agent-1");
   ASSERT_EQ(::kill(a0, SIGTERM), 0);
   ASSERT_EQ(::kill(a1, SIGTERM), 0);
-  const auto until = std::chrono::steady_clock::now() + 20s;
-  auto asked = [&](const std::string& name) {
-    return text_of(job.run_dir + "/" + name + ".log").find("asking the coordinator to drain") !=
-           std::string::npos;
-  };
-  while (!(asked("agent-0") && asked("agent-1")) && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(10ms);
-  std::this_thread::sleep_for(300ms);  // (the drains answered: one yes, one no)
-  ASSERT_EQ(::kill(job.proc->pid(), SIGTERM), 0);
-  expect_stopped_resumable(job);
+  preempt_after_drains(job, {"agent-0", "agent-1"});
   EXPECT_GE(count_events(job, "checkpoint_written"), 1);
-  EXPECT_EQ(count_events(job, "steps_rolled_back"), 0);
   EXPECT_EQ(count_events(job, "agent_restarted"), 0);
-  EXPECT_FALSE(alive(a0));
-  EXPECT_FALSE(alive(a1));
 }
 
 // The same preemption with a change under way for longer than a refused agent's grace: the
@@ -242,18 +249,8 @@ TEST(Signals, APreemptionDuringALongChangeStillStopsWithACheckpoint) {
   ASSERT_EQ(::kill(a1, SIGTERM), 0);
   ASSERT_NE(wait_event(job, is("drain_requested"), 10s), "") << "agent-1's drain was not taken";
   ASSERT_EQ(::kill(a0, SIGTERM), 0);
-  const auto until = std::chrono::steady_clock::now() + 10s;
-  while (text_of(job.run_dir + "/agent-0.log").find("asking the coordinator to drain") ==
-             std::string::npos &&
-         std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(10ms);
-  std::this_thread::sleep_for(300ms);  // (its drain refused: it would be the last)
-  ASSERT_TRUE(job.proc->signal(SIGTERM));
-  expect_stopped_resumable(job);
-  EXPECT_EQ(count_events(job, "steps_rolled_back"), 0);
+  preempt_after_drains(job, {"agent-0", "agent-1"});  // (agent-0's refused: the last)
   EXPECT_EQ(count_events(job, "member_failed"), 0);
-  EXPECT_FALSE(alive(a0));
-  EXPECT_FALSE(alive(a1));
 }
 
 // troupe stop, then troupe stop --checkpoint before the step ends: the job stops there with the
