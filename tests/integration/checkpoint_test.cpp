@@ -718,15 +718,15 @@ TEST(Checkpoints, ARequestServedIsNotTakenAgainByARestartedWorker) {
 }
 
 // troupe checkpoint while a member's worker fails with its write under way (every write pauses
-// 4 s after its first shard, and agent-1's worker throws meanwhile): its result is never
+// 8 s after its first shard, and agent-1's worker throws meanwhile): its result is never
 // reported, so the checkpoint never completes; the next generation is asked for it again, and
 // troupe checkpoint gets one. (It waited its 10 minutes: every member counted it served.)
 TEST(Checkpoints, ARequestedCheckpointWhoseWriterFailedIsTakenAgain) {
   TempDir dir;
   Job job =
       start_job(dir, "writer-failed", kGpt, 2, {"job.steps=100000", "checkpoint.every_steps=0"},
-                {pace(50000), "TROUPE_TEST_THROW_AGENT=agent-1", "TROUPE_TEST_THROW_AT_STEP=60",
-                 "TROUPE_TEST_CHECKPOINT_DELAY_MS=4000"});
+                {pace(50000), "TROUPE_TEST_THROW_AGENT=agent-1", "TROUPE_TEST_THROW_AT_STEP=100",
+                 "TROUPE_TEST_CHECKPOINT_DELAY_MS=8000"});
   wait_steps(job, 5);
   coordinator::ChildProcess asked({{troupe_binary(), "checkpoint", "--run-dir", job.run_dir},
                                    dir.path() + "/checkpoint.out",
@@ -734,7 +734,7 @@ TEST(Checkpoints, ARequestedCheckpointWhoseWriterFailedIsTakenAgain) {
                                    {}});
   const std::string req = wait_event(job, is("checkpoint_requested"), 30s);
   ASSERT_NE(req, "");
-  ASSERT_LT(std::stoul(json_field(req, "step")), 55u) << "asked for after the failure";
+  ASSERT_LT(std::stoul(json_field(req, "step")), 95u) << "asked for after the failure";
   ASSERT_NE(wait_event(job, is("worker_failed"), 60s), "");
   auto st = asked.wait(60s);
   ASSERT_TRUE(st) << "troupe checkpoint still waits: " << text_of(dir.path() + "/checkpoint.out");
