@@ -191,11 +191,22 @@ std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool l
 
 RunDir prepare_run_dir(coordinator::JobConfig& cfg, bool resuming) {
   RunDir d;
-  d.owned = std::make_unique<coordinator::RunDirectory>(
-      cfg.run_dir.empty() ? coordinator::default_run_dir(cfg.name) : cfg.run_dir, cfg.name,
-      resuming);
+  const std::string path =
+      cfg.run_dir.empty() ? coordinator::default_run_dir(cfg.name) : cfg.run_dir;
+  const bool made = !fs::exists(path);
+  d.owned = std::make_unique<coordinator::RunDirectory>(path, cfg.name, resuming);
   d.path = d.owned->path();
-  resolve_checkpoint_dir(cfg, d.path);
+  try {
+    resolve_checkpoint_dir(cfg, d.path);
+    const bool fresh = !resuming && cfg.resume_dir.empty();  // (else it goes on with that history)
+    d.owned->claim_checkpoints(
+        cfg.checkpoint_dir, fresh ? coordinator::Checkpoints(cfg).newest_in_dir() : std::nullopt);
+  } catch (const coordinator::RunDirError&) {
+    d.owned.reset();  // (a refusal leaves no run directory it made)
+    std::error_code ec;
+    if (made) fs::remove_all(path, ec);
+    throw;
+  }
   {  // (the run's own checkpoints/ stays relative: the directory may be moved or copied)
     coordinator::JobConfig effective = cfg;
     std::error_code ec;

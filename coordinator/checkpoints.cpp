@@ -330,6 +330,14 @@ bool Checkpoints::undone(uint64_t step, uint64_t generation) const {
   return false;
 }
 
+std::optional<uint64_t> Checkpoints::newest_in_dir() const {
+  std::optional<uint64_t> newest;
+  std::error_code ec;
+  for (const auto& [step, path] : checkpoint_dirs(cfg_.checkpoint_dir))
+    if (fs::exists(path / "manifest.json", ec)) newest = step;
+  return newest;
+}
+
 // A complete checkpoint of this job's config in `directory` (its manifest says so; the shards
 // are not read): not a checkpoint of another job sharing checkpoint.dir, nor one cut short.
 bool Checkpoints::ours(const std::string& directory) const {

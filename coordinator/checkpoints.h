@@ -74,6 +74,9 @@ class Checkpoints {
   std::vector<std::string> roll_back(uint64_t step, uint64_t generation);
   // The job reloaded its state from the checkpoint in `directory` (of `step`): its newest now.
   void reloaded(uint64_t step, const std::string& directory);
+  // The newest step of a complete checkpoint in checkpoint.dir, of any job (an earlier run's,
+  // before this one writes: its manifest is there; nothing is read).
+  std::optional<uint64_t> newest_in_dir() const;
 
  private:
   struct Pending {

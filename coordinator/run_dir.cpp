@@ -36,6 +36,26 @@ std::string host() {
   return buf;
 }
 
+// Locks `lock` (created) for `owner` and writes it there: the open descriptor (the lock lives as
+// long as it does), or -1 with `holder` set to what its live owner wrote. Throws RunDirError when
+// the file cannot be created or written.
+int take_lock(const std::string& lock, const std::string& owner, std::string& holder) {
+  const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw RunDirError("cannot create " + lock + ": " + std::strerror(errno));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    std::getline(std::ifstream(lock), holder);
+    ::close(fd);
+    return -1;
+  }
+  if (::ftruncate(fd, 0) != 0 ||
+      ::pwrite(fd, owner.data(), owner.size(), 0) != ssize_t(owner.size())) {
+    const std::string why = std::strerror(errno);
+    ::close(fd);
+    throw RunDirError("cannot write " + lock + ": " + why);
+  }
+  return fd;
+}
+
 }  // namespace
 
 std::string default_run_dir(const std::string& name) {
@@ -54,41 +74,50 @@ bool run_dir_in_use(const std::string& path) {
 }
 
 RunDirectory::RunDirectory(const std::string& path, const std::string& job_name, bool resuming)
-    : path_(path) {
+    : path_(path), job_name_(job_name) {
   std::error_code ec;
   fs::create_directories(path, ec);
   if (ec) throw RunDirError("cannot create the run directory " + path + ": " + ec.message());
-  const std::string lock = path + "/run.lock";
-  lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (lock_fd_ < 0) throw RunDirError("cannot create " + lock + ": " + std::strerror(errno));
-  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-    std::string owner;
-    std::getline(std::ifstream(lock), owner);
-    ::close(lock_fd_);
-    lock_fd_ = -1;
-    throw RunDirError("the run directory " + path + " is in use by another job" +
-                      (owner.empty() ? "" : " (" + owner + ")") + "; choose another job.run_dir");
-  }
-  if (!resuming && fs::exists(path + "/events.jsonl")) {
-    ::close(lock_fd_);
-    lock_fd_ = -1;
+  if (!resuming && fs::exists(path + "/events.jsonl") && !run_dir_in_use(path))
     throw RunDirError("the run directory " + path +
                       " already holds a job's logs (events.jsonl); choose another job.run_dir "
                       "(an earlier run's results are never appended to)");
-  }
-  const std::string owner = "job '" + job_name + "', pid " + std::to_string(getpid()) + " on " +
-                            host() + ", since " + now_text() + "\n";
-  if (::ftruncate(lock_fd_, 0) != 0 ||
-      ::pwrite(lock_fd_, owner.data(), owner.size(), 0) != ssize_t(owner.size())) {
-    const std::string why = std::strerror(errno);
-    ::close(lock_fd_);
-    lock_fd_ = -1;
-    throw RunDirError("cannot write " + lock + ": " + why);
-  }
+  std::string holder;
+  lock_fd_ = take_lock(path + "/run.lock", owner(), holder);
+  if (lock_fd_ < 0)
+    throw RunDirError("the run directory " + path + " is in use by another job" +
+                      (holder.empty() ? "" : " (" + holder + ")") + "; choose another job.run_dir");
 }
 
 RunDirectory::~RunDirectory() {
   if (lock_fd_ >= 0) ::close(lock_fd_);
+  if (checkpoints_fd_ >= 0) ::close(checkpoints_fd_);
+}
+
+std::string RunDirectory::owner() const {
+  return "job '" + job_name_ + "', pid " + std::to_string(getpid()) + " on " + host() + ", since " +
+         now_text() + "\n";
+}
+
+void RunDirectory::claim_checkpoints(const std::string& dir, std::optional<uint64_t> earlier) {
+  std::error_code ec;
+  const fs::path own = fs::absolute(path_ + "/checkpoints", ec).lexically_normal();
+  if (fs::absolute(dir, ec).lexically_normal() == own) return;
+  fs::create_directories(dir, ec);
+  if (ec) throw RunDirError("checkpoint.dir: cannot create " + dir + ": " + ec.message());
+  std::string holder;
+  checkpoints_fd_ = take_lock(dir + "/.claim.lock", owner(), holder);
+  if (checkpoints_fd_ < 0)
+    throw RunDirError("checkpoint.dir " + dir + " is in use by another job" +
+                      (holder.empty() ? "" : " (" + holder + ")") +
+                      ": their checkpoints of one step would be one directory; choose another "
+                      "checkpoint.dir");
+  if (earlier)
+    throw RunDirError("checkpoint.dir " + dir +
+                      " holds an earlier run's checkpoints (the newest: " + "step " +
+                      std::to_string(*earlier) +
+                      "): a new run would overwrite and prune them; go on from one (--resume " +
+                      dir + "/step-N) or choose another checkpoint.dir");
 }
 
 }  // namespace troupe::coordinator

@@ -8,6 +8,8 @@
 // Thread-safety: none; one owner.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -37,9 +39,18 @@ class RunDirectory {
 
   const std::string& path() const { return path_; }
 
+  // Claims checkpoint.dir `dir` (created if needed) for its life (DIR/.claim.lock, as run.lock),
+  // unless it is this run's own checkpoints/ (the run's lock covers it): two jobs writing in one
+  // directory write the same step-N directories (their shards and manifests mixed), and a job of
+  // the same configuration prunes the other's as its own. Throws RunDirError when a live job holds
+  // it (named), or when `earlier` (the newest complete checkpoint found there, for a run that does
+  // not resume) says an earlier run's are there: a new run would overwrite them.
+  void claim_checkpoints(const std::string& dir, std::optional<uint64_t> earlier);
+
  private:
-  std::string path_;
-  int lock_fd_ = -1;
+  std::string owner() const;  // who holds a lock: the job, its pid and host, since when
+  std::string path_, job_name_;
+  int lock_fd_ = -1, checkpoints_fd_ = -1;
 };
 
 }  // namespace troupe::coordinator

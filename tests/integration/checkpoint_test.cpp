@@ -511,12 +511,18 @@ TEST(Checkpoints, AnAdoptedAgentLostAfterATakeOverIsReplacedUnderANewName) {
   }
 }
 
-std::vector<std::string> checkpoint_dirs(const Job& job) {
+// The step-N directories in `dir`, oldest first.
+std::vector<std::string> checkpoint_dirs_in(const std::string& dir) {
   std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(job.run_dir + "/checkpoints"))
-    out.push_back(e.path().filename().string());
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().rfind("step-", 0) == 0)
+      out.push_back(e.path().filename().string());
   std::sort(out.begin(), out.end());
   return out;
+}
+
+std::vector<std::string> checkpoint_dirs(const Job& job) {
+  return checkpoint_dirs_in(job.run_dir + "/checkpoints");
 }
 
 // A job that completes keeps its last step's parameters in a checkpoint (troupe export reads it)
@@ -742,6 +748,45 @@ TEST(Checkpoints, ARequestedCheckpointWhoseWriterFailedIsTakenAgain) {
   EXPECT_GE(count_events(job, "checkpoint_written"), 1);
   admin(dir, {"stop", "--run-dir", job.run_dir});
   EXPECT_TRUE(job.proc->wait(60s));
+}
+
+// One checkpoint.dir given to several runs: a second live run, of any configuration, is refused
+// naming the first (their checkpoints of one step were one directory, and a run of the same
+// configuration pruned the other's as its own), and so is a new run once the first has ended (it
+// overwrote them); a run resumed from one of them goes on there. Each refusal exits 2 and leaves
+// no run directory.
+TEST(Checkpoints, ACheckpointDirHoldsOneRunsCheckpoints) {
+  TempDir dir;
+  const std::string shared = dir.path() + "/shared";
+  const std::vector<std::string> sets{"job.steps=100000", "checkpoint.every_steps=5",
+                                      "checkpoint.dir=\"" + shared + "\""};
+  Job first = start_job(dir, "first", kGpt, 1, sets, {pace(30000)});
+  wait_steps(first, 6);
+  auto refused = [&](const std::string& name, const std::vector<std::string>& more,
+                     const std::vector<std::string>& args = {}) {
+    std::vector<std::string> all = sets;
+    all.insert(all.end(), more.begin(), more.end());
+    Job j = start_job(dir, name, kGpt, 1, all, {}, args);
+    auto st = j.proc->wait(60s);
+    EXPECT_TRUE(st && WIFEXITED(*st) && WEXITSTATUS(*st) == 2) << text_of(j.out);
+    EXPECT_FALSE(fs::exists(j.run_dir)) << "a refused run left " << j.run_dir;
+    return text_of(j.out);
+  };
+  for (const auto& [name, more] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"second", {}}, {"other", {"job.seed=4"}}}) {
+    const std::string live = refused(name, more);
+    EXPECT_NE(live.find("is in use by another job (job 'checkpoints', pid"), std::string::npos)
+        << live;
+  }
+  stop_expecting_0(dir, first);
+  const std::string fresh = refused("fresh", {"job.seed=4"});
+  EXPECT_NE(fresh.find("holds an earlier run's checkpoints (the newest: step "), std::string::npos)
+      << fresh;
+  const std::string newest = checkpoint_dirs_in(shared).back();
+  Job resumed =
+      start_job(dir, "resumed", kGpt, 1, sets, {pace(30000)}, {"--resume", shared + "/" + newest});
+  wait_steps(resumed, std::stoul(newest.substr(5)) + 6);
+  stop_expecting_0(dir, resumed);
 }
 
 // Checkpoints on a full disk: the checkpoint directory is a 2 MiB tmpfs in a user and mount
