@@ -1109,7 +1109,7 @@ class Coordinator : public caf::event_based_actor {
   }
 
   ControlMessage stop(bool with_checkpoint) {
-    if (with_checkpoint && checkpoints_ && !job_.stop_requested()) return checkpoint(true);
+    if (with_checkpoint && checkpoints_ && !stop_checkpoint_) return checkpoint(true);
     if (job_.request_stop()) {
       stop_requested_at_ = steps_.committed();
       log_.event("stop_requested", Json().integer("step", long(steps_.committed())));
