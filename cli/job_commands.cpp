@@ -198,9 +198,14 @@ RunDir prepare_run_dir(coordinator::JobConfig& cfg, bool resuming) {
   d.path = d.owned->path();
   try {
     resolve_checkpoint_dir(cfg, d.path);
-    const bool fresh = !resuming && cfg.resume_dir.empty();  // (else it goes on with that history)
-    d.owned->claim_checkpoints(
-        cfg.checkpoint_dir, fresh ? coordinator::Checkpoints(cfg).newest_in_dir() : std::nullopt);
+    // (a run goes on with the directory's history when resumed into its run directory, or from
+    // one of the directory's own checkpoints)
+    const bool goes_on =
+        resuming || (!cfg.resume_dir.empty() &&
+                     fs::path(cfg.resume_dir).parent_path() == fs::path(cfg.checkpoint_dir));
+    std::function<std::optional<uint64_t>()> earlier;
+    if (!goes_on) earlier = [&cfg] { return coordinator::Checkpoints(cfg).newest_in_dir(); };
+    d.owned->claim_checkpoints(cfg.checkpoint_dir, earlier);
   } catch (const coordinator::RunDirError&) {
     d.owned.reset();  // (a refusal leaves no run directory it made)
     std::error_code ec;

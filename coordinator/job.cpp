@@ -676,6 +676,7 @@ class Coordinator : public caf::event_based_actor {
   // A rollback to `step`: the checkpoints of the steps after it are set aside (Checkpoints::
   // roll_back).
   void undo_checkpoints(uint64_t step) {
+    requested_checkpoint_ = 0;  // (served, or undone: the redo's own requests take over)
     for (const auto& dir : checkpoints_->roll_back(step, gens_.current() + 1)) {
       spdlog::warn("set aside as {}: its step was rolled back to {}", dir, step);
       log_.event("checkpoint_undone",
@@ -877,6 +878,7 @@ class Coordinator : public caf::event_based_actor {
     auto failed = [&](const std::string& why) {
       spdlog::error("checkpoint at step {} failed: {}", w.step, why);
       if (!checkpoints_->fail(w.step, w.generation)) return;  // (each writer may say: once)
+      if (w.step >= requested_checkpoint_) requested_checkpoint_ = 0;  // (said: not asked again)
       log_.event("checkpoint_failed", Json().integer("step", long(w.step)).str("reason", why));
       tell("checkpoint at step " + std::to_string(w.step) + " failed: " + why);
     };

@@ -36,10 +36,9 @@ std::string host() {
   return buf;
 }
 
-// Locks `lock` (created) for `owner` and writes it there: the open descriptor (the lock lives as
-// long as it does), or -1 with `holder` set to what its live owner wrote. Throws RunDirError when
-// the file cannot be created or written.
-int take_lock(const std::string& lock, const std::string& owner, std::string& holder) {
+// Locks `lock` (created): the open descriptor (the lock lives as long as it does), or -1 with
+// `holder` set to what its live owner wrote. Throws RunDirError when it cannot be created.
+int take_lock(const std::string& lock, std::string& holder) {
   const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) throw RunDirError("cannot create " + lock + ": " + std::strerror(errno));
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
@@ -47,13 +46,18 @@ int take_lock(const std::string& lock, const std::string& owner, std::string& ho
     ::close(fd);
     return -1;
   }
-  if (::ftruncate(fd, 0) != 0 ||
-      ::pwrite(fd, owner.data(), owner.size(), 0) != ssize_t(owner.size())) {
-    const std::string why = std::strerror(errno);
-    ::close(fd);
-    throw RunDirError("cannot write " + lock + ": " + why);
-  }
   return fd;
+}
+
+// Writes who holds the lock `fd` (of file `lock`) into it; closes it and throws when it cannot.
+void write_owner(int& fd, const std::string& lock, const std::string& owner) {
+  if (::ftruncate(fd, 0) == 0 &&
+      ::pwrite(fd, owner.data(), owner.size(), 0) == ssize_t(owner.size()))
+    return;
+  const std::string why = std::strerror(errno);
+  ::close(fd);
+  fd = -1;
+  throw RunDirError("cannot write " + lock + ": " + why);
 }
 
 }  // namespace
@@ -78,15 +82,19 @@ RunDirectory::RunDirectory(const std::string& path, const std::string& job_name,
   std::error_code ec;
   fs::create_directories(path, ec);
   if (ec) throw RunDirError("cannot create the run directory " + path + ": " + ec.message());
-  if (!resuming && fs::exists(path + "/events.jsonl") && !run_dir_in_use(path))
-    throw RunDirError("the run directory " + path +
-                      " already holds a job's logs (events.jsonl); choose another job.run_dir "
-                      "(an earlier run's results are never appended to)");
   std::string holder;
-  lock_fd_ = take_lock(path + "/run.lock", owner(), holder);
+  lock_fd_ = take_lock(path + "/run.lock", holder);
   if (lock_fd_ < 0)
     throw RunDirError("the run directory " + path + " is in use by another job" +
                       (holder.empty() ? "" : " (" + holder + ")") + "; choose another job.run_dir");
+  if (!resuming && fs::exists(path + "/events.jsonl")) {
+    ::close(lock_fd_);
+    lock_fd_ = -1;
+    throw RunDirError("the run directory " + path +
+                      " already holds a job's logs (events.jsonl); choose another job.run_dir "
+                      "(an earlier run's results are never appended to)");
+  }
+  write_owner(lock_fd_, path + "/run.lock", owner());
 }
 
 RunDirectory::~RunDirectory() {
@@ -99,25 +107,29 @@ std::string RunDirectory::owner() const {
          now_text() + "\n";
 }
 
-void RunDirectory::claim_checkpoints(const std::string& dir, std::optional<uint64_t> earlier) {
+void RunDirectory::claim_checkpoints(const std::string& dir,
+                                     const std::function<std::optional<uint64_t>()>& earlier) {
   std::error_code ec;
-  const fs::path own = fs::absolute(path_ + "/checkpoints", ec).lexically_normal();
-  if (fs::absolute(dir, ec).lexically_normal() == own) return;
   fs::create_directories(dir, ec);
   if (ec) throw RunDirError("checkpoint.dir: cannot create " + dir + ": " + ec.message());
   std::string holder;
-  checkpoints_fd_ = take_lock(dir + "/.claim.lock", owner(), holder);
+  const std::string lock = dir + "/.claim.lock";
+  checkpoints_fd_ = take_lock(lock, holder);
   if (checkpoints_fd_ < 0)
     throw RunDirError("checkpoint.dir " + dir + " is in use by another job" +
                       (holder.empty() ? "" : " (" + holder + ")") +
                       ": their checkpoints of one step would be one directory; choose another "
                       "checkpoint.dir");
-  if (earlier)
+  if (const auto step = earlier ? earlier() : std::nullopt) {
+    ::close(checkpoints_fd_);
+    checkpoints_fd_ = -1;
     throw RunDirError("checkpoint.dir " + dir +
                       " holds an earlier run's checkpoints (the newest: " + "step " +
-                      std::to_string(*earlier) +
-                      "): a new run would overwrite and prune them; go on from one (--resume " +
-                      dir + "/step-N) or choose another checkpoint.dir");
+                      std::to_string(*step) +
+                      "): a new run would overwrite and prune them; go on from one of them "
+                      "(--resume) or choose another checkpoint.dir");
+  }
+  write_owner(checkpoints_fd_, lock, owner());
 }
 
 }  // namespace troupe::coordinator

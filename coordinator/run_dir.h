@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -39,13 +40,15 @@ class RunDirectory {
 
   const std::string& path() const { return path_; }
 
-  // Claims checkpoint.dir `dir` (created if needed) for its life (DIR/.claim.lock, as run.lock),
-  // unless it is this run's own checkpoints/ (the run's lock covers it): two jobs writing in one
+  // Claims checkpoint.dir `dir` (created if needed) for its life (DIR/.claim.lock, as run.lock;
+  // the run's own checkpoints/ too, which another job may name): two jobs writing in one
   // directory write the same step-N directories (their shards and manifests mixed), and a job of
   // the same configuration prunes the other's as its own. Throws RunDirError when a live job holds
-  // it (named), or when `earlier` (the newest complete checkpoint found there, for a run that does
-  // not resume) says an earlier run's are there: a new run would overwrite them.
-  void claim_checkpoints(const std::string& dir, std::optional<uint64_t> earlier);
+  // it (named), or when `earlier` (given for a run that does not go on with that directory's
+  // history; asked once the lock is held) finds a complete checkpoint there: a new run would
+  // overwrite an earlier run's.
+  void claim_checkpoints(const std::string& dir,
+                         const std::function<std::optional<uint64_t>()>& earlier);
 
  private:
   std::string owner() const;  // who holds a lock: the job, its pid and host, since when
