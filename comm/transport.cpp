@@ -50,7 +50,11 @@ NodeId random_node_id() {
 
 struct Transport::Impl {
   using ConnectDone = Transport::ConnectDone;
-  enum class PeerState { connecting, accepted, connected, closing };
+  // refused: a fenced node's hello was answered with a nack; the link stays open until that node
+  // closes it (or kRefusedLinger passes), so the nack is read before any disconnect: closing at
+  // once let the connecting side see its endpoint fail ("Endpoint timeout") instead.
+  enum class PeerState { connecting, accepted, connected, refused, closing };
+  static constexpr std::chrono::seconds kRefusedLinger{5};
 
   struct Peer {
     Impl* impl = nullptr;
@@ -58,7 +62,7 @@ struct Transport::Impl {
     NodeId node = 0;
     PeerState state = PeerState::accepted;
     bool reported_lost = false;
-    // connect() side only:
+    // connect() side only (and connect_deadline: how long a refused link lingers):
     ConnectDone connect_done;
     Clock::time_point connect_deadline{};
     std::string target;
@@ -462,6 +466,8 @@ struct Transport::Impl {
     for (auto& [ep, peer] : peers) {
       if (peer->connect_done && now > peer->connect_deadline) {
         lose(peer.get(), Errc::timed_out, "no hello answer from " + peer->target);
+      } else if (peer->state == PeerState::refused && now > peer->connect_deadline) {
+        lose(peer.get(), Errc::refused, "a refused node kept its link open");
       }
     }
   }
@@ -541,15 +547,8 @@ struct Transport::Impl {
     if (fenced.count(node)) {
       rejected_fenced.fetch_add(1);
       am_send(peer, Kind::hello_nack, kMagic, Buffer());
-      // Let the nack reach the peer, then close (flush, not force).
-      peer->state = PeerState::closing;
-      ucp_request_param_t param{};
-      ucs_status_ptr_t req = ucp_ep_close_nbx(peer->ep, &param);
-      if (req == nullptr || UCS_PTR_IS_ERR(req)) {
-        peers.erase(peer->ep);  // closed already; nothing else refers to an unhandshaken peer
-      } else {
-        closing.emplace_back(peer, req);
-      }
+      peer->state = PeerState::refused;
+      peer->connect_deadline = Clock::now() + kRefusedLinger;
       return UCS_OK;
     }
     peer->node = node;
