@@ -493,6 +493,10 @@ ControlMessage encode(const LeaveGeneration& m) {
   return ControlMessage::build([&](Env e) { e.initBody().setLeaveGeneration(m.generation); });
 }
 
+ControlMessage encode(const AbandonGeneration& m) {
+  return ControlMessage::build([&](Env e) { e.initBody().setAbandonGeneration(m.generation); });
+}
+
 ControlMessage encode(const TraceChunk& m) {
   return ControlMessage::build([&](Env e) {
     auto c = e.initBody().initTraceChunk();

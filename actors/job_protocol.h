@@ -269,6 +269,13 @@ struct JobStatus {
 struct LeaveGeneration {
   uint64_t generation = 0;  // end this generation at the next step boundary
 };
+// A member of `generation` is gone (lost, failed, or it left the generation unasked): the
+// others give up the device collectives of it they wait in, which may never complete (NCCL
+// between GPUs need not notice a lost peer). A planned change (LeaveGeneration alone) lets every
+// member finish the step it is in.
+struct AbandonGeneration {
+  uint64_t generation = 0;
+};
 
 // worker -> coordinator (one way): its trace of observability.trace_steps (Chrome trace spans).
 struct TraceEvent {
@@ -296,6 +303,7 @@ ControlMessage encode(const WorkerFailed& m);
 ControlMessage encode(const Shutdown& m);
 ControlMessage encode(const JobStatus& m);
 ControlMessage encode(const LeaveGeneration& m);
+ControlMessage encode(const AbandonGeneration& m);
 ControlMessage encode(const TraceChunk& m);
 ControlMessage make_ack();
 // The stop of troupe stop, or with a checkpoint where it stops (troupe stop --checkpoint, SIGTERM).

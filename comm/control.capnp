@@ -45,6 +45,7 @@ struct Envelope {
     traceChunk @34 :TraceChunk;            # worker -> coordinator (one way): its trace of observability.trace_steps
     learningRateRequest @35 :Float64;      # admin -> coordinator (request): optimizer.lr from the next step boundary
     stopWithCheckpoint @36 :Void;          # coordinator -> agents: stop after the current step, with a checkpoint there (one message: no vote sees one without the other)
+    abandonGeneration @37 :UInt64;         # coordinator -> agents: a member of this generation is gone: give up its device collectives in flight (they may never complete)
   }
 }
 

@@ -72,6 +72,7 @@ bool body_is_flat(proto::Envelope::Body::Which kind) {
     case B::STATS_REQUEST:
     case B::LEARNING_RATE_REQUEST:
     case B::STOP_WITH_CHECKPOINT:
+    case B::ABANDON_GENERATION:
       return true;
     default:
       return false;
@@ -229,6 +230,7 @@ std::variant<std::shared_ptr<const DecodedFrame>, Rejection> FrameValidator::dec
     case proto::Envelope::Body::TRACE_CHUNK:
     case proto::Envelope::Body::LEARNING_RATE_REQUEST:
     case proto::Envelope::Body::STOP_WITH_CHECKPOINT:
+    case proto::Envelope::Body::ABANDON_GENERATION:
       break;
     default:
       return reject(Reject::unknown_kind,

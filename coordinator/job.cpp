@@ -391,7 +391,10 @@ class Coordinator : public caf::event_based_actor {
     const std::string error = r.last_error;
     // (unknown, its agent lost or drained, or stale)
     if (!roster_.usable(w) || !gens_.publish(std::move(r))) return;
-    if (job_.started() && !error.empty() && gens_.is_member(w)) watch_for_hung(error);
+    if (job_.started() && !error.empty() && gens_.is_member(w)) {
+      abandon_generation(w, "it left the generation: " + error);
+      watch_for_hung(error);
+    }
     // A worker that is not a member (a joiner, a standby) being ready may change the membership.
     if (job_.started() && !gens_.is_member(w) && !gens_.is_expected(w)) decide_and_act();
     try_start();
@@ -431,7 +434,7 @@ class Coordinator : public caf::event_based_actor {
 
   void on_node_down(const actors::NodeDown& d) {
     Agent* a = roster_.live_at(d.node);
-    if (!a) return;
+    if (!a) return lost_while_draining(d.node);
     a->alive = false;
     const std::string code = comm::errc_name(d.code);
     log_.event(
@@ -448,6 +451,14 @@ class Coordinator : public caf::event_based_actor {
     if (a->adopted && launcher_ && !adoption_pending_ && int64_t(roster_.alive()) < cfg_.agents)
       send(launcher_, ScaleAgents{1});
     decide_and_act();
+  }
+
+  // A drained agent lost before the step boundary it leaves at: its members' peers wait for it.
+  void lost_while_draining(uint64_t node) {
+    for (uint32_t id : draining_)
+      if (roster_.at(id).node == node)
+        for (const auto& m : gens_.members())
+          if (m.worker.agent == id) return abandon_generation(m.worker, "it was lost draining");
   }
 
   // Before the first generation: agents started by hand (cluster.launcher = "external") come and
@@ -488,6 +499,32 @@ class Coordinator : public caf::event_based_actor {
 
   // ---- generations -----------------------------------------------------------------------------
 
+  // A member of the current generation that takes no part in its steps any more (its agent lost,
+  // its worker failed: restarting or given up; a drained agent's members finish their step).
+  void abandon_if_a_member_is_gone() {
+    for (const auto& m : gens_.members()) {
+      const bool drained = std::count(draining_.begin(), draining_.end(), m.worker.agent) > 0;
+      if (gens_.is_restarting(m.worker))
+        return abandon_generation(m.worker, "it failed and is being restarted");
+      if (!roster_.usable(m.worker) && !(drained && !roster_.given_up(m.worker)))
+        return abandon_generation(m.worker, "it was lost");
+    }
+  }
+
+  // The other members give up the device collectives of the current generation they wait in
+  // (actors::AbandonGeneration): with `w` gone they may never complete. Once a generation.
+  void abandon_generation(WorkerId w, const std::string& why) {
+    if (gens_.current() == 0 || abandoned_ == gens_.current()) return;
+    abandoned_ = gens_.current();
+    log_.event("generation_abandoned", Json()
+                                           .integer("generation", long(gens_.current()))
+                                           .str("member", roster_.name(w))
+                                           .str("reason", why));
+    auto abandon = encode(actors::AbandonGeneration{gens_.current()});
+    for (const auto& a : roster_.agents())
+      if (a.alive || std::count(draining_.begin(), draining_.end(), a.id)) to_agent(a.id, abandon);
+  }
+
   uint32_t min_workers() const {
     // A fixed number of pipeline stages needs at least that many workers too. A job stopping
     // needs no more (the survivors of a pause take the stop's checkpoint; waiting for more would
@@ -503,6 +540,7 @@ class Coordinator : public caf::event_based_actor {
   // and rejoin timeout.
   void decide_and_act() {
     if (!job_.started()) return;
+    abandon_if_a_member_is_gone();
     elastic::MembershipState st = gens_.membership_state(roster_);
     st.paused = job_.resuming();
     st.paused_since = job_.paused_since();
@@ -1364,6 +1402,7 @@ class Coordinator : public caf::event_based_actor {
   Generations gens_;
   StepDriver steps_;
   std::vector<uint32_t> draining_;  // agents that leave when the next generation starts
+  uint64_t abandoned_ = 0;          // the generation a member of which is gone (told to agents)
   int64_t reforms_ = 0;             // generations broken in a row without a committed step
   uint64_t hung_watch_ = 0;         // the generation whose silent members are being watched
   int64_t rollbacks_ = 0;           // rollbacks in a row that committed no step past ...

@@ -45,6 +45,7 @@ class Roster {
   // agent did not give up on it.
   bool usable(actors::WorkerId w) const;
   void give_up(actors::WorkerId w) { given_up_.insert(w); }
+  bool given_up(actors::WorkerId w) const { return given_up_.count(w) > 0; }
   std::vector<actors::WorkerId> usable_workers() const;
 
   // "agent-1/0" (for messages); "cpu:0" (the device it runs on).

@@ -58,6 +58,8 @@ caf::actor spawn_agent_actor(caf::actor_system& system, std::shared_ptr<Generati
         board->stop_at_next_step(body.isStopWithCheckpoint());
       } else if (body.isLeaveGeneration()) {
         board->leave(body.getLeaveGeneration());
+      } else if (body.isAbandonGeneration()) {
+        board->abandon(body.getAbandonGeneration());
       } else if (body.isShutdown()) {
         // The job ended: the coordinator's process goes next, and that is no loss.
         caf::send_as(watcher, bridge, actors::demonitor_atom::value, m.envelope().getSrcNode());

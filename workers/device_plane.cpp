@@ -55,7 +55,8 @@ std::string share_unique_id(comm::Communicator& host) {
 }  // namespace
 
 std::unique_ptr<comm::Communicator> FaultInjector::device_link(models::Compute&,
-                                                               comm::Communicator&) {
+                                                               comm::Communicator&,
+                                                               std::function<bool()>) {
   return nullptr;
 }
 

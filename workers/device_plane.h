@@ -6,9 +6,10 @@
 // Formed collectively over the host communicator right after it connects: every member's
 // device identity (a GPU's UUID) is allgathered, every member decides alike, and rank 0's NCCL
 // unique id is broadcast. NCCL's init is non-blocking and has the generation's deadline; every
-// operation is polled against its deadline and against `abandoned` (the coordinator is ending the
-// generation: a member is gone, and NCCL between GPUs may never notice), and any failure ends
-// in ncclCommAbort (comm/nccl_communicator.h). The plane goes with its generation.
+// operation is polled against its deadline and against `abandoned` (a member of the generation is
+// gone, and NCCL between GPUs may never notice; not a planned change, in which every member
+// finishes its step), and any failure ends in ncclCommAbort (comm/nccl_communicator.h). The
+// plane goes with its generation.
 //
 // Thread-safety: as comm::Communicator (one thread runs its operations; abort from any).
 #pragma once
@@ -29,7 +30,7 @@ struct PlaneOptions {
   std::string backend = "auto";  // parallel.backend
   int cuda_device = 0;           // the worker's GPU (NCCL's device)
   std::chrono::milliseconds timeout{30000};
-  // True once the generation is being ended (checked while an operation waits on a peer).
+  // True once a member of the generation is gone (checked while an operation waits on a peer).
   std::function<bool()> abandoned;
   // In place of NCCL (tests: a stand-in device's plane, workers/faults.h); null: NCCL.
   std::function<std::unique_ptr<comm::Communicator>(comm::Communicator& host)> link;

@@ -177,12 +177,13 @@ void DeviceSupervisor::form_device_plane(uint64_t gen) {
   o.backend = spec_.backend;
   o.cuda_device = spec_.device.rfind("cuda:", 0) == 0 ? std::atoi(spec_.device.c_str() + 5) : 0;
   o.timeout = std::chrono::milliseconds(std::max<int64_t>(10000, spec_.failure_timeout_ms));
+  // (Not on a planned change, a LeaveGeneration alone: every member finishes its step.)
   o.abandoned = [this, gen] {
-    return board_.leaving(gen) || board_.generation() > gen || board_.shutting_down();
+    return board_.abandoned(gen) || board_.generation() > gen || board_.shutting_down();
   };
   if (auto faults = spec_.faults)
-    o.link = [this, faults](comm::Communicator& host) {
-      return faults->device_link(worker_->compute(), host);
+    o.link = [this, faults, abandoned = o.abandoned](comm::Communicator& host) {
+      return faults->device_link(worker_->compute(), host, abandoned);
     };
   plane_ = DevicePlane::form(*comm_, worker_->compute(), o);
   worker_->set_device_plane(plane_->device());

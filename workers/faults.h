@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -55,9 +56,11 @@ class FaultInjector {
   }
   // The device plane of a worker on such a stand-in device (workers/device_plane.h): a
   // communicator over its memory in place of NCCL's, on the generation's host communicator
-  // (null: NCCL's; defined in device_plane.cpp, where a Communicator is complete).
+  // (null: NCCL's; defined in device_plane.cpp, where a Communicator is complete), its waits
+  // given up as NCCL's once `abandoned` says so (PlaneOptions::abandoned).
   virtual std::unique_ptr<comm::Communicator> device_link(models::Compute& compute,
-                                                          comm::Communicator& host);
+                                                          comm::Communicator& host,
+                                                          std::function<bool()> abandoned);
 };
 
 }  // namespace troupe::workers

@@ -53,6 +53,10 @@ class GenerationBoard {
   // The step at or after which a checkpoint is wanted (troupe checkpoint); 0: none asked for.
   uint64_t checkpoint_wanted() const { return checkpoint_at_.load(); }
   bool leaving(uint64_t generation) const { return leave_.load() == generation; }
+  // A member of the generation is gone (actors::AbandonGeneration): its device collectives in
+  // flight are given up.
+  void abandon(uint64_t generation) { abandon_.store(generation); }
+  bool abandoned(uint64_t generation) const { return abandon_.load() == generation; }
   bool shutting_down() const;
   uint64_t generation() const;
   int exit_code() const;
@@ -63,7 +67,7 @@ class GenerationBoard {
   std::condition_variable cv_;
   std::optional<actors::GenerationStart> latest_;
   std::atomic<bool> stop_{false}, checkpoint_at_stop_{false};
-  std::atomic<uint64_t> leave_{0};
+  std::atomic<uint64_t> leave_{0}, abandon_{0};
   std::atomic<uint64_t> checkpoint_at_{0};
   std::atomic<uint64_t> rejoins_{0}, next_generation_{0};
   bool shutdown_ = false;

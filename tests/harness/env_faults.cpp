@@ -60,9 +60,10 @@ class EnvFaults : public workers::FaultInjector {
                                             "-" + std::to_string(device));
   }
   std::unique_ptr<comm::Communicator> device_link(models::Compute& compute,
-                                                  comm::Communicator& host) override {
+                                                  comm::Communicator& host,
+                                                  std::function<bool()> abandoned) override {
     auto* guarded = dynamic_cast<GuardedCompute*>(&compute);
-    return guarded && guarded_plane_ ? guarded_link(*guarded, host) : nullptr;
+    return guarded && guarded_plane_ ? guarded_link(*guarded, host, std::move(abandoned)) : nullptr;
   }
 
   void before_checksum(const std::string& agent, uint32_t, float* parameters,

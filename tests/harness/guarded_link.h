@@ -8,6 +8,7 @@
 // computes: GuardedCompute's address map is locked).
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "comm/communicator.h"
@@ -15,6 +16,8 @@
 
 namespace troupe::testing {
 
-std::unique_ptr<comm::Communicator> guarded_link(GuardedCompute& device, comm::Communicator& host);
+// `abandoned`: the generation's (workers/device_plane.h); its operations are waited on as NCCL's.
+std::unique_ptr<comm::Communicator> guarded_link(GuardedCompute& device, comm::Communicator& host,
+                                                 std::function<bool()> abandoned);
 
 }  // namespace troupe::testing

@@ -159,6 +159,8 @@ TEST(DevicePlane, AfterAKillAndAJoinTheNextGenerationFormsItsOwnPlane) {
   const auto pids = joined_pids(job);
   ASSERT_EQ(pids.size(), 2u);
   ASSERT_EQ(::kill(pids[1], SIGKILL), 0);
+  // The survivor is told to give up generation 1's device collectives (NCCL's may never end).
+  EXPECT_NE(wait_event(job, is("generation_abandoned", "generation", "1"), 30s), "");
   ASSERT_NE(wait_event(job, is("generation_started", "generation", "2"), 30s), "");
   auto joiner = join_agent(dir, job, "joiner", {kGuarded, kOwnGpus, pace(80000)});
   ASSERT_NE(wait_event(job, is("generation_started", "generation", "3"), 60s), "")
@@ -175,6 +177,31 @@ TEST(DevicePlane, AfterAKillAndAJoinTheNextGenerationFormsItsOwnPlane) {
   // The joiner's state came over the plane, device to device.
   EXPECT_NE(text_of(dir.path() + "/joiner.out").find("over the device plane"), std::string::npos)
       << text_of(dir.path() + "/joiner.out");
+}
+
+// A planned change (here troupe lr, twice: the same members) while a member waits on a straggler
+// in the device plane's gradient sum, longer than the 200 ms after which NCCL's waits are given
+// up once a generation is abandoned: nobody is gone, so the wait goes on and the step commits.
+// (The plane's stand-in waits on its operations as NcclCommunicator does.)
+TEST(DevicePlane, APlannedChangeLetsAMemberWaitingOnAStragglerFinishItsStep) {
+  TempDir dir;
+  Job job = start_job(
+      dir, "planned", kGpt, 2, {"job.steps=14"},
+      {kGuarded, kOwnGpus, "TROUPE_TEST_SLOW_AGENT=agent-1", "TROUPE_TEST_SLOW_STEP_US=600000"});
+  for (const char* gen : {"2", "3"}) {
+    wait_steps(job, gen[0] == '2' ? 3 : 7);
+    admin(dir, {"lr", "--run-dir", job.run_dir, "0.002"});
+    ASSERT_NE(wait_event(job, is("generation_started", "generation", gen), 60s), "");
+  }
+  const auto rc = job.proc->wait(120s);
+  ASSERT_TRUE(rc) << "the job did not finish";
+  EXPECT_EQ(*rc, 0);
+  EXPECT_EQ(count_events(job, "generation_abandoned"), 0);
+  EXPECT_EQ(count_events(job, "worker_failed"), 0);
+  const std::string logs =
+      text_of(job.run_dir + "/agent-0.log") + text_of(job.run_dir + "/agent-1.log");
+  EXPECT_EQ(logs.find("given up"), std::string::npos) << logs;
+  EXPECT_EQ(count_events(job, "generation_started"), 3);
 }
 
 // A pipeline on the device plane (dp 2 x pp 2: four workers, each on a "GPU" of its own): the

@@ -118,7 +118,7 @@ TEST(FrameSchema, KindsReadByHandHoldNoOtherPointer) {
     else
       EXPECT_FALSE(t.isText() || t.isData() || t.isList()) << f.getProto().getName().cStr();
   }
-  EXPECT_EQ(flat, 14);
+  EXPECT_EQ(flat, 15);
   EXPECT_EQ(pointers(capnp::Schema::from<proto::Echo>()),
             (std::vector<std::string>{"payload", "note"}));
   EXPECT_EQ(pointers(capnp::Schema::from<proto::Envelope>()),

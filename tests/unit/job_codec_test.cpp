@@ -233,6 +233,7 @@ TEST(JobCodec, ReportsAndAnswersRoundTrip) {
   EXPECT_EQ(su.checkpoint_path, "/r/checkpoints/step-40/manifest.json");
 
   EXPECT_EQ(body(encode(LeaveGeneration{4})).getLeaveGeneration(), 4u);
+  EXPECT_EQ(body(encode(AbandonGeneration{5})).getAbandonGeneration(), 5u);
   EXPECT_TRUE(body(make_ack()).isAck());
   EXPECT_EQ(body(make_scale_request(3)).getScaleRequest(), 3u);
   EXPECT_TRUE(body(make_checkpoint_request(true)).getCheckpointRequest().getStop());
