@@ -1142,23 +1142,29 @@ class Coordinator : public caf::event_based_actor {
       for (const auto& a : roster_.agents()) to_agent(a.id, msg);
       return actors::make_ack();
     }
-    stop_checkpoint_ = true;
-    // (a stop asked for before, without one: its message again, with one)
-    if (job_.stop_requested() && gens_.expected().empty()) tell_agents_to_stop();
-    return stop(false);
+    return stop_at_next_step(true);
   }
 
   ControlMessage stop(bool with_checkpoint) {
     if (with_checkpoint && checkpoints_ && !stop_checkpoint_) return checkpoint(true);
-    if (job_.request_stop()) {
+    return stop_at_next_step(false);
+  }
+
+  // The job stops at the next step boundary. The agents hear it when it is new, and again when
+  // it now wants a checkpoint (a plain stop asked for before: its message again, with one).
+  ControlMessage stop_at_next_step(bool with_checkpoint) {
+    const bool wants_more = with_checkpoint && !stop_checkpoint_;
+    stop_checkpoint_ |= with_checkpoint;
+    const bool first = job_.request_stop();
+    if (first) {
       stop_requested_at_ = steps_.committed();
       log_.event("stop_requested", Json().integer("step", long(steps_.committed())));
-      // While a change is under way (its LeaveGeneration sent), the next generation carries the
-      // stop (announce): a member that heard only one of the two would leave, another stop.
-      if (gens_.expected().empty()) tell_agents_to_stop();
-      // Paused below elastic.min_workers: the survivors form a generation that stops.
-      if (job_.phase() == JobPhase::paused) decide_and_act();
     }
+    // While a change is under way (its LeaveGeneration sent), the next generation carries the
+    // stop (announce): a member that heard only one of the two would leave, another stop.
+    if ((first || wants_more) && gens_.expected().empty()) tell_agents_to_stop();
+    // Paused below elastic.min_workers: the survivors form a generation that stops.
+    if (first && job_.phase() == JobPhase::paused) decide_and_act();
     return actors::make_ack();
   }
 
