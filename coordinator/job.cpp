@@ -824,7 +824,10 @@ class Coordinator : public caf::event_based_actor {
                (!checkpoints_->newest() || checkpoints_->newest()->step < requested_checkpoint_)) {
       // A requested checkpoint not complete: the members voted for it, but one whose write was
       // under way may have ended with its worker (the result never reported). Asked again.
-      auto at = actors::make_checkpoint_at_step(std::max(requested_checkpoint_, g.start_step + 1));
+      const uint64_t step = std::max(requested_checkpoint_, g.start_step + 1);
+      log_.event("checkpoint_requested",
+                 Json().integer("step", long(step)).boolean("stop", false).boolean("again", true));
+      auto at = actors::make_checkpoint_at_step(step);
       for (const auto& a : roster_.agents())
         if (a.alive) to_agent(a.id, at);
     }

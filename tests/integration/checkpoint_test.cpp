@@ -746,6 +746,8 @@ TEST(Checkpoints, ARequestedCheckpointWhoseWriterFailedIsTakenAgain) {
   ASSERT_TRUE(st) << "troupe checkpoint still waits: " << text_of(dir.path() + "/checkpoint.out");
   EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(dir.path() + "/checkpoint.out");
   EXPECT_GE(count_events(job, "checkpoint_written"), 1);
+  EXPECT_NE(wait_event(job, is("checkpoint_requested", "again", "true"), 1s), "")
+      << "the events do not say it was asked for again";
   admin(dir, {"stop", "--run-dir", job.run_dir});
   EXPECT_TRUE(job.proc->wait(60s));
 }
