@@ -546,7 +546,8 @@ struct Transport::Impl {
     }
     if (fenced.count(node)) {
       rejected_fenced.fetch_add(1);
-      am_send(peer, Kind::hello_nack, kMagic, Buffer());
+      // (a send that failed at once lost the peer: it is closing already)
+      if (!am_send(peer, Kind::hello_nack, kMagic, Buffer())) return UCS_OK;
       peer->state = PeerState::refused;
       peer->connect_deadline = Clock::now() + kRefusedLinger;
       return UCS_OK;

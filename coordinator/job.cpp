@@ -389,12 +389,14 @@ class Coordinator : public caf::event_based_actor {
       r.holding = elastic::Holding{};
     }
     const std::string error = r.last_error;
+    // A member that left the current generation with an error (a drained one too): its peers
+    // may wait for it in a device collective.
+    const bool broke = job_.started() && !error.empty() && gens_.is_member(w) &&
+                       r.generation == gens_.current() + 1;
+    if (broke) abandon_generation(w, "it left the generation: " + error);
     // (unknown, its agent lost or drained, or stale)
     if (!roster_.usable(w) || !gens_.publish(std::move(r))) return;
-    if (job_.started() && !error.empty() && gens_.is_member(w)) {
-      abandon_generation(w, "it left the generation: " + error);
-      watch_for_hung(error);
-    }
+    if (broke) watch_for_hung(error);
     // A worker that is not a member (a joiner, a standby) being ready may change the membership.
     if (job_.started() && !gens_.is_member(w) && !gens_.is_expected(w)) decide_and_act();
     try_start();

@@ -1,8 +1,9 @@
 #include "tests/harness/guarded_link.h"
 
+#include <atomic>
 #include <chrono>
 #include <functional>
-#include <future>
+#include <thread>
 #include <vector>
 
 #include "comm/error.h"
@@ -16,11 +17,19 @@ class GuardedLink final : public comm::Communicator {
  public:
   using Abandoned = std::function<bool()>;
   GuardedLink(GuardedCompute& device, comm::Communicator& host, Abandoned abandoned)
-      : dev_(device), host_(host), abandoned_(std::move(abandoned)) {}
+      : dev_(device), host_(host), abandoned_(std::move(abandoned)) {
+    watch();
+  }
   // A group's: over the host communicator's group of the same members, which it owns.
   GuardedLink(GuardedCompute& device, std::unique_ptr<comm::Communicator> group,
               Abandoned abandoned)
-      : dev_(device), owned_(std::move(group)), host_(*owned_), abandoned_(std::move(abandoned)) {}
+      : dev_(device), owned_(std::move(group)), host_(*owned_), abandoned_(std::move(abandoned)) {
+    watch();
+  }
+  ~GuardedLink() override {
+    closing_.store(true);
+    if (watcher_.joinable()) watcher_.join();
+  }
 
   int rank() const override { return host_.rank(); }
   int size() const override { return host_.size(); }
@@ -79,26 +88,41 @@ class GuardedLink final : public comm::Communicator {
   void abort() override {}
 
  private:
-  // Waits as NCCL's operations are waited on (comm/nccl_communicator.cpp): the operation runs on
-  // a thread of its own while this one polls; one still waiting kAbandonAfter past its start when
-  // the generation is abandoned is given up (the host communicator aborted, as NCCL's would be).
+  // Its operations are waited on as NCCL's are (comm/nccl_communicator.cpp): one still waiting
+  // kAbandonAfter past its start once the generation is abandoned is given up, the host
+  // communicator aborted (from the watcher's thread; the operation stays on its caller's).
+  void watch() {
+    if (!abandoned_) return;
+    watcher_ = std::thread([this] {
+      while (!closing_.load()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        const int64_t since = started_ns_.load();
+        if (since != 0 && !given_up_.load() && now_ns() - since > kAbandonAfter.count() * 1000000 &&
+            abandoned_()) {
+          given_up_.store(true);
+          host_.abort();
+        }
+      }
+    });
+  }
   template <typename Op>
   void waited(const char* what, Op op) {
-    if (!abandoned_) return op();
-    std::future<void> running = std::async(std::launch::async, op);
-    const auto start = std::chrono::steady_clock::now();
-    bool given_up = false;
-    while (running.wait_for(std::chrono::milliseconds(1)) != std::future_status::ready) {
-      if (!given_up && std::chrono::steady_clock::now() - start > kAbandonAfter && abandoned_()) {
-        given_up = true;
-        host_.abort();
-      }
-    }
-    if (given_up)
+    started_ns_.store(now_ns());
+    try {
+      op();
+    } catch (const comm::Error&) {
+      started_ns_.store(0);
+      if (!given_up_.load()) throw;
       TROUPE_FAIL(comm::Errc::peer_lost, std::string(what) +
                                              ": given up, the generation is being ended (a "
                                              "member is gone; the device plane's stand-in)");
-    running.get();
+    }
+    started_ns_.store(0);
+  }
+  static int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
   }
 
   void* real(const void* p) { return dev_.real(p); }
@@ -111,6 +135,9 @@ class GuardedLink final : public comm::Communicator {
   std::unique_ptr<comm::Communicator> owned_;  // a group's host communicator
   comm::Communicator& host_;
   Abandoned abandoned_;
+  std::atomic<int64_t> started_ns_{0};  // the operation under way's start (0: none)
+  std::atomic<bool> given_up_{false}, closing_{false};
+  std::thread watcher_;
 };
 
 }  // namespace
