@@ -13,8 +13,12 @@ RunRecord read_run_record(const std::vector<std::string>& event_lines) {
     auto number = [&](const char* key) {
       return j.contains(key) && j[key].is_number_unsigned() ? j[key].get<uint64_t>() : 0;
     };
-    if (event == "job_started") r.started = true;
+    // Each troupe run of the directory (a resume, a take-over) starts with job_started: the
+    // newest one's end counts, not an earlier run's that it resumed.
+    if (event == "job_started") r.started = true, r.ended = false;
     if (event == "job_finished" || event == "job_failed") r.ended = true;
+    // (A resume numbers its generations afresh; a take-over numbers on from the lost one's.)
+    if (event == "resumed_from_checkpoint") r.generation = r.world_size = 0;
     if (event == "generation_started") {
       r.generation = std::max(r.generation, number("generation"));
       r.world_size = number("world_size");

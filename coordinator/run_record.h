@@ -23,8 +23,8 @@ namespace troupe::coordinator {
 
 struct RunRecord {
   bool started = false;                // job_started was written
-  bool ended = false;                  // job_finished or job_failed was
-  uint64_t generation = 0;             // the newest generation_started
+  bool ended = false;                  // the newest run's job_finished or job_failed was
+  uint64_t generation = 0;             // the newest run's newest generation_started
   uint64_t world_size = 0;             // ... its size
   uint64_t committed = 0;              // steps committed, after rollbacks
   std::map<uint64_t, double> lr_from;  // lr_changed: from this step, this learning rate

@@ -465,6 +465,40 @@ TEST(Checkpoints, ARestartedCoordinatorAdoptsTheLiveAgentsAndNothingIsRedone) {
   for (int pid : agents) EXPECT_TRUE(ended(pid)) << "adopted agent " << pid << " lingers";
 }
 
+// A run stopped and resumed, and the resume's coordinator SIGKILLed: `troupe run --resume` takes
+// that run over too (the first run's job_finished is not the resume's end) and adopts its live
+// agents, with the job's token kept. (It resumed from the checkpoint again under a new token, and
+// the live agents, refused by it, exited: the steps since were redone.)
+TEST(Checkpoints, AResumedRunWhoseCoordinatorIsKilledIsTakenOverToo) {
+  TempDir dir;
+  const std::vector<std::string> sets{"elastic.rejoin_timeout_ms=60000", "job.steps=100000"};
+  Job job = start_job(dir, "resumed-lost", kGpt, 2, sets, {pace(30000)});
+  wait_steps(job, 5);
+  admin(dir, {"stop", "--run-dir", job.run_dir, "--checkpoint"});
+  auto st = job.proc->wait(60s);
+  ASSERT_TRUE(st);
+  ASSERT_EQ(WEXITSTATUS(*st), 0);
+  Job resumed =
+      start_job(dir, "resumed-lost", kGpt, 2, sets, {pace(30000)}, {"--resume", job.run_dir});
+  ASSERT_NE(wait_event(resumed, is("generation_started"), 60s), "");
+  const size_t at = committed_losses(job.run_dir).size();
+  wait_steps(resumed, at + 10);
+  const std::string token = text_of(job.run_dir + "/job.token");
+  ASSERT_EQ(::kill(resumed.proc->pid(), SIGKILL), 0);
+  ASSERT_TRUE(resumed.proc->wait(10s));
+  Job taken = start_job(dir, "resumed-lost", kGpt, 2, sets, {}, {"--resume", job.run_dir});
+  ASSERT_NE(wait_event(taken, is("members_adopted"), 60s), "") << text_of(taken.out);
+  EXPECT_EQ(text_of(job.run_dir + "/job.token"), token);
+  int resumes = 0;
+  for (const auto& e : events_of(taken)) resumes += is("resumed_from_checkpoint")(e);
+  EXPECT_EQ(resumes, 1) << "the take-over resumed from the checkpoint instead";
+  EXPECT_EQ(count_events(taken, "steps_rolled_back"), 0);
+  admin(dir, {"stop", "--run-dir", job.run_dir});
+  st = taken.proc->wait(60s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(taken.out);
+}
+
 // An adopted agent lost after the take-over is no child of the new launcher: one is started in its
 // place, named past the run's agents (a scale used to start a second agent-0 beside the adopted
 // one, both writing agent-0.log; the lost one was never replaced).

@@ -73,6 +73,40 @@ TEST(RunRecord, RollbacksAndResumesSetTheCommittedStepsBack) {
   EXPECT_TRUE(read_run_record(lines).ended);
 }
 
+// A run stopped, resumed (its generations numbered afresh), and that resume's coordinator lost: the
+// run did not end (the first run's job_finished is not the resume's), and its generation is the
+// resume's; a take-over of it numbers on, and its own loss before any generation keeps that.
+TEST(RunRecord, TheNewestRunOfTheDirectorySaysWhetherItEnded) {
+  std::vector<std::string> lines = {
+      R"({"event":"job_started"})",
+      R"({"event":"generation_started","generation":1,"world_size":2,"step":0})",
+      R"({"event":"generation_started","generation":5,"world_size":2,"step":30})",
+      R"({"event":"step_committed","step":40})",
+      R"({"event":"job_finished","steps":41})",
+  };
+  EXPECT_TRUE(read_run_record(lines).ended);
+  lines.push_back(R"({"event":"job_started"})");
+  lines.push_back(R"({"event":"resumed_from_checkpoint","step":41,"checkpoint":"c"})");
+  RunRecord r = read_run_record(lines);
+  EXPECT_FALSE(r.ended);
+  EXPECT_EQ(r.generation, 0u);
+  lines.push_back(R"({"event":"generation_started","generation":1,"world_size":2,"step":41})");
+  lines.push_back(R"({"event":"step_committed","step":45})");
+  r = read_run_record(lines);
+  EXPECT_FALSE(r.ended);
+  EXPECT_EQ(r.generation, 1u);
+  EXPECT_EQ(r.world_size, 2u);
+  EXPECT_EQ(r.committed, 46u);
+  lines.push_back(R"({"event":"job_started"})");
+  lines.push_back(R"({"event":"coordinator_restarted","generation":1,"step":46,"checkpoint":""})");
+  r = read_run_record(lines);
+  EXPECT_FALSE(r.ended);
+  EXPECT_EQ(r.generation, 1u);
+  EXPECT_EQ(r.world_size, 2u);
+  lines.push_back(R"({"event":"job_finished","steps":50})");
+  EXPECT_TRUE(read_run_record(lines).ended);
+}
+
 // The learning rates by step as the coordinator scheduled them: a change at 100 kept through a
 // rollback to 50 (the redo meets it again), replaced by one asked for at 70.
 TEST(RunRecord, ALearningRateAskedForReplacesTheChangesAfterItsStep) {
