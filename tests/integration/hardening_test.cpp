@@ -137,6 +137,25 @@ TEST(Signals, SigintStopsTheJobAtAStepBoundaryWithAFinalEventAndLine) {
 
 // `timeout 60 troupe run ...` delivers its SIGTERM twice at once (to troupe and to its group):
 // one request, the same stop at a step boundary, resumable.
+// troupe run's console closed under it (piped to head): the job goes on to its end and says so
+// in its events. (SIGPIPE ended it at its next line, with no event, its agents orphaned.)
+TEST(Signals, AClosedConsoleDoesNotEndTheJob) {
+  TempDir dir;
+  const std::string config = dir.path() + "/piped.toml", run_dir = dir.path() + "/piped";
+  std::ofstream(config) << kConfig;
+  coordinator::ChildProcess sh(
+      {{"/bin/sh", "-c", "\"$0\" \"$@\" | head -n 1 > /dev/null", troupe_binary(), "run", config,
+        "--set", "job.run_dir=\"" + run_dir + "\"", "--set", "cluster.agents=2", "--set",
+        "job.steps=80"},
+       dir.path() + "/sh.out",
+       dir.path() + "/sh.out",
+       {pace(20000)}});
+  ASSERT_TRUE(sh.wait(120s)) << "the job did not end";
+  const auto events = lines_of(run_dir + "/events.jsonl");
+  ASSERT_FALSE(events.empty()) << text_of(dir.path() + "/sh.out");
+  EXPECT_EQ(json_field(events.back(), "event"), "job_finished") << events.back();
+}
+
 TEST(Signals, ASigtermDeliveredTwiceAtOnceIsOneStop) {
   TempDir dir;
   Job job = start_job(dir, "twice-at-once", kConfig, 1, {}, {pace(5000)});
