@@ -259,6 +259,24 @@ void assign_option(const Field& f, const toml::node& n, const std::string& sourc
   }
 }
 
+// text as a TOML basic string: "...", with its quotes, backslashes and control characters escaped.
+std::string toml_string(const std::string& text) {
+  std::string out = "\"";
+  for (unsigned char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += char(c);
+    } else if (c < 0x20 || c == 0x7f) {
+      char esc[8];
+      std::snprintf(esc, sizeof esc, "\\u%04x", c);
+      out += esc;
+    } else {
+      out += char(c);
+    }
+  }
+  return out + "\"";
+}
+
 void assign(const Field& f, const toml::node& n, const std::string& source) {
   std::string at = where(source, n), name = f.table + "." + f.key;
   auto range = [&](double v) {
@@ -272,8 +290,11 @@ void assign(const Field& f, const toml::node& n, const std::string& source) {
   auto wrong = [&]() -> ConfigError {
     const std::string type(toml::impl::node_type_friendly_names[size_t(n.type())]);
     const bool vowel = !type.empty() && std::string("aeiou").find(type[0]) != std::string::npos;
+    // (a string's value shown: one a --set took for a bare word, e.g. "[1")
+    const std::string shown =
+        n.is_string() ? " (" + toml_string(*n.value<std::string>()) + ")" : "";
     return ConfigError(at + ": " + name + " must be " + kind_name(f.kind) + ", not " +
-                       (vowel ? "an " : "a ") + type);
+                       (vowel ? "an " : "a ") + type + shown);
   };
   switch (f.kind) {
     case Kind::integer: {
@@ -339,32 +360,21 @@ void assign(const Field& f, const toml::node& n, const std::string& source) {
   }
 }
 
-// text as a TOML basic string: "...", with its quotes, backslashes and control characters escaped.
-std::string toml_string(const std::string& text) {
-  std::string out = "\"";
-  for (unsigned char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += char(c);
-    } else if (c < 0x20 || c == 0x7f) {
-      char esc[8];
-      std::snprintf(esc, sizeof esc, "\\u%04x", c);
-      out += esc;
-    } else {
-      out += char(c);
-    }
-  }
-  return out + "\"";
-}
-
 void apply_override(toml::table& root, const std::string& ov) {
   auto eq = ov.find('=');
   auto dot = ov.find('.');
   if (eq == std::string::npos || dot == std::string::npos || dot > eq) {
     throw ConfigError("--set " + ov + ": expected table.key=value");
   }
-  std::string table = ov.substr(0, dot), key = ov.substr(dot + 1, eq - dot - 1),
-              value = ov.substr(eq + 1);
+  // (spaces around the key and the value, as a config file's `key = value` has them, go)
+  auto trimmed = [](std::string s) {
+    const char* space = " \t";
+    s.erase(0, s.find_first_not_of(space));
+    s.erase(s.find_last_not_of(space) + 1);
+    return s;
+  };
+  std::string table = trimmed(ov.substr(0, dot)), key = trimmed(ov.substr(dot + 1, eq - dot - 1)),
+              value = trimmed(ov.substr(eq + 1));
   // (Its nodes' source is "--set ...": what a message about the key names, not the file.)
   const std::string origin = "--set " + table + "." + key;
   toml::table parsed;

@@ -983,6 +983,13 @@ class Coordinator : public caf::event_based_actor {
         checkpoints_->newest()->step == steps_.committed())
       last = checkpoints_->newest()->manifest;
     if (stopped) resumable_ = last;
+    // Where a resume goes on from: the stop's checkpoint, or the newest before it (the steps after
+    // it done again); none for a job that completed (nothing is left to run).
+    const std::string resume_from = !stopped        ? ""
+                                    : !last.empty() ? last
+                                    : checkpoints_ && checkpoints_->newest()
+                                        ? checkpoints_->newest()->manifest
+                                        : "";
     if (outcome->eval_tokens > 0) {  // (the final parameters': after the last committed step)
       steps_.evaluated(steps_.committed(), outcome->eval_loss, outcome->eval_tokens,
                        gens_.members().size());
@@ -1005,7 +1012,8 @@ class Coordinator : public caf::event_based_actor {
                    .boolean("identical_parameters", true)
                    .num("seconds", std::chrono::duration<double>(Clock::now() - t_start_).count())
                    .boolean("resumable", !resumable_.empty())
-                   .str("checkpoint", last));
+                   .str("checkpoint", last)
+                   .str("resume_from", resume_from));
     finish(0, "", stopped ? elastic::JobOutcome::stopped : elastic::JobOutcome::completed);
   }
 

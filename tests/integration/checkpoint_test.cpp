@@ -923,6 +923,10 @@ TEST(Checkpoints, OnRequestTroupeCheckpointAndStopWithACheckpoint) {
   ASSERT_TRUE(plain_st);
   EXPECT_EQ(WEXITSTATUS(*plain_st), 0);
   EXPECT_EQ(json_field(events_of(plain).back(), "resumable"), "false");
+  EXPECT_NE(
+      json_field(events_of(plain).back(), "resume_from").find(plain.run_dir + "/checkpoints/step-"),
+      std::string::npos)
+      << "the event does not say where a resume goes on from, as the console does";
   const std::string plain_out = text_of(plain.out);
   EXPECT_NE(plain_out.find("its newest checkpoint is " + plain.run_dir + "/checkpoints/step-"),
             std::string::npos)

@@ -137,12 +137,16 @@ TEST(Config, BadFilesAreRefusedWithFileLineAndReason) {
       {"a bad value from --set",
        "[job]\nsteps = 5\n",
        {"job.steps=abc"},
-       "--set job.steps: job.steps must be an integer, not a string"},
+       "--set job.steps: job.steps must be an integer, not a string (\"abc\")"},
+      {"a value that is no TOML, taken for a word",
+       "",
+       {"optimizer.lr=[1"},
+       "--set optimizer.lr: optimizer.lr must be a number, not a string (\"[1\")"},
       {"a bare word from --set", "", {"model.kind=gtp"}, "--set model.kind: model.kind = \"gtp\""},
       {"a bare word with quotes and a tab",
        "",
-       {"model.kind=a\"b\t"},
-       "--set model.kind: model.kind = \"a\"b\t\" is not one of"},
+       {"model.kind=a\"b\tc"},
+       "--set model.kind: model.kind = \"a\"b\tc\" is not one of"},
       {"a mix with a path",
        "[model]\nkind = \"gpt\"\n[data]\nkind = \"tokens\"\npath = \"/nonexistent-a\"\n",
        {"data.mix={ \"/nonexistent-b\" = 1 }"},
@@ -169,7 +173,7 @@ TEST(Config, BadFilesAreRefusedWithFileLineAndReason) {
 
 TEST(Config, DefaultsAndOverrides) {
   auto c = parse_config("[job]\nsteps = 30\n[model]\nhidden = [64, 32]\n", "a.toml",
-                        {"optimizer.lr=0.5", "job.name=demo", "cluster.agents=3"});
+                        {"optimizer.lr = 0.5", "job.name=demo", " cluster.agents =3"});
   EXPECT_EQ(c.steps, 30);
   EXPECT_EQ(c.hidden, (std::vector<int64_t>{64, 32}));
   EXPECT_DOUBLE_EQ(c.lr, 0.5);
