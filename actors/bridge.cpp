@@ -586,9 +586,9 @@ class Back : public caf::event_based_actor {
     // command, an agent after the job's end) has only disconnected.
     if (watchers_.count(node))
       spdlog::warn("control plane: node {} lost: {}: {}", hex(node), comm::errc_name(code), reason);
-    else
-      spdlog::info("control plane: node {} disconnected ({}: {})", hex(node), comm::errc_name(code),
-                   reason);
+    else  // (routine: every admin command's link ends so)
+      spdlog::debug("control plane: node {} disconnected ({}: {})", hex(node),
+                    comm::errc_name(code), reason);
     NodeDown down{node, code, reason};
     auto w = watchers_.find(node);
     if (w != watchers_.end()) {

@@ -293,18 +293,28 @@ std::optional<int> status_from_run_dir(const std::string& dir, bool json) {
 
 }  // namespace
 
+// The watched job stopped answering: how it ended, once its run directory is let go (its
+// coordinator exits right after its last answer), as troupe status says it.
+int watch_ended(const JobName& job) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!job.run_dir.empty() && std::chrono::steady_clock::now() < until) {
+    if (auto rc = status_from_run_dir(job.run_dir, false)) return *rc;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::printf("troupe: the job stopped answering (its events.jsonl says how it ended)\n");
+  return 0;
+}
+
 // troupe status --watch: the status again every interval, in place on a terminal (a new block
 // otherwise), until the job ends or stops answering.
 int watch_status(const JobName& job, double interval_s) {
+  if (auto rc = status_from_run_dir(job.run_dir, false)) return *rc;  // (it ended already)
   AdminSession session(job);
   const bool tty = ::isatty(STDOUT_FILENO);
   for (bool seen = false;; seen = true) {
     auto st = session.status(/*quiet=*/seen);
-    if (!st) {
-      if (seen)
-        std::printf("troupe: the job stopped answering (its events.jsonl says how it ended)\n");
-      return seen ? 0 : 1;
-    }
+    if (!st && seen) return watch_ended(job);
+    if (!st) return 1;
     if (tty) std::printf("\033[H\033[2J");
     print_status(*st, false);
     if (!tty) std::printf("\n");

@@ -1047,12 +1047,21 @@ TEST(Job, StatusAndStopAgainstARunningJob) {
   for (std::vector<std::string> args : {std::vector<std::string>{"stop"},
                                         {"checkpoint"},
                                         {"scale", "--workers", "3"},
-                                        {"lr", "0.01"},
-                                        {"top"}}) {
+                                        {"lr", "0.01"}}) {
     args.insert(args.end(), {"--run-dir", run_dir});
     auto [rc, said] = troupe_says(dir, args);
     EXPECT_EQ(rc, 1) << args[0] << ": " << said;
     EXPECT_NE(said.find(ended), std::string::npos) << args[0] << ": " << said;
+  }
+  // Watching it shows how it ended, as troupe status does.
+  for (const char* watch : {"top", "status --watch"}) {
+    std::vector<std::string> args{watch == std::string("top") ? "top" : "status"};
+    if (args[0] == "status") args.push_back("--watch");
+    args.insert(args.end(), {"--run-dir", run_dir});
+    auto [rc, said] = troupe_says(dir, args);
+    EXPECT_EQ(rc, 0) << watch << ": " << said;
+    EXPECT_NE(said.find(": finished (stopped) at step "), std::string::npos)
+        << watch << ": " << said;
   }
   auto [export_rc, export_said] = troupe_says(
       dir, {"export", run_dir, "-o", dir.path() + "/m.safetensors", "--batch-of-step", "3"});

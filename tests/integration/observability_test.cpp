@@ -334,6 +334,9 @@ TEST(LiveView, StatusWatchRefreshesPerWorkerRowsUntilTheJobEnds) {
   for (size_t at = 0; (at = text.find("job observed:", at)) != std::string::npos; ++at) ++blocks;
   EXPECT_GE(blocks, 3u) << text;
   EXPECT_NE(text.find("compute ms"), std::string::npos) << text;
+  // It ends saying how the job ended, without the control plane's own lines.
+  EXPECT_EQ(text.find("stopped answering"), std::string::npos) << text;
+  EXPECT_EQ(text.find("control plane:"), std::string::npos) << text;
   EXPECT_NE(text.find("heard"), std::string::npos) << text;
   EXPECT_NE(text.find("model TFLOP/s); peak: 2 x cpu"), std::string::npos) << "MFU: " << text;
   // Member rows with their times, heartbeat and state:
