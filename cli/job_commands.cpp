@@ -236,7 +236,8 @@ RunDir prepare_run_dir(coordinator::JobConfig& cfg, bool resuming) {
   return d;
 }
 
-// What `troupe run` prints while the job runs: a progress line on a terminal, every 5% otherwise.
+// What `troupe run` prints while the job runs: a progress line on a terminal; otherwise a line
+// every 5% of the steps, and at least one a minute (a long job's log shows it is alive).
 class ProgressPrinter {
  public:
   ProgressPrinter(bool tty, uint64_t steps)
@@ -249,7 +250,9 @@ class ProgressPrinter {
       std::printf("\r  step %llu/%llu  loss %.4f  %.0f samples/s  %.0f tokens/s  ETA %s   ",
                   (unsigned long long)p.step, (unsigned long long)p.steps, p.loss, p.samples_per_s,
                   p.tokens_per_s, eta(left).c_str());
-    } else if (p.step % every_ == 0 || p.step == p.steps) {
+    } else if (p.step % every_ == 0 || p.step == p.steps ||
+               Clock::now() - printed_ > std::chrono::seconds(60)) {
+      printed_ = Clock::now();
       std::printf("step %llu/%llu loss %.4f samples/s %.0f tokens/s %.0f world %llu\n",
                   (unsigned long long)p.step, (unsigned long long)p.steps, p.loss, p.samples_per_s,
                   p.tokens_per_s, (unsigned long long)p.world_size);
@@ -269,7 +272,7 @@ class ProgressPrinter {
  private:
   bool tty_;
   uint64_t every_;
-  Clock::time_point t0_;
+  Clock::time_point t0_, printed_ = Clock::now();
   coordinator::JobProgress last_;
 };
 

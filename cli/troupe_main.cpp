@@ -49,6 +49,7 @@ usage (troupe COMMAND --help: a command's options):
   troupe data prepare INPUT... --out DIR [--tokenizer byte|bpe --vocab N] [--field F]
                                     text, directories, JSON lines -> a token data set (data.kind = "tokens")
   troupe data encode|decode --data DIR   stdin -> stdout: bytes -> ids, ids -> bytes
+  troupe data verify DIR...         every token file against its manifest's checksum
   troupe version                    versions of Troupe and its libraries, CUDA devices
   troupe kinds                      the model and data set kinds this program trains, with their keys
   troupe demo control               two-process control-plane demo (what `make run` shows)

@@ -666,7 +666,8 @@ void validate(const JobConfig& c, const std::string& source, const Places& at) {
     fail("batch.global (" + std::to_string(c.global_batch) +
          ") is smaller than the number of workers (" + std::to_string(c.workers()) + ")");
   if (c.model_kind == "gpt" && c.d_model % c.heads != 0)
-    fail("model.d_model must be divisible by model.heads");
+    throw ConfigError(place("model.heads") + ": model.d_model (" + std::to_string(c.d_model) +
+                      ") must be divisible by model.heads (" + std::to_string(c.heads) + ")");
   if (c.dtype == "bf16" && c.model_kind != "mlp" && c.model_kind != "gpt")
     fail(
         "model.dtype = \"bf16\" is for the built-in models (mlp, gpt): a program's own "

@@ -700,7 +700,13 @@ TEST(Command, EveryCommandAndGroupAnswersHelpAndNamesAMistake) {
   EXPECT_EQ(troupe_says(dir, {"bench"}).second.find("allreduce-worker"), std::string::npos);
   auto [rc, said] = troupe_says(dir, {"stop", "--run-dir", dir.path() + "/none"});
   EXPECT_EQ(rc, 2) << said;
-  EXPECT_NE(said.find(dir.path() + "/none is not a run directory"), std::string::npos) << said;
+  EXPECT_NE(said.find("no run directory " + dir.path() + "/none: it does not exist"),
+            std::string::npos)
+      << said;
+  std::filesystem::create_directories(dir.path() + "/empty");
+  std::tie(rc, said) = troupe_says(dir, {"stop", "--run-dir", dir.path() + "/empty"});
+  EXPECT_EQ(rc, 2) << said;
+  EXPECT_NE(said.find(dir.path() + "/empty is not a run directory"), std::string::npos) << said;
 }
 
 // A command sent to an address where something other than a coordinator listens (a stale
