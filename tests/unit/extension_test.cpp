@@ -110,7 +110,7 @@ TEST(Extensions, TheConfigChecksAProgramsKeys) {
             "job.toml:3:1: unknown key model.hidden (model.kind = \"mine\" takes: kind, relu, "
             "width)");
   EXPECT_EQ(refusal(head + "width = \"wide\"\n"),
-            "job.toml:3:9: model.width must be an integer, not a string");
+            "job.toml:3:9: model.width must be an integer, not a string (\"wide\")");
   EXPECT_EQ(refusal(head + "width = 0\n"),
             "job.toml:3:9: model.width = 0 is out of range [1, 4096]");
   EXPECT_EQ(refusal("[data]\nkind = \"blobs\"\nnoise = true\n"),
