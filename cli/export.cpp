@@ -46,7 +46,11 @@ coordinator::ValidCheckpoint choose(const coordinator::JobConfig& cfg, const std
   std::vector<std::string> refused;
   auto c = coordinator::newest_valid_checkpoint(dir, hash, &refused);
   for (const auto& r : refused) std::fprintf(stderr, "troupe: skipping checkpoint %s\n", r.c_str());
-  if (!c) throw std::invalid_argument("no valid checkpoint in " + dir);
+  if (!c)
+    throw std::invalid_argument(
+        "no valid checkpoint in " + dir +
+        " (a job writes one when it completes, on troupe checkpoint, troupe stop --checkpoint or "
+        "a signal, and every checkpoint.every_steps steps; a plain troupe stop writes none)");
   return *c;
 }
 
@@ -94,6 +98,11 @@ int run_export(const std::vector<std::string>& words, const Hooks& hooks) {
                  "also write step S's global batch (tokens) to OUTPUT.batch.safetensors")
       ->check(a_step);
   if (auto rc = parse(app, words)) return *rc;
+  if (!std::filesystem::is_directory(run_dir))
+    throw std::invalid_argument("no run directory " + run_dir + ": it does not exist");
+  if (!std::filesystem::exists(run_dir + "/config.toml"))
+    throw std::invalid_argument(run_dir + " is not a run directory (no config.toml): troupe " +
+                                "export reads a run's (troupe run ... job.run_dir)");
   coordinator::JobConfig cfg =
       coordinator::load_config(run_dir + "/config.toml", {}, hooks.kinds());
   if (batch_step >= 0 && cfg.data_kind != "text" && cfg.data_kind != "tokens")

@@ -469,9 +469,10 @@ void Worker::maybe_checkpoint(const std::vector<uint32_t>& blocks, bool requeste
   take_checkpoint_result(false);
   if (requested) requested_through_ = next_step_;  // (also on a rank that writes no block)
   const uint64_t every = uint64_t(spec_.checkpoint_every);
-  // (The job's last step too, never skipped: a finished job's parameters, what export reads.)
+  // (The job's last step too, never skipped, with every_steps = 0 as well: a finished job's
+  // parameters, what export reads and what the training was for.)
   const bool last = next_step_ == spec_.steps;
-  const bool due = requested || (every > 0 && (next_step_ % every == 0 || last));
+  const bool due = requested || last || (every > 0 && next_step_ % every == 0);
   if (!due || spec_.checkpoint_dir.empty() || blocks.empty() || last_checkpoint_ == next_step_)
     return;
   if (any_busy && spec_.checkpoint_skip_if_busy && !requested && !last) {

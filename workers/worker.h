@@ -81,9 +81,9 @@ struct WorkerSpec {
   // parallel.deterministic: global micro-batches, each computed alone, summed exactly
   // (workers/exact_sum.h): the same bits at any world size, layout and membership history.
   bool deterministic = false;
-  // Checkpoints: every checkpoint_every steps (0: none) the blocks this worker writes go to
-  // checkpoint_dir/step-N/ in the background; when the previous write is still going, skip this
-  // one (checkpoint.if_busy = "skip") or wait for it.
+  // Checkpoints: every checkpoint_every steps (0: none but the last step's) the blocks this worker
+  // writes go to checkpoint_dir/step-N/ in the background; when the previous write is still
+  // going, skip this one (checkpoint.if_busy = "skip") or wait for it.
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   bool checkpoint_skip_if_busy = false;

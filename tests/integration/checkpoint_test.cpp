@@ -597,6 +597,15 @@ TEST(Checkpoints, AJobThatCompletesCheckpointsItsLastStep) {
   fs::rename(job.run_dir, moved);
   EXPECT_NE(admin(dir, {"export", moved, "-o", model, "--step", "50"}).find("step 50 of"),
             std::string::npos);
+
+  // Without checkpoint.every_steps too (the default): the training's result is kept, not lost.
+  Job plain = start_job(dir, "last-plain", kGpt, 1, {"job.steps=12"});
+  st = plain.proc->wait(120s);
+  ASSERT_TRUE(st && WIFEXITED(*st));
+  ASSERT_EQ(WEXITSTATUS(*st), 0) << text_of(plain.out);
+  EXPECT_EQ(checkpoint_dirs(plain), (std::vector<std::string>{"step-00000012"}));
+  EXPECT_NE(admin(dir, {"export", plain.run_dir, "-o", model}).find("step 12 of"),
+            std::string::npos);
 }
 
 // The state lost with the members that held it (checkpoint.on_state_lost = "rollback", the
