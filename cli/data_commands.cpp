@@ -102,7 +102,8 @@ int prepare(const std::vector<std::string>& words) {
   app.add_option("--tokenizer", o.tokenizer,
                  "byte (257 ids; the default) or bpe (trained on the inputs)")
       ->check(CLI::IsMember({"byte", "bpe"}));
-  app.add_option("--vocab", o.vocab, "bpe: ids in all, >= 257 (256 bytes, merges, end of text)");
+  app.add_option("--vocab", o.vocab, "bpe: ids in all, >= 257 (256 bytes, merges, end of text)")
+      ->check(CLI::Range(size_t(1), size_t(1) << 24));
   app.add_option("--tokenizer-from", o.tokenizer_from,
                  "use this data set's tokenizer (for a mixture's other sets, an eval set)");
   app.add_option("--field", o.jsonl_field, "the text's field in JSON-lines files (default text)");
@@ -149,6 +150,9 @@ int prepare(const std::vector<std::string>& words) {
       (unsigned long long)s.files, s.files == 1 ? "" : "s", megabytes(s.bytes).c_str(),
       (unsigned long long)s.tokens, s.tokenizer.c_str(), s.vocab, s.seconds_train, s.seconds_encode,
       s.seconds_encode > 0 ? double(s.bytes) / s.seconds_encode / 1e6 : 0.0);
+  if (o.tokenizer == "bpe" && s.vocab < o.vocab)
+    std::printf("fewer ids than --vocab %zu: the inputs have no pair left to merge past %zu\n",
+                o.vocab, s.vocab);
   if (skipped)
     std::printf(
         "skipped %llu documents: %llu binary, %llu invalid UTF-8, %llu empty, %llu not "

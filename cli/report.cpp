@@ -1,6 +1,8 @@
 // `troupe report RUN_DIR [-o FILE.html]`: the run directory as one self-contained HTML page
 // (coordinator/run_report.h); a running job's directory too.
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 
 #include "cli/commands.h"
@@ -29,15 +31,17 @@ int run_report(const std::vector<std::string>& words) {
   const std::string tmp = out + ".tmp";
   {
     std::ofstream f(tmp, std::ios::trunc);
+    const int opened = f ? 0 : errno;  // (why it could not be opened: a missing directory, ...)
     f << coordinator::render_report(report);
     if (!f.flush()) {
-      std::fprintf(stderr, "troupe report: cannot write %s\n", tmp.c_str());
+      std::fprintf(stderr, "troupe report: cannot write %s: %s\n", tmp.c_str(),
+                   std::strerror(opened ? opened : errno));
       std::remove(tmp.c_str());
       return 1;
     }
   }
   if (std::rename(tmp.c_str(), out.c_str()) != 0) {
-    std::fprintf(stderr, "troupe report: cannot write %s\n", out.c_str());
+    std::fprintf(stderr, "troupe report: cannot write %s: %s\n", out.c_str(), std::strerror(errno));
     return 1;
   }
   std::printf("troupe: report of %s (%s, %llu steps): %s\n", report.job.c_str(),

@@ -886,6 +886,13 @@ JobConfig parse_config(const std::string& text, const std::string& source,
                       ": observability.trace_steps = \"" + c.trace_steps +
                       "\" is not a step range: \"A-B\" (A <= B) or \"N\"");
   }
+  if (!c.trace_steps.empty() && c.trace_first >= c.steps) {  // (it would trace nothing)
+    auto it = places.find("observability.trace_steps");
+    throw ConfigError((it == places.end() ? source : it->second) +
+                      ": observability.trace_steps = \"" + c.trace_steps +
+                      "\" starts past the job's last step (job.steps = " + std::to_string(c.steps) +
+                      ": steps 0 to " + std::to_string(c.steps - 1) + ")");
+  }
   // (batch.micro not given: at most the global batch, so `batch.global = 32` alone is a job)
   if (!places.count("batch.micro")) c.micro_batch = std::min(c.micro_batch, c.global_batch);
   validate(c, source, places);

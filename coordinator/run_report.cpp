@@ -1,8 +1,11 @@
 #include "coordinator/run_report.h"
 
+#include <toml++/toml.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -146,11 +149,37 @@ void read_metrics(RunReport& r, const std::string& path) {
 
 }  // namespace
 
+// What the run trained, from its config.toml (the effective config the run wrote): the model and
+// the data, e.g. "gpt (4 layers, d_model 128, 4 heads, context 64); data text (/path)".
+std::string trained_by(const std::string& run_dir) {
+  toml::table t;
+  try {
+    t = toml::parse_file(run_dir + "/config.toml");
+  } catch (const std::exception&) {
+    return "";
+  }
+  auto text = [&](const char* table, const char* key) {
+    return t[table][key].value_or(std::string());
+  };
+  auto number = [&](const char* key) {
+    return std::to_string(t["model"][key].value_or(int64_t(0)));
+  };
+  std::string s = text("model", "kind");
+  if (s == "gpt")
+    s += " (" + number("layers") + " layers, d_model " + number("d_model") + ", " +
+         number("heads") + " heads, context " + number("context") + ")";
+  const std::string data = text("data", "kind"), path = text("data", "path");
+  const bool read = (data == "text" || data == "tokens") && !path.empty();  // (a file, a set)
+  return s + "; data " + data + (read ? " (" + path + ")" : "");
+}
+
 RunReport read_run(const std::string& run_dir) {
   const std::string events = run_dir + "/events.jsonl";
   if (!std::ifstream(events))
     throw std::runtime_error(events + " cannot be read: not a run directory");
   RunReport r;
+  r.run_dir = run_dir;
+  r.trained = trained_by(run_dir);
   EventReader reader(r);
   for (const auto& e : lines_of(events)) reader.read(e);
   reader.finish();
@@ -327,6 +356,16 @@ std::string render_report(const RunReport& r) {
        (r.between_runs_s > 0 ? " (and " + fmt(r.between_runs_s) + " s between its runs)" : "") +
        (r.loss.empty() ? std::string() : ", last loss " + fmt(r.loss.back().y)) + ", " +
        std::to_string(r.changes.size()) + " membership change(s)</p>\n";
+  if (!r.run_dir.empty()) {
+    char started[32] = "";
+    const std::time_t at = std::time_t(r.start_ts);
+    std::tm utc{};
+    if (r.start_ts > 0 && gmtime_r(&at, &utc))
+      std::strftime(started, sizeof started, "%Y-%m-%d %H:%M UTC", &utc);
+    s += "<p id=\"about\">" + esc(r.run_dir) +
+         (started[0] ? ", started " + std::string(started) : "") +
+         (r.trained.empty() ? "" : "; model " + esc(r.trained)) + "</p>\n";
+  }
   if (!r.failure.empty()) s += "<p id=\"failure\">Why it failed: " + esc(r.failure) + "</p>\n";
   if (r.eval_loss.empty()) {
     s += plot("loss", "Loss", "step", "loss", {{"train", &r.loss}});

@@ -415,6 +415,12 @@ TEST(DataCommands, BadInputsAreRefusedWithTheReason) {
   expect("\"$T\" data prepare " + d + "/in/a.txt " + d + "/in/x.jsonl --out " + d +
              "/bpe --tokenizer bpe --vocab 262",
          0, "bpe tokenizer");
+  // (a --vocab the text cannot fill was lowered without a word; a negative one wrapped around)
+  expect("\"$T\" data prepare " + d + "/in/a.txt --out " + d + "/few --tokenizer bpe --vocab 5000",
+         0, "fewer ids than --vocab 5000: the inputs have no pair left to merge past ");
+  expect("\"$T\" data prepare " + d + "/in/a.txt --out " + d + "/neg --tokenizer bpe --vocab -5",
+         2, "--vocab");
+  EXPECT_FALSE(fs::exists(d + "/neg"));
   {
     nlohmann::json t = nlohmann::json::parse(std::ifstream(d + "/bpe/tokenizer.json"));
     ASSERT_GE(t["merges"].size(), 1u) << t.dump();

@@ -250,6 +250,10 @@ TEST(Report, AReportOfAnElasticRunIsSelfContainedAndDrawnInABrowser) {
   EXPECT_NE(page.find("class=\"mark join\""), std::string::npos);
   EXPECT_NE(page.find("class=\"mark checkpoint\""), std::string::npos);
   EXPECT_EQ(page.find("not yet"), std::string::npos) << "a change without its recovery time";
+  // It says what ran where and when: the run directory, the start, the model and the data.
+  EXPECT_NE(page.find("<p id=\"about\">" + job.run_dir + ", started 20"), std::string::npos);
+  EXPECT_NE(page.find("; model mlp; data synthetic</p>"), std::string::npos)
+      << page.substr(0, 1500);
 
   const std::string browser = "/usr/bin/chromium-headless-shell";
   const std::vector<std::string> flags{browser, "--no-sandbox", "--disable-gpu",

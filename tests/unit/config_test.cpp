@@ -155,6 +155,11 @@ TEST(Config, BadFilesAreRefusedWithFileLineAndReason) {
        "[model]\nkind = \"gpt\"\n[data]\nkind = \"tokens\"\npath = \"/nonexistent-a\"\n",
        {"data.mix={ \"/nonexistent-b\" = 1 }", "data.path=\"\""},
        "--set data.mix: data.mix: '/nonexistent-b' is not a directory"},
+      {"a trace past the job's steps",
+       "[job]\nsteps = 20\n[observability]\ntrace_steps = \"1000-2000\"\n",
+       {},
+       "job.toml:4:15: observability.trace_steps = \"1000-2000\" starts past the job's last step "
+       "(job.steps = 20: steps 0 to 19)"},
       {"heads that do not divide d_model",
        "[model]\nkind = \"gpt\"\nd_model = 64\nheads = 5\n[data]\nkind = \"text\"\n",
        {},
