@@ -401,6 +401,10 @@ int report_end(const coordinator::JobConfig& cfg, const std::string& dir,
         "troupe: its newest checkpoint is %s: troupe run CONFIG --resume %s goes on from "
         "there (the steps after it again)\n",
         end.checkpoint.c_str(), dir.c_str());
+  else if (stopped)  // (nothing to resume or export from: say so, and how it is kept next time)
+    std::printf(
+        "troupe: it wrote no checkpoint, so nothing resumes or exports from it (troupe stop "
+        "--checkpoint, a SIGTERM or checkpoint.every_steps keep one)\n");
   return stopped && first_signal ? 128 + first_signal : 0;
 }
 

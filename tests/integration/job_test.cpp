@@ -1048,6 +1048,10 @@ TEST(Job, StatusAndStopAgainstARunningJob) {
   EXPECT_EQ(testing::json_field(events.back(), "event"), "job_finished");
   EXPECT_EQ(testing::json_field(events.back(), "state"), "stopped");
   EXPECT_EQ(testing::json_field(events.back(), "identical_parameters"), "true");
+  // A plain stop with no checkpoint says that nothing resumes or exports from it, and how.
+  EXPECT_NE(testing::text_of(out).find("it wrote no checkpoint, so nothing resumes or exports"),
+            std::string::npos)
+      << testing::text_of(out);
   // The job ended: a command for it says so (not a transport error), and a bad value is named.
   const std::string ended = "no coordinator runs the job in " + run_dir + ": it ended at step ";
   for (std::vector<std::string> args : {std::vector<std::string>{"stop"},
