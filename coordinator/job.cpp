@@ -140,6 +140,12 @@ class Coordinator : public caf::event_based_actor {
       if (!steps_.resume_at(cfg_.resume_step)) fail("cannot rewrite ledger.jsonl for the resume");
       resume_lr_schedule();
     }
+    // The checkpoint it goes on from, when it is one of this run's: a stop before the next one
+    // resumes (and exports) from there, and says so.
+    if (checkpoints_ && !cfg_.resume_dir.empty() &&
+        std::filesystem::path(cfg_.resume_dir).parent_path() ==
+            std::filesystem::path(cfg_.checkpoint_dir))
+      checkpoints_->reloaded(cfg_.resume_step, cfg_.resume_dir);
     set_down_handler([this](caf::down_msg& d) { unsubscribe(d.source); });
     arm_deadline();
     if (metrics_) send(this, metrics_atom::value);

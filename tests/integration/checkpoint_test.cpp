@@ -471,7 +471,8 @@ TEST(Checkpoints, ARestartedCoordinatorAdoptsTheLiveAgentsAndNothingIsRedone) {
 // the live agents, refused by it, exited: the steps since were redone.)
 TEST(Checkpoints, AResumedRunWhoseCoordinatorIsKilledIsTakenOverToo) {
   TempDir dir;
-  const std::vector<std::string> sets{"elastic.rejoin_timeout_ms=60000", "job.steps=100000"};
+  const std::vector<std::string> sets{"elastic.rejoin_timeout_ms=60000", "job.steps=100000",
+                                      "checkpoint.every_steps=0"};
   Job job = start_job(dir, "resumed-lost", kGpt, 2, sets, {pace(30000)});
   wait_steps(job, 5);
   admin(dir, {"stop", "--run-dir", job.run_dir, "--checkpoint"});
@@ -497,6 +498,14 @@ TEST(Checkpoints, AResumedRunWhoseCoordinatorIsKilledIsTakenOverToo) {
   st = taken.proc->wait(60s);
   ASSERT_TRUE(st);
   EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(taken.out);
+  // A plain stop: the run's checkpoint it went on from is still where a resume goes on from (it
+  // said none: a coordinator knew only the checkpoints it wrote itself).
+  const std::string end = events_of(taken).back();
+  EXPECT_NE(json_field(end, "resume_from").find(job.run_dir + "/checkpoints/step-"),
+            std::string::npos)
+      << end;
+  EXPECT_NE(text_of(taken.out).find("its newest checkpoint is " + job.run_dir), std::string::npos)
+      << text_of(taken.out);
 }
 
 // An adopted agent lost after the take-over is no child of the new launcher: one is started in its
