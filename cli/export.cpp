@@ -49,8 +49,9 @@ coordinator::ValidCheckpoint choose(const coordinator::JobConfig& cfg, const std
   if (!c)
     throw std::invalid_argument(
         "no valid checkpoint in " + dir +
-        " (a job writes one when it completes, on troupe checkpoint, troupe stop --checkpoint or "
-        "a signal, and every checkpoint.every_steps steps; a plain troupe stop writes none)");
+        " (a job of Troupe's workers writes one when it completes, on troupe checkpoint, troupe "
+        "stop --checkpoint or a signal, and every checkpoint.every_steps steps; a plain troupe "
+        "stop writes none; a program's own loop keeps its own)");
   return *c;
 }
 

@@ -70,9 +70,9 @@ struct RunDir {
 };
 
 // Checkpoints go to checkpoint.dir, by default the run directory's checkpoints/ (made absolute:
-// agents may run elsewhere), every checkpoint.every_steps and on request (troupe checkpoint, troupe
-// stop --checkpoint, SIGTERM). Created up front for periodic ones (throws RunDirError when it
-// cannot be), else by the first checkpoint asked for.
+// agents may run elsewhere), every checkpoint.every_steps, on request (troupe checkpoint, troupe
+// stop --checkpoint, SIGTERM) and at a completed job's last step. Created up front for periodic
+// ones (throws RunDirError when it cannot be), else by the first checkpoint written.
 void resolve_checkpoint_dir(coordinator::JobConfig& cfg, const std::string& run_dir) {
   if (cfg.checkpoint_dir.empty()) cfg.checkpoint_dir = run_dir + "/checkpoints";
   std::error_code ec;

@@ -234,7 +234,8 @@ int troupe_main(int argc, char** argv, const Hooks& hooks) {
   std::vector<std::string> words(argv + 1, argv + argc);
   // A job's console may go away under it (piped to head, a tee that ended): its writes then
   // fail and it goes on; SIGPIPE ended it with no event, its agents orphaned.
-  if (!words.empty() && (words[0] == "run" || words[0] == "agent")) ::signal(SIGPIPE, SIG_IGN);
+  if (!words.empty() && (words[0] == "run" || words[0] == "coordinator" || words[0] == "agent"))
+    ::signal(SIGPIPE, SIG_IGN);
   if (words.empty() || words[0] == "help" || words[0] == "--help" || words[0] == "-h") {
     std::fputs(kUsage, words.empty() ? stderr : stdout);
     return words.empty() ? 2 : 0;

@@ -110,7 +110,7 @@ struct JobConfig {
   bool drain_stragglers = false;
   // [checkpoint]
   std::string checkpoint_dir;               // "": the run directory's checkpoints/
-  int64_t checkpoint_every_steps = 0;       // 0: no checkpoints
+  int64_t checkpoint_every_steps = 0;       // 0: none but on request and at the job's end
   int64_t checkpoint_keep = 3;              // the newest complete checkpoints kept
   std::string checkpoint_if_busy = "wait";  // the previous write still going: wait | skip
   // The model's state lost with the members that held it: rollback (to the newest checkpoint,

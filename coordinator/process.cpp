@@ -54,6 +54,9 @@ ChildProcess::ChildProcess(const Options& options) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
+    // And SIGPIPE's default action: troupe run ignores it (its console may go away), and an
+    // ignored signal stays ignored across exec.
+    ::signal(SIGPIPE, SIG_DFL);
     // Die with the parent, however it ends (a SIGKILLed test must not leave children behind).
     prctl(PR_SET_PDEATHSIG, options.parent_death_signal);
     if (getppid() != parent) _exit(127);
