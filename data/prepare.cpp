@@ -20,7 +20,7 @@ namespace troupe::data {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-bool valid_utf8(const char* s, size_t n) {
+size_t first_invalid_utf8(const char* s, size_t n) {
   const auto* p = reinterpret_cast<const unsigned char*>(s);
   size_t i = 0;
   while (i < n) {
@@ -46,19 +46,21 @@ bool valid_utf8(const char* s, size_t n) {
     } else if ((c & 0xf8) == 0xf0) {
       len = 4, cp = c & 0x07;
     } else {
-      return false;
+      return i;
     }
-    if (i + len > n) return false;
+    if (i + len > n) return i;
     for (size_t k = 1; k < len; ++k) {
-      if ((p[i + k] & 0xc0) != 0x80) return false;
+      if ((p[i + k] & 0xc0) != 0x80) return i;
       cp = cp << 6 | (p[i + k] & 0x3f);
     }
     static const uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    if (cp < kMin[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return i;
     i += len;
   }
-  return true;
+  return n;
 }
+
+bool valid_utf8(const char* s, size_t n) { return first_invalid_utf8(s, n) == n; }
 
 namespace {
 
@@ -192,8 +194,10 @@ class Documents {
     if (text.empty()) return skipped(&PrepareSummary::skipped_empty, where + " (empty)", count);
     if (std::memchr(text.data(), 0, text.size()))
       return skipped(&PrepareSummary::skipped_binary, where + " (binary: a NUL byte)", count);
-    if (!valid_utf8(text.data(), text.size()))
-      return skipped(&PrepareSummary::skipped_invalid_utf8, where + " (invalid UTF-8)", count);
+    if (const size_t bad = first_invalid_utf8(text.data(), text.size()); bad != text.size())
+      return skipped(&PrepareSummary::skipped_invalid_utf8,
+                     where + " (invalid UTF-8 at byte " + std::to_string(bad) + " of its text)",
+                     count);
     if (count) {
       ++summary_->documents;
       summary_->bytes += text.size();

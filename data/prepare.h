@@ -46,5 +46,7 @@ PrepareSummary prepare(const PrepareOptions& options,
 
 // True when the bytes are valid UTF-8 (no overlong forms, no surrogates, <= U+10FFFF).
 bool valid_utf8(const char* p, size_t n);
+// The offset of the first byte of [p, p + n) that is not valid UTF-8; n when none.
+size_t first_invalid_utf8(const char* p, size_t n);
 
 }  // namespace troupe::data

@@ -408,6 +408,8 @@ TEST(DataCommands, BadInputsAreRefusedWithTheReason) {
   };
   expect("\"$T\" data prepare " + d + "/in --out " + d + "/ok --field body", 0,
          "skipped 4 documents: 1 binary, 1 invalid UTF-8, 1 empty, 1 not JSON with the field");
+  expect("\"$T\" data prepare " + d + "/in/deep/c.txt --out " + d + "/latin", 2,
+         "c.txt (invalid UTF-8 at byte 3 of its text)");
   expect("\"$T\" data prepare " + d + "/in --out " + d + "/ok", 2, "exists");
   expect("\"$T\" data prepare " + d + "/absent --out " + d + "/o2", 2, "does not exist");
   // A tokenizer.json edited after the prepare (its first merge reversed): its ids are no longer
@@ -418,8 +420,8 @@ TEST(DataCommands, BadInputsAreRefusedWithTheReason) {
   // (a --vocab the text cannot fill was lowered without a word; a negative one wrapped around)
   expect("\"$T\" data prepare " + d + "/in/a.txt --out " + d + "/few --tokenizer bpe --vocab 5000",
          0, "fewer ids than --vocab 5000: the inputs have no pair left to merge past ");
-  expect("\"$T\" data prepare " + d + "/in/a.txt --out " + d + "/neg --tokenizer bpe --vocab -5",
-         2, "--vocab");
+  expect("\"$T\" data prepare " + d + "/in/a.txt --out " + d + "/neg --tokenizer bpe --vocab -5", 2,
+         "--vocab");
   EXPECT_FALSE(fs::exists(d + "/neg"));
   {
     nlohmann::json t = nlohmann::json::parse(std::ifstream(d + "/bpe/tokenizer.json"));

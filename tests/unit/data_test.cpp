@@ -433,6 +433,10 @@ TEST(Prepare, TextDirectoriesAndJsonLinesWithBadDocumentsSkippedAndCounted) {
   EXPECT_EQ(s.skipped_empty, 1u);
   EXPECT_EQ(s.skipped_bad_json, 2u);
   EXPECT_NE(s.first_skipped.find("docs.jsonl:2"), std::string::npos) << s.first_skipped;
+  // Where a text is not UTF-8 (a file dropped whole for one byte: what to mend).
+  EXPECT_EQ(first_invalid_utf8("caf\xe9\n", 5), 3u);
+  EXPECT_EQ(first_invalid_utf8("caf\xc3\xa9", 5), 5u);
+  EXPECT_EQ(first_invalid_utf8("0123456789\xff", 11), 10u);
   auto t = TokenShards::open(d / "out");
   EXPECT_EQ(t->tokens(), s.tokens);
   std::vector<int32_t> ids(t->tokens());
