@@ -138,6 +138,7 @@ int prepare(const std::vector<std::string>& words) {
                         {"skipped_invalid_utf8", s.skipped_invalid_utf8},
                         {"skipped_empty", s.skipped_empty},
                         {"skipped_bad_json", s.skipped_bad_json},
+                        {"repeated_files", s.repeated_files},
                         {"train_s", s.seconds_train},
                         {"encode_s", s.seconds_encode}};
     std::printf("%s\n", j.dump().c_str());
@@ -150,6 +151,11 @@ int prepare(const std::vector<std::string>& words) {
       (unsigned long long)s.files, s.files == 1 ? "" : "s", megabytes(s.bytes).c_str(),
       (unsigned long long)s.tokens, s.tokenizer.c_str(), s.vocab, s.seconds_train, s.seconds_encode,
       s.seconds_encode > 0 ? double(s.bytes) / s.seconds_encode / 1e6 : 0.0);
+  if (s.repeated_files)
+    std::printf(
+        "read once: %llu file(s) met again (named twice, in a directory given too, or a "
+        "link to one)\n",
+        (unsigned long long)s.repeated_files);
   if (o.tokenizer == "bpe" && s.vocab < o.vocab)
     std::printf("fewer ids than --vocab %zu: the inputs have no pair left to merge past %zu\n",
                 o.vocab, s.vocab);

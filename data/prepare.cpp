@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <stdexcept>
 
 #include "data/shards.h"
@@ -89,6 +90,21 @@ void refuse_unreadable(const std::string& in, const fs::directory_entry& e) {
   if (e.is_directory(ec) && ::access(e.path().c_str(), R_OK | X_OK) != 0)
     throw std::invalid_argument("input '" + in + "': its directory '" + e.path().string() +
                                 "' cannot be read: " + std::strerror(errno));
+}
+
+// A file met again (named twice, in a directory given too, or a link to one) is read once, where
+// it was met first: it would be trained on twice. Returns how many were dropped.
+uint64_t drop_repeats(std::vector<Input>& files) {
+  std::set<std::string> seen;  // canonical paths
+  const size_t before = files.size();
+  files.erase(std::remove_if(files.begin(), files.end(),
+                             [&](const Input& f) {
+                               std::error_code ec;
+                               const std::string key = fs::weakly_canonical(f.path, ec).string();
+                               return !seen.insert(ec ? f.path : key).second;
+                             }),
+              files.end());
+  return before - files.size();
 }
 
 // Every input file, directories expanded recursively in name order.
@@ -312,8 +328,9 @@ PrepareSummary prepare(const PrepareOptions& o,
     throw std::invalid_argument("--out '" + out +
                                 "' exists: a data set is written once (remove it or choose "
                                 "another directory)");
-  const std::vector<Input> files = collect(o.inputs);
+  std::vector<Input> files = collect(o.inputs);
   PrepareSummary s;
+  s.repeated_files = drop_repeats(files);
   s.files = files.size();
   Documents docs(files, o.jsonl_field, &s, progress);
 

@@ -33,7 +33,8 @@ struct Progress {
 struct PrepareSummary {
   uint64_t files = 0, documents = 0, bytes = 0, tokens = 0;
   uint64_t skipped_binary = 0, skipped_invalid_utf8 = 0, skipped_empty = 0, skipped_bad_json = 0;
-  std::string first_skipped;  // where the first skipped document was, for the message
+  std::string first_skipped;    // where the first skipped document was, for the message
+  uint64_t repeated_files = 0;  // met again (named twice, or a link to one): read once
   size_t vocab = 0;
   std::string tokenizer;  // byte | bpe
   double seconds_train = 0, seconds_encode = 0;

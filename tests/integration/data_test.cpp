@@ -410,6 +410,9 @@ TEST(DataCommands, BadInputsAreRefusedWithTheReason) {
          "skipped 4 documents: 1 binary, 1 invalid UTF-8, 1 empty, 1 not JSON with the field");
   expect("\"$T\" data prepare " + d + "/in/deep/c.txt --out " + d + "/latin", 2,
          "c.txt (invalid UTF-8 at byte 3 of its text)");
+  // (a file named twice, or in a directory given too, was trained on twice without a word)
+  expect("\"$T\" data prepare " + d + "/in/a.txt " + d + "/in/a.txt --out " + d + "/twice", 0,
+         "read once: 1 file(s) met again");
   expect("\"$T\" data prepare " + d + "/in --out " + d + "/ok", 2, "exists");
   expect("\"$T\" data prepare " + d + "/absent --out " + d + "/o2", 2, "does not exist");
   // A tokenizer.json edited after the prepare (its first merge reversed): its ids are no longer
