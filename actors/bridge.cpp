@@ -522,6 +522,10 @@ class Back : public caf::event_based_actor {
           for (auto& o : observers_) send(o, NodeUp{node});
         },
         [this](lost_atom, uint64_t node, uint8_t code, const std::string& reason) {
+          const auto grace = shared_->config.loss_grace;
+          if (grace.count() > 0 && watchers_.count(node) && deferred_losses_.insert(node).second)
+            return void(delayed_send(this, grace, lost_atom::value, node, code, reason));
+          deferred_losses_.erase(node);
           node_lost(node, comm::errc_from_wire(code), reason);
         },
         [this](inbound_atom, ControlMessage& msg) { on_inbound(msg); },
@@ -635,6 +639,7 @@ class Back : public caf::event_based_actor {
   std::unordered_map<uint64_t, std::vector<caf::actor>> watchers_;
   std::vector<caf::actor> observers_;
   std::unordered_set<uint64_t> heartbeat_targets_;
+  std::unordered_set<uint64_t> deferred_losses_;  // reported, acted on after loss_grace
   uint64_t next_connect_ = 0;
   uint64_t heartbeat_seq_ = 0;
 };

@@ -45,6 +45,10 @@ struct BridgeConfig {
   std::chrono::milliseconds heartbeat_interval{200};
   std::chrono::milliseconds failure_timeout{2000};
   std::chrono::milliseconds connect_timeout{5000};
+  // A watched node's loss is acted on this long after the transport reports it (0: at once), so
+  // that what it delivered just before is handled first: an agent handed the coordinator's
+  // Shutdown unwatches it, and the coordinator's exit right after is then no loss.
+  std::chrono::milliseconds loss_grace{0};
 };
 
 // The bridge settings of a training job's processes (coordinator, agents, admin commands): the

@@ -151,6 +151,9 @@ AgentSession::AgentSession(const AgentOptions& o)
   actors::BridgeConfig bc = actors::job_bridge_config(o.job_id, o.token);
   bc.heartbeat_interval = o.heartbeat_interval;
   bc.failure_timeout = o.failure_timeout;
+  // (the coordinator's Shutdown, delivered just before its exit, unwatches it first: a clean end
+  // warned of a lost coordinator now and then; a loss is acted on 100 ms later than it was)
+  bc.loss_grace = std::chrono::milliseconds(100);
   bridge_ = actors::spawn_bridge(*system_, bc);
   self_ = std::make_unique<caf::scoped_actor>(*system_);
   name_ = o.name.empty() ? host_name() + ":" + std::to_string(getpid()) : o.name;
