@@ -880,26 +880,26 @@ JobConfig parse_config(const std::string& text, const std::string& source,
       places[tname + "." + kname] = where(source, knode);
     }
   }
-  if (!c.trace_steps.empty() && !step_range(c.trace_steps, c.trace_first, c.trace_last)) {
-    auto it = places.find("observability.trace_steps");
-    throw ConfigError((it == places.end() ? source : it->second) +
-                      ": observability.trace_steps = \"" + c.trace_steps +
-                      "\" is not a step range: \"A-B\" (A <= B) or \"N\"");
-  }
-  if (!c.trace_steps.empty() && c.trace_first >= c.steps) {  // (it would trace nothing)
-    auto it = places.find("observability.trace_steps");
-    throw ConfigError((it == places.end() ? source : it->second) +
-                      ": observability.trace_steps = \"" + c.trace_steps +
-                      "\" starts past the job's last step (job.steps = " + std::to_string(c.steps) +
-                      ": steps 0 to " + std::to_string(c.steps - 1) + ")");
+  auto place = [&](const char* key) {
+    auto it = places.find(key);
+    return it == places.end() ? source : it->second;
+  };
+  if (!c.trace_steps.empty()) {
+    const std::string bad =
+        !step_range(c.trace_steps, c.trace_first, c.trace_last)
+            ? "is not a step range: \"A-B\" (A <= B) or \"N\""
+        : c.trace_first >= c.steps  // (it would trace nothing)
+            ? "starts past the job's last step (job.steps = " + std::to_string(c.steps) +
+                  ": steps 0 to " + std::to_string(c.steps - 1) + ")"
+            : "";
+    if (!bad.empty())
+      throw ConfigError(place("observability.trace_steps") + ": observability.trace_steps = \"" +
+                        c.trace_steps + "\" " + bad);
   }
   // (batch.micro not given: at most the global batch, so `batch.global = 32` alone is a job)
   if (!places.count("batch.micro")) c.micro_batch = std::min(c.micro_batch, c.global_batch);
   validate(c, source, places);
-  c.inert_key = inert_key_of(c, [&](const char* key) {
-    auto it = places.find(key);
-    return it == places.end() ? source : it->second;
-  });
+  c.inert_key = inert_key_of(c, place);
   return c;
 }
 

@@ -511,10 +511,9 @@ class Coordinator : public caf::event_based_actor {
   // its worker failed: restarting or given up; a drained agent's members finish their step).
   void abandon_if_a_member_is_gone() {
     for (const auto& m : gens_.members()) {
-      const bool drained = std::count(draining_.begin(), draining_.end(), m.worker.agent) > 0;
       if (gens_.is_restarting(m.worker))
         return abandon_generation(m.worker, "it failed and is being restarted");
-      if (!roster_.usable(m.worker) && !(drained && !roster_.given_up(m.worker)))
+      if (!roster_.usable(m.worker) && !(draining(m.worker.agent) && !roster_.given_up(m.worker)))
         return abandon_generation(m.worker, "it was lost");
     }
   }
@@ -528,9 +527,16 @@ class Coordinator : public caf::event_based_actor {
                                            .integer("generation", long(gens_.current()))
                                            .str("member", roster_.name(w))
                                            .str("reason", why));
-    auto abandon = encode(actors::AbandonGeneration{gens_.current()});
+    to_generations_agents(encode(actors::AbandonGeneration{gens_.current()}));
+  }
+
+  bool draining(uint32_t agent) const {
+    return std::count(draining_.begin(), draining_.end(), agent) > 0;
+  }
+  // To every agent still in the current generation: alive, or drained (it leaves at its end).
+  void to_generations_agents(const ControlMessage& m) {
     for (const auto& a : roster_.agents())
-      if (a.alive || std::count(draining_.begin(), draining_.end(), a.id)) to_agent(a.id, abandon);
+      if (a.alive || draining(a.id)) to_agent(a.id, m);
   }
 
   uint32_t min_workers() const {
@@ -576,9 +582,7 @@ class Coordinator : public caf::event_based_actor {
     spdlog::info("{}", d.reason);
     // The members still in the current generation end it at the next step boundary and publish
     // for the next one (those whose communicator broke have already). Drained agents too.
-    auto leave = encode(actors::LeaveGeneration{gens_.current()});
-    for (const auto& a : roster_.agents())
-      if (a.alive || std::count(draining_.begin(), draining_.end(), a.id)) to_agent(a.id, leave);
+    to_generations_agents(encode(actors::LeaveGeneration{gens_.current()}));
     if (job_.change_decided(Clock::now())) arm_deadline();
     try_start();
   }

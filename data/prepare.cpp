@@ -61,8 +61,6 @@ size_t first_invalid_utf8(const char* s, size_t n) {
   return n;
 }
 
-bool valid_utf8(const char* s, size_t n) { return first_invalid_utf8(s, n) == n; }
-
 namespace {
 
 struct Input {

@@ -45,9 +45,8 @@ struct PrepareSummary {
 PrepareSummary prepare(const PrepareOptions& options,
                        const std::function<void(const Progress&)>& progress = nullptr);
 
-// True when the bytes are valid UTF-8 (no overlong forms, no surrogates, <= U+10FFFF).
-bool valid_utf8(const char* p, size_t n);
-// The offset of the first byte of [p, p + n) that is not valid UTF-8; n when none.
+// The offset of the first byte of [p, p + n) that is not valid UTF-8 (overlong forms, surrogates
+// and code points past U+10FFFF are not); n when every byte is.
 size_t first_invalid_utf8(const char* p, size_t n);
 
 }  // namespace troupe::data
