@@ -186,13 +186,16 @@ TEST(DevicePlane, AfterAKillAndAJoinTheNextGenerationFormsItsOwnPlane) {
 TEST(DevicePlane, APlannedChangeLetsAMemberWaitingOnAStragglerFinishItsStep) {
   TempDir dir;
   Job job = start_job(
-      dir, "planned", kGpt, 2, {"job.steps=14"},
+      dir, "planned", kGpt, 2, {"job.steps=100000"},
       {kGuarded, kOwnGpus, "TROUPE_TEST_SLOW_AGENT=agent-1", "TROUPE_TEST_SLOW_STEP_US=600000"});
+  wait_steps(job, 3);
   for (const char* gen : {"2", "3"}) {
-    wait_steps(job, gen[0] == '2' ? 3 : 7);
     admin(dir, {"lr", "--run-dir", job.run_dir, "0.002"});
-    ASSERT_NE(wait_event(job, is("generation_started", "generation", gen), 60s), "");
+    const std::string started = wait_event(job, is("generation_started", "generation", gen), 60s);
+    ASSERT_NE(started, "");
+    wait_steps(job, std::stoul(json_field(started, "step")) + 3);  // the straggler's steps too
   }
+  admin(dir, {"stop", "--run-dir", job.run_dir});  // stopped, not ended by a step count: no race
   const auto rc = job.proc->wait(120s);
   ASSERT_TRUE(rc) << "the job did not finish";
   EXPECT_EQ(*rc, 0);
