@@ -527,6 +527,9 @@ TraceChunk decode(proto::TraceChunk::Reader r) {
 ControlMessage make_ack() {
   return ControlMessage::build([](Env e) { e.initBody().setAck(); });
 }
+ControlMessage make_accepted(const std::string& what) {
+  return ControlMessage::build([&](Env e) { e.initBody().setAccepted(what); });
+}
 ControlMessage make_stop_at_next_step(bool with_checkpoint) {
   return ControlMessage::build([with_checkpoint](Env e) {
     if (with_checkpoint)

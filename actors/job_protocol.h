@@ -306,6 +306,8 @@ ControlMessage encode(const LeaveGeneration& m);
 ControlMessage encode(const AbandonGeneration& m);
 ControlMessage encode(const TraceChunk& m);
 ControlMessage make_ack();
+// An ack that says what the request does ("draining agent 3 (agent-3)"), for the operator.
+ControlMessage make_accepted(const std::string& what);
 // The stop of troupe stop, or with a checkpoint where it stops (troupe stop --checkpoint, SIGTERM).
 ControlMessage make_stop_at_next_step(bool with_checkpoint = false);
 ControlMessage make_status_request();

@@ -137,6 +137,14 @@ class AdminSession {
     return actors::decode(r->envelope().getBody().getStatus());
   }
 
+  // The exit status of a request that got no reply: 2 where the job answered that it can never
+  // be valid for it (an agent it does not have, a size outside its limits), else 1 (it cannot
+  // now: the job is stopping, would have too few workers; or it did not answer).
+  int failure_rc() const {
+    auto ce = error_ ? actors::control_error(*error_) : std::nullopt;
+    return ce && ce->code == comm::Errc::invalid_input ? 2 : 1;
+  }
+
  private:
   void report() const {
     auto ce = actors::control_error(*error_);
@@ -161,12 +169,12 @@ class AdminSession {
   std::optional<caf::error> error_;
 };
 
-// One request to a running job's coordinator: on_reply's exit code, or 1 (printed why).
+// One request to a running job's coordinator: on_reply's exit code, or failure_rc (printed why).
 int admin_request(const JobName& job, const actors::ControlMessage& request,
                   const std::function<int(actors::ControlMessage&)>& on_reply) {
   AdminSession session(job);
   auto reply = session.request(request);
-  return reply ? on_reply(*reply) : 1;
+  return reply ? on_reply(*reply) : session.failure_rc();
 }
 
 // A worker's state in a row: the coordinator's (actors::MemberStatus::state); from an older
@@ -369,8 +377,8 @@ int run_status(const std::vector<std::string>& words) {
 
 // --agent ID or NAME: the agent's id and its name, looked up in the job's status among the
 // members and the standbys (an id is not a name: agent-0 need not be agent 0; an id not there is
-// the coordinator's to refuse, unnamed). nullopt, printed why, with rc: 1 the job did not answer,
-// 2 no such agent.
+// the coordinator's to refuse, as invalid: exit 2 too). nullopt, printed why, with rc: 1 the job
+// did not answer, 2 no such agent.
 std::optional<std::pair<uint32_t, std::string>> agent_id(AdminSession& session,
                                                          const std::string& agent, int& rc) {
   const bool numeric = !agent.empty() && agent.size() < 10 &&
@@ -419,7 +427,7 @@ int run_drain(const std::vector<std::string>& words) {
   const auto id = agent_id(session, agent, rc);
   if (!id) return rc;
   auto reply = session.request(actors::make_drain_request(id->first));
-  if (!reply) return 1;
+  if (!reply) return session.failure_rc();
   std::printf("troupe: agent %u%s leaves at the next step boundary\n", id->first,
               id->second.empty() ? "" : (" (" + id->second + ")").c_str());
   return 0;
@@ -435,8 +443,12 @@ int run_scale(const std::vector<std::string>& words) {
       ->required()
       ->check(number_in(1, 1000000));
   if (auto rc = parse(app, words)) return *rc;
-  return admin_request(job, actors::make_scale_request(n), [&](actors::ControlMessage&) {
-    std::printf("troupe: scaling the job to %u worker(s) at the next step boundary\n", n);
+  return admin_request(job, actors::make_scale_request(n), [&](actors::ControlMessage& r) {
+    auto body = r.envelope().getBody();
+    if (body.isAccepted())
+      std::printf("troupe: %s\n", body.getAccepted().cStr());
+    else
+      std::printf("troupe: scaling the job to %u worker(s) at the next step boundary\n", n);
     return 0;
   });
 }

@@ -46,6 +46,7 @@ struct Envelope {
     learningRateRequest @35 :Float64;      # admin -> coordinator (request): optimizer.lr from the next step boundary
     stopWithCheckpoint @36 :Void;          # coordinator -> agents: stop after the current step, with a checkpoint there (one message: no vote sees one without the other)
     abandonGeneration @37 :UInt64;         # coordinator -> agents: a member of this generation is gone: give up its device collectives in flight (they may never complete)
+    accepted @38 :Text;                    # a request was accepted: what it does, for the operator (troupe scale's answer)
   }
 }
 

@@ -231,6 +231,7 @@ std::variant<std::shared_ptr<const DecodedFrame>, Rejection> FrameValidator::dec
     case proto::Envelope::Body::LEARNING_RATE_REQUEST:
     case proto::Envelope::Body::STOP_WITH_CHECKPOINT:
     case proto::Envelope::Body::ABANDON_GENERATION:
+    case proto::Envelope::Body::ACCEPTED:
       break;
     default:
       return reject(Reject::unknown_kind,

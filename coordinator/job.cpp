@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <random>
 #include <set>
@@ -352,6 +353,8 @@ class Coordinator : public caf::event_based_actor {
                              actors::kJoinOnceStarted);
     }
     const Agent& a = roster_.admit(node, j);
+    for (auto it = starting_.begin(); it != starting_.end();)
+      it = it->second == int64_t(j.pid) ? starting_.erase(it) : std::next(it);
     send(bridge_, actors::monitor_atom::value, node);
     log_.event("member_joined", Json()
                                     .integer("member", a.id)
@@ -1207,14 +1210,21 @@ class Coordinator : public caf::event_based_actor {
         return actors::make_error_reply(Errc::refused, d.reason);
       case Kind::launch:
         if (launcher_) send(launcher_, ScaleAgents{int64_t(d.agents_to_launch)});
-        break;
-      case Kind::drain:
+        return actors::make_accepted("starting " + std::to_string(d.agents_to_launch) +
+                                     " agent(s); they join at a step boundary");
+      case Kind::drain: {
+        std::string names;
+        for (uint32_t id : d.drain)
+          names +=
+              (names.empty() ? "" : ", ") + std::to_string(id) + " (" + roster_.at(id).name + ")";
         start_drain(d.drain);
-        break;
+        return actors::make_accepted("draining agent(s) " + names +
+                                     ": they leave at the next step boundary");
+      }
       case Kind::nothing:
         break;
     }
-    return actors::make_ack();
+    return actors::make_accepted("nothing to do: " + d.reason);
   }
 
   ControlMessage drain(uint32_t id) {
@@ -1235,9 +1245,11 @@ class Coordinator : public caf::event_based_actor {
     if (job_.stop_requested())
       return actors::make_error_reply(Errc::refused, "the job is stopping");
     auto agents = live_agents(roster_, gens_);
-    auto d = elastic::decide_scale(n, agents, scale_limits(cfg_, min_workers()));
+    const auto limits = scale_limits(cfg_, min_workers());
+    const auto starting = uint32_t(starting_.size()) * limits.workers_per_agent;
+    auto d = elastic::decide_scale(n, agents, limits, starting);
     using Kind = elastic::ScaleDecision::Kind;
-    if (d.kind != Kind::invalid && d.kind != Kind::refuse)  // (a refusal changes nothing)
+    if (d.kind == Kind::launch || d.kind == Kind::drain)  // (no change, no event)
       log_.event("scale_requested", Json()
                                         .integer("workers", n)
                                         .integer("from", long(elastic::usable_workers(agents)))
@@ -1365,6 +1377,13 @@ class Coordinator : public caf::event_based_actor {
     if (e.pid) j.integer("pid", e.pid);
     if (e.event == "agent_restarted") j.integer("backoff_ms", e.backoff_ms);
     log_.event(e.event, j.str("detail", e.detail));
+    const auto& agents = roster_.agents();
+    const bool joined = std::any_of(agents.begin(), agents.end(),
+                                    [&](const Agent& a) { return a.alive && a.pid == e.pid; });
+    if ((e.event == "agent_started" || e.event == "agent_restarted") && !joined)
+      starting_[e.slot] = e.pid;
+    else if (e.event == "agent_gave_up")
+      starting_.erase(e.slot);
     // How a lost agent's process ended (a crash's signal), in the failure it is named by.
     const std::string name = "(agent-" + std::to_string(e.slot) + ")";
     if (!e.detail.empty() && last_failure_.find(name) != std::string::npos &&
@@ -1431,14 +1450,16 @@ class Coordinator : public caf::event_based_actor {
   Generations gens_;
   StepDriver steps_;
   std::vector<uint32_t> draining_;  // agents that leave when the next generation starts
-  uint64_t abandoned_ = 0;          // the generation a member of which is gone (told to agents)
-  int64_t reforms_ = 0;             // generations broken in a row without a committed step
-  uint64_t hung_watch_ = 0;         // the generation whose silent members are being watched
-  int64_t rollbacks_ = 0;           // rollbacks in a row that committed no step past ...
-  uint64_t rollback_mark_ = 0;      // ... the steps committed when the last one was decided
-  int64_t interrupts_ = 0;          // SIGINT/SIGTERM to the process
-  std::string plan_;                // the generation's pipeline layout, as its rank 0 reported it
-  std::string data_plane_;          // the generation's data plane, as its rank 0 reported it
+  // The launcher's slot -> the pid of the agent it (re)started there that has not joined yet.
+  std::map<int64_t, int64_t> starting_;
+  uint64_t abandoned_ = 0;      // the generation a member of which is gone (told to agents)
+  int64_t reforms_ = 0;         // generations broken in a row without a committed step
+  uint64_t hung_watch_ = 0;     // the generation whose silent members are being watched
+  int64_t rollbacks_ = 0;       // rollbacks in a row that committed no step past ...
+  uint64_t rollback_mark_ = 0;  // ... the steps committed when the last one was decided
+  int64_t interrupts_ = 0;      // SIGINT/SIGTERM to the process
+  std::string plan_;            // the generation's pipeline layout, as its rank 0 reported it
+  std::string data_plane_;      // the generation's data plane, as its rank 0 reported it
   std::optional<Checkpoints> checkpoints_;  // with a checkpoint directory (troupe run resolves one)
   std::shared_ptr<JobMetrics> metrics_;     // with observability.metrics_listen
   std::unordered_map<uint64_t, Clock::time_point> heard_at_;  // by node, from the bridge

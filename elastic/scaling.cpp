@@ -8,8 +8,8 @@ uint32_t usable_workers(const std::vector<LiveAgent>& agents) {
   return n;
 }
 
-ScaleDecision decide_scale(uint32_t n, const std::vector<LiveAgent>& agents,
-                           const ScaleLimits& lim) {
+ScaleDecision decide_scale(uint32_t n, const std::vector<LiveAgent>& agents, const ScaleLimits& lim,
+                           uint32_t starting) {
   ScaleDecision d;
   auto invalid = [&](std::string why) {
     d.kind = ScaleDecision::Kind::invalid;
@@ -24,6 +24,17 @@ ScaleDecision decide_scale(uint32_t n, const std::vector<LiveAgent>& agents,
     return invalid(std::to_string(n) + " worker(s) is more than elastic.max_workers = " +
                    std::to_string(lim.max_workers));
   const uint32_t have = usable_workers(agents);
+  if (starting > 0 && n < have + starting) {
+    d.kind = ScaleDecision::Kind::refuse;
+    d.reason = std::to_string(starting) + " worker(s) the launcher started have not joined yet (" +
+               std::to_string(have) + " have): ask again once they have (troupe status)";
+    return d;
+  }
+  if (n == have + starting) {
+    d.reason = "the job has " + std::to_string(have) + " worker(s)" +
+               (starting ? " and " + std::to_string(starting) + " starting" : std::string());
+    return d;  // nothing
+  }
   if (n > have) {
     if (!lim.can_launch) {
       d.kind = ScaleDecision::Kind::refuse;
@@ -40,7 +51,7 @@ ScaleDecision decide_scale(uint32_t n, const std::vector<LiveAgent>& agents,
           " workers); other machines join with `troupe agent --join`");
     const uint32_t per = lim.workers_per_agent ? lim.workers_per_agent : 1;
     d.kind = ScaleDecision::Kind::launch;
-    d.agents_to_launch = (n - have + per - 1) / per;
+    d.agents_to_launch = (n - have - starting + per - 1) / per;
     return d;
   }
   // Shrink: standbys first, then members, newest first.

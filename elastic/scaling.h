@@ -30,14 +30,17 @@ struct ScaleLimits {
 
 struct ScaleDecision {
   enum class Kind : uint8_t { refuse, invalid, launch, drain, nothing } kind = Kind::nothing;
-  std::string reason;             // refuse / invalid: why, for the operator
+  std::string reason;             // refuse / invalid: why, for the operator; nothing: the size
   uint32_t agents_to_launch = 0;  // launch
   std::vector<uint32_t> drain;    // drain: agent ids, in the order chosen
 };
 
-// agents: the live agents in join order.
+// agents: the live agents in join order; starting: the workers of agents the launcher started
+// that have not joined yet (they count as the job's: a scale asked again before they join
+// launches no more; one below them is refused until they have joined). nothing: reason says the
+// size.
 ScaleDecision decide_scale(uint32_t target, const std::vector<LiveAgent>& agents,
-                           const ScaleLimits& limits);
+                           const ScaleLimits& limits, uint32_t starting = 0);
 
 // `troupe drain --agent id`: drain {id}, or invalid (no such live agent), or refuse (too few left).
 ScaleDecision decide_drain(uint32_t id, const std::vector<LiveAgent>& agents,

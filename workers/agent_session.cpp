@@ -103,6 +103,7 @@ Joined join(caf::scoped_actor& watcher, const caf::actor& bridge, const std::str
   }
   watcher->send(bridge, actors::monitor_atom::value, j.coordinator);  // (its NodeDown: watch())
   actors::Join request{name, host_name(), uint32_t(getpid()), o.devices, rejoin};
+  if (o.faults) o.faults->before_join(name);
   ControlMessage reply;
   // A job forming its first generation with all its agents asks this one to come again once it
   // has started: every half second, for up to two minutes (a rejoin: try_rejoin's own tries,

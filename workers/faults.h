@@ -34,6 +34,9 @@ class FaultInjector {
   // On the checkpoint writer's thread, after the first shard of a write is durable: may sleep (a
   // checkpoint caught in the middle, so a test can kill the writer then).
   virtual void mid_checkpoint_write(const std::string& agent, uint32_t device) {}
+  // Before agent `agent` asks to join (connected to the coordinator): may sleep (an agent slow
+  // to start, so a test can act while it is on its way).
+  virtual void before_join(const std::string& agent) {}
   // Before worker `device` of `agent` computes its final checksum: may change its parameters
   // (a member that ended different: the job must say so, not report success).
   virtual void before_checksum(const std::string& agent, uint32_t device, float* parameters,

@@ -29,13 +29,15 @@ class EnvFaults : public workers::FaultInjector {
         exit_at_step_(uint64_t(env_int("TROUPE_TEST_EXIT_AT_STEP"))),
         state_delay_ms_(env_int("TROUPE_TEST_STATE_DELAY_MS")),
         checkpoint_delay_ms_(env_int("TROUPE_TEST_CHECKPOINT_DELAY_MS")),
-        slow_us_(env_int("TROUPE_TEST_SLOW_STEP_US")) {
+        slow_us_(env_int("TROUPE_TEST_SLOW_STEP_US")),
+        join_delay_ms_(env_int("TROUPE_TEST_JOIN_DELAY_MS")) {
     if (const char* a = std::getenv("TROUPE_TEST_SLOW_AGENT")) slow_agent_ = a;
     if (const char* a = std::getenv("TROUPE_TEST_THROW_AGENT")) throw_agent_ = a;
     if (const char* a = std::getenv("TROUPE_TEST_EXIT_AGENT")) exit_agent_ = a;
     if (const char* a = std::getenv("TROUPE_TEST_PERTURB_AGENT")) perturb_agent_ = a;
     if (const char* a = std::getenv("TROUPE_TEST_CLAIM_AGENT")) claim_agent_ = a;
     if (const char* a = std::getenv("TROUPE_TEST_WIDEN_AGENT")) widen_agent_ = a;
+    if (const char* a = std::getenv("TROUPE_TEST_JOIN_DELAY_AGENT")) join_delay_agent_ = a;
     claim_applied_ = uint64_t(env_int("TROUPE_TEST_CLAIM_APPLIED"));
     claim_blocks_ = uint64_t(env_int("TROUPE_TEST_CLAIM_BLOCKS"));
     relay_applied_ = uint64_t(env_int("TROUPE_TEST_RELAY_APPLIED"));
@@ -47,7 +49,8 @@ class EnvFaults : public workers::FaultInjector {
     return step_delay_us_ > 0 || (throw_at_step_ > 0 && !throw_agent_.empty()) ||
            state_delay_ms_ > 0 || checkpoint_delay_ms_ > 0 || !perturb_agent_.empty() ||
            guarded_device_ || (slow_us_ > 0 && !slow_agent_.empty()) || !claim_agent_.empty() ||
-           !widen_agent_.empty() || (exit_at_step_ > 0 && !exit_agent_.empty());
+           !widen_agent_.empty() || (exit_at_step_ > 0 && !exit_agent_.empty()) ||
+           (join_delay_ms_ > 0 && !join_delay_agent_.empty());
   }
 
   // TROUPE_TEST_GUARDED_DEVICE=1: every worker computes on a device the host cannot read; all
@@ -118,6 +121,11 @@ class EnvFaults : public workers::FaultInjector {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 
+  void before_join(const std::string& agent) override {
+    if (agent == join_delay_agent_)
+      std::this_thread::sleep_for(std::chrono::milliseconds(join_delay_ms_));
+  }
+
   void mid_checkpoint_write(const std::string&, uint32_t) override {
     if (checkpoint_delay_ms_ > 0 && !checkpoint_delayed_.exchange(true))
       std::this_thread::sleep_for(std::chrono::milliseconds(checkpoint_delay_ms_));
@@ -126,9 +134,9 @@ class EnvFaults : public workers::FaultInjector {
  private:
   int64_t step_delay_us_;
   uint64_t throw_at_step_, exit_at_step_;
-  int64_t state_delay_ms_, checkpoint_delay_ms_, slow_us_;
+  int64_t state_delay_ms_, checkpoint_delay_ms_, slow_us_, join_delay_ms_;
   std::string throw_agent_, perturb_agent_, slow_agent_, state_delay_file_, claim_agent_,
-      widen_agent_, exit_agent_;
+      widen_agent_, exit_agent_, join_delay_agent_;
   uint64_t claim_applied_ = 0, claim_blocks_ = 0, relay_applied_ = 0;
   bool guarded_device_ = false, guarded_plane_ = false;
   std::atomic<bool> thrown_{false}, checkpoint_delayed_{false};

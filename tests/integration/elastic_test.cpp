@@ -484,6 +484,32 @@ TEST(Elastic, WhileDrainingStatusShowsTheDrainedMember) {
   EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
 }
 
+// An autoscaler asks again before the agent it got has joined (here one 3 s slow to join): the
+// agent on its way counts as the job's, so no second one starts; a smaller size is refused until
+// it has joined (it would join above the target), and the job grows to exactly the size asked.
+TEST(Elastic, AScaleAskedAgainWhileItsAgentIsStartingStartsNoOther) {
+  TempDir dir;
+  Job job = start(
+      dir, "scale-again", 1, {},
+      {pace(20000), "TROUPE_TEST_JOIN_DELAY_AGENT=agent-1", "TROUPE_TEST_JOIN_DELAY_MS=3000"});
+  wait_steps(job, 3);
+  auto said = admin(dir, {"scale", "--run-dir", job.run_dir, "--workers", "2"});
+  EXPECT_NE(said.find("troupe: starting 1 agent(s)"), std::string::npos) << said;
+  said = admin(dir, {"scale", "--run-dir", job.run_dir, "--workers", "2"});
+  EXPECT_NE(said.find("nothing to do: the job has 1 worker(s) and 1 starting"), std::string::npos)
+      << said;
+  said = admin(dir, {"scale", "--run-dir", job.run_dir, "--workers", "1"}, 1);
+  EXPECT_NE(said.find("1 worker(s) the launcher started have not joined yet"), std::string::npos)
+      << said;
+  ASSERT_NE(wait_event(job, is("generation_started", "world_size", "2"), 60s), "");
+  wait_steps(job, committed_losses(job.run_dir).size() + 5);
+  admin(dir, {"stop", "--run-dir", job.run_dir});
+  ASSERT_TRUE(job.proc->wait(60s));
+  EXPECT_EQ(count_events(job, "agent_started"), 1);  // agent-1 only (by the scale)
+  EXPECT_EQ(count_events(job, "scale_requested"), 1);
+  EXPECT_EQ(count_events(job, "generation_started"), 2);
+}
+
 TEST(Elastic, StandbysAboveMaxWorkersAreAdmittedWhenAMemberFails) {
   TempDir dir;
   auto want = reference_losses(dir);
@@ -609,13 +635,16 @@ TEST(Elastic, ScaleAndDrainRequestsThatCannotBeMetAreRefusedWithTheReason) {
     EXPECT_EQ(WEXITSTATUS(*st), want_rc) << said;
     EXPECT_NE(said.find(want_text), std::string::npos) << want_text << " not in: " << said;
   };
-  run({"scale", "--run-dir", job.run_dir, "--workers", "1"}, 1,
+  // Exit 2: the request can never be valid for this job; 1: it cannot be done now.
+  run({"scale", "--run-dir", job.run_dir, "--workers", "1"}, 2,
       "refused: 1 worker(s) is fewer than the job needs: 2");
-  run({"scale", "--run-dir", job.run_dir, "--workers", "3"}, 1,
+  run({"scale", "--run-dir", job.run_dir, "--workers", "3"}, 2,
       "refused: 3 worker(s) is more than elastic.max_workers = 2");
+  run({"scale", "--run-dir", job.run_dir, "--workers", "2"}, 0,
+      "troupe: nothing to do: the job has 2 worker(s)");
   run({"scale", "--run-dir", job.run_dir, "--workers", "0"}, 2,
       "--workers: 0 is outside [1, 1000000]");
-  run({"drain", "--run-dir", job.run_dir, "--agent", "9"}, 1, "refused: no live agent 9");
+  run({"drain", "--run-dir", job.run_dir, "--agent", "9"}, 2, "refused: no live agent 9");
   run({"drain", "--run-dir", job.run_dir, "--agent", "agent-9"}, 2,
       "troupe drain: no agent 'agent-9' in the job; its agents: agent-");
   run({"drain", "--run-dir", job.run_dir, "--agent", "0"}, 1,

@@ -64,7 +64,28 @@ TEST(Scale, ShrinkingNeverGoesBelowTheTarget) {
 }
 
 TEST(Scale, TheSameSizeDoesNothing) {
-  EXPECT_EQ(decide_scale(4, kAgents, limits()).kind, Kind::nothing);
+  auto d = decide_scale(4, kAgents, limits());
+  EXPECT_EQ(d.kind, Kind::nothing);
+  EXPECT_EQ(d.reason, "the job has 4 worker(s)");
+}
+
+// Agents the launcher started count as the job's before they join: the same scale asked again
+// (an autoscaler's loop) launches no more; a larger one launches only the rest; a smaller one
+// would leave them joining above the target: refused until they have joined.
+TEST(Scale, AgentsStillStartingCountAsTheJobs) {
+  auto same = decide_scale(6, kAgents, limits(), 2);
+  EXPECT_EQ(same.kind, Kind::nothing);
+  EXPECT_EQ(same.reason, "the job has 4 worker(s) and 2 starting");
+  auto more = decide_scale(7, kAgents, limits(), 2);
+  EXPECT_EQ(more.kind, Kind::launch);
+  EXPECT_EQ(more.agents_to_launch, 1u);
+  for (uint32_t n : {5u, 3u}) {
+    auto fewer = decide_scale(n, kAgents, limits(), 2);
+    EXPECT_EQ(fewer.kind, Kind::refuse) << n;
+    EXPECT_NE(fewer.reason.find("2 worker(s) the launcher started have not joined yet"),
+              std::string::npos)
+        << fewer.reason;
+  }
 }
 
 TEST(Scale, TargetsOutsideTheLimitsAreInvalid) {
