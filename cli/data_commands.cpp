@@ -49,8 +49,8 @@ void draw_progress(const data::Progress& p) {
 bool jsonl_or_directory(const std::string& input) {
   const std::string ext = std::filesystem::path(input).extension().string();
   std::error_code ec;
-  return ext == ".jsonl" || ext == ".ndjson" || std::filesystem::is_directory(input, ec) ||
-         !std::filesystem::exists(input, ec);
+  return ext == ".jsonl" || ext == ".ndjson" || ext == ".json" ||
+         std::filesystem::is_directory(input, ec) || !std::filesystem::exists(input, ec);
 }
 
 // While a prepare runs: SIGINT, SIGTERM or SIGHUP removes its partial directory (OUT.partial-PID,
@@ -116,9 +116,10 @@ int prepare(const std::vector<std::string>& words) {
         "--tokenizer-from takes its tokenizer from a data set: it cannot be given with "
         "--tokenizer or --vocab");
   if (app.count("--field") && std::none_of(o.inputs.begin(), o.inputs.end(), jsonl_or_directory))
-    throw std::invalid_argument("--field " + o.jsonl_field +
-                                ": none of the inputs is a JSON-lines file (*.jsonl, *.ndjson) or "
-                                "a directory; other files are read as text (rename it .jsonl)");
+    throw std::invalid_argument(
+        "--field " + o.jsonl_field +
+        ": none of the inputs is a JSON-lines file (*.jsonl, *.ndjson, *.json) or "
+        "a directory; other files are read as text (rename it .jsonl)");
   const bool tty = ::isatty(2) && !json;
   std::optional<PrepareInterrupts> interrupts(std::in_place, o.out);
   const data::PrepareSummary s =

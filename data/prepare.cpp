@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -69,9 +70,22 @@ struct Input {
   bool jsonl;
 };
 
+// *.jsonl and *.ndjson; a *.json file whose first byte after blanks is '{' too (JSON lines named
+// .json, as many data sets are: read as text, their keys and quotes would be trained on). One
+// that holds an array is refused with how to convert it.
 bool is_jsonl(const fs::path& p) {
   const std::string e = p.extension().string();
-  return e == ".jsonl" || e == ".ndjson";
+  if (e == ".jsonl" || e == ".ndjson") return true;
+  if (e != ".json") return false;
+  std::ifstream in(p, std::ios::binary);
+  char c = 0;
+  while (in.get(c) && std::isspace(static_cast<unsigned char>(c))) {
+  }
+  if (in && c == '[')
+    throw std::invalid_argument("'" + p.string() +
+                                "' holds a JSON array: troupe data prepare reads JSON lines, one "
+                                "object per line (jq -c '.[]' FILE > FILE.jsonl converts it)");
+  return in && c == '{';
 }
 
 // What a directory holds that cannot be read is an error, not a file fewer: a subdirectory it

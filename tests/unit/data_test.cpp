@@ -425,9 +425,11 @@ TEST(Prepare, TextDirectoriesAndJsonLinesWithBadDocumentsSkippedAndCounted) {
   write(d / "in/empty.txt", "");
   write(d / "in/docs.jsonl",
         "{\"text\": \"from json \\u00e9\"}\nnot json\n{\"other\": 1}\n\n{\"text\": \"again\"}\n");
+  // JSON lines named .json (as many data sets are) are JSON lines, not text with their keys.
+  write(d / "in/sub/lines.json", "  {\"text\": \"named json\"}\n");
   const PrepareSummary s = prepare({{d / "in"}, d / "out", "bpe", 300});
-  EXPECT_EQ(s.files, 6u);
-  EXPECT_EQ(s.documents, 4u);
+  EXPECT_EQ(s.files, 7u);
+  EXPECT_EQ(s.documents, 5u);
   EXPECT_EQ(s.skipped_binary, 1u);
   EXPECT_EQ(s.skipped_invalid_utf8, 1u);
   EXPECT_EQ(s.skipped_empty, 1u);
@@ -449,8 +451,8 @@ TEST(Prepare, TextDirectoriesAndJsonLinesWithBadDocumentsSkippedAndCounted) {
   }
   EXPECT_EQ(text,
             "hello world\n<|endoftext|>from json \xc3\xa9<|endoftext|>again<|endoftext|>"
-            "second document\n<|endoftext|>");
-  EXPECT_EQ(read(d / "out/documents.bin").size(), 4u * 8);
+            "second document\n<|endoftext|>named json<|endoftext|>");
+  EXPECT_EQ(read(d / "out/documents.bin").size(), 5u * 8);
   for (const auto& e : fs::directory_iterator(d.path))
     EXPECT_EQ(e.path().filename().string().find("partial"), std::string::npos);
 }
@@ -478,6 +480,9 @@ TEST(Prepare, BadInputsAreRefusedAndLeaveNoDataSet) {
   refused({{d / "text.txt"}, d / "o3", "bpe", 100}, "N >= 257");
   refused({{d / "text.txt"}, d / "o4", "word"}, "byte or bpe");
   refused({{"/dev/null"}, d / "o5"}, "neither a file nor a directory");
+  write(d / "array.json", "\n[{\"text\": \"a\"}]");
+  refused({{d / "array.json"}, d / "o7"},
+          "holds a JSON array: troupe data prepare reads JSON lines");
   // A trailing slash names the same directory (its partial is a sibling, not inside it).
   prepare({{d / "text.txt"}, d / "slash/"});
   EXPECT_TRUE(fs::exists(d / "slash/manifest.json"));
