@@ -1,5 +1,5 @@
-// `troupe export RUN_DIR [--step N] [--format safetensors] -o FILE`: a checkpoint's model
-// parameters in the safetensors format, named as the PyTorch twin's state_dict
+// `troupe export RUN_DIR|CHECKPOINT [--step N] [--format safetensors] -o FILE`: a checkpoint's
+// model parameters in the safetensors format, named as the PyTorch twin's state_dict
 // (bench/peers/torch_models.py; docs/export.md), with the model's shape in the metadata.
 // --batch-of-step S also writes the tokens of step S's global batch (FILE.batch.safetensors),
 // so another framework can check that the same weights compute the same loss on them.
@@ -24,12 +24,47 @@ namespace {
 
 namespace st = models::safetensors;
 
-// The checkpoint to export: --step N, or the newest valid one. Throws naming why there is none.
+// RUN_DIR as given: a run directory, or a checkpoint's (its directory or its manifest, as the
+// events and troupe status name it), which stands for its run's (its grandparent: the default
+// checkpoint.dir) and itself. Returns the checkpoint's directory ("" for a run directory).
+std::string locate(std::string& run_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path p = fs::absolute(run_dir, ec).lexically_normal();
+  if (p.filename() == "manifest.json" && fs::is_regular_file(p, ec)) p = p.parent_path();
+  if (p.filename().empty()) p = p.parent_path();  // (a trailing slash)
+  if (!fs::is_regular_file(p / "manifest.json", ec)) {
+    if (!fs::is_directory(run_dir, ec))
+      throw std::invalid_argument("no run directory " + run_dir + ": it does not exist");
+    if (!fs::exists(run_dir + "/config.toml"))
+      throw std::invalid_argument(run_dir + " is not a run directory (no config.toml): troupe " +
+                                  "export reads a run's (troupe run ... job.run_dir)");
+    return "";
+  }
+  const fs::path run = p.parent_path().parent_path();
+  if (!fs::is_regular_file(run / "config.toml", ec))
+    throw std::invalid_argument(
+        p.string() + " is a checkpoint whose run directory is not two levels up (no " +
+        (run / "config.toml").string() + "): give the run directory and --step");
+  run_dir = run.string();
+  return p.string();
+}
+
+// The checkpoint to export: the one named, --step N, or the newest valid one. Throws naming why
+// there is none.
 coordinator::ValidCheckpoint choose(const coordinator::JobConfig& cfg, const std::string& run_dir,
-                                    int64_t step) {
+                                    const std::string& named, int64_t step) {
   const std::string dir = coordinator::checkpoints_dir(cfg, run_dir);
   const coordinator::CheckpointIdentity hash = coordinator::checkpoint_identity(cfg);
   std::string why;
+  if (!named.empty()) {
+    auto c = coordinator::valid_checkpoint(named, hash, &why);
+    if (!c) throw std::invalid_argument(named + ": " + why);
+    if (step >= 0 && c->step != uint64_t(step))
+      throw std::invalid_argument("--step " + std::to_string(step) + ": " + named +
+                                  " is the checkpoint of step " + std::to_string(c->step));
+    return *c;
+  }
   if (step >= 0) {
     const std::string at = dir + "/" + workers::checkpoint_dir_name(uint64_t(step));
     if (auto c = coordinator::valid_checkpoint(at, hash, &why)) return *c;
@@ -85,7 +120,9 @@ int run_export(const std::vector<std::string>& words, const Hooks& hooks) {
                "troupe export"};
   std::string run_dir, out, format = "safetensors";
   int64_t step = -1, batch_step = -1;
-  app.add_option("RUN_DIR", run_dir, "the run directory")->required();
+  app.add_option("RUN_DIR", run_dir,
+                 "the run directory, or one of its checkpoints (RUN_DIR/checkpoints/step-N)")
+      ->required();
   app.add_option("-o,--output", out, "the file to write")->required();
   const CLI::Validator a_step(
       [](std::string& s) {
@@ -99,11 +136,7 @@ int run_export(const std::vector<std::string>& words, const Hooks& hooks) {
                  "also write step S's global batch (tokens) to OUTPUT.batch.safetensors")
       ->check(a_step);
   if (auto rc = parse(app, words)) return *rc;
-  if (!std::filesystem::is_directory(run_dir))
-    throw std::invalid_argument("no run directory " + run_dir + ": it does not exist");
-  if (!std::filesystem::exists(run_dir + "/config.toml"))
-    throw std::invalid_argument(run_dir + " is not a run directory (no config.toml): troupe " +
-                                "export reads a run's (troupe run ... job.run_dir)");
+  const std::string named = locate(run_dir);
   coordinator::JobConfig cfg =
       coordinator::load_config(run_dir + "/config.toml", {}, hooks.kinds());
   if (batch_step >= 0 && cfg.data_kind != "text" && cfg.data_kind != "tokens")
@@ -113,7 +146,7 @@ int run_export(const std::vector<std::string>& words, const Hooks& hooks) {
   if (batch_step >= cfg.steps)
     throw std::invalid_argument("--batch-of-step " + std::to_string(batch_step) +
                                 ": the job's steps are 0 to " + std::to_string(cfg.steps - 1));
-  const coordinator::ValidCheckpoint ckpt = choose(cfg, run_dir, step);
+  const coordinator::ValidCheckpoint ckpt = choose(cfg, run_dir, named, step);
   workers::WorkerSpec w = workers::worker_spec_of(coordinator::job_spec_of(cfg, 0, 1));
   w.extensions = hooks.extensions;
   models::ModelSpec spec = w.model;
@@ -159,6 +192,12 @@ int run_export(const std::vector<std::string>& words, const Hooks& hooks) {
                 uint64_t(cfg.global_batch));
     std::printf("troupe: the global batch of step %lld -> %s.batch.safetensors\n",
                 (long long)batch_step, out.c_str());
+    if (uint64_t(batch_step) != ckpt.step)
+      std::printf(
+          "troupe: (step %lld's loss in events.jsonl is of the checkpoint of step %lld; this one "
+          "is of step %llu: --step %lld pairs them)\n",
+          (long long)batch_step, (long long)batch_step, (unsigned long long)ckpt.step,
+          (long long)batch_step);
   }
   return 0;
 }

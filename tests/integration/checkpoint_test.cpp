@@ -606,6 +606,19 @@ TEST(Checkpoints, AJobThatCompletesCheckpointsItsLastStep) {
   fs::rename(job.run_dir, moved);
   EXPECT_NE(admin(dir, {"export", moved, "-o", model, "--step", "50"}).find("step 50 of"),
             std::string::npos);
+  // A checkpoint named as the events name it (its manifest) or by its directory stands for its
+  // run and step; the batch of another step is said not to pair with it.
+  const std::string by_run = text_of(model);
+  const std::string named =
+      admin(dir, {"export", moved + "/checkpoints/step-00000050/manifest.json", "-o", model,
+                  "--batch-of-step", "9"});
+  EXPECT_NE(named.find("step 50 of " + moved), std::string::npos) << named;
+  EXPECT_NE(named.find("this one is of step 50: --step 9 pairs them"), std::string::npos) << named;
+  EXPECT_EQ(text_of(model), by_run);
+  EXPECT_NE(
+      admin(dir, {"export", moved + "/checkpoints/step-00000025/", "-o", model, "--step", "50"}, 2)
+          .find("checkpoints/step-00000025 is the checkpoint of step 25"),
+      std::string::npos);
 
   // Without checkpoint.every_steps too (the default): the training's result is kept, not lost.
   Job plain = start_job(dir, "last-plain", kGpt, 1, {"job.steps=12"});
