@@ -248,7 +248,12 @@ DeviceSupervisor::Next DeviceSupervisor::train(const actors::GenerationStart& g)
                                               worker_->final_checksum(), worker_->checksum_group(),
                                               result.eval_loss, result.eval_tokens}));
   static_assert(Worker::kHoldsNoBlocks == actors::kHoldsNoBlocks);
-  return Next::done;
+  // Until the job ends: a member lost before its own report (while it wrote its shards of the
+  // last checkpoint) makes a generation of the others, formed after the last step.
+  const auto end_wait = std::chrono::milliseconds(2 * spec_.failure_timeout_ms + 30000);
+  if (board_.await_end(gen, end_wait)) return Next::done;
+  ++want_;
+  return Next::generation;
 }
 
 void DeviceSupervisor::report_checkpoint(uint64_t gen, uint32_t rank,

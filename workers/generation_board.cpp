@@ -66,6 +66,12 @@ bool GenerationBoard::await_shutdown(std::chrono::milliseconds timeout) {
   return cv_.wait_for(lock, timeout, [&] { return shutdown_; });
 }
 
+bool GenerationBoard::await_end(uint64_t generation, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, timeout, [&] { return shutdown_ || leave_.load() == generation; });
+  return shutdown_ || leave_.load() != generation;
+}
+
 bool GenerationBoard::shutting_down() const {
   std::lock_guard<std::mutex> lock(mu_);
   return shutdown_;

@@ -45,6 +45,10 @@ class GenerationBoard {
   void await_reason(uint64_t generation, std::chrono::milliseconds timeout);
   // Waits up to `timeout` for the shutdown; true when it came.
   bool await_shutdown(std::chrono::milliseconds timeout);
+  // After this worker's report of the job's end in `generation`: waits up to `timeout` for the
+  // shutdown. False when the generation is left first (a member lost before its own report: the
+  // others go on in a generation of their own, which writes what the lost one did not).
+  bool await_end(uint64_t generation, std::chrono::milliseconds timeout);
 
   bool stop_requested() const { return stop_.load(); }
   // A stop asked with a checkpoint where it stops (set before the stop: a thread that saw the

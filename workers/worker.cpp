@@ -191,6 +191,7 @@ TrainResult Worker::run_data_parallel(comm::Communicator& comm, uint64_t start,
     trace_.span(at_step, on_device ? "allreduce (device plane)" : "allreduce", "comm", r0,
                 spec_.overlap_reduce ? 1 : 0);
   };
+  if (start == spec_.steps) checkpoint_the_end_again(written);
   for (uint64_t step = start; step < spec_.steps; ++step) {
     const auto t0 = Clock::now();
     const int64_t t0_us = StepTrace::now_us();
@@ -363,6 +364,7 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
   // here instead of failing the job.
   const bool backups = active && plan.dp == 1 && spec_.stage_backup_steps > 0;
   if (backups && start < spec_.steps) backups_->take(comm, plan, s, r, *states_, next_step_);
+  if (start == spec_.steps) checkpoint_the_end_again(written);
   for (uint64_t step = start; step < spec_.steps; ++step) {
     const auto t0 = Clock::now();
     before_step(step);
@@ -494,6 +496,15 @@ void Worker::maybe_checkpoint(const std::vector<uint32_t>& blocks, bool requeste
                 std::move(shards), seconds_since(t0));
   writing_generation_ = generation_;
   last_checkpoint_ = next_step_;
+}
+
+// A generation formed after the job's last step (a member lost while it wrote its shards of the
+// last checkpoint, or one joining then): nothing is left to train, and the members write the last
+// step's checkpoint again as this generation spreads the blocks (the one before may lack the
+// lost member's shards; a complete one is written again alike).
+void Worker::checkpoint_the_end_again(const std::vector<uint32_t>& blocks) {
+  last_checkpoint_ = 0;
+  maybe_checkpoint(blocks, false, false);
 }
 
 void Worker::finish_checkpoints() { take_checkpoint_result(true); }

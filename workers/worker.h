@@ -243,6 +243,7 @@ class Worker {
   // writer is busy (`any_busy`, the vote of writer_busy_vote()).
   double writer_busy_vote() const;
   void maybe_checkpoint(const std::vector<uint32_t>& blocks, bool requested, bool any_busy);
+  void checkpoint_the_end_again(const std::vector<uint32_t>& blocks);
   void before_step(uint64_t step);  // the test's fault injection, if any
   // (flops: the model FLOPs this rank computed in the step.)
   StepInfo step_info(uint64_t step, double loss, elastic::Share share, double seconds, double busy,

@@ -630,6 +630,30 @@ TEST(Checkpoints, AJobThatCompletesCheckpointsItsLastStep) {
             std::string::npos);
 }
 
+// A member SIGKILLed while the shards of the last step's checkpoint are written (each writer
+// 3 s slow after its first shard): the survivor's generation, formed after the last step, writes
+// the checkpoint again in its own layout. The job completed with it (it ended "completed" with no
+// checkpoint, the lost member's shards missing: nothing to export).
+TEST(Checkpoints, AMemberLostWhileTheLastCheckpointIsWrittenLeavesItWrittenByTheOthers) {
+  TempDir dir;
+  Job job = start_job(dir, "lost-at-end", kGpt, 2, {"job.steps=20", "elastic.max_restarts=0"},
+                      {pace(20000), "TROUPE_TEST_CHECKPOINT_DELAY_MS=3000"});
+  wait_steps(job, 20);
+  std::this_thread::sleep_for(500ms);  // (its writer in its first shard's delay)
+  ASSERT_EQ(::kill(pid_of(job, "agent-1"), SIGKILL), 0);
+  auto st = job.proc->wait(60s);
+  ASSERT_TRUE(st && WIFEXITED(*st));
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
+  ASSERT_NE(wait_event(job, is("generation_started", "generation", "2"), 1s), "")
+      << "the kill came too late: " << text_of(job.run_dir + "/events.jsonl");
+  const std::string end = events_of(job).back();
+  EXPECT_EQ(json_field(end, "state"), "completed") << end;
+  EXPECT_EQ(json_field(end, "checkpoint"), job.run_dir + "/checkpoints/step-00000020/manifest.json")
+      << end;
+  const std::string model = dir.path() + "/lost-at-end.safetensors";
+  EXPECT_NE(admin(dir, {"export", job.run_dir, "-o", model}).find("step 20 of"), std::string::npos);
+}
+
 // The state lost with the members that held it (checkpoint.on_state_lost = "rollback", the
 // default): every agent of a data-parallel job SIGKILLed at once, or a pipeline stage without a
 // replica or a stage backup; the launcher starts them again, and the running job goes on from
