@@ -18,6 +18,7 @@
 #pragma once
 
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "models/compute.h"
@@ -76,13 +77,19 @@ class Block {
     params_ = lazy ? Tensor::lazy({n}) : Tensor({n});
     grads_ = lazy ? Tensor::lazy({n}) : Tensor({n});
   }
-  // Carves consecutive views out of the flat parameter and gradient buffers.
+  // Carves consecutive views out of the flat parameter and gradient buffers (allocate()d first,
+  // with their total).
   struct Carver {
     Block* b;
     size_t at = 0;
     std::pair<Tensor, Tensor> take(std::string name, std::vector<size_t> shape) {
       size_t n = 1;
       for (size_t d : shape) n *= d;
+      if (at + n > b->params_.numel())
+        throw std::logic_error(
+            "a block carves '" + name + "' (" + std::to_string(n) + " values) past the " +
+            std::to_string(b->params_.numel()) + " parameters it allocate()d" +
+            (at == 0 ? ": allocate(n), with the total, before Carver::take" : ""));
       auto out = std::make_pair(b->params_.view(at, shape), b->grads_.view(at, shape));
       b->views_.push_back({std::move(name), std::move(shape), at});
       at += n;
@@ -95,7 +102,8 @@ class Block {
   Tensor& ensure(Tensor& t, std::vector<size_t> shape);
   Tensor& zeroed(Tensor& t, std::vector<size_t> shape);
 
-  Tensor params_, grads_;
+  // (A block with no parameters, an activation, need not allocate(): it has none.)
+  Tensor params_{std::vector<size_t>{0}}, grads_{std::vector<size_t>{0}};
   std::vector<ParamView> views_;
   bool needs_input_grad_ = true;
   Compute* compute_ = &cpu_compute();

@@ -14,6 +14,7 @@
 #include "models/data.h"
 #include "models/model.h"
 #include "models/optim.h"
+#include "models/state.h"
 #include "models/trainer.h"
 #include "tests/harness/test_kinds.h"
 
@@ -197,6 +198,61 @@ TEST(Extensions, AModelOfUserBlocksTrains) {
   double last = first;
   for (uint64_t s = 1; s < 60; ++s) last = trainer.step(s).loss;
   EXPECT_LT(last, 0.7 * first);
+}
+
+// A block with no parameters (an activation) that never calls allocate(): it trains, and its
+// (empty) state is saved and loaded as any block's (it crashed the first checkpoint). A block
+// that carves a parameter before allocate() is told so (it crashed in its constructor).
+TEST(Extensions, ABlockWithoutParametersNeedsNoAllocate) {
+  struct Twice : models::Block {
+    std::string kind() const override { return "twice"; }
+    double flops_per_sample() const override { return 0; }
+    void init(uint64_t, size_t) override {}
+    models::Tensor forward(const models::Tensor& x, size_t) override {
+      models::Tensor y(x.shape());
+      for (size_t i = 0; i < x.numel(); ++i) y.data()[i] = 2 * x.data()[i];
+      return y;
+    }
+    models::Tensor backward(const models::Tensor& dy) override { return forward(dy, 0); }
+    Saved save() override { return nullptr; }
+    void restore(const Saved&) override {}
+  };
+  models::Extensions ext;
+  ext.add_dataset(blobs());
+  auto data = ext.dataset("blobs")->open(models::options_of(ext.dataset("blobs")->options, {}), 3);
+  std::vector<std::unique_ptr<models::Block>> blocks;
+  blocks.push_back(models::make_linear_block(data->input_width(), 16, true));
+  blocks.push_back(std::make_unique<Twice>());
+  blocks.push_back(models::make_linear_block(16, data->classes(), false));
+  models::ModelSpec spec;
+  spec.kind = "mine";
+  models::Model model(spec, std::move(blocks));
+  model.init(5);
+  EXPECT_EQ(model.block_param_counts()[1], 0u);
+  models::OptimizerSpec os;
+  os.lr = 0.01;
+  models::Optimizer opt(os, model.block_param_counts());
+  models::Trainer trainer(model, opt, *data, 5, 32, 32);
+  const double first = trainer.step(0).loss;
+  double last = first;
+  for (uint64_t s = 1; s < 30; ++s) last = trainer.step(s).loss;
+  EXPECT_LT(last, first);
+  std::vector<uint8_t> bytes;
+  models::save_block_state_into(bytes, model.block(1), 1, opt, {30, 960});
+  EXPECT_NO_THROW(models::load_block_state(bytes, model.block(1), 1, opt));
+
+  struct CarvesFirst : Twice {
+    CarvesFirst() { Carver{this}.take("weight", {4, 4}); }
+  };
+  try {
+    CarvesFirst never;
+    ADD_FAILURE() << "carved before allocate()";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("a block carves 'weight' (16 values) past the 0 "
+                                         "parameters it allocate()d: allocate(n)"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Extensions, ABlockWhoseInitIsNotRepeatableIsRefusedNamingIt) {
