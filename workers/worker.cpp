@@ -80,11 +80,12 @@ Worker::Worker(const WorkerSpec& spec) : spec_(spec), trace_(spec.trace_first, s
                                                size_t(spec.global_batch), size_t(spec.micro_batch));
   // (Not for the exact path: it takes one global micro-batch a call, never the range expected.)
   if (!pipelined() && !spec.deterministic) trainer_->enable_prefetch();
-  // The shape of each block's output for one sample: one sample through the model.
+  // The shape of each block's output for one sample: one sample through the model (a block that
+  // cannot take its input is named here, as in training).
   models::Batch one = trainer_->batch(0, 0, 1);
   models::Tensor x = one.inputs;
   for (size_t b = 0; b < model_->num_blocks(); ++b) {
-    x = model_->block(b).forward(x, 1);
+    x = model_->forward_block(b, x, 1);
     out_shape_.push_back(x.shape());
   }
   if (!pipelined()) model_->zero_grads();  // (lazy gradients read zeros already)

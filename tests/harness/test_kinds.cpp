@@ -66,12 +66,14 @@ models::DatasetKind broken_samples() {
 models::ModelKind shifted_linear() {
   return {"shifted_linear",
           {{"classes", int64_t(10), 2, 1000, "outputs"},
-           {"repeatable_init", true, "false: the bias's init differs at each call"}},
+           {"repeatable_init", true, "false: the bias's init differs at each call"},
+           {"wider_shift", int64_t(0), 0, 10, "the bias this much wider than its input"}},
           [](const models::Options& o, const models::Dataset& data) {
             const size_t classes = size_t(o.integer("classes"));
             std::vector<std::unique_ptr<models::Block>> blocks;
             blocks.push_back(models::make_linear_block(data.input_width(), classes, false));
-            blocks.push_back(std::make_unique<Shift>(classes, o.boolean("repeatable_init")));
+            blocks.push_back(std::make_unique<Shift>(classes + size_t(o.integer("wider_shift")),
+                                                     o.boolean("repeatable_init")));
             return blocks;
           },
           "a linear layer and a bias (tests)"};

@@ -3,7 +3,8 @@
 //   data.kind = "broken_samples": synthetic classes; data.fail_at = N makes sample N's fill throw
 //     (a corrupt record), data.bad_target_at = N gives sample N a target one past the classes.
 //   model.kind = "shifted_linear": a linear layer, then a learned bias (Shift);
-//     model.repeatable_init = false makes the bias's init differ (an unseeded init).
+//     model.repeatable_init = false makes the bias's init differ (an unseeded init);
+//     model.wider_shift = N makes the bias N wider than the layer's output (a shape mismatch).
 #pragma once
 
 #include <memory>

@@ -607,6 +607,15 @@ micro = 8
             std::string::npos)
       << r.output;
   EXPECT_EQ(r.output.find("restarting"), std::string::npos) << r.output;
+  // A block that cannot take the one before's output is named where the worker first runs it
+  // (it said only "input is not (B, 11)", with no block).
+  std::vector<std::string> wider = sets;
+  wider.push_back("model.wider_shift=1");
+  r = troupe_run(dir, config, wider, 120s);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("model 'shifted_linear': block 1 ('shift') forward: input is not (B, 11)"),
+            std::string::npos)
+      << r.output;
 }
 
 // A device the agent cannot open is refused where it starts: exit 2, with the reason, before it
