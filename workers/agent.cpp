@@ -119,6 +119,10 @@ int run_agent(const AgentOptions& o) {
   const actors::JobSpec& spec = session.spec();
   if (std::string why = missing_kind(spec, o.extensions.get()); !why.empty()) {
     std::fprintf(stderr, "troupe agent: %s\n", why.c_str());
+    // The coordinator hears why, not only that the agent went (a peer lost): a joiner of a
+    // running job is given up, and one of the first generation's fails the job with it.
+    for (uint32_t d = 0; d < o.devices.size(); ++d)
+      session.send(actors::encode(actors::WorkerFailed{{spec.agent_id, d}, d, 0, why}));
     return 2;
   }
   spdlog::info("agent {} joined job '{}' as agent {} with {} device(s)", session.name(),

@@ -170,8 +170,13 @@ TEST(CustomModel, AnAgentOfAnotherProgramIsRefusedAtItsJoin) {
   EXPECT_NE(text_of(log).find("model.kind = \"convnet\" is not a kind this program has"),
             std::string::npos)
       << text_of(log);
-  job.proc->signal(SIGTERM);
-  job.proc->wait(30s);
+  // The coordinator heard why (not only a lost peer): its first generation's agent gone, the job
+  // fails with the reason.
+  auto end = job.proc->wait(30s);
+  ASSERT_TRUE(end) << "the job still waits for its agent";
+  EXPECT_EQ(WEXITSTATUS(*end), 1);
+  EXPECT_NE(text_of(job.out).find("is not a kind this program has"), std::string::npos)
+      << text_of(job.out);
 }
 
 }  // namespace

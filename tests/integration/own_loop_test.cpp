@@ -214,8 +214,14 @@ TEST(OwnLoop, AJobOfAnotherKindRefusesTheLoopAndTroupeAgentRefusesTheLoopsJob) {
   EXPECT_NE(said.find("your program's members join it (troupe::ElasticLoop"), std::string::npos)
       << said;
   EXPECT_EQ(said.find("troupe agent --join"), std::string::npos) << said;
-  external.proc->signal(SIGTERM);
-  external.proc->wait(30s);
+  // The coordinator heard why (it recorded a lost peer, and waited for the agent until
+  // elastic.start_timeout_ms): the first generation's agent gone, the job fails with the reason.
+  auto end = external.proc->wait(30s);
+  ASSERT_TRUE(end) << "the job still waits for its agent";
+  EXPECT_EQ(WEXITSTATUS(*end), 1);
+  EXPECT_NE(text_of(external.out).find("failed: the job's model.kind = \"external\""),
+            std::string::npos)
+      << text_of(external.out);
 }
 
 }  // namespace
