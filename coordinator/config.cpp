@@ -212,7 +212,9 @@ void check_choice(const Field& f, const std::string& v, const std::string& at) {
   std::string list;
   for (auto& c : f.choices) list += (list.empty() ? "" : ", ") + c;
   const bool kind = f.key == "kind" && (f.table == "model" || f.table == "data");
+  const std::string hint = nearest_word(v, f.choices);
   throw ConfigError(at + ": " + f.table + "." + f.key + " = \"" + v + "\" is not one of: " + list +
+                    (hint.empty() ? "" : "; did you mean \"" + hint + "\"?") +
                     (kind ? " (a kind a program adds is known to that program: run the job "
                             "with it, docs/api.md)"
                           : ""));
@@ -793,13 +795,13 @@ std::string unknown_key(const JobConfig& c, const std::vector<Field>& fields,
   const bool added =
       (table == "model" && !c.builtin_model()) || (table == "data" && !c.builtin_data());
   std::string msg = "unknown key " + table + "." + key;
+  const std::string hint = nearest_word(key, keys);
   if (added) {
     std::string list;
     for (auto& k : keys) list += (list.empty() ? "" : ", ") + k;
-    return msg + " (" + table + ".kind = \"" + (table == "model" ? c.model_kind : c.data_kind) +
+    msg += " (" + table + ".kind = \"" + (table == "model" ? c.model_kind : c.data_kind) +
            "\" takes: " + list + ")";
   }
-  std::string hint = nearest_word(key, keys);
   return msg + (hint.empty() ? "" : "; did you mean " + table + "." + hint + "?");
 }
 

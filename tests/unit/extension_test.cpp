@@ -110,6 +110,12 @@ TEST(Extensions, TheConfigChecksAProgramsKeys) {
   EXPECT_EQ(refusal(head + "hidden = [3]\n"),
             "job.toml:3:1: unknown key model.hidden (model.kind = \"mine\" takes: kind, relu, "
             "width)");
+  // A typo of a program's key or kind gets the nearest, as a built-in one does.
+  EXPECT_EQ(refusal(head + "widht = 3\n"),
+            "job.toml:3:1: unknown key model.widht (model.kind = \"mine\" takes: kind, relu, "
+            "width); did you mean model.width?");
+  EXPECT_NE(refusal("[model]\nkind = \"mien\"\n").find("; did you mean \"mine\"?"),
+            std::string::npos);
   EXPECT_EQ(refusal(head + "width = \"wide\"\n"),
             "job.toml:3:9: model.width must be an integer, not a string (\"wide\")");
   EXPECT_EQ(refusal(head + "width = 0\n"),
