@@ -147,9 +147,16 @@ struct JobConfig {
   bool builtin_data() const {
     return data_kind == "synthetic" || data_kind == "text" || data_kind == "tokens";
   }
-  // elastic.change_timeout_ms, or its default.
+  // How long after a member left a generation with an error (a collective that made no progress)
+  // another still silent is taken for hung and cut: its own collectives and connections would
+  // have failed by then.
+  int64_t hung_after_ms() const { return 2 * failure_timeout_ms + 10000; }
+  // elastic.change_timeout_ms, or its default: long enough for a member hung in a planned change
+  // to be cut (the others' collectives fail within failure_timeout_ms, then hung_after_ms) and
+  // the change to form without it (it was 2 x failure_timeout_ms + 30000: above 20 s the job
+  // failed at the change's deadline first).
   int64_t change_timeout() const {
-    return change_timeout_ms > 0 ? change_timeout_ms : 2 * failure_timeout_ms + 30000;
+    return change_timeout_ms > 0 ? change_timeout_ms : failure_timeout_ms + hung_after_ms() + 20000;
   }
   // elastic.step_timeout_ms, or its default (as PyTorch's collective timeout, 10 minutes; longer
   // where a member's loss takes longer to notice). 0: none (a loop of its own, model.kind =

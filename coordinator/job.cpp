@@ -423,7 +423,7 @@ class Coordinator : public caf::event_based_actor {
   }
   // (Its own collectives time out within failure_timeout_ms, a connection within 10 s.)
   std::chrono::milliseconds hung_after() const {
-    return std::chrono::milliseconds(2 * cfg_.failure_timeout_ms + 10000);
+    return std::chrono::milliseconds(cfg_.hung_after_ms());
   }
 
   void cut_hung_members(uint64_t generation, const std::string& error) {

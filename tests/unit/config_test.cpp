@@ -370,7 +370,13 @@ TEST(Config, KeysThatWouldNotActAtTheirDefaultsAreAccepted) {
 TEST(Config, DeadlinesComeFromElasticKeys) {
   JobConfig d;
   EXPECT_EQ(d.start_timeout_ms, 120000);
-  EXPECT_EQ(d.change_timeout(), 2 * 3000 + 30000);  // derived from failure_timeout_ms
+  EXPECT_EQ(d.change_timeout(), 3 * 3000 + 30000);  // derived from failure_timeout_ms
+  // A member hung in a change is cut before the change's deadline, at any failure timeout.
+  for (int64_t ft : {500, 3000, 20000, 25000, 120000}) {
+    JobConfig c = d;
+    c.failure_timeout_ms = ft;
+    EXPECT_GT(c.change_timeout(), ft + c.hung_after_ms()) << ft;
+  }
   EXPECT_EQ(d.max_reforms, 3);
   JobConfig c = parse_config(
       "[elastic]\nstart_timeout_ms = 5000\nchange_timeout_ms = 9000\nmax_reforms = 1\n"
