@@ -851,8 +851,49 @@ void reject_unknown(const toml::table& root, const std::string& source, const Jo
 
 }  // namespace
 
+namespace {
+
+// toml++ parses dotted keys, table headers and nested arrays recursively: a key of 50,000 parts
+// overflowed the stack (a crash on a 100 KB file). A line of more dotted parts, or a nesting
+// deeper, than any config has is refused first (strings and comments are not counted).
+void refuse_too_deep(std::string_view text, const std::string& source) {
+  constexpr size_t kMax = 256;
+  size_t line = 1, dots = 0, depth = 0;
+  char quote = 0;  // inside a string of this quote
+  bool comment = false, triple = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (ch == '\n') ++line, dots = 0, comment = false;
+    if (comment || ch == '\n') continue;
+    if (quote) {
+      if (ch == '\\' && quote == '"')
+        ++i;
+      else if (ch == quote && (!triple || text.substr(i, 3) == std::string(3, quote)))
+        i += triple ? 2 : 0, quote = 0;
+      continue;
+    }
+    if (ch == '#') comment = true;
+    if (ch == '"' || ch == '\'') {
+      quote = ch;
+      triple = text.substr(i, 3) == std::string(3, ch);
+      i += triple ? 2 : 0;
+    }
+    dots += ch == '.';
+    depth += ch == '[' || ch == '{';
+    depth -= (ch == ']' || ch == '}') && depth > 0;
+    if (dots > kMax || depth > kMax)
+      throw ConfigError(source + ":" + std::to_string(line) + ": " +
+                        (dots > kMax ? "a key of more than 256 dotted parts"
+                                     : "arrays or tables nested more than 256 deep") +
+                        ": not a config");
+  }
+}
+
+}  // namespace
+
 JobConfig parse_config(const std::string& text, const std::string& source,
                        const std::vector<std::string>& overrides, const ExtensionKinds& kinds) {
+  refuse_too_deep(text, source);
   toml::table root;
   try {
     root = toml::parse(std::string_view(text), source);

@@ -180,6 +180,26 @@ TEST(Config, BadFilesAreRefusedWithFileLineAndReason) {
   }
 }
 
+// Keys, table headers and arrays nested past what toml++'s recursive parser survives (50,000
+// parts crashed it) are refused first; the same characters in strings and comments are text.
+TEST(Config, KeysAndArraysNestedTooDeepAreRefusedNotACrash) {
+  std::string parts;
+  for (int i = 0; i < 50000; ++i) parts += "a.";
+  const std::string deep_array = "[job]\nx = " + std::string(50000, '[') + "\n";
+  for (const std::string& text : {"[job]\n" + parts + "b = 1\n", "[" + parts + "b]\n", deep_array})
+    try {
+      parse_config(text, "job.toml");
+      ADD_FAILURE() << "accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("job.toml:"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("256"), std::string::npos) << e.what();
+    }
+  const std::string dots(1000, '.');
+  EXPECT_NO_THROW(parse_config("# " + dots + " [[[[\n[job]\nname = \"" + dots + "[{\"\n" +
+                                   "[data]\npath = \'\'\'" + dots + "\n" + dots + "\'\'\'\n",
+                               "job.toml"));
+}
+
 TEST(Config, DefaultsAndOverrides) {
   auto c = parse_config("[job]\nsteps = 30\n[model]\nhidden = [64, 32]\n", "a.toml",
                         {"optimizer.lr = 0.5", "job.name=demo", " cluster.agents =3"});
