@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <memory>
 #include <optional>
 #include <set>
@@ -45,6 +46,8 @@ struct RunEvents {
 };
 RunEvents run_events(const std::string& dir) {
   RunEvents e;
+  std::error_code ec;  // (a FIFO would block the read)
+  if (!std::filesystem::is_regular_file(dir + "/events.jsonl", ec)) return e;
   std::ifstream in(dir + "/events.jsonl");
   for (std::string line; std::getline(in, line);) {
     auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
@@ -77,8 +80,11 @@ JobRef job_ref(const JobName& n) {
                              " (troupe status --run-dir " + n.run_dir + ")");
   }
   if (!n.run_dir.empty()) {
-    std::ifstream in(n.run_dir + "/coordinator.addr");
-    if (!(in >> r.address))
+    std::error_code ec;  // (a FIFO would block the read)
+    std::ifstream in;
+    if (std::filesystem::is_regular_file(n.run_dir + "/coordinator.addr", ec))
+      in.open(n.run_dir + "/coordinator.addr");
+    if (!(in >> std::setw(256) >> r.address))
       throw std::invalid_argument("no coordinator.addr in " + n.run_dir +
                                   " (is a job running there?)");
     token_file = n.run_dir + "/job.token";

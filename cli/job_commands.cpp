@@ -675,6 +675,10 @@ int run_job(const std::vector<std::string>& words, bool spawn_agents, const Hook
                  "RUN_DIR: go on in it from its newest valid checkpoint; or a checkpoint's "
                  "directory: a new run starts from it");
   if (auto rc = parse(app, words)) return *rc;
+  if (app.count("--resume") && resume.empty()) {  // (an unset shell variable: not a new run)
+    std::fprintf(stderr, "troupe run: --resume names no run directory or checkpoint\n");
+    return 2;
+  }
   coordinator::JobConfig cfg;
   bool into_run = false;
   if (int rc = configure_job(path, sets, listen, resume, spawn_agents, hooks, cfg, into_run))
@@ -702,7 +706,14 @@ int run_job(const std::vector<std::string>& words, bool spawn_agents, const Hook
   caf::actor_system system{sys_cfg};
   auto bridge = actors::spawn_bridge(system, bridge_config_of(cfg, dir.token));
   caf::scoped_actor self{system};
-  auto coord = coordinator::spawn_coordinator(system, bridge, cfg, dir.path, self, metrics.values);
+  caf::actor coord;
+  try {
+    coord = coordinator::spawn_coordinator(system, bridge, cfg, dir.path, self, metrics.values);
+  } catch (const std::runtime_error& e) {  // (its run log: e.g. events.jsonl a directory)
+    std::fprintf(stderr, "troupe: %s\n", e.what());
+    deadline.arm(std::chrono::seconds(30), 2, "troupe");
+    return 2;
+  }
   self->monitor(coord);
   std::string address;
   self->request(bridge, std::chrono::seconds(5), actors::info_atom::value)

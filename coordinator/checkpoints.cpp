@@ -100,6 +100,9 @@ std::string check_shard(const fs::path& dir, const json& s, std::vector<bool>& s
   if (file != actors::shard_file_name(uint32_t(block)))
     return "the manifest's shard of block " + std::to_string(block) + " names " + file + ", not " +
            actors::shard_file_name(uint32_t(block));
+  std::error_code ec;  // (a FIFO would block the read; a directory throws from it)
+  if (fs::exists(dir / file, ec) && !fs::is_regular_file(dir / file, ec))
+    return (dir / file).string() + " is not a regular file";
   std::ifstream f(dir / file, std::ios::binary);
   if (!f) return (dir / file).string() + " is missing";
   // In pieces: a block's shard (its parameters and optimizer moments) may be gigabytes, and the
@@ -123,7 +126,10 @@ std::string manifest_lr(const json& m, double& lr) {
   if (!m.contains("optimizer")) return "";
   if (!m["optimizer"].is_object()) return "the manifest's \"optimizer\" is not an object";
   if (!m["optimizer"].contains("lr")) return "";
-  return field(m["optimizer"], "lr", "the manifest's optimizer", lr);
+  std::string why = field(m["optimizer"], "lr", "the manifest's optimizer", lr);
+  if (why.empty() && lr != 0 && !(lr >= 1e-12 && lr <= 1e3))  // (a resume takes it)
+    why = "the manifest's optimizer.lr " + json(lr).dump() + " is outside [1e-12, 1000]";
+  return why;
 }
 
 // The fields of the job's identity that differ from the manifest's ("data.eval_fraction: 0.05 in
@@ -153,6 +159,9 @@ std::string changes(const json& manifest, const CheckpointIdentity& job) {
 // why not. c.step: the step its name says (UINT64_MAX: take the manifest's).
 std::string check(const fs::path& dir, const CheckpointIdentity& job, ValidCheckpoint& c) {
   const fs::path manifest = dir / "manifest.json";
+  std::error_code ec;  // (a FIFO would block the read; a directory throws from it)
+  if (fs::exists(manifest, ec) && !fs::is_regular_file(manifest, ec))
+    return "its manifest.json is not a regular file";
   std::ifstream in(manifest);
   if (!in) return "no manifest (a checkpoint still being written, or cut short by a crash)";
   const json m = json::parse(in, nullptr, false);
@@ -341,6 +350,8 @@ std::optional<uint64_t> Checkpoints::newest_in_dir() const {
 // A complete checkpoint of this job's config in `directory` (its manifest says so; the shards
 // are not read): not a checkpoint of another job sharing checkpoint.dir, nor one cut short.
 bool Checkpoints::ours(const std::string& directory) const {
+  std::error_code ec;
+  if (!fs::is_regular_file(directory + "/manifest.json", ec)) return false;
   std::ifstream in(directory + "/manifest.json");
   const json m = json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (!m.is_object() || !m.contains("config_hash") || !m["config_hash"].is_string()) return false;

@@ -1524,8 +1524,14 @@ void stop_embedded_job(EmbeddedJob& job) {
 caf::actor spawn_coordinator(caf::actor_system& system, caf::actor bridge, const JobConfig& config,
                              const std::string& run_dir, caf::actor observer,
                              std::shared_ptr<JobMetrics> metrics) {
-  auto c = system.spawn<Coordinator, caf::detached>(bridge, config, run_dir, observer,
-                                                    std::move(metrics));
+  caf::actor c;
+  try {
+    c = system.spawn<Coordinator, caf::detached>(bridge, config, run_dir, observer,
+                                                 std::move(metrics));
+  } catch (...) {  // (its run log cannot be opened): the system would wait for the bridge forever
+    caf::anon_send_exit(bridge, caf::exit_reason::user_shutdown);
+    throw;
+  }
   caf::anon_send(bridge, actors::register_atom::value, actors::kCoordinatorActorId, c);
   return c;
 }

@@ -111,6 +111,8 @@ nlohmann::json read_manifest(const std::string& dir) {
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0) bad(dir, std::string("cannot be read: ") + strerror(errno));
   if (!S_ISDIR(st.st_mode)) bad(dir, "is not a directory (troupe data prepare makes one)");
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))  // (a FIFO would block the read)
+    bad(dir, std::string(kManifestFile) + " is not a regular file");
   std::ifstream in(path, std::ios::binary);
   if (!in)
     bad(dir, std::string("has no ") + kManifestFile +
@@ -151,10 +153,14 @@ void TokenShards::map_shard(const nlohmann::json& s) {
     checksum = c->get<std::string>();
   }
   const std::string path = dir_ + "/" + file;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // (a FIFO: no wait)
   if (fd < 0) bad(dir_, "shard " + file + " cannot be opened: " + strerror(errno));
   struct stat st {};
   ::fstat(fd, &st);
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    bad(dir_, "shard " + file + " is not a regular file");
+  }
   const uint64_t bytes = uint64_t(st.st_size);
   if (bytes % width_ != 0 || bytes / width_ != tokens) {
     ::close(fd);

@@ -1,6 +1,7 @@
 #include "data/tokenizer.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <queue>
@@ -245,6 +246,9 @@ void Tokenizer::save(const std::string& path) const {
 }
 
 Tokenizer Tokenizer::load(const std::string& path) {
+  std::error_code ec;  // (a FIFO would block the read; a directory throws from it)
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
+    bad_file(path, "is not a regular file");
   std::ifstream in(path, std::ios::binary);
   if (!in) bad_file(path, "cannot be opened");
   std::stringstream text;

@@ -92,6 +92,12 @@ struct ArmedOnReturn {
 }  // namespace
 
 std::pair<std::string, std::string> read_token_file(const std::string& path) {
+  struct stat file {};
+  if (::stat(path.c_str(), &file) == 0 && (!S_ISREG(file.st_mode) || file.st_size > 4096))
+    throw std::invalid_argument(
+        "the token file '" + path + "' is " +
+        (S_ISREG(file.st_mode) ? "larger than a token file (4 KiB)" : "not a regular file") +
+        ": troupe run writes RUN_DIR/job.token");
   std::ifstream in(path);
   if (!in) throw std::invalid_argument("cannot read the token file '" + path + "'");
   std::string job, token;

@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,6 +26,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using namespace testing;
+namespace fs = std::filesystem;
 
 const char* kConfig = R"([job]
 name = "hardening"
@@ -91,6 +93,67 @@ TEST(RunDirectory, AFinishedJobsDirectoryIsNotAppendedTo) {
   EXPECT_NE(text_of(again.out).find("already holds a job's logs"), std::string::npos)
       << text_of(again.out);
   EXPECT_EQ(events_of(done).size(), events) << "the finished run's events changed";
+}
+
+// `troupe ARGS` within 30 s: its exit code (-1: it hung) and what it printed.
+std::pair<int, std::string> run_for(const TempDir& dir, std::vector<std::string> args) {
+  static int n = 0;
+  const std::string out = dir.path() + "/cmd-" + std::to_string(n++) + ".out";
+  args.insert(args.begin(), troupe_binary());
+  coordinator::ChildProcess p({args, out, out, {}});
+  auto st = p.wait(30s);
+  return {st && WIFEXITED(*st) ? WEXITSTATUS(*st) : -1, text_of(out)};
+}
+
+// Files of a run, a checkpoint or a data set that are not files (a FIFO, whose read blocks
+// forever; a directory, whose read threw a library error) are named or passed over, never waited
+// on; so is a token file that is a device (it grew the memory without end); an empty --resume (an
+// unset shell variable) is no new run, and a checkpoint's learning rate out of range is not taken.
+TEST(RunDirectory, FilesThatAreNotFilesAreNamedNeverWaitedOn) {
+  TempDir dir;
+  Job done = start_job(dir, "ckpt", kConfig, 1, {"job.steps=10", "checkpoint.every_steps=5"});
+  ASSERT_TRUE(done.proc->wait(60s));
+  const std::string ck = done.run_dir + "/checkpoints/";
+  const std::string model = dir.path() + "/m.safetensors";
+  // Step 10's manifest a directory, then its shard a FIFO: passed over for step 5.
+  fs::rename(ck + "step-00000010/manifest.json", dir.path() + "/manifest.json");
+  fs::create_directories(ck + "step-00000010/manifest.json");
+  auto [rc, said] = run_for(dir, {"export", done.run_dir, "-o", model});
+  EXPECT_EQ(rc, 0) << said;
+  EXPECT_NE(said.find("its manifest.json is not a regular file"), std::string::npos) << said;
+  EXPECT_NE(said.find("step 5 of"), std::string::npos) << said;
+  fs::remove(ck + "step-00000010/manifest.json");
+  fs::rename(dir.path() + "/manifest.json", ck + "step-00000010/manifest.json");
+  fs::remove(ck + "step-00000010/block-00000.trpblk");
+  ASSERT_EQ(::mkfifo((ck + "step-00000010/block-00000.trpblk").c_str(), 0600), 0);
+  std::tie(rc, said) = run_for(dir, {"export", done.run_dir, "-o", model});
+  EXPECT_EQ(rc, 0) << said;
+  EXPECT_NE(said.find("block-00000.trpblk is not a regular file"), std::string::npos) << said;
+  // A learning rate out of range in step 5's manifest: not taken (it diverged the resume).
+  std::string m = text_of(ck + "step-00000005/manifest.json");
+  const size_t at = m.find("\"lr\"");
+  ASSERT_NE(at, std::string::npos) << m;
+  m.replace(at, m.find_first_of(",}\n", at) - at, "\"lr\": 1e300");
+  std::ofstream(ck + "step-00000005/manifest.json") << m;
+  std::tie(rc, said) = run_for(dir, {"export", done.run_dir, "-o", model, "--step", "5"});
+  EXPECT_EQ(rc, 2) << said;
+  EXPECT_NE(said.find("optimizer.lr 1e+300 is outside [1e-12, 1000]"), std::string::npos) << said;
+  // The run's events and its address FIFOs: status answers.
+  const std::string run = dir.path() + "/fifo-run";
+  fs::create_directories(run);
+  ASSERT_EQ(::mkfifo((run + "/events.jsonl").c_str(), 0600), 0);
+  ASSERT_EQ(::mkfifo((run + "/coordinator.addr").c_str(), 0600), 0);
+  std::tie(rc, said) = run_for(dir, {"status", "--run-dir", run});
+  EXPECT_NE(rc, -1) << "troupe status hung on a FIFO";
+  EXPECT_NE(rc, 0) << said;
+  std::tie(rc, said) =
+      run_for(dir, {"agent", "--join", "127.0.0.1:1", "--token-file", "/dev/zero"});
+  EXPECT_EQ(rc, 2) << said;
+  EXPECT_NE(said.find("the token file '/dev/zero' is not a regular file"), std::string::npos)
+      << said;
+  std::tie(rc, said) = run_for(dir, {"run", "/nonexistent.toml", "--resume", ""});
+  EXPECT_EQ(rc, 2) << said;
+  EXPECT_NE(said.find("--resume names no run directory or checkpoint"), std::string::npos) << said;
 }
 
 // The job stops within 60 s, exit 0, its last event a stop resumable from a checkpoint.

@@ -240,6 +240,21 @@ TEST(Job, InputsThatCouldHangOrMisleadAreRefusedBeforeAnythingStarts) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("is not a regular file (a FIFO)"), std::string::npos) << r.output;
 
+  // A run directory whose log cannot be opened (a directory where metrics.jsonl goes): refused,
+  // named (the command hung, deaf to SIGTERM, waiting for its control plane to end).
+  const std::string blocked = dir.path() + "/blocked";
+  std::filesystem::create_directories(blocked + "/metrics.jsonl");
+  const std::string mlp = write_config(dir, "blocked.toml", kMlp);
+  std::vector<std::string> argv{testing::troupe_binary(), "run", mlp, "--set",
+                                "job.run_dir=\"" + blocked + "\""};
+  coordinator::ChildProcess p({argv, blocked + ".out", blocked + ".out", {}});
+  const auto st_blocked = p.wait(30s);
+  ASSERT_TRUE(st_blocked) << "troupe run hung";
+  EXPECT_EQ(WEXITSTATUS(*st_blocked), 2);
+  EXPECT_NE(testing::text_of(blocked + ".out").find("cannot write " + blocked + "/metrics.jsonl"),
+            std::string::npos)
+      << testing::text_of(blocked + ".out");
+
   RunResult d = troupe_run(dir, dir.path(), {}, 30s);
   EXPECT_EQ(d.exit_code, 2) << d.output;
   EXPECT_NE(d.output.find("is a directory, not a config file"), std::string::npos) << d.output;

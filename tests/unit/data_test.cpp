@@ -2,6 +2,7 @@
 // most frequent pair first), the token shards and their manifest (every defect named), the global
 // order (a bijection per epoch, mixtures in proportion), and prepare's handling of bad input.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -182,6 +183,15 @@ TEST(Tokenizer, SavedAndLoadedAlikeAndBadFilesNamed) {
     doubling += ",[" + std::to_string(256 + i) + "," + std::to_string(256 + i) + "]";
   refused(doubling + "]}", "merge 6 makes a piece of 128 bytes, longer than a word (64)");
   EXPECT_THROW(Tokenizer::load(d / "absent.json"), std::invalid_argument);
+  // A FIFO (its read would block forever) or a directory: named, not read.
+  ASSERT_EQ(::mkfifo((d / "fifo.json").c_str(), 0600), 0);
+  fs::create_directories(d / "dir.json");
+  for (const char* name : {"fifo.json", "dir.json"}) try {
+      Tokenizer::load(d / name);
+      ADD_FAILURE() << name << " accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("is not a regular file"), std::string::npos) << e.what();
+    }
   std::string out;
   const uint32_t bad = 400;
   EXPECT_THROW(t.decode(&bad, 1, out), std::invalid_argument);
