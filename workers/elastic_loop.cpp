@@ -48,7 +48,9 @@ class ElasticLoop::Impl {
   void take_state(const actors::GenerationStart& g);
   LoopStep open_step();
   void broken(const comm::Error& e);
-  void end_job();  // the job's end for this member: its checksum, then the coordinator's word
+  // The job's end for this member: its checksum, then the coordinator's word (true), or the
+  // generation left first (false: a member lost before its own report; the others go on).
+  bool end_job();
 
   workers::AgentSession session_;
   std::thread watcher_;
@@ -245,7 +247,7 @@ std::optional<LoopStep> ElasticLoop::Impl::next_step() {
     if (board.shutting_down()) break;
     if (!in_generation_) {
       if (!join_generation()) break;
-      return open_step();
+      if (applied_ < job.steps) return open_step();  // (else formed after the last step: the end)
     }
     if (stop_voted_) {  // another member's agent may have heard why first: wait for it here
       board.await_reason(generation_, std::chrono::milliseconds(failure_timeout_ms_ + 5000));
@@ -257,8 +259,10 @@ std::optional<LoopStep> ElasticLoop::Impl::next_step() {
       }
     }
     if (stop_voted_ || applied_ >= job.steps) {
-      end_job();
-      break;
+      if (end_job()) break;
+      in_generation_ = false;  // a member lost before its own end report: on without it
+      ++want_;
+      continue;
     }
     return open_step();
   }
@@ -343,7 +347,7 @@ void ElasticLoop::Impl::broken(const comm::Error& e) {
   ++want_;
 }
 
-void ElasticLoop::Impl::end_job() {
+bool ElasticLoop::Impl::end_job() {
   try {
     comm_->barrier();  // nobody leaves while another still waits on it
   } catch (const comm::Error&) {
@@ -352,8 +356,11 @@ void ElasticLoop::Impl::end_job() {
   session_.send(actors::encode(
       actors::WorkerDone{rank_, generation_, applied_, comm::fnv1a(bytes.data(), bytes.size())}));
   auto& board = session_.board();
-  if (!board.await_shutdown(std::chrono::milliseconds(failure_timeout_ms_ + 30000)))
+  if (!board.await_end(generation_, std::chrono::milliseconds(2 * failure_timeout_ms_ + 30000)))
+    return false;
+  if (!board.shutting_down())
     board.shut_down(1, "the coordinator did not end the job after this member's last step");
+  return true;
 }
 
 ElasticLoop::ElasticLoop(const LoopOptions& options, LoopState state)

@@ -4,9 +4,14 @@
 // binary; `troupe run` starts its agents from it too. `troupe_test loop-misuse ADDRESS
 // TOKEN_FILE` is a member of a model.kind = "external" job that calls ElasticLoop out of order
 // (before its first step and after its last) and prints what it was told, training in between.
+// `troupe_test loop-member ADDRESS TOKEN_FILE NAME [dies-at-end]` is a plain member of one; with
+// dies-at-end it is killed (_Exit) 300 ms after its last step's commit, before it says its end.
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <thread>
 
 #include "cli/commands.h"
 #include "tests/harness/env_faults.h"
@@ -42,10 +47,37 @@ int loop_misuse(const char* address, const char* token_file) {
   return loop.exit_code();
 }
 
+int loop_member(const char* address, const char* token_file, const char* name, bool dies) {
+  double state = 0;
+  troupe::LoopState s{
+      [&] {
+        std::vector<uint8_t> b(sizeof state);
+        std::memcpy(b.data(), &state, sizeof state);
+        return b;
+      },
+      [&](const std::vector<uint8_t>& b) { std::memcpy(&state, b.data(), sizeof state); },
+  };
+  troupe::ElasticLoop loop({address, token_file, name}, s);
+  while (auto step = loop.next_step()) {
+    float g = 1;
+    if (!loop.allreduce(&g, 1) || !loop.commit(1.0)) continue;
+    state += g;
+    if (dies && step->step + 1 == loop.job().steps) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // (its report goes out)
+      std::_Exit(9);
+    }
+  }
+  std::printf("%s: %s (state %g)\n", name, loop.reason().c_str(), state);
+  std::fflush(stdout);
+  return loop.exit_code();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc == 4 && std::strcmp(argv[1], "loop-misuse") == 0) return loop_misuse(argv[2], argv[3]);
+  if ((argc == 5 || argc == 6) && std::strcmp(argv[1], "loop-member") == 0)
+    return loop_member(argv[2], argv[3], argv[4], argc == 6);
   troupe::cli::Hooks hooks;
   hooks.faults = [] { return troupe::testing::faults_from_environment(); };
   hooks.extensions = troupe::testing::test_kinds();

@@ -512,6 +512,41 @@ TEST(Job, ALoopsCallOutsideAStepIsNamed) {
   EXPECT_EQ(WEXITSTATUS(*st), 0) << testing::text_of(job.out);
 }
 
+// A loop's member killed after its last step's commit, before it says its end (the test build's
+// `loop-member ... dies-at-end`): the other, which said its own, forms a generation after the last
+// step and ends the job with it. (It waited for a shutdown that never came, the job failing at
+// the change's deadline: no address from the member that had said its end.)
+TEST(Job, ALoopsMemberLostAfterTheLastStepLeavesTheOtherToEndTheJob) {
+  testing::TempDir dir;
+  testing::Job job = testing::start_job(
+      dir, "loop-end",
+      "[job]\nsteps = 30\n[model]\nkind = \"external\"\n[logging]\nprogress = false\n", 2,
+      {"cluster.launcher=\"external\"", "elastic.failure_timeout_ms=1000"});
+  std::string addr;
+  for (int i = 0; i < 500 && addr.empty(); ++i) {
+    std::ifstream(job.run_dir + "/coordinator.addr") >> addr;
+    if (addr.empty()) std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_FALSE(addr.empty());
+  const std::string token = job.run_dir + "/job.token", out = dir.path() + "/survivor.out";
+  coordinator::ChildProcess survivor(
+      {{testing::troupe_binary(), "loop-member", addr, token, "survivor"}, out, out, {}});
+  coordinator::ChildProcess dies(
+      {{testing::troupe_binary(), "loop-member", addr, token, "dies", "dies-at-end"},
+       dir.path() + "/dies.out",
+       dir.path() + "/dies.out",
+       {}});
+  auto st = job.proc->wait(60s);
+  ASSERT_TRUE(st && WIFEXITED(*st)) << "the job did not end";
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << testing::text_of(job.out);
+  EXPECT_EQ(testing::json_field(testing::events_of(job).back(), "state"), "completed");
+  EXPECT_NE(testing::wait_event(job, testing::is("generation_started", "step", "30"), 1s), "")
+      << "the member died before the end: " << testing::text_of(job.run_dir + "/events.jsonl");
+  auto member = survivor.wait(30s);
+  ASSERT_TRUE(member && WIFEXITED(*member));
+  EXPECT_EQ(WEXITSTATUS(*member), 0) << testing::text_of(out);
+}
+
 // An agent of another model joining a running job: its worker refuses to start and is given up;
 // the job trains on without it and finishes.
 TEST(Job, AJoinerThatBuildsAnotherModelIsGivenUpAndTheJobGoesOn) {
@@ -628,8 +663,9 @@ micro = 8
   wider.push_back("model.wider_shift=1");
   r = troupe_run(dir, config, wider, 120s);
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("model 'shifted_linear': block 1 ('shift') forward: input is not (B, 11)"),
-            std::string::npos)
+  EXPECT_NE(
+      r.output.find("model 'shifted_linear': block 1 ('shift') forward: input is not (B, 11)"),
+      std::string::npos)
       << r.output;
 }
 
