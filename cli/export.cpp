@@ -115,6 +115,26 @@ void write_batch(const std::string& path, const models::Dataset& data, uint64_t 
 
 }  // namespace
 
+std::string overwrites_run(const std::string& run_dir, const std::string& checkpoints,
+                           const std::string& out) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path o = fs::weakly_canonical(fs::absolute(out, ec), ec);
+  if (fs::is_directory(o, ec)) return "is a directory";
+  auto inside = [&](const std::string& dir) {
+    const fs::path rel = o.lexically_relative(fs::weakly_canonical(fs::absolute(dir, ec), ec));
+    return !rel.empty() && *rel.begin() != "..";
+  };
+  if (inside(checkpoints)) return "is inside the run's checkpoints (" + checkpoints + ")";
+  const std::string name = o.filename().string();
+  const bool own = name == "config.toml" || name == "events.jsonl" || name == "metrics.jsonl" ||
+                   name == "ledger.jsonl" || name == "job.token" || name == "run.lock" ||
+                   name == "coordinator.addr" || o.extension() == ".log";
+  if (own && o.parent_path() == fs::weakly_canonical(fs::absolute(run_dir, ec), ec))
+    return "is the run's own " + name;
+  return "";
+}
+
 int run_export(const std::vector<std::string>& words, const Hooks& hooks) {
   CLI::App app{"A checkpoint's model parameters as a safetensors file (the PyTorch twin's names).",
                "troupe export"};
@@ -146,6 +166,9 @@ int run_export(const std::vector<std::string>& words, const Hooks& hooks) {
   if (batch_step >= cfg.steps)
     throw std::invalid_argument("--batch-of-step " + std::to_string(batch_step) +
                                 ": the job's steps are 0 to " + std::to_string(cfg.steps - 1));
+  if (std::string why = overwrites_run(run_dir, coordinator::checkpoints_dir(cfg, run_dir), out);
+      !why.empty())
+    throw std::invalid_argument("-o " + out + ": " + why);
   const coordinator::ValidCheckpoint ckpt = choose(cfg, run_dir, named, step);
   workers::WorkerSpec w = workers::worker_spec_of(coordinator::job_spec_of(cfg, 0, 1));
   w.extensions = hooks.extensions;

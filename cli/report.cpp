@@ -21,6 +21,10 @@ int run_report(const std::vector<std::string>& words) {
   app.add_option("-o,--output", out, "the HTML file (default RUN_DIR/report.html)");
   if (auto rc = parse(app, words)) return *rc;
   if (out.empty()) out = dir + "/report.html";
+  if (std::string why = overwrites_run(dir, dir + "/checkpoints", out); !why.empty()) {
+    std::fprintf(stderr, "troupe report: -o %s: %s\n", out.c_str(), why.c_str());
+    return 2;
+  }
   coordinator::RunReport report;
   try {
     report = coordinator::read_run(dir);
@@ -42,6 +46,7 @@ int run_report(const std::vector<std::string>& words) {
   }
   if (std::rename(tmp.c_str(), out.c_str()) != 0) {
     std::fprintf(stderr, "troupe report: cannot write %s: %s\n", out.c_str(), std::strerror(errno));
+    std::remove(tmp.c_str());
     return 1;
   }
   std::printf("troupe: report of %s (%s, %llu steps): %s\n", report.job.c_str(),

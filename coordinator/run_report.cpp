@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -175,7 +176,8 @@ std::string trained_by(const std::string& run_dir) {
 
 RunReport read_run(const std::string& run_dir) {
   const std::string events = run_dir + "/events.jsonl";
-  if (!std::ifstream(events))
+  std::error_code ec;  // (a FIFO would block the open)
+  if (!std::filesystem::is_regular_file(events, ec) || !std::ifstream(events))
     throw std::runtime_error(events + " cannot be read: not a run directory");
   RunReport r;
   r.run_dir = run_dir;
@@ -183,6 +185,8 @@ RunReport read_run(const std::string& run_dir) {
   EventReader reader(r);
   for (const auto& e : lines_of(events)) reader.read(e);
   reader.finish();
+  if (r.job.empty())  // (empty, or no line of it an event: a report of nothing said "running")
+    throw std::runtime_error(events + " holds no job_started event: not a run's log");
   read_metrics(r, run_dir + "/metrics.jsonl");
   return r;
 }

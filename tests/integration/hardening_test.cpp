@@ -156,6 +156,41 @@ TEST(RunDirectory, FilesThatAreNotFilesAreNamedNeverWaitedOn) {
   EXPECT_NE(said.find("--resume names no run directory or checkpoint"), std::string::npos) << said;
 }
 
+// An export or a report written over the run's own files (its config, its events, a checkpoint's
+// shard: they were replaced, exit 0) or onto a directory is refused, the run untouched; a report
+// of a log that holds no job is refused (it reported "running, 0 steps").
+TEST(RunDirectory, AnExportOrAReportNeverOverwritesTheRunsOwnFiles) {
+  TempDir dir;
+  Job done = start_job(dir, "own", kConfig, 1, {"job.steps=5"});
+  ASSERT_TRUE(done.proc->wait(60s));
+  const std::string config = text_of(done.run_dir + "/config.toml");
+  const size_t events = events_of(done).size();
+  const std::string shard = done.run_dir + "/checkpoints/step-00000005/block-00000.trpblk";
+  const std::string bytes = text_of(shard);
+  for (const auto& [args, why] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"export", done.run_dir, "-o", done.run_dir + "/config.toml"},
+            "is the run's own config.toml"},
+           {{"export", done.run_dir, "-o", shard}, "is inside the run's checkpoints"},
+           {{"export", done.run_dir, "-o", dir.path()}, "is a directory"},
+           {{"report", done.run_dir, "-o", done.run_dir + "/events.jsonl"},
+            "is the run's own events.jsonl"},
+           {{"report", done.run_dir, "-o", dir.path()}, "is a directory"}}) {
+    auto [rc, said] = run_for(dir, args);
+    EXPECT_EQ(rc, 2) << said;
+    EXPECT_NE(said.find(why), std::string::npos) << said;
+  }
+  EXPECT_EQ(text_of(done.run_dir + "/config.toml"), config);
+  EXPECT_EQ(events_of(done).size(), events);
+  EXPECT_EQ(text_of(shard), bytes);
+  EXPECT_FALSE(fs::exists(dir.path() + ".tmp"));
+  const std::string garbage = dir.path() + "/garbage";
+  fs::create_directories(garbage);
+  std::ofstream(garbage + "/events.jsonl") << "not an event\n";
+  auto [rc, said] = run_for(dir, {"report", garbage});
+  EXPECT_EQ(rc, 2) << said;
+  EXPECT_NE(said.find("holds no job_started event"), std::string::npos) << said;
+}
+
 // The job stops within 60 s, exit 0, its last event a stop resumable from a checkpoint.
 void expect_stopped_resumable(const Job& job) {
   auto st = job.proc->wait(60s);
