@@ -155,6 +155,16 @@ std::string changes(const json& manifest, const CheckpointIdentity& job) {
   return out;
 }
 
+// Whether a manifest's config hash is the job's: its hash; an older Troupe's (a manifest without
+// the config fields: its hash left the mix and the held-out fraction out); or one written before
+// a token data set's tokenizer was part of it (its config has no "tokenizer").
+bool same_job(const json& m, const std::string& hash, const CheckpointIdentity& job) {
+  if (hash == job.hash) return true;
+  if (!m.contains("config")) return !job.older_hash.empty() && hash == job.older_hash;
+  return m["config"].is_object() && !m["config"].contains("tokenizer") &&
+         !job.untokenized_hash.empty() && hash == job.untokenized_hash;
+}
+
 // "" when the checkpoint in dir is complete and intact (its step, lr and blocks into `c`), else
 // why not. c.step: the step its name says (UINT64_MAX: take the manifest's).
 std::string check(const fs::path& dir, const CheckpointIdentity& job, ValidCheckpoint& c) {
@@ -175,11 +185,7 @@ std::string check(const fs::path& dir, const CheckpointIdentity& job, ValidCheck
   if (why.empty() && c.step != UINT64_MAX && says != c.step)
     why = "the manifest's step is not the directory's";
   if (why.empty()) why = field(m, "config_hash", "the manifest", config_hash);
-  // (A manifest without the fields is an older Troupe's, whose hash left the mix and the held-out
-  // fraction out: taken on that hash, as that version did.)
-  const bool older =
-      !m.contains("config") && !job.older_hash.empty() && config_hash == job.older_hash;
-  if (why.empty() && config_hash != job.hash && !older)
+  if (why.empty() && !same_job(m, config_hash, job))
     why = "it belongs to another model, data or seed (" + changes(m, job) + "config hash " +
           config_hash + ", this job's " + job.hash + ")";
   if (why.empty()) why = manifest_lr(m, c.lr);
@@ -221,10 +227,15 @@ CheckpointIdentity checkpoint_identity(const JobConfig& c) {
   const std::string before = hash_of(j.dump());  // (what an older Troupe's manifests say)
   if (!c.data_mix.empty()) j["mix"] = c.data_mix;
   if (c.eval_fraction != 0) j["eval_fraction"] = c.eval_fraction;
+  const std::string untokenized = hash_of(j.dump());
+  // (The token data set's tokenizer: another one of the same vocabulary size trained on as the
+  // old ids would change what every embedding row means.)
+  if (!c.data_tokenizer.empty()) j["tokenizer"] = c.data_tokenizer;
   std::string text = j.dump();
   const std::string hash = hash_of(text);  // (before text moves: arguments have no order)
   CheckpointIdentity id(hash, std::move(text));
   if (before != id.hash) id.older_hash = before;
+  if (untokenized != id.hash) id.untokenized_hash = untokenized;
   id.blocks = c.block_params.size();  // (0 where not known yet)
   return id;
 }
@@ -355,10 +366,7 @@ bool Checkpoints::ours(const std::string& directory) const {
   std::ifstream in(directory + "/manifest.json");
   const json m = json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (!m.is_object() || !m.contains("config_hash") || !m["config_hash"].is_string()) return false;
-  const std::string hash = m["config_hash"].get<std::string>();
-  const bool older = !m.contains("config") && !identity_.older_hash.empty() &&
-                     hash == identity_.older_hash;  // (as check() takes it)
-  return hash == identity_.hash || older;
+  return same_job(m, m["config_hash"].get<std::string>(), identity_);
 }
 
 bool Checkpoints::fail(uint64_t step, uint64_t generation) {

@@ -37,8 +37,9 @@ struct CheckpointIdentity {
   CheckpointIdentity(std::string hash, std::string config)
       : hash(std::move(hash)), config(std::move(config)) {}
   std::string hash, config;
-  std::string older_hash;  // the hash an older Troupe gave the job ("": the same as hash)
-  uint64_t blocks = 0;     // the model's blocks, where known (a manifest of others is refused)
+  std::string older_hash;        // the hash an older Troupe gave the job ("": the same as hash)
+  std::string untokenized_hash;  // its hash without the tokenizer ("": the same as hash)
+  uint64_t blocks = 0;  // the model's blocks, where known (a manifest of others is refused)
 };
 CheckpointIdentity checkpoint_identity(const JobConfig& cfg);
 

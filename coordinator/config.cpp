@@ -16,6 +16,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <tuple>
@@ -514,6 +515,19 @@ void check_text_file(const JobConfig& c, const std::string& at) {
 
 // data.kind = "tokens": data.path, or data.mix's sets, are directories with a manifest (what is
 // in them is checked when they are opened: troupe run does before anything starts).
+// A prepared data set's tokenizer fingerprint, as its manifest says ("" when it does not say, or
+// cannot be read: the workers name what is wrong with it).
+std::string tokenizer_of(const std::string& dir) {
+  const std::string path = dir + "/manifest.json";
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (1 << 26)) return "";
+  std::ifstream in(path);
+  const nlohmann::json m = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!m.is_object() || !m.contains("tokenizer") || !m["tokenizer"].is_object()) return "";
+  const auto& f = m["tokenizer"].value("fingerprint", nlohmann::json());
+  return f.is_string() ? f.get<std::string>() : "";
+}
+
 void check_token_sets(const JobConfig& c, const std::map<std::string, std::string>& at,
                       const std::string& source) {
   auto place = [&](const std::string& key) {
@@ -943,6 +957,8 @@ JobConfig parse_config(const std::string& text, const std::string& source,
   if (!places.count("batch.micro")) c.micro_batch = std::min(c.micro_batch, c.global_batch);
   validate(c, source, places);
   c.inert_key = inert_key_of(c, place);
+  if (c.data_kind == "tokens")  // (a mix's sets share one tokenizer: the workers refuse others)
+    c.data_tokenizer = tokenizer_of(c.data_mix.empty() ? c.data_path : c.data_mix.begin()->first);
   return c;
 }
 

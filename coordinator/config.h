@@ -62,10 +62,13 @@ struct JobConfig {
   std::string data_kind = "synthetic";
   std::string data_path = "/usr/share/common-licenses/GPL-3";
   std::map<std::string, double> data_mix;  // data.mix: token data set -> weight
-  std::string eval_path;                   // data.eval_path: a held-out token data set
-  double eval_fraction = 0;                // data.eval_fraction: or the training sets' tail
-  int64_t eval_every_steps = 0;            // eval.every_steps (0: never)
-  int64_t samples = 20000;                 // synthetic samples per epoch
+  // Not a key: the token data set's tokenizer fingerprint, as its manifest says ("" unknown), for
+  // the checkpoints' identity.
+  std::string data_tokenizer;
+  std::string eval_path;         // data.eval_path: a held-out token data set
+  double eval_fraction = 0;      // data.eval_fraction: or the training sets' tail
+  int64_t eval_every_steps = 0;  // eval.every_steps (0: never)
+  int64_t samples = 20000;       // synthetic samples per epoch
   bool ledger = false;
   bool verify_data = true;  // data.verify: token sets' files checked against their manifests
   // A program's own data.kind: its keys' values (data.ledger is the only built-in key it takes).

@@ -61,6 +61,7 @@ class EventReader {
     r_.end_ts = std::max(r_.end_ts, ts);
     const double t = ts - r_.start_ts;
     if (ev == "job_started") {  // (again in a resumed run: its agents' joins are no change)
+      r_.started = true;
       r_.job = text_field(e, "job");
       r_.planned_steps = count_field(e, "steps");
       r_.state = "running";
@@ -185,7 +186,7 @@ RunReport read_run(const std::string& run_dir) {
   EventReader reader(r);
   for (const auto& e : lines_of(events)) reader.read(e);
   reader.finish();
-  if (r.job.empty())  // (empty, or no line of it an event: a report of nothing said "running")
+  if (!r.started)  // (empty, or no line of it an event: a report of nothing said "running")
     throw std::runtime_error(events + " holds no job_started event: not a run's log");
   read_metrics(r, run_dir + "/metrics.jsonl");
   return r;

@@ -19,6 +19,7 @@ constexpr size_t kMostRanksDrawn = 1024;
 
 struct RunReport {
   std::string job, state = "running";  // state: completed | stopped | failed | running
+  bool started = false;                // a job_started event was read
   std::string run_dir, trained;        // where, and what it trained (its config's model and data)
   std::string failure;                 // failed: why (its job_failed event's reason)
   double start_ts = 0, end_ts = 0;     // unix seconds (end: the last line's)

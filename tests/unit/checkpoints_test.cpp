@@ -216,6 +216,35 @@ TEST(Checkpoints, AnOlderVersionsManifestIsTakenOnTheHashItWasWrittenWith) {
   EXPECT_TRUE(valid_checkpoint(step_dir(d.path, 10), checkpoint_identity(other), &why)) << why;
 }
 
+// A token data set replaced by one of another tokenizer (the same vocabulary size: the old ids'
+// embeddings would be trained on other text) is another job's data: refused, naming it. A
+// checkpoint written before the tokenizer was part of the identity is still taken.
+TEST(Checkpoints, ACheckpointOfAnotherTokenizerIsAnotherJobs) {
+  Dir d;
+  JobConfig c = config(d.path, 10);
+  c.data_kind = "tokens";
+  c.data_tokenizer = "00000000000000aa";
+  Checkpoints ck(c);
+  ASSERT_TRUE(ck.add(report(d.path, 10, 1, {0}, 1), 1, "", 1e-3));
+  std::string why;
+  EXPECT_TRUE(valid_checkpoint(step_dir(d.path, 10), checkpoint_identity(c), &why)) << why;
+  JobConfig swapped = c;
+  swapped.data_tokenizer = "00000000000000bb";
+  EXPECT_FALSE(valid_checkpoint(step_dir(d.path, 10), checkpoint_identity(swapped), &why));
+  EXPECT_NE(why.find("tokenizer"), std::string::npos) << why;
+  // As the version before wrote it: its config and hash without the tokenizer.
+  const std::string path = step_dir(d.path, 10) + "/manifest.json";
+  std::ifstream in(path);
+  nlohmann::json m = nlohmann::json::parse(in);
+  in.close();
+  JobConfig before = c;
+  before.data_tokenizer.clear();
+  m["config"].erase("tokenizer");
+  m["config_hash"] = checkpoint_config_hash(before);
+  std::ofstream(path, std::ios::trunc) << m.dump(1);
+  EXPECT_TRUE(valid_checkpoint(step_dir(d.path, 10), checkpoint_identity(swapped), &why)) << why;
+}
+
 TEST(Checkpoints, DamagedOrForeignCheckpointsAreRefusedNamingWhyAndTheNewestValidIsFound) {
   Dir d;
   const std::string hash = checkpoint_config_hash(config(d.path));
