@@ -264,6 +264,20 @@ void TokenShards::read(uint64_t begin, size_t n, int32_t* out) const {
   }
 }
 
+// The shard's first id outside the vocabulary, named with its place; "" when there is none.
+std::string TokenShards::outside_vocabulary(const Map& m) const {
+  for (uint64_t t = 0; t < m.tokens; ++t) {
+    const unsigned char* p = m.base + t * width_;
+    const uint32_t id = width_ == 2
+                            ? uint32_t(p[0] | p[1] << 8)
+                            : uint32_t(p[0] | p[1] << 8 | p[2] << 16 | uint32_t(p[3]) << 24);
+    if (id >= vocab_)
+      return m.file + ": id " + std::to_string(id) + " at token " + std::to_string(t) +
+             " is outside the vocabulary of " + std::to_string(vocab_);
+  }
+  return "";
+}
+
 std::vector<std::string> TokenShards::verify(unsigned threads) const {
   std::vector<std::string> found(maps_.size());
   std::atomic<size_t> next{0};
@@ -276,6 +290,8 @@ std::vector<std::string> TokenShards::verify(unsigned threads) const {
       else if (m.fnv1a64 != hex)
         found[i] = m.file + ": its bytes are not those prepared (FNV-1a " + hex +
                    "; the manifest says " + m.fnv1a64 + ")";
+      else
+        found[i] = outside_vocabulary(m);  // (bytes and checksum rewritten alike)
     }
   };
   std::vector<std::thread> pool;

@@ -104,8 +104,9 @@ class TokenShards {
   void read(uint64_t begin, size_t n, int32_t* out) const;
   // Reads every shard whole and compares its FNV-1a with the manifest's "fnv1a64", shards
   // hashed on up to `threads` threads: one line per shard that differs ("tokens-00003.bin: its
-  // bytes are not those prepared (FNV-1a ...; the manifest says ...)") or that the manifest
-  // gives no checksum for; empty when every one matches.
+  // bytes are not those prepared (FNV-1a ...; the manifest says ...)"), that the manifest gives
+  // no checksum for, or that holds an id outside the vocabulary (its first, with its place);
+  // empty when every one is sound.
   std::vector<std::string> verify(unsigned threads) const;
 
  private:
@@ -118,6 +119,7 @@ class TokenShards {
     std::string file;        // (for messages)
     std::string fnv1a64;     // the manifest's checksum, 16 hex digits ("" when it has none)
   };
+  std::string outside_vocabulary(const Map& m) const;
   std::string dir_;
   size_t vocab_ = 0;
   unsigned width_ = 2;

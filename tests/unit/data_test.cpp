@@ -334,6 +334,19 @@ TEST(TokenShards, ReadAcrossShardsAndEveryDefectNamed) {
   EXPECT_NE(in_vocab[0].find("tokens-00009.bin: its bytes are not those prepared"),
             std::string::npos)
       << in_vocab[0];
+  // The changed shard with its checksum forged to match: its id outside the vocabulary is named.
+  fs::copy(d / "changed", d / "forged");
+  const std::string bytes = read(d / "forged/tokens-00002.bin");
+  const std::string original = read(d / "s/tokens-00002.bin");
+  const std::string old_sum = fnv1a64_hex(fnv1a64(original.data(), original.size()));
+  std::string manifest = read(d / "forged/manifest.json");
+  ASSERT_NE(manifest.find(old_sum), std::string::npos);
+  manifest.replace(manifest.find(old_sum), 16, fnv1a64_hex(fnv1a64(bytes.data(), bytes.size())));
+  write(d / "forged/manifest.json", manifest);
+  const std::vector<std::string> forged = TokenShards::open(d / "forged")->verify(2);
+  ASSERT_EQ(forged.size(), 1u);
+  EXPECT_EQ(forged[0], "tokens-00002.bin: id 65535 at token 5 is outside the vocabulary of 257")
+      << forged[0];
   edited("unsummed", ",\"fnv1a64\":\"", ",\"was\":\"");
   const std::vector<std::string> unsummed = TokenShards::open(d / "unsummed")->verify(2);
   ASSERT_EQ(unsummed.size(), 1u);
