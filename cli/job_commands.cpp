@@ -1,6 +1,9 @@
 // `troupe run`, `troupe coordinator`, `troupe agent`, `troupe status`, `troupe stop`.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +26,7 @@
 #include "cli/commands.h"
 #include "cli/parse.h"
 #include "comm/cuda_info.h"
+#include "comm/transport.h"
 #include "coordinator/checkpoints.h"
 #include "coordinator/config.h"
 #include "coordinator/events.h"
@@ -134,6 +139,26 @@ void warn_of_changes(const coordinator::JobConfig& cfg, const std::string& path,
                  "troupe: --resume %s goes on with the values above (troupe run %s/config.toml "
                  "--resume %s keeps the run's)\n",
                  path.c_str(), path.c_str(), path.c_str());
+}
+
+// Why the coordinator could not listen at cluster.listen (a port in use, an address not this
+// host's), tried with a socket of its own before anything is made; "" when it can (or the host is
+// a name: UCX resolves it).
+std::string listen_refusal(const std::string& listen) {
+  const auto [host, port] = comm::split_host_port(listen);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  if (::inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1) return "";
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return "";
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // (as UCX's listener)
+  const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  const int err = errno;
+  ::close(fd);
+  return bound ? ""
+               : "cluster.listen = \"" + listen + "\": cannot listen there: " + std::strerror(err);
 }
 
 std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool lr_set,
@@ -635,6 +660,10 @@ int configure_job(const std::string& path, const std::vector<std::string>& sets,
     return 2;
   }
   if (std::string why = data_refusal(cfg); !why.empty()) {
+    std::fprintf(stderr, "troupe: %s: %s\n", path.c_str(), why.c_str());
+    return 2;
+  }
+  if (std::string why = listen_refusal(cfg.listen); !why.empty()) {
     std::fprintf(stderr, "troupe: %s: %s\n", path.c_str(), why.c_str());
     return 2;
   }

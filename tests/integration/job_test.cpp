@@ -1,5 +1,6 @@
 // The job end to end, as a user runs it: `troupe run CONFIG` with local agents (real processes),
 // the run directory's logs, equivalence across world sizes, config errors, status and stop.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -239,6 +240,26 @@ TEST(Job, InputsThatCouldHangOrMisleadAreRefusedBeforeAnythingStarts) {
   RunResult r = troupe_run(dir, config, {}, 30s);
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("is not a regular file (a FIFO)"), std::string::npos) << r.output;
+
+  // A listen address in use: refused naming it, before the run directory is made (exit 1 and a
+  // run directory left behind, UCX's errors its only words).
+  const int busy = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::bind(busy, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(busy, 1), 0);
+  ASSERT_EQ(::getsockname(busy, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const std::string taken = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  RunResult in_use = troupe_run(dir, write_config(dir, "busy.toml", kMlp),
+                                {"cluster.listen=\"" + taken + "\""}, 30s);
+  ::close(busy);
+  EXPECT_EQ(in_use.exit_code, 2) << in_use.output;
+  EXPECT_NE(in_use.output.find("cluster.listen = \"" + taken + "\": cannot listen there"),
+            std::string::npos)
+      << in_use.output;
+  EXPECT_FALSE(std::filesystem::exists(in_use.run_dir)) << "a run directory was left";
 
   // A run directory whose log cannot be opened (a directory where metrics.jsonl goes): refused,
   // named (the command hung, deaf to SIGTERM, waiting for its control plane to end).
