@@ -65,8 +65,11 @@ JobRef job_ref(const JobName& n) {
   JobRef r;
   std::string token_file = n.token_file;
   if (!n.run_dir.empty() && !coordinator::run_dir_in_use(n.run_dir)) {
-    if (!std::filesystem::is_directory(n.run_dir))
-      throw std::invalid_argument("no run directory " + n.run_dir + ": it does not exist");
+    std::error_code ec;
+    if (!std::filesystem::is_directory(n.run_dir, ec))
+      throw std::invalid_argument(
+          "no run directory " + n.run_dir + ": " +
+          (std::filesystem::exists(n.run_dir, ec) ? "it is not a directory" : "it does not exist"));
     const nlohmann::json last = run_events(n.run_dir).last;
     if (last.is_null())
       throw std::invalid_argument(n.run_dir + " is not a run directory (no events in " + n.run_dir +

@@ -157,8 +157,12 @@ int run_export(const std::vector<std::string>& words, const Hooks& hooks) {
       ->check(a_step);
   if (auto rc = parse(app, words)) return *rc;
   const std::string named = locate(run_dir);
-  coordinator::JobConfig cfg =
-      coordinator::load_config(run_dir + "/config.toml", {}, hooks.kinds());
+  coordinator::JobConfig cfg;
+  try {
+    cfg = coordinator::load_config(run_dir + "/config.toml", {}, hooks.kinds());
+  } catch (const coordinator::ConfigError& e) {  // (bad input: exit 2, as the other refusals)
+    throw std::invalid_argument(e.what());
+  }
   if (batch_step >= 0 && cfg.data_kind != "text" && cfg.data_kind != "tokens")
     throw std::invalid_argument(
         "--batch-of-step writes a batch of tokens: this run's data.kind is '" + cfg.data_kind +

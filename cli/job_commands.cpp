@@ -218,7 +218,8 @@ RunDir prepare_run_dir(coordinator::JobConfig& cfg, bool resuming) {
   RunDir d;
   const std::string path =
       cfg.run_dir.empty() ? coordinator::default_run_dir(cfg.name) : cfg.run_dir;
-  const bool made = !fs::exists(path);
+  std::error_code ec;  // (a name too long: RunDirectory says why)
+  const bool made = !fs::exists(path, ec);
   d.owned = std::make_unique<coordinator::RunDirectory>(path, cfg.name, resuming);
   d.path = d.owned->path();
   try {

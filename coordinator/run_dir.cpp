@@ -87,7 +87,7 @@ RunDirectory::RunDirectory(const std::string& path, const std::string& job_name,
   if (lock_fd_ < 0)
     throw RunDirError("the run directory " + path + " is in use by another job" +
                       (holder.empty() ? "" : " (" + holder + ")") + "; choose another job.run_dir");
-  if (!resuming && fs::exists(path + "/events.jsonl")) {
+  if (!resuming && fs::exists(path + "/events.jsonl", ec)) {
     ::close(lock_fd_);
     lock_fd_ = -1;
     throw RunDirError("the run directory " + path +

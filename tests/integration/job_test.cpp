@@ -784,6 +784,19 @@ TEST(Command, EveryCommandAndGroupAnswersHelpAndNamesAMistake) {
   EXPECT_NE(said.find("no run directory " + dir.path() + "/none: it does not exist"),
             std::string::npos)
       << said;
+  std::ofstream(dir.path() + "/file") << "x";
+  std::tie(rc, said) = troupe_says(dir, {"lr", "--run-dir", dir.path() + "/file", "0.1"});
+  EXPECT_EQ(rc, 2) << said;
+  EXPECT_NE(said.find("no run directory " + dir.path() + "/file: it is not a directory"),
+            std::string::npos)
+      << said;
+  // A run directory's name longer than a file system's (255 bytes): named, no library text.
+  std::tie(rc, said) =
+      troupe_says(dir, {"run", std::string(TROUPE_SOURCE_DIR) + "/configs/quickstart.toml", "--set",
+                        "job.run_dir=\"" + dir.path() + "/" + std::string(300, 'r') + "\""});
+  EXPECT_EQ(rc, 2) << said;
+  EXPECT_NE(said.find("cannot create the run directory"), std::string::npos) << said;
+  EXPECT_EQ(said.find("filesystem error"), std::string::npos) << said;
   std::filesystem::create_directories(dir.path() + "/empty");
   std::tie(rc, said) = troupe_says(dir, {"stop", "--run-dir", dir.path() + "/empty"});
   EXPECT_EQ(rc, 2) << said;
