@@ -372,10 +372,8 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
     StageStepResult res;
     double norm_sq = 0;
     if (active) {
-      for (uint32_t b = mine.begin; b < mine.end; ++b) {
-        auto& g = model_->block(b).grads();
-        device_->zero(g.data(), g.bytes());
-      }
+      for (uint32_t b = mine.begin; b < mine.end; ++b)
+        device_->zero(model_->block(b).grads().data(), model_->block(b).grads().bytes());
       const int64_t p0 = StepTrace::now_us();
       res = stage.run(comm, step, share, uint64_t(spec_.micro_batch),
                       exact ? std::function<void()>([&] { exact->keep(); }) : nullptr);

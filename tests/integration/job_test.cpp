@@ -59,6 +59,20 @@ struct RunResult {
   std::string run_dir, output;
 };
 
+// A socket listening on a loopback port of its own (its "127.0.0.1:PORT" in `at`), or -1.
+int listening_socket(std::string& at) {
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (s < 0 || ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(s, 8) != 0 ||
+      ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    return -1;
+  at = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  return s;
+}
+
 RunResult troupe_run(const testing::TempDir& dir, const std::string& config,
                      std::vector<std::string> sets, std::chrono::seconds timeout = 300s) {
   static int n = 0;
@@ -243,15 +257,9 @@ TEST(Job, InputsThatCouldHangOrMisleadAreRefusedBeforeAnythingStarts) {
 
   // A listen address in use: refused naming it, before the run directory is made (exit 1 and a
   // run directory left behind, UCX's errors its only words).
-  const int busy = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ASSERT_EQ(::bind(busy, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(::listen(busy, 1), 0);
-  ASSERT_EQ(::getsockname(busy, reinterpret_cast<sockaddr*>(&a), &len), 0);
-  const std::string taken = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  std::string taken;
+  const int busy = listening_socket(taken);
+  ASSERT_GE(busy, 0);
   RunResult in_use = troupe_run(dir, write_config(dir, "busy.toml", kMlp),
                                 {"cluster.listen=\"" + taken + "\""}, 30s);
   ::close(busy);
@@ -808,20 +816,13 @@ TEST(Command, EveryCommandAndGroupAnswersHelpAndNamesAMistake) {
 // UCX's teardown (the endpoint whose connection never formed keeps its first send pending).
 TEST(Command, AnAddressWhereSomethingElseListensIsAnErrorNotACrash) {
   testing::TempDir dir;
-  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  std::string at;
+  const int s = listening_socket(at);
   ASSERT_GE(s, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ASSERT_EQ(::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(::listen(s, 8), 0);
-  ASSERT_EQ(::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len), 0);
   const std::string token = dir.path() + "/job.token";
   std::ofstream(token) << "job-id secret\n";
   std::filesystem::permissions(
       token, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
-  const std::string at = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
   for (const char* command : {"status", "stop"}) {
     auto [rc, said] = troupe_says(dir, {command, "--coordinator", at, "--token-file", token});
     EXPECT_EQ(rc, 1) << command << ": " << said;
