@@ -867,23 +867,45 @@ void reject_unknown(const toml::table& root, const std::string& source, const Jo
 
 namespace {
 
-// toml++ parses dotted keys, table headers and nested arrays recursively: a key of 50,000 parts
-// overflowed the stack (a crash on a 100 KB file). A line of more dotted parts, or a nesting
-// deeper, than any config has is refused first (strings and comments are not counted).
-void refuse_too_deep(std::string_view text, const std::string& source) {
+// One character of TOML text outside strings and comments, for toml_too_deep: the nesting of
+// arrays and inline tables, and the dotted parts of the key being read.
+struct TomlShape {
+  std::string open;  // the '[' and '{' not yet closed (a table header's too)
+  bool key = true;   // in a key (a line's start, a header, after '{' or an inline table's ',')
+  size_t dots = 0;   // of the key being read
+  void take(char ch) {
+    if (ch == '\n' && open.empty()) key = true, dots = 0;
+    if (ch == '=') key = false, dots = 0;
+    if (ch == '.' && key) ++dots;
+    if (ch == '[' || ch == '{') open.push_back(ch), key = key || ch == '{';
+    if ((ch == ']' || ch == '}') && !open.empty()) {
+      open.pop_back();
+      key = key && ch == ']' && open.empty();  // (a header's key ends with its line)
+    }
+    if (ch == ',') key = !open.empty() && open.back() == '{', dots = 0;
+  }
+};
+
+}  // namespace
+
+std::string toml_too_deep(std::string_view text) {
   constexpr size_t kMax = 256;
-  size_t line = 1, dots = 0, depth = 0;
+  TomlShape shape;
+  size_t line = 1;
   char quote = 0;  // inside a string of this quote
   bool comment = false, triple = false;
   for (size_t i = 0; i < text.size(); ++i) {
     const char ch = text[i];
-    if (ch == '\n') ++line, dots = 0, comment = false;
-    if (comment || ch == '\n') continue;
+    if (ch == '\n') ++line, comment = false, quote = triple ? quote : 0;
+    if (comment) continue;
     if (quote) {
-      if (ch == '\\' && quote == '"')
+      if (ch == '\\' && quote == '"') {
         ++i;
-      else if (ch == quote && (!triple || text.substr(i, 3) == std::string(3, quote)))
-        i += triple ? 2 : 0, quote = 0;
+      } else if (ch == quote && (!triple || text.substr(i, 3) == std::string(3, quote))) {
+        i += triple ? 2 : 0;
+        while (triple && i + 1 < text.size() && text[i + 1] == quote) ++i;  // (""""" ends one)
+        quote = 0;
+      }
       continue;
     }
     if (ch == '#') comment = true;
@@ -891,23 +913,25 @@ void refuse_too_deep(std::string_view text, const std::string& source) {
       quote = ch;
       triple = text.substr(i, 3) == std::string(3, ch);
       i += triple ? 2 : 0;
+      continue;
     }
-    dots += ch == '.';
-    depth += ch == '[' || ch == '{';
-    depth -= (ch == ']' || ch == '}') && depth > 0;
-    if (dots > kMax || depth > kMax)
-      throw ConfigError(source + ":" + std::to_string(line) + ": " +
-                        (dots > kMax ? "a key of more than 256 dotted parts"
-                                     : "arrays or tables nested more than 256 deep") +
-                        ": not a config");
+    shape.take(ch);
+    if (shape.dots >= kMax || shape.open.size() > kMax)
+      return std::to_string(line) + ": " +
+             (shape.dots >= kMax ? "a key of more than 256 dotted parts"
+                                 : "arrays or tables nested more than 256 deep");
   }
+  return "";
 }
 
-}  // namespace
+namespace {}  // namespace
 
 JobConfig parse_config(const std::string& text, const std::string& source,
                        const std::vector<std::string>& overrides, const ExtensionKinds& kinds) {
-  refuse_too_deep(text, source);
+  // (toml++ parses keys, headers and arrays recursively: 50,000 dotted parts overflowed its
+  // stack, a crash on a 100 KB file)
+  if (std::string why = toml_too_deep(text); !why.empty())
+    throw ConfigError(source + ":" + why + ": not a config");
   toml::table root;
   try {
     root = toml::parse(std::string_view(text), source);

@@ -13,6 +13,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -199,5 +200,8 @@ std::string checkpoints_dir(const JobConfig& cfg, const std::string& run_dir);
 // The candidate nearest to word (edit distance) when it is near enough to be a typo, else "":
 // the "did you mean" of config keys and of the command line.
 std::string nearest_word(const std::string& word, const std::vector<std::string>& candidates);
+// "LINE: why" when TOML text holds a key of 256 or more dotted parts, or arrays and tables nested
+// more than 256 deep (toml++'s recursive parser overflows its stack on such a file); else "".
+std::string toml_too_deep(std::string_view text);
 
 }  // namespace troupe::coordinator

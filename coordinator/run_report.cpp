@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "coordinator/config.h"
 #include "coordinator/events.h"
 
 namespace troupe::coordinator {
@@ -154,9 +155,17 @@ void read_metrics(RunReport& r, const std::string& path) {
 // What the run trained, from its config.toml (the effective config the run wrote): the model and
 // the data, e.g. "gpt (4 layers, d_model 128, 4 heads, context 64); data text (/path)".
 std::string trained_by(const std::string& run_dir) {
+  const std::string file = run_dir + "/config.toml";
+  std::error_code ec;  // (a FIFO would block; a crafted file would overflow toml++'s stack)
+  if (!std::filesystem::is_regular_file(file, ec) ||
+      std::filesystem::file_size(file, ec) > (1 << 20))
+    return "";
+  std::ifstream in(file);
+  const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   toml::table t;
   try {
-    t = toml::parse_file(run_dir + "/config.toml");
+    if (!toml_too_deep(all).empty()) return "";
+    t = toml::parse(all, file);
   } catch (const std::exception&) {
     return "";
   }

@@ -194,6 +194,16 @@ TEST(Config, KeysAndArraysNestedTooDeepAreRefusedNotACrash) {
       EXPECT_NE(std::string(e.what()).find("job.toml:"), std::string::npos) << e.what();
       EXPECT_NE(std::string(e.what()).find("256"), std::string::npos) << e.what();
     }
+  // A string closed by more than three quotes (valid TOML) does not hide what follows.
+  EXPECT_THROW(parse_config("[job]\nname = \"\"\"a \"b\"\"\"\"\n" + parts + "c = 1\n", "job.toml"),
+               ConfigError);
+  EXPECT_NE(toml_too_deep("x = \"\"\"a \"b\"\"\"\"\n" + parts + "c = 1\n"), "");
+  // Numbers' dots are no key's: a mix of 300 weights on one line is a config.
+  std::string weights;
+  for (int i = 0; i < 300; ++i)
+    weights += (i ? ", " : "") + std::string("s") + std::to_string(i) + " = 0.5";
+  EXPECT_EQ(toml_too_deep("[data]\nmix = {" + weights + "}\n"), "");
+  EXPECT_NE(toml_too_deep("[data]\nmix = {" + parts + "x = 1}\n"), "");
   const std::string dots(1000, '.');
   EXPECT_NO_THROW(parse_config("# " + dots + " [[[[\n[job]\nname = \"" + dots + "[{\"\n" +
                                    "[data]\npath = \'\'\'" + dots + "\n" + dots + "\'\'\'\n",
