@@ -319,7 +319,7 @@ class Coordinator : public caf::event_based_actor {
     if (!launcher_ || job_.finished()) return;
     int64_t live = 0;
     for (const auto& a : roster_.agents()) live += a.alive;
-    if (live < cfg_.agents) send(launcher_, ScaleAgents{cfg_.agents - live});
+    if (live < cfg_.agents) launch_agents(cfg_.agents - live);
   }
 
   // The first generation after a take-over: the members' own state (adopted: nothing is
@@ -354,7 +354,9 @@ class Coordinator : public caf::event_based_actor {
     }
     const Agent& a = roster_.admit(node, j);
     for (auto it = starting_.begin(); it != starting_.end();)
-      it = it->second == int64_t(j.pid) ? starting_.erase(it) : std::next(it);
+      it = it->second == int64_t(j.pid) && "agent-" + std::to_string(it->first) == j.agent_name
+               ? starting_.erase(it)
+               : std::next(it);
     send(bridge_, actors::monitor_atom::value, node);
     log_.event("member_joined", Json()
                                     .integer("member", a.id)
@@ -460,7 +462,7 @@ class Coordinator : public caf::event_based_actor {
     // (an adopted agent is no child of this launcher, which would restart it: one in its place;
     // before the adoption's wait ends, launch_missing counts it then)
     if (a->adopted && launcher_ && !adoption_pending_ && int64_t(roster_.alive()) < cfg_.agents)
-      send(launcher_, ScaleAgents{1});
+      launch_agents(1);
     decide_and_act();
   }
 
@@ -1209,7 +1211,7 @@ class Coordinator : public caf::event_based_actor {
       case Kind::refuse:
         return actors::make_error_reply(Errc::refused, d.reason);
       case Kind::launch:
-        if (launcher_) send(launcher_, ScaleAgents{int64_t(d.agents_to_launch)});
+        if (launcher_) launch_agents(int64_t(d.agents_to_launch));
         return actors::make_accepted("starting " + std::to_string(d.agents_to_launch) +
                                      " agent(s); they join at a step boundary");
       case Kind::drain: {
@@ -1246,7 +1248,7 @@ class Coordinator : public caf::event_based_actor {
       return actors::make_error_reply(Errc::refused, "the job is stopping");
     auto agents = live_agents(roster_, gens_);
     const auto limits = scale_limits(cfg_, min_workers());
-    const auto starting = uint32_t(starting_.size()) * limits.workers_per_agent;
+    const auto starting = starting_agents() * limits.workers_per_agent;
     auto d = elastic::decide_scale(n, agents, limits, starting);
     using Kind = elastic::ScaleDecision::Kind;
     if (d.kind == Kind::launch || d.kind == Kind::drain)  // (no change, no event)
@@ -1372,18 +1374,13 @@ class Coordinator : public caf::event_based_actor {
   }
 
   void on_launcher_event(const LauncherEvent& e) {
+    track_starting(e);
+    if (e.event == "agent_exited") return;  // (cleanly, not joined: nothing to tell)
     Json j;
     j.integer("slot", e.slot).integer("attempt", e.attempt);
     if (e.pid) j.integer("pid", e.pid);
     if (e.event == "agent_restarted") j.integer("backoff_ms", e.backoff_ms);
     log_.event(e.event, j.str("detail", e.detail));
-    const auto& agents = roster_.agents();
-    const bool joined = std::any_of(agents.begin(), agents.end(),
-                                    [&](const Agent& a) { return a.alive && a.pid == e.pid; });
-    if ((e.event == "agent_started" || e.event == "agent_restarted") && !joined)
-      starting_[e.slot] = e.pid;
-    else if (e.event == "agent_gave_up")
-      starting_.erase(e.slot);
     // How a lost agent's process ended (a crash's signal), in the failure it is named by.
     const std::string name = "(agent-" + std::to_string(e.slot) + ")";
     if (!e.detail.empty() && last_failure_.find(name) != std::string::npos &&
@@ -1392,6 +1389,27 @@ class Coordinator : public caf::event_based_actor {
     tell("agent-" + std::to_string(e.slot) + ": " + e.event.substr(e.event.find('_') + 1) +
          (e.detail.empty() ? "" : " (" + e.detail + ")"));
   }
+
+  // The agents the launcher was asked for or (re)started and that have not joined: they count as
+  // the job's in a scale (launch_agents() counts them from the request on; a join by their name and
+  // pid, an exit or a give-up ends them).
+  void launch_agents(int64_t agents) {
+    send(launcher_, ScaleAgents{agents});
+    launching_ += agents;
+  }
+  void track_starting(const LauncherEvent& e) {
+    const std::string name = "agent-" + std::to_string(e.slot);
+    const auto& agents = roster_.agents();
+    const bool joined = std::any_of(agents.begin(), agents.end(), [&](const Agent& a) {
+      return a.alive && a.pid == e.pid && a.name == name;
+    });
+    if (e.event == "agent_started") launching_ = std::max<int64_t>(0, launching_ - 1);
+    if ((e.event == "agent_started" || e.event == "agent_restarted") && !joined)
+      starting_[e.slot] = e.pid;
+    else if (e.event == "agent_gave_up" || e.event == "agent_exited")
+      starting_.erase(e.slot);
+  }
+  uint32_t starting_agents() const { return uint32_t(starting_.size() + size_t(launching_)); }
 
   void fail(const std::string& reason) {
     if (job_.finished()) return;
@@ -1452,6 +1470,7 @@ class Coordinator : public caf::event_based_actor {
   std::vector<uint32_t> draining_;  // agents that leave when the next generation starts
   // The launcher's slot -> the pid of the agent it (re)started there that has not joined yet.
   std::map<int64_t, int64_t> starting_;
+  int64_t launching_ = 0;       // asked of the launcher, not yet reported started
   uint64_t abandoned_ = 0;      // the generation a member of which is gone (told to agents)
   int64_t reforms_ = 0;         // generations broken in a row without a committed step
   uint64_t hung_watch_ = 0;     // the generation whose silent members are being watched

@@ -114,7 +114,7 @@ class Launcher : public caf::event_based_actor {
     const bool clean = WIFEXITED(*status) && WEXITSTATUS(*status) == 0;
     auto d = elastic::decide_restart(opt_.restarts, s.restarts, clean);
     using Kind = elastic::RestartDecision::Kind;
-    if (d.kind == Kind::done) return;
+    if (d.kind == Kind::done) return report("agent_exited", i, s.restarts, "");
     const std::string how = how_it_ended(*status);
     if (d.kind == Kind::give_up) {
       report("agent_gave_up", i, s.restarts, name_of(i) + " " + how + "; " + d.reason);

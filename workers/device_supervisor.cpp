@@ -250,8 +250,7 @@ DeviceSupervisor::Next DeviceSupervisor::train(const actors::GenerationStart& g)
   static_assert(Worker::kHoldsNoBlocks == actors::kHoldsNoBlocks);
   // Until the job ends: a member lost before its own report (while it wrote its shards of the
   // last checkpoint) makes a generation of the others, formed after the last step.
-  const auto end_wait = std::chrono::milliseconds(2 * spec_.failure_timeout_ms + 30000);
-  if (board_.await_end(gen, end_wait)) return Next::done;
+  if (board_.await_end(gen)) return Next::done;
   ++want_;
   return Next::generation;
 }

@@ -355,12 +355,7 @@ bool ElasticLoop::Impl::end_job() {
   const std::vector<uint8_t> bytes = state_.save();
   session_.send(actors::encode(
       actors::WorkerDone{rank_, generation_, applied_, comm::fnv1a(bytes.data(), bytes.size())}));
-  auto& board = session_.board();
-  if (!board.await_end(generation_, std::chrono::milliseconds(2 * failure_timeout_ms_ + 30000)))
-    return false;
-  if (!board.shutting_down())
-    board.shut_down(1, "the coordinator did not end the job after this member's last step");
-  return true;
+  return session_.board().await_end(generation_);
 }
 
 ElasticLoop::ElasticLoop(const LoopOptions& options, LoopState state)

@@ -66,10 +66,10 @@ bool GenerationBoard::await_shutdown(std::chrono::milliseconds timeout) {
   return cv_.wait_for(lock, timeout, [&] { return shutdown_; });
 }
 
-bool GenerationBoard::await_end(uint64_t generation, std::chrono::milliseconds timeout) {
+bool GenerationBoard::await_end(uint64_t generation) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, timeout, [&] { return shutdown_ || leave_.load() == generation; });
-  return shutdown_ || leave_.load() != generation;
+  cv_.wait(lock, [&] { return shutdown_ || leave_.load() == generation; });
+  return shutdown_;
 }
 
 bool GenerationBoard::shutting_down() const {

@@ -45,10 +45,12 @@ class GenerationBoard {
   void await_reason(uint64_t generation, std::chrono::milliseconds timeout);
   // Waits up to `timeout` for the shutdown; true when it came.
   bool await_shutdown(std::chrono::milliseconds timeout);
-  // After this worker's report of the job's end in `generation`: waits up to `timeout` for the
-  // shutdown. False when the generation is left first (a member lost before its own report: the
-  // others go on in a generation of their own, which writes what the lost one did not).
-  bool await_end(uint64_t generation, std::chrono::milliseconds timeout);
+  // After this worker's report of the job's end in `generation`: waits for the shutdown; false
+  // when the generation is left first (a member lost before its own report: the others go on in
+  // a generation of their own, which writes what the lost one did not). No deadline of its own,
+  // as await(): the job may pause below elastic.min_workers for as long as the coordinator
+  // allows; its end, or its loss past elastic.rejoin_timeout_ms, ends the wait.
+  bool await_end(uint64_t generation);
 
   bool stop_requested() const { return stop_.load(); }
   // A stop asked with a checkpoint where it stops (set before the stop: a thread that saw the

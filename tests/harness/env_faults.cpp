@@ -38,6 +38,7 @@ class EnvFaults : public workers::FaultInjector {
     if (const char* a = std::getenv("TROUPE_TEST_CLAIM_AGENT")) claim_agent_ = a;
     if (const char* a = std::getenv("TROUPE_TEST_WIDEN_AGENT")) widen_agent_ = a;
     if (const char* a = std::getenv("TROUPE_TEST_JOIN_DELAY_AGENT")) join_delay_agent_ = a;
+    if (const char* f = std::getenv("TROUPE_TEST_JOIN_DELAY_FILE")) join_delay_file_ = f;
     claim_applied_ = uint64_t(env_int("TROUPE_TEST_CLAIM_APPLIED"));
     claim_blocks_ = uint64_t(env_int("TROUPE_TEST_CLAIM_BLOCKS"));
     relay_applied_ = uint64_t(env_int("TROUPE_TEST_RELAY_APPLIED"));
@@ -121,9 +122,14 @@ class EnvFaults : public workers::FaultInjector {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 
+  // TROUPE_TEST_JOIN_DELAY_MS, or with TROUPE_TEST_JOIN_DELAY_FILE while that file exists (at
+  // most the delay: a test releases the agent when it has done what it does meanwhile).
   void before_join(const std::string& agent) override {
-    if (agent == join_delay_agent_)
-      std::this_thread::sleep_for(std::chrono::milliseconds(join_delay_ms_));
+    if (agent != join_delay_agent_) return;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(join_delay_ms_);
+    while (std::chrono::steady_clock::now() < until &&
+           (join_delay_file_.empty() || ::access(join_delay_file_.c_str(), F_OK) == 0))
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 
   void mid_checkpoint_write(const std::string&, uint32_t) override {
@@ -136,7 +142,7 @@ class EnvFaults : public workers::FaultInjector {
   uint64_t throw_at_step_, exit_at_step_;
   int64_t state_delay_ms_, checkpoint_delay_ms_, slow_us_, join_delay_ms_;
   std::string throw_agent_, perturb_agent_, slow_agent_, state_delay_file_, claim_agent_,
-      widen_agent_, exit_agent_, join_delay_agent_;
+      widen_agent_, exit_agent_, join_delay_agent_, join_delay_file_;
   uint64_t claim_applied_ = 0, claim_blocks_ = 0, relay_applied_ = 0;
   bool guarded_device_ = false, guarded_plane_ = false;
   std::atomic<bool> thrown_{false}, checkpoint_delayed_{false};

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -484,14 +485,17 @@ TEST(Elastic, WhileDrainingStatusShowsTheDrainedMember) {
   EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
 }
 
-// An autoscaler asks again before the agent it got has joined (here one 3 s slow to join): the
-// agent on its way counts as the job's, so no second one starts; a smaller size is refused until
-// it has joined (it would join above the target), and the job grows to exactly the size asked.
+// An autoscaler asks again before the agent it got has joined (here one held until the test's
+// requests are done): the agent on its way counts as the job's, so no second one starts; a
+// smaller size is refused until it has joined (it would join above the target), and the job
+// grows to exactly the size asked.
 TEST(Elastic, AScaleAskedAgainWhileItsAgentIsStartingStartsNoOther) {
   TempDir dir;
-  Job job = start(
-      dir, "scale-again", 1, {},
-      {pace(20000), "TROUPE_TEST_JOIN_DELAY_AGENT=agent-1", "TROUPE_TEST_JOIN_DELAY_MS=3000"});
+  const std::string hold = dir.path() + "/hold-agent-1";
+  std::ofstream(hold) << "";
+  Job job = start(dir, "scale-again", 1, {},
+                  {pace(20000), "TROUPE_TEST_JOIN_DELAY_AGENT=agent-1",
+                   "TROUPE_TEST_JOIN_DELAY_MS=120000", "TROUPE_TEST_JOIN_DELAY_FILE=" + hold});
   wait_steps(job, 3);
   auto said = admin(dir, {"scale", "--run-dir", job.run_dir, "--workers", "2"});
   EXPECT_NE(said.find("troupe: starting 1 agent(s)"), std::string::npos) << said;
@@ -501,6 +505,7 @@ TEST(Elastic, AScaleAskedAgainWhileItsAgentIsStartingStartsNoOther) {
   said = admin(dir, {"scale", "--run-dir", job.run_dir, "--workers", "1"}, 1);
   EXPECT_NE(said.find("1 worker(s) the launcher started have not joined yet"), std::string::npos)
       << said;
+  std::filesystem::remove(hold);
   ASSERT_NE(wait_event(job, is("generation_started", "world_size", "2"), 60s), "");
   wait_steps(job, committed_losses(job.run_dir).size() + 5);
   admin(dir, {"stop", "--run-dir", job.run_dir});

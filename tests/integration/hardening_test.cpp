@@ -182,7 +182,6 @@ TEST(RunDirectory, AnExportOrAReportNeverOverwritesTheRunsOwnFiles) {
   EXPECT_EQ(text_of(done.run_dir + "/config.toml"), config);
   EXPECT_EQ(events_of(done).size(), events);
   EXPECT_EQ(text_of(shard), bytes);
-  EXPECT_FALSE(fs::exists(dir.path() + ".tmp"));
   const std::string garbage = dir.path() + "/garbage";
   fs::create_directories(garbage);
   std::ofstream(garbage + "/events.jsonl") << "not an event\n";

@@ -552,7 +552,7 @@ TEST(Job, ALoopsMemberLostAfterTheLastStepLeavesTheOtherToEndTheJob) {
       "[job]\nsteps = 30\n[model]\nkind = \"external\"\n[logging]\nprogress = false\n", 2,
       {"cluster.launcher=\"external\"", "elastic.failure_timeout_ms=1000"});
   std::string addr;
-  for (int i = 0; i < 500 && addr.empty(); ++i) {
+  for (int i = 0; i < 3000 && addr.empty(); ++i) {  // (60 s: slow under a sanitizer)
     std::ifstream(job.run_dir + "/coordinator.addr") >> addr;
     if (addr.empty()) std::this_thread::sleep_for(20ms);
   }
