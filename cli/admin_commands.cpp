@@ -536,7 +536,13 @@ int run_checkpoint(const std::vector<std::string>& words) {
                   (unsigned long long)now->checkpoint_step, now->checkpoint_path.c_str());
       return 0;
     }
-    if (now->state == "finished") break;
+    if (now->state == "finished") {
+      std::fprintf(stderr,
+                   "troupe checkpoint: the job ended before a checkpoint at step %llu or later "
+                   "was written (its events.jsonl says how)\n",
+                   (unsigned long long)wanted);
+      return 1;
+    }
   }
   std::fprintf(stderr, "troupe checkpoint: no checkpoint at step %llu or later within %.1f s\n",
                (unsigned long long)wanted, timeout_s);

@@ -43,9 +43,10 @@ int run_lr(const std::vector<std::string>& args);
 int run_export(const std::vector<std::string>& args, const Hooks& hooks);
 int run_report(const std::vector<std::string>& args);
 // Why `out` (an export's or a report's file) may not be written: a directory, one of the run's
-// own files (its config, logs, token, lock, address) or in its checkpoints; "" when it may.
+// own files (its config, logs, token, lock, address, trace), in its checkpoints, or its data (a
+// file, or in a data set's directory); "" when it may.
 std::string overwrites_run(const std::string& run_dir, const std::string& checkpoints,
-                           const std::string& out);
+                           const std::string& out, const std::vector<std::string>& data = {});
 int run_data(const std::vector<std::string>& args);  // prepare | encode | decode
 // The control-plane flags of `troupe node` (and the benchmarks that start nodes).
 struct BridgeFlags {

@@ -47,7 +47,8 @@ void draw_progress(const data::Progress& p) {
 // What --field may apply to: a JSON-lines file by its name, or a directory that may hold some.
 // (An input that does not exist counts as one: prepare names it.)
 bool jsonl_or_directory(const std::string& input) {
-  const std::string ext = std::filesystem::path(input).extension().string();
+  std::string ext = std::filesystem::path(input).extension().string();
+  for (char& c : ext) c = char(std::tolower(static_cast<unsigned char>(c)));
   std::error_code ec;
   return ext == ".jsonl" || ext == ".ndjson" || ext == ".json" ||
          std::filesystem::is_directory(input, ec) || !std::filesystem::exists(input, ec);

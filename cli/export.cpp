@@ -116,20 +116,22 @@ void write_batch(const std::string& path, const models::Dataset& data, uint64_t 
 }  // namespace
 
 std::string overwrites_run(const std::string& run_dir, const std::string& checkpoints,
-                           const std::string& out) {
+                           const std::string& out, const std::vector<std::string>& data) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::path o = fs::weakly_canonical(fs::absolute(out, ec), ec);
   if (fs::is_directory(o, ec)) return "is a directory";
-  auto inside = [&](const std::string& dir) {
+  auto inside = [&](const std::string& dir) {  // (or it: a data file)
     const fs::path rel = o.lexically_relative(fs::weakly_canonical(fs::absolute(dir, ec), ec));
     return !rel.empty() && *rel.begin() != "..";
   };
   if (inside(checkpoints)) return "is inside the run's checkpoints (" + checkpoints + ")";
+  for (const auto& d : data)
+    if (!d.empty() && inside(d)) return "is the run's data (" + d + ")";
   const std::string name = o.filename().string();
   const bool own = name == "config.toml" || name == "events.jsonl" || name == "metrics.jsonl" ||
                    name == "ledger.jsonl" || name == "job.token" || name == "run.lock" ||
-                   name == "coordinator.addr" || o.extension() == ".log";
+                   name == "coordinator.addr" || name == "trace.json" || o.extension() == ".log";
   if (own && o.parent_path() == fs::weakly_canonical(fs::absolute(run_dir, ec), ec))
     return "is the run's own " + name;
   return "";
@@ -170,7 +172,10 @@ int run_export(const std::vector<std::string>& words, const Hooks& hooks) {
   if (batch_step >= cfg.steps)
     throw std::invalid_argument("--batch-of-step " + std::to_string(batch_step) +
                                 ": the job's steps are 0 to " + std::to_string(cfg.steps - 1));
-  if (std::string why = overwrites_run(run_dir, coordinator::checkpoints_dir(cfg, run_dir), out);
+  std::vector<std::string> sets{cfg.data_path, cfg.eval_path};
+  for (const auto& [set, weight] : cfg.data_mix) sets.push_back(set);
+  if (std::string why =
+          overwrites_run(run_dir, coordinator::checkpoints_dir(cfg, run_dir), out, sets);
       !why.empty())
     throw std::invalid_argument("-o " + out + ": " + why);
   const coordinator::ValidCheckpoint ckpt = choose(cfg, run_dir, named, step);

@@ -1234,9 +1234,11 @@ class Coordinator : public caf::event_based_actor {
     // (Stopping, every member leaves at the next step boundary: this one with the others, its
     // shards of the stop's checkpoint with theirs; a preemption signals agents and coordinator
     // at once, and a refusal would have made the agent leave at once, without them.)
-    if (job_.stop_requested()) return actors::make_ack();
-    return act_on(
-        elastic::decide_drain(id, live_agents(roster_, gens_), scale_limits(cfg_, min_workers())));
+    auto d =
+        elastic::decide_drain(id, live_agents(roster_, gens_), scale_limits(cfg_, min_workers()));
+    if (job_.stop_requested() && d.kind != elastic::ScaleDecision::Kind::invalid)
+      return actors::make_ack();  // (an agent it does not have is refused still)
+    return act_on(d);
   }
 
   // `troupe scale --workers N`: above the current size the local launcher starts agents (an

@@ -74,11 +74,13 @@ struct Input {
 // .json, as many data sets are: read as text, their keys and quotes would be trained on). One
 // that holds an array is refused with how to convert it.
 bool is_jsonl(const fs::path& p) {
-  const std::string e = p.extension().string();
+  std::string e = p.extension().string();
+  for (char& c : e) c = char(std::tolower(static_cast<unsigned char>(c)));  // (UP.JSONL too)
   if (e == ".jsonl" || e == ".ndjson") return true;
   if (e != ".json") return false;
   std::ifstream in(p, std::ios::binary);
   char c = 0;
+  if (in.peek() == 0xEF) in.ignore(3);  // (a UTF-8 byte order mark)
   while (in.get(c) && std::isspace(static_cast<unsigned char>(c))) {
   }
   if (in && c == '[')
@@ -182,7 +184,7 @@ class Documents {
       const std::string body = slurp(f.path);
       if (f.jsonl) {
         size_t line = 0;
-        for (size_t at = 0; at < body.size();) {
+        for (size_t at = body.rfind("\xEF\xBB\xBF", 0) == 0 ? 3 : 0; at < body.size();) {
           size_t end = body.find('\n', at);
           if (end == std::string::npos) end = body.size();
           ++line;

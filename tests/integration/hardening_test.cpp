@@ -161,7 +161,13 @@ TEST(RunDirectory, FilesThatAreNotFilesAreNamedNeverWaitedOn) {
 // of a log that holds no job is refused (it reported "running, 0 steps").
 TEST(RunDirectory, AnExportOrAReportNeverOverwritesTheRunsOwnFiles) {
   TempDir dir;
-  Job done = start_job(dir, "own", kConfig, 1, {"job.steps=5"});
+  const std::string text = dir.path() + "/corpus.txt";  // (its data: a text file)
+  std::ofstream(text) << "some text to train on, some text to train on\n";
+  Job done = start_job(dir, "own",
+                       "[job]\nsteps = 5\n[model]\nkind = \"gpt\"\nlayers = 1\nd_model = 16\n"
+                       "heads = 2\ncontext = 8\n[data]\nkind = \"text\"\npath = \"" +
+                           text + "\"\n[batch]\nglobal = 4\nmicro = 4\n",
+                       1);
   ASSERT_TRUE(done.proc->wait(60s));
   const std::string config = text_of(done.run_dir + "/config.toml");
   const size_t events = events_of(done).size();
@@ -172,6 +178,7 @@ TEST(RunDirectory, AnExportOrAReportNeverOverwritesTheRunsOwnFiles) {
             "is the run's own config.toml"},
            {{"export", done.run_dir, "-o", shard}, "is inside the run's checkpoints"},
            {{"export", done.run_dir, "-o", dir.path()}, "is a directory"},
+           {{"export", done.run_dir, "-o", text}, "is the run's data (" + text + ")"},
            {{"report", done.run_dir, "-o", done.run_dir + "/events.jsonl"},
             "is the run's own events.jsonl"},
            {{"report", done.run_dir, "-o", dir.path()}, "is a directory"}}) {

@@ -450,9 +450,10 @@ TEST(Prepare, TextDirectoriesAndJsonLinesWithBadDocumentsSkippedAndCounted) {
         "{\"text\": \"from json \\u00e9\"}\nnot json\n{\"other\": 1}\n\n{\"text\": \"again\"}\n");
   // JSON lines named .json (as many data sets are) are JSON lines, not text with their keys.
   write(d / "in/sub/lines.json", "  {\"text\": \"named json\"}\n");
+  write(d / "in/sub/marked.JSON", "\xEF\xBB\xBF{\"text\": \"marked\"}\n");  // (a BOM, upper case)
   const PrepareSummary s = prepare({{d / "in"}, d / "out", "bpe", 300});
-  EXPECT_EQ(s.files, 7u);
-  EXPECT_EQ(s.documents, 5u);
+  EXPECT_EQ(s.files, 8u);
+  EXPECT_EQ(s.documents, 6u);
   EXPECT_EQ(s.skipped_binary, 1u);
   EXPECT_EQ(s.skipped_invalid_utf8, 1u);
   EXPECT_EQ(s.skipped_empty, 1u);
@@ -474,8 +475,8 @@ TEST(Prepare, TextDirectoriesAndJsonLinesWithBadDocumentsSkippedAndCounted) {
   }
   EXPECT_EQ(text,
             "hello world\n<|endoftext|>from json \xc3\xa9<|endoftext|>again<|endoftext|>"
-            "second document\n<|endoftext|>named json<|endoftext|>");
-  EXPECT_EQ(read(d / "out/documents.bin").size(), 5u * 8);
+            "second document\n<|endoftext|>named json<|endoftext|>marked<|endoftext|>");
+  EXPECT_EQ(read(d / "out/documents.bin").size(), 6u * 8);
   for (const auto& e : fs::directory_iterator(d.path))
     EXPECT_EQ(e.path().filename().string().find("partial"), std::string::npos);
 }
