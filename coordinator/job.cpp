@@ -1377,7 +1377,7 @@ class Coordinator : public caf::event_based_actor {
 
   void on_launcher_event(const LauncherEvent& e) {
     track_starting(e);
-    if (e.event == "agent_exited") return;  // (cleanly, not joined: nothing to tell)
+    if (e.event == "agent_exited" || e.event == "agent_restarting") return;  // (no news yet)
     Json j;
     j.integer("slot", e.slot).integer("attempt", e.attempt);
     if (e.pid) j.integer("pid", e.pid);
@@ -1406,8 +1406,10 @@ class Coordinator : public caf::event_based_actor {
       return a.alive && a.pid == e.pid && a.name == name;
     });
     if (e.event == "agent_started") launching_ = std::max<int64_t>(0, launching_ - 1);
-    if ((e.event == "agent_started" || e.event == "agent_restarted") && !joined)
-      starting_[e.slot] = e.pid;
+    if ((e.event == "agent_started" || e.event == "agent_restarted" ||
+         e.event == "agent_restarting") &&
+        !joined)
+      starting_[e.slot] = e.pid;  // (restarting: its restart's backoff; 0 until it is started)
     else if (e.event == "agent_gave_up" || e.event == "agent_exited")
       starting_.erase(e.slot);
   }

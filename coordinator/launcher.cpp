@@ -125,6 +125,7 @@ class Launcher : public caf::event_based_actor {
     spdlog::warn("{} {}; restarting it in {} ms ({} of {})", name_of(i), how, d.backoff.count(),
                  s.restarts, opt_.restarts.max_restarts);
     s.backoff = d.backoff;
+    report("agent_restarting", i, s.restarts, "");  // (a scale meanwhile counts it)
     delayed_send(this, d.backoff, restart_atom::value, uint64_t(i));
   }
 
@@ -136,7 +137,8 @@ class Launcher : public caf::event_based_actor {
 
   void report(const std::string& event, size_t slot, int64_t attempt, const std::string& detail) {
     const Slot& s = slots_[slot];
-    const int64_t pid = event == "agent_gave_up" || !s.proc ? 0 : s.proc->pid();
+    const bool gone = event == "agent_gave_up" || event == "agent_restarting";  // (its pid was)
+    const int64_t pid = gone || !s.proc ? 0 : s.proc->pid();
     send(coordinator_, LauncherEvent{event, opt_.first_slot + int64_t(slot), attempt, pid, detail,
                                      int64_t(s.backoff.count())});
   }
