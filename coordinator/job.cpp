@@ -859,6 +859,7 @@ class Coordinator : public caf::event_based_actor {
 
   void shut_down_drained(uint32_t id, uint64_t step) {
     send(bridge_, actors::demonitor_atom::value, roster_.at(id).node);  // (its exit is no loss)
+    retire(roster_.at(id));
     to_agent(id, encode(actors::Shutdown{"drained", 0}));
     tell(roster_.at(id).name + " left (drained)");
     log_.event("member_left",
@@ -1413,6 +1414,15 @@ class Coordinator : public caf::event_based_actor {
     else if (e.event == "agent_gave_up" || e.event == "agent_exited")
       starting_.erase(e.slot);
   }
+  // A drained agent the launcher started ("agent-N", slot N, its pid) is not restarted when it
+  // exits, even killed (the job would grow back past the size asked).
+  void retire(const Agent& a) {
+    const std::string prefix = "agent-";
+    if (!launcher_ || a.name.rfind(prefix, 0) != 0 || a.name.size() > prefix.size() + 9 ||
+        a.name.find_first_not_of("0123456789", prefix.size()) != std::string::npos)
+      return;
+    send(launcher_, RetireAgent{std::stoll(a.name.substr(prefix.size())), int64_t(a.pid)});
+  }
   uint32_t starting_agents() const { return uint32_t(starting_.size() + size_t(launching_)); }
 
   void fail(const std::string& reason) {
@@ -1515,6 +1525,7 @@ void configure_job_system(caf::actor_system_config& cfg) {
   cfg.add_message_type<JobNotice>("troupe_job_notice");
   cfg.add_message_type<LauncherEvent>("troupe_launcher_event");
   cfg.add_message_type<ScaleAgents>("troupe_scale_agents");
+  cfg.add_message_type<RetireAgent>("troupe_retire_agent");
   cfg.add_message_type<JobEvent>("troupe_job_event");
   cfg.add_message_type<AdminRequest>("troupe_admin_request");
   cfg.add_message_type<AdminReply>("troupe_admin_reply");

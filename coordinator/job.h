@@ -145,6 +145,16 @@ typename Inspector::result_type inspect(Inspector& f, ScaleAgents& x) {
   return f(caf::meta::type_name("scale_agents"), x.count);
 }
 
+// The coordinator -> the local launcher: the agent in this slot (while it is this pid) was
+// drained: when it exits, however it exits, it is not started again.
+struct RetireAgent {
+  int64_t slot = 0, pid = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, RetireAgent& x) {
+  return f(caf::meta::type_name("retire_agent"), x.slot, x.pid);
+}
+
 // The launcher -> the coordinator, once: where to send ScaleAgents (`troupe scale` above the
 // current size). Without one, such requests are refused by cluster.launcher = "external".
 using launcher_atom = caf::atom_constant<caf::atom("jlauncher")>;

@@ -47,6 +47,12 @@ class Launcher : public caf::event_based_actor {
     return {
         [this](exited_atom, uint64_t id) { on_exited(id); },
         [this](restart_atom, uint64_t slot) { restart(slot); },
+        [this](RetireAgent& r) {
+          const int64_t i = r.slot - opt_.first_slot;
+          if (i >= 0 && size_t(i) < slots_.size() && slots_[size_t(i)].proc &&
+              slots_[size_t(i)].proc->pid() == r.pid)
+            slots_[size_t(i)].retired = true;
+        },
         [this](ScaleAgents& s) {
           for (int64_t k = 0; k < s.count && !stopping_; ++k) {
             add_slot();
@@ -75,6 +81,7 @@ class Launcher : public caf::event_based_actor {
     uint64_t incarnation = 0;
     std::chrono::milliseconds backoff{0};  // the wait before the last restart
     std::string ended;                     // how the last incarnation ended ("killed by ...")
+    bool retired = false;                  // drained: not started again
   };
 
   // agent-N: its name and its log's (after a take-over, past the names of the run's agents).
@@ -111,7 +118,7 @@ class Launcher : public caf::event_based_actor {
       if (running() == 0) finish(true);
       return;
     }
-    const bool clean = WIFEXITED(*status) && WEXITSTATUS(*status) == 0;
+    const bool clean = (WIFEXITED(*status) && WEXITSTATUS(*status) == 0) || s.retired;
     auto d = elastic::decide_restart(opt_.restarts, s.restarts, clean);
     using Kind = elastic::RestartDecision::Kind;
     if (d.kind == Kind::done) return report("agent_exited", i, s.restarts, "");

@@ -413,6 +413,29 @@ TEST(Checkpoints, ADrainedAgentWaitingForItsWriteLeavesAtOnceOnSigint) {
   EXPECT_TRUE(job.proc->wait(60s));
 }
 
+// A launched agent drained by `troupe scale` and SIGKILLed while it waits for its checkpoint
+// write (each writer 8 s slow): the launcher does not start it again (it did: the job grew back
+// past the size asked).
+TEST(Checkpoints, ADrainedLaunchedAgentKilledWhileItWritesIsNotStartedAgain) {
+  TempDir dir;
+  Job job =
+      start_job(dir, "drained-killed", kGpt, 3, {"job.steps=100000", "checkpoint.every_steps=0"},
+                {pace(30000), "TROUPE_TEST_CHECKPOINT_DELAY_MS=8000"});
+  wait_steps(job, 3);
+  admin(dir, {"checkpoint", "--run-dir", job.run_dir, "--no-wait"});
+  std::this_thread::sleep_for(1s);  // (the writes start at the next step boundary, and pause)
+  admin(dir, {"scale", "--run-dir", job.run_dir, "--workers", "2"});
+  ASSERT_NE(wait_event(job, is("member_left"), 60s), "");
+  const int pid = pid_of(job, "agent-2");
+  ASSERT_GT(pid, 0);
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  std::this_thread::sleep_for(2s);  // (a restart comes after 100 ms)
+  admin(dir, {"stop", "--run-dir", job.run_dir});
+  ASSERT_TRUE(job.proc->wait(60s));
+  EXPECT_EQ(count_events(job, "agent_restarted"), 0);
+  EXPECT_EQ(count_events(job, "generation_started"), 2);
+}
+
 // The coordinator SIGKILLed and `troupe run --resume RUN_DIR` started again within
 // elastic.rejoin_timeout_ms: it takes the run over, the agents still alive join it again and go on
 // from their own state (nothing is rolled back to the checkpoint, no agent is launched anew), and
