@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 
 #include "coordinator/checkpoints.h"
@@ -51,7 +52,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 1:
       write(dir + "/run/events.jsonl", data[0] % 4 == 0 ? bytes : R"({"event":"job_started"})");
       write(dir + "/run/metrics.jsonl", data[0] % 4 == 1 ? bytes : "");
-      (void)troupe::coordinator::render_report(troupe::coordinator::read_run(dir + "/run"));
+      try {  // (a log with no job in it is refused: read_run's one throw, named)
+        (void)troupe::coordinator::render_report(troupe::coordinator::read_run(dir + "/run"));
+      } catch (const std::runtime_error& e) {
+        if (std::string(e.what()).find("holds no job_started event") == std::string::npos) throw;
+      }
       break;
     case 3:
       write(dir + "/tokens/" + troupe::data::kManifestFile, bytes);
