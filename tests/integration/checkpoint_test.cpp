@@ -425,9 +425,15 @@ TEST(Checkpoints, ADrainedLaunchedAgentKilledWhileItWritesIsNotStartedAgain) {
   admin(dir, {"checkpoint", "--run-dir", job.run_dir, "--no-wait"});
   std::this_thread::sleep_for(1s);  // (the writes start at the next step boundary, and pause)
   admin(dir, {"scale", "--run-dir", job.run_dir, "--workers", "2"});
-  ASSERT_NE(wait_event(job, is("member_left"), 60s), "");
-  const int pid = pid_of(job, "agent-2");
-  ASSERT_GT(pid, 0);
+  const std::string left = wait_event(job, is("member_left"), 60s);
+  ASSERT_NE(left, "");
+  std::string name;  // (the newest member: agents join in any order)
+  for (const auto& e : events_of(job))
+    if (json_field(e, "event") == "member_joined" &&
+        json_field(e, "member") == json_field(left, "member"))
+      name = json_field(e, "name");
+  const int pid = pid_of(job, name);
+  ASSERT_GT(pid, 0) << name;
   ASSERT_EQ(::kill(pid, SIGKILL), 0);
   std::this_thread::sleep_for(2s);  // (a restart comes after 100 ms)
   admin(dir, {"stop", "--run-dir", job.run_dir});
