@@ -8,6 +8,35 @@ uint32_t usable_workers(const std::vector<LiveAgent>& agents) {
   return n;
 }
 
+namespace {
+
+// Why draining whole agents cannot leave n workers, with the sizes nearest n that it can leave.
+std::string unreachable_size(uint32_t n, const std::vector<LiveAgent>& agents, uint32_t min) {
+  const uint32_t have = usable_workers(agents);
+  std::vector<bool> can(have + 1, false);  // can[k]: some agents hold k workers in all
+  can[0] = true;
+  for (const auto& a : agents)
+    for (uint32_t k = have; k >= a.workers && a.workers > 0; --k)
+      if (can[k - a.workers]) can[k] = true;
+  std::string nearest;
+  for (uint32_t k = n; k-- > std::max<uint32_t>(min, 1);)
+    if (can[k]) {
+      nearest = std::to_string(k);
+      break;
+    }
+  for (uint32_t k = n + 1; k < have; ++k)
+    if (can[k]) {
+      nearest += (nearest.empty() ? "" : " or ") + std::to_string(k);
+      break;
+    }
+  return "no set of agents leaves exactly " + std::to_string(n) +
+         " worker(s): an agent leaves with all its workers (" + std::to_string(have) + " in " +
+         std::to_string(agents.size()) + " agents)" +
+         (nearest.empty() ? std::string() : "; the nearest sizes: " + nearest);
+}
+
+}  // namespace
+
 ScaleDecision decide_scale(uint32_t n, const std::vector<LiveAgent>& agents, const ScaleLimits& lim,
                            uint32_t starting) {
   ScaleDecision d;
@@ -66,7 +95,13 @@ ScaleDecision decide_scale(uint32_t n, const std::vector<LiveAgent>& agents, con
     d.drain.push_back(a->id);
     left -= a->workers;
   }
-  if (!d.drain.empty()) d.kind = ScaleDecision::Kind::drain;
+  if (left != n) {  // (agents of several workers each: no set of them leaves exactly n)
+    d.drain.clear();
+    d.kind = ScaleDecision::Kind::refuse;
+    d.reason = unreachable_size(n, agents, lim.min_workers);
+  } else if (!d.drain.empty()) {
+    d.kind = ScaleDecision::Kind::drain;
+  }
   return d;
 }
 

@@ -63,6 +63,21 @@ TEST(Scale, ShrinkingNeverGoesBelowTheTarget) {
   EXPECT_EQ(d.drain, (std::vector<uint32_t>{1}));
 }
 
+// Agents of two workers each cannot leave an odd number: refused with the sizes they can leave
+// (it said "nothing to do: " and the job stayed at 4).
+TEST(Scale, ASizeNoSetOfAgentsLeavesIsRefusedWithTheNearestOnes) {
+  std::vector<LiveAgent> a{{0, 2, true}, {1, 2, true}, {2, 2, true}};
+  auto d = decide_scale(3, a, limits());
+  EXPECT_EQ(d.kind, Kind::refuse);
+  EXPECT_TRUE(d.drain.empty());
+  EXPECT_EQ(d.reason,
+            "no set of agents leaves exactly 3 worker(s): an agent leaves with all its workers "
+            "(6 in 3 agents); the nearest sizes: 2 or 4");
+  const std::string five = decide_scale(5, a, limits()).reason;
+  EXPECT_EQ(five.substr(five.size() - 20), "the nearest sizes: 4") << five;
+  EXPECT_EQ(decide_scale(4, a, limits()).drain, (std::vector<uint32_t>{2}));
+}
+
 TEST(Scale, TheSameSizeDoesNothing) {
   auto d = decide_scale(4, kAgents, limits());
   EXPECT_EQ(d.kind, Kind::nothing);
