@@ -859,7 +859,6 @@ class Coordinator : public caf::event_based_actor {
 
   void shut_down_drained(uint32_t id, uint64_t step) {
     send(bridge_, actors::demonitor_atom::value, roster_.at(id).node);  // (its exit is no loss)
-    retire(roster_.at(id));
     to_agent(id, encode(actors::Shutdown{"drained", 0}));
     tell(roster_.at(id).name + " left (drained)");
     log_.event("member_left",
@@ -1164,7 +1163,9 @@ class Coordinator : public caf::event_based_actor {
       return actors::make_error_reply(Errc::refused, "this job has no checkpoint directory");
     if (!job_.started()) return actors::make_error_reply(Errc::refused, "the job is not running");
     const uint64_t at = steps_.committed() + 1;
-    log_.event("checkpoint_requested", Json().integer("step", long(at)).boolean("stop", and_stop));
+    if (!and_stop || !stop_checkpoint_)  // (a stop asked for it already: one request, logged once)
+      log_.event("checkpoint_requested",
+                 Json().integer("step", long(at)).boolean("stop", and_stop));
     if (!and_stop) {
       requested_checkpoint_ = at;
       auto msg = actors::make_checkpoint_at_step(at);
@@ -1212,7 +1213,15 @@ class Coordinator : public caf::event_based_actor {
       case Kind::refuse:
         return actors::make_error_reply(Errc::refused, d.reason);
       case Kind::launch:
-        if (launcher_) launch_agents(int64_t(d.agents_to_launch));
+        if (launcher_) {
+          // The new agents replace the lost ones too: a lost agent's process that still lives
+          // (stopped, hung) is not started again when it ends (the job would grow past the size).
+          for (const Agent& a : roster_.agents()) {
+            const auto slot = launched_slot(a);
+            if (!a.alive && slot && !starting_.count(*slot)) retire(a);  // (restarting: counted)
+          }
+          launch_agents(int64_t(d.agents_to_launch));
+        }
         return actors::make_accepted("starting " + std::to_string(d.agents_to_launch) +
                                      " agent(s); they join at a step boundary");
       case Kind::drain: {
@@ -1318,6 +1327,7 @@ class Coordinator : public caf::event_based_actor {
   void start_drain(const std::vector<uint32_t>& ids) {
     for (uint32_t id : ids) {
       roster_.at(id).alive = false;
+      retire(roster_.at(id));  // (from now: killed before it leaves, it is not started again)
       log_.event("drain_requested",
                  Json().integer("member", id).integer("step", long(steps_.committed())));
       if (gens_.has_member_on(id))
@@ -1417,13 +1427,27 @@ class Coordinator : public caf::event_based_actor {
   // A drained agent the launcher started ("agent-N", slot N, its pid) is not restarted when it
   // exits, even killed (the job would grow back past the size asked).
   void retire(const Agent& a) {
-    const std::string prefix = "agent-";
-    if (!launcher_ || a.name.rfind(prefix, 0) != 0 || a.name.size() > prefix.size() + 9 ||
-        a.name.find_first_not_of("0123456789", prefix.size()) != std::string::npos)
-      return;
-    send(launcher_, RetireAgent{std::stoll(a.name.substr(prefix.size())), int64_t(a.pid)});
+    if (const auto slot = launched_slot(a); slot && launcher_)
+      send(launcher_, RetireAgent{*slot, int64_t(a.pid)});
   }
-  uint32_t starting_agents() const { return uint32_t(starting_.size() + size_t(launching_)); }
+  // The launcher's slot N of an agent named "agent-N" (none for another name).
+  static std::optional<int64_t> launched_slot(const Agent& a) {
+    const std::string prefix = "agent-";
+    if (a.name.rfind(prefix, 0) != 0 || a.name.size() == prefix.size() ||
+        a.name.size() > prefix.size() + 9 ||
+        a.name.find_first_not_of("0123456789", prefix.size()) != std::string::npos)
+      return std::nullopt;
+    return std::stoll(a.name.substr(prefix.size()));
+  }
+  // A slot restarting while its lost agent is still alive in the roster (the launcher's news came
+  // before the link's) counts once, as the live agent.
+  uint32_t starting_agents() const {
+    size_t n = size_t(launching_);
+    for (const auto& [slot, pid] : starting_)
+      n += std::none_of(roster_.agents().begin(), roster_.agents().end(),
+                        [&](const Agent& a) { return a.alive && launched_slot(a) == slot; });
+    return uint32_t(n);
+  }
 
   void fail(const std::string& reason) {
     if (job_.finished()) return;

@@ -138,6 +138,7 @@ class Launcher : public caf::event_based_actor {
 
   void restart(uint64_t i) {
     if (stopping_) return;
+    if (slots_[i].retired) return report("agent_exited", size_t(i), slots_[i].restarts, "");
     start(size_t(i));
     report("agent_restarted", size_t(i), slots_[i].restarts, name_of(i) + " " + slots_[i].ended);
   }

@@ -442,6 +442,30 @@ TEST(Checkpoints, ADrainedLaunchedAgentKilledWhileItWritesIsNotStartedAgain) {
   EXPECT_EQ(count_events(job, "generation_started"), 2);
 }
 
+// The same, killed before it leaves (steps of 3 s: the drain waits for the step's end): it was
+// retired only as it left, and the launcher started it again.
+TEST(Checkpoints, ADrainedLaunchedAgentKilledBeforeItLeavesIsNotStartedAgain) {
+  TempDir dir;
+  Job job = start_job(dir, "drained-early", kGpt, 3, {"job.steps=100000"}, {pace(3000000)});
+  wait_steps(job, 1);
+  admin(dir, {"scale", "--run-dir", job.run_dir, "--workers", "2"});
+  const std::string drained = wait_event(job, is("drain_requested"), 30s);
+  ASSERT_NE(drained, "");
+  std::string name;
+  for (const auto& e : events_of(job))
+    if (json_field(e, "event") == "member_joined" &&
+        json_field(e, "member") == json_field(drained, "member"))
+      name = json_field(e, "name");
+  const int pid = pid_of(job, name);
+  ASSERT_GT(pid, 0) << name;
+  EXPECT_EQ(count_events(job, "member_left"), 0) << "it left before the kill: the test is void";
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  EXPECT_EQ(wait_event(job, is("agent_restarted"), 5s), "") << "the drained agent came back";
+  admin(dir, {"stop", "--run-dir", job.run_dir});
+  ASSERT_TRUE(job.proc->wait(60s));
+  EXPECT_EQ(count_events(job, "member_joined"), 3);
+}
+
 // The coordinator SIGKILLed and `troupe run --resume RUN_DIR` started again within
 // elastic.rejoin_timeout_ms: it takes the run over, the agents still alive join it again and go on
 // from their own state (nothing is rolled back to the checkpoint, no agent is launched anew), and
@@ -502,12 +526,16 @@ TEST(Checkpoints, AResumedRunWhoseCoordinatorIsKilledIsTakenOverToo) {
   TempDir dir;
   const std::vector<std::string> sets{"elastic.rejoin_timeout_ms=60000", "job.steps=100000",
                                       "checkpoint.every_steps=0"};
-  Job job = start_job(dir, "resumed-lost", kGpt, 2, sets, {pace(30000)});
+  // (Its stop's checkpoint written slowly: a second stop --checkpoint comes while it is.)
+  Job job = start_job(dir, "resumed-lost", kGpt, 2, sets,
+                      {pace(30000), "TROUPE_TEST_CHECKPOINT_DELAY_MS=5000"});
   wait_steps(job, 5);
+  admin(dir, {"stop", "--run-dir", job.run_dir, "--checkpoint"});
   admin(dir, {"stop", "--run-dir", job.run_dir, "--checkpoint"});
   auto st = job.proc->wait(60s);
   ASSERT_TRUE(st);
   ASSERT_EQ(WEXITSTATUS(*st), 0);
+  EXPECT_EQ(count_events(job, "checkpoint_requested"), 1);  // one request, asked twice
   Job resumed =
       start_job(dir, "resumed-lost", kGpt, 2, sets, {pace(30000)}, {"--resume", job.run_dir});
   ASSERT_NE(wait_event(resumed, is("generation_started"), 60s), "");
