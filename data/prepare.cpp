@@ -281,6 +281,20 @@ void remove_stale_partials(const std::string& out) {
   }
 }
 
+// --out names a directory to be (its missing parents made too): the nearest existing one above
+// it must be a directory this process may write in.
+void check_can_create(const std::string& out) {
+  std::error_code ec;
+  fs::path above = fs::path(out).has_parent_path() ? fs::path(out).parent_path() : fs::path(".");
+  while (!fs::exists(above, ec) && above.has_parent_path() && above != above.parent_path())
+    above = above.parent_path();
+  if (!fs::is_directory(above, ec))
+    throw std::invalid_argument("--out '" + out + "': " + above.string() + " is not a directory");
+  if (::access(above.c_str(), W_OK | X_OK) != 0)
+    throw std::invalid_argument("--out '" + out + "': cannot create it in " + above.string() +
+                                ": " + std::strerror(errno));
+}
+
 void write_manifest(const std::string& dir, const PrepareOptions& o, const PrepareSummary& s,
                     const std::vector<Input>& files, const std::vector<ShardWriter::Shard>& shards,
                     const Tokenizer& tok, unsigned width) {
@@ -342,6 +356,7 @@ PrepareSummary prepare(const PrepareOptions& o,
     throw std::invalid_argument("--out '" + out +
                                 "' exists: a data set is written once (remove it or choose "
                                 "another directory)");
+  check_can_create(out);  // (before hours of reading and training, not after)
   std::vector<Input> files = collect(o.inputs);
   PrepareSummary s;
   s.repeated_files = drop_repeats(files);
@@ -365,7 +380,10 @@ PrepareSummary prepare(const PrepareOptions& o,
 
   remove_stale_partials(out);
   const std::string partial = out + ".partial-" + std::to_string(::getpid());
-  fs::create_directories(partial);
+  fs::create_directories(fs::path(partial).parent_path(), ec);
+  if (!fs::create_directory(partial, ec) || ec)
+    throw std::runtime_error("--out '" + out + "': cannot create " + partial + ": " +
+                             (ec ? ec.message() : "it exists"));
   try {
     const auto t0 = Clock::now();
     const unsigned width = tok.vocab_size() <= 65536 ? 2 : 4;

@@ -507,6 +507,11 @@ TEST(Prepare, BadInputsAreRefusedAndLeaveNoDataSet) {
   write(d / "array.json", "\n[{\"text\": \"a\"}]");
   refused({{d / "array.json"}, d / "o7"},
           "holds a JSON array: troupe data prepare reads JSON lines");
+  refused({{d / "text.txt"}, d / "text.txt/o8"}, "text.txt is not a directory");
+  refused({{d / "text.txt"}, d / "text.txt/deeper/o9"}, "text.txt is not a directory");
+  // (Its missing parents are made.)
+  prepare({{d / "text.txt"}, d / "new/deeper/o10"});
+  EXPECT_TRUE(fs::exists(d / "new/deeper/o10/manifest.json"));
   // A trailing slash names the same directory (its partial is a sibling, not inside it).
   prepare({{d / "text.txt"}, d / "slash/"});
   EXPECT_TRUE(fs::exists(d / "slash/manifest.json"));
