@@ -58,8 +58,18 @@ RunEvents run_events(const std::string& dir) {
   return e;
 }
 
+// ": it ended at step N" where the run directory's last event ends its job, else "".
+std::string how_it_ended(const std::string& run_dir) {
+  const nlohmann::json last = run_events(run_dir).last;
+  const std::string event = last.is_null() ? "" : coordinator::text_field(last, "event");
+  if (event != "job_finished" && event != "job_failed") return "";
+  const uint64_t step = last.contains("steps") ? coordinator::count_field(last, "steps")
+                                               : coordinator::count_field(last, "step");
+  return ": it ended at step " + std::to_string(step);
+}
+
 struct JobRef {
-  std::string address, job_id, token;
+  std::string address, job_id, token, run_dir;
 };
 JobRef job_ref(const JobName& n) {
   JobRef r;
@@ -70,17 +80,12 @@ JobRef job_ref(const JobName& n) {
       throw std::invalid_argument(
           "no run directory " + n.run_dir + ": " +
           (std::filesystem::exists(n.run_dir, ec) ? "it is not a directory" : "it does not exist"));
-    const nlohmann::json last = run_events(n.run_dir).last;
-    if (last.is_null())
+    if (run_events(n.run_dir).last.is_null())
       throw std::invalid_argument(n.run_dir + " is not a run directory (no events in " + n.run_dir +
                                   "/events.jsonl)");
-    const std::string event = coordinator::text_field(last, "event");
-    const uint64_t step = last.contains("steps") ? coordinator::count_field(last, "steps")
-                                                 : coordinator::count_field(last, "step");
-    const bool ended = event == "job_finished" || event == "job_failed";
-    const std::string how = ended ? ": it ended at step " + std::to_string(step) : "";
-    throw std::runtime_error("no coordinator runs the job in " + n.run_dir + how +
-                             " (troupe status --run-dir " + n.run_dir + ")");
+    throw std::runtime_error("no coordinator runs the job in " + n.run_dir +
+                             how_it_ended(n.run_dir) + " (troupe status --run-dir " + n.run_dir +
+                             ")");
   }
   if (!n.run_dir.empty()) {
     std::error_code ec;  // (a FIFO would block the read)
@@ -91,6 +96,7 @@ JobRef job_ref(const JobName& n) {
       throw std::invalid_argument("no coordinator.addr in " + n.run_dir +
                                   " (is a job running there?)");
     token_file = n.run_dir + "/job.token";
+    r.run_dir = n.run_dir;
   } else {
     r.address = n.coordinator;
     if (r.address.empty() || token_file.empty()) {
@@ -161,7 +167,14 @@ class AdminSession {
         ce && (ce->code == comm::Errc::refused || ce->code == comm::Errc::invalid_input);
     const std::string text = ce ? ce->message : system_->render(*error_);
     const char* at = ref_.address.c_str();
-    if (node_ == 0)
+    // A job that ended meanwhile (between reading its address and the answer) says so.
+    const std::string ended = ref_.run_dir.empty() || coordinator::run_dir_in_use(ref_.run_dir)
+                                  ? ""
+                                  : how_it_ended(ref_.run_dir);
+    if (!answer && !ended.empty())
+      std::fprintf(stderr, "troupe: the job in %s did not answer%s\n", ref_.run_dir.c_str(),
+                   ended.c_str());
+    else if (node_ == 0)
       std::fprintf(stderr, "troupe: cannot reach the job at %s: %s\n", at, text.c_str());
     else if (answer)
       std::fprintf(stderr, "troupe: the job at %s refused: %s\n", at, text.c_str());
