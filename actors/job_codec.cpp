@@ -156,6 +156,7 @@ ControlMessage encode(const JobSpec& m) {
     s.setResumeStep(m.resume_step);
     s.setTraceFirst(m.trace_first);
     s.setPeakTflops(m.peak_tflops);
+    s.setLogLevel(m.log_level);
     s.setTraceLast(m.trace_last);
     s.setFailureTimeoutMs(m.failure_timeout_ms);
     s.setWorkerMaxRestarts(m.worker_max_restarts);
@@ -218,6 +219,7 @@ JobSpec decode(proto::JobSpec::Reader s) {
   m.resume_step = s.getResumeStep();
   m.trace_first = s.getTraceFirst();
   m.peak_tflops = s.getPeakTflops();
+  m.log_level = s.getLogLevel();
   m.trace_last = s.getTraceLast();
   m.failure_timeout_ms = s.getFailureTimeoutMs();
   m.worker_max_restarts = s.getWorkerMaxRestarts();

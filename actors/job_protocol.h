@@ -86,6 +86,7 @@ struct JobSpec {
   std::string resume_dir;                     // the checkpoint to start from ("" = the seed)
   int64_t trace_first = -1, trace_last = -1;  // observability.trace_steps (-1: none)
   double peak_tflops = 0;                     // observability.peak_tflops (0: the device's)
+  std::string log_level;                      // logging.level ("": info)
   uint64_t resume_step = 0;
   // [elastic]
   int64_t failure_timeout_ms = 3000;

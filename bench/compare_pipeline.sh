@@ -18,8 +18,10 @@ TROUPE=${TROUPE:-build/bin/troupe}
 PY=/usr/bin/python3
 tmp=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT
-common=(--set job.steps=$STEPS --set logging.progress=false --set optimizer.lr=0.001
-  --set parallel.recompute_activations=${RECOMPUTE:-false})
+common=(--set job.steps=$STEPS --set logging.progress=false --set optimizer.lr=0.001)
+recompute() {  # (a pipeline's key: refused for pp = 1)
+  if [ "$1" -gt 1 ]; then echo "--set parallel.recompute_activations=${RECOMPUTE:-false}"; fi
+}
 stats() {  # run_dir -> "median_step_s median_idle samples_per_s"
   $PY - "$1/metrics.jsonl" <<'PY'
 import json, statistics, sys
@@ -34,7 +36,7 @@ printf "%4s %12s %14s %14s\n" m "step s" "idle measured" "bubble theory"
 for micro in 32 16 8 4; do
   d=$tmp/bubble$micro
   "$TROUPE" run configs/quickstart.toml "${common[@]}" --set "job.run_dir=\"$d\"" --set cluster.agents=2 \
-    --set parallel.pipeline_stages=2 --set batch.micro=$micro >/dev/null
+    --set parallel.pipeline_stages=2 --set batch.micro=$micro $(recompute 2) >/dev/null
   read -r s i _ <<<"$(stats "$d")"
   m=$((32 / micro))
   printf "%4d %12s %14s %14s\n" $m "$s" "$i" "$($PY -c "print(f'{1 / ($m + 1):.3f}')")"
@@ -45,7 +47,7 @@ for layout in "1 1" "2 1" "2 2"; do
   read -r w pp <<<"$layout"
   d=$tmp/tp$w$pp
   "$TROUPE" run configs/quickstart.toml "${common[@]}" --set "job.run_dir=\"$d\"" --set cluster.agents=$w \
-    --set parallel.pipeline_stages=$pp --set batch.micro=4 >/dev/null
+    --set parallel.pipeline_stages=$pp --set batch.micro=4 $(recompute "$pp") >/dev/null
   read -r s i sps <<<"$(stats "$d")"
   printf "%-16s %12s %12s %14s\n" "dp $((w / pp)) x pp $pp" "$s" "$sps" "$i"
 done

@@ -1,5 +1,6 @@
 // `troupe run`, `troupe coordinator`, `troupe agent`, `troupe status`, `troupe stop`.
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/spdlog.h>
@@ -146,10 +147,16 @@ void warn_of_changes(const coordinator::JobConfig& cfg, const std::string& path,
 // a name: UCX resolves it).
 std::string listen_refusal(const std::string& listen) {
   const auto [host, port] = comm::split_host_port(listen);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
+  addrinfo hints{};
+  hints.ai_family = AF_INET;  // (the control plane listens on IPv4, as comm::resolve)
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found); rc != 0 || !found)
+    return "cluster.listen = \"" + listen + "\": cannot resolve host '" + host +
+           "': " + ::gai_strerror(rc) + " (an IPv4 address or a name of one)";
+  sockaddr_in a = *reinterpret_cast<const sockaddr_in*>(found->ai_addr);
+  ::freeaddrinfo(found);
   a.sin_port = htons(port);
-  if (::inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1) return "";
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return "";
   const int one = 1;
@@ -197,9 +204,17 @@ std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool l
     found = coordinator::newest_valid_checkpoint(dir, hash, &refused);
     for (const auto& r : refused)
       std::fprintf(stderr, "troupe: skipping checkpoint %s\n", r.c_str());
+    const std::string asked = cfg.run_dir;
     cfg.run_dir = fs::absolute(path, ec).lexically_normal().string();  // (config.toml keeps it)
     if (ec) cfg.run_dir = path;
     while (cfg.run_dir.size() > 1 && cfg.run_dir.back() == '/') cfg.run_dir.pop_back();
+    if (!asked.empty() && fs::absolute(asked, ec).lexically_normal() !=
+                              fs::absolute(cfg.run_dir, ec).lexically_normal())
+      std::fprintf(stderr,
+                   "troupe: warning: --resume %s goes on in %s: job.run_dir = \"%s\" is not "
+                   "used (a new run there goes on from one of its checkpoints: --resume "
+                   "%s/checkpoints/step-N)\n",
+                   path.c_str(), cfg.run_dir.c_str(), asked.c_str(), path.c_str());
     if (!found && cfg.take_over) return "";  // (without adopted agents: from the seed)
     if (!found) return "--resume " + path + ": no valid checkpoint in " + dir;
   }
@@ -259,6 +274,7 @@ RunDir prepare_run_dir(coordinator::JobConfig& cfg, bool resuming) {
   log->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [job " + cfg.name + "] [coordinator] [%l] %v");
   log->flush_on(spdlog::level::info);
   spdlog::set_default_logger(log);
+  spdlog::set_level(spdlog::level::from_str(cfg.log_level));  // (logging.level)
   return d;
 }
 
@@ -515,9 +531,14 @@ std::string memory_refusal(coordinator::JobConfig& cfg, const Hooks& hooks) {
       return e.what();
     }
   }
-  // (not for text: its vocabulary, the data's characters, is known only once it is read)
-  if (cfg.builtin_model() && cfg.data_kind != "text")
-    if (std::string why = budget_refusal(cfg, m); !why.empty()) return why;
+  // (For text its vocabulary, the data's characters, is known only once it is read: counted as
+  // 1, the blocks' counts are at least these, and a budget they miss is missed.)
+  if (cfg.builtin_model()) {
+    models::ModelSpec least = m;
+    if (cfg.data_kind == "text") least.vocab = 1;
+    if (std::string why = budget_refusal(cfg, least); !why.empty())
+      return why + (cfg.data_kind == "text" ? " (counting the text's characters as one)" : "");
+  }
   if (blocks.empty() && cfg.data_kind != "text")
     blocks = models::Model::planned_block_param_counts(m);
   cfg.block_params.assign(blocks.begin(), blocks.end());

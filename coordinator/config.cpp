@@ -392,7 +392,14 @@ void apply_override(toml::table& root, const std::string& ov) {
   }
   if (!root.contains(table)) root.insert(table, toml::table{});
   auto* t = root[table].as_table();
-  if (!t) throw ConfigError("--set " + ov + ": '" + table + "' is not a table");
+  if (!t) {  // (the file's mistake: named where it is)
+    const auto& at = root[table].node()->source();
+    const std::string where = at.path ? *at.path + ":" + std::to_string(at.begin.line) + ":" +
+                                            std::to_string(at.begin.column)
+                                      : std::string("the config");
+    throw ConfigError(where + ": '" + table + "' is not a table (--set " + ov +
+                      " sets a key in it)");
+  }
   // (moved, not copied: a copy of a toml node drops its source)
   parsed["v"].node()->visit([&](auto&& n) { t->insert_or_assign(key, std::move(n)); });
 }
@@ -428,12 +435,39 @@ std::string inert_key_of(const JobConfig& c, const std::function<std::string(con
        c.data_kind != "synthetic" || !data, "data.kind = \"text\" or \"tokens\""},
       {"optimizer.momentum", c.momentum != d.momentum, c.optimizer == "sgd",
        "optimizer.kind = \"sgd\""},
+      {"parallel.recompute_activations", c.recompute_activations != d.recompute_activations,
+       c.pipeline_stages != 1, "a pipeline (parallel.pipeline_stages other than 1)"},
+      {"parallel.stage_backup_steps", c.stage_backup_steps != d.stage_backup_steps,
+       c.pipeline_stages != 1, "a pipeline (parallel.pipeline_stages other than 1)"},
   };
   for (const Key& k : keys)
     if (k.changed && !k.acts)
       return place(k.key) + ": " + k.key + " acts only with " + k.with +
              ": it would not act in this job";
   return "";
+}
+
+// elastic.min_workers and max_workers against each other and the workers the job starts with
+// (its first generation takes every one of them: a maximum below them, or a minimum above them,
+// would not act as the documentation says).
+void check_worker_bounds(const JobConfig& c,
+                         const std::function<std::string(const std::string&)>& place) {
+  const std::string workers =
+      std::to_string(c.workers()) + " (cluster.agents x cluster.devices_per_agent)";
+  if (c.max_workers > 0 && c.min_workers > c.max_workers)
+    throw ConfigError(place("elastic.min_workers") +
+                      ": elastic.min_workers = " + std::to_string(c.min_workers) +
+                      " is above elastic.max_workers = " + std::to_string(c.max_workers));
+  if (c.min_workers > c.workers())
+    throw ConfigError(place("elastic.min_workers") +
+                      ": elastic.min_workers = " + std::to_string(c.min_workers) +
+                      " is above the workers the job starts with, " + workers);
+  if (c.max_workers > 0 && c.max_workers < c.workers())
+    throw ConfigError(place("elastic.max_workers") +
+                      ": elastic.max_workers = " + std::to_string(c.max_workers) +
+                      " is below the workers the job starts with, " + workers +
+                      ", all of which train from the start (agents that join later wait above it "
+                      "as standbys)");
 }
 
 void refuse_what_cannot_act(const JobConfig& c, const std::string& source, const Places& at) {
@@ -694,7 +728,13 @@ void validate(const JobConfig& c, const std::string& source, const Places& at) {
   if (c.model_kind == "mlp" && (c.data_kind == "text" || c.data_kind == "tokens"))
     fail("model.kind = \"mlp\" needs data.kind = \"synthetic\" (or a program's own)");
   if (c.failure_timeout_ms <= c.heartbeat_interval_ms)
-    fail("elastic.failure_timeout_ms must be larger than elastic.heartbeat_interval_ms");
+    throw ConfigError(place(at.count("elastic.heartbeat_interval_ms")
+                                ? "elastic.heartbeat_interval_ms"
+                                : "elastic.failure_timeout_ms") +
+                      ": elastic.failure_timeout_ms (" + std::to_string(c.failure_timeout_ms) +
+                      ") must be larger than elastic.heartbeat_interval_ms (" +
+                      std::to_string(c.heartbeat_interval_ms) + ")");
+  check_worker_bounds(c, place);
   if (c.pipeline_stages != 1 && c.tied_head)
     fail("parallel.pipeline_stages = " +
          (c.pipeline_stages ? std::to_string(c.pipeline_stages) : std::string("\"auto\"")) +

@@ -53,6 +53,7 @@ actors::JobSpec job_spec_of(const JobConfig& c, uint32_t agent_id, uint64_t firs
   s.resume_step = c.resume_step;
   s.trace_first = c.trace_first;
   s.peak_tflops = c.peak_tflops;
+  s.log_level = c.log_level;
   s.trace_last = c.trace_last;
   s.pipeline_stages = c.pipeline_stages;
   s.max_params_per_worker = c.max_params_per_worker;

@@ -24,6 +24,12 @@ std::string fnv1a64_hex(uint64_t checksum) {
   return hex;
 }
 
+std::string json_error_text(const std::exception& e) {
+  const std::string text = e.what();
+  const size_t tag = text.rfind("[json.exception.", 0) == 0 ? text.find("] ") : std::string::npos;
+  return tag == std::string::npos ? text : text.substr(tag + 2);
+}
+
 std::string shard_name(size_t index) {
   char name[32];
   std::snprintf(name, sizeof name, "tokens-%05zu.bin", index);
@@ -120,7 +126,7 @@ nlohmann::json read_manifest(const std::string& dir) {
   try {
     return nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
-    bad(dir, std::string(kManifestFile) + " is not JSON: " + e.what());
+    bad(dir, std::string(kManifestFile) + " is not JSON: " + json_error_text(e));
   }
 }
 

@@ -36,6 +36,10 @@ std::string fnv1a64_hex(uint64_t checksum);
 
 std::string shard_name(size_t index);  // tokens-00000.bin
 
+// A JSON library error's text without its "[json.exception.parse_error.101] " tag: where and why
+// ("parse error at line 1, column 2: syntax error ...").
+std::string json_error_text(const std::exception& e);
+
 // Appends token ids to shard files of at most shard_tokens ids each, and the document index.
 // Not thread-safe.
 class ShardWriter {

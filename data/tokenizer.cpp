@@ -261,12 +261,12 @@ Tokenizer Tokenizer::parse(const std::string& text, const std::string& path) {
   try {
     j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    bad_file(path, std::string("is not JSON: ") + e.what());
+    bad_file(path, std::string("is not JSON: ") + json_error_text(e));
   }
   try {
     return from_json(j, path);
   } catch (const nlohmann::json::exception& e) {  // (a field of the wrong type)
-    bad_file(path, e.what());
+    bad_file(path, "a field of the wrong type: " + json_error_text(e));
   }
 }
 

@@ -118,9 +118,15 @@ TEST(Job, SameLossesAtWorldSizesOneToFour) {
     std::printf("world %d: step 29 loss %.6f vs %.6f at world 1\n", world, l.back(),
                 reference.back());
   }
-  // The same with the gradient reduction overlapped with the backward pass.
-  RunResult r = troupe_run(dir, config, {"cluster.agents=3", "parallel.overlap_reduce=true"});
+  // The same with the gradient reduction overlapped with the backward pass (and logging.level
+  // "warn": no info line in the coordinator's log or an agent's; it was ignored).
+  RunResult r = troupe_run(
+      dir, config, {"cluster.agents=3", "parallel.overlap_reduce=true", "logging.level=\"warn\""});
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* log : {"/coordinator.log", "/agent-0.log", "/agent-2.log"}) {
+    const std::string text = testing::text_of(r.run_dir + log);
+    EXPECT_EQ(text.find("[info]"), std::string::npos) << log << ":\n" << text;
+  }
   auto l = testing::committed_losses(r.run_dir);
   ASSERT_EQ(l.size(), reference.size());
   for (size_t i = 0; i < l.size(); ++i)
@@ -206,6 +212,8 @@ TEST(Job, BadConfigsExitNonZeroWithTheReasonAndStartNothing) {
       {"[observability]\nmetrics_listen = \"192.0.2.1:0\"\n", "cannot listen on 192.0.2.1:0"},
       {"[cluster]\nlisten = \"127.0.0.1:99999\"\n",
        ":2:10: cluster.listen = \"127.0.0.1:99999\" is not HOST:PORT"},
+      // (an IPv6 address: exit 1 and the transport's own text; no name lookup leaves the host)
+      {"[cluster]\nlisten = \"::1:0\"\n", "cluster.listen = \"::1:0\": cannot resolve host '::1'"},
       // A kind's key for another kind would not act: a new run is refused (a resume warns).
       {"[optimizer]\nkind = \"adamw\"\nmomentum = 0.5\n",
        ":3:12: optimizer.momentum acts only with optimizer.kind = \"sgd\""},
@@ -225,6 +233,10 @@ TEST(Job, BadConfigsExitNonZeroWithTheReasonAndStartNothing) {
       {"[model]\ninputs = 64\nhidden = [64]\nclasses = 10\n[cluster]\nagents = 1\n[parallel]\n"
        "max_params_per_worker = 4500\npipeline_stages = \"auto\"\n",
        "need at least 2 pipeline stages, one worker each, and the job has 1 worker(s)"},
+      // (a GPT on text too: its vocabulary unknown before the text is read, it was not checked)
+      {"[model]\nkind = \"gpt\"\nlayers = 2\n[data]\nkind = \"text\"\n[parallel]\n"
+       "max_params_per_worker = 10\npipeline_stages = \"auto\"\n",
+       "max_params_per_worker = 10: block 0 of the model has"},
       {"[model]\ninputs = 64\nhidden = [64, 64]\nclasses = 10\n[cluster]\nagents = 4\n"
        "[parallel]\nmax_params_per_worker = 4200\npipeline_stages = 2\n",
        "need at least 3 pipeline stages; parallel.pipeline_stages = 2"},

@@ -157,9 +157,9 @@ progress = false
   auto smallest_rss = [&](const std::string& name, int pp) {
     // (No stage backups: with dp = 1 each stage would also hold its own and the previous stage's
     // state, which is what they cost, not what this test is about.)
-    Job job = start_job(
-        dir, name, big, 2,
-        {"parallel.pipeline_stages=" + std::to_string(pp), "parallel.stage_backup_steps=0"});
+    std::vector<std::string> sets{"parallel.pipeline_stages=" + std::to_string(pp)};
+    if (pp > 1) sets.push_back("parallel.stage_backup_steps=0");  // (refused without a pipeline)
+    Job job = start_job(dir, name, big, 2, sets);
     wait_steps(job, 8);
     size_t smallest = SIZE_MAX;
     auto pids = member_pids(dir, job);

@@ -248,6 +248,13 @@ TEST(Config, AKindsKeySetForAnotherKindIsNamedWithItsPlace) {
       {"[optimizer]\nkind = \"adamw\"\nmomentum = 0.5\n",
        {},
        "optimizer.momentum acts only with optimizer.kind = \"sgd\""},
+      // (a pipeline's keys without a pipeline were accepted and did nothing)
+      {"[parallel]\nrecompute_activations = true\n",
+       {},
+       "job.toml:2:25: parallel.recompute_activations acts only with a pipeline"},
+      {"",
+       {"parallel.stage_backup_steps=5"},
+       "parallel.stage_backup_steps acts only with a pipeline"},
   };
   for (const Case& c : cases) {
     const JobConfig j = parse_config(c.text, "job.toml", c.sets);
@@ -255,6 +262,45 @@ TEST(Config, AKindsKeySetForAnotherKindIsNamedWithItsPlace) {
   }
   EXPECT_EQ(parse_config("[model]\nkind = \"gpt\"\n[data]\nkind = \"text\"\n", "ok.toml").inert_key,
             "");
+}
+
+// elastic.min_workers and max_workers that could not act as documented: refused, naming the key.
+TEST(Config, WorkerBoundsTheJobsOwnWorkersBreakAreRefused) {
+  auto refusal = [](std::vector<std::string> sets) {
+    try {
+      parse_config("[cluster]\nagents = 2\n", "job.toml", sets);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(refusal({"elastic.max_workers=1"}),
+            "--set elastic.max_workers: elastic.max_workers = 1 is below the workers the job "
+            "starts with, 2 (cluster.agents x cluster.devices_per_agent), all of which train from "
+            "the start (agents that join later wait above it as standbys)");
+  EXPECT_NE(refusal({"elastic.min_workers=3"})
+                .find("elastic.min_workers = 3 is above the workers "
+                      "the job starts with, 2"),
+            std::string::npos);
+  EXPECT_NE(refusal({"elastic.min_workers=2", "elastic.max_workers=1"})
+                .find("elastic.min_workers = 2 is above elastic.max_workers = 1"),
+            std::string::npos);
+  EXPECT_EQ(refusal({"elastic.min_workers=2", "elastic.max_workers=2"}), "accepted");
+  EXPECT_EQ(refusal({"elastic.heartbeat_interval_ms=5000"}),
+            "--set elastic.heartbeat_interval_ms: elastic.failure_timeout_ms (3000) must be "
+            "larger than elastic.heartbeat_interval_ms (5000)");
+}
+
+// A --set into a name the file made a value, not a table: the file's line is named (the message
+// blamed the --set).
+TEST(Config, ASetIntoAFilesValueNamesTheFile) {
+  try {
+    parse_config("job = 3\n", "bad.toml", {"job.steps=5"});
+    ADD_FAILURE() << "accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "bad.toml:1:7: 'job' is not a table (--set job.steps=5 sets a key in it)");
+  }
 }
 
 // A run directory moved takes its checkpoints along: its own checkpoints/ (named so by the
@@ -343,7 +389,7 @@ devices_per_agent = 2
 listen = "127.0.0.1:4321"
 [elastic]
 failure_timeout_ms = 4321
-max_workers = 9
+max_workers = 11
 [logging]
 level = "debug"
 progress = false
@@ -376,7 +422,7 @@ progress = false
   EXPECT_EQ(d.launcher, "external");
   EXPECT_EQ(std::tie(d.agents, d.devices_per_agent), std::make_tuple(5, 2));
   EXPECT_EQ(d.listen, "127.0.0.1:4321");
-  EXPECT_EQ(std::tie(d.failure_timeout_ms, d.max_workers), std::make_tuple(4321, 9));
+  EXPECT_EQ(std::tie(d.failure_timeout_ms, d.max_workers), std::make_tuple(4321, 11));
   EXPECT_EQ(d.log_level, "debug");
   EXPECT_FALSE(d.progress);
   // And pipelines, "auto" and numbered (neither with a tied head or an overlapped reduce).

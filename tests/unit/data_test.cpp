@@ -168,7 +168,7 @@ TEST(Tokenizer, SavedAndLoadedAlikeAndBadFilesNamed) {
       EXPECT_NE(std::string(e.what()).find("bad.json"), std::string::npos) << e.what();
     }
   };
-  refused("not json", "is not JSON");
+  refused("not json", "is not JSON: parse error at line 1, column 2");  // (no library tag)
   refused("{}", "not a troupe tokenizer");
   refused(R"({"format":"troupe-tokenizer","version":2,"merges":[]})", "unknown version");
   refused(R"({"format":"troupe-tokenizer","version":1,"vocab":258,"merges":[[256,1]]})",

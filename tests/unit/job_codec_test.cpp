@@ -67,7 +67,9 @@ TEST(JobCodec, JoinAndJobSpecRoundTrip) {
   s.rejoin_timeout_ms = 2500;
   s.model_options = {{"channels", int64_t(-8)}, {"rate", 0.25}, {"on", true}, {"name", "x y"}};
   s.data_options = {{"size", int64_t(12)}};
+  s.log_level = "warn";
   JobSpec t = decode(body(encode(s)).getJobSpec());
+  EXPECT_EQ(t.log_level, "warn");
   EXPECT_EQ(t.model_options, s.model_options);
   EXPECT_EQ(t.rejoin_timeout_ms, 2500);
   EXPECT_EQ(t.data_options, s.data_options);
