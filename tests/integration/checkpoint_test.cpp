@@ -413,6 +413,15 @@ TEST(Checkpoints, ADrainedAgentWaitingForItsWriteLeavesAtOnceOnSigint) {
   EXPECT_TRUE(job.proc->wait(60s));
 }
 
+// The name member `member` joined with (its member_joined event), or "".
+std::string joined_name(const Job& job, const std::string& member) {
+  std::string name;
+  for (const auto& e : events_of(job))
+    if (json_field(e, "event") == "member_joined" && json_field(e, "member") == member)
+      name = json_field(e, "name");
+  return name;
+}
+
 // A launched agent drained by `troupe scale` and SIGKILLed while it waits for its checkpoint
 // write (each writer 8 s slow): the launcher does not start it again (it did: the job grew back
 // past the size asked).
@@ -427,11 +436,7 @@ TEST(Checkpoints, ADrainedLaunchedAgentKilledWhileItWritesIsNotStartedAgain) {
   admin(dir, {"scale", "--run-dir", job.run_dir, "--workers", "2"});
   const std::string left = wait_event(job, is("member_left"), 60s);
   ASSERT_NE(left, "");
-  std::string name;  // (the newest member: agents join in any order)
-  for (const auto& e : events_of(job))
-    if (json_field(e, "event") == "member_joined" &&
-        json_field(e, "member") == json_field(left, "member"))
-      name = json_field(e, "name");
+  const std::string name = joined_name(job, json_field(left, "member"));  // (any join order)
   const int pid = pid_of(job, name);
   ASSERT_GT(pid, 0) << name;
   ASSERT_EQ(::kill(pid, SIGKILL), 0);
@@ -451,11 +456,7 @@ TEST(Checkpoints, ADrainedLaunchedAgentKilledBeforeItLeavesIsNotStartedAgain) {
   admin(dir, {"scale", "--run-dir", job.run_dir, "--workers", "2"});
   const std::string drained = wait_event(job, is("drain_requested"), 30s);
   ASSERT_NE(drained, "");
-  std::string name;
-  for (const auto& e : events_of(job))
-    if (json_field(e, "event") == "member_joined" &&
-        json_field(e, "member") == json_field(drained, "member"))
-      name = json_field(e, "name");
+  const std::string name = joined_name(job, json_field(drained, "member"));
   const int pid = pid_of(job, name);
   ASSERT_GT(pid, 0) << name;
   EXPECT_EQ(count_events(job, "member_left"), 0) << "it left before the kill: the test is void";
