@@ -208,8 +208,11 @@ std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool l
     cfg.run_dir = fs::absolute(path, ec).lexically_normal().string();  // (config.toml keeps it)
     if (ec) cfg.run_dir = path;
     while (cfg.run_dir.size() > 1 && cfg.run_dir.back() == '/') cfg.run_dir.pop_back();
-    if (!asked.empty() && fs::absolute(asked, ec).lexically_normal() !=
-                              fs::absolute(cfg.run_dir, ec).lexically_normal())
+    auto same = [&](std::string a, const std::string& b) {  // (a/ is a; a link, its target)
+      while (a.size() > 1 && a.back() == '/') a.pop_back();
+      return fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec);
+    };
+    if (!asked.empty() && !same(asked, cfg.run_dir))
       std::fprintf(stderr,
                    "troupe: warning: --resume %s goes on in %s: job.run_dir = \"%s\" is not "
                    "used (a new run there goes on from one of its checkpoints: --resume "

@@ -449,25 +449,26 @@ std::string inert_key_of(const JobConfig& c, const std::function<std::string(con
 
 // elastic.min_workers and max_workers against each other and the workers the job starts with
 // (its first generation takes every one of them: a maximum below them, or a minimum above them,
-// would not act as the documentation says).
-void check_worker_bounds(const JobConfig& c,
-                         const std::function<std::string(const std::string&)>& place) {
+// would not act as the documentation says): why, with the key's place, or "".
+std::string worker_bounds_refusal(const JobConfig& c,
+                                  const std::function<std::string(const char*)>& place) {
   const std::string workers =
       std::to_string(c.workers()) + " (cluster.agents x cluster.devices_per_agent)";
   if (c.max_workers > 0 && c.min_workers > c.max_workers)
-    throw ConfigError(place("elastic.min_workers") +
-                      ": elastic.min_workers = " + std::to_string(c.min_workers) +
-                      " is above elastic.max_workers = " + std::to_string(c.max_workers));
+    return place("elastic.min_workers") +
+           ": elastic.min_workers = " + std::to_string(c.min_workers) +
+           " is above elastic.max_workers = " + std::to_string(c.max_workers);
   if (c.min_workers > c.workers())
-    throw ConfigError(place("elastic.min_workers") +
-                      ": elastic.min_workers = " + std::to_string(c.min_workers) +
-                      " is above the workers the job starts with, " + workers);
+    return place("elastic.min_workers") +
+           ": elastic.min_workers = " + std::to_string(c.min_workers) +
+           " is above the workers the job starts with, " + workers;
   if (c.max_workers > 0 && c.max_workers < c.workers())
-    throw ConfigError(place("elastic.max_workers") +
-                      ": elastic.max_workers = " + std::to_string(c.max_workers) +
-                      " is below the workers the job starts with, " + workers +
-                      ", all of which train from the start (agents that join later wait above it "
-                      "as standbys)");
+    return place("elastic.max_workers") +
+           ": elastic.max_workers = " + std::to_string(c.max_workers) +
+           " is below the workers the job starts with, " + workers +
+           ", all of which train from the start (agents that join later wait above it " +
+           "as standbys)";
+  return "";
 }
 
 void refuse_what_cannot_act(const JobConfig& c, const std::string& source, const Places& at) {
@@ -652,6 +653,18 @@ void check_external(const JobConfig& c, const std::string& source, const Places&
   if (c.launcher != "external")
     refuse("cluster.launcher",
            "must be \"external\": the members are processes of your program, started by you");
+  // The loop's optimizer is its own: only optimizer.lr reaches it (LoopStep::lr, troupe lr).
+  const JobConfig d;
+  const std::pair<const char*, bool> optimizer[] = {
+      {"optimizer.kind", c.optimizer != d.optimizer},
+      {"optimizer.momentum", c.momentum != d.momentum},
+      {"optimizer.weight_decay", c.weight_decay != d.weight_decay},
+      {"optimizer.clip_norm", c.clip_norm != d.clip_norm},
+      {"optimizer.warmup_steps", c.warmup_steps != d.warmup_steps},
+      {"optimizer.decay_steps", c.decay_steps != d.decay_steps}};
+  for (const auto& [key, set] : optimizer)
+    if (set)
+      refuse(key, "would not act: the loop's optimizer is its own (optimizer.lr reaches it)");
 }
 
 // "A-B" (A <= B) or "N": the first and last step; false when it is neither.
@@ -734,7 +747,6 @@ void validate(const JobConfig& c, const std::string& source, const Places& at) {
                       ": elastic.failure_timeout_ms (" + std::to_string(c.failure_timeout_ms) +
                       ") must be larger than elastic.heartbeat_interval_ms (" +
                       std::to_string(c.heartbeat_interval_ms) + ")");
-  check_worker_bounds(c, place);
   if (c.pipeline_stages != 1 && c.tied_head)
     fail("parallel.pipeline_stages = " +
          (c.pipeline_stages ? std::to_string(c.pipeline_stages) : std::string("\"auto\"")) +
@@ -1021,6 +1033,7 @@ JobConfig parse_config(const std::string& text, const std::string& source,
   if (!places.count("batch.micro")) c.micro_batch = std::min(c.micro_batch, c.global_batch);
   validate(c, source, places);
   c.inert_key = inert_key_of(c, place);
+  if (c.inert_key.empty()) c.inert_key = worker_bounds_refusal(c, place);
   if (c.data_kind == "tokens")  // (a mix's sets share one tokenizer: the workers refuse others)
     c.data_tokenizer = tokenizer_of(c.data_mix.empty() ? c.data_path : c.data_mix.begin()->first);
   return c;

@@ -141,8 +141,9 @@ struct JobConfig {
 
   int64_t workers() const { return agents * devices_per_agent; }
   // A built-in kind's key changed from its default while another kind is chosen (it would not
-  // act), with its place; "" when none. `troupe run` refuses a new run with it; a resume warns (a
-  // run's checkpoints name the config as it was).
+  // act), or elastic.min_workers / max_workers that cannot act as documented against the workers
+  // the job starts with, with its place; "" when none. `troupe run` refuses a new run with it; a
+  // resume warns (a run's checkpoints name the config as it was).
   std::string inert_key;
   bool builtin_model() const { return model_kind == "mlp" || model_kind == "gpt"; }
   // model.kind = "external": the members run their own training loop (workers/elastic_loop.h);

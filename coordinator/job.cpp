@@ -446,6 +446,7 @@ class Coordinator : public caf::event_based_actor {
   }
 
   void on_node_down(const actors::NodeDown& d) {
+    ++losses_;
     Agent* a = roster_.live_at(d.node);
     if (!a) return lost_while_draining(d.node);
     a->alive = false;
@@ -493,6 +494,7 @@ class Coordinator : public caf::event_based_actor {
     std::string why = "worker " + f.worker.name() + " failed: " + f.reason;
     if (!job_.started() || f.fatal) return fail(why);
     if (!roster_.known(f.worker)) return;
+    ++losses_;
     log_.event("worker_failed", Json()
                                     .integer("member", f.worker.agent)
                                     .integer("device", f.worker.device)
@@ -837,10 +839,11 @@ class Coordinator : public caf::event_based_actor {
     if (job_.stop_requested()) {          // (asked for while the change formed, or before it)
       stop_requested_at_ = g.start_step;  // (it stops after one step: watch_steps)
       tell_agents_to_stop();
-    } else if (requested_checkpoint_ > 0 && checkpoints_ &&
+    } else if (requested_checkpoint_ > 0 && checkpoints_ && losses_ > losses_at_request_ &&
                (!checkpoints_->newest() || checkpoints_->newest()->step < requested_checkpoint_)) {
       // A requested checkpoint not complete: the members voted for it, but one whose write was
-      // under way may have ended with its worker (the result never reported). Asked again.
+      // under way may have ended with its worker (the result never reported). Asked again (not
+      // after a change that lost nobody, troupe lr's: its writers go on and report).
       const uint64_t step = std::max(requested_checkpoint_, g.start_step + 1);
       log_.event("checkpoint_requested",
                  Json().integer("step", long(step)).boolean("stop", false).boolean("again", true));
@@ -1168,6 +1171,7 @@ class Coordinator : public caf::event_based_actor {
                  Json().integer("step", long(at)).boolean("stop", and_stop));
     if (!and_stop) {
       requested_checkpoint_ = at;
+      losses_at_request_ = losses_;
       auto msg = actors::make_checkpoint_at_step(at);
       for (const auto& a : roster_.agents()) to_agent(a.id, msg);
       return actors::make_ack();
@@ -1244,8 +1248,7 @@ class Coordinator : public caf::event_based_actor {
     // (Stopping, every member leaves at the next step boundary: this one with the others, its
     // shards of the stop's checkpoint with theirs; a preemption signals agents and coordinator
     // at once, and a refusal would have made the agent leave at once, without them.)
-    auto d =
-        elastic::decide_drain(id, live_agents(roster_, gens_), scale_limits(cfg_, min_workers()));
+    auto d = elastic::decide_drain(id, agents_to_count(), scale_limits(cfg_, min_workers()));
     if (job_.stop_requested() && d.kind != elastic::ScaleDecision::Kind::invalid)
       return actors::make_ack();  // (an agent it does not have is refused still)
     return act_on(d);
@@ -1258,7 +1261,7 @@ class Coordinator : public caf::event_based_actor {
     if (!job_.started()) return actors::make_error_reply(Errc::refused, "the job is not running");
     if (job_.stop_requested())
       return actors::make_error_reply(Errc::refused, "the job is stopping");
-    auto agents = live_agents(roster_, gens_);
+    auto agents = agents_to_count();
     const auto limits = scale_limits(cfg_, min_workers());
     const auto starting = starting_agents() * limits.workers_per_agent;
     auto d = elastic::decide_scale(n, agents, limits, starting);
@@ -1439,14 +1442,21 @@ class Coordinator : public caf::event_based_actor {
       return std::nullopt;
     return std::stoll(a.name.substr(prefix.size()));
   }
-  // A slot restarting while its lost agent is still alive in the roster (the launcher's news came
-  // before the link's) counts once, as the live agent.
-  uint32_t starting_agents() const {
-    size_t n = size_t(launching_);
-    for (const auto& [slot, pid] : starting_)
-      n += std::none_of(roster_.agents().begin(), roster_.agents().end(),
-                        [&](const Agent& a) { return a.alive && launched_slot(a) == slot; });
-    return uint32_t(n);
+  uint32_t starting_agents() const { return uint32_t(starting_.size() + size_t(launching_)); }
+  // The live agents a scale or a drain counts: one whose launcher slot is restarting (its process
+  // ended; the launcher's news came before the link's) is that slot's starting agent, not a live
+  // one (it counted twice, and a drain of it was lost on the new process).
+  std::vector<elastic::LiveAgent> agents_to_count() const {
+    auto agents = live_agents(roster_, gens_);
+    agents.erase(std::remove_if(agents.begin(), agents.end(),
+                                [&](const elastic::LiveAgent& l) {
+                                  const Agent& a = roster_.at(l.id);
+                                  const auto slot = launched_slot(a);
+                                  const auto it = slot ? starting_.find(*slot) : starting_.end();
+                                  return it != starting_.end() && it->second != int64_t(a.pid);
+                                }),
+                 agents.end());
+    return agents;
   }
 
   void fail(const std::string& reason) {
@@ -1531,6 +1541,8 @@ class Coordinator : public caf::event_based_actor {
   bool lr_asked_ = false;          // lr_ asked for and not yet scheduled (schedule_lr)
   uint64_t progress_step_ = 0, progress_generation_ = 0;  // (watch_steps: the last seen)
   uint64_t requested_checkpoint_ = 0;  // the step troupe checkpoint last asked for (0: none)
+  uint64_t losses_ = 0;                // agents lost and workers failed, so far
+  uint64_t losses_at_request_ = 0;     // ... when requested_checkpoint_ was asked for
   uint64_t stop_requested_at_ = 0;     // the steps committed at a stop
   bool stop_checkpoint_ = false;       // the stop asked for a checkpoint
   Clock::time_point progress_at_ = Clock::now();  // (and when it was first seen)

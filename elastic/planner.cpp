@@ -178,7 +178,7 @@ std::string block_costs(const std::vector<BlockCost>& blocks, const PlanOptions&
     if (limit && b.param_bytes > limit)
       return "block " + std::to_string(i) + " has " + std::to_string(b.param_bytes) +
              " parameter bytes, more than the " + std::to_string(limit) +
-             " bytes a worker may hold (parallel.max_params_per_worker)";
+             " bytes a worker may hold (parallel.max_params_per_worker, 4 bytes a parameter)";
     out->cost.push_back(c);
     out->bytes.push_back(b.param_bytes);
     out->total_bytes += b.param_bytes;
@@ -193,7 +193,7 @@ std::string stage_range(uint32_t W, size_t n, size_t need, uint64_t total_bytes,
   const std::string need_text =
       "the model's " + std::to_string(total_bytes) + " parameter bytes need at least " +
       std::to_string(need) + " stage(s) of at most the " + std::to_string(o.max_params_per_worker) +
-      " bytes a worker may hold (parallel.max_params_per_worker)";
+      " bytes a worker may hold (parallel.max_params_per_worker, 4 bytes a parameter)";
   *lo = 1;
   *hi = uint32_t(std::min<size_t>(W, n));
   if (o.pipeline_stages) {

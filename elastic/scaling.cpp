@@ -1,5 +1,7 @@
 #include "elastic/scaling.h"
 
+#include <algorithm>
+
 namespace troupe::elastic {
 
 uint32_t usable_workers(const std::vector<LiveAgent>& agents) {
@@ -11,7 +13,26 @@ uint32_t usable_workers(const std::vector<LiveAgent>& agents) {
 namespace {
 
 // Why draining whole agents cannot leave n workers, with the sizes nearest n that it can leave.
-std::string unreachable_size(uint32_t n, const std::vector<LiveAgent>& agents, uint32_t min) {
+// Agents holding exactly `drained` workers in all, the earliest in `order` (the preferred) where
+// there is a choice; empty when no set does.
+std::vector<uint32_t> exact_drain(const std::vector<const LiveAgent*>& order, uint32_t drained) {
+  std::vector<int> by(drained + 1, -2);  // by[s]: the agent (index in order) that last made s
+  by[0] = -1;
+  for (size_t i = 0; i < order.size(); ++i)
+    for (uint32_t s = drained; s >= order[i]->workers && order[i]->workers > 0; --s)
+      if (by[s] == -2 && by[s - order[i]->workers] != -2) by[s] = int(i);
+  if (by[drained] == -2) return {};
+  std::vector<size_t> picked;
+  for (uint32_t s = drained; s > 0; s -= order[size_t(by[s])]->workers) picked.push_back(by[s]);
+  std::sort(picked.begin(), picked.end());
+  std::vector<uint32_t> ids;
+  for (size_t i : picked) ids.push_back(order[i]->id);
+  return ids;
+}
+
+std::string unreachable_size(uint32_t n, const std::vector<LiveAgent>& agents,
+                             const ScaleLimits& lim) {
+  const uint32_t min = lim.min_workers, max = lim.max_workers;
   const uint32_t have = usable_workers(agents);
   std::vector<bool> can(have + 1, false);  // can[k]: some agents hold k workers in all
   can[0] = true;
@@ -24,7 +45,7 @@ std::string unreachable_size(uint32_t n, const std::vector<LiveAgent>& agents, u
       nearest = std::to_string(k);
       break;
     }
-  for (uint32_t k = n + 1; k < have; ++k)
+  for (uint32_t k = n + 1; k < have && (max == 0 || k <= max); ++k)
     if (can[k]) {
       nearest += (nearest.empty() ? "" : " or ") + std::to_string(k);
       break;
@@ -95,10 +116,10 @@ ScaleDecision decide_scale(uint32_t n, const std::vector<LiveAgent>& agents, con
     d.drain.push_back(a->id);
     left -= a->workers;
   }
-  if (left != n) {  // (agents of several workers each: no set of them leaves exactly n)
-    d.drain.clear();
+  if (left != n) d.drain = exact_drain(order, have - n);  // (the greedy choice missed n)
+  if (left != n && d.drain.empty()) {  // (agents of several workers: no set of them leaves n)
     d.kind = ScaleDecision::Kind::refuse;
-    d.reason = unreachable_size(n, agents, lim.min_workers);
+    d.reason = unreachable_size(n, agents, lim);
   } else if (!d.drain.empty()) {
     d.kind = ScaleDecision::Kind::drain;
   }

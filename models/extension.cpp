@@ -35,6 +35,15 @@ void check_kind(const std::string& what, const std::string& name,
     if (std::find(seen.begin(), seen.end(), o.name) != seen.end())
       throw std::invalid_argument(at + ": key '" + o.name + "' is named twice");
     seen.push_back(o.name);
+    const bool ranged = o.min != -1e300 || o.max != 1e300;
+    const bool number = std::holds_alternative<int64_t>(o.default_value) ||
+                        std::holds_alternative<double>(o.default_value);
+    if (ranged && !number)  // (a range on a string or a bool was accepted and never checked)
+      throw std::invalid_argument(at + ": key '" + o.name +
+                                  "' has a range, and only a number's is checked");
+    if (!(o.min <= o.max))
+      throw std::invalid_argument(at + ": key '" + o.name + "' has its range's minimum above " +
+                                  "its maximum");
     double v = 0;
     if (auto* i = std::get_if<int64_t>(&o.default_value)) v = double(*i);
     if (auto* d = std::get_if<double>(&o.default_value)) v = *d;

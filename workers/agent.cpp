@@ -123,6 +123,9 @@ int run_agent(const AgentOptions& o) {
     return 1;
   }
   const actors::JobSpec& spec = session.spec();
+  // logging.level, in an agent process of its own (a program embedding one keeps its own level).
+  if (o.own_process && !spec.log_level.empty())
+    spdlog::set_level(spdlog::level::from_str(spec.log_level));
   if (std::string why = missing_kind(spec, o.extensions.get()); !why.empty()) {
     std::fprintf(stderr, "troupe agent: %s\n", why.c_str());
     // The coordinator hears why, not only that the agent went (a peer lost): a joiner of a

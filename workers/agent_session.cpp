@@ -166,7 +166,6 @@ AgentSession::AgentSession(const AgentOptions& o)
   coordinator_ = joined.coordinator;
   spec_ = joined.spec;
   if (error_.empty()) agent_id_->store(spec_.agent_id);
-  if (!spec_.log_level.empty()) spdlog::set_level(spdlog::level::from_str(spec_.log_level));
   address_ = o.join;
 }
 

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <stdexcept>
 #include <thread>
 
@@ -33,6 +34,7 @@ class ElasticLoop::Impl {
   bool allreduce(void* data, size_t count, comm::DataType type);
   void check_in_step(const char* call) const;
   std::optional<double> commit(double loss);
+  std::nullopt_t diverged(double loss);
   void* shared(size_t count, size_t element_bytes);
   uint64_t in_place() const;
 
@@ -328,6 +330,7 @@ std::optional<double> ElasticLoop::Impl::commit(double loss) {
     return std::nullopt;
   }
   step_open_ = false;
+  if (!std::isfinite(control[0])) return diverged(control[0]);
   applied_ = step_.step + 1;
   stop_voted_ = control[1] > 0;
   const double seconds = std::chrono::duration<double>(Clock::now() - step_start_).count();
@@ -336,6 +339,20 @@ std::optional<double> ElasticLoop::Impl::commit(double loss) {
                                                   samples, samples, step_.begin, step_.end, seconds,
                                                   seconds, 0, 0, 0, 0, 0, 0}));  // (no FLOPs)
   return control[0];
+}
+
+// A step whose loss, summed over the members, is not finite: the job fails (as a built-in model's
+// does) and the step is not committed; next_step() then ends with the job.
+std::nullopt_t ElasticLoop::Impl::diverged(double loss) {
+  const std::string why = "the training diverged at step " + std::to_string(step_.step) +
+                          ": its loss, summed over the members, is " +
+                          (std::isnan(loss) ? "nan" : "infinite") +
+                          " (commit() gave no loss: the update must not be applied)";
+  spdlog::error("loop {}: {}", session_.name(), why);
+  session_.send(actors::encode(
+      actors::WorkerFailed{{session_.agent_id(), 0}, rank_, generation_, why, false, true}));
+  in_generation_ = false;
+  return std::nullopt;
 }
 
 void ElasticLoop::Impl::broken(const comm::Error& e) {

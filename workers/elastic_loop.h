@@ -24,7 +24,9 @@
 //   - shared_floats(n) gives a gradient buffer in memory the members of this host map: its
 //     allreduce() reads the others' buffers in place instead of copying (same result bits).
 //   - commit(loss) ends the step: the step's loss when every member agreed on it (apply your
-//     update then, before the next call), nullopt when the step is discarded. `loss` is this
+//     update then, before the next call), nullopt when the step is discarded. A loss that sums
+//     to nan or infinity fails the job ("the training diverged at step N"), as a built-in
+//     model's does: nullopt, and next_step() ends. `loss` is this
 //     member's part (its samples' loss / batch.global): the step's loss is their sum, as the
 //     run's metrics record it.
 // Each step's global batch is [step * B, (step + 1) * B) of positions; a member's share moves
@@ -92,7 +94,9 @@ class ElasticLoop {
   // Joins the job; throws std::runtime_error saying why it cannot (the coordinator unreachable,
   // the token refused, a job whose model is not "external").
   ElasticLoop(const LoopOptions& options, LoopState state);
-  ~ElasticLoop();  // leaves (the others go on without it)
+  // Ends this member: the others go on without it, as after a member lost (member_failed: its
+  // link went); its state is not lost while another member holds it.
+  ~ElasticLoop();
   ElasticLoop(const ElasticLoop&) = delete;
   ElasticLoop& operator=(const ElasticLoop&) = delete;
 

@@ -5,12 +5,15 @@
 // TOKEN_FILE` is a member of a model.kind = "external" job that calls ElasticLoop out of order
 // (before its first step and after its last) and prints what it was told, training in between.
 // `troupe_test loop-member ADDRESS TOKEN_FILE NAME [dies-at-end]` is a plain member of one; with
-// dies-at-end it is killed (_Exit) 300 ms after its last step's commit, before it says its end.
+// dies-at-end it is killed (_Exit) 300 ms after its last step's commit, before it says its end;
+// with nan-at-step-3 its loss at step 3 is nan.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 #include <thread>
 
 #include "cli/commands.h"
@@ -47,7 +50,9 @@ int loop_misuse(const char* address, const char* token_file) {
   return loop.exit_code();
 }
 
-int loop_member(const char* address, const char* token_file, const char* name, bool dies) {
+int loop_member(const char* address, const char* token_file, const char* name,
+                const std::string& how) {
+  const bool dies = how == "dies-at-end", nan = how == "nan-at-step-3";
   double state = 0;
   troupe::LoopState s{
       [&] {
@@ -60,7 +65,7 @@ int loop_member(const char* address, const char* token_file, const char* name, b
   troupe::ElasticLoop loop({address, token_file, name}, s);
   while (auto step = loop.next_step()) {
     float g = 1;
-    if (!loop.allreduce(&g, 1) || !loop.commit(1.0)) continue;
+    if (!loop.allreduce(&g, 1) || !loop.commit(nan && step->step == 3 ? NAN : 1.0)) continue;
     state += g;
     if (dies && step->step + 1 == loop.job().steps) {
       std::this_thread::sleep_for(std::chrono::milliseconds(300));  // (its report goes out)
@@ -77,7 +82,7 @@ int loop_member(const char* address, const char* token_file, const char* name, b
 int main(int argc, char** argv) {
   if (argc == 4 && std::strcmp(argv[1], "loop-misuse") == 0) return loop_misuse(argv[2], argv[3]);
   if ((argc == 5 || argc == 6) && std::strcmp(argv[1], "loop-member") == 0)
-    return loop_member(argv[2], argv[3], argv[4], argc == 6);
+    return loop_member(argv[2], argv[3], argv[4], argc == 6 ? argv[5] : "");
   troupe::cli::Hooks hooks;
   hooks.faults = [] { return troupe::testing::faults_from_environment(); };
   hooks.extensions = troupe::testing::test_kinds();

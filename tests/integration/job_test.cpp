@@ -212,8 +212,10 @@ TEST(Job, BadConfigsExitNonZeroWithTheReasonAndStartNothing) {
       {"[observability]\nmetrics_listen = \"192.0.2.1:0\"\n", "cannot listen on 192.0.2.1:0"},
       {"[cluster]\nlisten = \"127.0.0.1:99999\"\n",
        ":2:10: cluster.listen = \"127.0.0.1:99999\" is not HOST:PORT"},
-      // (an IPv6 address: exit 1 and the transport's own text; no name lookup leaves the host)
+      // (an IPv6 address: it exited 1 with the transport's text; no name lookup leaves the host)
       {"[cluster]\nlisten = \"::1:0\"\n", "cluster.listen = \"::1:0\": cannot resolve host '::1'"},
+      {"[cluster]\nagents = 3\n[elastic]\nmax_workers = 2\n",
+       "elastic.max_workers = 2 is below the workers the job starts with, 3"},
       // A kind's key for another kind would not act: a new run is refused (a resume warns).
       {"[optimizer]\nkind = \"adamw\"\nmomentum = 0.5\n",
        ":3:12: optimizer.momentum acts only with optimizer.kind = \"sgd\""},
@@ -551,6 +553,47 @@ TEST(Job, ALoopsCallOutsideAStepIsNamed) {
   auto st = job.proc->wait(60s);
   ASSERT_TRUE(st && WIFEXITED(*st));
   EXPECT_EQ(WEXITSTATUS(*st), 0) << testing::text_of(job.out);
+}
+
+// A loop's loss that sums to nan (one member's at step 3: `loop-member ... nan-at-step-3`) fails
+// the job naming the step, as a built-in model's does; neither member commits it, both end with 1.
+// (It was committed, its loss null in the events, and the job completed.)
+TEST(Job, ALoopsLossThatSumsToNanFailsTheJobAtItsStep) {
+  testing::TempDir dir;
+  testing::Job job = testing::start_job(
+      dir, "loop-nan",
+      "[job]\nsteps = 30\n[model]\nkind = \"external\"\n[logging]\nprogress = false\n", 2,
+      {"cluster.launcher=\"external\""});
+  std::string addr;
+  for (int i = 0; i < 3000 && addr.empty(); ++i) {  // (60 s: slow under a sanitizer)
+    std::ifstream(job.run_dir + "/coordinator.addr") >> addr;
+    if (addr.empty()) std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_FALSE(addr.empty());
+  const std::string token = job.run_dir + "/job.token";
+  std::vector<std::unique_ptr<coordinator::ChildProcess>> members;
+  for (const char* how : {"", "nan-at-step-3"}) {
+    const std::string out = dir.path() + "/member" + std::to_string(members.size()) + ".out";
+    std::vector<std::string> argv{testing::troupe_binary(), "loop-member", addr, token,
+                                  "m" + std::to_string(members.size())};
+    if (*how) argv.push_back(how);
+    members.push_back(std::make_unique<coordinator::ChildProcess>(
+        coordinator::ChildProcess::Options{argv, out, out, {}}));
+  }
+  auto st = job.proc->wait(60s);
+  ASSERT_TRUE(st && WIFEXITED(*st)) << "the job did not end";
+  EXPECT_EQ(WEXITSTATUS(*st), 1) << testing::text_of(job.out);
+  const std::string end = testing::events_of(job).back();
+  EXPECT_NE(end.find("the training diverged at step 3: its loss, summed over the members, is nan"),
+            std::string::npos)
+      << end;
+  // (Steps 0-2 at most: the failure may overtake the other member's last reports.)
+  EXPECT_LE(testing::committed_losses(job.run_dir).size(), 3u);
+  for (auto& m : members) {
+    auto ms = m->wait(30s);
+    ASSERT_TRUE(ms && WIFEXITED(*ms));
+    EXPECT_EQ(WEXITSTATUS(*ms), 1);
+  }
 }
 
 // A loop's member killed after its last step's commit, before it says its end (the test build's

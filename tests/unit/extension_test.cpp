@@ -66,6 +66,18 @@ TEST(Extensions, BadKindsAreRefused) {
   auto out_of_range = mlp_of("range");
   out_of_range.options[0].default_value = int64_t(0);
   EXPECT_THROW(ext.add_model(out_of_range), std::invalid_argument);
+  // A range on a string, or a minimum above the maximum (said: the default outside its range).
+  auto ranged_text = mlp_of("ranged_text");
+  ranged_text.options.push_back({"act", std::string("relu"), 0, 1});
+  EXPECT_THROW(ext.add_model(ranged_text), std::invalid_argument);
+  auto upside_down = mlp_of("upside_down");
+  upside_down.options.push_back({"rate", 0.5, 1, 0});
+  try {
+    ext.add_model(upside_down);
+    ADD_FAILURE() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("minimum above its maximum"), std::string::npos);
+  }
   auto ledger = blobs();
   ledger.options.push_back({"ledger", false});
   EXPECT_THROW(ext.add_dataset(ledger), std::invalid_argument);
@@ -157,6 +169,10 @@ TEST(Extensions, AnExternalLoopsJobTakesOnlyWhatActsOnIt) {
       {"[checkpoint]\non_state_lost = \"fail\"\n",
        "checkpoint.on_state_lost needs Troupe's workers"},
       {"[cluster]\nlauncher = \"local\"\n", "cluster.launcher must be \"external\""},
+      // (the loop's optimizer is its own: these were accepted and did nothing)
+      {"[optimizer]\nwarmup_steps = 10\n", "job.toml:4:16: optimizer.warmup_steps would not act"},
+      {"[optimizer]\nclip_norm = 0.5\n", "optimizer.clip_norm would not act"},
+      {"[optimizer]\nkind = \"sgd\"\n", "optimizer.kind would not act"},
   };
   for (const auto& [text, expect] : refused) {
     std::string got = "(accepted)";

@@ -330,7 +330,8 @@ TEST(Planner, MemoryBudgetForcesPipelining) {
   EXPECT_FALSE(three.ok);
   EXPECT_EQ(three.reason,
             "the model's 800 parameter bytes need at least 4 stage(s) of at most the 250 bytes "
-            "a worker may hold (parallel.max_params_per_worker), but only 3 worker(s) and 8 "
+            "a worker may hold (parallel.max_params_per_worker, 4 bytes a parameter), but only 3 "
+            "worker(s) and 8 "
             "block(s)");
   // A fixed pp below what the budget allows.
   const Plan fixed = plan_pipeline(8, blocks, options(2, 64, 8, 250));
@@ -364,7 +365,7 @@ TEST(Planner, ImpossibleCasesSayWhyWithTheNumbers) {
   EXPECT_FALSE(p.ok);
   EXPECT_EQ(p.reason,
             "block 3 has 500 parameter bytes, more than the 400 bytes a worker may hold "
-            "(parallel.max_params_per_worker)");
+            "(parallel.max_params_per_worker, 4 bytes a parameter)");
   EXPECT_EQ(plan_pipeline(2, blocks, options(0, 0)).reason, "global batch B = 0");
   EXPECT_EQ(plan_pipeline(2, blocks, options(0, 8, 0)).reason, "micro_batches m = 0");
   auto bad = blocks;

@@ -78,6 +78,19 @@ TEST(Scale, ASizeNoSetOfAgentsLeavesIsRefusedWithTheNearestOnes) {
   EXPECT_EQ(decide_scale(4, a, limits()).drain, (std::vector<uint32_t>{2}));
 }
 
+// Agents of 3, 3, 1 and 1 workers to 2: the newest first takes both ones and misses; the two
+// threes leave exactly 2 (it was refused as if no set could).
+TEST(Scale, ASizeSomeSetOfAgentsLeavesIsReachedWhenTheNewestFirstMissIt) {
+  std::vector<LiveAgent> a{{0, 3, true}, {1, 3, true}, {2, 1, true}, {3, 1, true}};
+  auto d = decide_scale(2, a, limits());
+  EXPECT_EQ(d.kind, Kind::drain) << d.reason;
+  EXPECT_EQ(d.drain, (std::vector<uint32_t>{1, 0}));
+  // The nearest sizes offered are within elastic.max_workers.
+  std::vector<LiveAgent> two{{0, 2, true}, {1, 2, true}, {2, 2, true}};
+  const std::string r = decide_scale(3, two, limits(1, 3)).reason;
+  EXPECT_EQ(r.substr(r.size() - 22), "; the nearest sizes: 2") << r;
+}
+
 TEST(Scale, TheSameSizeDoesNothing) {
   auto d = decide_scale(4, kAgents, limits());
   EXPECT_EQ(d.kind, Kind::nothing);
