@@ -420,7 +420,18 @@ std::string inert_key_of(const JobConfig& c, const std::function<std::string(con
   };
   const bool mlp = c.model_kind == "mlp", gpt = c.model_kind == "gpt";
   const bool model = c.builtin_model(), data = c.builtin_data();
+  // (A loop of its own, model.kind = "external", has its own optimizer: only optimizer.lr
+  // reaches it, as LoopStep::lr.)
+  const char* troupes =
+      "Troupe's workers (model.kind = \"external\": the loop's optimizer is "
+      "its own, and only optimizer.lr reaches it)";
   const Key keys[] = {
+      {"optimizer.kind", c.optimizer != d.optimizer, !c.external(), troupes},
+      {"optimizer.momentum", c.momentum != d.momentum, !c.external(), troupes},
+      {"optimizer.weight_decay", c.weight_decay != d.weight_decay, !c.external(), troupes},
+      {"optimizer.clip_norm", c.clip_norm != d.clip_norm, !c.external(), troupes},
+      {"optimizer.warmup_steps", c.warmup_steps != d.warmup_steps, !c.external(), troupes},
+      {"optimizer.decay_steps", c.decay_steps != d.decay_steps, !c.external(), troupes},
       {"model.hidden", c.hidden != d.hidden, mlp || !model, "model.kind = \"mlp\""},
       {"model.inputs", c.inputs != d.inputs, mlp || !model, "model.kind = \"mlp\""},
       {"model.classes", c.classes != d.classes, mlp || !model, "model.kind = \"mlp\""},
@@ -653,18 +664,6 @@ void check_external(const JobConfig& c, const std::string& source, const Places&
   if (c.launcher != "external")
     refuse("cluster.launcher",
            "must be \"external\": the members are processes of your program, started by you");
-  // The loop's optimizer is its own: only optimizer.lr reaches it (LoopStep::lr, troupe lr).
-  const JobConfig d;
-  const std::pair<const char*, bool> optimizer[] = {
-      {"optimizer.kind", c.optimizer != d.optimizer},
-      {"optimizer.momentum", c.momentum != d.momentum},
-      {"optimizer.weight_decay", c.weight_decay != d.weight_decay},
-      {"optimizer.clip_norm", c.clip_norm != d.clip_norm},
-      {"optimizer.warmup_steps", c.warmup_steps != d.warmup_steps},
-      {"optimizer.decay_steps", c.decay_steps != d.decay_steps}};
-  for (const auto& [key, set] : optimizer)
-    if (set)
-      refuse(key, "would not act: the loop's optimizer is its own (optimizer.lr reaches it)");
 }
 
 // "A-B" (A <= B) or "N": the first and last step; false when it is neither.

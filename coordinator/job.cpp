@@ -839,11 +839,12 @@ class Coordinator : public caf::event_based_actor {
     if (job_.stop_requested()) {          // (asked for while the change formed, or before it)
       stop_requested_at_ = g.start_step;  // (it stops after one step: watch_steps)
       tell_agents_to_stop();
-    } else if (requested_checkpoint_ > 0 && checkpoints_ && losses_ > losses_at_request_ &&
+    } else if (requested_checkpoint_ > 0 && checkpoints_ && may_miss_request() &&
                (!checkpoints_->newest() || checkpoints_->newest()->step < requested_checkpoint_)) {
       // A requested checkpoint not complete: the members voted for it, but one whose write was
-      // under way may have ended with its worker (the result never reported). Asked again (not
-      // after a change that lost nobody, troupe lr's: its writers go on and report).
+      // under way may have ended with its worker (the result never reported), or the members
+      // now are others (a drain, a standby taken in) who never heard of it. Asked again (not
+      // after a change of the same members that lost nobody, troupe lr's: they go on and report).
       const uint64_t step = std::max(requested_checkpoint_, g.start_step + 1);
       log_.event("checkpoint_requested",
                  Json().integer("step", long(step)).boolean("stop", false).boolean("again", true));
@@ -1172,6 +1173,8 @@ class Coordinator : public caf::event_based_actor {
     if (!and_stop) {
       requested_checkpoint_ = at;
       losses_at_request_ = losses_;
+      members_at_request_.clear();
+      for (const auto& m : gens_.members()) members_at_request_.insert(m.worker.agent);
       auto msg = actors::make_checkpoint_at_step(at);
       for (const auto& a : roster_.agents()) to_agent(a.id, msg);
       return actors::make_ack();
@@ -1200,6 +1203,15 @@ class Coordinator : public caf::event_based_actor {
     // Paused below elastic.min_workers: the survivors form a generation that stops.
     if (first && job_.phase() == JobPhase::paused) decide_and_act();
     return actors::make_ack();
+  }
+
+  // Whether the members of the generation just started may miss a requested checkpoint: one was
+  // lost since (its write with it), or one was not a member when it was asked for.
+  bool may_miss_request() const {
+    if (losses_ > losses_at_request_) return true;
+    for (const auto& m : gens_.members())
+      if (!members_at_request_.count(m.worker.agent)) return true;
+    return false;
   }
 
   void tell_agents_to_stop() {
@@ -1540,11 +1552,12 @@ class Coordinator : public caf::event_based_actor {
   double lr_;                      // optimizer.lr now (the config's, or the last one asked for)
   bool lr_asked_ = false;          // lr_ asked for and not yet scheduled (schedule_lr)
   uint64_t progress_step_ = 0, progress_generation_ = 0;  // (watch_steps: the last seen)
-  uint64_t requested_checkpoint_ = 0;  // the step troupe checkpoint last asked for (0: none)
-  uint64_t losses_ = 0;                // agents lost and workers failed, so far
-  uint64_t losses_at_request_ = 0;     // ... when requested_checkpoint_ was asked for
-  uint64_t stop_requested_at_ = 0;     // the steps committed at a stop
-  bool stop_checkpoint_ = false;       // the stop asked for a checkpoint
+  uint64_t requested_checkpoint_ = 0;      // the step troupe checkpoint last asked for (0: none)
+  uint64_t losses_ = 0;                    // agents lost and workers failed, so far
+  uint64_t losses_at_request_ = 0;         // ... when requested_checkpoint_ was asked for
+  std::set<uint32_t> members_at_request_;  // the agents of the generation it was asked in
+  uint64_t stop_requested_at_ = 0;         // the steps committed at a stop
+  bool stop_checkpoint_ = false;           // the stop asked for a checkpoint
   Clock::time_point progress_at_ = Clock::now();  // (and when it was first seen)
   std::map<uint64_t, double> lr_from_;   // step -> optimizer.lr from it on (before: the config's)
   std::vector<caf::actor> subscribers_;  // actors that get every event (subscribe_atom)

@@ -35,6 +35,7 @@ class ElasticLoop::Impl {
   void check_in_step(const char* call) const;
   std::optional<double> commit(double loss);
   std::nullopt_t diverged(double loss);
+  std::string failed_;  // why this member failed the job (a diverged step): it only ends now
   void* shared(size_t count, size_t element_bytes);
   uint64_t in_place() const;
 
@@ -246,6 +247,11 @@ std::optional<LoopStep> ElasticLoop::Impl::next_step() {
     throw std::logic_error("next_step() before commit() of step " + std::to_string(step_.step));
   auto& board = session_.board();
   while (true) {
+    if (!failed_.empty()) {  // (the job fails with it: the coordinator's shutdown, else ours)
+      if (!board.await_shutdown(std::chrono::milliseconds(failure_timeout_ms_ + 10000)))
+        board.shut_down(1, failed_);
+      break;
+    }
     if (board.shutting_down()) break;
     if (!in_generation_) {
       if (!join_generation()) break;
@@ -349,6 +355,7 @@ std::nullopt_t ElasticLoop::Impl::diverged(double loss) {
                           (std::isnan(loss) ? "nan" : "infinite") +
                           " (commit() gave no loss: the update must not be applied)";
   spdlog::error("loop {}: {}", session_.name(), why);
+  failed_ = why;
   session_.send(actors::encode(
       actors::WorkerFailed{{session_.agent_id(), 0}, rank_, generation_, why, false, true}));
   in_generation_ = false;
