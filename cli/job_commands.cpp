@@ -142,9 +142,9 @@ void warn_of_changes(const coordinator::JobConfig& cfg, const std::string& path,
                  path.c_str(), path.c_str(), path.c_str());
 }
 
-// Why the coordinator could not listen at cluster.listen (a port in use, an address not this
-// host's), tried with a socket of its own before anything is made; "" when it can (or the host is
-// a name: UCX resolves it).
+// Why the coordinator could not listen at cluster.listen (a host that does not resolve to IPv4, a
+// port in use, an address not this host's), tried with a socket of its own before anything is
+// made; "" when it can.
 std::string listen_refusal(const std::string& listen) {
   const auto [host, port] = comm::split_host_port(listen);
   addrinfo hints{};

@@ -12,15 +12,21 @@ uint32_t usable_workers(const std::vector<LiveAgent>& agents) {
 
 namespace {
 
-// Why draining whole agents cannot leave n workers, with the sizes nearest n that it can leave.
-// Agents holding exactly `drained` workers in all, the earliest in `order` (the preferred) where
-// there is a choice; empty when no set does.
-std::vector<uint32_t> exact_drain(const std::vector<const LiveAgent*>& order, uint32_t drained) {
-  std::vector<int> by(drained + 1, -2);  // by[s]: the agent (index in order) that last made s
+// by[s] for s in [0, total]: the agent (its index in `order`) that first made a drained sum of s
+// workers from agents before it, -1 for s = 0, -2 where no set of agents holds s.
+std::vector<int> drained_sums(const std::vector<const LiveAgent*>& order, uint32_t total) {
+  std::vector<int> by(total + 1, -2);
   by[0] = -1;
   for (size_t i = 0; i < order.size(); ++i)
-    for (uint32_t s = drained; s >= order[i]->workers && order[i]->workers > 0; --s)
+    for (uint32_t s = total; s >= order[i]->workers && order[i]->workers > 0; --s)
       if (by[s] == -2 && by[s - order[i]->workers] != -2) by[s] = int(i);
+  return by;
+}
+
+// Agents holding exactly `drained` workers in all, the earliest in `order` (the preferred) where
+// there is a choice; empty when no set does.
+std::vector<uint32_t> exact_drain(const std::vector<const LiveAgent*>& order,
+                                  const std::vector<int>& by, uint32_t drained) {
   if (by[drained] == -2) return {};
   std::vector<size_t> picked;
   for (uint32_t s = drained; s > 0; s -= order[size_t(by[s])]->workers) picked.push_back(by[s]);
@@ -30,29 +36,25 @@ std::vector<uint32_t> exact_drain(const std::vector<const LiveAgent*>& order, ui
   return ids;
 }
 
-std::string unreachable_size(uint32_t n, const std::vector<LiveAgent>& agents,
+// Why draining whole agents cannot leave n of the `have` workers, with the sizes nearest n that
+// it can leave (within the limits).
+std::string unreachable_size(uint32_t n, uint32_t have, size_t agents, const std::vector<int>& by,
                              const ScaleLimits& lim) {
-  const uint32_t min = lim.min_workers, max = lim.max_workers;
-  const uint32_t have = usable_workers(agents);
-  std::vector<bool> can(have + 1, false);  // can[k]: some agents hold k workers in all
-  can[0] = true;
-  for (const auto& a : agents)
-    for (uint32_t k = have; k >= a.workers && a.workers > 0; --k)
-      if (can[k - a.workers]) can[k] = true;
+  auto can = [&](uint32_t k) { return by[have - k] != -2; };  // (k workers left)
   std::string nearest;
-  for (uint32_t k = n; k-- > std::max<uint32_t>(min, 1);)
-    if (can[k]) {
+  for (uint32_t k = n; k-- > std::max<uint32_t>(lim.min_workers, 1);)
+    if (can(k)) {
       nearest = std::to_string(k);
       break;
     }
-  for (uint32_t k = n + 1; k < have && (max == 0 || k <= max); ++k)
-    if (can[k]) {
+  for (uint32_t k = n + 1; k < have && (lim.max_workers == 0 || k <= lim.max_workers); ++k)
+    if (can(k)) {
       nearest += (nearest.empty() ? "" : " or ") + std::to_string(k);
       break;
     }
   return "no set of agents leaves exactly " + std::to_string(n) +
          " worker(s): an agent leaves with all its workers (" + std::to_string(have) + " in " +
-         std::to_string(agents.size()) + " agents)" +
+         std::to_string(agents) + " agents)" +
          (nearest.empty() ? std::string() : "; the nearest sizes: " + nearest);
 }
 
@@ -116,10 +118,15 @@ ScaleDecision decide_scale(uint32_t n, const std::vector<LiveAgent>& agents, con
     d.drain.push_back(a->id);
     left -= a->workers;
   }
-  if (left != n) d.drain = exact_drain(order, have - n);  // (the greedy choice missed n)
-  if (left != n && d.drain.empty()) {  // (agents of several workers: no set of them leaves n)
+  std::vector<int> by;
+  if (left !=
+      n) {  // (the greedy choice missed n: an exact set, if agents of several workers have one)
+    by = drained_sums(order, have);
+    d.drain = exact_drain(order, by, have - n);
+  }
+  if (left != n && d.drain.empty()) {
     d.kind = ScaleDecision::Kind::refuse;
-    d.reason = unreachable_size(n, agents, lim);
+    d.reason = unreachable_size(n, have, agents.size(), by, lim);
   } else if (!d.drain.empty()) {
     d.kind = ScaleDecision::Kind::drain;
   }
