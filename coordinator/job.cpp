@@ -1431,12 +1431,15 @@ class Coordinator : public caf::event_based_actor {
     const bool joined = std::any_of(agents.begin(), agents.end(), [&](const Agent& a) {
       return a.alive && a.pid == e.pid && a.name == name;
     });
-    if (e.event == "agent_started") launching_ = std::max<int64_t>(0, launching_ - 1);
+    // (A scale's start that failed is attempt 0; a restart's is one of its restarts.)
+    if (e.event == "agent_started" || (e.event == "agent_start_failed" && e.attempt == 0))
+      launching_ = std::max<int64_t>(0, launching_ - 1);
     if ((e.event == "agent_started" || e.event == "agent_restarted" ||
          e.event == "agent_restarting") &&
         !joined)
       starting_[e.slot] = e.pid;  // (restarting: its restart's backoff; 0 until it is started)
-    else if (e.event == "agent_gave_up" || e.event == "agent_exited")
+    else if (e.event == "agent_gave_up" || e.event == "agent_exited" ||
+             e.event == "agent_start_failed")
       starting_.erase(e.slot);
   }
   // A drained agent the launcher started ("agent-N", slot N, its pid) is not restarted when it

@@ -54,10 +54,8 @@ class Launcher : public caf::event_based_actor {
             slots_[size_t(i)].retired = true;
         },
         [this](ScaleAgents& s) {
-          for (int64_t k = 0; k < s.count && !stopping_; ++k) {
-            add_slot();
-            report("agent_started", slots_.size() - 1, 0, "scale");
-          }
+          for (int64_t k = 0; k < s.count && !stopping_; ++k)
+            if (add_slot()) report("agent_started", slots_.size() - 1, 0, "scale");
         },
         [this](stop_atom, int64_t grace_ms) -> caf::result<bool> {
           stopping_ = true;
@@ -89,12 +87,26 @@ class Launcher : public caf::event_based_actor {
     return "agent-" + std::to_string(opt_.first_slot + int64_t(i));
   }
 
-  void add_slot() {
+  bool add_slot() {
     slots_.emplace_back();
-    start(slots_.size() - 1);
+    return start(slots_.size() - 1);
   }
 
-  void start(size_t i) {
+  // False when the process could not be made (fork failed: the machine's process or memory
+  // limit): reported as agent_start_failed, and the slot stays empty (never restarted).
+  bool start(size_t i) {
+    try {
+      start_process(i);
+      return true;
+    } catch (const std::exception& e) {
+      slots_[i].proc.reset();
+      spdlog::error("{} could not be started: {}", name_of(i), e.what());
+      report("agent_start_failed", i, slots_[i].restarts, name_of(i) + ": " + e.what());
+      return false;
+    }
+  }
+
+  void start_process(size_t i) {
     Slot& s = slots_[i];
     const std::string log = opt_.run_dir + "/" + name_of(i) + ".log";
     std::vector<std::string> argv{opt_.program, "agent"};
@@ -112,6 +124,7 @@ class Launcher : public caf::event_based_actor {
     const size_t i = size_t(id >> 20);
     if (i >= slots_.size() || (slots_[i].incarnation & 0xFFFFF) != (id & 0xFFFFF)) return;
     Slot& s = slots_[i];
+    if (!s.proc) return;
     auto status = s.proc->wait(std::chrono::milliseconds(1000));
     if (!status) return;  // (cannot happen: it exited)
     if (stopping_) {
@@ -139,13 +152,14 @@ class Launcher : public caf::event_based_actor {
   void restart(uint64_t i) {
     if (stopping_) return;
     if (slots_[i].retired) return report("agent_exited", size_t(i), slots_[i].restarts, "");
-    start(size_t(i));
-    report("agent_restarted", size_t(i), slots_[i].restarts, name_of(i) + " " + slots_[i].ended);
+    if (start(size_t(i)))
+      report("agent_restarted", size_t(i), slots_[i].restarts, name_of(i) + " " + slots_[i].ended);
   }
 
   void report(const std::string& event, size_t slot, int64_t attempt, const std::string& detail) {
     const Slot& s = slots_[slot];
-    const bool gone = event == "agent_gave_up" || event == "agent_restarting";  // (its pid was)
+    const bool gone = event == "agent_gave_up" || event == "agent_restarting" ||
+                      event == "agent_start_failed";  // (its pid was, or none)
     const int64_t pid = gone || !s.proc ? 0 : s.proc->pid();
     send(coordinator_, LauncherEvent{event, opt_.first_slot + int64_t(slot), attempt, pid, detail,
                                      int64_t(s.backoff.count())});
