@@ -58,6 +58,14 @@ class ModelDefect : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// Any other exception a block's forward or backward threw (a std::runtime_error, a CUDA error),
+// its message prefixed with the block and the pass. The worker is restarted for it, as for the
+// exception itself: it may be the machine's (a transient device error), not the model's.
+class BlockFailed : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 struct ForwardResult {
   double loss = 0;     // sum over rows of loss * loss_scale
   size_t rows = 0;     // rows scored (B for classification, B*T for tokens)
@@ -124,7 +132,8 @@ class Model {
  private:
   void check_init_repeats(size_t i, uint64_t seed);  // throws ModelDefect
   // Block i's pass: a std::invalid_argument it throws (an input it cannot take: the same at
-  // every retry) becomes a ModelDefect naming the block; a sample's error passes as it is.
+  // every retry) becomes a ModelDefect naming the block, any other exception a BlockFailed naming
+  // it; a sample's error and std::bad_alloc pass as they are.
   template <class Pass>
   Tensor in_block(size_t i, const char* pass, Pass&& run) {
     try {
@@ -135,6 +144,12 @@ class Model {
       throw;
     } catch (const std::invalid_argument& e) {
       throw ModelDefect(block_name(i) + " " + pass + ": " + e.what());
+    } catch (const std::bad_alloc&) {
+      throw;  // (the machine's: "out of memory" says it)
+    } catch (const BlockFailed&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw BlockFailed(block_name(i) + " " + pass + ": " + e.what());
     }
   }
   std::string block_name(size_t i) const;  // "model 'gpt': block 2 ('attention')"

@@ -346,6 +346,35 @@ TEST(Extensions, ABlockThatCannotTakeItsInputOrGivesAWrongGradientIsNamed) {
   EXPECT_THROW(models::scored_classes(logits, {0, 1, 2, 0}), models::ModelDefect);
 }
 
+// Any other exception of a block's pass (a runtime error: the machine's, perhaps) names the block
+// and the pass too, and stays one a worker is restarted for (not a ModelDefect).
+TEST(Extensions, ABlocksRuntimeErrorNamesTheBlockAndThePass) {
+  struct Failing : testing::Shift {
+    using Shift::Shift;
+    models::Tensor backward(const models::Tensor&) override {
+      throw std::runtime_error("device lost");
+    }
+  };
+  std::vector<std::unique_ptr<models::Block>> blocks;
+  blocks.push_back(std::make_unique<testing::Shift>(4, true));
+  blocks.push_back(std::make_unique<Failing>(4, true));
+  models::ModelSpec spec;
+  spec.kind = "mine";
+  models::Model m(spec, std::move(blocks));
+  m.init(3);
+  models::Batch b;
+  b.size = 2;
+  b.inputs = models::Tensor({2, 4});
+  b.targets = {0, 1};
+  b.samples = {4, 5};
+  try {
+    m.forward_backward(b, 0.5);
+    ADD_FAILURE() << "no exception";
+  } catch (const models::BlockFailed& e) {
+    EXPECT_EQ(std::string(e.what()), "model 'mine': block 1 ('shift') backward: device lost");
+  }
+}
+
 // A sample whose input holds a NaN or an infinity: refused naming the sample and the feature
 // (it would make the loss and every parameter NaN, silently).
 TEST(Extensions, ASampleWithANonFiniteInputIsNamed) {
