@@ -550,7 +550,10 @@ class Coordinator : public caf::event_based_actor {
     // A fixed number of pipeline stages needs at least that many workers too. A job stopping
     // needs no more (the survivors of a pause take the stop's checkpoint; waiting for more would
     // only end in the pause's failure, the state lost with them).
-    const int64_t least = job_.stop_requested() ? 1 : cfg_.min_workers;
+    // Nor a job whose every step is committed (a member lost while the last checkpoint was
+    // written: the survivors write it again, and pausing for more would fail a finished job).
+    const bool ending = job_.stop_requested() || steps_.committed() >= uint64_t(cfg_.steps);
+    const int64_t least = ending ? 1 : cfg_.min_workers;
     return uint32_t(std::max<int64_t>({1, least, cfg_.pipeline_stages}));
   }
 
@@ -1229,15 +1232,7 @@ class Coordinator : public caf::event_based_actor {
       case Kind::refuse:
         return actors::make_error_reply(Errc::refused, d.reason);
       case Kind::launch:
-        if (launcher_) {
-          // The new agents replace the lost ones too: a lost agent's process that still lives
-          // (stopped, hung) is not started again when it ends (the job would grow past the size).
-          for (const Agent& a : roster_.agents()) {
-            const auto slot = launched_slot(a);
-            if (!a.alive && slot && !starting_.count(*slot)) retire(a);  // (restarting: counted)
-          }
-          launch_agents(int64_t(d.agents_to_launch));
-        }
+        if (launcher_) launch_agents(int64_t(d.agents_to_launch));
         return actors::make_accepted("starting " + std::to_string(d.agents_to_launch) +
                                      " agent(s); they join at a step boundary");
       case Kind::drain: {
@@ -1283,7 +1278,17 @@ class Coordinator : public caf::event_based_actor {
                                         .integer("workers", n)
                                         .integer("from", long(elastic::usable_workers(agents)))
                                         .integer("step", long(steps_.committed())));
+    if (d.kind != Kind::invalid && d.kind != Kind::refuse) retire_lost_agents();
     return act_on(d);
+  }
+
+  // A size asked for is the job's: a lost agent's process that still lives (stopped, hung) is not
+  // started again when it ends (the job would grow past the size). (A restarting one is counted.)
+  void retire_lost_agents() {
+    for (const Agent& a : roster_.agents()) {
+      const auto slot = launched_slot(a);
+      if (!a.alive && slot && !starting_.count(*slot)) retire(a);
+    }
   }
 
   // optimizer.lr from the next step boundary: the members end the generation there and the same
