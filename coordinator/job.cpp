@@ -1088,25 +1088,53 @@ class Coordinator : public caf::event_based_actor {
   // block or a device that never returns) where no peer's collective can notice it (one worker,
   // or every worker stuck). Their agents are cut as silent ones are: the launcher starts them
   // again, and the job goes on (from a checkpoint if the state went with them). Once a window.
+  // After the last step, or the one a stop ends at, no step is to commit: the members write
+  // their checkpoint, evaluate and end (WorkerDone), within the same window of the generation's
+  // last commit; one that did not is hung there (a write to a hung mount) and is cut, the others
+  // writing the checkpoint again; when none did, the job fails saying so (never a wait without
+  // end).
   void watch_steps() {
     const auto now = Clock::now();
     const JobPhase p = job_.phase();
-    // (After the last step, or the one a stop ends at, the members write their checkpoint and
-    // evaluate: no step is to commit.)
-    const bool more = cfg_.step_timeout() > 0 && steps_.committed() < uint64_t(cfg_.steps) &&
-                      (p == JobPhase::running ||
-                       (p == JobPhase::stopping && steps_.committed() <= stop_requested_at_));
-    const bool waiting = more && gens_.expected().empty() && steps_.committed() == progress_step_ &&
-                         gens_.current() == progress_generation_;
+    const bool live = cfg_.step_timeout() > 0 && gens_.expected().empty() &&
+                      (p == JobPhase::running || p == JobPhase::stopping);
+    const bool more = steps_.committed() < uint64_t(cfg_.steps) &&
+                      (p == JobPhase::running || steps_.committed() <= stop_requested_at_);
+    const bool waiting = live && steps_.committed() == progress_step_ &&
+                         gens_.current() == progress_generation_ && more == progress_more_;
     if (!waiting) {
       progress_step_ = steps_.committed();
       progress_generation_ = gens_.current();
+      progress_more_ = more;
       progress_at_ = now;
       return;
     }
     if (now - progress_at_ < std::chrono::milliseconds(cfg_.step_timeout())) return;
     progress_at_ = now;
-    cut_silent_members();
+    more ? cut_silent_members() : cut_unfinished_members();
+  }
+
+  void cut_unfinished_members() {
+    std::set<uint32_t> agents, cut;  // (an agent's workers are cut together)
+    std::string names;
+    const auto& members = gens_.members();
+    for (uint32_t r = 0; r < members.size(); ++r) {
+      const uint32_t agent = members[r].worker.agent;
+      agents.insert(agent);
+      if (!steps_.ended(r) && cut.insert(agent).second)
+        names += (names.empty() ? "" : ", ") + roster_.at(agent).name;
+    }
+    if (cut.empty()) return;
+    const std::string within = "within " + std::to_string(cfg_.step_timeout()) +
+                               " ms of the job's last step " + std::to_string(steps_.committed()) +
+                               " (the final checkpoint write and evaluation; "
+                               "elastic.step_timeout_ms)";
+    if (cut.size() == agents.size()) return fail("no member ended " + within + ": " + names);
+    for (uint32_t agent : cut) {
+      const std::string why = "hung: it did not end " + within;
+      spdlog::error("agent {} ({}) {}", agent, roster_.at(agent).name, why);
+      send(bridge_, actors::disconnect_atom::value, roster_.at(agent).node, why);
+    }
   }
 
   // The members that did not report the step to commit (all of them if each did: the step still
@@ -1560,6 +1588,7 @@ class Coordinator : public caf::event_based_actor {
   double lr_;                      // optimizer.lr now (the config's, or the last one asked for)
   bool lr_asked_ = false;          // lr_ asked for and not yet scheduled (schedule_lr)
   uint64_t progress_step_ = 0, progress_generation_ = 0;  // (watch_steps: the last seen)
+  bool progress_more_ = true;
   uint64_t requested_checkpoint_ = 0;      // the step troupe checkpoint last asked for (0: none)
   uint64_t losses_ = 0;                    // agents lost and workers failed, so far
   uint64_t losses_at_request_ = 0;         // ... when requested_checkpoint_ was asked for

@@ -101,6 +101,8 @@ class StepDriver {
     uint64_t eval_tokens = 0;          // ... over these tokens (0: not evaluated)
   };
   std::optional<Outcome> done(const actors::WorkerDone& d, size_t world);
+  // Whether rank's WorkerDone of this generation came.
+  bool ended(uint32_t rank) const { return checksums_.count(rank) > 0; }
   // The `evaluated` event: the held-out loss of the parameters after `step` steps.
   void evaluated(uint64_t step, double loss, uint64_t tokens, size_t world);
 

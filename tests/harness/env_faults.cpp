@@ -43,6 +43,8 @@ class EnvFaults : public workers::FaultInjector {
     claim_blocks_ = uint64_t(env_int("TROUPE_TEST_CLAIM_BLOCKS"));
     relay_applied_ = uint64_t(env_int("TROUPE_TEST_RELAY_APPLIED"));
     if (const char* f = std::getenv("TROUPE_TEST_STATE_DELAY_FILE")) state_delay_file_ = f;
+    if (const char* a = std::getenv("TROUPE_TEST_CHECKPOINT_DELAY_AGENT"))
+      checkpoint_delay_agent_ = a;
     guarded_device_ = env_int("TROUPE_TEST_GUARDED_DEVICE") > 0;
     guarded_plane_ = env_int("TROUPE_TEST_GUARDED_PLANE") > 0;
   }
@@ -132,8 +134,10 @@ class EnvFaults : public workers::FaultInjector {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 
-  void mid_checkpoint_write(const std::string&, uint32_t) override {
-    if (checkpoint_delay_ms_ > 0 && !checkpoint_delayed_.exchange(true))
+  void mid_checkpoint_write(const std::string& agent, uint32_t) override {
+    if (checkpoint_delay_ms_ > 0 &&
+        (checkpoint_delay_agent_.empty() || agent == checkpoint_delay_agent_) &&
+        !checkpoint_delayed_.exchange(true))
       std::this_thread::sleep_for(std::chrono::milliseconds(checkpoint_delay_ms_));
   }
 
@@ -142,7 +146,7 @@ class EnvFaults : public workers::FaultInjector {
   uint64_t throw_at_step_, exit_at_step_;
   int64_t state_delay_ms_, checkpoint_delay_ms_, slow_us_, join_delay_ms_;
   std::string throw_agent_, perturb_agent_, slow_agent_, state_delay_file_, claim_agent_,
-      widen_agent_, exit_agent_, join_delay_agent_, join_delay_file_;
+      widen_agent_, exit_agent_, join_delay_agent_, join_delay_file_, checkpoint_delay_agent_;
   uint64_t claim_applied_ = 0, claim_blocks_ = 0, relay_applied_ = 0;
   bool guarded_device_ = false, guarded_plane_ = false;
   std::atomic<bool> thrown_{false}, checkpoint_delayed_{false};

@@ -13,6 +13,7 @@
 //                                 the delay)
 //   TROUPE_TEST_CHECKPOINT_DELAY_MS  an agent's first checkpoint write pauses this long after its
 //                                 first shard
+//   TROUPE_TEST_CHECKPOINT_DELAY_AGENT  with the delay: only this agent's
 //   TROUPE_TEST_SLOW_AGENT        with TROUPE_TEST_SLOW_STEP_US: that agent's workers wait this
 //   TROUPE_TEST_SLOW_STEP_US      long more before every step (a straggler: counted as compute)
 //   TROUPE_TEST_GUARDED_DEVICE    1: every worker computes on a stand-in device the host cannot
