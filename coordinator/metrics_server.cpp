@@ -1,6 +1,7 @@
 #include "coordinator/metrics_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <stdexcept>
@@ -37,6 +38,12 @@ MetricsServer::MetricsServer(const std::string& listen, std::function<std::strin
   server_->set_write_timeout(kWriteTimeoutS, 0);
   server_->set_keep_alive_max_count(100);
   server_->set_payload_max_length(64 * 1024);
+  // httplib's default adds SO_REUSEPORT: a second job on the same port would share it, each
+  // scrape answered by either. SO_REUSEADDR alone: a port in use is refused.
+  server_->set_socket_options([](socket_t sock) {
+    const int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   server_->Get("/metrics",
                [body = std::move(body)](const httplib::Request&, httplib::Response& res) {
                  res.set_content(body(), "text/plain; version=0.0.4; charset=utf-8");

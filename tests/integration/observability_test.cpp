@@ -155,6 +155,15 @@ TEST(Metrics, AnEndpointClosedAsSoonAsItOpensEnds) {
   EXPECT_EQ(ended.wait_for(60s), std::future_status::ready) << "a server's destructor hung";
 }
 
+// A port another endpoint listens on (a second job given the same metrics_listen) is refused:
+// the two shared it, each scrape answered by either job.
+TEST(Metrics, APortAnotherEndpointListensOnIsRefused) {
+  coordinator::MetricsServer first("127.0.0.1:0", [] { return std::string("first"); });
+  const std::string taken = "127.0.0.1:" + std::to_string(port_of(first.address()));
+  EXPECT_THROW(coordinator::MetricsServer(taken, [] { return std::string("second"); }),
+               std::runtime_error);
+}
+
 // Anything but GET /metrics is a 404; garbage is answered 400 and dropped; clients that send
 // half a request and wait hold a thread for the read deadline only, so a scrape still gets its
 // answer while more of them than the server has threads hang on.
