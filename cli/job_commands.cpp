@@ -168,6 +168,21 @@ std::string listen_refusal(const std::string& listen) {
                : "cluster.listen = \"" + listen + "\": cannot listen there: " + std::strerror(err);
 }
 
+// cluster.listen and observability.metrics_listen on one port (of one host, or a wildcard's): the
+// second listener would fail once the run directory is made; "" when they differ.
+std::string address_clash(const coordinator::JobConfig& cfg) {
+  if (cfg.metrics_listen.empty()) return "";
+  const auto [control_host, control_port] = comm::split_host_port(cfg.listen);
+  const auto [metrics_host, metrics_port] = comm::split_host_port(cfg.metrics_listen);
+  auto any = [](const std::string& h) { return h == "0.0.0.0" || h == "[::]" || h == "::"; };
+  if (control_port == 0 || control_port != metrics_port ||
+      (control_host != metrics_host && !any(control_host) && !any(metrics_host)))
+    return "";
+  return "observability.metrics_listen = \"" + cfg.metrics_listen +
+         "\" is the address cluster.listen (\"" + cfg.listen +
+         "\") listens on: give the metrics another port";
+}
+
 std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool lr_set,
                            const Hooks& hooks, bool& into_run) {
   namespace fs = std::filesystem;
@@ -688,7 +703,8 @@ int configure_job(const std::string& path, const std::vector<std::string>& sets,
     std::fprintf(stderr, "troupe: %s: %s\n", path.c_str(), why.c_str());
     return 2;
   }
-  if (std::string why = listen_refusal(cfg.listen); !why.empty()) {
+  if (std::string why = address_clash(cfg);
+      !why.empty() || !(why = listen_refusal(cfg.listen)).empty()) {
     std::fprintf(stderr, "troupe: %s: %s\n", path.c_str(), why.c_str());
     return 2;
   }

@@ -210,6 +210,11 @@ TEST(Job, BadConfigsExitNonZeroWithTheReasonAndStartNothing) {
       {"[observability]\nmetrics_listen = \"127.0.0.1\"\n",
        "observability.metrics_listen = \"127.0.0.1\" is not HOST:PORT"},
       {"[observability]\nmetrics_listen = \"192.0.2.1:0\"\n", "cannot listen on 192.0.2.1:0"},
+      // (refused before anything listens: the control plane failed, exit 1, a run directory left)
+      {"[cluster]\nlisten = \"127.0.0.1:47321\"\n[observability]\nmetrics_listen = "
+       "\"0.0.0.0:47321\"\n",
+       "observability.metrics_listen = \"0.0.0.0:47321\" is the address cluster.listen "
+       "(\"127.0.0.1:47321\") listens on"},
       {"[cluster]\nlisten = \"127.0.0.1:99999\"\n",
        ":2:10: cluster.listen = \"127.0.0.1:99999\" is not HOST:PORT"},
       // (an IPv6 address: it exited 1 with the transport's text; no name lookup leaves the host)
