@@ -271,8 +271,9 @@ RunDir prepare_run_dir(coordinator::JobConfig& cfg, bool resuming) {
     if (made) fs::remove_all(path, ec);
     throw;
   }
-  {  // (the run's own checkpoints/ stays relative: the directory may be moved or copied)
-    coordinator::JobConfig effective = cfg;
+  {  // (the run's own checkpoints/ stays relative: the directory may be moved or copied; the
+     // data's paths are absolute: the run resumed from another directory reads the same data)
+    coordinator::JobConfig effective = coordinator::with_absolute_paths(cfg);
     std::error_code ec;
     if (cfg.checkpoint_dir == fs::absolute(d.path + "/checkpoints", ec).lexically_normal().string())
       effective.checkpoint_dir.clear();

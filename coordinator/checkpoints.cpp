@@ -156,10 +156,14 @@ std::string changes(const json& manifest, const CheckpointIdentity& job) {
 }
 
 // Whether a manifest's config hash is the job's: its hash; an older Troupe's (a manifest without
-// the config fields: its hash left the mix and the held-out fraction out); or one written before
-// a token data set's tokenizer was part of it (its config has no "tokenizer").
+// the config fields: its hash left the mix and the held-out fraction out); one written before
+// a token data set's tokenizer was part of it (its config has no "tokenizer"); or one written
+// before the data's content was (no "data_digest": the path's text, as given, was).
 bool same_job(const json& m, const std::string& hash, const CheckpointIdentity& job) {
   if (hash == job.hash) return true;
+  if (m.contains("config") && m["config"].is_object() && !m["config"].contains("data_digest") &&
+      !job.path_hash.empty() && hash == job.path_hash)
+    return true;
   if (!m.contains("config")) return !job.older_hash.empty() && hash == job.older_hash;
   return m["config"].is_object() && !m["config"].contains("tokenizer") &&
          !job.untokenized_hash.empty() && hash == job.untokenized_hash;
@@ -231,11 +235,26 @@ CheckpointIdentity checkpoint_identity(const JobConfig& c) {
   // (The token data set's tokenizer: another one of the same vocabulary size trained on as the
   // old ids would change what every embedding row means.)
   if (!c.data_tokenizer.empty()) j["tokenizer"] = c.data_tokenizer;
+  const std::string by_path = hash_of(j.dump());
+  // The data by its content, not the path's text (a checkpoint written before: by_path).
+  if (!c.data_digest.empty()) {
+    j.erase("path");
+    j["data_digest"] = c.data_digest;
+  }
+  const bool mix_known =
+      !c.mix_digests.empty() && c.mix_digests.size() == c.data_mix.size() &&
+      std::none_of(c.mix_digests.begin(), c.mix_digests.end(), [](auto& d) { return d.empty(); });
+  if (mix_known) {
+    j["mix"] = json::array();
+    size_t i = 0;  // (in the mix's order: the sampler's)
+    for (const auto& [set, weight] : c.data_mix) j["mix"].push_back({c.mix_digests[i++], weight});
+  }
   std::string text = j.dump();
   const std::string hash = hash_of(text);  // (before text moves: arguments have no order)
   CheckpointIdentity id(hash, std::move(text));
   if (before != id.hash) id.older_hash = before;
   if (untokenized != id.hash) id.untokenized_hash = untokenized;
+  if (by_path != id.hash) id.path_hash = by_path;
   id.blocks = c.block_params.size();  // (0 where not known yet)
   return id;
 }

@@ -39,6 +39,7 @@ struct CheckpointIdentity {
   std::string hash, config;
   std::string older_hash;        // the hash an older Troupe gave the job ("": the same as hash)
   std::string untokenized_hash;  // its hash without the tokenizer ("": the same as hash)
+  std::string path_hash;         // its hash by the data's path, not content ("": the same)
   uint64_t blocks = 0;  // the model's blocks, where known (a manifest of others is refused)
 };
 CheckpointIdentity checkpoint_identity(const JobConfig& cfg);

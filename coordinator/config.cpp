@@ -22,6 +22,8 @@
 #include <tuple>
 #include <variant>
 
+#include "comm/checksum.h"
+
 namespace troupe::coordinator {
 namespace {
 
@@ -574,6 +576,39 @@ std::string tokenizer_of(const std::string& dir) {
   return f.is_string() ? f.get<std::string>() : "";
 }
 
+// The content of a job's data, not its name: a text file's bytes, or a token data set's shards
+// (each one's checksum and tokens, in order), as fnv1a-64 hex; "" where it cannot be read.
+std::string content_digest(const std::string& kind, const std::string& path) {
+  uint64_t h = comm::fnv1a(nullptr, 0);
+  auto add = [&h](const std::string& s) {
+    h = comm::fnv1a(reinterpret_cast<const uint8_t*>(s.data()), s.size(), h);
+  };
+  if (kind == "text") {
+    std::ifstream in(path, std::ios::binary);
+    std::vector<char> buf(1 << 20);
+    while (in && !in.eof()) {
+      in.read(buf.data(), std::streamsize(buf.size()));
+      h = comm::fnv1a(reinterpret_cast<const uint8_t*>(buf.data()), size_t(in.gcount()), h);
+    }
+    if (in.bad()) return "";
+  } else {
+    struct stat st {};
+    const std::string manifest = path + "/manifest.json";
+    if (::stat(manifest.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (1 << 26))
+      return "";
+    std::ifstream in(manifest);
+    const nlohmann::json m = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (!m.is_object() || !m.contains("shards") || !m["shards"].is_array()) return "";
+    for (const auto& shard : m["shards"])
+      if (shard.is_object())
+        add(shard.value("fnv1a64", nlohmann::json()).dump() + ":" +
+            shard.value("tokens", nlohmann::json()).dump() + ";");
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return hex;
+}
+
 void check_token_sets(const JobConfig& c, const std::map<std::string, std::string>& at,
                       const std::string& source) {
   auto place = [&](const std::string& key) {
@@ -1035,6 +1070,11 @@ JobConfig parse_config(const std::string& text, const std::string& source,
   if (c.inert_key.empty()) c.inert_key = worker_bounds_refusal(c, place);
   if (c.data_kind == "tokens")  // (a mix's sets share one tokenizer: the workers refuse others)
     c.data_tokenizer = tokenizer_of(c.data_mix.empty() ? c.data_path : c.data_mix.begin()->first);
+  if (c.data_kind == "text" || (c.data_kind == "tokens" && c.data_mix.empty()))
+    c.data_digest = content_digest(c.data_kind, c.data_path);
+  if (c.data_kind == "tokens")
+    for (const auto& [set, weight] : c.data_mix)
+      c.mix_digests.push_back(content_digest(c.data_kind, set));
   return c;
 }
 
@@ -1149,9 +1189,26 @@ std::string to_toml(const JobConfig& config) {
   return out.str();
 }
 
+JobConfig with_absolute_paths(JobConfig c) {
+  namespace fs = std::filesystem;
+  auto absolute = [](const std::string& p) {
+    std::error_code ec;
+    const fs::path a = fs::absolute(p, ec);
+    return p.empty() || ec ? p : a.lexically_normal().string();
+  };
+  c.data_path = absolute(c.data_path);
+  c.eval_path = absolute(c.eval_path);
+  c.checkpoint_dir = absolute(c.checkpoint_dir);
+  std::map<std::string, double> mix;
+  for (const auto& [set, weight] : c.data_mix) mix[absolute(set)] = weight;
+  c.data_mix = std::move(mix);
+  return c;
+}
+
 std::vector<std::string> config_differences(const JobConfig& before, const JobConfig& now,
                                             const std::vector<std::string>& left_out) {
-  JobConfig a = before, b = now;
+  // (a path named relative to another directory is the same path)
+  JobConfig a = with_absolute_paths(before), b = with_absolute_paths(now);
   const auto fa = fields_of(a), fb = fields_of(b);
   std::map<std::string, const Field*> now_by_key;
   for (const auto& f : fb) now_by_key[f.table + "." + f.key] = &f;

@@ -66,6 +66,11 @@ struct JobConfig {
   // Not a key: the token data set's tokenizer fingerprint, as its manifest says ("" unknown), for
   // the checkpoints' identity.
   std::string data_tokenizer;
+  // Not keys either: the content of the data (data.path's, and each data.mix set's in the mix's
+  // order) as fnv1a-64 hex, "" unknown: the checkpoints' identity holds it, not the path's text
+  // (the same set named another way, or moved, is the same data; another set at its path is not).
+  std::string data_digest;
+  std::vector<std::string> mix_digests;
   std::string eval_path;         // data.eval_path: a held-out token data set
   double eval_fraction = 0;      // data.eval_fraction: or the training sets' tail
   int64_t eval_every_steps = 0;  // eval.every_steps (0: never)
@@ -183,6 +188,9 @@ JobConfig parse_config(const std::string& text, const std::string& source,
                        const ExtensionKinds& kinds = {});
 // The effective configuration as TOML (written to the run directory).
 std::string to_toml(const JobConfig& config);
+// The config with its paths (data.path, data.eval_path, data.mix's sets, checkpoint.dir) made
+// absolute from the working directory: a run's config.toml, read from anywhere.
+JobConfig with_absolute_paths(JobConfig c);
 
 // HOST:PORT or [V6]:PORT, the port 0..65535 in digits (cluster.listen, metrics_listen, --listen).
 bool host_and_port(const std::string& address);

@@ -1163,6 +1163,37 @@ std::string refused_resume(const TempDir& dir, const std::string& run_dir,
   return testing::text_of(j.out);
 }
 
+// A checkpoint knows its data by the content, not by the path's text: the same text named by
+// another path (a copy elsewhere, a path relative to another directory: the run's config.toml
+// names it absolute) resumes; another text at
+// the path it was trained on is refused naming the data (it resumed; the other way, the same file
+// named otherwise was "another data").
+TEST(Checkpoints, AResumeKnowsTheDataByItsContentNotItsPath) {
+  TempDir dir;
+  const std::string text = dir.path() + "/a.txt", moved = dir.path() + "/moved/b.txt";
+  fs::copy_file("/usr/share/common-licenses/GPL-3", text);
+  const std::string relative = fs::relative(text).string();  // (from the jobs' directory)
+  Job saved = start_job(dir, "by-content", kGpt, 1, {"job.steps=20", "data.path=" + relative});
+  ASSERT_TRUE(saved.proc->wait(120s));
+  // Its config.toml names the data absolute: resumed from another directory, the same data.
+  const std::string effective = text_of(saved.run_dir + "/config.toml");
+  EXPECT_NE(effective.find("path = '" + text + "'"), std::string::npos) << effective;
+  fs::create_directories(dir.path() + "/moved");
+  fs::copy_file(text, moved);
+  Job again = start_job(dir, "by-content-moved", kGpt, 1, {"job.steps=30", "data.path=" + moved},
+                        {}, {"--resume", saved.run_dir});
+  auto st = again.proc->wait(120s);
+  ASSERT_TRUE(st && WIFEXITED(*st));
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(again.out);
+  EXPECT_NE(wait_event(saved, is("resumed_from_checkpoint", "step", "20"), 1s), "");  // (its run)
+
+  fs::remove(text);
+  fs::copy_file("/usr/share/common-licenses/GPL-2", text);
+  const std::string out = refused_resume(dir, saved.run_dir, {"job.steps=30", "data.path=" + text});
+  EXPECT_NE(out.find("belongs to another model, data or seed (data_digest: "), std::string::npos)
+      << out;
+}
+
 TEST(Checkpoints, BadCheckpointsAreRefusedNamingTheFileAndTheNewestValidOneIsUsed) {
   TempDir dir;
   Reference want = reference(dir, 80);

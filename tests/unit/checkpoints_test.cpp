@@ -245,6 +245,42 @@ TEST(Checkpoints, ACheckpointOfAnotherTokenizerIsAnotherJobs) {
   EXPECT_TRUE(valid_checkpoint(step_dir(d.path, 10), checkpoint_identity(swapped), &why)) << why;
 }
 
+// The data by its content: the same digest under another path is the same job's; another digest
+// at the same path is not, named. A checkpoint written before the content was part of the
+// identity (its config with the path, its hash by the path's text) is taken for that path.
+TEST(Checkpoints, ACheckpointKnowsItsDataByItsContent) {
+  Dir d;
+  JobConfig c = config(d.path, 10);
+  c.data_kind = "text";
+  c.data_path = "a.txt";
+  c.data_digest = "00000000000000aa";
+  Checkpoints ck(c);
+  ASSERT_TRUE(ck.add(report(d.path, 10, 1, {0}, 1), 1, "", 1e-3));
+  std::string why;
+  JobConfig moved = c;
+  moved.data_path = "/elsewhere/b.txt";
+  EXPECT_TRUE(valid_checkpoint(step_dir(d.path, 10), checkpoint_identity(moved), &why)) << why;
+  JobConfig swapped = c;
+  swapped.data_digest = "00000000000000bb";
+  EXPECT_FALSE(valid_checkpoint(step_dir(d.path, 10), checkpoint_identity(swapped), &why));
+  EXPECT_NE(why.find("data_digest: \"00000000000000aa\" in the checkpoint, "
+                     "\"00000000000000bb\" now"),
+            std::string::npos)
+      << why;
+  // As the version before wrote it: its config and hash by the path.
+  const std::string path = step_dir(d.path, 10) + "/manifest.json";
+  std::ifstream in(path);
+  nlohmann::json m = nlohmann::json::parse(in);
+  in.close();
+  JobConfig before = c;
+  before.data_digest.clear();
+  m["config"] = nlohmann::json::parse(checkpoint_identity(before).config);
+  m["config_hash"] = checkpoint_config_hash(before);
+  std::ofstream(path, std::ios::trunc) << m.dump(1);
+  EXPECT_TRUE(valid_checkpoint(step_dir(d.path, 10), checkpoint_identity(c), &why)) << why;
+  EXPECT_FALSE(valid_checkpoint(step_dir(d.path, 10), checkpoint_identity(moved), &why));
+}
+
 TEST(Checkpoints, DamagedOrForeignCheckpointsAreRefusedNamingWhyAndTheNewestValidIsFound) {
   Dir d;
   const std::string hash = checkpoint_config_hash(config(d.path));
