@@ -144,6 +144,14 @@ void choose_blas_kernels(char** argv) {
   }
   ::setenv("OPENBLAS_CORETYPE", d.wanted.c_str(), 1);
   ::setenv("TROUPE_BLAS_RESTARTED", troupe::models::loaded_blas_core().c_str(), 1);
+  // By its own path, not /proc/self/exe: the process's name is the file's (ps, pgrep, top showed
+  // "exe"); that link only when the file is gone (replaced while it ran).
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n > 0) {
+    self[n] = '\0';
+    ::execv(self, argv);
+  }
   ::execv("/proc/self/exe", argv);
   std::fprintf(stderr, "troupe: cannot execute itself again for the %s kernels (%s); going on\n",
                d.wanted.c_str(), std::strerror(errno));
