@@ -102,8 +102,18 @@ ScaleDecision decide_scale(uint32_t n, const std::vector<LiveAgent>& agents, con
           " core(s) (at most " + std::to_string(lim.machine_workers) +
           " workers); other machines join with `troupe agent --join`");
     const uint32_t per = lim.workers_per_agent ? lim.workers_per_agent : 1;
+    const uint32_t now = have + starting, below = n - (n - now) % per;
+    if (below != n) {  // (it went to the size above, saying it would start "1 agent(s)")
+      d.kind = ScaleDecision::Kind::refuse;
+      d.reason = std::to_string(n) + " worker(s) is not a size the launcher's agents of " +
+                 std::to_string(per) + " workers (cluster.devices_per_agent) reach from " +
+                 std::to_string(now) + ": ask for " +
+                 (below > now ? std::to_string(below) + " or " : std::string()) +
+                 std::to_string(below + per);
+      return d;
+    }
     d.kind = ScaleDecision::Kind::launch;
-    d.agents_to_launch = (n - have - starting + per - 1) / per;
+    d.agents_to_launch = (n - now) / per;
     return d;
   }
   // Shrink: standbys first, then members, newest first.

@@ -29,7 +29,17 @@ TEST(Scale, GrowingAsksTheLocalLauncherForTheMissingAgents) {
   EXPECT_EQ(d.agents_to_launch, 2u);
   ScaleLimits two = limits();
   two.workers_per_agent = 2;
-  EXPECT_EQ(decide_scale(7, kAgents, two).agents_to_launch, 2u);  // 3 more workers: 2 agents
+  EXPECT_EQ(decide_scale(8, kAgents, two).agents_to_launch, 2u);  // 4 more workers: 2 agents
+  // A size agents of 2 workers do not reach from 4 (it went to 8, saying "2 agent(s)"): refused
+  // with the sizes they do.
+  auto odd = decide_scale(7, kAgents, two);
+  EXPECT_EQ(odd.kind, Kind::refuse);
+  EXPECT_NE(odd.reason.find("7 worker(s) is not a size the launcher's agents of 2 workers "
+                            "(cluster.devices_per_agent) reach from 4: ask for 6 or 8"),
+            std::string::npos)
+      << odd.reason;
+  EXPECT_NE(decide_scale(5, kAgents, two).reason.find("reach from 4: ask for 6"),
+            std::string::npos);
 }
 
 // `troupe scale --workers 100000` with the local launcher: refused, not 100000 processes here.
