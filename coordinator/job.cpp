@@ -1283,6 +1283,12 @@ class Coordinator : public caf::event_based_actor {
     // (Stopping, every member leaves at the next step boundary: this one with the others, its
     // shards of the stop's checkpoint with theirs; a preemption signals agents and coordinator
     // at once, and a refusal would have made the agent leave at once, without them.)
+    if (id < roster_.size() && !job_.stop_requested())
+      if (const auto slot = launched_slot(roster_.at(id)); slot && restarting(*slot)) {
+        retire_restarting(*slot);
+        return actors::make_accepted("agent " + std::to_string(id) + " (" + roster_.at(id).name +
+                                     ") was being restarted: it is not started again");
+      }
     auto d = elastic::decide_drain(id, agents_to_count(), scale_limits(cfg_, min_workers()));
     if (job_.stop_requested() && d.kind != elastic::ScaleDecision::Kind::invalid)
       return actors::make_ack();  // (an agent it does not have is refused still)
@@ -1298,6 +1304,13 @@ class Coordinator : public caf::event_based_actor {
       return actors::make_error_reply(Errc::refused, "the job is stopping");
     auto agents = agents_to_count();
     const auto limits = scale_limits(cfg_, min_workers());
+    // Below the job's size, agents whose restart waits (a crash loop's backoff) go first.
+    for (auto it = starting_.begin(); it != starting_.end();) {
+      const int64_t slot = (it++)->first;  // (retire_restarting erases it)
+      const uint32_t size =
+          elastic::usable_workers(agents) + starting_agents() * limits.workers_per_agent;
+      if (size >= n + limits.workers_per_agent && restarting(slot)) retire_restarting(slot);
+    }
     const auto starting = starting_agents() * limits.workers_per_agent;
     auto d = elastic::decide_scale(n, agents, limits, starting);
     using Kind = elastic::ScaleDecision::Kind;
@@ -1308,6 +1321,16 @@ class Coordinator : public caf::event_based_actor {
                                         .integer("step", long(steps_.committed())));
     if (d.kind != Kind::invalid && d.kind != Kind::refuse) retire_lost_agents();
     return act_on(d);
+  }
+
+  // Whether the launcher's slot waits to start its agent again (its process ended; the backoff).
+  bool restarting(int64_t slot) const {
+    const auto it = starting_.find(slot);
+    return it != starting_.end() && it->second == 0;
+  }
+  void retire_restarting(int64_t slot) {
+    send(launcher_, RetireAgent{slot, 0});
+    starting_.erase(slot);
   }
 
   // A size asked for is the job's: a lost agent's process that still lives (stopped, hung) is not

@@ -146,7 +146,8 @@ typename Inspector::result_type inspect(Inspector& f, ScaleAgents& x) {
 }
 
 // The coordinator -> the local launcher: the agent in this slot (while it is this pid) was
-// drained: when it exits, however it exits, it is not started again.
+// drained: when it exits, however it exits, it is not started again. pid 0: the slot whose
+// restart waits out its backoff (no process runs) is not restarted.
 struct RetireAgent {
   int64_t slot = 0, pid = 0;
 };

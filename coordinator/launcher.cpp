@@ -48,10 +48,11 @@ class Launcher : public caf::event_based_actor {
         [this](exited_atom, uint64_t id) { on_exited(id); },
         [this](restart_atom, uint64_t slot) { restart(slot); },
         [this](RetireAgent& r) {
+          // (Its process, by pid; pid 0: the slot while its restart waits, none running.)
           const int64_t i = r.slot - opt_.first_slot;
-          if (i >= 0 && size_t(i) < slots_.size() && slots_[size_t(i)].proc &&
-              slots_[size_t(i)].proc->pid() == r.pid)
-            slots_[size_t(i)].retired = true;
+          if (i < 0 || size_t(i) >= slots_.size() || !slots_[size_t(i)].proc) return;
+          const ChildProcess& p = *slots_[size_t(i)].proc;
+          if (r.pid == 0 ? !p.running() : p.pid() == r.pid) slots_[size_t(i)].retired = true;
         },
         [this](ScaleAgents& s) {
           for (int64_t k = 0; k < s.count && !stopping_; ++k)

@@ -152,6 +152,34 @@ TEST(Elastic, AStoppedAgentReplacedByAScaleIsNotStartedAgainWhenItWakes) {
 }
 TEST(Elastic, AStoppedAgentScaledAwayIsNotStartedAgainWhenItWakes) { stopped_agent_then_scale(1); }
 
+// An agent that keeps crashing (killed again as soon as it is started: the launcher's backoff
+// grows to 3.2 s): troupe scale to the job's size without it retires the slot whose restart
+// waits, and it is not started again (the scale was refused, "1 worker(s) the launcher started
+// have not joined yet", until the restart joined).
+TEST(Elastic, AScaleDownRetiresAnAgentWhoseRestartWaits) {
+  TempDir dir;
+  Job job =
+      start(dir, "crashloop", 2, {"job.steps=100000", "elastic.max_restarts=10"}, {pace(20000)});
+  wait_steps(job, 5);
+  int victim = pid_of(job, "agent-1");
+  for (int attempt = 1;; ++attempt) {
+    ASSERT_EQ(::kill(victim, SIGKILL), 0);
+    if (attempt == 6) break;
+    const std::string restarted =
+        wait_event(job, is("agent_restarted", "attempt", std::to_string(attempt)), 30s);
+    ASSERT_NE(restarted, "");
+    victim = std::atoi(json_field(restarted, "pid").c_str());
+  }
+  const std::string answer = admin(dir, {"scale", "--run-dir", job.run_dir, "--workers", "1"});
+  EXPECT_NE(answer.find("nothing to do"), std::string::npos) << answer;
+  EXPECT_EQ(wait_event(job, is("agent_restarted", "attempt", "6"), 6s), "")
+      << "the retired slot was started again";
+  admin(dir, {"stop", "--run-dir", job.run_dir});
+  auto st = job.proc->wait(60s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
+}
+
 // Gradients large enough to be read in place by the members (workers/registered_gradients.h:
 // a layer of 768 x 768 floats, above the registered size on any CPU): a SIGKILL mid-run (or,
 // `worker_throws`, a worker that throws and is rebuilt by its agent with a new arena), and the
