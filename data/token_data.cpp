@@ -1,5 +1,7 @@
 #include "data/token_data.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -84,6 +86,12 @@ TokenData::TokenData(const std::vector<Source>& sources, size_t context, uint64_
   uint64_t given = 0;
   for (size_t d = 0; d < sets_.size(); ++d) {
     const double exact = sources[d].weight / total * double(kMixBlock);
+    if (exact < 1)  // (it would be given 1 in kMixBlock all the same: more than asked)
+      throw std::invalid_argument(
+          "data set '" + sources[d].path + "': its weight " + fmt::format("{}", sources[d].weight) +
+          " is " + fmt::format("{:.3g}", exact) + " in " + std::to_string(kMixBlock) +
+          " of the mixture's total " + fmt::format("{}", total) + ", below the 1 in " +
+          std::to_string(kMixBlock) + " a mixture can give a set");
     sets_[d].per_block = uint64_t(std::floor(exact));
     rest[d] = exact - std::floor(exact);
     given += sets_[d].per_block;
@@ -93,10 +101,6 @@ TokenData::TokenData(const std::vector<Source>& sources, size_t context, uint64_
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return rest[a] > rest[b]; });
   for (size_t i = 0; given < kMixBlock; ++i, ++given) ++sets_[order[i % order.size()]].per_block;
-  for (size_t d = 0; d < sets_.size(); ++d)
-    if (sets_[d].per_block == 0)
-      throw std::invalid_argument("data set '" + sources[d].path + "': its weight is below 1 in " +
-                                  std::to_string(kMixBlock) + " of the mixture's");
 }
 
 uint64_t TokenData::windows() const {

@@ -427,6 +427,17 @@ TEST(TokenData, AMixtureKeepsItsProportionsAndVisitsEachSetsWindowsOnce) {
   for (uint64_t p = 1; p < 1000; ++p) changes += mix.locate(p).set != mix.locate(p - 1).set;
   EXPECT_GT(changes, 300u);
   EXPECT_THROW(TokenData({{d / "a", 1.0}, {d / "b", 0.0001}}, 10, 9), std::invalid_argument);
+  // 1 in 1501 would have been given 1 in 1000 (50% more than asked): below the block's grain.
+  try {
+    TokenData({{d / "a", 1500}, {d / "b", 1}}, 10, 9);
+    ADD_FAILURE() << "1 in 1501 taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("its weight 1 is 0.666 in 1000 of the mixture's total "
+                                         "1501, below the 1 in 1000"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(TokenData({{d / "a", 999}, {d / "b", 1}}, 10, 9));
   make_set(d / "other", std::vector<uint32_t>(5000, 65), trained(300), 1 << 20);
   EXPECT_THROW(TokenData({{d / "a", 1.0}, {d / "other", 1.0}}, 10, 9), std::invalid_argument)
       << "one vocabulary";
