@@ -309,14 +309,16 @@ ControlMessage encode(const StepReport& m) {
     r.setFlops(m.flops);
     r.setPeakFlops(m.peak_flops);
     r.setPeakSource(m.peak_source);
+    r.setEpochSamples(m.epoch_samples);
   });
 }
 
 StepReport decode(proto::StepReport::Reader r) {
-  return {r.getGeneration(), r.getStep(),        r.getRank(),          r.getLoss(),
-          r.getSamples(),    r.getTokens(),      r.getPositionBegin(), r.getPositionEnd(),
-          r.getSeconds(),    r.getBusySeconds(), r.getDataSeconds(),   r.getEvalLoss(),
-          r.getEvalTokens(), r.getFlops(),       r.getPeakFlops(),     r.getPeakSource()};
+  return {r.getGeneration(),  r.getStep(),        r.getRank(),          r.getLoss(),
+          r.getSamples(),     r.getTokens(),      r.getPositionBegin(), r.getPositionEnd(),
+          r.getSeconds(),     r.getBusySeconds(), r.getDataSeconds(),   r.getEvalLoss(),
+          r.getEvalTokens(),  r.getFlops(),       r.getPeakFlops(),     r.getPeakSource(),
+          r.getEpochSamples()};
 }
 
 ControlMessage encode(const StateReceived& m) {
@@ -470,6 +472,7 @@ ControlMessage encode(const JobStatus& m) {
     s.setMfu(m.mfu);
     s.setPeak(m.peak);
     s.setDataPlane(m.data_plane);
+    s.setEpoch(m.epoch);
   });
 }
 
@@ -488,7 +491,8 @@ JobStatus decode(proto::JobStatus::Reader r) {
           r.getModelTflops(),
           r.getMfu(),
           r.getPeak(),
-          r.getDataPlane()};
+          r.getDataPlane(),
+          r.getEpoch()};
 }
 
 ControlMessage encode(const LeaveGeneration& m) {

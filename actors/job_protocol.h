@@ -154,12 +154,13 @@ struct StepReport {
   uint64_t samples = 0, tokens = 0;
   uint64_t position_begin = 0, position_end = 0;
   double seconds = 0, busy_seconds = 0;
-  double data_seconds = 0;   // of busy_seconds: assembling batches
-  double eval_loss = 0;      // the held-out loss at the step's start ...
-  uint64_t eval_tokens = 0;  // ... over this many tokens (0: not evaluated)
-  double flops = 0;          // the model's training FLOPs this rank computed
-  double peak_flops = 0;     // its device's peak FLOP/s (0: unknown) ...
-  uint8_t peak_source = 0;   // ... and where it comes from (models::PeakSource)
+  double data_seconds = 0;     // of busy_seconds: assembling batches
+  double eval_loss = 0;        // the held-out loss at the step's start ...
+  uint64_t eval_tokens = 0;    // ... over this many tokens (0: not evaluated)
+  double flops = 0;            // the model's training FLOPs this rank computed
+  double peak_flops = 0;       // its device's peak FLOP/s (0: unknown) ...
+  uint8_t peak_source = 0;     // ... and where it comes from (models::PeakSource)
+  uint64_t epoch_samples = 0;  // the data set's samples an epoch (0: unknown)
 };
 
 // worker -> coordinator (one way): it took the state at a generation's start (or reports the
@@ -264,6 +265,7 @@ struct JobStatus {
   double mfu = 0;                      // ... its MFU (NaN: a peak is unknown) ...
   std::string peak;                    // ... and the peak it is a fraction of
   std::string data_plane;              // the generation's data plane and why
+  double epoch = 0;                    // epochs of the data set trained (0: its size unknown)
 };
 
 // Coordinator -> agents control (one-way, no payload beyond what is named).

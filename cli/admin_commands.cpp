@@ -254,6 +254,7 @@ void print_status(const actors::JobStatus& s, bool json) {
                             .integer("step", long(s.step))
                             .integer("steps", long(s.steps))
                             .num("loss", s.last_loss)
+                            .num("epoch", s.epoch)
                             .str("plan", s.plan)
                             .str("data_plane", s.data_plane)
                             .value("members", status_rows(s.members, true))
@@ -270,9 +271,11 @@ void print_status(const actors::JobStatus& s, bool json) {
   char loss[32] = "-";  // (no step committed yet by this coordinator: no loss to show)
   if (s.step > 0 && std::isfinite(s.last_loss))
     std::snprintf(loss, sizeof loss, "%.4f", s.last_loss);
-  std::printf("job %s: %s, generation %llu, step %llu/%llu, loss %s\n", s.job_name.c_str(),
+  char epoch[32] = "";
+  if (s.epoch > 0) std::snprintf(epoch, sizeof epoch, ", epoch %.2f", s.epoch);
+  std::printf("job %s: %s, generation %llu, step %llu/%llu%s, loss %s\n", s.job_name.c_str(),
               s.state.c_str(), (unsigned long long)s.generation, (unsigned long long)s.step,
-              (unsigned long long)s.steps, loss);
+              (unsigned long long)s.steps, epoch, loss);
   if (s.checkpoint_step > 0)
     std::printf("checkpoint: step %llu, %s\n", (unsigned long long)s.checkpoint_step,
                 s.checkpoint_path.c_str());

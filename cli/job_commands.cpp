@@ -1,5 +1,6 @@
 // `troupe run`, `troupe coordinator`, `troupe agent`, `troupe status`, `troupe stop`.
 #include <arpa/inet.h>
+#include <fmt/format.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <spdlog/sinks/basic_file_sink.h>
@@ -308,20 +309,23 @@ class ProgressPrinter {
     const double elapsed = std::chrono::duration<double>(Clock::now() - t0_).count();
     const double left = p.step ? elapsed / double(p.step) * double(p.steps - p.step) : -1;
     if (tty_) {
-      std::printf("\r  step %llu/%llu  loss %.4f  %.0f samples/s  %.0f tokens/s  ETA %s   ",
-                  (unsigned long long)p.step, (unsigned long long)p.steps, p.loss, p.samples_per_s,
-                  p.tokens_per_s, eta(left).c_str());
+      std::printf("\r  step %llu/%llu%s  loss %.4f  %.0f samples/s  %.0f tokens/s  ETA %s   ",
+                  (unsigned long long)p.step, (unsigned long long)p.steps, epoch(p).c_str(), p.loss,
+                  p.samples_per_s, p.tokens_per_s, eta(left).c_str());
     } else if (p.step % every_ == 0 || p.step == p.steps ||
                Clock::now() - printed_ > std::chrono::seconds(60)) {
       printed_ = Clock::now();
-      std::printf("step %llu/%llu loss %.4f samples/s %.0f tokens/s %.0f world %llu\n",
+      std::printf("step %llu/%llu loss %.4f samples/s %.0f tokens/s %.0f world %llu%s\n",
                   (unsigned long long)p.step, (unsigned long long)p.steps, p.loss, p.samples_per_s,
-                  p.tokens_per_s, (unsigned long long)p.world_size);
+                  p.tokens_per_s, (unsigned long long)p.world_size, epoch(p).c_str());
     }
     std::fflush(stdout);
   }
   void end() {
     if (tty_ && last_.step > 0) std::printf("\n");
+  }
+  static std::string epoch(const coordinator::JobProgress& p) {
+    return p.epoch > 0 ? fmt::format(" epoch {:.2f}", p.epoch) : "";
   }
   // A membership change, on its own line (below the progress line on a terminal).
   void notice(const std::string& text) {

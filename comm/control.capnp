@@ -229,6 +229,7 @@ struct StepReport {
   peakSource @15 :UInt8;    # where it comes from: 0 unknown, 1 a CPU estimate, 2 a GPU's data
                             # sheet, 3 observability.peak_tflops (models::PeakSource; no text:
                             # a step report is a flat frame, comm/frame.h)
+  epochSamples @16 :UInt64; # the samples of the data set's epoch (its size; 0 unknown)
 }
 
 struct WorkerDone {
@@ -282,6 +283,7 @@ struct JobStatus {
   mfu @12 :Float64;                 # ... as a fraction of the members' peak (NaN: not known)
   peak @13 :Text;                   # what that peak is
   dataPlane @14 :Text;              # the generation's data plane and why ("" not reported)
+  epoch @15 :Float64;               # epochs of the data set the committed steps drew (0 unknown)
 }
 
 struct CheckpointRequest {

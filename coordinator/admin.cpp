@@ -63,6 +63,7 @@ actors::JobStatus job_status(const JobConfig& cfg, const elastic::JobLifecycle& 
   s.step = steps.committed();
   s.steps = uint64_t(cfg.steps);
   s.last_loss = steps.last_loss();
+  s.epoch = steps.epoch();
   s.model_tflops = steps.utilisation().model_tflops;
   s.mfu = steps.utilisation().mfu;
   s.peak = steps.utilisation().peak;

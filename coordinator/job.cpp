@@ -882,10 +882,24 @@ class Coordinator : public caf::event_based_actor {
   void on_commit(const StepCommitted& c) {
     reforms_ = 0;
     watch_stragglers(c);
+    if (c.epoch_samples > 0 && !epoch_told_) tell_epoch(c.epoch_samples);
     if (c.eval_tokens > 0) tell_eval(c.committed - 1, c.eval_loss, c.eval_tokens);
     if (observer_)
       send(observer_, JobProgress{c.committed, uint64_t(cfg_.steps), c.loss, c.samples_per_s,
-                                  c.tokens_per_s, c.generation, c.world_size});
+                                  c.tokens_per_s, c.generation, c.world_size, c.epoch});
+  }
+
+  // Once, as the members first report it: the data set's size, and a batch that draws every
+  // sample more than once a step (a set smaller than batch.global trained without a word).
+  void tell_epoch(uint64_t samples) {
+    epoch_told_ = true;
+    const uint64_t batch = uint64_t(cfg_.global_batch);
+    tell("the data set has " + std::to_string(samples) + " sample(s) an epoch (" +
+         fmt::format("{:.4g}", double(samples) / double(batch)) +
+         " steps of batch.global = " + std::to_string(batch) + ")" +
+         (samples < batch ? ": fewer than a step's batch, so every step draws each sample more "
+                            "than once"
+                          : ""));
   }
 
   // A worker's spans of observability.trace_steps: into trace.json (a failed write is logged;
@@ -1612,6 +1626,7 @@ class Coordinator : public caf::event_based_actor {
   bool lr_asked_ = false;          // lr_ asked for and not yet scheduled (schedule_lr)
   uint64_t progress_step_ = 0, progress_generation_ = 0;  // (watch_steps: the last seen)
   bool progress_more_ = true;
+  bool epoch_told_ = false;                // (tell_epoch)
   uint64_t requested_checkpoint_ = 0;      // the step troupe checkpoint last asked for (0: none)
   uint64_t losses_ = 0;                    // agents lost and workers failed, so far
   uint64_t losses_at_request_ = 0;         // ... when requested_checkpoint_ was asked for

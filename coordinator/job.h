@@ -35,11 +35,12 @@ struct JobProgress {
   double tokens_per_s = 0;
   uint64_t generation = 0;
   uint64_t world_size = 0;
+  double epoch = 0;  // epochs of the data set trained (0: its size unknown)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, JobProgress& x) {
   return f(caf::meta::type_name("job_progress"), x.step, x.steps, x.loss, x.samples_per_s,
-           x.tokens_per_s, x.generation, x.world_size);
+           x.tokens_per_s, x.generation, x.world_size, x.epoch);
 }
 
 struct JobFinished {

@@ -127,6 +127,7 @@ void JobMetrics::on_step_metric(const json& m) {
   tokens_per_s_ = number(m, "tokens_per_s");
   model_tflops_ = number(m, "model_tflops_per_s");
   mfu_ = number(m, "mfu", std::nan(""));
+  epoch_ = number(m, "epoch");
   auto by_rank = [&](const char* key, std::vector<double>& out) {
     out.clear();
     auto it = m.find(key);
@@ -164,6 +165,10 @@ std::string JobMetrics::exposition() const {
   gauge("step", "Committed steps: the next step to run.", step_);
   gauge("steps", "The steps the job runs (job.steps).", steps_);
   gauge("loss", "The loss of the last committed step.", loss_);
+  gauge("epoch",
+        "Epochs of the data set the committed steps drew: samples over its samples an epoch (0: "
+        "not known).",
+        epoch_);
   gauge("last_commit_time_seconds",
         "When the last step was committed (unix seconds; 0: none yet). Alert when it stalls.",
         last_commit_ts_);

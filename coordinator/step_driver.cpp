@@ -30,6 +30,7 @@ bool StepDriver::report(const actors::StepReport& r, uint64_t generation, size_t
     p.eval_tokens = r.eval_tokens;
   }
   p.flops += r.flops;
+  p.epoch_samples = std::max(p.epoch_samples, r.epoch_samples);
   p.peak_flops += r.peak_flops;
   p.peak_unknown = p.peak_unknown || r.peak_flops <= 0;
   const std::pair<uint8_t, double> peak{r.peak_source, r.peak_flops};
@@ -156,6 +157,9 @@ void StepDriver::commit(uint64_t step, bool recovered, uint64_t generation, size
     if (p.ranks[i] < world) c.compute_seconds[p.ranks[i]] = p.rank_busy[i];
   c.eval_tokens = p.eval_tokens;
   c.eval_loss = p.eval_loss;
+  if (p.epoch_samples > 0) epoch_samples_ = p.epoch_samples;
+  c.epoch = epoch();
+  c.epoch_samples = epoch_samples_;
   log_.event("step_committed", Json()
                                    .integer("step", long(step))
                                    .num("loss", p.loss)
@@ -176,6 +180,7 @@ void StepDriver::commit(uint64_t step, bool recovered, uint64_t generation, size
                               .value("worker_step_seconds", by_rank(p, p.rank_seconds, world))
                               .value("worker_compute_seconds", by_rank(p, p.rank_busy, world)));
   if (p.eval_tokens > 0) metric.num("eval_loss", p.eval_loss);
+  if (c.epoch > 0) metric.num("epoch", c.epoch);
   utilisation_ = utilisation_of(p);
   metric.num("model_flops", p.flops).num("model_tflops_per_s", utilisation_.model_tflops);
   if (!std::isnan(utilisation_.mfu))

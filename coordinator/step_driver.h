@@ -41,6 +41,8 @@ struct StepCommitted {
   std::vector<double> compute_seconds;  // by rank (NaN: it did not report)
   uint64_t eval_tokens = 0;             // held out, evaluated before this step (0: none) ...
   double eval_loss = 0;                 // ... and their loss
+  double epoch = 0;                     // epochs trained (0: the data set's size unknown) ...
+  uint64_t epoch_samples = 0;           // ... of this many samples an epoch
 };
 
 class StepDriver {
@@ -51,6 +53,13 @@ class StepDriver {
       : log_(log), cfg_(config), on_commit_(std::move(on_commit)) {}
 
   uint64_t committed() const { return committed_; }
+  // Epochs of the data set the committed steps drew (0: its size not known yet): the samples
+  // drawn over the samples of an epoch (a mix's: all its sets' windows).
+  double epoch() const {
+    return epoch_samples_ == 0
+               ? 0
+               : double(committed_) * double(cfg_.global_batch) / double(epoch_samples_);
+  }
   // A job resumed from a checkpoint of `step`: steps before it are committed (by the run that
   // wrote it); the ledger's lines of later steps go (they are redone). False if the ledger could
   // not be rewritten.
@@ -118,6 +127,7 @@ class StepDriver {
     double eval_loss = 0;  // the held-out loss at the step's start, when it evaluated
     uint64_t eval_tokens = 0;
     double flops = 0, peak_flops = 0;               // summed over the reporting ranks
+    uint64_t epoch_samples = 0;                     // the data set's (0: unknown)
     bool peak_unknown = false;                      // a rank's peak is unknown
     std::vector<std::pair<uint8_t, double>> peaks;  // (source, a rank's peak), each once
   };
@@ -136,6 +146,7 @@ class StepDriver {
   std::pair<double, uint64_t> final_eval_{0, 0};                 // rank 0's (loss, tokens)
   std::map<uint32_t, RankReport> last_reports_;
   uint64_t committed_ = 0;
+  uint64_t epoch_samples_ = 0;  // the data set's samples an epoch, as the members report it
   double last_loss_ = 0;
   Utilisation utilisation_;
 };

@@ -214,7 +214,7 @@ DeviceSupervisor::Next DeviceSupervisor::train(const actors::GenerationStart& g)
     ctx_.send(actors::encode(actors::StepReport{
         gen, s.step, uint32_t(rank_), s.loss, s.samples, s.tokens, s.position_begin, s.position_end,
         s.seconds, s.busy_seconds, s.data_seconds, s.eval_loss, s.eval_tokens, s.flops,
-        worker_->peak().flops, uint8_t(worker_->peak().source)}));
+        worker_->peak().flops, uint8_t(worker_->peak().source), s.epoch_samples}));
   };
   Requests requests{[&] { return board_.stop_requested() || board_.leaving(gen); },
                     [&] { return board_.checkpoint_wanted(); },

@@ -156,6 +156,7 @@ StepInfo Worker::step_info(uint64_t step, double loss, elastic::Share share, dou
   info.position_end = step * B + share.end;
   info.samples = share.size();
   info.tokens = info.samples * uint64_t(data_->targets_per_sample());
+  info.epoch_samples = data_->size();
   info.seconds = seconds;
   info.busy_seconds = busy;
   info.flops = flops;

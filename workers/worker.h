@@ -112,6 +112,7 @@ struct StepInfo {
   // The held-out loss of the parameters this step started from (eval_tokens 0: not evaluated).
   double eval_loss = 0;
   uint64_t eval_tokens = 0;
+  uint64_t epoch_samples = 0;  // the data set's samples an epoch (positions wrap there)
 };
 
 struct TrainResult {

@@ -684,6 +684,36 @@ TEST(Job, ASampleTheDataSetCannotGiveFailsTheJobNamingItWithoutRestarts) {
   }
 }
 
+// The epochs the job trained: the samples its committed steps drew over the data set's samples
+// an epoch (the members report its size), in metrics.jsonl and on the console: 12 steps of 50
+// from 400 samples is 1.5 epochs.
+TEST(Job, TheEpochsTrainedAreTheSamplesDrawnOverTheDataSets) {
+  testing::TempDir dir;
+  RunResult r = troupe_run(dir, write_config(dir, "epochs.toml", kMlp),
+                           {"job.steps=12", "data.samples=400", "cluster.agents=2"}, 120s);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto lines = testing::lines_of(r.run_dir + "/metrics.jsonl");
+  std::vector<std::string> epochs;
+  for (const auto& l : lines)
+    if (!testing::json_field(l, "epoch").empty()) epochs.push_back(testing::json_field(l, "epoch"));
+  ASSERT_EQ(epochs.size(), 12u) << r.run_dir;
+  EXPECT_EQ(epochs.front(), "0.125");
+  EXPECT_EQ(epochs.back(), "1.5");
+  EXPECT_NE(r.output.find("step 12/12 loss "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" epoch 1.50\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the data set has 400 sample(s) an epoch (8 steps of batch.global = 50)"),
+            std::string::npos)
+      << r.output;
+  // A set smaller than a step's batch: said (every step draws each sample more than once).
+  RunResult tiny = troupe_run(dir, write_config(dir, "tiny.toml", kMlp),
+                              {"job.steps=2", "data.samples=20", "cluster.agents=1"}, 120s);
+  ASSERT_EQ(tiny.exit_code, 0) << tiny.output;
+  EXPECT_NE(tiny.output.find("has 20 sample(s) an epoch (0.4 steps of batch.global = 50): fewer "
+                             "than a step's batch"),
+            std::string::npos)
+      << tiny.output;
+}
+
 // A diverged training (SGD at lr 1000): the job fails at the step whose loss or gradient norm is
 // not finite, without restarts, naming it; no committed step has a nan loss and every complete
 // checkpoint is of a step before it (it used to train on with "loss -nan", exit 0, and its

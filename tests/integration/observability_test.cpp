@@ -352,6 +352,7 @@ TEST(LiveView, StatusWatchRefreshesPerWorkerRowsUntilTheJobEnds) {
   EXPECT_EQ(text.find("control plane:"), std::string::npos) << text;
   EXPECT_NE(text.find("heard"), std::string::npos) << text;
   EXPECT_NE(text.find("model TFLOP/s); peak: 2 x cpu"), std::string::npos) << "MFU: " << text;
+  EXPECT_NE(text.find(", epoch "), std::string::npos) << "the epochs trained: " << text;
   // Member rows with their times, heartbeat and state:
   // "rank agent name pid host cpu:N - step compute data N s N s training"
   int rows = 0;

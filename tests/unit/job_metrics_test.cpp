@@ -29,6 +29,7 @@ TEST(JobMetrics, StepsChangesAndCheckpointsBecomeGaugesAndCounters) {
             {"idle_fraction", 0.1},
             {"samples_per_s", 96.0},
             {"tokens_per_s", 1536.0},
+            {"epoch", 0.75},
             {"worker_step_seconds", {0.25, 0.2}},
             {"worker_compute_seconds", {0.2, nullptr}}});
   // A failure at 102, the next generation's first commit at 104.5: recovery 2.5 s.
@@ -56,6 +57,7 @@ TEST(JobMetrics, StepsChangesAndCheckpointsBecomeGaugesAndCounters) {
   EXPECT_TRUE(has(t, "troupe_step 2")) << t;
   EXPECT_TRUE(has(t, "troupe_steps 50")) << t;
   EXPECT_TRUE(has(t, "troupe_loss 2.25")) << t;
+  EXPECT_TRUE(has(t, "troupe_epoch 0.75")) << t;
   EXPECT_TRUE(has(t, "troupe_last_commit_time_seconds 104.5")) << t;
   EXPECT_TRUE(has(t, "troupe_tokens_per_second 1536")) << t;
   EXPECT_TRUE(has(t, "troupe_worker_step_seconds{rank=\"1\"} 0.2")) << t;
