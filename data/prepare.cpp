@@ -286,8 +286,9 @@ void remove_stale_partials(const std::string& out) {
 void check_can_create(const std::string& out) {
   std::error_code ec;
   fs::path above = fs::path(out).has_parent_path() ? fs::path(out).parent_path() : fs::path(".");
-  while (!fs::exists(above, ec) && above.has_parent_path() && above != above.parent_path())
-    above = above.parent_path();
+  while (!fs::exists(above, ec) && above != ".")  // (a relative path's top: the working one)
+    above = above.has_parent_path() && above != above.parent_path() ? above.parent_path()
+                                                                    : fs::path(".");
   if (!fs::is_directory(above, ec))
     throw std::invalid_argument("--out '" + out + "': " + above.string() + " is not a directory");
   if (::access(above.c_str(), W_OK | X_OK) != 0)

@@ -523,6 +523,14 @@ TEST(Prepare, BadInputsAreRefusedAndLeaveNoDataSet) {
   // (Its missing parents are made.)
   prepare({{d / "text.txt"}, d / "new/deeper/o10"});
   EXPECT_TRUE(fs::exists(d / "new/deeper/o10/manifest.json"));
+  {  // (relative, none of it there yet: made in the working directory; it said "rel is not a
+     // directory")
+    const fs::path cwd = fs::current_path();
+    fs::current_path(d.path);
+    EXPECT_NO_THROW(prepare({{"text.txt"}, "rel/deeper/o11"}));
+    fs::current_path(cwd);
+    EXPECT_TRUE(fs::exists(d / "rel/deeper/o11/manifest.json"));
+  }
   // A trailing slash names the same directory (its partial is a sibling, not inside it).
   prepare({{d / "text.txt"}, d / "slash/"});
   EXPECT_TRUE(fs::exists(d / "slash/manifest.json"));
