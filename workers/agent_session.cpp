@@ -264,8 +264,19 @@ void AgentSession::on_signal(int sig, bool again) {
     std::_Exit(128 + sig);
   }
   spdlog::warn("{}: asking the coordinator to drain this agent", name);
-  std::string error;
   bool refused = false;
+  const std::string error = ask_drain(&refused);
+  if (error.empty()) return;
+  const auto now = Clock::now();
+  refused_ = Refused{sig, error, now + kStopGrace, now + std::chrono::seconds(60)};
+  if (refused)
+    await_stop();
+  else  // (not answered: nothing to wait for)
+    leave_at_once();
+}
+
+std::string AgentSession::ask_drain(bool* refused) {
+  std::string error;
   caf::scoped_actor(*system_)  // (of its own: see join())
       ->request(bridge_, std::chrono::seconds(10), actors::request_atom::value,
                 actors::RemoteAddress{coordinator_.load(), actors::kCoordinatorActorId},
@@ -274,15 +285,9 @@ void AgentSession::on_signal(int sig, bool again) {
                [&](caf::error& e) {
                  auto ce = actors::control_error(e);
                  error = ce ? ce->message : system_->render(e);
-                 refused = ce && ce->code == comm::Errc::refused;
+                 if (refused) *refused = ce && ce->code == comm::Errc::refused;
                });
-  if (error.empty()) return;
-  const auto now = Clock::now();
-  refused_ = Refused{sig, error, now + kStopGrace, now + std::chrono::seconds(60)};
-  if (refused)
-    await_stop();
-  else  // (not answered: nothing to wait for)
-    leave_at_once();
+  return error;
 }
 
 // A preemption signals every process of the job at once: the coordinator, stopping too, may have

@@ -52,6 +52,10 @@ class AgentSession {
   // (SIGTERM, SIGINT); a second one ends it at once.
   // Returns the signals it took.
   int watch(actors::SignalWatcher* signals);
+  // Asks the coordinator to drain this agent (as `troupe drain` does): "" when it will, at the
+  // next step boundary (its Shutdown, exit 0, follows); else why not, and whether it refused
+  // (an answer) rather than did not answer within 10 s.
+  std::string ask_drain(bool* refused = nullptr);
 
  private:
   using Clock = std::chrono::steady_clock;

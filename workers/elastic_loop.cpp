@@ -38,6 +38,7 @@ class ElasticLoop::Impl {
   std::string failed_;  // why this member failed the job (a diverged step): it only ends now
   void* shared(size_t count, size_t element_bytes);
   uint64_t in_place() const;
+  std::string leave() { return session_.ask_drain(); }
 
   LoopJob job;
   int exit_code = 0;
@@ -401,6 +402,7 @@ double* ElasticLoop::shared_doubles(size_t count) {
 }
 uint64_t ElasticLoop::in_place_allreduces() const { return impl_->in_place(); }
 std::optional<double> ElasticLoop::commit(double loss) { return impl_->commit(loss); }
+std::string ElasticLoop::leave() { return impl_->leave(); }
 int ElasticLoop::exit_code() const { return impl_->exit_code; }
 std::string ElasticLoop::reason() const { return impl_->reason; }
 

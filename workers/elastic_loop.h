@@ -121,7 +121,13 @@ class ElasticLoop {
   // The step's end: its loss (the members' parts summed), and apply the update now; nullopt:
   // discard the step.
   std::optional<double> commit(double loss);
-  int exit_code() const;  // 0: the job completed or stopped cleanly
+  // Asks to leave the job at the next step boundary (a drain, as `troupe drain` of this member):
+  // "" when the coordinator will: next_step() then ends (exit_code() 0, reason() "drained") and
+  // the others go on without a loss; else why not (it would leave fewer than elastic.min_workers,
+  // the job is not running, the coordinator did not answer within 10 s): train on, or end the
+  // loop (a loss). Any thread.
+  std::string leave();
+  int exit_code() const;  // 0: the job completed, stopped or let this member leave
   std::string reason() const;
 
  private:

@@ -6,7 +6,8 @@
 // (before its first step and after its last) and prints what it was told, training in between.
 // `troupe_test loop-member ADDRESS TOKEN_FILE NAME [dies-at-end]` is a plain member of one; with
 // dies-at-end it is killed (_Exit) 300 ms after its last step's commit, before it says its end;
-// with nan-at-step-3 its loss at step 3 is nan.
+// with nan-at-step-3 its loss at step 3 is nan; with leaves-at-step-5 it asks to leave
+// (ElasticLoop::leave) at step 5 and prints the answer.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -52,7 +53,8 @@ int loop_misuse(const char* address, const char* token_file) {
 
 int loop_member(const char* address, const char* token_file, const char* name,
                 const std::string& how) {
-  const bool dies = how == "dies-at-end", nan = how == "nan-at-step-3";
+  const bool dies = how == "dies-at-end", nan = how == "nan-at-step-3",
+             leaves = how == "leaves-at-step-5";
   double state = 0;
   troupe::LoopState s{
       [&] {
@@ -67,6 +69,10 @@ int loop_member(const char* address, const char* token_file, const char* name,
     float g = 1;
     if (!loop.allreduce(&g, 1) || !loop.commit(nan && step->step == 3 ? NAN : 1.0)) continue;
     state += g;
+    if (leaves && step->step == 5) {
+      const std::string refused = loop.leave();
+      std::printf("%s: leave: %s\n", name, refused.empty() ? "accepted" : refused.c_str());
+    }
     if (dies && step->step + 1 == loop.job().steps) {
       std::this_thread::sleep_for(std::chrono::milliseconds(300));  // (its report goes out)
       std::_Exit(9);

@@ -601,6 +601,47 @@ TEST(Job, ALoopsLossThatSumsToNanFailsTheJobAtItsStep) {
   }
 }
 
+// A program's own loop leaves the job when it asks (ElasticLoop::leave at step 5: a drain, as
+// `troupe drain` of it): it ends with 0, "drained", and the other trains on to the end without a
+// loss. (A loop had no way to leave but its end: a member lost.)
+TEST(Job, ALoopLeavesTheJobWhenItAsks) {
+  testing::TempDir dir;
+  testing::Job job = testing::start_job(
+      dir, "loop-leave",
+      "[job]\nsteps = 200\n[model]\nkind = \"external\"\n[logging]\nprogress = false\n", 2,
+      {"cluster.launcher=\"external\""});
+  std::string addr;
+  for (int i = 0; i < 3000 && addr.empty(); ++i) {  // (60 s: slow under a sanitizer)
+    std::ifstream(job.run_dir + "/coordinator.addr") >> addr;
+    if (addr.empty()) std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_FALSE(addr.empty());
+  const std::string token = job.run_dir + "/job.token";
+  const std::string stays_out = dir.path() + "/stays.out", leaves_out = dir.path() + "/leaves.out";
+  coordinator::ChildProcess stays(
+      {{testing::troupe_binary(), "loop-member", addr, token, "stays"}, stays_out, stays_out, {}});
+  coordinator::ChildProcess leaves(
+      {{testing::troupe_binary(), "loop-member", addr, token, "leaves", "leaves-at-step-5"},
+       leaves_out,
+       leaves_out,
+       {}});
+  auto left = leaves.wait(60s);
+  ASSERT_TRUE(left && WIFEXITED(*left)) << "the member that asked to leave did not end";
+  EXPECT_EQ(WEXITSTATUS(*left), 0) << testing::text_of(leaves_out);
+  const std::string said = testing::text_of(leaves_out);
+  EXPECT_NE(said.find("leaves: leave: accepted"), std::string::npos) << said;
+  EXPECT_NE(said.find("leaves: drained"), std::string::npos) << said;
+  auto st = job.proc->wait(60s);
+  ASSERT_TRUE(st && WIFEXITED(*st)) << "the job did not end";
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << testing::text_of(job.out);
+  EXPECT_EQ(testing::json_field(testing::events_of(job).back(), "state"), "completed");
+  EXPECT_EQ(testing::count_events(job, "member_failed"), 0);
+  EXPECT_NE(testing::wait_event(job, testing::is("member_left", "reason", "drained"), 1s), "");
+  auto member = stays.wait(30s);
+  ASSERT_TRUE(member && WIFEXITED(*member));
+  EXPECT_EQ(WEXITSTATUS(*member), 0) << testing::text_of(stays_out);
+}
+
 // A loop's member killed after its last step's commit, before it says its end (the test build's
 // `loop-member ... dies-at-end`): the other, which said its own, forms a generation after the last
 // step and ends the job with it. (It waited for a shutdown that never came, the job failing at
