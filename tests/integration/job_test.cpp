@@ -601,6 +601,41 @@ TEST(Job, ALoopsLossThatSumsToNanFailsTheJobAtItsStep) {
   }
 }
 
+// An agent started in another directory (`troupe agent --join` from /) reads the data the job's
+// relative data.path names from the coordinator's: its job spec carries the path resolved
+// there. (It opened the relative path from its own directory, and its worker failed.)
+TEST(Job, AnAgentJoiningFromAnotherDirectoryReadsTheJobsData) {
+  testing::TempDir dir;
+  std::filesystem::copy_file("/usr/share/common-licenses/GPL-3", dir.path() + "/text.txt");
+  const std::filesystem::path cwd = std::filesystem::current_path();
+  std::filesystem::current_path(dir.path());  // (the coordinator's directory: "text.txt" there)
+  const std::string relative = "text.txt";
+  testing::Job job = testing::start_job(
+      dir, "elsewhere",
+      "[job]\nsteps = 5\n[model]\nkind = \"gpt\"\nlayers = 1\nd_model = 16\nheads = 2\n"
+      "context = 8\n[data]\nkind = \"text\"\n[batch]\nglobal = 8\nmicro = 8\n"
+      "[logging]\nprogress = false\n",
+      1, {"cluster.launcher=\"external\"", "data.path=" + relative});
+  std::filesystem::current_path(cwd);
+  std::string addr;
+  for (int i = 0; i < 3000 && addr.empty(); ++i) {  // (60 s: slow under a sanitizer)
+    std::ifstream(job.run_dir + "/coordinator.addr") >> addr;
+    if (addr.empty()) std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_FALSE(addr.empty());
+  const std::string out = dir.path() + "/agent.out";
+  coordinator::ChildProcess agent(
+      {{"/bin/sh", "-c", "cd / && exec \"$0\" agent --join \"$1\" --token-file \"$2\"",
+        testing::troupe_binary(), addr, job.run_dir + "/job.token"},
+       out,
+       out,
+       {}});
+  auto st = job.proc->wait(60s);
+  ASSERT_TRUE(st && WIFEXITED(*st)) << "the job did not end: " << testing::text_of(out);
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << testing::text_of(job.out) << testing::text_of(out);
+  EXPECT_EQ(testing::committed_losses(job.run_dir).size(), 5u);
+}
+
 // A program's own loop leaves the job when it asks (ElasticLoop::leave at step 5: a drain, as
 // `troupe drain` of it): it ends with 0, "drained", and the other trains on to the end without a
 // loss. (A loop had no way to leave but its end: a member lost.)
