@@ -52,13 +52,23 @@ ControlMessage encode(const Join& m) {
     auto d = j.initDevices(unsigned(m.devices.size()));
     for (unsigned i = 0; i < m.devices.size(); ++i) d.set(i, m.devices[i]);
     j.setRejoin(m.rejoin);
+    j.setProtocol(m.protocol);
   });
 }
 
 Join decode(proto::Join::Reader r) {
-  Join m{r.getAgentName(), r.getHost(), r.getPid(), {}, r.getRejoin()};
+  Join m{r.getAgentName(), r.getHost(), r.getPid(), {}, r.getRejoin(), r.getProtocol()};
   for (auto d : r.getDevices()) m.devices.push_back(d);
   return m;
+}
+
+std::string protocol_refusal(const Join& j) {
+  if (j.protocol == kProtocol) return "";
+  return "agent '" + j.agent_name + "' speaks control protocol " +
+         (j.protocol == 0 ? std::string("0 (a Troupe older than its revisions)")
+                          : std::to_string(j.protocol)) +
+         ", this coordinator " + std::to_string(kProtocol) +
+         ": run one Troupe build for the coordinator and every agent (troupe version)";
 }
 
 namespace {

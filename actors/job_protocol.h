@@ -31,12 +31,20 @@ struct WorkerId {
 };
 
 // agent -> coordinator (request): admit me.
+// The control protocol's revision: a coordinator takes agents of its own only (a message
+// another build does not know is dropped as malformed, a drain's answer among them). Raised with
+// every change to comm/control.capnp that an older build cannot read.
+inline constexpr uint32_t kProtocol = 1;
+
 struct Join {
   std::string agent_name, host;
   uint32_t pid = 0;
   std::vector<std::string> devices;  // e.g. "cpu:0"
   bool rejoin = false;  // its coordinator was lost and it holds the job's state: adopt it
+  uint32_t protocol = kProtocol;
 };
+// Why a coordinator refuses the agent's join for its protocol ("" when it speaks kProtocol).
+std::string protocol_refusal(const Join& j);
 
 // coordinator -> agent: the answer to Join. Workers never read TOML: this is the job as they
 // see it (docs/config.md names each key).

@@ -56,6 +56,8 @@ struct Join {
   host @2 :Text;            # the agent's host name
   devices @3 :List(Text);   # devices it offers, e.g. "cpu:0"
   rejoin @4 :Bool;          # its coordinator was lost and it holds the job's state: adopt it
+  protocol @5 :UInt32;      # the control protocol's revision it speaks (actors::kProtocol; 0:
+                            # a Troupe from before it was sent)
 }
 
 struct JobSpec {

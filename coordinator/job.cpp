@@ -344,6 +344,10 @@ class Coordinator : public caf::event_based_actor {
   // (on_ready), a new generation takes it in, or it waits as a standby above
   // elastic.max_workers. The members train on meanwhile.
   ControlMessage on_join(uint64_t node, const actors::Join& j) {
+    if (std::string why = actors::protocol_refusal(j); !why.empty()) {
+      spdlog::warn("{}", why);
+      return actors::make_error_reply(Errc::invalid_input, why);
+    }
     if (job_.phase() == JobPhase::forming && int64_t(roster_.alive()) >= cfg_.agents) {
       spdlog::info("{} asked to join while the first generation forms: answered to ask again",
                    j.agent_name);

@@ -27,6 +27,19 @@ TEST(JobCodec, JoinAndJobSpecRoundTrip) {
   EXPECT_EQ(k.host, j.host);
   EXPECT_EQ(k.pid, j.pid);
   EXPECT_EQ(k.devices, j.devices);
+  EXPECT_EQ(k.protocol, kProtocol);
+  EXPECT_EQ(protocol_refusal(k), "");
+  // An agent of a build from before the revision was sent (the field absent: 0), or of another
+  // revision: refused, saying both.
+  k.protocol = 0;
+  EXPECT_EQ(protocol_refusal(k),
+            "agent 'agent-3' speaks control protocol 0 (a Troupe older than its revisions), this "
+            "coordinator " +
+                std::to_string(kProtocol) +
+                ": run one Troupe build for the coordinator and every agent (troupe version)");
+  k.protocol = kProtocol + 1;
+  EXPECT_NE(protocol_refusal(k).find("speaks control protocol " + std::to_string(kProtocol + 1)),
+            std::string::npos);
 
   JobSpec s;
   s.agent_id = 7;
