@@ -1125,31 +1125,50 @@ class Coordinator : public caf::event_based_actor {
       progress_generation_ = gens_.current();
       progress_more_ = more;
       progress_at_ = now;
+      progress_windows_ = 0;
       return;
     }
     if (now - progress_at_ < std::chrono::milliseconds(cfg_.step_timeout())) return;
     progress_at_ = now;
+    ++progress_windows_;
     more ? cut_silent_members() : cut_unfinished_members();
   }
 
+  // After the last step: a member whose end has not come a window after another member's is hung
+  // there (a write to a dead mount): its agent is cut, and the others write the checkpoint again.
+  // None ended: the storage is slow for all of them, or hung for all: the job fails after three
+  // windows, its earlier checkpoints intact (the members wrote a final checkpoint, if any, with
+  // the same shards: one far behind the others is not slow but stuck).
   void cut_unfinished_members() {
-    std::set<uint32_t> agents, cut;  // (an agent's workers are cut together)
-    std::string names;
     const auto& members = gens_.members();
+    std::set<uint32_t> agents, cut;  // (an agent's workers are cut together)
+    std::string ranks;
+    size_t ended = 0;
     for (uint32_t r = 0; r < members.size(); ++r) {
-      const uint32_t agent = members[r].worker.agent;
-      agents.insert(agent);
-      if (!steps_.ended(r) && cut.insert(agent).second)
-        names += (names.empty() ? "" : ", ") + roster_.at(agent).name;
+      const WorkerId w = members[r].worker;
+      agents.insert(w.agent);
+      if (steps_.ended(r)) {
+        ++ended;
+      } else if (!gens_.published(w) && !gens_.is_restarting(w) && roster_.usable(w)) {
+        cut.insert(w.agent);
+        ranks += (ranks.empty() ? "rank " : ", rank ") + std::to_string(r) + " (" +
+                 roster_.at(w.agent).name + ")";
+      }
     }
-    if (cut.empty()) return;
-    const std::string within = "within " + std::to_string(cfg_.step_timeout()) +
-                               " ms of the job's last step " + std::to_string(steps_.committed()) +
-                               " (the final checkpoint write and evaluation; "
-                               "elastic.step_timeout_ms)";
-    if (cut.size() == agents.size()) return fail("no member ended " + within + ": " + names);
+    if (cut.empty() || (ended == 0 && progress_windows_ < 3)) return;
+    const int64_t window = cfg_.step_timeout() * (ended == 0 ? 3 : 1);
+    const std::string within = "within " + std::to_string(window) + " ms of the job's last step " +
+                               std::to_string(steps_.committed()) +
+                               " (the final checkpoint write and evaluation; " +
+                               (ended == 0 ? "3 x " : "") + "elastic.step_timeout_ms)";
+    if (ended == 0) return fail("no member ended " + within + ": " + ranks);
+    if (cut.size() == agents.size())
+      return fail(ranks + " did not end " + within + ", while " + std::to_string(ended) + " of " +
+                  std::to_string(members.size()) + " ranks did");
     for (uint32_t agent : cut) {
-      const std::string why = "hung: it did not end " + within;
+      const std::string why = "hung: it did not end " + within + ", while " +
+                              std::to_string(ended) + " of " + std::to_string(members.size()) +
+                              " ranks did";
       spdlog::error("agent {} ({}) {}", agent, roster_.at(agent).name, why);
       send(bridge_, actors::disconnect_atom::value, roster_.at(agent).node, why);
     }
@@ -1322,16 +1341,22 @@ class Coordinator : public caf::event_based_actor {
       return actors::make_error_reply(Errc::refused, "the job is stopping");
     auto agents = agents_to_count();
     const auto limits = scale_limits(cfg_, min_workers());
-    // Below the job's size, agents whose restart waits (a crash loop's backoff) go first.
-    for (auto it = starting_.begin(); it != starting_.end();) {
-      const int64_t slot = (it++)->first;  // (retire_restarting erases it)
-      const uint32_t size =
-          elastic::usable_workers(agents) + starting_agents() * limits.workers_per_agent;
-      if (size >= n + limits.workers_per_agent && restarting(slot)) retire_restarting(slot);
-    }
-    const auto starting = starting_agents() * limits.workers_per_agent;
-    auto d = elastic::decide_scale(n, agents, limits, starting);
+    // Below the job's size, agents whose restart waits (a crash loop's backoff) go first: retired
+    // when the scale without them is accepted (a refused one changes nothing).
+    const uint32_t per = limits.workers_per_agent;
+    std::vector<int64_t> retiring;
+    uint32_t starting = starting_agents() * per;
+    for (const auto& [slot, pid] : starting_)
+      if (restarting(slot) && elastic::usable_workers(agents) + starting >= n + per) {
+        retiring.push_back(slot);
+        starting -= per;
+      }
     using Kind = elastic::ScaleDecision::Kind;
+    auto d = elastic::decide_scale(n, agents, limits, starting);
+    if (d.kind == Kind::invalid || d.kind == Kind::refuse)
+      d = elastic::decide_scale(n, agents, limits, starting_agents() * per);  // (as it is)
+    else
+      for (int64_t slot : retiring) retire_restarting(slot);
     if (d.kind == Kind::launch || d.kind == Kind::drain)  // (no change, no event)
       log_.event("scale_requested", Json()
                                         .integer("workers", n)
@@ -1630,6 +1655,7 @@ class Coordinator : public caf::event_based_actor {
   bool lr_asked_ = false;          // lr_ asked for and not yet scheduled (schedule_lr)
   uint64_t progress_step_ = 0, progress_generation_ = 0;  // (watch_steps: the last seen)
   bool progress_more_ = true;
+  uint32_t progress_windows_ = 0;          // (step_timeout windows passed without progress)
   bool epoch_told_ = false;                // (tell_epoch)
   uint64_t requested_checkpoint_ = 0;      // the step troupe checkpoint last asked for (0: none)
   uint64_t losses_ = 0;                    // agents lost and workers failed, so far
