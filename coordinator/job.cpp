@@ -1013,6 +1013,7 @@ class Coordinator : public caf::event_based_actor {
 
   void on_done(const actors::WorkerDone& d) {
     if (d.generation != gens_.current()) return;  // e.g. a drained member's
+    if (first_end_.first != d.generation) first_end_ = {d.generation, Clock::now()};
     auto outcome = steps_.done(d, gens_.members().size());
     if (!outcome) return;
     const bool stopped = job_.stop_requested();
@@ -1155,7 +1156,10 @@ class Coordinator : public caf::event_based_actor {
                  roster_.at(w.agent).name + ")";
       }
     }
-    if (cut.empty() || (ended == 0 && progress_windows_ < 3)) return;
+    const auto since_first = Clock::now() - first_end_.second;  // (of this generation: ended > 0)
+    if (cut.empty() || (ended == 0 && progress_windows_ < 3) ||
+        (ended > 0 && since_first < std::chrono::milliseconds(cfg_.step_timeout())))
+      return;
     const int64_t window = cfg_.step_timeout() * (ended == 0 ? 3 : 1);
     const std::string within = "within " + std::to_string(window) + " ms of the job's last step " +
                                std::to_string(steps_.committed()) +
@@ -1655,8 +1659,9 @@ class Coordinator : public caf::event_based_actor {
   bool lr_asked_ = false;          // lr_ asked for and not yet scheduled (schedule_lr)
   uint64_t progress_step_ = 0, progress_generation_ = 0;  // (watch_steps: the last seen)
   bool progress_more_ = true;
-  uint32_t progress_windows_ = 0;          // (step_timeout windows passed without progress)
-  bool epoch_told_ = false;                // (tell_epoch)
+  uint32_t progress_windows_ = 0;  // (step_timeout windows passed without progress)
+  std::pair<uint64_t, Clock::time_point> first_end_{0, {}};  // a generation's first WorkerDone
+  bool epoch_told_ = false;                                  // (tell_epoch)
   uint64_t requested_checkpoint_ = 0;      // the step troupe checkpoint last asked for (0: none)
   uint64_t losses_ = 0;                    // agents lost and workers failed, so far
   uint64_t losses_at_request_ = 0;         // ... when requested_checkpoint_ was asked for
