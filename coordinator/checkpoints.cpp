@@ -155,6 +155,34 @@ std::string changes(const json& manifest, const CheckpointIdentity& job) {
   return out;
 }
 
+std::string absolute_path(const std::string& p) {
+  std::error_code ec;
+  const fs::path a = fs::absolute(p, ec);
+  return p.empty() || ec ? p : a.lexically_normal().string();
+}
+
+// A manifest written before the data's content was in the identity, naming the job's data by
+// another text of the same paths (relative, where the job names them absolute: its run's
+// config.toml does since): its hash with its own texts of the paths.
+bool same_paths(const json& config, const std::string& hash, const CheckpointIdentity& job) {
+  const auto path = config.find("path");
+  if (path == config.end() || !path->is_string() || job.path_config.empty() ||
+      absolute_path(path->get<std::string>()) != job.data_path)
+    return false;
+  json ours = json::parse(job.path_config, nullptr, false);
+  if (!ours.is_object()) return false;
+  ours["path"] = *path;
+  if (const auto mix = config.find("mix"); mix != config.end() && mix->is_object()) {
+    std::vector<std::string> sets;  // (a json object's keys come sorted, as a std::map's)
+    for (const auto& [set, weight] : mix->items()) sets.push_back(absolute_path(set));
+    if (sets != job.mix_sets) return false;
+    ours["mix"] = *mix;
+  }
+  if (!config.contains("tokenizer")) ours.erase("tokenizer");
+  const std::string text = ours.dump();
+  return hex(comm::fnv1a(reinterpret_cast<const uint8_t*>(text.data()), text.size())) == hash;
+}
+
 // Whether a manifest's config hash is the job's: its hash; an older Troupe's (a manifest without
 // the config fields: its hash left the mix and the held-out fraction out); one written before
 // a token data set's tokenizer was part of it (its config has no "tokenizer"); or one written
@@ -162,7 +190,7 @@ std::string changes(const json& manifest, const CheckpointIdentity& job) {
 bool same_job(const json& m, const std::string& hash, const CheckpointIdentity& job) {
   if (hash == job.hash) return true;
   if (m.contains("config") && m["config"].is_object() && !m["config"].contains("data_digest") &&
-      !job.path_hash.empty() && hash == job.path_hash)
+      !job.path_hash.empty() && (hash == job.path_hash || same_paths(m["config"], hash, job)))
     return true;
   if (!m.contains("config")) return !job.older_hash.empty() && hash == job.older_hash;
   return m["config"].is_object() && !m["config"].contains("tokenizer") &&
@@ -213,7 +241,15 @@ std::string check(const fs::path& dir, const CheckpointIdentity& job, ValidCheck
 
 std::string checkpoint_config_hash(const JobConfig& c) { return checkpoint_identity(c).hash; }
 
-CheckpointIdentity checkpoint_identity(const JobConfig& c) {
+CheckpointIdentity checkpoint_identity(const JobConfig& config) {
+  // Digests of other data than the config's now (a program set its data after parsing): again.
+  JobConfig fresh;
+  const bool stale = config.digest_source != data_digest_source(config);
+  if (stale) {
+    fresh = config;
+    fill_data_digests(fresh);
+  }
+  const JobConfig& c = stale ? fresh : config;
   json j = {{"model", c.model_kind}, {"hidden", c.hidden},      {"inputs", c.inputs},
             {"classes", c.classes},  {"layers", c.layers},      {"d_model", c.d_model},
             {"heads", c.heads},      {"context", c.context},    {"tied_head", c.tied_head},
@@ -235,7 +271,8 @@ CheckpointIdentity checkpoint_identity(const JobConfig& c) {
   // (The token data set's tokenizer: another one of the same vocabulary size trained on as the
   // old ids would change what every embedding row means.)
   if (!c.data_tokenizer.empty()) j["tokenizer"] = c.data_tokenizer;
-  const std::string by_path = hash_of(j.dump());
+  std::string by_path_config = j.dump();
+  const std::string by_path = hash_of(by_path_config);
   // The data by its content, not the path's text (a checkpoint written before: by_path).
   if (!c.data_digest.empty()) {
     j.erase("path");
@@ -254,7 +291,12 @@ CheckpointIdentity checkpoint_identity(const JobConfig& c) {
   CheckpointIdentity id(hash, std::move(text));
   if (before != id.hash) id.older_hash = before;
   if (untokenized != id.hash) id.untokenized_hash = untokenized;
-  if (by_path != id.hash) id.path_hash = by_path;
+  if (by_path != id.hash) {
+    id.path_hash = by_path;
+    id.path_config = std::move(by_path_config);
+    id.data_path = absolute_path(c.data_path);
+    for (const auto& [set, weight] : c.data_mix) id.mix_sets.push_back(absolute_path(set));
+  }
   id.blocks = c.block_params.size();  // (0 where not known yet)
   return id;
 }

@@ -39,7 +39,10 @@ struct CheckpointIdentity {
   std::string hash, config;
   std::string older_hash;        // the hash an older Troupe gave the job ("": the same as hash)
   std::string untokenized_hash;  // its hash without the tokenizer ("": the same as hash)
-  std::string path_hash;         // its hash by the data's path, not content ("": the same)
+  std::string path_hash;         // its hash by the data's path, not content ("": the same) ...
+  std::string path_config;       // ... of this config, and its data's paths made absolute
+  std::string data_path;
+  std::vector<std::string> mix_sets;
   uint64_t blocks = 0;  // the model's blocks, where known (a manifest of others is refused)
 };
 CheckpointIdentity checkpoint_identity(const JobConfig& cfg);

@@ -576,8 +576,8 @@ std::string tokenizer_of(const std::string& dir) {
   return f.is_string() ? f.get<std::string>() : "";
 }
 
-// The content of a job's data, not its name: a text file's bytes, or a token data set's shards
-// (each one's checksum and tokens, in order), as fnv1a-64 hex; "" where it cannot be read.
+}  // namespace
+
 std::string content_digest(const std::string& kind, const std::string& path) {
   uint64_t h = comm::fnv1a(nullptr, 0);
   auto add = [&h](const std::string& s) {
@@ -608,6 +608,8 @@ std::string content_digest(const std::string& kind, const std::string& path) {
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
   return hex;
 }
+
+namespace {
 
 void check_token_sets(const JobConfig& c, const std::map<std::string, std::string>& at,
                       const std::string& source) {
@@ -1070,12 +1072,25 @@ JobConfig parse_config(const std::string& text, const std::string& source,
   if (c.inert_key.empty()) c.inert_key = worker_bounds_refusal(c, place);
   if (c.data_kind == "tokens")  // (a mix's sets share one tokenizer: the workers refuse others)
     c.data_tokenizer = tokenizer_of(c.data_mix.empty() ? c.data_path : c.data_mix.begin()->first);
+  fill_data_digests(c);
+  return c;
+}
+
+std::string data_digest_source(const JobConfig& c) {
+  std::string s = c.data_kind + "\n" + c.data_path;
+  for (const auto& [set, weight] : c.data_mix) s += "\n" + set;
+  return s;
+}
+
+void fill_data_digests(JobConfig& c) {
+  c.data_digest.clear();
+  c.mix_digests.clear();
   if (c.data_kind == "text" || (c.data_kind == "tokens" && c.data_mix.empty()))
     c.data_digest = content_digest(c.data_kind, c.data_path);
   if (c.data_kind == "tokens")
     for (const auto& [set, weight] : c.data_mix)
       c.mix_digests.push_back(content_digest(c.data_kind, set));
-  return c;
+  c.digest_source = data_digest_source(c);
 }
 
 JobConfig load_config(const std::string& path, const std::vector<std::string>& overrides,
@@ -1199,9 +1214,16 @@ JobConfig with_absolute_paths(JobConfig c) {
   c.data_path = absolute(c.data_path);
   c.eval_path = absolute(c.eval_path);
   c.checkpoint_dir = absolute(c.checkpoint_dir);
+  // The mix's sets in their order (the sampler's): named absolute only when that keeps it.
   std::map<std::string, double> mix;
-  for (const auto& [set, weight] : c.data_mix) mix[absolute(set)] = weight;
-  c.data_mix = std::move(mix);
+  std::string last;
+  bool ordered = true;
+  for (const auto& [set, weight] : c.data_mix) {
+    const std::string a = absolute(set);
+    ordered = ordered && (mix.empty() || a > last);
+    mix[last = a] = weight;
+  }
+  if (ordered) c.data_mix = std::move(mix);
   return c;
 }
 

@@ -71,6 +71,7 @@ struct JobConfig {
   // (the same set named another way, or moved, is the same data; another set at its path is not).
   std::string data_digest;
   std::vector<std::string> mix_digests;
+  std::string digest_source;     // what they are of (data_digest_source): else computed again
   std::string eval_path;         // data.eval_path: a held-out token data set
   double eval_fraction = 0;      // data.eval_fraction: or the training sets' tail
   int64_t eval_every_steps = 0;  // eval.every_steps (0: never)
@@ -191,6 +192,15 @@ std::string to_toml(const JobConfig& config);
 // The config with its paths (data.path, data.eval_path, data.mix's sets, checkpoint.dir) made
 // absolute from the working directory: a run's config.toml, read from anywhere.
 JobConfig with_absolute_paths(JobConfig c);
+
+// The content of a job's data, not its name (fnv1a-64 hex; "" where it cannot be read): a text
+// file's bytes, or a token data set's shards (each one's checksum and tokens, in order).
+std::string content_digest(const std::string& kind, const std::string& path);
+// The config's data_digest and mix_digests, computed now (parsing a config does it).
+void fill_data_digests(JobConfig& c);
+// What the digests are of: the data's kind, path and mix sets (a config changed after its
+// digests were computed, by a program that embeds Troupe, has them computed again).
+std::string data_digest_source(const JobConfig& c);
 
 // HOST:PORT or [V6]:PORT, the port 0..65535 in digits (cluster.listen, metrics_listen, --listen).
 bool host_and_port(const std::string& address);

@@ -254,11 +254,13 @@ TEST(Checkpoints, ACheckpointKnowsItsDataByItsContent) {
   c.data_kind = "text";
   c.data_path = "a.txt";
   c.data_digest = "00000000000000aa";
+  c.digest_source = data_digest_source(c);  // (as parsing computes it)
   Checkpoints ck(c);
   ASSERT_TRUE(ck.add(report(d.path, 10, 1, {0}, 1), 1, "", 1e-3));
   std::string why;
   JobConfig moved = c;
   moved.data_path = "/elsewhere/b.txt";
+  moved.digest_source = data_digest_source(moved);
   EXPECT_TRUE(valid_checkpoint(step_dir(d.path, 10), checkpoint_identity(moved), &why)) << why;
   JobConfig swapped = c;
   swapped.data_digest = "00000000000000bb";
@@ -274,11 +276,25 @@ TEST(Checkpoints, ACheckpointKnowsItsDataByItsContent) {
   in.close();
   JobConfig before = c;
   before.data_digest.clear();
+  before.digest_source = data_digest_source(before);
   m["config"] = nlohmann::json::parse(checkpoint_identity(before).config);
   m["config_hash"] = checkpoint_config_hash(before);
   std::ofstream(path, std::ios::trunc) << m.dump(1);
   EXPECT_TRUE(valid_checkpoint(step_dir(d.path, 10), checkpoint_identity(c), &why)) << why;
   EXPECT_FALSE(valid_checkpoint(step_dir(d.path, 10), checkpoint_identity(moved), &why));
+  // ... and for the same path named absolute (a run's config.toml names it so since).
+  JobConfig absolute = c;
+  absolute.data_path = std::filesystem::absolute("a.txt").string();
+  absolute.digest_source = data_digest_source(absolute);
+  EXPECT_TRUE(valid_checkpoint(step_dir(d.path, 10), checkpoint_identity(absolute), &why)) << why;
+  // A config whose data was set after its digests were computed (a program embedding Troupe):
+  // its digests are computed again, not taken for the other data's.
+  JobConfig changed = c;
+  changed.data_path = "/usr/share/common-licenses/GPL-2";
+  EXPECT_FALSE(valid_checkpoint(step_dir(d.path, 10), checkpoint_identity(changed), &why));
+  EXPECT_NE(checkpoint_identity(changed).config.find(
+                content_digest("text", "/usr/share/common-licenses/GPL-2")),
+            std::string::npos);
 }
 
 TEST(Checkpoints, DamagedOrForeignCheckpointsAreRefusedNamingWhyAndTheNewestValidIsFound) {

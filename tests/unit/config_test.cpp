@@ -336,6 +336,21 @@ TEST(Config, TheDifferencesOfTwoConfigsNameEachKeyWithBothValues) {
             std::vector<std::string>{"cluster.agents = 2 (the run's: 3)"});
 }
 
+// A run's config.toml names its data absolute (read from another directory, the same data), but a
+// mix's sets only where that keeps their order (the sampler's): "../../z" sorts before "a/x",
+// and after it once both are absolute.
+TEST(Config, PathsMadeAbsoluteKeepTheMixsOrder) {
+  JobConfig c;
+  c.data_path = "text.txt";
+  c.data_mix = {{"a", 1}, {"b", 2}};
+  const JobConfig a = with_absolute_paths(c);
+  const std::string cwd = std::filesystem::current_path().string();
+  EXPECT_EQ(a.data_path, cwd + "/text.txt");
+  EXPECT_EQ(a.data_mix, (std::map<std::string, double>{{cwd + "/a", 1}, {cwd + "/b", 2}}));
+  c.data_mix = {{"a/x", 1}, {"../../z", 2}};  // ("/z" then comes after "/.../a/x")
+  EXPECT_EQ(with_absolute_paths(c).data_mix, c.data_mix);
+}
+
 // A data.mix run's effective config (what export and a resume read) loads back: it wrote the
 // default data.path next to the mix, which the file then refused as both set.
 TEST(Config, AMixRunsEffectiveConfigLoadsBackWithTheSameIdentity) {
