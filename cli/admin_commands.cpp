@@ -272,7 +272,7 @@ void print_status(const actors::JobStatus& s, bool json) {
   if (s.step > 0 && std::isfinite(s.last_loss))
     std::snprintf(loss, sizeof loss, "%.4f", s.last_loss);
   char epoch[32] = "";
-  if (s.epoch > 0) std::snprintf(epoch, sizeof epoch, ", epoch %.2f", s.epoch);
+  if (s.epoch > 0) std::snprintf(epoch, sizeof epoch, ", epoch %.3g", s.epoch);
   std::printf("job %s: %s, generation %llu, step %llu/%llu%s, loss %s\n", s.job_name.c_str(),
               s.state.c_str(), (unsigned long long)s.generation, (unsigned long long)s.step,
               (unsigned long long)s.steps, epoch, loss);

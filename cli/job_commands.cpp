@@ -325,7 +325,7 @@ class ProgressPrinter {
     if (tty_ && last_.step > 0) std::printf("\n");
   }
   static std::string epoch(const coordinator::JobProgress& p) {
-    return p.epoch > 0 ? fmt::format(" epoch {:.2f}", p.epoch) : "";
+    return p.epoch > 0 ? fmt::format(" epoch {:.3g}", p.epoch) : "";
   }
   // A membership change, on its own line (below the progress line on a terminal).
   void notice(const std::string& text) {
@@ -684,6 +684,13 @@ int configure_job(const std::string& path, const std::vector<std::string>& sets,
     cfg = coordinator::load_config(path, sets, hooks.kinds());
   } catch (const coordinator::ConfigError& e) {
     std::fprintf(stderr, "troupe: %s\n", e.what());
+    // (The run's own config names its data absolute, with its --set overrides.)
+    const std::string own = resume + "/config.toml";
+    std::error_code ec;
+    if (!resume.empty() && path != own && std::filesystem::is_regular_file(own, ec))
+      std::fprintf(stderr,
+                   "troupe: the run's own config, as it started: troupe run %s --resume %s\n",
+                   own.c_str(), resume.c_str());
     return 2;
   }
   if (!listen.empty() && !coordinator::host_and_port(listen)) {

@@ -776,7 +776,7 @@ TEST(Job, TheEpochsTrainedAreTheSamplesDrawnOverTheDataSets) {
   EXPECT_EQ(epochs.front(), "0.125");
   EXPECT_EQ(epochs.back(), "1.5");
   EXPECT_NE(r.output.find("step 12/12 loss "), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find(" epoch 1.50\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" epoch 1.5\n"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("the data set has 400 sample(s) an epoch (8 steps of batch.global = 50)"),
             std::string::npos)
       << r.output;
