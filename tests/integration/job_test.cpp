@@ -73,6 +73,17 @@ int listening_socket(std::string& at) {
   return s;
 }
 
+// Where a job's coordinator listens, once it says so in its run directory ("" after 60 s: slow
+// under a sanitizer).
+std::string coordinator_address(const testing::Job& job) {
+  std::string addr;
+  for (int i = 0; i < 3000 && addr.empty(); ++i) {
+    std::ifstream(job.run_dir + "/coordinator.addr") >> addr;
+    if (addr.empty()) std::this_thread::sleep_for(20ms);
+  }
+  return addr;
+}
+
 RunResult troupe_run(const testing::TempDir& dir, const std::string& config,
                      std::vector<std::string> sets, std::chrono::seconds timeout = 300s) {
   static int n = 0;
@@ -538,11 +549,7 @@ TEST(Job, ALoopsCallOutsideAStepIsNamed) {
   testing::Job job = testing::start_job(
       dir, "loop", "[job]\nsteps = 5\n[model]\nkind = \"external\"\n[logging]\nprogress = false\n",
       1, {"cluster.launcher=\"external\""});
-  std::string addr;
-  for (int i = 0; i < 500 && addr.empty(); ++i) {
-    std::ifstream(job.run_dir + "/coordinator.addr") >> addr;
-    if (addr.empty()) std::this_thread::sleep_for(20ms);
-  }
+  const std::string addr = coordinator_address(job);
   ASSERT_FALSE(addr.empty());
   const std::string out = dir.path() + "/misuse-member.out";
   coordinator::ChildProcess p(
@@ -569,11 +576,7 @@ TEST(Job, ALoopsLossThatSumsToNanFailsTheJobAtItsStep) {
       dir, "loop-nan",
       "[job]\nsteps = 30\n[model]\nkind = \"external\"\n[logging]\nprogress = false\n", 2,
       {"cluster.launcher=\"external\""});
-  std::string addr;
-  for (int i = 0; i < 3000 && addr.empty(); ++i) {  // (60 s: slow under a sanitizer)
-    std::ifstream(job.run_dir + "/coordinator.addr") >> addr;
-    if (addr.empty()) std::this_thread::sleep_for(20ms);
-  }
+  const std::string addr = coordinator_address(job);
   ASSERT_FALSE(addr.empty());
   const std::string token = job.run_dir + "/job.token";
   std::vector<std::unique_ptr<coordinator::ChildProcess>> members;
@@ -617,11 +620,7 @@ TEST(Job, AnAgentJoiningFromAnotherDirectoryReadsTheJobsData) {
       "[logging]\nprogress = false\n",
       1, {"cluster.launcher=\"external\"", "data.path=" + relative});
   std::filesystem::current_path(cwd);
-  std::string addr;
-  for (int i = 0; i < 3000 && addr.empty(); ++i) {  // (60 s: slow under a sanitizer)
-    std::ifstream(job.run_dir + "/coordinator.addr") >> addr;
-    if (addr.empty()) std::this_thread::sleep_for(20ms);
-  }
+  const std::string addr = coordinator_address(job);
   ASSERT_FALSE(addr.empty());
   const std::string out = dir.path() + "/agent.out";
   coordinator::ChildProcess agent(
@@ -645,11 +644,7 @@ TEST(Job, ALoopLeavesTheJobWhenItAsks) {
       dir, "loop-leave",
       "[job]\nsteps = 200\n[model]\nkind = \"external\"\n[logging]\nprogress = false\n", 2,
       {"cluster.launcher=\"external\""});
-  std::string addr;
-  for (int i = 0; i < 3000 && addr.empty(); ++i) {  // (60 s: slow under a sanitizer)
-    std::ifstream(job.run_dir + "/coordinator.addr") >> addr;
-    if (addr.empty()) std::this_thread::sleep_for(20ms);
-  }
+  const std::string addr = coordinator_address(job);
   ASSERT_FALSE(addr.empty());
   const std::string token = job.run_dir + "/job.token";
   const std::string stays_out = dir.path() + "/stays.out", leaves_out = dir.path() + "/leaves.out";
@@ -687,11 +682,7 @@ TEST(Job, ALoopsMemberLostAfterTheLastStepLeavesTheOtherToEndTheJob) {
       dir, "loop-end",
       "[job]\nsteps = 30\n[model]\nkind = \"external\"\n[logging]\nprogress = false\n", 2,
       {"cluster.launcher=\"external\"", "elastic.failure_timeout_ms=1000"});
-  std::string addr;
-  for (int i = 0; i < 3000 && addr.empty(); ++i) {  // (60 s: slow under a sanitizer)
-    std::ifstream(job.run_dir + "/coordinator.addr") >> addr;
-    if (addr.empty()) std::this_thread::sleep_for(20ms);
-  }
+  const std::string addr = coordinator_address(job);
   ASSERT_FALSE(addr.empty());
   const std::string token = job.run_dir + "/job.token", out = dir.path() + "/survivor.out";
   coordinator::ChildProcess survivor(

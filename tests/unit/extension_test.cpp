@@ -302,6 +302,16 @@ TEST(Extensions, ABlockWhoseInitIsNotRepeatableIsRefusedNamingIt) {
   }
 }
 
+// A batch of two samples (4 and 5) of `inputs` zeros, targets 0 and 1.
+models::Batch two_samples(size_t inputs) {
+  models::Batch b;
+  b.size = 2;
+  b.inputs = models::Tensor({2, inputs});
+  b.targets = {0, 1};
+  b.samples = {4, 5};
+  return b;
+}
+
 // A program's block that cannot take its input, or whose backward returns a gradient of another
 // size than its input (the block before would read past it): a ModelDefect naming the block (not
 // restarted: the same at every retry), never a read out of bounds or a NaN loss. So is a model
@@ -319,13 +329,8 @@ TEST(Extensions, ABlockThatCannotTakeItsInputOrGivesAWrongGradientIsNamed) {
     spec.kind = "mine";
     models::Model m(spec, std::move(blocks));
     m.init(3);
-    models::Batch b;
-    b.size = 2;
-    b.inputs = models::Tensor({2, inputs});
-    b.targets = {0, 1};
-    b.samples = {4, 5};
     try {
-      m.forward_backward(b, 0.5);
+      m.forward_backward(two_samples(inputs), 0.5);
     } catch (const models::ModelDefect& e) {
       return std::string(e.what());
     }
@@ -362,13 +367,8 @@ TEST(Extensions, ABlocksRuntimeErrorNamesTheBlockAndThePass) {
   spec.kind = "mine";
   models::Model m(spec, std::move(blocks));
   m.init(3);
-  models::Batch b;
-  b.size = 2;
-  b.inputs = models::Tensor({2, 4});
-  b.targets = {0, 1};
-  b.samples = {4, 5};
   try {
-    m.forward_backward(b, 0.5);
+    m.forward_backward(two_samples(4), 0.5);
     ADD_FAILURE() << "no exception";
   } catch (const models::BlockFailed& e) {
     EXPECT_EQ(std::string(e.what()), "model 'mine': block 1 ('shift') backward: device lost");
