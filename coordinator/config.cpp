@@ -585,6 +585,7 @@ std::string content_digest(const std::string& kind, const std::string& path) {
   };
   if (kind == "text") {
     std::ifstream in(path, std::ios::binary);
+    if (!in) return "";  // (not the digest of nothing)
     std::vector<char> buf(1 << 20);
     while (in && !in.eof()) {
       in.read(buf.data(), std::streamsize(buf.size()));

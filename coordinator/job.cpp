@@ -1108,10 +1108,8 @@ class Coordinator : public caf::event_based_actor {
   // or every worker stuck). Their agents are cut as silent ones are: the launcher starts them
   // again, and the job goes on (from a checkpoint if the state went with them). Once a window.
   // After the last step, or the one a stop ends at, no step is to commit: the members write
-  // their checkpoint, evaluate and end (WorkerDone), within the same window of the generation's
-  // last commit; one that did not is hung there (a write to a hung mount) and is cut, the others
-  // writing the checkpoint again; when none did, the job fails saying so (never a wait without
-  // end).
+  // their checkpoint, evaluate and end (WorkerDone), each within a window of another's end
+  // (cut_unfinished_members), and one of them within three windows (never a wait without end).
   void watch_steps() {
     const auto now = Clock::now();
     const JobPhase p = job_.phase();
