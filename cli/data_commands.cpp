@@ -103,7 +103,7 @@ int prepare(const std::vector<std::string>& words) {
   app.add_option("--tokenizer", o.tokenizer,
                  "byte (257 ids; the default) or bpe (trained on the inputs)")
       ->check(CLI::IsMember({"byte", "bpe"}));
-  app.add_option("--vocab", o.vocab, "bpe: ids in all, >= 257 (256 bytes, merges, end of text)")
+  app.add_option("--vocab", o.vocab, "bpe: ids in all, >= 258 (256 bytes, merges, end of text)")
       ->check(CLI::Range(size_t(1), size_t(1) << 24));
   app.add_option("--tokenizer-from", o.tokenizer_from,
                  "use this data set's tokenizer (for a mixture's other sets, an eval set)");

@@ -342,10 +342,10 @@ PrepareSummary prepare(const PrepareOptions& o,
         "cannot be given with --tokenizer or --vocab");
   if (o.tokenizer != "byte" && o.tokenizer != "bpe")
     throw std::invalid_argument("--tokenizer must be byte or bpe, not '" + o.tokenizer + "'");
-  if (o.tokenizer == "bpe" && o.vocab < 257)
+  if (o.tokenizer == "bpe" && o.vocab < 258)  // (257: no merge, the byte tokenizer)
     throw std::invalid_argument(
-        "--tokenizer bpe needs --vocab N with N >= 257 (256 bytes and "
-        "the end of a document), " +
+        "--tokenizer bpe needs --vocab N with N >= 258 (256 bytes, the end of a document and "
+        "a merge at least; 257 ids are --tokenizer byte), " +
         (o.vocab == 0 ? std::string("and none was given") : "not " + std::to_string(o.vocab)));
   if (o.tokenizer == "byte" && o.vocab != 0 && o.vocab != 257)
     throw std::invalid_argument("--tokenizer byte has 257 ids; --vocab " + std::to_string(o.vocab) +

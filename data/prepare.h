@@ -18,7 +18,7 @@ struct PrepareOptions {
   std::vector<std::string> inputs;
   std::string out;
   std::string tokenizer = "byte";   // byte | bpe
-  size_t vocab = 0;                 // bpe: ids in all (>= 257)
+  size_t vocab = 0;                 // bpe: ids in all (>= 258: a merge at least)
   std::string tokenizer_from = "";  // a data set whose tokenizer to use (none is trained)
   std::string jsonl_field = "text";
   uint64_t shard_tokens = uint64_t(1) << 27;  // 256 MiB of 16-bit ids a shard

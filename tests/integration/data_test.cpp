@@ -447,7 +447,8 @@ TEST(DataCommands, BadInputsAreRefusedWithTheReason) {
          "'" + d + "/links/deep' is a link to a directory, which is not followed");
   expect("\"$T\" data prepare " + d + "/in/deep --out " + d + "/o3", 2, "no text in the inputs");
   expect("\"$T\" data prepare " + d + "/in --out " + d + "/o4 --tokenizer bpe", 2,
-         "--vocab N with N >= 257 (256 bytes and the end of a document), and none was given");
+         "--vocab N with N >= 258 (256 bytes, the end of a document and a merge at least; 257 "
+         "ids are --tokenizer byte), and none was given");
   // (--tokenizer byte, the default, was ignored; --vocab blamed a byte tokenizer not asked for)
   for (const char* given : {" --tokenizer byte", " --vocab 300"})
     expect(

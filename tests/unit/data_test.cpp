@@ -512,7 +512,9 @@ TEST(Prepare, BadInputsAreRefusedAndLeaveNoDataSet) {
   refused({{d / "bin"}, d / "o2"}, "no text in the inputs");
   fs::create_directories(d / "exists");
   refused({{d / "text.txt"}, d / "exists"}, "exists");
-  refused({{d / "text.txt"}, d / "o3", "bpe", 100}, "N >= 257");
+  refused({{d / "text.txt"}, d / "o3", "bpe", 100}, "N >= 258");
+  // (257 ids leave no merge: it made the byte tokenizer, said only in the summary)
+  refused({{d / "text.txt"}, d / "o3", "bpe", 257}, "257 ids are --tokenizer byte), not 257");
   refused({{d / "text.txt"}, d / "o4", "word"}, "byte or bpe");
   refused({{"/dev/null"}, d / "o5"}, "neither a file nor a directory");
   write(d / "array.json", "\n[{\"text\": \"a\"}]");
