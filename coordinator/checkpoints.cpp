@@ -155,12 +155,6 @@ std::string changes(const json& manifest, const CheckpointIdentity& job) {
   return out;
 }
 
-std::string absolute_path(const std::string& p) {
-  std::error_code ec;
-  const fs::path a = fs::absolute(p, ec);
-  return p.empty() || ec ? p : a.lexically_normal().string();
-}
-
 // A manifest written before the data's content was in the identity, naming the job's data by
 // another text of the same paths (relative, where the job names them absolute: its run's
 // config.toml does since): its hash with its own texts of the paths.

@@ -1205,22 +1205,22 @@ std::string to_toml(const JobConfig& config) {
   return out.str();
 }
 
+std::string absolute_path(const std::string& p) {
+  std::error_code ec;
+  const std::filesystem::path a = std::filesystem::absolute(p, ec);
+  return p.empty() || ec ? p : a.lexically_normal().string();
+}
+
 JobConfig with_absolute_paths(JobConfig c) {
-  namespace fs = std::filesystem;
-  auto absolute = [](const std::string& p) {
-    std::error_code ec;
-    const fs::path a = fs::absolute(p, ec);
-    return p.empty() || ec ? p : a.lexically_normal().string();
-  };
-  c.data_path = absolute(c.data_path);
-  c.eval_path = absolute(c.eval_path);
-  c.checkpoint_dir = absolute(c.checkpoint_dir);
+  c.data_path = absolute_path(c.data_path);
+  c.eval_path = absolute_path(c.eval_path);
+  c.checkpoint_dir = absolute_path(c.checkpoint_dir);
   // The mix's sets in their order (the sampler's): named absolute only when that keeps it.
   std::map<std::string, double> mix;
   std::string last;
   bool ordered = true;
   for (const auto& [set, weight] : c.data_mix) {
-    const std::string a = absolute(set);
+    const std::string a = absolute_path(set);
     ordered = ordered && (mix.empty() || a > last);
     mix[last = a] = weight;
   }

@@ -192,6 +192,8 @@ std::string to_toml(const JobConfig& config);
 // The config with its paths (data.path, data.eval_path, data.mix's sets, checkpoint.dir) made
 // absolute from the working directory: a run's config.toml, read from anywhere.
 JobConfig with_absolute_paths(JobConfig c);
+// A path made absolute from the working directory, normalised ("" stays "").
+std::string absolute_path(const std::string& p);
 
 // The content of a job's data, not its name (fnv1a-64 hex; "" where it cannot be read): a text
 // file's bytes, or a token data set's shards (each one's checksum and tokens, in order).

@@ -1,19 +1,9 @@
 #include "coordinator/job_spec.h"
 
-#include <filesystem>
-
 namespace troupe::coordinator {
-namespace {
 
-// A path as the coordinator resolves it: an agent started in another directory (`troupe agent
-// --join`) reads the same file (it read a relative one from its own directory, or none).
-std::string absolute(const std::string& p) {
-  std::error_code ec;
-  const auto a = std::filesystem::absolute(p, ec);
-  return p.empty() || ec ? p : a.lexically_normal().string();
-}
-
-}  // namespace
+// (Paths as the coordinator resolves them, absolute_path: an agent started in another directory,
+// `troupe agent --join`, reads the same files; it read a relative one from its own, or none.)
 
 actors::JobSpec job_spec_of(const JobConfig& c, uint32_t agent_id, uint64_t first_generation) {
   actors::JobSpec s;
@@ -36,14 +26,14 @@ actors::JobSpec job_spec_of(const JobConfig& c, uint32_t agent_id, uint64_t firs
   s.reduce_dtype = c.reduce_dtype;
   s.block_params = c.block_params;
   s.data_kind = c.data_kind;
-  s.data_path = absolute(c.data_path);
+  s.data_path = absolute_path(c.data_path);
   s.eval_every = c.eval_every_steps;
-  s.eval_path = absolute(c.eval_path);
+  s.eval_path = absolute_path(c.eval_path);
   s.eval_fraction = c.eval_fraction;
   s.model_options = c.model_options;
   s.data_options = c.data_options;
   for (const auto& [dir, w] : c.data_mix) {
-    s.data_mix.push_back(absolute(dir));  // (in the coordinator's order: the sampler's)
+    s.data_mix.push_back(absolute_path(dir));  // (in the coordinator's order: the sampler's)
     s.data_mix_weights.push_back(w);
   }
   s.samples = c.samples;
