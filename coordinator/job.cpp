@@ -464,6 +464,7 @@ class Coordinator : public caf::event_based_actor {
     spdlog::warn("{}", why);
     tell(a->name + " was lost (" + code + ")");
     last_failure_ = why;
+    end_lost(*a, code);
     // (an adopted agent is no child of this launcher, which would restart it: one in its place;
     // before the adoption's wait ends, launch_missing counts it then)
     if (a->adopted && launcher_ && !adoption_pending_ && int64_t(roster_.alive()) < cfg_.agents)
@@ -1549,6 +1550,16 @@ class Coordinator : public caf::event_based_actor {
     if (const auto slot = launched_slot(a); slot && launcher_)
       send(launcher_, RetireAgent{*slot, int64_t(a.pid)});
   }
+  // A lost agent the launcher started: its process, if it still lives when it has had the time to
+  // end by itself (one whose worker hung exits failure_timeout_ms + 10 s after its cut, saying so),
+  // is ended and restarted in its place (stopped, it would only end when woken, fenced, and its
+  // slot would stay empty until then).
+  void end_lost(const Agent& a, const std::string& code) {
+    const auto slot = launched_slot(a);
+    if (!slot || !launcher_) return;
+    const auto grace = std::chrono::milliseconds(2 * cfg_.failure_timeout_ms + 10000);
+    delayed_send(launcher_, grace, EndLostAgent{*slot, int64_t(a.pid), "lost (" + code + ")"});
+  }
   // The launcher's slot N of an agent named "agent-N" (none for another name).
   static std::optional<int64_t> launched_slot(const Agent& a) {
     const std::string prefix = "agent-";
@@ -1683,6 +1694,7 @@ void configure_job_system(caf::actor_system_config& cfg) {
   cfg.add_message_type<LauncherEvent>("troupe_launcher_event");
   cfg.add_message_type<ScaleAgents>("troupe_scale_agents");
   cfg.add_message_type<RetireAgent>("troupe_retire_agent");
+  cfg.add_message_type<EndLostAgent>("troupe_end_lost_agent");
   cfg.add_message_type<JobEvent>("troupe_job_event");
   cfg.add_message_type<AdminRequest>("troupe_admin_request");
   cfg.add_message_type<AdminReply>("troupe_admin_reply");

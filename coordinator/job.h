@@ -157,6 +157,19 @@ typename Inspector::result_type inspect(Inspector& f, RetireAgent& x) {
   return f(caf::meta::type_name("retire_agent"), x.slot, x.pid);
 }
 
+// The coordinator -> the local launcher, 2 x elastic.failure_timeout_ms + 10 s after the agent in
+// this slot (while it is this pid) was lost (missed heartbeats, cut as hung): if its process still
+// lives (stopped, hung), it is ended (SIGKILL) and restarted as a crashed one would be; `why`
+// names the loss in its restart's event.
+struct EndLostAgent {
+  int64_t slot = 0, pid = 0;
+  std::string why;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, EndLostAgent& x) {
+  return f(caf::meta::type_name("end_lost_agent"), x.slot, x.pid, x.why);
+}
+
 // The launcher -> the coordinator, once: where to send ScaleAgents (`troupe scale` above the
 // current size). Without one, such requests are refused by cluster.launcher = "external".
 using launcher_atom = caf::atom_constant<caf::atom("jlauncher")>;

@@ -54,6 +54,7 @@ class Launcher : public caf::event_based_actor {
           const ChildProcess& p = *slots_[size_t(i)].proc;
           if (r.pid == 0 ? !p.running() : p.pid() == r.pid) slots_[size_t(i)].retired = true;
         },
+        [this](EndLostAgent& e) { end_lost(e); },
         [this](ScaleAgents& s) {
           for (int64_t k = 0; k < s.count && !stopping_; ++k)
             if (add_slot()) report("agent_started", slots_.size() - 1, 0, "scale");
@@ -80,6 +81,7 @@ class Launcher : public caf::event_based_actor {
     uint64_t incarnation = 0;
     std::chrono::milliseconds backoff{0};  // the wait before the last restart
     std::string ended;                     // how the last incarnation ended ("killed by ...")
+    std::string lost;                      // why this incarnation was ended (EndLostAgent)
     bool retired = false;                  // drained: not started again
   };
 
@@ -118,7 +120,19 @@ class Launcher : public caf::event_based_actor {
     s.proc = std::make_unique<ChildProcess>(ChildProcess::Options{
         argv, log, log, {"TROUPE_LAUNCHED_BY=" + std::to_string(::getpid())}, SIGHUP});
     ++s.incarnation;
+    s.lost.clear();
     watcher_->watch(uint64_t(i) << 20 | (s.incarnation & 0xFFFFF), s.proc->pid());
+  }
+
+  // (Its process, by pid: a later incarnation is not the one that was lost.)
+  void end_lost(const EndLostAgent& e) {
+    const int64_t i = e.slot - opt_.first_slot;
+    if (i < 0 || size_t(i) >= slots_.size() || !slots_[size_t(i)].proc) return;
+    Slot& s = slots_[size_t(i)];
+    if (!s.proc->running() || s.proc->pid() != e.pid || stopping_) return;
+    spdlog::warn("{} (pid {}) was {}: ending it", name_of(size_t(i)), e.pid, e.why);
+    s.lost = e.why;
+    s.proc->signal(SIGKILL);  // (its exit is seen, and handled, as any other)
   }
 
   void on_exited(uint64_t id) {
@@ -136,7 +150,8 @@ class Launcher : public caf::event_based_actor {
     auto d = elastic::decide_restart(opt_.restarts, s.restarts, clean);
     using Kind = elastic::RestartDecision::Kind;
     if (d.kind == Kind::done) return report("agent_exited", i, s.restarts, "");
-    const std::string how = how_it_ended(*status);
+    const std::string how =
+        how_it_ended(*status) + (s.lost.empty() ? "" : " after it was " + s.lost);
     if (d.kind == Kind::give_up) {
       report("agent_gave_up", i, s.restarts, name_of(i) + " " + how + "; " + d.reason);
       return;

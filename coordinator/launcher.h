@@ -2,8 +2,9 @@
 // started with the job's address and token. An agent that fails (non-zero exit, or a signal) is
 // restarted after a backoff, at most elastic.max_restarts times per slot
 // (elastic::decide_restart); it joins as a new member. ScaleAgents from the coordinator adds
-// slots. Every start, restart and give-up is reported to the coordinator (LauncherEvent, for
-// events.jsonl). Exits are seen through an ExitWatcher (no polling).
+// slots. A lost agent whose process still lives (stopped, hung: EndLostAgent) is ended with SIGKILL
+// and restarted like a crashed one. Every start, restart and give-up is reported to the coordinator
+// (LauncherEvent, for events.jsonl). Exits are seen through an ExitWatcher (no polling).
 //
 // At the job's end, (stop_atom, int64 grace_ms) -> bool: the launcher restarts nothing more,
 // waits up to grace_ms for its agents to exit, kills the rest, and answers whether all exited
