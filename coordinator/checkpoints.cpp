@@ -362,6 +362,7 @@ std::optional<CompletedCheckpoint> Checkpoints::add(const actors::CheckpointWrit
   CompletedCheckpoint done{w.step, path, p.blocking, p.write};
   if (!newest_ || newest_->step < w.step) newest_ = done;
   written_[w.step] = done;
+  abandon_older(w.step);
   pending_.erase(pending_.begin(), pending_.upper_bound({w.step, UINT64_MAX}));
   prune(newest_->step);
   drop_undone(newest_->step);
@@ -422,6 +423,28 @@ bool Checkpoints::ours(const std::string& directory) const {
   const json m = json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (!m.is_object() || !m.contains("config_hash") || !m["config_hash"].is_string()) return false;
   return same_job(m, m["config_hash"].get<std::string>(), identity_);
+}
+
+// The incomplete checkpoints of steps before `step`, which just completed: a writer's shards of
+// theirs come before its shards of a later step, so those missing now never come.
+void Checkpoints::abandon_older(uint64_t step) {
+  std::vector<std::pair<uint64_t, uint64_t>> older;
+  for (auto it = pending_.begin(); it != pending_.end() && it->first.first < step; ++it) {
+    std::string missing;
+    for (uint32_t b = 0; b < it->second.blocks; ++b)
+      if (!it->second.shards.count(b)) missing += (missing.empty() ? "" : ", ") + std::to_string(b);
+    abandoned_.emplace_back(it->first.first, "the shards of block(s) " + missing + " (generation " +
+                                                 std::to_string(it->first.second) +
+                                                 ") had not come when the checkpoint at step " +
+                                                 std::to_string(step) +
+                                                 " was complete: their writer was lost");
+    older.push_back(it->first);
+  }
+  for (const auto& [s, g] : older) fail(s, g);
+}
+
+std::vector<std::pair<uint64_t, std::string>> Checkpoints::take_abandoned() {
+  return std::exchange(abandoned_, {});
 }
 
 bool Checkpoints::fail(uint64_t step, uint64_t generation) {

@@ -68,6 +68,10 @@ class Checkpoints {
   // the directory has a manifest, or another generation writes the same step there (a step
   // redone after a rollback). True the first time for that checkpoint.
   bool fail(uint64_t step, uint64_t generation);
+  // The checkpoints add() gave up on since the last call: older ones still incomplete when a newer
+  // one completed (a writer lost before its shards were durable: nothing writes them any more),
+  // each failed as above. (step, why)
+  std::vector<std::pair<uint64_t, std::string>> take_abandoned();
   // The newest complete checkpoint written by this job (step, manifest), if any.
   const std::optional<CompletedCheckpoint>& newest() const { return newest_; }
   // The job went back to `step` (a rollback) in `generation`: the steps after it are undone, and
@@ -91,6 +95,7 @@ class Checkpoints {
     double blocking = 0, write = 0;
   };
   void prune(uint64_t through);
+  void abandon_older(uint64_t step);
   void drop_undone(uint64_t through);
   void discard(uint64_t step);
   bool ours(const std::string& directory) const;
@@ -106,6 +111,7 @@ class Checkpoints {
   std::optional<CompletedCheckpoint> newest_;
   // Each rollback's (step, generation): the steps after it of the generations before it.
   std::vector<std::pair<uint64_t, uint64_t>> undone_;
+  std::vector<std::pair<uint64_t, std::string>> abandoned_;
 };
 
 // The checkpoints under dir, newest first, each checked: manifest readable, the config hash

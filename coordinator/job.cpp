@@ -960,11 +960,9 @@ class Coordinator : public caf::event_based_actor {
   void on_checkpoint(const actors::CheckpointWritten& w) {
     if (!checkpoints_) return;
     auto failed = [&](const std::string& why) {
-      spdlog::error("checkpoint at step {} failed: {}", w.step, why);
       if (!checkpoints_->fail(w.step, w.generation)) return;  // (each writer may say: once)
       if (w.step >= requested_checkpoint_) requested_checkpoint_ = 0;  // (said: not asked again)
-      log_.event("checkpoint_failed", Json().integer("step", long(w.step)).str("reason", why));
-      tell("checkpoint at step " + std::to_string(w.step) + " failed: " + why);
+      checkpoint_failed(w.step, why);
     };
     if (!w.error.empty()) return failed("rank " + std::to_string(w.rank) + ": " + w.error);
     std::optional<CompletedCheckpoint> done;
@@ -973,6 +971,7 @@ class Coordinator : public caf::event_based_actor {
     } catch (const std::exception& e) {
       return failed(e.what());
     }
+    for (const auto& [step, why] : checkpoints_->take_abandoned()) checkpoint_failed(step, why);
     if (!done) return;
     log_.event("checkpoint_written", Json()
                                          .integer("step", long(done->step))
@@ -984,6 +983,12 @@ class Coordinator : public caf::event_based_actor {
                     .num("checkpoint_blocking_seconds", done->blocking_seconds)
                     .num("checkpoint_write_seconds", done->write_seconds));
     spdlog::info("checkpoint at step {} written: {}", done->step, done->manifest);
+  }
+
+  void checkpoint_failed(uint64_t step, const std::string& why) {
+    spdlog::error("checkpoint at step {} failed: {}", step, why);
+    log_.event("checkpoint_failed", Json().integer("step", long(step)).str("reason", why));
+    tell("checkpoint at step " + std::to_string(step) + " failed: " + why);
   }
 
   void on_state_received(const actors::StateReceived& t) {

@@ -843,7 +843,12 @@ TEST(Checkpoints, AMemberLostMidWriteLeavesTheCheckpointAbsentAndEveryOtherValid
   ASSERT_EQ(::kill(victim, SIGKILL), 0);
   expect_same_function(job, want.losses, 120, kBatch, 0);
   EXPECT_EQ(final_checksum(job), want.checksum);
-  EXPECT_FALSE(fs::exists(job.run_dir + "/checkpoints/step-00000010/manifest.json"));
+  // Said once a later one is complete (the lost writer's shards never come), and its files gone.
+  const std::string failed = wait_event(job, is("checkpoint_failed", "step", "10"), 1s);
+  EXPECT_NE(failed.find("had not come when the checkpoint at step "), std::string::npos) << failed;
+  EXPECT_NE(failed.find(" was complete: their writer was lost"), std::string::npos) << failed;
+  EXPECT_EQ(count_events(job, "checkpoint_failed"), 1);
+  EXPECT_FALSE(fs::exists(job.run_dir + "/checkpoints/step-00000010"));
   int valid = 0;
   for (const auto& name : checkpoint_dirs(job)) {
     const std::string at = job.run_dir + "/checkpoints/" + name;

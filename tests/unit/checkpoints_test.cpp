@@ -115,6 +115,33 @@ TEST(Checkpoints, AFailedCheckpointsShardsGoNowAndWhenASlowerWriterReportsThem) 
   EXPECT_TRUE(ck.add(report(d.path, 30, 2, {1}, 2), 1, "", 1e-3));
 }
 
+// A checkpoint one of whose writers was lost before its shards were durable: nothing writes them
+// any more. When a later one completes, the earlier is failed naming the blocks that never came,
+// and its shards go (before, it stayed pending, said nothing, and its files stayed until keep
+// pruned them). A step written again by a later generation is no such one.
+TEST(Checkpoints, AnOlderCheckpointStillIncompleteWhenANewerOneIsIsFailed) {
+  Dir d;
+  Checkpoints ck(config(d.path, 5));
+  EXPECT_FALSE(ck.add(report(d.path, 10, 1, {0, 2}, 3), 3, "", 1e-3));
+  EXPECT_FALSE(ck.add(report(d.path, 15, 2, {0}, 3), 2, "", 1e-3));
+  EXPECT_TRUE(ck.take_abandoned().empty());
+  ASSERT_TRUE(ck.add(report(d.path, 15, 2, {1, 2}, 3), 2, "", 1e-3));
+  const auto abandoned = ck.take_abandoned();
+  ASSERT_EQ(abandoned.size(), 1u);
+  EXPECT_EQ(abandoned[0].first, 10u);
+  EXPECT_NE(abandoned[0].second.find("block(s) 1 (generation 1) had not come when the checkpoint "
+                                     "at step 15 was complete"),
+            std::string::npos)
+      << abandoned[0].second;
+  EXPECT_FALSE(fs::exists(step_dir(d.path, 10)));
+  EXPECT_TRUE(ck.take_abandoned().empty());                          // (said once)
+  EXPECT_FALSE(ck.add(report(d.path, 10, 1, {1}, 3), 3, "", 1e-3));  // (a slower writer's: gone)
+  EXPECT_FALSE(fs::exists(step_dir(d.path, 10)));
+  EXPECT_FALSE(ck.add(report(d.path, 20, 2, {0}, 3), 2, "", 1e-3));
+  ASSERT_TRUE(ck.add(report(d.path, 20, 3, {0, 1, 2}, 3), 1, "", 1e-3));
+  EXPECT_TRUE(ck.take_abandoned().empty());
+}
+
 TEST(Checkpoints, KeepDeletesTheOldestCompleteOnes) {
   Dir d;
   Checkpoints ck(config(d.path, 2));
