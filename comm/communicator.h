@@ -99,7 +99,9 @@ class Communicator {
   // out (count elements) = op over ranks of in's slice [rank*count, (rank+1)*count).
   virtual void reduce_scatter(const void* in, void* out, size_t count, DataType type, ReduceOp op,
                               const CollectiveOptions& options = {}) = 0;
-  // Point to point (pipeline stages, state transfer).
+  // Point to point (pipeline stages, state transfer). A receive takes a message of exactly its
+  // bytes; another size fails (invalid_input, naming both), as does a collective whose members
+  // pass different sizes, where the transport can tell.
   virtual void send(const void* buf, size_t bytes, int peer, Tag tag,
                     const CollectiveOptions& options = {}) = 0;
   virtual void recv(void* buf, size_t bytes, int peer, Tag tag,

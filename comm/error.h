@@ -40,6 +40,10 @@ const char* errc_name(Errc code);
 // The Errc of a wire value (ErrorReply.errc); unknown values are `internal`.
 Errc errc_from_wire(uint32_t value);
 
+// The end of the error of a member whose operation failed because another gave up first (its
+// notice): that other's own error says why.
+constexpr const char* kGaveUpFirst = ", which gave up first";
+
 class Error : public std::runtime_error {
  public:
   Error(Errc code, const std::string& message)

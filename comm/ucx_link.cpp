@@ -119,7 +119,7 @@ Request Link::irecv(void* buf, size_t bytes, uint64_t tag) {
   ucs_status_ptr_t r = ucp_tag_recv_nbx(worker_.get(), buf, bytes, tag, ~uint64_t(0), &p);
   if (UCS_PTR_IS_ERR(r))
     fail(Errc::io, std::string("receive failed: ") + ucs_status_string(UCS_PTR_STATUS(r)), {});
-  return Request{r, true};
+  return Request{r, true, bytes};
 }
 
 void Link::wait(std::vector<Request>& reqs, size_t from, size_t to,
@@ -131,7 +131,9 @@ void Link::wait(std::vector<Request>& reqs, size_t from, size_t to,
     for (size_t i = from; i < to; ++i) {
       Request& r = reqs[i];
       if (!r.handle) continue;
-      ucs_status_t st = ucp_request_check_status(r.handle);
+      ucp_tag_recv_info_t info{};
+      ucs_status_t st = r.is_recv ? ucp_tag_recv_request_test(r.handle, &info)
+                                  : ucp_request_check_status(r.handle);
       if (st == UCS_INPROGRESS) {
         all = false;
         continue;
@@ -139,6 +141,9 @@ void Link::wait(std::vector<Request>& reqs, size_t from, size_t to,
       ucp_request_free(r.handle);
       r.handle = nullptr;
       last_progress = Clock::now();
+      if (r.is_recv &&
+          (st == UCS_ERR_MESSAGE_TRUNCATED || (st == UCS_OK && info.length != r.bytes)))
+        fail(Errc::invalid_input, size_mismatch(info, r.bytes, st), reqs);
       if (st != UCS_OK) {
         int lost = lost_rank_.load();
         fail(Errc::peer_lost,
@@ -158,6 +163,19 @@ void Link::wait(std::vector<Request>& reqs, size_t from, size_t to,
       sched_yield();  // several ranks may share a core
     }
   }
+}
+
+// A message of another size than the receive's: the members called one operation with different
+// sizes (a count, a data type or a model of their own that differ). Named, not a wait that ends
+// in timed_out on tags that never match.
+std::string Link::size_mismatch(const ucp_tag_recv_info_t& info, size_t expected, ucs_status_t st) {
+  const std::string got = st == UCS_ERR_MESSAGE_TRUNCATED
+                              ? "more than " + std::to_string(expected) + " bytes"
+                              : std::to_string(info.length) + " bytes";
+  return "a member sent " + got + " where this member (rank " + std::to_string(rank_) +
+         ") expected " + std::to_string(expected) +
+         ": the members called the same operation with different sizes (a count, a data type or "
+         "a model that differ)";
 }
 
 void Link::check_usable() {
@@ -285,7 +303,7 @@ void Link::fail_from_notice(std::vector<Request>& reqs) {
     code = Errc::peer_lost;
   fail(code,
        std::string(errc_name(code)) + " reported by rank " + std::to_string(notice_in_.origin) +
-           ", which gave up first",
+           kGaveUpFirst,
        reqs, /*tell_others=*/false);
 }
 

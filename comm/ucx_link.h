@@ -43,6 +43,7 @@ uint64_t make_tag(uint64_t gen, uint64_t context, uint64_t kind, uint64_t seq, u
 struct Request {
   void* handle = nullptr;
   bool is_recv = false;
+  size_t bytes = 0;  // a receive's: what the caller expects (a message of another size fails)
 };
 
 // Progresses the worker until every handle completes or the deadline passes, then releases them
@@ -100,6 +101,7 @@ class Link {
 
   // Throws the link's error if it is broken or aborted.
   void check_usable();
+  std::string size_mismatch(const ucp_tag_recv_info_t& info, size_t expected, ucs_status_t st);
   void abort() { aborted_.store(true); }
 
   // Breaks the link: cancels outstanding receives, tells the other members why (a notice),

@@ -255,6 +255,47 @@ TEST(Collectives, PointToPointInOrder) {
   });
 }
 
+// Members that pass one operation different sizes over UCX (a program's own loop whose members
+// disagree on a count): every rank fails at once with invalid_input, one naming the sizes, not
+// with timed_out on messages that never match (UCX warned of unmatched tags, and the job retried
+// each generation until its failure timeout).
+TEST(Collectives, CallsOfDifferentSizesOverUcxFailNamingThem) {
+  for (Algorithm a : {Algorithm::ring, Algorithm::recursive_doubling}) {
+    std::vector<std::string> errors(2);
+    const auto t0 = std::chrono::steady_clock::now();
+    testing::run_world(2, comm::UcxCommOptions{}, [&](comm::UcxCommunicator& c) {
+      comm::CollectiveOptions o;
+      o.algorithm = a;
+      o.timeout = std::chrono::seconds(20);
+      std::vector<float> buf(20000, 1.0f);
+      const size_t count = c.rank() == 1 ? 109 : 9;
+      try {
+        c.allreduce(buf.data(), buf.data(), count, DataType::f32, ReduceOp::sum, o);
+      } catch (const comm::Error& e) {
+        errors[size_t(c.rank())] = e.what();
+        EXPECT_EQ(e.code(), comm::Errc::invalid_input) << e.what();
+      }
+    });
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+    EXPECT_NE(errors[0] + errors[1], "");
+    EXPECT_NE((errors[0] + errors[1]).find(" bytes where this member (rank "), std::string::npos)
+        << errors[0] << " | " << errors[1];
+  }
+  std::string said;
+  testing::run_world(2, comm::UcxCommOptions{}, [&](comm::UcxCommunicator& c) {
+    std::vector<int> buf(1000);
+    try {
+      if (c.rank() == 0) c.send(buf.data(), 400, 1, 7);
+      if (c.rank() == 1) c.recv(buf.data(), 4000, 0, 7);
+    } catch (const comm::Error& e) {
+      if (c.rank() == 1) said = e.what();
+    }
+  });
+  EXPECT_NE(said.find("a member sent 400 bytes where this member (rank 1) expected 4000"),
+            std::string::npos)
+      << said;
+}
+
 TEST(Collectives, SendrecvNeighboursExchangeLargeMessagesWithoutDeadlock) {
   // Every rank sends 4 MiB (rendezvous, not eager) to the next and receives from the previous at
   // the same time, as pipeline stages exchange activations and gradients; then one-sided halves.
