@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <iterator>
 
+#include "comm/error.h"
+
 namespace troupe::coordinator {
 
 using actors::WorkerId;
@@ -75,13 +77,15 @@ std::string Generations::missing(const std::vector<WorkerId>& who, const Roster&
 }
 
 std::optional<std::string> Generations::broken_by(const Roster& roster) const {
-  std::string error;
+  std::string error, echo;  // (a member's own error; one that says another gave up first)
   for (const auto& m : members_) {
     auto it = published_.find(m.worker);
     if (!roster.usable(m.worker) || it == published_.end()) return std::nullopt;
-    if (error.empty()) error = it->second.last_error;
+    const std::string& e = it->second.last_error;
+    std::string& into = e.find(comm::kGaveUpFirst) == std::string::npos ? error : echo;
+    if (into.empty()) into = e;
   }
-  return error.empty() ? "no error reported" : error;
+  return !error.empty() ? error : !echo.empty() ? echo : "no error reported";
 }
 
 void Generations::start(std::vector<actors::WorkerReady> members) {

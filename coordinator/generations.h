@@ -64,7 +64,8 @@ class Generations {
   std::string missing(const std::vector<actors::WorkerId>& who, const Roster& roster) const;
 
   // Why the current generation broke when every member published again without a membership
-  // event (its data plane failed): the first member's error. nullopt unless every member of the
+  // event (its data plane failed): the first member's own error (not one that says another gave
+  // up first: that other's says why), else the first one. nullopt unless every member of the
   // current generation is usable and has published.
   std::optional<std::string> broken_by(const Roster& roster) const;
 

@@ -653,8 +653,10 @@ class Coordinator : public caf::event_based_actor {
                                         .integer("step", long(steps_.committed()))
                                         .str("error", *error));
     if (++reforms_ > cfg_.max_reforms) {
-      fail("generation " + std::to_string(gens_.current()) + " broke " + std::to_string(reforms_) +
-           " times in a row without committing a step: " + *error);
+      const std::string times =
+          reforms_ == 1 ? "" : " " + std::to_string(reforms_) + " times in a row";
+      fail("generation " + std::to_string(gens_.current()) + " broke" + times +
+           " without committing a step: " + *error);
       return false;
     }
     spdlog::warn("generation {} broke ({}); the same members form the next one", gens_.current(),

@@ -50,6 +50,8 @@ class ElasticLoop::Impl {
   elastic::Holding holding() const;  // what this member publishes: its state, as of applied_
   void retire_comm();  // counts what the generation's communicator read in place, then drops it
   void take_state(const actors::GenerationStart& g);
+  void send_state(const std::vector<uint8_t>& bytes, uint32_t to, double save_ms);
+  void receive_state(uint32_t from);
   LoopStep open_step();
   void broken(const comm::Error& e);
   // The job's end for this member: its checksum, then the coordinator's word (true), or the
@@ -76,6 +78,7 @@ class ElasticLoop::Impl {
   LoopStep step_;
   Clock::time_point step_start_;
   std::string last_error_;
+  uint64_t received_bytes_ = 0;  // the state's size, as received
 };
 
 namespace {
@@ -204,31 +207,71 @@ void ElasticLoop::Impl::take_state(const actors::GenerationStart& g) {
     return m.holding.held.empty() || m.holding.applied != g.start_step;
   };
   std::vector<uint8_t> bytes;
-  uint64_t size = 0;
+  double save_ms = -1;  // (the source saves once, for every member that lacks the state)
   for (const auto& m : g.members) {
     if (!lacks(m) || m.rank == g.state_source) continue;
     if (rank_ == g.state_source) {
-      if (bytes.empty()) bytes = state_.save();
-      size = bytes.size();
-      comm_->send(&size, sizeof size, int(m.rank), workers::tags::kState);
-      comm_->send(bytes.data(), bytes.size(), int(m.rank), workers::tags::kState);
+      if (save_ms < 0) {
+        bytes = state_.save();
+        save_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      }
+      send_state(bytes, m.rank, save_ms);
     } else if (m.rank == rank_) {
-      comm_->recv(&size, sizeof size, int(g.state_source), workers::tags::kState);
-      const uint64_t memory =
-          uint64_t(::sysconf(_SC_PHYS_PAGES)) * uint64_t(::sysconf(_SC_PAGESIZE));
-      if (size > memory)  // (a sender's bug: not an allocation that ends the program)
-        throw comm::Error(comm::Errc::invalid_input,
-                          "rank " + std::to_string(g.state_source) + " sends a state of " +
-                              std::to_string(size) + " bytes, more than this machine's memory");
-      bytes.resize(size);
-      comm_->recv(bytes.data(), bytes.size(), int(g.state_source), workers::tags::kState);
-      state_.load(bytes);
-      has_state_ = received_ = true;
+      receive_state(g.state_source);
       const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-      session_.send(actors::encode(actors::StateReceived{g.generation, rank_, g.state_source, size,
-                                                         seconds, true, 1, "", ""}));
+      session_.send(actors::encode(actors::StateReceived{
+          g.generation, rank_, g.state_source, received_bytes_, seconds, true, 1, "", ""}));
     }
   }
+}
+
+namespace {
+
+// e with what it was doing in front of its message (the same code).
+[[noreturn]] void rethrow_in(const comm::Error& e, const std::string& doing) {
+  std::string what = e.what();
+  const std::string code = std::string(comm::errc_name(e.code())) + ": ";
+  if (what.rfind(code, 0) == 0) what.erase(0, code.size());
+  throw comm::Error(e.code(), doing + ": " + what);
+}
+
+}  // namespace
+
+// Its size, then its bytes. A save slower than elastic.failure_timeout_ms is a member that makes
+// no progress to the ones waiting for it: the error says so.
+void ElasticLoop::Impl::send_state(const std::vector<uint8_t>& bytes, uint32_t to, double save_ms) {
+  const uint64_t size = bytes.size();
+  try {
+    comm_->send(&size, sizeof size, int(to), workers::tags::kState);
+    comm_->send(bytes.data(), bytes.size(), int(to), workers::tags::kState);
+  } catch (const comm::Error& e) {
+    rethrow_in(e, "sending the state to rank " + std::to_string(to) +
+                      " after LoopState::save took " + std::to_string(int64_t(save_ms)) +
+                      " ms (a member waits " + std::to_string(failure_timeout_ms_) +
+                      " ms, elastic.failure_timeout_ms, for another's progress)");
+  }
+}
+
+void ElasticLoop::Impl::receive_state(uint32_t from) {
+  uint64_t size = 0;
+  std::vector<uint8_t> bytes;
+  try {
+    comm_->recv(&size, sizeof size, int(from), workers::tags::kState);
+    const uint64_t memory = uint64_t(::sysconf(_SC_PHYS_PAGES)) * uint64_t(::sysconf(_SC_PAGESIZE));
+    if (size > memory)  // (a sender's bug: not an allocation that ends the program)
+      throw comm::Error(comm::Errc::invalid_input, "rank " + std::to_string(from) +
+                                                       " sends a state of " + std::to_string(size) +
+                                                       " bytes, more than this machine's memory");
+    bytes.resize(size);
+    comm_->recv(bytes.data(), bytes.size(), int(from), workers::tags::kState);
+  } catch (const comm::Error& e) {
+    rethrow_in(e, "waiting for the state from rank " + std::to_string(from) +
+                      " (its LoopState::save, then the bytes; each within "
+                      "elastic.failure_timeout_ms)");
+  }
+  state_.load(bytes);
+  has_state_ = received_ = true;
+  received_bytes_ = size;
 }
 
 LoopStep ElasticLoop::Impl::open_step() {

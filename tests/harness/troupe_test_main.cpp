@@ -7,7 +7,8 @@
 // `troupe_test loop-member ADDRESS TOKEN_FILE NAME [dies-at-end]` is a plain member of one; with
 // dies-at-end it is killed (_Exit) 300 ms after its last step's commit, before it says its end;
 // with nan-at-step-3 its loss at step 3 is nan; with leaves-at-step-5 it asks to leave
-// (ElasticLoop::leave) at step 5 and prints the answer.
+// (ElasticLoop::leave) at step 5 and prints the answer; with slow-save its LoopState::save takes
+// 5 s.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -54,10 +55,11 @@ int loop_misuse(const char* address, const char* token_file) {
 int loop_member(const char* address, const char* token_file, const char* name,
                 const std::string& how) {
   const bool dies = how == "dies-at-end", nan = how == "nan-at-step-3",
-             leaves = how == "leaves-at-step-5";
+             leaves = how == "leaves-at-step-5", slow_save = how == "slow-save";
   double state = 0;
   troupe::LoopState s{
       [&] {
+        if (slow_save) std::this_thread::sleep_for(std::chrono::seconds(5));
         std::vector<uint8_t> b(sizeof state);
         std::memcpy(b.data(), &state, sizeof state);
         return b;

@@ -672,6 +672,44 @@ TEST(Job, ALoopLeavesTheJobWhenItAsks) {
   EXPECT_EQ(WEXITSTATUS(*member), 0) << testing::text_of(stays_out);
 }
 
+// A loop whose LoopState::save takes longer than elastic.failure_timeout_ms (5 s, 3 s): a member
+// joining waits for the state that long without progress, and the generation breaks. The job
+// fails naming the wait for the state and the save. (It said "timed_out reported by rank 1, which
+// gave up first": the echo of the joiner's error, which said nothing of the state either.)
+TEST(Job, ALoopsSaveSlowerThanTheFailureTimeoutIsNamedWhenAMemberJoins) {
+  testing::TempDir dir;
+  testing::Job job = testing::start_job(
+      dir, "loop-slow-save",
+      "[job]\nsteps = 1000000\n[model]\nkind = \"external\"\n[logging]\nprogress = false\n", 1,
+      {"cluster.launcher=\"external\"", "elastic.max_reforms=0"});
+  const std::string addr = coordinator_address(job);
+  ASSERT_FALSE(addr.empty());
+  const std::string token = job.run_dir + "/job.token";
+  std::vector<std::unique_ptr<coordinator::ChildProcess>> members;
+  for (const char* name : {"first", "joiner"}) {
+    const std::string out = dir.path() + "/" + name + ".out";
+    members.push_back(
+        std::make_unique<coordinator::ChildProcess>(coordinator::ChildProcess::Options{
+            {testing::troupe_binary(), "loop-member", addr, token, name, "slow-save"},
+            out,
+            out,
+            {}}));
+    if (members.size() == 1) testing::wait_steps(job, 5);
+  }
+  auto st = job.proc->wait(90s);
+  ASSERT_TRUE(st && WIFEXITED(*st)) << "the job did not end";
+  EXPECT_EQ(WEXITSTATUS(*st), 1) << testing::text_of(job.out);
+  const std::string end = testing::events_of(job).back();
+  EXPECT_NE(end.find(" broke without committing a step: timed_out: waiting for the state "
+                     "from rank 0 (its LoopState::save, then the bytes; each within "
+                     "elastic.failure_timeout_ms): no progress for 3000 ms"),
+            std::string::npos)
+      << end;
+  const std::string first = testing::text_of(dir.path() + "/first.out");
+  EXPECT_NE(first.find("first: generation "), std::string::npos) << first;  // (told why it ended)
+  for (auto& m : members) EXPECT_TRUE(m->wait(60s)) << "a member did not end";
+}
+
 // A loop's member killed after its last step's commit, before it says its end (the test build's
 // `loop-member ... dies-at-end`): the other, which said its own, forms a generation after the last
 // step and ends the job with it. (It waited for a shutdown that never came, the job failing at
