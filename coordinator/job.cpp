@@ -56,6 +56,7 @@ using metrics_atom = caf::atom_constant<caf::atom("jmetrics")>;
 using hearing_atom = caf::atom_constant<caf::atom("jhearing")>;
 using adopted_atom = caf::atom_constant<caf::atom("jadopted")>;
 using hung_atom = caf::atom_constant<caf::atom("jhung")>;
+using stop_paused_atom = caf::atom_constant<caf::atom("jstoppause")>;
 
 // A file's lines (none when it cannot be read).
 std::vector<std::string> lines_of_file(const std::string& path) {
@@ -175,6 +176,10 @@ class Coordinator : public caf::event_based_actor {
         [this](metrics_atom) { update_metrics(); },
         [this](hearing_atom) { update_hearing(); },
         [this](adopted_atom) { launch_missing(); },
+        [this](stop_paused_atom, const std::string& reason) {
+          if (job_.phase() == JobPhase::paused && job_.stop_requested())
+            stop_without_members(reason);
+        },
         [this](hung_atom, uint64_t generation, const std::string& error) {
           cut_hung_members(generation, error);
         },
@@ -619,6 +624,9 @@ class Coordinator : public caf::event_based_actor {
     gens_.forget_expected();
     const bool fresh = job_.pause(Clock::now());
     arm_deadline();
+    // (Stopping: after the stop's answer has gone out, which the job's end would cut off.)
+    if (job_.stop_requested())
+      delayed_send(this, std::chrono::milliseconds(500), stop_paused_atom::value, reason);
     if (!fresh) return;
     log_.event("job_paused", Json()
                                  .str("reason", reason)
@@ -1278,9 +1286,34 @@ class Coordinator : public caf::event_based_actor {
     // While a change is under way (its LeaveGeneration sent), the next generation carries the
     // stop (announce): a member that heard only one of the two would leave, another stop.
     if ((first || wants_more) && gens_.expected().empty()) tell_agents_to_stop();
-    // Paused below elastic.min_workers: the survivors form a generation that stops.
+    // Paused below elastic.min_workers: the survivors form a generation that stops; with too few
+    // for any (every worker lost), the pause stops the job now.
     if (first && job_.phase() == JobPhase::paused) decide_and_act();
     return actors::make_ack();
+  }
+
+  // A stop (asked for, or a signal) with too few workers left to form a generation that stops
+  // (every worker lost): waiting for more would only end in the pause's failure. The state went
+  // with the members, so there is no checkpoint where it stops; a resume goes on from the newest
+  // one (the steps after it redone).
+  void stop_without_members(const std::string& reason) {
+    const std::string from =
+        checkpoints_ && checkpoints_->newest() ? checkpoints_->newest()->manifest : "";
+    const std::string why = "stopped at step " + std::to_string(steps_.committed()) + " (" +
+                            reason + "): no checkpoint there, the state went with the workers; " +
+                            (from.empty() ? "no checkpoint to resume from" : "resume from " + from);
+    spdlog::warn("{}", why);
+    tell(why);
+    log_.event("job_finished",
+               Json()
+                   .integer("steps", long(steps_.committed()))
+                   .num("loss", steps_.last_loss())
+                   .str("state", "stopped")
+                   .num("seconds", std::chrono::duration<double>(Clock::now() - t_start_).count())
+                   .boolean("resumable", false)
+                   .str("checkpoint", "")
+                   .str("resume_from", from));
+    finish(0, "", elastic::JobOutcome::stopped);
   }
 
   // Whether the members of the generation just started may miss a requested checkpoint: one was

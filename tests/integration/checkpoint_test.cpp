@@ -874,6 +874,34 @@ void stop_expecting_0(const TempDir& dir, const Job& job) {
   EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
 }
 
+// troupe stop while the job is paused with no worker left (its only agent killed): nothing can
+// form a generation that stops, so the job stops at once, exit 0, and says where a resume goes on
+// from (its newest checkpoint; the state after it went with the worker). (The stop was accepted,
+// then ignored: the job failed when elastic.rejoin_timeout_ms ran out.)
+TEST(Checkpoints, AStopWhilePausedWithNoWorkerStopsAtOnceResumableFromTheNewest) {
+  TempDir dir;
+  Job job = start_job(dir, "paused-stop", kGpt, 1,
+                      {"cluster.launcher=\"external\"", "job.steps=100000",
+                       "checkpoint.every_steps=10", "elastic.rejoin_timeout_ms=120000"});
+  auto agent = join_agent(dir, job, "only", {pace(20000)});
+  wait_steps(job, 25);
+  ASSERT_TRUE(agent->signal(SIGKILL));
+  ASSERT_NE(wait_event(job, is("job_paused"), 30s), "");
+  admin(dir, {"stop", "--run-dir", job.run_dir});
+  auto st = job.proc->wait(20s);
+  ASSERT_TRUE(st) << "the stop waited for the pause's end";
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
+  const std::string end = events_of(job).back();
+  EXPECT_EQ(json_field(end, "state"), "stopped") << end;
+  const std::string from = json_field(end, "resume_from");
+  EXPECT_NE(from.find("/checkpoints/step-000000"), std::string::npos) << end;
+  EXPECT_TRUE(fs::exists(from)) << end;
+  EXPECT_NE(text_of(job.out).find("no checkpoint there, the state went with the workers; resume "
+                                  "from "),
+            std::string::npos)
+      << text_of(job.out);
+}
+
 // checkpoint.if_busy = "skip" with one member's write slow (its first pauses 2.5 s, ~80 steps):
 // every member skips the periodic checkpoints while it writes, not only the busy one, so every
 // checkpoint directory there is has its manifest. (Each rank decided alone: the idle one wrote
