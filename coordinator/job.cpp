@@ -57,6 +57,7 @@ using hearing_atom = caf::atom_constant<caf::atom("jhearing")>;
 using adopted_atom = caf::atom_constant<caf::atom("jadopted")>;
 using hung_atom = caf::atom_constant<caf::atom("jhung")>;
 using stop_paused_atom = caf::atom_constant<caf::atom("jstoppause")>;
+using none_left_atom = caf::atom_constant<caf::atom("jnoneleft")>;
 
 // A file's lines (none when it cannot be read).
 std::vector<std::string> lines_of_file(const std::string& path) {
@@ -176,6 +177,7 @@ class Coordinator : public caf::event_based_actor {
         [this](metrics_atom) { update_metrics(); },
         [this](hearing_atom) { update_hearing(); },
         [this](adopted_atom) { launch_missing(); },
+        [this](none_left_atom) { fail_if_none_can_return(); },
         [this](stop_paused_atom, const std::string& reason) {
           if (job_.phase() == JobPhase::paused && job_.stop_requested())
             stop_without_members(reason);
@@ -208,6 +210,8 @@ class Coordinator : public caf::event_based_actor {
         [](hearing_atom) {},
         [](adopted_atom) {},
         [](hung_atom, uint64_t, const std::string&) {},
+        [](none_left_atom) {},
+        [](stop_paused_atom, const std::string&) {},
     };
   }
 
@@ -624,6 +628,8 @@ class Coordinator : public caf::event_based_actor {
     gens_.forget_expected();
     const bool fresh = job_.pause(Clock::now());
     arm_deadline();
+    // (A second on: the launcher's word of a restart may come after the link's loss.)
+    delayed_send(this, std::chrono::seconds(1), none_left_atom::value);
     // (Stopping: after the stop's answer has gone out, which the job's end would cut off.)
     if (job_.stop_requested())
       delayed_send(this, std::chrono::milliseconds(500), stop_paused_atom::value, reason);
@@ -1558,6 +1564,22 @@ class Coordinator : public caf::event_based_actor {
       last_failure_ += "; " + e.detail;
     tell("agent-" + std::to_string(e.slot) + ": " + e.event.substr(e.event.find('_') + 1) +
          (e.detail.empty() ? "" : " (" + e.detail + ")"));
+    if (e.event == "agent_gave_up") {
+      gave_up_ = e.detail;
+      fail_if_none_can_return();
+    }
+  }
+
+  // Paused with no agent alive, none starting, and the local launcher given up on one (its
+  // restarts spent: a crash that recurs): nothing holds the state and nothing of this job's own
+  // comes back, so the job fails now rather than at elastic.rejoin_timeout_ms. (An agent joined
+  // by hand, or troupe scale, could still come: the pause does not wait for them.)
+  void fail_if_none_can_return() {
+    if (!launcher_ || gave_up_.empty() || job_.phase() != JobPhase::paused) return;
+    if (roster_.alive() > 0 || starting_agents() > 0) return;
+    fail("no agent is left: the launcher gave up on its agents (" + gave_up_ +
+         ") and none is alive or starting" +
+         (last_failure_.empty() ? "" : "; last lost: " + last_failure_));
   }
 
   // The agents the launcher was asked for or (re)started and that have not joined: they count as
@@ -1701,6 +1723,7 @@ class Coordinator : public caf::event_based_actor {
       {cfg_.straggler_factor, uint32_t(std::max<int64_t>(1, cfg_.straggler_steps))}};
   uint64_t straggler_generation_ = 0;
   std::optional<TraceFile> trace_;  // with observability.trace_steps, from the first chunk
+  std::string gave_up_;             // the launcher's last give-up on an agent (its detail), if any
   std::string resumable_;           // the manifest a stopped job can resume from, once it finished
   bool adoption_pending_ = false;  // a take-over waits for its agents to come back (launch_missing)
   std::string last_failure_;       // the last failure, for the message if the job fails

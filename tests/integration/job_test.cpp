@@ -1257,6 +1257,28 @@ TEST(Job, BelowMinWorkersWithNobodyReturningTheJobFailsAfterTheRejoinTimeout) {
   for (int pid : pids) EXPECT_NE(::kill(pid, 0), 0) << "agent " << pid << " is still running";
 }
 
+// The local launcher's only agent killed with its restarts spent (elastic.max_restarts = 0): no
+// agent is alive or starting, nothing holds the state, and the job fails at once naming the
+// give-up, not when elastic.rejoin_timeout_ms (here 120 s) runs out.
+TEST(Job, WithEveryAgentGivenUpByTheLauncherTheJobFailsAtOnce) {
+  testing::TempDir dir;
+  testing::Job job = testing::start_job(
+      dir, "given-up", kMlp, 1,
+      {"job.steps=1000000", "elastic.max_restarts=0", "elastic.rejoin_timeout_ms=120000"},
+      {testing::pace(20000)});
+  testing::wait_steps(job, 5);
+  ASSERT_EQ(::kill(testing::pid_of(job, "agent-0"), SIGKILL), 0);
+  auto st = job.proc->wait(30s);
+  ASSERT_TRUE(st) << "the job waited for the rejoin timeout";
+  EXPECT_EQ(WEXITSTATUS(*st), 1);
+  const std::string end = testing::events_of(job).back();
+  EXPECT_EQ(testing::json_field(end, "event"), "job_failed") << end;
+  EXPECT_NE(end.find("no agent is left: the launcher gave up on its agents (agent-0 killed by "
+                     "signal 9"),
+            std::string::npos)
+      << end;
+}
+
 TEST(Job, StatusAndStopAgainstARunningJob) {
   testing::TempDir dir;
   std::string config = write_config(dir, "long.toml", kMlp);
