@@ -1001,7 +1001,18 @@ class Coordinator : public caf::event_based_actor {
     spdlog::info("checkpoint at step {} written: {}", done->step, done->manifest);
   }
 
+  // Why a job trained to its last step ends without its final checkpoint.
+  std::string final_unsaved() const {
+    const auto& newest = checkpoints_->newest();
+    return "all " + std::to_string(steps_.committed()) +
+           " steps trained, but the final checkpoint was not written" +
+           (last_checkpoint_failure_.empty() ? "" : " (" + last_checkpoint_failure_ + ")") +
+           ": the final parameters are not saved; " +
+           (newest ? "the newest checkpoint is " + newest->manifest : "no checkpoint was written");
+  }
+
   void checkpoint_failed(uint64_t step, const std::string& why) {
+    last_checkpoint_failure_ = why;
     spdlog::error("checkpoint at step {} failed: {}", step, why);
     log_.event("checkpoint_failed", Json().integer("step", long(step)).str("reason", why));
     tell("checkpoint at step " + std::to_string(step) + " failed: " + why);
@@ -1058,8 +1069,13 @@ class Coordinator : public caf::event_based_actor {
                        gens_.members().size());
       tell_eval(steps_.committed(), outcome->eval_loss, outcome->eval_tokens);
     }
-    if (!outcome->identical) {  // (a failure, in every record: the event, the exit, the status)
-      const std::string why = "members ended with different parameters: " + outcome->differing;
+    // (A failure too: a job trained to its end whose final parameters were not saved, the disk
+    // full or gone, has lost what it was for.)
+    const std::string unsaved = !stopped && checkpoints_ && last.empty() ? final_unsaved() : "";
+    if (!outcome->identical || !unsaved.empty()) {
+      const std::string why = !outcome->identical
+                                  ? "members ended with different parameters: " + outcome->differing
+                                  : unsaved;
       log_.event("job_failed", Json()
                                    .str("reason", why)
                                    .integer("step", long(steps_.committed()))
@@ -1722,9 +1738,10 @@ class Coordinator : public caf::event_based_actor {
   elastic::StragglerDetector stragglers_{
       {cfg_.straggler_factor, uint32_t(std::max<int64_t>(1, cfg_.straggler_steps))}};
   uint64_t straggler_generation_ = 0;
-  std::optional<TraceFile> trace_;  // with observability.trace_steps, from the first chunk
-  std::string gave_up_;             // the launcher's last give-up on an agent (its detail), if any
-  std::string resumable_;           // the manifest a stopped job can resume from, once it finished
+  std::optional<TraceFile> trace_;       // with observability.trace_steps, from the first chunk
+  std::string last_checkpoint_failure_;  // why the last checkpoint that failed did
+  std::string gave_up_;            // the launcher's last give-up on an agent (its detail), if any
+  std::string resumable_;          // the manifest a stopped job can resume from, once it finished
   bool adoption_pending_ = false;  // a take-over waits for its agents to come back (launch_missing)
   std::string last_failure_;       // the last failure, for the message if the job fails
   double lr_;                      // optimizer.lr now (the config's, or the last one asked for)

@@ -1047,7 +1047,17 @@ TEST(Checkpoints, OnAFullDiskTheyFailWithTheReasonAndLeaveNothingBehind) {
   coordinator::ChildProcess p({{"/usr/bin/unshare", "-rm", "/bin/sh", "-c", script}, out, out, {}});
   const auto status = p.wait(120s);
   ASSERT_TRUE(status && WIFEXITED(*status)) << text_of(out);
-  EXPECT_EQ(WEXITSTATUS(*status), 0) << text_of(out);
+  // Trained to the end, its final parameters unsaved: a failure, naming the newest checkpoint
+  // (it exited 0, "completed", with nothing to export).
+  EXPECT_EQ(WEXITSTATUS(*status), 1) << text_of(out);
+  const std::string end = lines_of(run_dir + "/events.jsonl").back();
+  EXPECT_NE(end.find("all 60 steps trained, but the final checkpoint was not written (rank "),
+            std::string::npos)
+      << end;
+  EXPECT_NE(end.find("the final parameters are not saved; the newest checkpoint is " + ck +
+                     "/step-00000020/manifest.json"),
+            std::string::npos)
+      << end;
   EXPECT_EQ(lines_of(dir.path() + "/listing"), std::vector<std::string>{"step-00000020"});
   const std::string console = text_of(out);
   // (whichever writer the disk failed first: each may, and the checkpoint is said to fail once)
