@@ -745,7 +745,7 @@ void check_name_and_addresses(const JobConfig& c,
   for (auto [key, value, example] :
        {std::tuple{"observability.metrics_listen", &c.metrics_listen, "127.0.0.1:9400"},
         std::tuple{"cluster.listen", &c.listen, "127.0.0.1:0"}})
-    if (!value->empty() && !host_and_port(*value))
+    if ((!value->empty() || value == &c.listen) && !host_and_port(*value))  // ("": metrics off)
       throw ConfigError(place(key) + ": " + key + " = \"" + *value +
                         "\" is not HOST:PORT (e.g. \"" + example + "\"; port 0 picks one)");
 }

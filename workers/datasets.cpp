@@ -33,6 +33,21 @@ std::vector<data::Source> token_sources(const WorkerSpec& spec) {
   return sources;
 }
 
+// What a program's own kind gives, its error named by the key that chose the kind (a refusal stays
+// one: std::invalid_argument, exit 2 before anything starts).
+namespace {
+template <class F>
+auto named(const std::string& key, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(key + ": " + e.what());
+  } catch (const std::exception& e) {
+    throw std::runtime_error(key + ": " + e.what());
+  }
+}
+}  // namespace
+
 // A program's own data set (data.kind names it).
 std::unique_ptr<models::Dataset> open_added_dataset(const WorkerSpec& spec) {
   const models::DatasetKind* kind =
@@ -41,10 +56,12 @@ std::unique_ptr<models::Dataset> open_added_dataset(const WorkerSpec& spec) {
     throw std::invalid_argument("data.kind = \"" + spec.data_kind +
                                 "\" is not a kind this program has (it is built into the "
                                 "program that started the job: run its agents from it)");
-  auto d = kind->open(models::options_of(kind->options, spec.data_options), spec.seed);
+  const std::string key = "data.kind = \"" + spec.data_kind + "\"";
+  auto d = named(key, [&] {
+    return kind->open(models::options_of(kind->options, spec.data_options), spec.seed);
+  });
   if (!d || d->size() == 0 || d->input_width() == 0 || d->targets_per_sample() == 0)
-    throw std::invalid_argument("data.kind = \"" + spec.data_kind +
-                                "\": its open gave no samples (or samples of no width)");
+    throw std::invalid_argument(key + ": its open gave no samples (or samples of no width)");
   return d;
 }
 
@@ -105,8 +122,10 @@ std::unique_ptr<models::Model> build_model(const WorkerSpec& spec, const models:
     throw std::invalid_argument("model.kind = \"" + m.kind +
                                 "\" is not a kind this program has (it is built into the "
                                 "program that started the job: run its agents from it)");
-  return std::make_unique<models::Model>(
-      m, kind->build(models::options_of(kind->options, spec.model_options), data));
+  auto blocks = named("model.kind = \"" + m.kind + "\"", [&] {
+    return kind->build(models::options_of(kind->options, spec.model_options), data);
+  });
+  return std::make_unique<models::Model>(m, std::move(blocks));
 }
 
 }  // namespace troupe::workers

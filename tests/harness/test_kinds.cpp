@@ -56,8 +56,11 @@ models::DatasetKind broken_samples() {
            {"bad_target_at", int64_t(-1), -1, 1e9, "the sample of a bad target"},
            {"hang_at", int64_t(-1), -1, 1e9,
             "the sample whose first fill hangs while hang_file exists"},
-           {"hang_file", std::string(""), "see hang_at"}},
+           {"hang_file", std::string(""), "see hang_at"},
+           {"open_fails", false, "true: its open throws (records it cannot read)"}},
           [](const models::Options& o, uint64_t seed) {
+            if (o.boolean("open_fails"))
+              throw std::invalid_argument("cannot open /nonexistent/records.csv");
             return std::make_unique<BrokenSamples>(seed, o);
           },
           "synthetic classes with a sample that fails (tests)"};

@@ -1,7 +1,8 @@
 // A model kind and a data kind of the test build (`troupe_test`), as a user's program adds its
 // own (models/extension.h), each with a defect a test can switch on by a config key:
 //   data.kind = "broken_samples": synthetic classes; data.fail_at = N makes sample N's fill throw
-//     (a corrupt record), data.bad_target_at = N gives sample N a target one past the classes.
+//     (a corrupt record), data.bad_target_at = N gives sample N a target one past the classes,
+//     data.open_fails = true makes its open throw.
 //   model.kind = "shifted_linear": a linear layer, then a learned bias (Shift);
 //     model.repeatable_init = false makes the bias's init differ (an unseeded init);
 //     model.wider_shift = N makes the bias N wider than the layer's output (a shape mismatch).

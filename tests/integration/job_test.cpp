@@ -228,6 +228,8 @@ TEST(Job, BadConfigsExitNonZeroWithTheReasonAndStartNothing) {
        "(\"127.0.0.1:47321\") listens on"},
       {"[cluster]\nlisten = \"127.0.0.1:99999\"\n",
        ":2:10: cluster.listen = \"127.0.0.1:99999\" is not HOST:PORT"},
+      // (empty: it exited 1 with the transport's text)
+      {"[cluster]\nlisten = \"\"\n", ":2:10: cluster.listen = \"\" is not HOST:PORT"},
       // (an IPv6 address: it exited 1 with the transport's text; no name lookup leaves the host)
       {"[cluster]\nlisten = \"::1:0\"\n", "cluster.listen = \"::1:0\": cannot resolve host '::1'"},
       {"[cluster]\nagents = 3\n[elastic]\nmax_workers = 2\n",
@@ -255,6 +257,11 @@ TEST(Job, BadConfigsExitNonZeroWithTheReasonAndStartNothing) {
       {"[model]\nkind = \"gpt\"\nlayers = 2\n[data]\nkind = \"text\"\n[parallel]\n"
        "max_params_per_worker = 10\npipeline_stages = \"auto\"\n",
        "max_params_per_worker = 10: block 0 of the model has"},
+      // A program's own kind that cannot open its data: named by its key (it said only the
+      // kind's own words).
+      {"[model]\ninputs = 64\nhidden = [64]\nclasses = 10\n[data]\nkind = \"broken_samples\"\n"
+       "open_fails = true\n",
+       "data.kind = \"broken_samples\": cannot open /nonexistent/records.csv"},
       {"[model]\ninputs = 64\nhidden = [64, 64]\nclasses = 10\n[cluster]\nagents = 4\n"
        "[parallel]\nmax_params_per_worker = 4200\npipeline_stages = 2\n",
        "need at least 3 pipeline stages; parallel.pipeline_stages = 2"},
