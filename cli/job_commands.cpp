@@ -248,6 +248,15 @@ std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool l
   return "";
 }
 
+// A file of the run directory, whole, or RunDirError naming it (a directory in its place, a full
+// disk): a run whose files cannot be read back is not started.
+void write_run_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.flush();
+  if (!out) throw coordinator::RunDirError("cannot write " + path + ": " + std::strerror(errno));
+}
+
 RunDir prepare_run_dir(coordinator::JobConfig& cfg, bool resuming) {
   RunDir d;
   const std::string path =
@@ -278,19 +287,26 @@ RunDir prepare_run_dir(coordinator::JobConfig& cfg, bool resuming) {
     std::error_code ec;
     if (cfg.checkpoint_dir == fs::absolute(d.path + "/checkpoints", ec).lexically_normal().string())
       effective.checkpoint_dir.clear();
-    std::ofstream(d.path + "/config.toml") << coordinator::to_toml(effective);
+    write_run_file(d.path + "/config.toml", coordinator::to_toml(effective));
   }
-  if (cfg.take_over) {  // (its agents still alive present this token)
-    auto [job, token] = workers::read_token_file(d.path + "/job.token");
-    if (job != cfg.name)
-      throw coordinator::RunDirError("--resume " + d.path + ": its job.token is job '" + job +
-                                     "', not '" + cfg.name + "'");
-    d.token = token;
-  } else {
-    d.token = coordinator::new_token();
-    coordinator::write_token_file(d.path + "/job.token", cfg.name, d.token);
+  std::shared_ptr<spdlog::logger> log;
+  try {  // (the token file, the log: a directory where they go is the run directory's fault)
+    if (cfg.take_over) {  // (its agents still alive present this token)
+      auto [job, token] = workers::read_token_file(d.path + "/job.token");
+      if (job != cfg.name)
+        throw coordinator::RunDirError("--resume " + d.path + ": its job.token is job '" + job +
+                                       "', not '" + cfg.name + "'");
+      d.token = token;
+    } else {
+      d.token = coordinator::new_token();
+      coordinator::write_token_file(d.path + "/job.token", cfg.name, d.token);
+    }
+    log = spdlog::basic_logger_mt("coordinator", d.path + "/coordinator.log");
+  } catch (const coordinator::RunDirError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw coordinator::RunDirError("run directory " + d.path + ": " + e.what());
   }
-  auto log = spdlog::basic_logger_mt("coordinator", d.path + "/coordinator.log");
   log->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [job " + cfg.name + "] [coordinator] [%l] %v");
   log->flush_on(spdlog::level::info);
   spdlog::set_default_logger(log);
@@ -800,7 +816,15 @@ int run_job(const std::vector<std::string>& words, bool spawn_agents, const Hook
   std::string address;
   self->request(bridge, std::chrono::seconds(5), actors::info_atom::value)
       .receive([&](uint64_t, std::string& a) { address = a; }, [](caf::error&) {});
-  { std::ofstream(dir.path + "/coordinator.addr") << address << "\n"; }
+  try {
+    write_run_file(dir.path + "/coordinator.addr", address + "\n");
+  } catch (const coordinator::RunDirError& e) {  // (status, stop, agents read it)
+    std::fprintf(stderr, "troupe: %s\n", e.what());
+    caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(bridge, caf::exit_reason::user_shutdown);
+    deadline.arm(std::chrono::seconds(30), 2, "troupe");
+    return 2;
+  }
   print_start(cfg, dir.path, address, spawn_agents);
   caf::actor launcher;
   if (spawn_agents && cfg.launcher == "local")

@@ -278,6 +278,30 @@ TEST(Job, BadConfigsExitNonZeroWithTheReasonAndStartNothing) {
   }
 }
 
+// A run directory whose own files cannot be written (a directory in the place of one) is refused,
+// exit 2, naming the file. (config.toml and coordinator.addr went unwritten without a word, the
+// job then unreachable by troupe status and stop; the token and the log exited 1, the log's with
+// spdlog's words; coordinator.addr's now ends the control plane too, not 30 s later.)
+TEST(Job, ARunDirectoryWhoseOwnFilesCannotBeWrittenIsRefusedNamingTheFile) {
+  testing::TempDir dir;
+  const std::string config = write_config(dir, "mlp.toml", kMlp);
+  for (const std::string file :
+       {"config.toml", "job.token", "coordinator.log", "coordinator.addr"}) {
+    const std::string run_dir = dir.path() + "/in-" + file, out = run_dir + ".out";
+    std::filesystem::create_directories(run_dir + "/" + file);
+    coordinator::ChildProcess p(
+        {{testing::troupe_binary(), "run", config, "--set", "job.run_dir=\"" + run_dir + "\""},
+         out,
+         out,
+         {}});
+    auto st = p.wait(20s);
+    ASSERT_TRUE(st && WIFEXITED(*st)) << file << " did not end";
+    EXPECT_EQ(WEXITSTATUS(*st), 2) << file << ": " << testing::text_of(out);
+    EXPECT_NE(testing::text_of(out).find(run_dir + "/" + file), std::string::npos)
+        << testing::text_of(out);
+  }
+}
+
 // Inputs that could hang the command or exhaust the machine are refused before anything starts:
 // a FIFO as the data file (reading it would block), a directory as the config file (it used to
 // train the default job), an agent offering no device.
