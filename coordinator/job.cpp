@@ -328,7 +328,8 @@ class Coordinator : public caf::event_based_actor {
     if (!launcher_ || job_.finished()) return;
     int64_t live = 0;
     for (const auto& a : roster_.agents()) live += a.alive;
-    if (live < cfg_.agents) launch_agents(cfg_.agents - live);
+    if (live < cfg_.agents)
+      launch_agents(cfg_.agents - live, "in place of an agent not back after the take-over");
   }
 
   // The first generation after a take-over: the members' own state (adopted: nothing is
@@ -380,7 +381,7 @@ class Coordinator : public caf::event_based_actor {
                                     .boolean("adopted", j.rejoin));
     spdlog::info("agent {} joined: {} (pid {}, {} device(s))", a.id, a.name, a.pid,
                  a.devices.size());
-    if (job_.started()) tell(a.name + " joined (agent " + std::to_string(a.id) + ")");
+    if (job_.started()) tell(a.name + " joined (id " + std::to_string(a.id) + ")");
     actors::JobSpec spec = job_spec_of(cfg_, a.id, gens_.current() + 1);
     // Only the first generation's workers start from the seed or the checkpoint; later ones
     // receive the members' state (and a coordinator that took over forms its first one again).
@@ -477,7 +478,7 @@ class Coordinator : public caf::event_based_actor {
     // (an adopted agent is no child of this launcher, which would restart it: one in its place;
     // before the adoption's wait ends, launch_missing counts it then)
     if (a->adopted && launcher_ && !adoption_pending_ && int64_t(roster_.alive()) < cfg_.agents)
-      launch_agents(1);
+      launch_agents(1, "in place of a lost adopted agent");
     decide_and_act();
   }
 
@@ -1601,8 +1602,8 @@ class Coordinator : public caf::event_based_actor {
   // The agents the launcher was asked for or (re)started and that have not joined: they count as
   // the job's in a scale (launch_agents() counts them from the request on; a join by their name and
   // pid, an exit or a give-up ends them).
-  void launch_agents(int64_t agents) {
-    send(launcher_, ScaleAgents{agents});
+  void launch_agents(int64_t agents, const std::string& why = "scale") {
+    send(launcher_, ScaleAgents{agents, why});
     launching_ += agents;
   }
   void track_starting(const LauncherEvent& e) {

@@ -140,10 +140,11 @@ typename Inspector::result_type inspect(Inspector& f, LauncherEvent& x) {
 // (`troupe scale` above the current size).
 struct ScaleAgents {
   int64_t count = 0;
+  std::string why = "scale";  // (agent_started's detail: "scale", "take-over", ...)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ScaleAgents& x) {
-  return f(caf::meta::type_name("scale_agents"), x.count);
+  return f(caf::meta::type_name("scale_agents"), x.count, x.why);
 }
 
 // The coordinator -> the local launcher: the agent in this slot (while it is this pid) was

@@ -57,7 +57,7 @@ class Launcher : public caf::event_based_actor {
         [this](EndLostAgent& e) { end_lost(e); },
         [this](ScaleAgents& s) {
           for (int64_t k = 0; k < s.count && !stopping_; ++k)
-            if (add_slot()) report("agent_started", slots_.size() - 1, 0, "scale");
+            if (add_slot()) report("agent_started", slots_.size() - 1, 0, s.why);
         },
         [this](stop_atom, int64_t grace_ms) -> caf::result<bool> {
           stopping_ = true;

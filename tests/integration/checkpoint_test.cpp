@@ -584,6 +584,8 @@ TEST(Checkpoints, AnAdoptedAgentLostAfterATakeOverIsReplacedUnderANewName) {
   const std::string started = wait_event(taken, is("agent_started"), 60s);
   ASSERT_NE(started, "") << "the lost adopted agent was not replaced";
   EXPECT_EQ(json_field(started, "slot"), "2") << started;
+  // (Said why: it said "scale", and none was asked for.)
+  EXPECT_EQ(json_field(started, "detail").rfind("in place of ", 0), 0u) << started;
   ASSERT_NE(wait_event(taken, is("member_joined", "name", "agent-2"), 60s), "");
   // (the adoption's generation had two members, the one after the loss one; then two again)
   int twos = 0;
