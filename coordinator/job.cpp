@@ -1103,7 +1103,12 @@ class Coordinator : public caf::event_based_actor {
   // members by state, and the control plane's frame counters (asked of the bridge).
   void update_metrics() {
     const auto st = status();
-    metrics_->set_members(uint32_t(st.members.size()), uint32_t(st.standbys.size()));
+    // (Live ones: a lost or restarting member of the generation is no live worker; a paused
+    // job's survivors are.)
+    const auto live = std::count_if(st.members.begin(), st.members.end(), [](const auto& m) {
+      return m.state != "lost" && m.state != "restarting";
+    });
+    metrics_->set_members(uint32_t(live), uint32_t(st.standbys.size()));
     request(bridge_, std::chrono::seconds(2), actors::stats_atom::value)
         .then(
             [m = metrics_](ControlMessage& reply) {

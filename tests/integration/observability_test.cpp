@@ -144,6 +144,29 @@ TEST(Metrics, APrometheusScrapesARunningJobAndPromtoolAcceptsTheOutput) {
 // An endpoint closed as soon as it opens (a job refused before it starts) ends: its stop used to
 // be lost when it came before the server's thread reached its accept loop, and `troupe run` then
 // hung in the destructor, deaf to SIGTERM (2 runs in 8).
+// A job paused below elastic.min_workers with one of its two members lost: the endpoint counts one
+// live member (it counted the lost one too: an alert on live workers could not see the pause).
+TEST(Metrics, APausedJobsLostMemberIsNoLiveMember) {
+  TempDir dir;
+  Job job = start_job(dir, "paused", kMlp, 2, {"elastic.min_workers=2", "elastic.max_restarts=0"},
+                      {pace(20000)});
+  const std::string address = metrics_address(job);
+  ASSERT_FALSE(address.empty()) << "no metrics.addr";
+  wait_steps(job, 5);
+  ASSERT_EQ(::kill(pid_of(job, "agent-1"), SIGKILL), 0);
+  ASSERT_NE(wait_event(job, is("job_paused"), 30s), "");
+  const std::string one = "troupe_members{state=\"member\"} 1\n";
+  std::string text;  // (the members' count is updated once a second)
+  for (auto until = std::chrono::steady_clock::now() + 10s;
+       std::chrono::steady_clock::now() < until && text.find(one) == std::string::npos;
+       std::this_thread::sleep_for(200ms))
+    if (auto r = http_get(port_of(address), "/metrics"); r && r->status == 200) text = r->body;
+  EXPECT_NE(text.find(one), std::string::npos) << text;
+  EXPECT_NE(text.find("troupe_paused 1\n"), std::string::npos) << text;
+  admin(dir, {"stop", "--run-dir", job.run_dir});
+  EXPECT_TRUE(job.proc->wait(60s));
+}
+
 TEST(Metrics, AnEndpointClosedAsSoonAsItOpensEnds) {
   auto done = std::make_shared<std::promise<void>>();
   std::future<void> ended = done->get_future();
