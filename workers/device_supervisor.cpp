@@ -172,7 +172,14 @@ bool DeviceSupervisor::connect(const actors::GenerationStart& g) {
 void DeviceSupervisor::form_device_plane(uint64_t gen) {
   // A step of several members sums (and a pipeline exchanges) over it; the exact sums of
   // parallel.deterministic go host-staged (the configuration refuses "nccl" with them).
-  if (comm_->size() == 1 || spec_.deterministic) return;
+  exact_plane_.clear();
+  if (comm_->size() == 1) return;
+  if (spec_.deterministic) {
+    exact_plane_ = std::string("exact sums (parallel.deterministic: fixed-point integers) over ") +
+                   (comm_->shared_memory_allreduce() ? "shared memory" : "UCX") + ", host-staged";
+    spdlog::info("worker {}: data plane: {}", id_.device, exact_plane_);
+    return;
+  }
   PlaneOptions o;
   o.backend = spec_.backend;
   o.cuda_device = spec_.device.rfind("cuda:", 0) == 0 ? std::atoi(spec_.device.c_str() + 5) : 0;
@@ -199,7 +206,7 @@ void DeviceSupervisor::take_state(const actors::GenerationStart& g) {
   std::string plan;
   if (spec_.pipeline_stages != 1)
     plan = Worker::describe(worker_->plan_for(uint32_t(g.members.size())));
-  const std::string data_plane = plane_ && rank_ == 0 ? plane_->choice().why : "";
+  const std::string data_plane = rank_ != 0 ? "" : plane_ ? plane_->choice().why : exact_plane_;
   if (t.needed || (rank_ == 0 && (!plan.empty() || !data_plane.empty())))
     ctx_.send(
         actors::encode(actors::StateReceived{g.generation, uint32_t(rank_), g.state_source, t.bytes,

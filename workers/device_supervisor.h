@@ -70,9 +70,10 @@ class DeviceSupervisor {
   std::unique_ptr<Worker> worker_;
   std::unique_ptr<comm::UcxCommunicator> comm_;
   std::unique_ptr<DevicePlane> plane_;  // this generation's (it goes before comm_)
-  uint64_t want_;                       // the generation it publishes for next
-  uint64_t rejoins_ = 0;                // the agent's rejoins when it last published
-  std::string last_error_;  // why the previous generation ended for it, if the data plane broke
+  std::string exact_plane_;  // parallel.deterministic's data plane, said as a DevicePlane's is
+  uint64_t want_;            // the generation it publishes for next
+  uint64_t rejoins_ = 0;     // the agent's rejoins when it last published
+  std::string last_error_;   // why the previous generation ended for it, if the data plane broke
   int rank_ = -1;
   uint64_t generation_ = 0;
 };

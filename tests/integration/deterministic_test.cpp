@@ -107,6 +107,12 @@ TEST(Deterministic, AKillAndAJoinChangeNoBit) {
   expect_same_function(job, want.losses, kSteps, kBatch, 0);
   EXPECT_EQ(final_checksum(job), want.checksum);
   EXPECT_EQ(count_events(job, "member_failed"), 1);
+  // Every generation of several says its data plane, as the default mode's do (none was said).
+  const std::string plane = wait_event(job, is("data_plane", "generation", "3"), 1s);
+  EXPECT_NE(plane.find("exact sums (parallel.deterministic: fixed-point integers) over "),
+            std::string::npos)
+      << plane;
+  EXPECT_EQ(count_events(job, "data_plane"), 3);
   auto jst = joiner->wait(30s);
   ASSERT_TRUE(jst);
   EXPECT_EQ(WEXITSTATUS(*jst), 0);
