@@ -451,6 +451,12 @@ coordinator::JobFinished wait_for_end(caf::scoped_actor& self, const caf::actor&
   return end;
 }
 
+// How the run goes on: with its own config.toml, as it ran (another config's keys would change what
+// it computes: parallel.deterministic, the data; a resume only warns of them).
+std::string resume_command(const std::string& dir) {
+  return "troupe run " + dir + "/config.toml --resume " + dir;
+}
+
 // The job's last line, and the exit status: 0 completed, or stopped (`troupe stop`; a signal with
 // the checkpoint it asks for: resumable), 1 failed, 2 refused before it started, 128 + the signal
 // when a signal stopped it without a checkpoint.
@@ -460,8 +466,8 @@ int report_end(const coordinator::JobConfig& cfg, const std::string& dir,
     std::fprintf(stderr, "troupe: job '%s' failed after %llu steps: %s (see %s)\n",
                  cfg.name.c_str(), (unsigned long long)end.steps, end.reason.c_str(), dir.c_str());
     if (!end.checkpoint.empty())  // (what was saved is not lost: say where it goes on from)
-      std::fprintf(stderr, "troupe: its newest checkpoint is %s: troupe run CONFIG --resume %s\n",
-                   end.checkpoint.c_str(), dir.c_str());
+      std::fprintf(stderr, "troupe: its newest checkpoint is %s: %s\n", end.checkpoint.c_str(),
+                   resume_command(dir).c_str());
     return first_signal ? 128 + first_signal : end.exit_code;
   }
   const bool stopped = end.state == "stopped";
@@ -473,15 +479,15 @@ int report_end(const coordinator::JobConfig& cfg, const std::string& dir,
   const bool where_it_stopped =
       end.checkpoint.find("/" + actors::checkpoint_dir_name(end.steps) + "/") != std::string::npos;
   if (stopped && !end.checkpoint.empty() && where_it_stopped) {
-    std::printf("troupe: resumable from %s: troupe run CONFIG --resume %s\n",
-                end.checkpoint.c_str(), dir.c_str());
+    std::printf("troupe: resumable from %s: %s\n", end.checkpoint.c_str(),
+                resume_command(dir).c_str());
     return 0;
   }
   if (stopped && !end.checkpoint.empty())  // (stopped without one: an older one)
     std::printf(
-        "troupe: its newest checkpoint is %s: troupe run CONFIG --resume %s goes on from "
-        "there (the steps after it again)\n",
-        end.checkpoint.c_str(), dir.c_str());
+        "troupe: its newest checkpoint is %s: %s goes on from there (the steps after it "
+        "again)\n",
+        end.checkpoint.c_str(), resume_command(dir).c_str());
   else if (stopped)  // (nothing to resume or export from: say so, and how it is kept next time)
     std::printf(
         "troupe: it wrote no checkpoint, so nothing resumes or exports from it (troupe stop "
