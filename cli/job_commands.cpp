@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -315,27 +316,49 @@ RunDir prepare_run_dir(coordinator::JobConfig& cfg, bool resuming) {
 }
 
 // What `troupe run` prints while the job runs: a progress line on a terminal; otherwise a line
-// every 5% of the steps, and at least one a minute (a long job's log shows it is alive).
+// every 5% of the steps, and at least one a minute (a long job's log shows it is alive). Its rates
+// are the wall clock's (pauses and recoveries count) over the steps since the line before, or on
+// a terminal the last 3 s: one step's own (metrics.jsonl's) jumps with every step.
 class ProgressPrinter {
  public:
-  ProgressPrinter(bool tty, uint64_t steps)
-      : tty_(tty), every_(std::max<uint64_t>(1, steps / 20)), t0_(Clock::now()) {}
+  ProgressPrinter(bool tty, uint64_t steps, uint64_t global_batch)
+      : tty_(tty),
+        every_(std::max<uint64_t>(1, steps / 20)),
+        batch_(global_batch),
+        t0_(Clock::now()),
+        since_{UINT64_MAX, t0_} {}
   void print(const coordinator::JobProgress& p) {
     last_ = p;
-    const double elapsed = std::chrono::duration<double>(Clock::now() - t0_).count();
+    const auto now = Clock::now();
+    const double elapsed = std::chrono::duration<double>(now - t0_).count();
     const double left = p.step ? elapsed / double(p.step) * double(p.steps - p.step) : -1;
     if (tty_) {
+      window_.emplace_back(p.step, now);
+      while (window_.size() > 2 && now - window_[1].second > std::chrono::seconds(3))
+        window_.pop_front();
+      const auto [samples, tokens] = rates(p, window_.front());
       std::printf("\r  step %llu/%llu%s  loss %.4f  %.0f samples/s  %.0f tokens/s  ETA %s   ",
                   (unsigned long long)p.step, (unsigned long long)p.steps, epoch(p).c_str(), p.loss,
-                  p.samples_per_s, p.tokens_per_s, eta(left).c_str());
+                  samples, tokens, eta(left).c_str());
     } else if (p.step % every_ == 0 || p.step == p.steps ||
-               Clock::now() - printed_ > std::chrono::seconds(60)) {
-      printed_ = Clock::now();
+               now - since_.second > std::chrono::seconds(60)) {
+      const auto [samples, tokens] = rates(p, since_);
+      since_ = {p.step, now};
       std::printf("step %llu/%llu loss %.4f samples/s %.0f tokens/s %.0f world %llu%s\n",
-                  (unsigned long long)p.step, (unsigned long long)p.steps, p.loss, p.samples_per_s,
-                  p.tokens_per_s, (unsigned long long)p.world_size, epoch(p).c_str());
+                  (unsigned long long)p.step, (unsigned long long)p.steps, p.loss, samples, tokens,
+                  (unsigned long long)p.world_size, epoch(p).c_str());
     }
     std::fflush(stdout);
+  }
+  // Samples and tokens a second from `from` (a step and when it was seen) to p, now; the step's own
+  // where no time has passed (the first).
+  std::pair<double, double> rates(const coordinator::JobProgress& p,
+                                  const std::pair<uint64_t, Clock::time_point>& from) const {
+    const double seconds = std::chrono::duration<double>(Clock::now() - from.second).count();
+    if (p.step <= from.first || seconds <= 0) return {p.samples_per_s, p.tokens_per_s};
+    const double samples = double(p.step - from.first) * double(batch_) / seconds;
+    const double per_sample = p.samples_per_s > 0 ? p.tokens_per_s / p.samples_per_s : 0;
+    return {samples, samples * per_sample};
   }
   void end() {
     if (tty_ && last_.step > 0) std::printf("\n");
@@ -352,8 +375,10 @@ class ProgressPrinter {
 
  private:
   bool tty_;
-  uint64_t every_;
-  Clock::time_point t0_, printed_ = Clock::now();
+  uint64_t every_, batch_;
+  Clock::time_point t0_;
+  std::pair<uint64_t, Clock::time_point> since_;  // the last line's step (none yet: the most)
+  std::deque<std::pair<uint64_t, Clock::time_point>> window_;  // a terminal's last 3 s
   coordinator::JobProgress last_;
 };
 
@@ -837,7 +862,8 @@ int run_job(const std::vector<std::string>& words, bool spawn_agents, const Hook
     launcher =
         coordinator::spawn_local_launcher(system, launcher_options(cfg, dir, address), coord);
 
-  ProgressPrinter progress(isatty(STDOUT_FILENO) && cfg.progress, uint64_t(cfg.steps));
+  ProgressPrinter progress(isatty(STDOUT_FILENO) && cfg.progress, uint64_t(cfg.steps),
+                           uint64_t(cfg.global_batch));
   coordinator::JobFinished end = wait_for_end(self, coord, signals, progress);
   if (launcher) {
     // Agents finish by themselves (10 s at most); after a second signal they are killed now.
