@@ -1072,7 +1072,9 @@ class Coordinator : public caf::event_based_actor {
     }
     // (A failure too: a job trained to its end whose final parameters were not saved, the disk
     // full or gone, has lost what it was for.)
-    const std::string unsaved = !stopped && checkpoints_ && last.empty() ? final_unsaved() : "";
+    // (A program's own loop keeps its own checkpoints.)
+    const std::string unsaved =
+        !stopped && checkpoints_ && !cfg_.external() && last.empty() ? final_unsaved() : "";
     if (!outcome->identical || !unsaved.empty()) {
       const std::string why = !outcome->identical
                                   ? "members ended with different parameters: " + outcome->differing
