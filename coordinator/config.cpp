@@ -1,6 +1,7 @@
 #include "coordinator/config.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/stat.h>
 #include <toml++/toml.h>
 #include <unistd.h>
@@ -284,13 +285,10 @@ std::string toml_string(const std::string& text) {
 
 void assign(const Field& f, const toml::node& n, const std::string& source) {
   std::string at = where(source, n), name = f.table + "." + f.key;
-  auto range = [&](double v) {
-    if (v < f.min || v > f.max) {
-      std::ostringstream msg;
-      msg << at << ": " << name << " = " << v << " is out of range [" << f.min << ", " << f.max
-          << "]";
-      throw ConfigError(msg.str());
-    }
+  auto range = [&](double v, const std::string& shown) {  // (an integer's shown as it was given)
+    if (v < f.min || v > f.max)
+      throw ConfigError(fmt::format("{}: {} = {} is out of range [{:.15g}, {:.15g}]", at, name,
+                                    shown, f.min, f.max));
   };
   auto wrong = [&]() -> ConfigError {
     const std::string type(toml::impl::node_type_friendly_names[size_t(n.type())]);
@@ -305,7 +303,7 @@ void assign(const Field& f, const toml::node& n, const std::string& source) {
     case Kind::integer: {
       auto v = n.value<int64_t>();
       if (!n.is_integer() || !v) throw wrong();
-      range(double(*v));
+      range(double(*v), std::to_string(*v));
       *static_cast<int64_t*>(f.target) = *v;
       break;
     }
@@ -316,7 +314,7 @@ void assign(const Field& f, const toml::node& n, const std::string& source) {
       }
       auto v = n.value<int64_t>();
       if (!n.is_integer() || !v) throw wrong();
-      range(double(*v));
+      range(double(*v), std::to_string(*v));
       *static_cast<int64_t*>(f.target) = *v;
       break;
     }
@@ -324,7 +322,7 @@ void assign(const Field& f, const toml::node& n, const std::string& source) {
       if (!n.is_number()) throw wrong();
       double v = *n.value<double>();
       if (!std::isfinite(v)) throw ConfigError(at + ": " + name + " must be a finite number");
-      range(v);
+      range(v, fmt::format("{:.15g}", v));
       *static_cast<double*>(f.target) = v;
       break;
     }
@@ -349,7 +347,7 @@ void assign(const Field& f, const toml::node& n, const std::string& source) {
         if (!e.is_integer())
           throw ConfigError(where(source, e) + ": " + name + " must hold integers only");
         int64_t v = *e.value<int64_t>();
-        range(double(v));
+        range(double(v), std::to_string(v));
         out.push_back(v);
       }
       *static_cast<std::vector<int64_t>*>(f.target) = out;
@@ -868,11 +866,13 @@ void choose_added_kinds(toml::table& root, const ExtensionKinds& kinds, JobConfi
   }
   if (auto it = kinds.models.find(kind_in(root, "model")); it != kinds.models.end()) {
     c.model_kind = it->first;
-    for (const auto& k : it->second) c.model_options[k.name] = k.default_value;
+    for (const auto& k : it->second)
+      c.model_options[k.name] = c.model_defaults[k.name] = k.default_value;
   }
   if (auto it = kinds.datasets.find(kind_in(root, "data")); it != kinds.datasets.end()) {
     c.data_kind = it->first;
-    for (const auto& k : it->second) c.data_options[k.name] = k.default_value;
+    for (const auto& k : it->second)
+      c.data_options[k.name] = c.data_defaults[k.name] = k.default_value;
   }
 }
 

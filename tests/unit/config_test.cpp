@@ -48,6 +48,11 @@ TEST(Config, BadFilesAreRefusedWithFileLineAndReason) {
        "[optimizer]\nlr = -1.0\n",
        {},
        "job.toml:2:6: optimizer.lr = -1 is out of range"},
+      // (an integer as given, and the bounds in full: it said 9.22337e+18 and [1, 1e+09])
+      {"a large integer out of range",
+       "[job]\nsteps = 9223372036854775807\n",
+       {},
+       "job.toml:2:9: job.steps = 9223372036854775807 is out of range [1, "},
       {"bad choice",
        "[model]\nkind = \"rnn\"\n",
        {},
