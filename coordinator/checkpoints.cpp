@@ -177,12 +177,32 @@ bool same_paths(const json& config, const std::string& hash, const CheckpointIde
   return hex(comm::fnv1a(reinterpret_cast<const uint8_t*>(text.data()), text.size())) == hash;
 }
 
+// A manifest written before the program's kinds had some of their keys: the job's identity without
+// those of them at their defaults (a key added since, left at its default, changes nothing the
+// checkpoint holds) has its hash.
+bool same_but_new_keys(const json& config, const std::string& hash, const CheckpointIdentity& job) {
+  const json defaults = json::parse(job.defaults.empty() ? "{}" : job.defaults, nullptr, false);
+  json ours = json::parse(job.config, nullptr, false);
+  if (!defaults.is_object() || defaults.empty() || !ours.is_object()) return false;
+  for (const auto& [table, keys] : defaults.items()) {
+    const auto theirs = config.find(table);
+    for (const auto& [key, value] : keys.items())
+      if (theirs == config.end() || !theirs->is_object() || !theirs->contains(key))
+        ours[table].erase(key);
+    if (ours[table].empty() && !config.contains(table)) ours.erase(table);
+  }
+  const std::string text = ours.dump();
+  return hex(comm::fnv1a(reinterpret_cast<const uint8_t*>(text.data()), text.size())) == hash;
+}
+
 // Whether a manifest's config hash is the job's: its hash; an older Troupe's (a manifest without
 // the config fields: its hash left the mix and the held-out fraction out); one written before
 // a token data set's tokenizer was part of it (its config has no "tokenizer"); or one written
 // before the data's content was (no "data_digest": the path's text, as given, was).
 bool same_job(const json& m, const std::string& hash, const CheckpointIdentity& job) {
   if (hash == job.hash) return true;
+  if (m.contains("config") && m["config"].is_object() && same_but_new_keys(m["config"], hash, job))
+    return true;
   if (m.contains("config") && m["config"].is_object() && !m["config"].contains("data_digest") &&
       !job.path_hash.empty() && (hash == job.path_hash || same_paths(m["config"], hash, job)))
     return true;
@@ -251,10 +271,15 @@ CheckpointIdentity checkpoint_identity(const JobConfig& config) {
             {"seed", c.seed},        {"batch", c.global_batch}, {"optimizer", c.optimizer}};
   // A program's own kinds' keys, a mix and a held-out fraction only when there are (the hashes
   // of jobs without them stay what they were).
-  for (const auto& [table, options] :
-       {std::pair{"model_options", &c.model_options}, std::pair{"data_options", &c.data_options}})
-    for (const auto& [key, value] : *options)
+  json defaults = json::object();
+  for (const auto& [table, options, given] :
+       {std::tuple{"model_options", &c.model_options, &c.model_defaults},
+        std::tuple{"data_options", &c.data_options, &c.data_defaults}})
+    for (const auto& [key, value] : *options) {
       std::visit([&, table = table, key = key](const auto& v) { j[table][key] = v; }, value);
+      if (const auto d = given->find(key); d != given->end() && d->second == value)
+        defaults[table][key] = j[table][key];
+    }
   auto hash_of = [](const std::string& text) {
     return hex(comm::fnv1a(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
   };
@@ -283,6 +308,7 @@ CheckpointIdentity checkpoint_identity(const JobConfig& config) {
   std::string text = j.dump();
   const std::string hash = hash_of(text);  // (before text moves: arguments have no order)
   CheckpointIdentity id(hash, std::move(text));
+  if (!defaults.empty()) id.defaults = defaults.dump();
   if (before != id.hash) id.older_hash = before;
   if (untokenized != id.hash) id.untokenized_hash = untokenized;
   if (by_path != id.hash) {

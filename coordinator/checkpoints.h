@@ -43,7 +43,8 @@ struct CheckpointIdentity {
   std::string path_config;       // ... of this config, and its data's paths made absolute
   std::string data_path;
   std::vector<std::string> mix_sets;
-  uint64_t blocks = 0;  // the model's blocks, where known (a manifest of others is refused)
+  uint64_t blocks = 0;   // the model's blocks, where known (a manifest of others is refused)
+  std::string defaults;  // a program's kinds' keys at their defaults ({"model_options": {...}})
 };
 CheckpointIdentity checkpoint_identity(const JobConfig& cfg);
 

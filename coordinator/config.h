@@ -59,6 +59,9 @@ struct JobConfig {
   // A program's own model.kind: its keys' values (every key, defaults included); the built-in
   // keys above are then refused in the file.
   std::map<std::string, OptionValue> model_options;
+  // Not keys: the program's kinds' defaults (a checkpoint written before a key was added, at its
+  // default now, is the same job's).
+  std::map<std::string, OptionValue> model_defaults, data_defaults;
   // [data]
   std::string data_kind = "synthetic";
   std::string data_path = "/usr/share/common-licenses/GPL-3";

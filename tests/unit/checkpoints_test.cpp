@@ -243,6 +243,29 @@ TEST(Checkpoints, AnOlderVersionsManifestIsTakenOnTheHashItWasWrittenWith) {
   EXPECT_TRUE(valid_checkpoint(step_dir(d.path, 10), checkpoint_identity(other), &why)) << why;
 }
 
+// A program's own model kind that gained a key since its checkpoint was written: at the key's
+// default the checkpoint is the same job's (it was "another model", export and resume refused);
+// set otherwise, another's, naming the key.
+TEST(Checkpoints, AKeyAddedToAKindSinceStaysTheSameJobAtItsDefault) {
+  Dir d;
+  JobConfig c = config(d.path, 10);
+  c.model_kind = "swishnet";
+  c.model_options = c.model_defaults = {{"width", int64_t(32)}};
+  Checkpoints ck(c);
+  ASSERT_TRUE(ck.add(report(d.path, 10, 1, {0}, 1), 1, "", 1e-3));
+  JobConfig later = c;
+  later.model_defaults["delay_us"] = int64_t(0);
+  later.model_options = later.model_defaults;
+  std::string why;
+  EXPECT_TRUE(valid_checkpoint(step_dir(d.path, 10), checkpoint_identity(later), &why)) << why;
+  later.model_options["delay_us"] = int64_t(5);
+  EXPECT_FALSE(valid_checkpoint(step_dir(d.path, 10), checkpoint_identity(later), &why));
+  EXPECT_NE(why.find("model_options: {\"width\":32} in the checkpoint"), std::string::npos) << why;
+  JobConfig wider = c;  // (a key the checkpoint has, changed: another model)
+  wider.model_options["width"] = int64_t(64);
+  EXPECT_FALSE(valid_checkpoint(step_dir(d.path, 10), checkpoint_identity(wider), &why));
+}
+
 // A token data set replaced by one of another tokenizer (the same vocabulary size: the old ids'
 // embeddings would be trained on other text) is another job's data: refused, naming it. A
 // checkpoint written before the tokenizer was part of the identity is still taken.
