@@ -42,7 +42,7 @@ struct JobName {
 // The first and the last event a run directory's events.jsonl holds (null when none can be
 // read; a cut or damaged line is passed over).
 struct RunEvents {
-  nlohmann::json first, last;
+  nlohmann::json first, started, last;  // (started: the newest run's job_started)
 };
 RunEvents run_events(const std::string& dir) {
   RunEvents e;
@@ -53,6 +53,7 @@ RunEvents run_events(const std::string& dir) {
     auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (!j.is_object()) continue;
     if (e.first.is_null()) e.first = j;
+    if (coordinator::text_field(j, "event") == "job_started") e.started = j;
     e.last = j;
   }
   return e;
@@ -299,7 +300,7 @@ void print_status(const actors::JobStatus& s, bool json) {
 // ended. nullopt when a job runs there (ask its coordinator).
 std::optional<int> status_from_run_dir(const std::string& dir, bool json) {
   if (dir.empty() || coordinator::run_dir_in_use(dir)) return std::nullopt;
-  const auto [first, last] = run_events(dir);
+  const auto [first, started, last] = run_events(dir);
   if (last.is_null()) return std::nullopt;
   using coordinator::count_field, coordinator::text_field;
   const std::string event = text_field(last, "event"), name = text_field(first, "job", "?");
@@ -311,19 +312,31 @@ std::optional<int> status_from_run_dir(const std::string& dir, bool json) {
                   : failed ? "failed"
                            : "unknown"},
       {"step", last.contains("steps") ? count_field(last, "steps") : count_field(last, "step")}};
+  out["steps"] = count_field(started, "steps");  // (job.steps, as its newest run started)
   if (finished) out["loss"] = coordinator::number_field(last, "loss");
   if (failed) out["reason"] = text_field(last, "reason");
   if (!finished && !failed) out["last_event"] = event;
+  // Where it goes on from, as its end said (a stopped job's; a failed one's newest checkpoint is
+  // what a resume finds) and how.
+  for (const char* key : {"checkpoint", "resume_from"})
+    if (!text_field(last, key).empty()) out[key] = text_field(last, key);
+  const bool goes_on = !finished || text_field(last, "state") == "stopped";
+  if (goes_on) out["resume"] = "troupe run " + dir + "/config.toml --resume " + dir;
   if (json) {
     std::printf("%s\n", out.dump().c_str());
-  } else if (finished || failed) {
-    std::printf("job %s: finished (%s) at step %lld%s\n", name.c_str(),
+    return finished || failed ? 0 : 1;
+  }
+  if (finished || failed)
+    std::printf("job %s: finished (%s) at step %lld of %lld%s\n", name.c_str(),
                 out["outcome"].get<std::string>().c_str(), (long long)out["step"].get<int64_t>(),
+                (long long)out["steps"].get<int64_t>(),
                 failed ? (": " + text_field(last, "reason")).c_str() : "");
-  } else {
+  else  // (its coordinator lost: its agents wait elastic.rejoin_timeout_ms for a take-over)
     std::printf("job %s: not running, and it did not finish (its last event: %s)\n", name.c_str(),
                 event.c_str());
-  }
+  if (out.contains("checkpoint"))
+    std::printf("checkpoint: %s\n", text_field(last, "checkpoint").c_str());
+  if (goes_on) std::printf("goes on with: %s\n", out["resume"].get<std::string>().c_str());
   return finished || failed ? 0 : 1;
 }
 
@@ -400,12 +413,29 @@ int run_status(const std::vector<std::string>& words) {
   });
 }
 
+// The id the newest agent that joined under `name` had (member_joined), if a run directory says.
+std::optional<uint32_t> newest_id_named(const std::string& run_dir, const std::string& name) {
+  std::error_code ec;  // (a FIFO would block the read)
+  if (run_dir.empty() || !std::filesystem::is_regular_file(run_dir + "/events.jsonl", ec))
+    return std::nullopt;
+  std::optional<uint32_t> id;
+  std::ifstream in(run_dir + "/events.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && coordinator::text_field(j, "event") == "member_joined" &&
+        coordinator::text_field(j, "name") == name && j.contains("member"))
+      id = uint32_t(coordinator::count_field(j, "member"));
+  }
+  return id;
+}
+
 // --agent ID or NAME: the agent's id and its name, looked up in the job's status among the
 // members and the standbys (an id is not a name: agent-0 need not be agent 0; an id not there is
 // the coordinator's to refuse, as invalid: exit 2 too). nullopt, printed why, with rc: 1 the job
 // did not answer, 2 no such agent.
 std::optional<std::pair<uint32_t, std::string>> agent_id(AdminSession& session,
-                                                         const std::string& agent, int& rc) {
+                                                         const std::string& agent,
+                                                         const std::string& run_dir, int& rc) {
   const bool numeric = !agent.empty() && agent.size() < 10 &&
                        agent.find_first_not_of("0123456789") == std::string::npos;
   rc = 1;
@@ -421,6 +451,10 @@ std::optional<std::pair<uint32_t, std::string>> agent_id(AdminSession& session,
     }
   if (numeric) return std::pair{uint32_t(std::stoul(agent)), std::string()};
   if (named.size() == 1) return std::pair{*named.begin(), agent};
+  // No member or standby now (one lost whose launcher slot waits to start it again): its newest
+  // id, as the run directory knows it; the coordinator decides (that slot is retired).
+  if (named.empty() && !numeric)
+    if (const auto id = newest_id_named(run_dir, agent)) return std::pair{*id, agent};
   if (named.size() > 1) {
     std::string ids;
     for (uint32_t id : named) ids += (ids.empty() ? "" : ", ") + std::to_string(id);
@@ -449,12 +483,15 @@ int run_drain(const std::vector<std::string>& words) {
   if (auto rc = parse(app, words)) return *rc;
   AdminSession session(job);
   int rc = 0;
-  const auto id = agent_id(session, agent, rc);
+  const auto id = agent_id(session, agent, job.run_dir, rc);
   if (!id) return rc;
   auto reply = session.request(actors::make_drain_request(id->first));
   if (!reply) return session.failure_rc();
-  std::printf("troupe: agent %u%s leaves at the next step boundary\n", id->first,
-              id->second.empty() ? "" : (" (" + id->second + ")").c_str());
+  if (auto body = reply->envelope().getBody(); body.isAccepted())  // (what it did instead)
+    std::printf("troupe: %s\n", body.getAccepted().cStr());
+  else
+    std::printf("troupe: agent %u%s leaves at the next step boundary\n", id->first,
+                id->second.empty() ? "" : (" (" + id->second + ")").c_str());
   return 0;
 }
 

@@ -161,7 +161,10 @@ TEST(Elastic, AStoppedAgentStartedByHandIsCutOffWhenItWakes) {
 // grows to 3.2 s): troupe scale to the job's size without it retires the slot whose restart
 // waits, and it is not started again (the scale was refused, "1 worker(s) the launcher started
 // have not joined yet", until the restart joined).
-TEST(Elastic, AScaleDownRetiresAnAgentWhoseRestartWaits) {
+// Kills agent-1 as soon as each restart starts it, six times: the launcher's next restart of its
+// slot then waits out a 3.2 s backoff; `act` (a scale, a drain) retires the slot meanwhile, and
+// it is not started again.
+void crash_loop_then(const std::function<void(const TempDir&, const Job&)>& act) {
   TempDir dir;
   Job job =
       start(dir, "crashloop", 2, {"job.steps=100000", "elastic.max_restarts=10"}, {pace(20000)});
@@ -175,14 +178,30 @@ TEST(Elastic, AScaleDownRetiresAnAgentWhoseRestartWaits) {
     ASSERT_NE(restarted, "");
     victim = std::atoi(json_field(restarted, "pid").c_str());
   }
-  const std::string answer = admin(dir, {"scale", "--run-dir", job.run_dir, "--workers", "1"});
-  EXPECT_NE(answer.find("nothing to do"), std::string::npos) << answer;
+  act(dir, job);
   EXPECT_EQ(wait_event(job, is("agent_restarted", "attempt", "6"), 6s), "")
       << "the retired slot was started again";
   admin(dir, {"stop", "--run-dir", job.run_dir});
   auto st = job.proc->wait(60s);
   ASSERT_TRUE(st);
   EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
+}
+
+TEST(Elastic, AScaleDownRetiresAnAgentWhoseRestartWaits) {
+  crash_loop_then([](const TempDir& dir, const Job& job) {
+    const std::string answer = admin(dir, {"scale", "--run-dir", job.run_dir, "--workers", "1"});
+    EXPECT_NE(answer.find("nothing to do"), std::string::npos) << answer;
+  });
+}
+
+// A drain of that agent, by its name: its slot is retired (it answered "no live agent", exit 2).
+TEST(Elastic, ADrainOfAnAgentWhoseRestartWaitsRetiresItsSlot) {
+  crash_loop_then([](const TempDir& dir, const Job& job) {
+    const std::string answer =
+        admin(dir, {"drain", "--run-dir", job.run_dir, "--agent", "agent-1"});
+    EXPECT_NE(answer.find("was being restarted: it is not started again"), std::string::npos)
+        << answer;
+  });
 }
 
 // Gradients large enough to be read in place by the members (workers/registered_gradients.h:
@@ -288,8 +307,9 @@ TEST(Elastic, DrainLetsAnAgentLeaveAtAStepBoundaryWithNothingRedone) {
   ASSERT_GT(drained.pid, 0) << "no member is agent 1";
   // (by its name, as troupe status shows it: the launcher's names need not follow the ids)
   const std::string said = admin(dir, {"drain", "--run-dir", job.run_dir, "--agent", drained.name});
-  EXPECT_NE(said.find("agent 1 (" + drained.name + ") leaves at the next step boundary"),
-            std::string::npos)
+  EXPECT_NE(
+      said.find("draining agent(s) 1 (" + drained.name + "): they leave at the next step boundary"),
+      std::string::npos)
       << said;
   // The drained agent is told to shut down: it exits (0: the launcher does not restart it) while
   // the job goes on.
@@ -551,7 +571,7 @@ TEST(Elastic, WhileDrainingStatusShowsTheDrainedMember) {
   Job job = start(dir, "draining", 2, {"job.steps=3"}, {pace(8000000)});
   wait_steps(job, 1);
   const std::string said = admin(dir, {"drain", "--run-dir", job.run_dir, "--agent", "agent-1"});
-  EXPECT_NE(said.find("leaves at the next step boundary"), std::string::npos) << said;
+  EXPECT_NE(said.find("leave at the next step boundary"), std::string::npos) << said;
   const std::string json = admin(dir, {"status", "--run-dir", job.run_dir, "--json"});
   EXPECT_NE(json.find(R"("state":"draining")"), std::string::npos) << json;
   EXPECT_NE(json.find(R"("state":"training")"), std::string::npos) << json;

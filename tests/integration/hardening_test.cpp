@@ -516,10 +516,16 @@ TEST(Status, AnEndedJobsStatusComesFromItsRunDirectory) {
   int rc = -1;
   std::string text = troupe_output(dir, {"status", "--run-dir", done.run_dir}, &rc);
   EXPECT_EQ(rc, 0) << text;
-  EXPECT_NE(text.find("job hardening: finished (completed) at step 5"), std::string::npos) << text;
+  EXPECT_NE(text.find("job hardening: finished (completed) at step 5 of 5"), std::string::npos)
+      << text;
   std::string json = troupe_output(dir, {"status", "--run-dir", done.run_dir, "--json"}, &rc);
-  EXPECT_NE(json.find("\"state\":\"finished\",\"outcome\":\"completed\",\"step\":5"),
+  EXPECT_NE(json.find("\"state\":\"finished\",\"outcome\":\"completed\",\"step\":5,\"steps\":5"),
             std::string::npos)
+      << json;
+  // (its final checkpoint, what export reads: the status of an ended job said only its step)
+  EXPECT_NE(
+      json.find("\"checkpoint\":\"" + done.run_dir + "/checkpoints/step-00000005/manifest.json"),
+      std::string::npos)
       << json;
   // Lines of other shapes (a damaged or hand-edited file): skipped, or their fields of the wrong
   // type taken as absent; never "type must be string" out of the JSON library.
