@@ -608,6 +608,8 @@ std::string memory_refusal(coordinator::JobConfig& cfg, const Hooks& hooks) {
     if (cfg.data_kind == "text") least.vocab = 1;
     if (std::string why = budget_refusal(cfg, least); !why.empty())
       return why + (cfg.data_kind == "text" ? " (counting the text's characters as one)" : "");
+    // (how many blocks, whatever the vocabulary: a checkpoint of another count is skipped)
+    cfg.model_blocks = models::Model::planned_block_param_counts(least).size();
   }
   if (blocks.empty() && cfg.data_kind != "text")
     blocks = models::Model::planned_block_param_counts(m);

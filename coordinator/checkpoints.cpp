@@ -317,7 +317,7 @@ CheckpointIdentity checkpoint_identity(const JobConfig& config) {
     id.data_path = absolute_path(c.data_path);
     for (const auto& [set, weight] : c.data_mix) id.mix_sets.push_back(absolute_path(set));
   }
-  id.blocks = c.block_params.size();  // (0 where not known yet)
+  id.blocks = c.block_params.empty() ? c.model_blocks : c.block_params.size();  // (0: unknown)
   return id;
 }
 

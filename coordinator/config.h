@@ -139,6 +139,9 @@ struct JobConfig {
   // Not a key: each block's parameter count in the model, where the coordinator could build it
   // before the start (else the first generation's); every worker is checked against it.
   std::vector<uint64_t> block_params;
+  // Not a key: the model's blocks, where known and block_params is not (a GPT on text: its
+  // vocabulary, so its blocks' sizes, are known once the text is read; their number before).
+  uint64_t model_blocks = 0;
   // [observability]
   std::string metrics_listen;  // "": no endpoint; HOST:PORT serves GET /metrics (Prometheus)
   std::string trace_steps;     // "A-B" or "N": those steps' spans in RUN_DIR/trace.json

@@ -1278,8 +1278,10 @@ TEST(Checkpoints, BadCheckpointsAreRefusedNamingTheFileAndTheNewestValidOneIsUse
   std::string took = refused_resume(dir, cut, {"job.steps=80"});
   EXPECT_NE(took.find("started without a world size"), std::string::npos) << took;
 
-  // A manifest edited to list one block fewer (its last shard, then never checked): the job
-  // fails once the workers say how many blocks the model has, naming both counts.
+  // A manifest edited to list one block fewer (its last shard, then never checked): refused
+  // before anything starts, naming both counts (the model's blocks are counted without its
+  // text's vocabulary; the job failed once its workers said, and the end's advice named the
+  // same checkpoint again).
   const std::string fewer = dir.path() + "/bad-fewer";
   fs::copy(ckpt + "/step-00000060", fewer, fs::copy_options::recursive);
   {
@@ -1292,9 +1294,21 @@ TEST(Checkpoints, BadCheckpointsAreRefusedNamingTheFileAndTheNewestValidOneIsUse
   Job short_one = start_job(dir, "fewer", kGpt, 1, {"job.steps=80"}, {}, {"--resume", fewer});
   auto fst = short_one.proc->wait(60s);
   ASSERT_TRUE(fst);
-  EXPECT_NE(WEXITSTATUS(*fst), 0);
+  EXPECT_EQ(WEXITSTATUS(*fst), 2) << text_of(short_one.out);
   EXPECT_NE(text_of(short_one.out).find("blocks of the model, which has"), std::string::npos)
       << text_of(short_one.out);
+  // The same as a run directory's newest: skipped, and the one before is used.
+  const std::string fewer_run = dir.path() + "/bad-fewer-run";
+  fs::copy(saved.run_dir, fewer_run, fs::copy_options::recursive);
+  fs::remove(fewer_run + "/run.lock");
+  fs::copy_file(fewer + "/manifest.json", fewer_run + "/checkpoints/step-00000060/manifest.json",
+                fs::copy_options::overwrite_existing);
+  Job skipped =
+      start_job(dir, "bad-fewer-run", kGpt, 1, {"job.steps=80"}, {}, {"--resume", fewer_run});
+  auto sst = skipped.proc->wait(60s);
+  ASSERT_TRUE(sst);
+  EXPECT_EQ(WEXITSTATUS(*sst), 0) << text_of(skipped.out);
+  EXPECT_EQ(resumed_from(skipped), 40) << text_of(skipped.out);
 
   // Another model, data or seed: every checkpoint refused, exit 2.
   std::string out = refused_resume(dir, saved.run_dir, {"job.seed=99", "job.steps=80"});
