@@ -114,11 +114,19 @@ Request Link::isend(int rank, const void* buf, size_t bytes, uint64_t tag) {
   return Request{r, false};
 }
 
+// Always a request, even for a message already here (UCX would complete that one at once, with no
+// request to ask its size): wait() checks every receive's size. (Not recv_info: UCX writes it when
+// the receive completes, after this frame is gone.)
 Request Link::irecv(void* buf, size_t bytes, uint64_t tag) {
   ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
   ucs_status_ptr_t r = ucp_tag_recv_nbx(worker_.get(), buf, bytes, tag, ~uint64_t(0), &p);
-  if (UCS_PTR_IS_ERR(r))
-    fail(Errc::io, std::string("receive failed: ") + ucs_status_string(UCS_PTR_STATUS(r)), {});
+  if (UCS_PTR_IS_ERR(r)) {
+    const ucs_status_t st = UCS_PTR_STATUS(r);
+    if (st == UCS_ERR_MESSAGE_TRUNCATED)
+      fail(Errc::invalid_input, size_mismatch(ucp_tag_recv_info_t{}, bytes, st), {});
+    fail(Errc::io, std::string("receive failed: ") + ucs_status_string(st), {});
+  }
   return Request{r, true, bytes};
 }
 
