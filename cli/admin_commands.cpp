@@ -316,11 +316,11 @@ std::optional<int> status_from_run_dir(const std::string& dir, bool json) {
   if (finished) out["loss"] = coordinator::number_field(last, "loss");
   if (failed) out["reason"] = text_field(last, "reason");
   if (!finished && !failed) out["last_event"] = event;
-  // Where it goes on from, as its end said (a stopped job's; a failed one's newest checkpoint is
-  // what a resume finds) and how.
+  // Where it goes on from, as its end said, and how.
   for (const char* key : {"checkpoint", "resume_from"})
     if (!text_field(last, key).empty()) out[key] = text_field(last, key);
-  const bool goes_on = !finished || text_field(last, "state") == "stopped";
+  // (A run that did not end is taken over; a stopped one goes on from its checkpoint, if any.)
+  const bool goes_on = (!finished && !failed) || out.contains("resume_from");
   if (goes_on) out["resume"] = "troupe run " + dir + "/config.toml --resume " + dir;
   if (json) {
     std::printf("%s\n", out.dump().c_str());
@@ -422,8 +422,11 @@ std::optional<uint32_t> newest_id_named(const std::string& run_dir, const std::s
   std::ifstream in(run_dir + "/events.jsonl");
   for (std::string line; std::getline(in, line);) {
     const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_object() && coordinator::text_field(j, "event") == "member_joined" &&
-        coordinator::text_field(j, "name") == name && j.contains("member"))
+    const std::string event = j.is_object() ? coordinator::text_field(j, "event") : "";
+    if (event == "job_started" || event == "coordinator_restarted")
+      id.reset();  // (a new coordinator numbers its agents from 0 again)
+    else if (event == "member_joined" && coordinator::text_field(j, "name") == name &&
+             j.contains("member"))
       id = uint32_t(coordinator::count_field(j, "member"));
   }
   return id;

@@ -252,10 +252,13 @@ std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool l
 // A file of the run directory, whole, or RunDirError naming it (a directory in its place, a full
 // disk): a run whose files cannot be read back is not started.
 void write_run_file(const std::string& path, const std::string& text) {
+  errno = 0;
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.flush();
-  if (!out) throw coordinator::RunDirError("cannot write " + path + ": " + std::strerror(errno));
+  if (out) out << text << std::flush;
+  const int err = errno;  // (set by the open or the write that failed, if either did)
+  if (!out)
+    throw coordinator::RunDirError("cannot write " + path +
+                                   (err ? std::string(": ") + std::strerror(err) : ""));
 }
 
 RunDir prepare_run_dir(coordinator::JobConfig& cfg, bool resuming) {

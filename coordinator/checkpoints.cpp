@@ -459,11 +459,11 @@ void Checkpoints::abandon_older(uint64_t step) {
     std::string missing;
     for (uint32_t b = 0; b < it->second.blocks; ++b)
       if (!it->second.shards.count(b)) missing += (missing.empty() ? "" : ", ") + std::to_string(b);
-    abandoned_.emplace_back(it->first.first, "the shards of block(s) " + missing + " (generation " +
-                                                 std::to_string(it->first.second) +
-                                                 ") had not come when the checkpoint at step " +
-                                                 std::to_string(step) +
-                                                 " was complete: their writer was lost");
+    abandoned_.emplace_back(
+        it->first.first, "the shards of block(s) " + missing + " (generation " +
+                             std::to_string(it->first.second) +
+                             ") had not come when the checkpoint at step " + std::to_string(step) +
+                             " was complete: their writer was lost (or left before it wrote them)");
     older.push_back(it->first);
   }
   for (const auto& [s, g] : older) fail(s, g);

@@ -1105,10 +1105,10 @@ class Coordinator : public caf::event_based_actor {
   // members by state, and the control plane's frame counters (asked of the bridge).
   void update_metrics() {
     const auto st = status();
-    // (Live ones: a lost or restarting member of the generation is no live worker; a paused
-    // job's survivors are.)
+    // (Live ones: a lost, restarting or given-up member of the generation is no live worker; a
+    // paused job's survivors are.)
     const auto live = std::count_if(st.members.begin(), st.members.end(), [](const auto& m) {
-      return m.state != "lost" && m.state != "restarting";
+      return m.state != "lost" && m.state != "restarting" && m.state != "given up";
     });
     metrics_->set_members(uint32_t(live), uint32_t(st.standbys.size()));
     request(bridge_, std::chrono::seconds(2), actors::stats_atom::value)
@@ -1327,11 +1327,17 @@ class Coordinator : public caf::event_based_actor {
   // with the members, so there is no checkpoint where it stops; a resume goes on from the newest
   // one (the steps after it redone).
   void stop_without_members(const std::string& reason) {
-    const std::string from =
-        checkpoints_ && checkpoints_->newest() ? checkpoints_->newest()->manifest : "";
-    const std::string why = "stopped at step " + std::to_string(steps_.committed()) + " (" +
-                            reason + "): no checkpoint there, the state went with the workers; " +
-                            (from.empty() ? "no checkpoint to resume from" : "resume from " + from);
+    const auto& newest = checkpoints_ ? checkpoints_->newest() : std::nullopt;
+    const std::string from = newest ? newest->manifest : "";
+    // (One at the step it stops at, written before the loss: resumable from there, as a stop's.)
+    if (newest && newest->step == steps_.committed()) resumable_ = from;
+    const std::string there =
+        !resumable_.empty()
+            ? "its checkpoint there is " + from
+            : "no checkpoint there, the state went with the workers; " +
+                  (from.empty() ? "no checkpoint to resume from" : "resume from " + from);
+    const std::string why =
+        "stopped at step " + std::to_string(steps_.committed()) + " (" + reason + "): " + there;
     spdlog::warn("{}", why);
     tell(why);
     log_.event("job_finished",
@@ -1340,8 +1346,8 @@ class Coordinator : public caf::event_based_actor {
                    .num("loss", steps_.last_loss())
                    .str("state", "stopped")
                    .num("seconds", std::chrono::duration<double>(Clock::now() - t_start_).count())
-                   .boolean("resumable", false)
-                   .str("checkpoint", "")
+                   .boolean("resumable", !resumable_.empty())
+                   .str("checkpoint", resumable_)
                    .str("resume_from", from));
     finish(0, "", elastic::JobOutcome::stopped);
   }
@@ -1575,6 +1581,8 @@ class Coordinator : public caf::event_based_actor {
 
   void on_launcher_event(const LauncherEvent& e) {
     track_starting(e);
+    slot_news_[e.slot] = e.event;
+    if (e.event != "agent_started") ending_.erase(e.slot);
     if (e.event == "agent_exited" || e.event == "agent_restarting") return;  // (no news yet)
     Json j;
     j.integer("slot", e.slot).integer("attempt", e.attempt);
@@ -1600,7 +1608,9 @@ class Coordinator : public caf::event_based_actor {
   // by hand, or troupe scale, could still come: the pause does not wait for them.)
   void fail_if_none_can_return() {
     if (!launcher_ || gave_up_.empty() || job_.phase() != JobPhase::paused) return;
-    if (roster_.alive() > 0 || starting_agents() > 0) return;
+    if (job_.stop_requested()) return;  // (the stop ends it, stopped)
+    // (a lost agent whose process may live: ended and restarted once its grace is over)
+    if (roster_.alive() > 0 || starting_agents() > 0 || !ending_.empty()) return;
     fail("no agent is left: the launcher gave up on its agents (" + gave_up_ +
          ") and none is alive or starting" +
          (last_failure_.empty() ? "" : "; last lost: " + last_failure_));
@@ -1644,7 +1654,11 @@ class Coordinator : public caf::event_based_actor {
     const auto slot = launched_slot(a);
     if (!slot || !launcher_) return;
     const auto grace = std::chrono::milliseconds(2 * cfg_.failure_timeout_ms + 10000);
+    const auto said = slot_news_.find(*slot);  // (its end may come before the link's loss)
+    const std::set<std::string> ended{"agent_restarting", "agent_gave_up", "agent_exited"};
+    if (said != slot_news_.end() && ended.count(said->second)) return;
     delayed_send(launcher_, grace, EndLostAgent{*slot, int64_t(a.pid), "lost (" + code + ")"});
+    ending_.insert(*slot);  // (until the launcher says how it ended)
   }
   // The launcher's slot N of an agent named "agent-N" (none for another name).
   static std::optional<int64_t> launched_slot(const Agent& a) {
@@ -1748,6 +1762,8 @@ class Coordinator : public caf::event_based_actor {
   uint64_t straggler_generation_ = 0;
   std::optional<TraceFile> trace_;       // with observability.trace_steps, from the first chunk
   std::string last_checkpoint_failure_;  // why the last checkpoint that failed did
+  std::set<int64_t> ending_;  // launcher slots of lost agents whose end is not heard of yet
+  std::map<int64_t, std::string> slot_news_;  // each launcher slot's last event
   std::string gave_up_;            // the launcher's last give-up on an agent (its detail), if any
   std::string resumable_;          // the manifest a stopped job can resume from, once it finished
   bool adoption_pending_ = false;  // a take-over waits for its agents to come back (launch_missing)

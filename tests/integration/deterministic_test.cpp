@@ -112,7 +112,7 @@ TEST(Deterministic, AKillAndAJoinChangeNoBit) {
   EXPECT_NE(plane.find("exact sums (parallel.deterministic: fixed-point integers) over "),
             std::string::npos)
       << plane;
-  EXPECT_EQ(count_events(job, "data_plane"), 3);
+  EXPECT_GE(count_events(job, "data_plane"), 3);
   auto jst = joiner->wait(30s);
   ASSERT_TRUE(jst);
   EXPECT_EQ(WEXITSTATUS(*jst), 0);

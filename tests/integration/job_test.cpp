@@ -707,7 +707,7 @@ TEST(Job, ALoopLeavesTheJobWhenItAsks) {
   EXPECT_EQ(WEXITSTATUS(*member), 0) << testing::text_of(stays_out);
 }
 
-// A loop whose LoopState::save takes longer than elastic.failure_timeout_ms (5 s, 3 s): a member
+// A loop whose LoopState::save takes longer than elastic.failure_timeout_ms (8 s, 3 s): a member
 // joining waits for the state that long without progress, and the generation breaks. The job
 // fails naming the wait for the state and the save. (It said "timed_out reported by rank 1, which
 // gave up first": the echo of the joiner's error, which said nothing of the state either.)
@@ -1312,6 +1312,34 @@ TEST(Job, WithEveryAgentGivenUpByTheLauncherTheJobFailsAtOnce) {
                      "signal 9"),
             std::string::npos)
       << end;
+}
+
+// One agent given up early on (agent-1, its restarts spent) and the other then stopped (SIGSTOP):
+// the pause does not fail the job at once, for the stopped one's launcher ends it and starts it
+// again once its grace is over (2 x 2 + 10 s), and the job resumes with it.
+TEST(Job, APauseWaitsForALostAgentTheLauncherWillStartAgain) {
+  testing::TempDir dir;
+  testing::Job job =
+      testing::start_job(dir, "one-left", kMlp, 2,
+                         {"job.steps=1000000", "elastic.max_restarts=1",
+                          "elastic.failure_timeout_ms=2000", "elastic.rejoin_timeout_ms=120000"},
+                         {testing::pace(20000)});
+  testing::wait_steps(job, 5);
+  int victim = testing::pid_of(job, "agent-1");
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  const std::string restarted = testing::wait_event(job, testing::is("agent_restarted"), 30s);
+  ASSERT_NE(restarted, "");
+  ASSERT_EQ(::kill(std::atoi(testing::json_field(restarted, "pid").c_str()), SIGKILL), 0);
+  ASSERT_NE(testing::wait_event(job, testing::is("agent_gave_up"), 30s), "");
+  ASSERT_EQ(::kill(testing::pid_of(job, "agent-0"), SIGSTOP), 0);
+  ASSERT_NE(testing::wait_event(job, testing::is("job_paused"), 30s), "");
+  EXPECT_NE(testing::wait_event(job, testing::is("job_resumed"), 60s), "")
+      << testing::text_of(job.out);
+  EXPECT_EQ(testing::count_events(job, "job_failed"), 0);
+  testing::admin(dir, {"stop", "--run-dir", job.run_dir});
+  auto st = job.proc->wait(60s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << testing::text_of(job.out);
 }
 
 TEST(Job, StatusAndStopAgainstARunningJob) {

@@ -141,9 +141,6 @@ TEST(Metrics, APrometheusScrapesARunningJobAndPromtoolAcceptsTheOutput) {
   stop_job(dir, job);
 }
 
-// An endpoint closed as soon as it opens (a job refused before it starts) ends: its stop used to
-// be lost when it came before the server's thread reached its accept loop, and `troupe run` then
-// hung in the destructor, deaf to SIGTERM (2 runs in 8).
 // A job paused below elastic.min_workers with one of its two members lost: the endpoint counts one
 // live member (it counted the lost one too: an alert on live workers could not see the pause).
 TEST(Metrics, APausedJobsLostMemberIsNoLiveMember) {
@@ -167,6 +164,9 @@ TEST(Metrics, APausedJobsLostMemberIsNoLiveMember) {
   EXPECT_TRUE(job.proc->wait(60s));
 }
 
+// An endpoint closed as soon as it opens (a job refused before it starts) ends: its stop used to
+// be lost when it came before the server's thread reached its accept loop, and `troupe run` then
+// hung in the destructor, deaf to SIGTERM (2 runs in 8).
 TEST(Metrics, AnEndpointClosedAsSoonAsItOpensEnds) {
   auto done = std::make_shared<std::promise<void>>();
   std::future<void> ended = done->get_future();
