@@ -96,6 +96,14 @@ TEST(Elastic, AStoppedAgentIsDetectedByHeartbeatsAndDoesNotOutliveTheJob) {
   scenario(3, {2}, SIGSTOP);
 }
 
+// A generation of `size` workers, the job's `first`th or a later one.
+std::function<bool(const std::string&)> generation_of(int size, int first) {
+  return [size, first](const std::string& e) {
+    return is("generation_started", "world_size", std::to_string(size))(e) &&
+           std::stoi(json_field(e, "generation")) >= first;
+  };
+}
+
 // A stopped agent the job lost is ended by its launcher and started again: the job is back at its
 // size without waiting for it to wake (its slot stayed empty while it slept).
 TEST(Elastic, AStoppedAgentIsEndedAndStartedAgainByItsLauncher) {
@@ -110,13 +118,7 @@ TEST(Elastic, AStoppedAgentIsEndedAndStartedAgainByItsLauncher) {
   ASSERT_NE(restarted, "") << "the stopped agent was not ended and restarted";
   EXPECT_NE(restarted.find("after it was lost (timed_out)"), std::string::npos) << restarted;
   EXPECT_NE(::kill(victim, 0), 0) << "the stopped agent " << victim << " still lives";
-  const std::string back = wait_event(
-      job,
-      [](const std::string& e) {
-        return is("generation_started", "world_size", "2")(e) &&
-               std::stoi(json_field(e, "generation")) >= 3;
-      },
-      60s);
+  const std::string back = wait_event(job, generation_of(2, 3), 60s);
   EXPECT_NE(back, "") << "the restarted agent did not join";
   EXPECT_EQ(count_events(job, "member_joined"), 3);
   admin(dir, {"stop", "--run-dir", job.run_dir});
@@ -137,13 +139,7 @@ TEST(Elastic, AStoppedAgentStartedByHandIsCutOffWhenItWakes) {
   ASSERT_NE(wait_event(job, is("generation_started", "world_size", "2"), 60s), "");
   ASSERT_TRUE(agent->signal(SIGSTOP));
   ASSERT_NE(wait_event(job, is("member_failed", "name", "byhand"), 30s), "");
-  const std::string alone = wait_event(
-      job,
-      [](const std::string& e) {
-        return is("generation_started", "world_size", "1")(e) &&
-               std::stoi(json_field(e, "generation")) >= 3;
-      },
-      30s);
+  const std::string alone = wait_event(job, generation_of(1, 3), 30s);
   ASSERT_NE(alone, "") << "the job did not go on without the stopped agent";
   ASSERT_TRUE(agent->signal(SIGCONT));
   auto st = agent->wait(30s);

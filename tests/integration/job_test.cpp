@@ -602,15 +602,22 @@ TEST(Job, ALoopsCallOutsideAStepIsNamed) {
   EXPECT_EQ(WEXITSTATUS(*st), 0) << testing::text_of(job.out);
 }
 
+// A job of a program's own loop (model.kind = "external"), its members started by the test.
+testing::Job loop_job(const testing::TempDir& dir, const std::string& name, int steps, int members,
+                      std::vector<std::string> sets = {}) {
+  sets.insert(sets.begin(), "cluster.launcher=\"external\"");
+  return testing::start_job(dir, name,
+                            "[job]\nsteps = " + std::to_string(steps) +
+                                "\n[model]\nkind = \"external\"\n[logging]\nprogress = false\n",
+                            members, sets);
+}
+
 // A loop's loss that sums to nan (one member's at step 3: `loop-member ... nan-at-step-3`) fails
 // the job naming the step, as a built-in model's does; neither member commits it, both end with 1.
 // (It was committed, its loss null in the events, and the job completed.)
 TEST(Job, ALoopsLossThatSumsToNanFailsTheJobAtItsStep) {
   testing::TempDir dir;
-  testing::Job job = testing::start_job(
-      dir, "loop-nan",
-      "[job]\nsteps = 30\n[model]\nkind = \"external\"\n[logging]\nprogress = false\n", 2,
-      {"cluster.launcher=\"external\""});
+  testing::Job job = loop_job(dir, "loop-nan", 30, 2);
   const std::string addr = coordinator_address(job);
   ASSERT_FALSE(addr.empty());
   const std::string token = job.run_dir + "/job.token";
@@ -675,10 +682,7 @@ TEST(Job, AnAgentJoiningFromAnotherDirectoryReadsTheJobsData) {
 // loss. (A loop had no way to leave but its end: a member lost.)
 TEST(Job, ALoopLeavesTheJobWhenItAsks) {
   testing::TempDir dir;
-  testing::Job job = testing::start_job(
-      dir, "loop-leave",
-      "[job]\nsteps = 200\n[model]\nkind = \"external\"\n[logging]\nprogress = false\n", 2,
-      {"cluster.launcher=\"external\""});
+  testing::Job job = loop_job(dir, "loop-leave", 200, 2);
   const std::string addr = coordinator_address(job);
   ASSERT_FALSE(addr.empty());
   const std::string token = job.run_dir + "/job.token";
@@ -713,10 +717,7 @@ TEST(Job, ALoopLeavesTheJobWhenItAsks) {
 // gave up first": the echo of the joiner's error, which said nothing of the state either.)
 TEST(Job, ALoopsSaveSlowerThanTheFailureTimeoutIsNamedWhenAMemberJoins) {
   testing::TempDir dir;
-  testing::Job job = testing::start_job(
-      dir, "loop-slow-save",
-      "[job]\nsteps = 1000000\n[model]\nkind = \"external\"\n[logging]\nprogress = false\n", 1,
-      {"cluster.launcher=\"external\"", "elastic.max_reforms=0"});
+  testing::Job job = loop_job(dir, "loop-slow-save", 1000000, 1, {"elastic.max_reforms=0"});
   const std::string addr = coordinator_address(job);
   ASSERT_FALSE(addr.empty());
   const std::string token = job.run_dir + "/job.token";
@@ -751,10 +752,7 @@ TEST(Job, ALoopsSaveSlowerThanTheFailureTimeoutIsNamedWhenAMemberJoins) {
 // the change's deadline: no address from the member that had said its end.)
 TEST(Job, ALoopsMemberLostAfterTheLastStepLeavesTheOtherToEndTheJob) {
   testing::TempDir dir;
-  testing::Job job = testing::start_job(
-      dir, "loop-end",
-      "[job]\nsteps = 30\n[model]\nkind = \"external\"\n[logging]\nprogress = false\n", 2,
-      {"cluster.launcher=\"external\"", "elastic.failure_timeout_ms=1000"});
+  testing::Job job = loop_job(dir, "loop-end", 30, 2, {"elastic.failure_timeout_ms=1000"});
   const std::string addr = coordinator_address(job);
   ASSERT_FALSE(addr.empty());
   const std::string token = job.run_dir + "/job.token", out = dir.path() + "/survivor.out";
