@@ -224,12 +224,19 @@ int run_export(const std::vector<std::string>& words, const Hooks& hooks) {
                 uint64_t(cfg.global_batch));
     std::printf("troupe: the global batch of step %lld -> %s.batch.safetensors\n",
                 (long long)batch_step, out.c_str());
+    // (Where that checkpoint is not kept, --step would be refused: say so, not that it pairs.)
+    const bool kept = std::filesystem::exists(coordinator::checkpoints_dir(cfg, run_dir) + "/" +
+                                              workers::checkpoint_dir_name(uint64_t(batch_step)) +
+                                              "/manifest.json");
+    const std::string pairs = kept ? ": --step " + std::to_string(batch_step) + " pairs them"
+                                   : "; no checkpoint of step " + std::to_string(batch_step) +
+                                         " is kept (checkpoint.every_steps, checkpoint.keep)";
     if (uint64_t(batch_step) != ckpt.step)
       std::printf(
           "troupe: (step %lld's loss in events.jsonl is of the checkpoint of step %lld; this one "
-          "is of step %llu: --step %lld pairs them)\n",
+          "is of step %llu%s)\n",
           (long long)batch_step, (long long)batch_step, (unsigned long long)ckpt.step,
-          (long long)batch_step);
+          pairs.c_str());
   }
   return 0;
 }

@@ -673,7 +673,13 @@ TEST(Checkpoints, AJobThatCompletesCheckpointsItsLastStep) {
       admin(dir, {"export", moved + "/checkpoints/step-00000050/manifest.json", "-o", model,
                   "--batch-of-step", "9"});
   EXPECT_NE(named.find("step 50 of " + moved), std::string::npos) << named;
-  EXPECT_NE(named.find("this one is of step 50: --step 9 pairs them"), std::string::npos) << named;
+  // (no checkpoint of step 9 is kept: it said "--step 9 pairs them", which export then refused)
+  EXPECT_NE(named.find("this one is of step 50; no checkpoint of step 9 is kept"),
+            std::string::npos)
+      << named;
+  EXPECT_NE(admin(dir, {"export", moved, "-o", model, "--batch-of-step", "25", "--step", "50"})
+                .find("this one is of step 50: --step 25 pairs them"),
+            std::string::npos);
   EXPECT_EQ(text_of(model), by_run);
   EXPECT_NE(
       admin(dir, {"export", moved + "/checkpoints/step-00000025/", "-o", model, "--step", "50"}, 2)
