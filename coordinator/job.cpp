@@ -1324,8 +1324,8 @@ class Coordinator : public caf::event_based_actor {
 
   // A stop (asked for, or a signal) with too few workers left to form a generation that stops
   // (every worker lost): waiting for more would only end in the pause's failure. The state went
-  // with the members, so there is no checkpoint where it stops; a resume goes on from the newest
-  // one (the steps after it redone).
+  // with the members: unless one was written at the step it stops at before they were lost, a
+  // resume goes on from the newest checkpoint (the steps after it redone).
   void stop_without_members(const std::string& reason) {
     const auto& newest = checkpoints_ ? checkpoints_->newest() : std::nullopt;
     const std::string from = newest ? newest->manifest : "";
