@@ -1,7 +1,6 @@
 #include "coordinator/config.h"
 
 #include <fcntl.h>
-#include <fmt/format.h>
 #include <sys/stat.h>
 #include <toml++/toml.h>
 #include <unistd.h>
@@ -283,12 +282,19 @@ std::string toml_string(const std::string& text) {
   return out + "\"";
 }
 
+// A number as written in a config (%.15g: 1e12 as 1000000000000, 0.002 as 0.002).
+std::string exact(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.15g", v);
+  return text;
+}
+
 void assign(const Field& f, const toml::node& n, const std::string& source) {
   std::string at = where(source, n), name = f.table + "." + f.key;
   auto range = [&](double v, const std::string& shown) {  // (an integer's shown as it was given)
     if (v < f.min || v > f.max)
-      throw ConfigError(fmt::format("{}: {} = {} is out of range [{:.15g}, {:.15g}]", at, name,
-                                    shown, f.min, f.max));
+      throw ConfigError(at + ": " + name + " = " + shown + " is out of range [" + exact(f.min) +
+                        ", " + exact(f.max) + "]");
   };
   auto wrong = [&]() -> ConfigError {
     const std::string type(toml::impl::node_type_friendly_names[size_t(n.type())]);
@@ -322,7 +328,7 @@ void assign(const Field& f, const toml::node& n, const std::string& source) {
       if (!n.is_number()) throw wrong();
       double v = *n.value<double>();
       if (!std::isfinite(v)) throw ConfigError(at + ": " + name + " must be a finite number");
-      range(v, fmt::format("{:.15g}", v));
+      range(v, exact(v));
       *static_cast<double*>(f.target) = v;
       break;
     }
