@@ -95,7 +95,9 @@ TEST(CustomModel, AKillAndAJoinOnTheUsersModelAndDataChangeNoBit) {
 TEST(CustomModel, ScaledIntoPipelineStagesAndAKillThereChangeNoBit) {
   TempDir dir;
   const Reference want = run_static(dir);
-  Job job = start_job(dir, "pipelined", kConvnet, 2, {"parallel.pipeline_stages=2"});
+  // (Paced: unpaced, the job could end before the scale's agents had started on a loaded host,
+  // and the wait for four workers ran out.)
+  Job job = start_job(dir, "pipelined", kConvnet, 2, {"parallel.pipeline_stages=2"}, {pace(20000)});
   wait_steps(job, 20);
   admin(dir, {"scale", "--run-dir", job.run_dir, "--workers", "4"});
   const std::string four = wait_event(
