@@ -137,6 +137,43 @@ std::string overwrites_run(const std::string& run_dir, const std::string& checkp
   return "";
 }
 
+namespace {
+
+// The file's metadata: the job, the step, and the model's shape (what the PyTorch twin builds).
+std::map<std::string, std::string> metadata_of(const std::string& job, uint64_t step,
+                                               const models::ModelSpec& spec) {
+  std::map<std::string, std::string> meta{{"format", "troupe"},
+                                          {"job", job},
+                                          {"step", std::to_string(step)},
+                                          {"model.kind", spec.kind}};
+  if (spec.kind != "gpt") return meta;
+  for (auto [k, v] : {std::pair{"vocab", spec.vocab},
+                      {"context", spec.context},
+                      {"d_model", spec.d_model},
+                      {"heads", spec.heads},
+                      {"layers", spec.layers}})
+    meta[std::string("model.") + k] = std::to_string(v);
+  meta["model.tied_head"] = spec.tied_head ? "true" : "false";
+  return meta;
+}
+
+// A batch of another step than the checkpoint's: which checkpoint its loss is of, and whether one
+// is kept (where none is, --step would be refused: said, not offered).
+void tell_pairing(const std::string& checkpoints, uint64_t batch_step, uint64_t step) {
+  const bool kept = std::filesystem::exists(
+      checkpoints + "/" + workers::checkpoint_dir_name(batch_step) + "/manifest.json");
+  const std::string b = std::to_string(batch_step);
+  const std::string pairs =
+      kept ? ": --step " + b + " pairs them"
+           : "; no checkpoint of step " + b + " is kept (checkpoint.every_steps, checkpoint.keep)";
+  std::printf(
+      "troupe: (step %s's loss in events.jsonl is of the checkpoint of step %s; this one is of "
+      "step %llu%s)\n",
+      b.c_str(), b.c_str(), (unsigned long long)step, pairs.c_str());
+}
+
+}  // namespace
+
 int run_export(const std::vector<std::string>& words, const Hooks& hooks) {
   CLI::App app{"A checkpoint's model parameters as a safetensors file (the PyTorch twin's names).",
                "troupe export"};
@@ -203,19 +240,7 @@ int run_export(const std::vector<std::string>& words, const Hooks& hooks) {
     tensors.push_back(
         {p.name, "F32", p.shape, bytes_of(model.block(p.block).params().data() + p.offset, n)});
   }
-  std::map<std::string, std::string> meta{{"format", "troupe"},
-                                          {"job", cfg.name},
-                                          {"step", std::to_string(ckpt.step)},
-                                          {"model.kind", spec.kind}};
-  if (spec.kind == "gpt")
-    for (auto [k, v] : {std::pair{"vocab", spec.vocab},
-                        {"context", spec.context},
-                        {"d_model", spec.d_model},
-                        {"heads", spec.heads},
-                        {"layers", spec.layers}})
-      meta[std::string("model.") + k] = std::to_string(v);
-  if (spec.kind == "gpt") meta["model.tied_head"] = spec.tied_head ? "true" : "false";
-  st::write(out, tensors, meta);
+  st::write(out, tensors, metadata_of(cfg.name, ckpt.step, spec));
   std::printf("troupe: step %llu of %s -> %s (%zu tensors, %zu parameters)\n",
               (unsigned long long)ckpt.step, run_dir.c_str(), out.c_str(), tensors.size(),
               model.param_count());
@@ -224,19 +249,8 @@ int run_export(const std::vector<std::string>& words, const Hooks& hooks) {
                 uint64_t(cfg.global_batch));
     std::printf("troupe: the global batch of step %lld -> %s.batch.safetensors\n",
                 (long long)batch_step, out.c_str());
-    // (Where that checkpoint is not kept, --step would be refused: say so, not that it pairs.)
-    const bool kept = std::filesystem::exists(coordinator::checkpoints_dir(cfg, run_dir) + "/" +
-                                              workers::checkpoint_dir_name(uint64_t(batch_step)) +
-                                              "/manifest.json");
-    const std::string pairs = kept ? ": --step " + std::to_string(batch_step) + " pairs them"
-                                   : "; no checkpoint of step " + std::to_string(batch_step) +
-                                         " is kept (checkpoint.every_steps, checkpoint.keep)";
     if (uint64_t(batch_step) != ckpt.step)
-      std::printf(
-          "troupe: (step %lld's loss in events.jsonl is of the checkpoint of step %lld; this one "
-          "is of step %llu%s)\n",
-          (long long)batch_step, (long long)batch_step, (unsigned long long)ckpt.step,
-          pairs.c_str());
+      tell_pairing(coordinator::checkpoints_dir(cfg, run_dir), uint64_t(batch_step), ckpt.step);
   }
   return 0;
 }
