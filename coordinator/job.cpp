@@ -1582,7 +1582,6 @@ class Coordinator : public caf::event_based_actor {
   void on_launcher_event(const LauncherEvent& e) {
     track_starting(e);
     slot_news_[e.slot] = e.event;
-    if (e.event != "agent_started") ending_.erase(e.slot);
     if (e.event == "agent_exited" || e.event == "agent_restarting") return;  // (no news yet)
     Json j;
     j.integer("slot", e.slot).integer("attempt", e.attempt);
@@ -1610,7 +1609,9 @@ class Coordinator : public caf::event_based_actor {
     if (!launcher_ || gave_up_.empty() || job_.phase() != JobPhase::paused) return;
     if (job_.stop_requested()) return;  // (the stop ends it, stopped)
     // (a lost agent whose process may live: ended and restarted once its grace is over)
-    if (roster_.alive() > 0 || starting_agents() > 0 || !ending_.empty()) return;
+    const bool ending = std::any_of(slot_news_.begin(), slot_news_.end(),
+                                    [](const auto& n) { return n.second == "lost"; });
+    if (roster_.alive() > 0 || starting_agents() > 0 || ending) return;
     fail("no agent is left: the launcher gave up on its agents (" + gave_up_ +
          ") and none is alive or starting" +
          (last_failure_.empty() ? "" : "; last lost: " + last_failure_));
@@ -1658,7 +1659,7 @@ class Coordinator : public caf::event_based_actor {
     const std::set<std::string> ended{"agent_restarting", "agent_gave_up", "agent_exited"};
     if (said != slot_news_.end() && ended.count(said->second)) return;
     delayed_send(launcher_, grace, EndLostAgent{*slot, int64_t(a.pid), "lost (" + code + ")"});
-    ending_.insert(*slot);  // (until the launcher says how it ended)
+    slot_news_[*slot] = "lost";  // (until the launcher says how it ended)
   }
   // The launcher's slot N of an agent named "agent-N" (none for another name).
   static std::optional<int64_t> launched_slot(const Agent& a) {
@@ -1762,8 +1763,8 @@ class Coordinator : public caf::event_based_actor {
   uint64_t straggler_generation_ = 0;
   std::optional<TraceFile> trace_;       // with observability.trace_steps, from the first chunk
   std::string last_checkpoint_failure_;  // why the last checkpoint that failed did
-  std::set<int64_t> ending_;  // launcher slots of lost agents whose end is not heard of yet
-  std::map<int64_t, std::string> slot_news_;  // each launcher slot's last event
+  // Each launcher slot's last event, or "lost": its agent lost, how its process ends not heard of.
+  std::map<int64_t, std::string> slot_news_;
   std::string gave_up_;            // the launcher's last give-up on an agent (its detail), if any
   std::string resumable_;          // the manifest a stopped job can resume from, once it finished
   bool adoption_pending_ = false;  // a take-over waits for its agents to come back (launch_missing)
