@@ -1,12 +1,13 @@
 #include "comm/host_identity.h"
 
+#include <fcntl.h>
 #include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <fstream>
-#include <iterator>
 
 namespace troupe::comm {
 
@@ -22,10 +23,19 @@ std::string host_identity() {
   return id;
 }
 
+// (read(2), not a stream: a process reaped between the open and the read makes the read fail
+// with ESRCH, which libstdc++'s filebuf throws as an exception instead of ending the input.)
 bool process_gone(int pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  if (!in) return true;
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return true;
+  char buf[512];
+  ssize_t n;
+  do n = ::read(fd, buf, sizeof buf);
+  while (n < 0 && errno == EINTR);
+  ::close(fd);
+  if (n <= 0) return true;  // (reaped since the open)
+  const std::string stat(buf, size_t(n));
   auto close = stat.rfind(')');
   if (close == std::string::npos || close + 2 >= stat.size()) return false;
   char state = stat[close + 2];

@@ -5,10 +5,14 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/time.h>
+#include <sys/wait.h>
 
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <thread>
 
+#include "comm/host_identity.h"
 #include "comm/shm_allreduce.h"
 #include "coordinator/process.h"
 #include "tests/harness/harness.h"
@@ -185,6 +189,29 @@ TEST(CommProcesses, AnUnknownPeerLinesChoiceFailsTheBenchmarkWithTheReason) {
   EXPECT_NE(testing::text_of(out).find("TROUPE_PEER_LINES=zen is neither intel nor amd"),
             std::string::npos)
       << testing::text_of(out);
+}
+
+// A link checks whether a co-located member's process is gone by reading /proc/PID/stat; a
+// process reaped between the open and the read fails the read with ESRCH. That is "gone", not an
+// exception out of the check (it once failed a survivor's worker: "basic_filebuf::underflow error
+// reading the file: No such process"). Children exit and are reaped while the check runs.
+TEST(CommProcesses, AProcessReapedWhileItIsCheckedIsGoneNotAnError) {
+  const auto until = std::chrono::steady_clock::now() + 3s;
+  int checked = 0;
+  while (std::chrono::steady_clock::now() < until) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) _exit(0);
+    std::thread reaper([pid] { ::waitpid(pid, nullptr, 0); });
+    bool gone = false;
+    for (int i = 0; i < 100000 && !gone && !HasFailure(); ++i, ++checked)
+      EXPECT_NO_THROW(gone = comm::process_gone(pid));
+    reaper.join();
+    if (HasFailure()) break;
+    EXPECT_TRUE(gone);
+  }
+  EXPECT_FALSE(comm::process_gone(::getpid()));
+  std::cerr << checked << " checks\n";
 }
 
 INSTANTIATE_TEST_SUITE_P(CommProcesses, OtherCalls,
