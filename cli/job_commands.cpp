@@ -132,8 +132,14 @@ void warn_of_changes(const coordinator::JobConfig& cfg, const std::string& path,
     changed = coordinator::config_differences(
         coordinator::load_config(path + "/config.toml", {}, hooks.kinds()), cfg,
         lr_set ? std::vector<std::string>{} : std::vector<std::string>{"optimizer.lr"});
-  } catch (const coordinator::ConfigError&) {
-    return;  // (none, or an older Troupe's: nothing to compare)
+  } catch (const coordinator::ConfigError& e) {
+    std::error_code ec;  // (none, an older Troupe's run: nothing to compare, nothing to say)
+    if (std::filesystem::exists(path + "/config.toml", ec))
+      std::fprintf(stderr,
+                   "troupe: warning: --resume %s: what differs from the run's own config is not "
+                   "named: %s\n",
+                   path.c_str(), e.what());
+    return;
   }
   for (const auto& c : changed)
     std::fprintf(stderr, "troupe: --resume %s: %s\n", path.c_str(), c.c_str());

@@ -136,10 +136,17 @@ TEST(Checkpoints, SigtermLeavesAResumableRunAndTheResumeGoesOnFromWhereItStopped
             std::string::npos)
       << manifest << ": " << text_of(nothing_left.out);
 
+  // (the run's own config.toml garbled: what differs from it cannot be named, and that is said)
+  std::ofstream(job.run_dir + "/config.toml", std::ios::app) << "\n[job\n";
   Job resumed = start_job(dir, "preempted", kGpt, 3, {}, {}, {"--resume", job.run_dir});
   expect_same_function(resumed, want.losses, 120, kBatch, 0);
   EXPECT_EQ(final_checksum(resumed), want.checksum);
   EXPECT_EQ(resumed_from(resumed), stopped_at);
+  EXPECT_NE(text_of(resumed.out)
+                .find("what differs from the run's own config is not named: " + job.run_dir +
+                      "/config.toml"),
+            std::string::npos)
+      << text_of(resumed.out);
 }
 
 // The same job apart, on one worker: optimizer.lr 0.003 up to step `at` (a checkpoint there),
