@@ -635,11 +635,15 @@ void check_token_sets(const JobConfig& c, const std::map<std::string, std::strin
   std::vector<std::pair<std::string, std::string>> dirs;  // (dir, key)
   if (path_set) dirs.emplace_back(c.data_path, "data.path");
   for (const auto& [dir, w] : c.data_mix) dirs.emplace_back(dir, "data.mix");
+  std::map<std::pair<dev_t, ino_t>, std::string> seen;  // (a set named twice: a.b and ./a.b)
   for (const auto& [dir, key] : dirs) {
     struct stat st {};
     if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
       throw ConfigError(place(key) + ": " + key + ": '" + dir +
                         "' is not a directory (troupe data prepare INPUT... --out DIR makes one)");
+    if (const auto [it, fresh] = seen.emplace(std::pair{st.st_dev, st.st_ino}, dir); !fresh)
+      throw ConfigError(place(key) + ": " + key + ": '" + it->second + "' and '" + dir +
+                        "' are the same data set (name it once, with the sum of the weights)");
     if (::stat((dir + "/manifest.json").c_str(), &st) != 0)
       throw ConfigError(place(key) + ": " + key + ": '" + dir +
                         "' has no manifest.json: not a prepared data set, or its prepare did "

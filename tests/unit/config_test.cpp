@@ -372,6 +372,27 @@ TEST(Config, AMixRunsEffectiveConfigLoadsBackWithTheSameIdentity) {
   std::filesystem::remove_all(dir);
 }
 
+// One data set named twice in a mix (two spellings of its path) is refused, naming both: the
+// sampler would have drawn it as two sets.
+TEST(Config, AMixNamingOneSetTwiceIsRefusedNamingBoth) {
+  const std::string dir = ::testing::TempDir() + "mix-twice-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir + "/other");
+  std::ofstream(dir + "/manifest.json") << "{}";
+  std::ofstream(dir + "/other/manifest.json") << "{}";
+  auto mix = [&](const std::string& sets) {
+    return "[model]\nkind = \"gpt\"\n[data]\nkind = \"tokens\"\nmix = { " + sets + " }\n";
+  };
+  EXPECT_NO_THROW(parse_config(mix("\"" + dir + "\" = 1, \"" + dir + "/other\" = 2"), "mix.toml"));
+  try {
+    parse_config(mix("\"" + dir + "\" = 1, \"" + dir + "/other/..\" = 2"), "mix.toml");
+    ADD_FAILURE() << "accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("' are the same data set"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'" + dir + "/other/..'"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Config, TheEffectiveConfigLoadsBackToTheSameValues) {
   const char* text = R"([job]
 name = "round\"trip\"é"
