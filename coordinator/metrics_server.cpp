@@ -48,13 +48,17 @@ MetricsServer::MetricsServer(const std::string& listen, std::function<std::strin
                [body = std::move(body)](const httplib::Request&, httplib::Response& res) {
                  res.set_content(body(), "text/plain; version=0.0.4; charset=utf-8");
                });
-  // Anything but GET /metrics: 404 (whatever its method; unknown paths get it by default).
-  auto not_found = [](const httplib::Request&, httplib::Response& res) { res.status = 404; };
-  server_->Post(".*", not_found);
-  server_->Put(".*", not_found);
-  server_->Patch(".*", not_found);
-  server_->Delete(".*", not_found);
-  server_->Options(".*", not_found);
+  // Another method on /metrics: 405 with the methods it has (RFC 9110 15.5.6); another path:
+  // 404 (whatever its method; unknown paths get it by default).
+  auto refuse = [](const httplib::Request& req, httplib::Response& res) {
+    res.status = req.path == "/metrics" ? 405 : 404;
+    if (res.status == 405) res.set_header("Allow", "GET, HEAD");
+  };
+  server_->Post(".*", refuse);
+  server_->Put(".*", refuse);
+  server_->Patch(".*", refuse);
+  server_->Delete(".*", refuse);
+  server_->Options(".*", refuse);
   const int bound =
       port == 0 ? server_->bind_to_any_port(host) : (server_->bind_to_port(host, port) ? port : -1);
   if (bound <= 0)

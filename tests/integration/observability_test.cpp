@@ -187,9 +187,9 @@ TEST(Metrics, APortAnotherEndpointListensOnIsRefused) {
                std::runtime_error);
 }
 
-// Anything but GET /metrics is a 404; garbage is answered 400 and dropped; clients that send
-// half a request and wait hold a thread for the read deadline only, so a scrape still gets its
-// answer while more of them than the server has threads hang on.
+// Another method on /metrics is a 405, another path a 404; garbage is answered 400 and dropped;
+// clients that send half a request and wait hold a thread for the read deadline only, so a scrape
+// still gets its answer while more of them than the server has threads hang on.
 TEST(Metrics, TheEndpointSurvivesGarbageSlowClientsAndOtherPaths) {
   TempDir dir;
   Job job = start_job(dir, "observed", kMlp, 2, {}, {pace(20000)});
@@ -203,7 +203,11 @@ TEST(Metrics, TheEndpointSurvivesGarbageSlowClientsAndOtherPaths) {
     httplib::Client c("127.0.0.1", port);
     auto posted = c.Post("/metrics", "x=1", "application/x-www-form-urlencoded");
     ASSERT_TRUE(posted);
-    EXPECT_EQ(posted->status, 404);
+    EXPECT_EQ(posted->status, 405);
+    EXPECT_EQ(posted->get_header_value("Allow"), "GET, HEAD");
+    auto elsewhere = c.Delete("/other");
+    ASSERT_TRUE(elsewhere);
+    EXPECT_EQ(elsewhere->status, 404);
   }
   int fd = connect_loopback(port);
   ASSERT_GE(fd, 0);
