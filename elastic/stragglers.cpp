@@ -29,7 +29,8 @@ std::vector<Straggler> StragglerDetector::observe(const std::vector<double>& sec
   std::vector<Straggler> out;
   for (size_t r = 0; r < seconds.size(); ++r) {
     const double median = median_of_others(seconds, r);
-    const bool slow = reported(seconds[r]) && median > 0 && seconds[r] > policy_.factor * median;
+    const bool slow = reported(seconds[r]) && median > 0 && seconds[r] > policy_.factor * median &&
+                      seconds[r] - median >= policy_.min_excess_seconds;
     if (!slow) {
       slow_[r] = 0;
       continue;

@@ -1,8 +1,9 @@
 // Stragglers, as a pure decision over committed steps: a worker whose compute time (forward and
 // backward, not the waits: every member's step time is the same in a synchronous job) exceeds
-// `factor` times the median of the others' for `steps` consecutive committed steps is a
-// straggler. It is reported once, and again only after it has been fast for a step. Ranks name
-// workers within one generation: reset() when the membership changes. No clock, no I/O.
+// `factor` times the median of the others' (and that by a millisecond at least) for `steps`
+// consecutive committed steps is a straggler. It is reported once, and again only after it has been
+// fast for a step. Ranks name workers within one generation: reset() when the membership changes.
+// No clock, no I/O.
 //
 // Where it applies: data-parallel members, which compute the same work (shares differ by one
 // sample at most). Pipeline stages compute different blocks, so their times are not comparable
@@ -19,6 +20,9 @@ namespace troupe::elastic {
 struct StragglerPolicy {
   double factor = 2.0;  // elastic.straggler_factor
   uint32_t steps = 20;  // elastic.straggler_steps
+  // Slower by less than this is jitter, not a straggler: a loop's steps of microseconds were
+  // reported as stragglers (2.4 us against 1.1 us) every few thousand steps.
+  double min_excess_seconds = 1e-3;
 };
 
 struct Straggler {

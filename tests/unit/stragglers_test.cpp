@@ -34,6 +34,16 @@ TEST(Stragglers, AFastStepBreaksTheRunAndTwoRanksCompareWithEachOther) {
   EXPECT_EQ(s[0].rank, 1u);
 }
 
+// Steps of microseconds (a program's own loop): twice as slow by a microsecond is jitter.
+TEST(Stragglers, SlowerByLessThanAMillisecondIsNoStraggler) {
+  StragglerDetector d({2.0, 3});
+  for (int i = 0; i < 10; ++i) EXPECT_TRUE(d.observe({2.4e-6, 1.1e-6}).empty());
+  for (int i = 0; i < 10; ++i) EXPECT_TRUE(d.observe({0.0015, 0.0007}).empty());
+  EXPECT_TRUE(d.observe({0.0025, 0.0009}).empty());
+  EXPECT_TRUE(d.observe({0.0025, 0.0009}).empty());
+  EXPECT_EQ(d.observe({0.0025, 0.0009}).size(), 1u);
+}
+
 TEST(Stragglers, NoReportsNoStragglersAndResetForgets) {
   StragglerDetector d({2.0, 2});
   const double none = std::nan("");
