@@ -1,7 +1,7 @@
 #include "data/shards.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -142,8 +142,8 @@ uint64_t count_in(const nlohmann::json& o, const char* key, const std::string& d
 
 }  // namespace
 
-// Maps shard `s` of the manifest (its tokens of `width` bytes) after the ones mapped so far.
-void TokenShards::map_shard(const nlohmann::json& s) {
+// Opens shard `s` of the manifest (its tokens of `width` bytes) after the ones opened so far.
+void TokenShards::open_shard(const nlohmann::json& s) {
   const std::string where = std::string(kManifestFile) + ": a shard";
   if (!s.is_object() || !s.contains("file") || !s["file"].is_string())
     bad(dir_, where + " has no \"file\" string");
@@ -174,11 +174,7 @@ void TokenShards::map_shard(const nlohmann::json& s) {
                   std::to_string(tokens) + " tokens of " + std::to_string(width_) +
                   " bytes (truncated or replaced?)");
   }
-  void* p = tokens ? ::mmap(nullptr, size_t(bytes), PROT_READ, MAP_SHARED, fd, 0) : nullptr;
-  ::close(fd);
-  if (p == MAP_FAILED) bad(dir_, "shard " + file + " cannot be mapped: " + strerror(errno));
-  maps_.push_back(
-      {static_cast<const unsigned char*>(p), size_t(bytes), total_, tokens, file, checksum});
+  shards_.push_back({fd, bytes, total_, tokens, file, checksum});
   total_ += tokens;  // (each at most 2^60, and as many as the files: no overflow)
 }
 
@@ -202,6 +198,24 @@ void check_tokenizer(const std::string& dir, const nlohmann::json& m, const Toke
                  std::to_string(eod->get<uint64_t>()) + ")");
 }
 
+namespace {
+
+// A descriptor stays open for each shard: a data set of many shards raises the soft limit on
+// open files by as many (up to the hard limit), as a reader of many files does.
+void allow_open_files(size_t shards) {
+  rlimit r{};
+  if (shards < 64 || ::getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return;
+  const rlim_t want = r.rlim_max == RLIM_INFINITY
+                          ? r.rlim_cur + shards
+                          : std::min<rlim_t>(r.rlim_max, r.rlim_cur + shards);
+  if (want > r.rlim_cur) {
+    r.rlim_cur = want;
+    ::setrlimit(RLIMIT_NOFILE, &r);  // (else an open past the limit names its shard and why)
+  }
+}
+
+}  // namespace
+
 std::shared_ptr<const TokenShards> TokenShards::open(const std::string& dir) {
   const nlohmann::json m = read_manifest(dir);
   std::shared_ptr<TokenShards> t(new TokenShards);
@@ -223,7 +237,8 @@ std::shared_ptr<const TokenShards> TokenShards::open(const std::string& dir) {
   if (t->width_ == 2 && t->vocab_ > 65536) bad(dir, "16-bit ids cannot hold its vocabulary");
   const auto shards = m.find("shards");
   if (shards == m.end() || !shards->is_array()) bad(dir, manifest + "'s \"shards\" is not a list");
-  for (const auto& s : *shards) t->map_shard(s);
+  allow_open_files(shards->size());
+  for (const auto& s : *shards) t->open_shard(s);
   const uint64_t total = count_in(m, "tokens", dir, manifest, UINT64_MAX);
   if (t->total_ != total)
     bad(dir, "its shards hold " + std::to_string(t->total_) + " tokens; the manifest says " +
@@ -232,8 +247,30 @@ std::shared_ptr<const TokenShards> TokenShards::open(const std::string& dir) {
 }
 
 TokenShards::~TokenShards() {
-  for (const Map& m : maps_)
-    if (m.base) ::munmap(const_cast<unsigned char*>(m.base), m.bytes);
+  for (const Shard& s : shards_) ::close(s.fd);
+}
+
+namespace {
+
+// What a shard cut short since it was opened says, after its name.
+std::string cut_short(uint64_t bytes, uint64_t at) {
+  return "cut short since it was opened: it ends at byte " + std::to_string(at) + ", not " +
+         std::to_string(bytes);
+}
+
+}  // namespace
+
+size_t TokenShards::read_bytes(const Shard& s, uint64_t offset, size_t n, unsigned char* to) const {
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t got = ::pread(s.fd, to + done, n - done, off_t(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0)
+      throw std::runtime_error(dir_ + "/" + s.file + ": cannot be read: " + strerror(errno));
+    if (got == 0) break;
+    done += size_t(got);
+  }
+  return done;
 }
 
 void TokenShards::read(uint64_t begin, size_t n, int32_t* out) const {
@@ -241,22 +278,24 @@ void TokenShards::read(uint64_t begin, size_t n, int32_t* out) const {
     throw std::out_of_range("tokens [" + std::to_string(begin) + ", +" + std::to_string(n) +
                             ") past the end of " + dir_ + " (" + std::to_string(total_) + ")");
   // The shard holding `begin`: the last whose first id is <= begin.
-  size_t s = 0, lo = 0, hi = maps_.size();
+  size_t s = 0, lo = 0, hi = shards_.size();
   while (hi - lo > 1) {
     const size_t mid = (lo + hi) / 2;
-    (maps_[mid].first <= begin ? lo : hi) = mid;
+    (shards_[mid].first <= begin ? lo : hi) = mid;
   }
   s = lo;
   while (n > 0) {
-    const Map& m = maps_[s];
+    const Shard& m = shards_[s];
     const uint64_t at = begin - m.first;
     const size_t take = size_t(std::min<uint64_t>(n, m.tokens - at));
-    if (width_ == 2) {
-      const unsigned char* p = m.base + at * 2;
-      for (size_t i = 0; i < take; ++i) out[i] = int32_t(p[2 * i] | p[2 * i + 1] << 8);
-    } else {
-      std::memcpy(out, m.base + at * 4, take * 4);  // (little-endian hosts only: x86, arm64)
-    }
+    // 16-bit ids are read into the upper half of out's bytes and widened from the front: the
+    // id written at i ends before the one read at i + 1 begins (little-endian hosts only).
+    unsigned char* bytes = reinterpret_cast<unsigned char*>(out) + (width_ == 2 ? take * 2 : 0);
+    const size_t got = read_bytes(m, at * width_, take * width_, bytes);
+    if (got < take * width_)
+      throw DamagedData(dir_ + "/" + m.file + ": " + cut_short(m.bytes, at * width_ + got));
+    if (width_ == 2)
+      for (size_t i = 0; i < take; ++i) out[i] = int32_t(bytes[2 * i] | bytes[2 * i + 1] << 8);
     for (size_t i = 0; i < take; ++i)
       if (uint32_t(out[i]) >= vocab_)
         throw DamagedData(dir_ + "/" + m.file + ": id " + std::to_string(uint32_t(out[i])) +
@@ -270,38 +309,51 @@ void TokenShards::read(uint64_t begin, size_t n, int32_t* out) const {
   }
 }
 
-// The shard's first id outside the vocabulary, named with its place; "" when there is none.
-std::string TokenShards::outside_vocabulary(const Map& m) const {
-  for (uint64_t t = 0; t < m.tokens; ++t) {
-    const unsigned char* p = m.base + t * width_;
-    const uint32_t id = width_ == 2
-                            ? uint32_t(p[0] | p[1] << 8)
-                            : uint32_t(p[0] | p[1] << 8 | p[2] << 16 | uint32_t(p[3]) << 24);
-    if (id >= vocab_)
-      return m.file + ": id " + std::to_string(id) + " at token " + std::to_string(t) +
-             " is outside the vocabulary of " + std::to_string(vocab_);
+// The shard read whole, against the manifest's checksum and the vocabulary: what differs (its
+// first id outside the vocabulary, with its place), named with its file; "" when nothing does.
+std::string TokenShards::check(const Shard& s) const {
+  std::vector<unsigned char> buf(
+      size_t(std::min<uint64_t>(s.bytes, 1 << 20)));  // (width's multiple)
+  uint64_t h = fnv1a64(nullptr, 0);
+  std::string outside;
+  for (uint64_t off = 0; off < s.bytes;) {
+    const size_t n = size_t(std::min<uint64_t>(buf.size(), s.bytes - off));
+    const size_t got = read_bytes(s, off, n, buf.data());
+    if (got < n) return s.file + ": " + cut_short(s.bytes, off + got);
+    h = fnv1a64(buf.data(), n, h);
+    for (size_t i = 0; outside.empty() && i < n; i += width_) {
+      const unsigned char* p = buf.data() + i;
+      const uint32_t id = width_ == 2
+                              ? uint32_t(p[0] | p[1] << 8)
+                              : uint32_t(p[0] | p[1] << 8 | p[2] << 16 | uint32_t(p[3]) << 24);
+      if (id >= vocab_)
+        outside = s.file + ": id " + std::to_string(id) + " at token " +
+                  std::to_string((off + i) / width_) + " is outside the vocabulary of " +
+                  std::to_string(vocab_);
+    }
+    off += n;
   }
-  return "";
+  const std::string hex = fnv1a64_hex(h);
+  if (s.fnv1a64.empty())
+    return s.file + ": the manifest gives no checksum (\"fnv1a64\") to compare with";
+  if (s.fnv1a64 != hex)
+    return s.file + ": its bytes are not those prepared (FNV-1a " + hex + "; the manifest says " +
+           s.fnv1a64 + ")";
+  return outside;  // (bytes and checksum rewritten alike)
 }
 
 std::vector<std::string> TokenShards::verify(unsigned threads) const {
-  std::vector<std::string> found(maps_.size());
+  std::vector<std::string> found(shards_.size());
   std::atomic<size_t> next{0};
   auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < maps_.size();) {
-      const Map& m = maps_[i];
-      const std::string hex = fnv1a64_hex(fnv1a64(m.base, m.bytes));
-      if (m.fnv1a64.empty())
-        found[i] = m.file + ": the manifest gives no checksum (\"fnv1a64\") to compare with";
-      else if (m.fnv1a64 != hex)
-        found[i] = m.file + ": its bytes are not those prepared (FNV-1a " + hex +
-                   "; the manifest says " + m.fnv1a64 + ")";
-      else
-        found[i] = outside_vocabulary(m);  // (bytes and checksum rewritten alike)
-    }
+    for (size_t i; (i = next.fetch_add(1)) < shards_.size();) try {
+        found[i] = check(shards_[i]);
+      } catch (const std::exception& e) {  // (an I/O error)
+        found[i] = e.what();
+      }
   };
   std::vector<std::thread> pool;
-  for (unsigned t = 1; t < std::min<size_t>(std::max(threads, 1u), maps_.size()); ++t)
+  for (unsigned t = 1; t < std::min<size_t>(std::max(threads, 1u), shards_.size()); ++t)
     pool.emplace_back(work);
   work();
   for (std::thread& t : pool) t.join();

@@ -97,14 +97,16 @@ class TokenShards {
   TokenShards& operator=(const TokenShards&) = delete;
 
   uint64_t tokens() const { return total_; }
-  size_t shards() const { return maps_.size(); }
+  size_t shards() const { return shards_.size(); }
   size_t vocab() const { return vocab_; }
   uint32_t end_of_document() const { return uint32_t(vocab_ - 1); }
   unsigned token_bytes() const { return width_; }
   uint64_t tokenizer_fingerprint() const { return fingerprint_; }  // Tokenizer::fingerprint()
   const std::string& dir() const { return dir_; }
   // Ids [begin, begin + n) of the stream into out; begin + n <= tokens(). Throws DamagedData
-  // naming the file and the place of an id outside the vocabulary.
+  // naming the file and the place of an id outside the vocabulary, or of a file cut short since
+  // it was opened. (Read with pread, not mapped: a mapped file truncated while the job ran
+  // killed its reader with SIGBUS.)
   void read(uint64_t begin, size_t n, int32_t* out) const;
   // Reads every shard whole and compares its FNV-1a with the manifest's "fnv1a64", shards
   // hashed on up to `threads` threads: one line per shard that differs ("tokens-00003.bin: its
@@ -115,20 +117,24 @@ class TokenShards {
 
  private:
   TokenShards() = default;
-  void map_shard(const nlohmann::json& s);  // one of the manifest's shards, after the others
-  struct Map {
-    const unsigned char* base;
-    size_t bytes;
+  void open_shard(const nlohmann::json& s);  // one of the manifest's shards, after the others
+  struct Shard {
+    int fd;
+    uint64_t bytes;
     uint64_t first, tokens;  // its ids' place in the stream
     std::string file;        // (for messages)
     std::string fnv1a64;     // the manifest's checksum, 16 hex digits ("" when it has none)
   };
-  std::string outside_vocabulary(const Map& m) const;
+  // Up to n bytes of the shard from `offset` into `to`: fewer where it ends first. Throws
+  // std::runtime_error naming the file on an I/O error.
+  size_t read_bytes(const Shard& s, uint64_t offset, size_t n, unsigned char* to) const;
+  // What is wrong with the shard, read whole: "" when nothing.
+  std::string check(const Shard& s) const;
   std::string dir_;
   size_t vocab_ = 0;
   unsigned width_ = 2;
   uint64_t total_ = 0, fingerprint_ = 0;
-  std::vector<Map> maps_;
+  std::vector<Shard> shards_;
 };
 
 }  // namespace troupe::data

@@ -356,6 +356,32 @@ TEST(TokenShards, ReadAcrossShardsAndEveryDefectNamed) {
   refused(d / "malformed", "tokens-00000.bin: its \"fnv1a64\" is not 16 lowercase hex digits");
 }
 
+// A shard cut short while a job reads it (it was mapped: the read was SIGBUS, a crash) is named
+// with its file and where it ends now, by a read and by verify.
+TEST(TokenShards, AShardCutShortWhileOpenIsNamedNotACrash) {
+  Dir d;
+  std::vector<uint32_t> ids;
+  for (uint32_t i = 0; i < 1000; ++i) ids.push_back(i % 256);
+  make_set(d / "s", ids, Tokenizer::bytes(), 97);  // shard 2: tokens 194 to 290, 194 bytes
+  auto t = TokenShards::open(d / "s");
+  fs::resize_file(d / "s/tokens-00002.bin", 10);
+  std::vector<int32_t> got(300);
+  EXPECT_NO_THROW(t->read(0, 194, got.data()));
+  EXPECT_NO_THROW(t->read(190, 9, got.data()));  // (its first 10 bytes are still there)
+  for (size_t i = 0; i < 9; ++i) EXPECT_EQ(got[i], int32_t((190 + i) % 256));
+  try {
+    t->read(190, 10, got.data());
+    ADD_FAILURE() << "read past the end of a shard cut short";
+  } catch (const DamagedData& e) {
+    EXPECT_NE(std::string(e.what()).find("/tokens-00002.bin: cut short since it was opened: it "
+                                         "ends at byte 10, not 194"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(t->verify(2), std::vector<std::string>{"tokens-00002.bin: cut short since it was "
+                                                   "opened: it ends at byte 10, not 194"});
+}
+
 TEST(TokenData, WindowsInAGlobalOrderEachOncePerEpoch) {
   Dir d;
   std::vector<uint32_t> ids;
