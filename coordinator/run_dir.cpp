@@ -85,8 +85,11 @@ RunDirectory::RunDirectory(const std::string& path, const std::string& job_name,
   std::string holder;
   lock_fd_ = take_lock(path + "/run.lock", holder);
   if (lock_fd_ < 0)
-    throw RunDirError("the run directory " + path + " is in use by another job" +
-                      (holder.empty() ? "" : " (" + holder + ")") + "; choose another job.run_dir");
+    throw RunDirError(
+        "the run directory " + path + " is in use by another job" +
+        (holder.empty() ? "" : " (" + holder + ")") +
+        (resuming ? "; it goes on there: troupe status --run-dir " + path + " shows how far"
+                  : "; choose another job.run_dir"));
   if (!resuming && fs::exists(path + "/events.jsonl", ec)) {
     ::close(lock_fd_);
     lock_fd_ = -1;

@@ -71,6 +71,17 @@ TEST(RunDirectory, ASecondJobOnTheSameDirectoryIsRefusedWithTheFirstsName) {
   EXPECT_EQ(WEXITSTATUS(*st), 2);
   const std::string out = text_of(second.out);
   EXPECT_NE(out.find("is in use by another job (job 'hardening', pid"), std::string::npos) << out;
+  // A resume of it while it runs (two resumes at once): refused, and not told to choose another
+  // run directory (a new run there would start afresh).
+  Job resume = start_job(dir, "shared", kConfig, 1, {}, {}, {"--resume", first.run_dir});
+  auto rst = resume.proc->wait(30s);
+  ASSERT_TRUE(rst);
+  EXPECT_EQ(WEXITSTATUS(*rst), 2);
+  const std::string rout = text_of(resume.out);
+  EXPECT_NE(rout.find("is in use by another job (job 'hardening', pid"), std::string::npos) << rout;
+  EXPECT_NE(rout.find("; it goes on there: troupe status --run-dir " + first.run_dir),
+            std::string::npos)
+      << rout;
   // The first job's files are untouched: still its token, its address, only its events.
   EXPECT_EQ(count_events(first, "job_started"), 1);
   admin(dir, {"stop", "--run-dir", first.run_dir});
