@@ -86,7 +86,7 @@ class EventReader {
     }
     if (const char* kind = mark_kind(ev)) r_.marks.push_back({t, kind, describe(ev, e)});
     // (a take-over: the coordinator was lost, whatever this one committed yet)
-    if ((starts_change(ev) && commits_ > 0 || ev == "coordinator_restarted") && !pending_) {
+    if (((starts_change(ev) && commits_ > 0) || ev == "coordinator_restarted") && !pending_) {
       r_.changes.push_back({t, describe(ev, e), -1});
       pending_ = true;
     }
