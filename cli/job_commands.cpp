@@ -121,26 +121,35 @@ std::string take_over_refusal(const coordinator::JobConfig& cfg, const std::stri
   return "";
 }
 
-// A run resumed with a config that differs from its own (RUN_DIR/config.toml: its file and --set
-// overrides as it was started) goes on with the new values: each is named on stderr (a resume
-// with the run's file but without its --set overrides changed them unsaid).
-void warn_of_changes(const coordinator::JobConfig& cfg, const std::string& path, bool lr_set,
-                     const Hooks& hooks) {
-  std::vector<std::string> changed;
+// The run's own config (RUN_DIR/config.toml: its file and --set overrides as it was started), or
+// nullopt and why it cannot be read ("" when there is none: an older Troupe's run).
+std::optional<coordinator::JobConfig> own_config(const std::string& path, const Hooks& hooks,
+                                                 std::string& why) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path + "/config.toml", ec)) return std::nullopt;
   try {
-    // (without --set optimizer.lr the checkpoint's goes on, whatever the file says)
-    changed = coordinator::config_differences(
-        coordinator::load_config(path + "/config.toml", {}, hooks.kinds()), cfg,
-        lr_set ? std::vector<std::string>{} : std::vector<std::string>{"optimizer.lr"});
+    return coordinator::load_config(path + "/config.toml", {}, hooks.kinds());
   } catch (const coordinator::ConfigError& e) {
-    std::error_code ec;  // (none, an older Troupe's run: nothing to compare, nothing to say)
-    if (std::filesystem::exists(path + "/config.toml", ec))
+    why = e.what();
+    return std::nullopt;
+  }
+}
+
+// A run resumed with a config that differs from its own goes on with the new values: each is
+// named on stderr (a resume with the run's file but without its --set overrides changed them
+// unsaid). optimizer.lr only where it acts (lr_set): else the checkpoint's goes on.
+void warn_of_changes(const coordinator::JobConfig& cfg, const std::string& path, bool lr_set,
+                     const std::optional<coordinator::JobConfig>& own, const std::string& why) {
+  if (!own) {
+    if (!why.empty())
       std::fprintf(stderr,
                    "troupe: warning: --resume %s: what differs from the run's own config is not "
                    "named: %s\n",
-                   path.c_str(), e.what());
+                   path.c_str(), why.c_str());
     return;
   }
+  const std::vector<std::string> changed = coordinator::config_differences(
+      *own, cfg, lr_set ? std::vector<std::string>{} : std::vector<std::string>{"optimizer.lr"});
   for (const auto& c : changed)
     std::fprintf(stderr, "troupe: --resume %s: %s\n", path.c_str(), c.c_str());
   if (!changed.empty())
@@ -220,7 +229,11 @@ std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool l
     if (cfg.take_over)
       if (std::string why = take_over_refusal(cfg, path, hooks); !why.empty())
         return "--resume " + path + ": " + why;
-    warn_of_changes(cfg, path, lr_set, hooks);
+    std::string unreadable;
+    const auto own = own_config(path, hooks, unreadable);
+    // (a config whose optimizer.lr is not the run's own sets it, as --set does: it was ignored)
+    if (own && !cfg.take_over && own->lr != cfg.lr) lr_set = true;
+    warn_of_changes(cfg, path, lr_set, own, unreadable);
     const std::string dir = coordinator::checkpoints_dir(cfg, path);
     if (dir == path + "/checkpoints") cfg.checkpoint_dir.clear();  // (it goes on there)
     std::vector<std::string> refused;
@@ -249,8 +262,13 @@ std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool l
            " and job.steps = " + std::to_string(cfg.steps) + ": nothing is left to run";
   cfg.resume_dir = fs::absolute(found->directory, ec).lexically_normal().string();
   cfg.resume_step = found->step;
+  if (cfg.trace_last >= 0 && uint64_t(cfg.trace_last) < found->step)
+    std::fprintf(stderr,
+                 "troupe: observability.trace_steps = \"%s\": those steps ran before step %llu, "
+                 "where this run goes on: none is traced\n",
+                 cfg.trace_steps.c_str(), (unsigned long long)found->step);
   cfg.resume_blocks = found->blocks;
-  if (found->lr > 0 && !lr_set) cfg.lr = found->lr;
+  if (found->lr > 0 && !lr_set) cfg.configured_lr = cfg.lr, cfg.lr = found->lr;
   cfg.resume_lr = lr_set ? 0 : found->lr;  // (0: the resume's rate replaces the run's changes)
   return "";
 }
@@ -294,6 +312,9 @@ RunDir prepare_run_dir(coordinator::JobConfig& cfg, bool resuming) {
   {  // (the run's own checkpoints/ stays relative: the directory may be moved or copied; the
      // data's paths are absolute: the run resumed from another directory reads the same data)
     coordinator::JobConfig effective = coordinator::with_absolute_paths(cfg);
+    // (the rate as configured: the checkpoint's, which troupe lr may have changed, is the run's
+    // history, not its config; a resume with another rate than this one sets it)
+    if (cfg.configured_lr > 0) effective.lr = cfg.configured_lr;
     std::error_code ec;
     if (cfg.checkpoint_dir == fs::absolute(d.path + "/checkpoints", ec).lexically_normal().string())
       effective.checkpoint_dir.clear();
@@ -788,7 +809,7 @@ int configure_job(const std::string& path, const std::vector<std::string>& sets,
   }
   if (resume.empty()) return 0;
   const bool lr_set = std::any_of(sets.begin(), sets.end(), [](const std::string& s) {
-    return s.rfind("optimizer.lr=", 0) == 0;
+    return coordinator::override_key(s) == "optimizer.lr";  // (any spelling: "optimizer.lr = 3")
   });
   if (std::string why = prepare_resume(cfg, resume, lr_set, hooks, into_run); !why.empty()) {
     std::fprintf(stderr, "troupe: %s\n", why.c_str());

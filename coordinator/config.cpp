@@ -369,19 +369,20 @@ void assign(const Field& f, const toml::node& n, const std::string& source) {
   }
 }
 
+// (spaces around the key and the value, as a config file's `key = value` has them, go)
+std::string trimmed(std::string s) {
+  const char* space = " \t";
+  s.erase(0, s.find_first_not_of(space));
+  s.erase(s.find_last_not_of(space) + 1);
+  return s;
+}
+
 void apply_override(toml::table& root, const std::string& ov) {
   auto eq = ov.find('=');
   auto dot = ov.find('.');
   if (eq == std::string::npos || dot == std::string::npos || dot > eq) {
     throw ConfigError("--set " + ov + ": expected table.key=value");
   }
-  // (spaces around the key and the value, as a config file's `key = value` has them, go)
-  auto trimmed = [](std::string s) {
-    const char* space = " \t";
-    s.erase(0, s.find_first_not_of(space));
-    s.erase(s.find_last_not_of(space) + 1);
-    return s;
-  };
   std::string table = trimmed(ov.substr(0, dot)), key = trimmed(ov.substr(dot + 1, eq - dot - 1)),
               value = trimmed(ov.substr(eq + 1));
   // (Its nodes' source is "--set ...": what a message about the key names, not the file.)
@@ -986,6 +987,12 @@ struct TomlShape {
 };
 
 }  // namespace
+
+std::string override_key(const std::string& ov) {
+  const auto eq = ov.find('='), dot = ov.find('.');
+  if (eq == std::string::npos || dot == std::string::npos || dot > eq) return "";
+  return trimmed(ov.substr(0, dot)) + "." + trimmed(ov.substr(dot + 1, eq - dot - 1));
+}
 
 std::string toml_too_deep(std::string_view text) {
   constexpr size_t kMax = 256;

@@ -135,6 +135,7 @@ struct JobConfig {
   uint64_t resume_step = 0;
   uint64_t resume_blocks = 0;  // the checkpoint's blocks: the model's must be as many
   double resume_lr = 0;        // optimizer.lr at the checkpoint's step (0: not known, or set anew)
+  double configured_lr = 0;    // a resume's optimizer.lr as configured, where lr is the checkpoint's
   bool take_over = false;
   // Not a key: each block's parameter count in the model, where the coordinator could build it
   // before the start (else the first generation's); every worker is checked against it.
@@ -189,6 +190,9 @@ struct JobConfig {
 // keys are then checked instead of the built-in ones. Throws ConfigError.
 JobConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {},
                       const ExtensionKinds& kinds = {});
+// The "table.key" an override ("table.key=value", spaces around either part allowed) sets; ""
+// when it is not one.
+std::string override_key(const std::string& override_text);
 // Parses TOML text (source names the origin in messages).
 JobConfig parse_config(const std::string& text, const std::string& source,
                        const std::vector<std::string>& overrides = {},

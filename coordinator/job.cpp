@@ -1050,7 +1050,14 @@ class Coordinator : public caf::event_based_actor {
     if (first_end_.first != d.generation) first_end_ = {d.generation, Clock::now()};
     auto outcome = steps_.done(d, gens_.members().size());
     if (!outcome) return;
-    const bool stopped = job_.stop_requested();
+    // Members that end before job.steps unasked (a lost coordinator's stop they kept) leave the
+    // run stopped, resumable; not "completed" short of its steps.
+    const bool short_of_steps =
+        !job_.stop_requested() && !cfg_.external() && steps_.committed() < uint64_t(cfg_.steps);
+    if (short_of_steps)
+      tell("the members ended at step " + std::to_string(steps_.committed()) + " of " +
+           std::to_string(cfg_.steps) + " without a stop asked of this coordinator: stopped there");
+    const bool stopped = job_.stop_requested() || short_of_steps;
     // Its checkpoint where it ended (the last step's, or a stop's): what troupe export reads, and
     // where a stopped job resumes (troupe run --resume).
     std::string last;
@@ -1278,10 +1285,22 @@ class Coordinator : public caf::event_based_actor {
   // --checkpoint, SIGTERM). Every agent hears the step at or after which it is wanted (the next
   // one to commit); the members vote on it at their next step boundary, so all of them take it
   // at the same step. With a stop, the stop's own message asks for it (tell_agents_to_stop).
+  //
+  // Before training starts, a stop with a checkpoint is a stop after the first step, with one
+  // there (it was refused as "not running", and the job then trained to its end). While a stop
+  // is under way, a checkpoint alone is refused as lr and scale are (it was accepted, then said
+  // to have failed when the job ended).
   ControlMessage checkpoint(bool and_stop) {
     if (!checkpoints_)
       return actors::make_error_reply(Errc::refused, "this job has no checkpoint directory");
-    if (!job_.started()) return actors::make_error_reply(Errc::refused, "the job is not running");
+    if (!and_stop && job_.stop_requested())
+      return actors::make_error_reply(
+          Errc::refused, std::string("the job is stopping") +
+                             (stop_checkpoint_ ? ", with a checkpoint where it stops"
+                                               : " (troupe stop --checkpoint takes one there)"));
+    if (!job_.started() && !and_stop)
+      return actors::make_error_reply(Errc::refused,
+                                      "the job has not started training: no step to checkpoint");
     const uint64_t at = steps_.committed() + 1;
     if (!and_stop || !stop_checkpoint_)  // (a stop asked for it already: one request, logged once)
       log_.event("checkpoint_requested",

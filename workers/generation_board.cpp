@@ -40,6 +40,9 @@ void GenerationBoard::shut_down(int exit_code, const std::string& reason) {
 void GenerationBoard::rejoined(uint64_t next_generation) {
   std::lock_guard<std::mutex> lock(mu_);
   latest_.reset();  // (the lost coordinator's generations are over; the new one numbers its own)
+  // Its stop too: the run taken over goes on to job.steps unless the new one asks again (kept,
+  // every member ended a step later, and the take-over's job ended there "completed").
+  if (!shutdown_) stop_.store(false), checkpoint_at_stop_.store(false);
   next_generation_.store(next_generation);
   rejoins_.fetch_add(1);
   cv_.notify_all();

@@ -28,8 +28,9 @@ class GenerationBoard {
   void shut_down(int exit_code, const std::string& reason);  // the first call wins
 
   // The agent joined a coordinator again (its old one was lost): generations go on from
-  // `next_generation` (the new coordinator's numbering; the lost one's are forgotten), and every
-  // worker publishes again for it (what it published went to the lost one).
+  // `next_generation` (the new coordinator's numbering; the lost one's are forgotten, and so is
+  // a stop it asked for), and every worker publishes again for it (what it published went to the
+  // lost one).
   void rejoined(uint64_t next_generation);
   uint64_t rejoins() const { return rejoins_.load(); }
   uint64_t next_generation() const { return next_generation_.load(); }

@@ -138,10 +138,18 @@ TEST(Checkpoints, SigtermLeavesAResumableRunAndTheResumeGoesOnFromWhereItStopped
 
   // (the run's own config.toml garbled: what differs from it cannot be named, and that is said)
   std::ofstream(job.run_dir + "/config.toml", std::ios::app) << "\n[job\n";
-  Job resumed = start_job(dir, "preempted", kGpt, 3, {}, {}, {"--resume", job.run_dir});
+  // (steps to trace that ran before the resume's step: said, not silently none)
+  Job resumed = start_job(dir, "preempted", kGpt, 3, {"observability.trace_steps=\"2-3\""}, {},
+                          {"--resume", job.run_dir});
   expect_same_function(resumed, want.losses, 120, kBatch, 0);
   EXPECT_EQ(final_checksum(resumed), want.checksum);
   EXPECT_EQ(resumed_from(resumed), stopped_at);
+  EXPECT_NE(text_of(resumed.out)
+                .find("observability.trace_steps = \"2-3\": those steps ran before step " +
+                      std::to_string(stopped_at) + ", where this run goes on: none is traced"),
+            std::string::npos)
+      << text_of(resumed.out);
+  EXPECT_FALSE(fs::exists(job.run_dir + "/trace.json"));
   EXPECT_NE(text_of(resumed.out)
                 .find("what differs from the run's own config is not named: " + job.run_dir +
                       "/config.toml"),
@@ -283,6 +291,43 @@ TEST(Checkpoints, AResumeFromBeforeALearningRateChangeActsAtItsStepAgain) {
   const std::vector<double> apart = losses_apart(dir, at, 120);
   ASSERT_EQ(apart.size(), losses.size());
   for (size_t i = 0; i < losses.size(); ++i) ASSERT_EQ(losses[i], apart[i]) << "step " << i;
+}
+
+// A resume that sets optimizer.lr trains with it, however it is spelled (--set 'optimizer.lr =
+// 0.002') and wherever (a config file whose rate is not the run's own), and names it among what
+// differs; without either the checkpoint's rate goes on. (Both were ignored without a word.)
+TEST(Checkpoints, AResumeWithAnotherLearningRateTrainsWithItAndSaysSo) {
+  TempDir dir;
+  Job job = start_job(dir, "lr-set", kGpt, 1, {"job.steps=20"});
+  ASSERT_TRUE(job.proc->wait(120s));
+  auto lr_at = [&](int step) {
+    char name[64];
+    std::snprintf(name, sizeof name, "/checkpoints/step-%08d/manifest.json", step);
+    std::ifstream in(job.run_dir + name);
+    const auto m = nlohmann::json::parse(in, nullptr, false);
+    return m.is_object() ? m["optimizer"].value("lr", 0.0) : -1.0;
+  };
+  ASSERT_EQ(lr_at(20), 0.003);
+  auto resume = [&](const std::string& config, int steps, const std::vector<std::string>& more) {
+    std::vector<std::string> sets{"job.steps=" + std::to_string(steps)};
+    sets.insert(sets.end(), more.begin(), more.end());
+    const size_t before = text_of(job.out).size();  // (each run's output is appended there)
+    Job r = start_job(dir, "lr-set", config, 1, sets, {}, {"--resume", job.run_dir});
+    auto st = r.proc->wait(120s);
+    EXPECT_TRUE(st && WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << text_of(r.out);
+    return text_of(r.out).substr(before);
+  };
+  std::string said = resume(kGpt, 40, {"optimizer.lr = 0.002"});
+  EXPECT_EQ(lr_at(40), 0.002) << said;
+  EXPECT_NE(said.find("optimizer.lr = 0.002 (the run's: 0.003)"), std::string::npos) << said;
+  std::string edited = kGpt;
+  edited.replace(edited.find("lr = 0.003"), 10, "lr = 0.001");
+  said = resume(edited, 60, {});
+  EXPECT_EQ(lr_at(60), 0.001) << said;
+  EXPECT_NE(said.find("optimizer.lr = 0.001 (the run's: 0.002)"), std::string::npos) << said;
+  said = resume(text_of(job.run_dir + "/config.toml"), 80, {});  // (the run's own: it goes on)
+  EXPECT_EQ(lr_at(80), 0.001) << said;
+  EXPECT_EQ(said.find("optimizer.lr"), std::string::npos) << said;
 }
 
 // Gone, or a zombie nobody reaped yet (the coordinator that started it was SIGKILLed).
@@ -524,6 +569,31 @@ TEST(Checkpoints, ARestartedCoordinatorAdoptsTheLiveAgentsAndNothingIsRedone) {
     while (!ended(pid) && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(50ms);
   for (int pid : agents) EXPECT_TRUE(ended(pid)) << "adopted agent " << pid << " lingers";
+}
+
+// A preemption's SIGTERM, then its SIGKILL while the stop's checkpoint is being written, and the
+// run taken over: the adopted agents forget the lost coordinator's stop and train to job.steps,
+// the same bits as a run never stopped. (They kept it and ended a step later: the take-over said
+// "completed" after 5 of 12 steps.)
+TEST(Checkpoints, ATakeOverOfARunThatWasStoppingTrainsToItsEnd) {
+  TempDir dir;
+  Reference want = reference(dir, 120);
+  const std::vector<std::string> sets{"elastic.rejoin_timeout_ms=60000",
+                                      "checkpoint.every_steps=0"};
+  Job job = start_job(dir, "stopping", kGpt, 2, sets,
+                      {pace(30000), "TROUPE_TEST_CHECKPOINT_DELAY_MS=5000"});
+  wait_steps(job, 20);
+  ASSERT_EQ(::kill(job.proc->pid(), SIGTERM), 0);
+  ASSERT_NE(wait_event(job, is("stop_requested"), 30s), "");
+  std::this_thread::sleep_for(1s);  // (its step taken, its checkpoint under way for 5 s)
+  ASSERT_EQ(::kill(job.proc->pid(), SIGKILL), 0);
+  ASSERT_TRUE(job.proc->wait(10s));
+  ASSERT_EQ(count_events(job, "job_finished"), 0) << "it ended before the kill: the test is void";
+  Job taken = start_job(dir, "stopping", kGpt, 2, sets, {}, {"--resume", job.run_dir});
+  expect_same_function(taken, want.losses, 120, kBatch, 0);
+  EXPECT_EQ(final_checksum(taken), want.checksum);
+  EXPECT_NE(wait_event(taken, is("members_adopted"), 0s), "") << "nothing was adopted";
+  EXPECT_EQ(json_field(events_of(taken).back(), "state"), "completed") << events_of(taken).back();
 }
 
 // A run stopped and resumed, and the resume's coordinator SIGKILLed: `troupe run --resume` takes
@@ -1091,6 +1161,38 @@ TEST(Checkpoints, OnAFullDiskTheyFailWithTheReasonAndLeaveNothingBehind) {
   EXPECT_EQ(written, 1);
   EXPECT_EQ(failed, 2);
   EXPECT_EQ(committed_losses(run_dir).size(), 60u);
+}
+
+// Before training starts (an agent not joined yet), `troupe stop --checkpoint` is a stop after
+// the first step with a checkpoint there, and `troupe checkpoint` is refused saying why; while the
+// stop is under way, `troupe checkpoint` is refused as lr and scale are. (The stop was refused as
+// "not running", and the job trained to its end; a checkpoint asked during a stop was accepted,
+// then said to have failed.)
+TEST(Checkpoints, AStopWithACheckpointBeforeTrainingStartsStopsAfterTheFirstStep) {
+  TempDir dir;
+  const std::string hold = dir.path() + "/hold-agent-1";
+  std::ofstream(hold) << "";
+  Job job = start_job(dir, "early", kGpt, 2, {"checkpoint.every_steps=0"},
+                      {"TROUPE_TEST_JOIN_DELAY_AGENT=agent-1", "TROUPE_TEST_JOIN_DELAY_MS=120000",
+                       "TROUPE_TEST_JOIN_DELAY_FILE=" + hold});
+  ASSERT_NE(wait_event(job, is("member_joined"), 60s), "");
+  std::string said = admin(dir, {"checkpoint", "--run-dir", job.run_dir, "--no-wait"}, 1);
+  EXPECT_NE(said.find("the job has not started training: no step to checkpoint"), std::string::npos)
+      << said;
+  admin(dir, {"stop", "--run-dir", job.run_dir, "--checkpoint"});
+  said = admin(dir, {"checkpoint", "--run-dir", job.run_dir, "--no-wait"}, 1);
+  EXPECT_NE(said.find("the job is stopping, with a checkpoint where it stops"), std::string::npos)
+      << said;
+  EXPECT_EQ(count_events(job, "generation_started"), 0) << "it was not forming: the test is void";
+  fs::remove(hold);
+  auto st = job.proc->wait(60s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
+  const std::string end = events_of(job).back();
+  EXPECT_EQ(json_field(end, "state"), "stopped") << end;
+  EXPECT_EQ(json_field(end, "steps"), "1") << end;
+  EXPECT_EQ(json_field(end, "resumable"), "true") << end;
+  EXPECT_TRUE(fs::exists(job.run_dir + "/checkpoints/step-00000001/manifest.json"));
 }
 
 // On request: `troupe checkpoint` writes one at the next step boundary and says where, while
