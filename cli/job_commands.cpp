@@ -200,6 +200,30 @@ std::string address_clash(const coordinator::JobConfig& cfg) {
          "\") listens on: give the metrics another port";
 }
 
+// Whether the config resumed with has another learning rate than the run's own: that sets it,
+// as --set optimizer.lr does (it was ignored without a word). Not for a take-over, whose agents
+// train on with theirs.
+bool lr_differs(const coordinator::JobConfig& cfg,
+                const std::optional<coordinator::JobConfig>& own) {
+  return own && !cfg.take_over && own->lr != cfg.lr;
+}
+
+// The resume's learning rate: the checkpoint's (troupe lr may have changed the run's) unless
+// lr_set; where the checkpoint's replaces another configured one, that is said. config.toml keeps
+// the configured rate (configured_lr): the changes are the run's history, not its config.
+void choose_lr(coordinator::JobConfig& cfg, double checkpoint_lr, bool lr_set,
+               const std::optional<coordinator::JobConfig>& own, const std::string& path) {
+  cfg.resume_lr = lr_set ? 0 : checkpoint_lr;  // (0: the resume's rate replaces the run's changes)
+  if (checkpoint_lr <= 0 || lr_set) return;
+  cfg.configured_lr = own && cfg.take_over ? own->lr : cfg.lr;
+  if (checkpoint_lr != cfg.lr && !cfg.take_over)
+    std::fprintf(stderr,
+                 "troupe: --resume %s: optimizer.lr goes on at the checkpoint's %.6g (the config "
+                 "says %.6g: --set optimizer.lr=%.6g trains with that)\n",
+                 path.c_str(), checkpoint_lr, cfg.lr, cfg.lr);
+  cfg.lr = checkpoint_lr;
+}
+
 std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool lr_set,
                            const Hooks& hooks, bool& into_run) {
   namespace fs = std::filesystem;
@@ -210,10 +234,17 @@ std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool l
   const coordinator::CheckpointIdentity hash = coordinator::checkpoint_identity(cfg);
   std::optional<coordinator::ValidCheckpoint> found;
   into_run = !fs::exists(fs::path(path) / "manifest.json");
+  std::optional<coordinator::JobConfig> own;  // (the config of the run resumed, where known)
   if (!into_run) {
     std::string why;
     found = coordinator::valid_checkpoint(path, hash, &why);
     if (!found) return "--resume " + path + ": " + why;
+    const fs::path in = fs::absolute(path, ec).lexically_normal().parent_path();
+    if (in.filename() == "checkpoints") own = own_config(in.parent_path().string(), hooks, why);
+    if (!lr_set && lr_differs(cfg, own))
+      std::fprintf(stderr, "troupe: --resume %s: optimizer.lr = %.6g (its run's: %.6g)\n",
+                   path.c_str(), cfg.lr, own->lr);
+    lr_set = lr_set || lr_differs(cfg, own);
   } else {
     if (!fs::exists(fs::path(path) / "events.jsonl"))
       return "--resume " + path +
@@ -230,9 +261,8 @@ std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool l
       if (std::string why = take_over_refusal(cfg, path, hooks); !why.empty())
         return "--resume " + path + ": " + why;
     std::string unreadable;
-    const auto own = own_config(path, hooks, unreadable);
-    // (a config whose optimizer.lr is not the run's own sets it, as --set does: it was ignored)
-    if (own && !cfg.take_over && own->lr != cfg.lr) lr_set = true;
+    own = own_config(path, hooks, unreadable);
+    lr_set = lr_set || lr_differs(cfg, own);
     warn_of_changes(cfg, path, lr_set, own, unreadable);
     const std::string dir = coordinator::checkpoints_dir(cfg, path);
     if (dir == path + "/checkpoints") cfg.checkpoint_dir.clear();  // (it goes on there)
@@ -268,8 +298,7 @@ std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool l
                  "where this run goes on: none is traced\n",
                  cfg.trace_steps.c_str(), (unsigned long long)found->step);
   cfg.resume_blocks = found->blocks;
-  if (found->lr > 0 && !lr_set) cfg.configured_lr = cfg.lr, cfg.lr = found->lr;
-  cfg.resume_lr = lr_set ? 0 : found->lr;  // (0: the resume's rate replaces the run's changes)
+  choose_lr(cfg, found->lr, lr_set, own, path);
   return "";
 }
 

@@ -225,6 +225,14 @@ TEST(Checkpoints, ALearningRateChangedWhileRunningActsFromOneStepOnEveryMember) 
   ASSERT_EQ(tail.size(), size_t(200 - later));
   for (size_t i = 0; i < tail.size(); ++i)
     ASSERT_EQ(tail[i], losses[size_t(later) + i]) << "step " << later + int(i);
+  // (said; and its config.toml keeps the configured rate, so that a resume of it with the same
+  // file is no change of rate)
+  EXPECT_NE(text_of(resumed.out)
+                .find("optimizer.lr goes on at the checkpoint's 0.001 (the config "
+                      "says 0.003: --set optimizer.lr=0.003 trains with that)"),
+            std::string::npos)
+      << text_of(resumed.out);
+  EXPECT_NE(text_of(resumed.run_dir + "/config.toml").find("lr = 0.003"), std::string::npos);
 }
 
 // A rollback past a `troupe lr` change (both agents SIGKILLed after it: the state goes back to the
@@ -328,6 +336,15 @@ TEST(Checkpoints, AResumeWithAnotherLearningRateTrainsWithItAndSaysSo) {
   said = resume(text_of(job.run_dir + "/config.toml"), 80, {});  // (the run's own: it goes on)
   EXPECT_EQ(lr_at(80), 0.001) << said;
   EXPECT_EQ(said.find("optimizer.lr"), std::string::npos) << said;
+  // A new run from one of its checkpoints, with a config of another rate: the same.
+  edited.replace(edited.find("lr = 0.001"), 10, "lr = 0.004");
+  Job branch = start_job(dir, "lr-branch", edited, 1, {"job.steps=70"}, {},
+                         {"--resume", job.run_dir + "/checkpoints/step-00000060"});
+  ASSERT_TRUE(branch.proc->wait(120s));
+  EXPECT_NE(text_of(branch.out).find("optimizer.lr = 0.004 (its run's: 0.001)"), std::string::npos)
+      << text_of(branch.out);
+  std::ifstream in(branch.run_dir + "/checkpoints/step-00000070/manifest.json");
+  EXPECT_EQ(nlohmann::json::parse(in, nullptr, false)["optimizer"].value("lr", 0.0), 0.004);
 }
 
 // Gone, or a zombie nobody reaped yet (the coordinator that started it was SIGKILLed).
