@@ -27,14 +27,18 @@ std::string host_identity() {
 // with ESRCH, which libstdc++'s filebuf throws as an exception instead of ending the input.)
 bool process_gone(int pid) {
   const std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  // Gone: no /proc/PID (ENOENT), or reaped since the open (ESRCH, or nothing to read). Any other
+  // error (out of descriptors, /proc mounted with hidepid) says nothing of the process.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return true;
+  if (fd < 0) return errno == ENOENT || errno == ESRCH;
   char buf[512];
   ssize_t n;
   do n = ::read(fd, buf, sizeof buf);
   while (n < 0 && errno == EINTR);
+  const int read_errno = errno;
   ::close(fd);
-  if (n <= 0) return true;  // (reaped since the open)
+  if (n < 0) return read_errno == ESRCH;
+  if (n == 0) return true;
   const std::string stat(buf, size_t(n));
   auto close = stat.rfind(')');
   if (close == std::string::npos || close + 2 >= stat.size()) return false;
