@@ -10,9 +10,12 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <thread>
+#include <tuple>
 
 #include "data/tokenizer.h"
 
@@ -142,6 +145,14 @@ uint64_t count_in(const nlohmann::json& o, const char* key, const std::string& d
 
 }  // namespace
 
+namespace {
+
+std::mutex open_mu;                       // (guards TokenShards::open and the limit)
+std::atomic<size_t> open_shard_files{0};  // (one per Shard; its destructor takes them off)
+rlim_t first_soft_limit = 0;
+
+}  // namespace
+
 // Opens shard `s` of the manifest (its tokens of `width` bytes) after the ones opened so far.
 void TokenShards::open_shard(const nlohmann::json& s) {
   const std::string where = std::string(kManifestFile) + ": a shard";
@@ -162,11 +173,11 @@ void TokenShards::open_shard(const nlohmann::json& s) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // (a FIFO: no wait)
   if (fd < 0) bad(dir_, "shard " + file + " cannot be opened: " + strerror(errno));
   struct stat st {};
-  ::fstat(fd, &st);
-  if (!S_ISREG(st.st_mode)) {
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
     bad(dir_, "shard " + file + " is not a regular file");
   }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);  // (kept open: reads that wait)
   const uint64_t bytes = uint64_t(st.st_size);
   if (bytes % width_ != 0 || bytes / width_ != tokens) {
     ::close(fd);
@@ -175,6 +186,7 @@ void TokenShards::open_shard(const nlohmann::json& s) {
                   " bytes (truncated or replaced?)");
   }
   shards_.push_back({fd, bytes, total_, tokens, file, checksum});
+  ++open_shard_files;
   total_ += tokens;  // (each at most 2^60, and as many as the files: no overflow)
 }
 
@@ -200,23 +212,41 @@ void check_tokenizer(const std::string& dir, const nlohmann::json& m, const Toke
 
 namespace {
 
-// A descriptor stays open for each shard: a data set of many shards raises the soft limit on
-// open files by as many (up to the hard limit), as a reader of many files does.
-void allow_open_files(size_t shards) {
+// One descriptor stays open for each shard of each data set open in the process (a data set is
+// open once in a process: TokenShards::open shares it). The soft limit on open files is raised
+// by as many (up to the hard limit) above what it was at the first open, as a reader of many
+// files does; past the hard limit, an open names its shard and why.
+void allow_open_files(size_t more) {
   rlimit r{};
-  if (shards < 64 || ::getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return;
-  const rlim_t want = r.rlim_max == RLIM_INFINITY
-                          ? r.rlim_cur + shards
-                          : std::min<rlim_t>(r.rlim_max, r.rlim_cur + shards);
+  if (::getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return;
+  if (first_soft_limit == 0) first_soft_limit = r.rlim_cur;
+  rlim_t want = first_soft_limit + rlim_t(open_shard_files.load() + more);
+  if (r.rlim_max != RLIM_INFINITY) want = std::min(want, r.rlim_max);
   if (want > r.rlim_cur) {
     r.rlim_cur = want;
-    ::setrlimit(RLIMIT_NOFILE, &r);  // (else an open past the limit names its shard and why)
+    ::setrlimit(RLIMIT_NOFILE, &r);
   }
 }
 
 }  // namespace
 
+// (Known by its manifest: device, inode and change time. A set deleted and prepared again at the
+// same path, its manifest's inode reused, is another set.)
 std::shared_ptr<const TokenShards> TokenShards::open(const std::string& dir) {
+  using Key = std::tuple<dev_t, ino_t, int64_t>;
+  static std::map<Key, std::weak_ptr<const TokenShards>> opened;
+  std::lock_guard<std::mutex> lock(open_mu);
+  struct stat st {};
+  const bool known = ::stat((dir + "/" + kManifestFile).c_str(), &st) == 0;
+  const Key key{st.st_dev, st.st_ino, int64_t(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec};
+  if (known)
+    if (auto t = opened[key].lock()) return t;
+  std::shared_ptr<const TokenShards> t = open_anew(dir);
+  if (known) opened[key] = t;
+  return t;
+}
+
+std::shared_ptr<const TokenShards> TokenShards::open_anew(const std::string& dir) {
   const nlohmann::json m = read_manifest(dir);
   std::shared_ptr<TokenShards> t(new TokenShards);
   t->dir_ = dir;
@@ -248,6 +278,7 @@ std::shared_ptr<const TokenShards> TokenShards::open(const std::string& dir) {
 
 TokenShards::~TokenShards() {
   for (const Shard& s : shards_) ::close(s.fd);
+  open_shard_files -= shards_.size();
 }
 
 namespace {

@@ -82,7 +82,8 @@ class ShardWriter {
 };
 
 // A token file whose ids are not what its manifest says (changed after it was prepared: an id
-// outside the vocabulary). Reading it again gives the same: a worker is not restarted for it.
+// outside the vocabulary, or the file cut short since it was opened). Reading it again gives the
+// same: a worker is not restarted for it.
 class DamagedData : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -90,7 +91,9 @@ class DamagedData : public std::runtime_error {
 
 class TokenShards {
  public:
-  // Throws std::invalid_argument naming the directory and what is wrong or missing.
+  // Throws std::invalid_argument naming the directory and what is wrong or missing. A data set
+  // open already in this process (the same manifest: device, inode, change time) is shared:
+  // each of its shards holds a file descriptor. Thread-safe.
   static std::shared_ptr<const TokenShards> open(const std::string& dir);
   ~TokenShards();
   TokenShards(const TokenShards&) = delete;
@@ -117,6 +120,7 @@ class TokenShards {
 
  private:
   TokenShards() = default;
+  static std::shared_ptr<const TokenShards> open_anew(const std::string& dir);
   void open_shard(const nlohmann::json& s);  // one of the manifest's shards, after the others
   struct Shard {
     int fd;

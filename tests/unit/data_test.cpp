@@ -364,6 +364,8 @@ TEST(TokenShards, AShardCutShortWhileOpenIsNamedNotACrash) {
   for (uint32_t i = 0; i < 1000; ++i) ids.push_back(i % 256);
   make_set(d / "s", ids, Tokenizer::bytes(), 97);  // shard 2: tokens 194 to 290, 194 bytes
   auto t = TokenShards::open(d / "s");
+  EXPECT_EQ(TokenShards::open(d / "s/"), t)  // (one descriptor a shard, in a process)
+      << "a data set open in the process is opened again";
   fs::resize_file(d / "s/tokens-00002.bin", 10);
   std::vector<int32_t> got(300);
   EXPECT_NO_THROW(t->read(0, 194, got.data()));
