@@ -62,7 +62,7 @@ void expect_whole_lines(const std::string& path) {
 
 TEST(RunDirectory, ASecondJobOnTheSameDirectoryIsRefusedWithTheFirstsName) {
   TempDir dir;
-  Job first = start_job(dir, "shared", kConfig, 1, {}, {pace(20000)});
+  Job first = start_job(dir, "shared", kConfig, 1, {"job.steps=100000"}, {pace(20000)});
   wait_steps(first, 2);
   // The same job.run_dir again: refused before anything starts, naming the job that owns it.
   Job second = start_job(dir, "shared", kConfig, 1, {"job.name=\"intruder\""});
@@ -73,7 +73,8 @@ TEST(RunDirectory, ASecondJobOnTheSameDirectoryIsRefusedWithTheFirstsName) {
   EXPECT_NE(out.find("is in use by another job (job 'hardening', pid"), std::string::npos) << out;
   // A resume of it while it runs (two resumes at once): refused, and not told to choose another
   // run directory (a new run there would start afresh).
-  Job resume = start_job(dir, "shared", kConfig, 1, {}, {}, {"--resume", first.run_dir});
+  Job resume =
+      start_job(dir, "shared", kConfig, 1, {"job.steps=100000"}, {}, {"--resume", first.run_dir});
   auto rst = resume.proc->wait(30s);
   ASSERT_TRUE(rst);
   EXPECT_EQ(WEXITSTATUS(*rst), 2);
