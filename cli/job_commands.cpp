@@ -241,10 +241,11 @@ std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool l
     if (!found) return "--resume " + path + ": " + why;
     const fs::path in = fs::absolute(path, ec).lexically_normal().parent_path();
     if (in.filename() == "checkpoints") own = own_config(in.parent_path().string(), hooks, why);
-    if (!lr_set && lr_differs(cfg, own))
+    if (!lr_set && lr_differs(cfg, own)) {
       std::fprintf(stderr, "troupe: --resume %s: optimizer.lr = %.6g (its run's: %.6g)\n",
                    path.c_str(), cfg.lr, own->lr);
-    lr_set = lr_set || lr_differs(cfg, own);
+      lr_set = true;
+    }
   } else {
     if (!fs::exists(fs::path(path) / "events.jsonl"))
       return "--resume " + path +

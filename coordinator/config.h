@@ -135,7 +135,7 @@ struct JobConfig {
   uint64_t resume_step = 0;
   uint64_t resume_blocks = 0;  // the checkpoint's blocks: the model's must be as many
   double resume_lr = 0;        // optimizer.lr at the checkpoint's step (0: not known, or set anew)
-  double configured_lr = 0;    // a resume's optimizer.lr as configured, where lr is the checkpoint's
+  double configured_lr = 0;    // optimizer.lr as configured, where lr is the checkpoint's
   bool take_over = false;
   // Not a key: each block's parameter count in the model, where the coordinator could build it
   // before the start (else the first generation's); every worker is checked against it.
