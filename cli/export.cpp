@@ -3,6 +3,7 @@
 // (bench/peers/torch_models.py; docs/export.md), with the model's shape in the metadata.
 // --batch-of-step S also writes the tokens of step S's global batch (FILE.batch.safetensors),
 // so another framework can check that the same weights compute the same loss on them.
+#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -185,7 +186,11 @@ int run_export(const std::vector<std::string>& words, const Hooks& hooks) {
   app.add_option("-o,--output", out, "the file to write")->required();
   const CLI::Validator a_step(
       [](std::string& s) {
-        return s.rfind('-', 0) == 0 ? s + " is not a step (0 or more)" : std::string();
+        if (s.rfind('-', 0) == 0) return s + " is not a step (0 or more)";
+        int64_t v = 0;  // (CLI11 would take a number past int64_t as its largest)
+        if (std::from_chars(s.data(), s.data() + s.size(), v).ec == std::errc::result_out_of_range)
+          return s + " is not a step (more than any job has)";
+        return std::string();
       },
       "STEP");
   app.add_option("--step", step, "the checkpoint's step (default: the newest valid one)")
