@@ -426,6 +426,12 @@ void Checkpoints::reloaded(uint64_t step, const std::string& directory) {
   newest_ = c;
 }
 
+bool Checkpoints::heard_before(const actors::CheckpointWritten& w) const {
+  if (taken_over_ == 0 || w.generation > taken_over_) return false;
+  std::error_code ec;
+  return (newest_ && w.step <= newest_->step) || !fs::is_directory(w.directory, ec);
+}
+
 bool Checkpoints::undone(uint64_t step, uint64_t generation) const {
   for (const auto& [after, before] : undone_)
     if (step > after && generation < before) return true;

@@ -84,6 +84,13 @@ class Checkpoints {
   std::vector<std::string> roll_back(uint64_t step, uint64_t generation);
   // The job reloaded its state from the checkpoint in `directory` (of `step`): its newest now.
   void reloaded(uint64_t step, const std::string& directory);
+  // This coordinator took the run over after its generation `generation`: the agents that come
+  // back send their recent shard reports again (a checkpoint the lost coordinator never heard
+  // complete is completed here). True for such a report that changes nothing, and is to be
+  // passed over: of a generation up to that one, and of a step the newest checkpoint covers (the
+  // lost coordinator completed it, or pruned it) or whose directory is gone.
+  void taken_over(uint64_t generation) { taken_over_ = generation; }
+  bool heard_before(const actors::CheckpointWritten& w) const;
   // The newest step of a complete checkpoint in checkpoint.dir, of any job (an earlier run's,
   // before this one writes: its manifest is there; nothing is read).
   std::optional<uint64_t> newest_in_dir() const;
@@ -113,6 +120,7 @@ class Checkpoints {
   // Each rollback's (step, generation): the steps after it of the generations before it.
   std::vector<std::pair<uint64_t, uint64_t>> undone_;
   std::vector<std::pair<uint64_t, std::string>> abandoned_;
+  uint64_t taken_over_ = 0;  // the lost coordinator's last generation (0: none)
 };
 
 // The checkpoints under dir, newest first, each checked: manifest readable, the config hash

@@ -288,6 +288,7 @@ class Coordinator : public caf::event_based_actor {
   void take_over() {
     const RunRecord rec = read_run_record(lines_of_file(dir_ + "/events.jsonl"));
     gens_.continue_after(rec.generation, rec.world_size);
+    if (checkpoints_) checkpoints_->taken_over(rec.generation);
     if (!steps_.continue_at(rec.committed))
       return fail("cannot rewrite " + dir_ + "/ledger.jsonl after step " +
                   std::to_string(rec.committed) + " to take the run over");
@@ -975,7 +976,7 @@ class Coordinator : public caf::event_based_actor {
 
   // A worker's checkpoint shards are durable: the manifest once every block is.
   void on_checkpoint(const actors::CheckpointWritten& w) {
-    if (!checkpoints_) return;
+    if (!checkpoints_ || checkpoints_->heard_before(w)) return;
     auto failed = [&](const std::string& why) {
       if (!checkpoints_->fail(w.step, w.generation)) return;  // (each writer may say: once)
       if (w.step >= requested_checkpoint_) requested_checkpoint_ = 0;  // (said: not asked again)
@@ -984,7 +985,7 @@ class Coordinator : public caf::event_based_actor {
     if (!w.error.empty()) return failed("rank " + std::to_string(w.rank) + ": " + w.error);
     std::optional<CompletedCheckpoint> done;
     try {
-      done = checkpoints_->add(w, uint32_t(gens_.members().size()), plan_, lr_at(w.step));
+      done = checkpoints_->add(w, uint32_t(gens_.world()), plan_, lr_at(w.step));
     } catch (const std::exception& e) {
       return failed(e.what());
     }

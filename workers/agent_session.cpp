@@ -176,18 +176,21 @@ AgentSession::~AgentSession() {
 }
 
 void AgentSession::send(ControlMessage m) {
-  if (m.envelope().getBody().isStepReport()) keep_report(m);
+  const auto body = m.envelope().getBody();
+  if (body.isStepReport() || body.isCheckpointWritten()) keep_report(m);
   caf::anon_send(bridge_, actors::send_atom::value,
                  actors::RemoteAddress{coordinator_.load(), actors::kCoordinatorActorId},
                  std::move(m));
 }
 
-// The newest step reports, for a coordinator that takes over: the lost one may not have
-// written them.
+// The newest step reports and checkpoint shard reports, for a coordinator that takes over: the
+// lost one may not have heard them.
 void AgentSession::keep_report(const ControlMessage& m) {
   std::lock_guard<std::mutex> lock(reports_mu_);
-  reports_.push_back(m);
-  if (reports_.size() > kKeptReports) reports_.pop_front();
+  const bool shards = m.envelope().getBody().isCheckpointWritten();
+  auto& kept = shards ? shard_reports_ : reports_;
+  kept.push_back(m);
+  if (kept.size() > (shards ? kKeptShardReports : kKeptReports)) kept.pop_front();
 }
 
 // The coordinator was lost: the workers end the generation at the next step boundary (it cannot
@@ -235,13 +238,14 @@ void AgentSession::try_rejoin() {
   address_ = address;
   lost_since_.reset();
   std::lock_guard<std::mutex> lock(reports_mu_);
-  for (const auto& m : reports_)
-    caf::anon_send(bridge_, actors::send_atom::value,
-                   actors::RemoteAddress{j.coordinator, actors::kCoordinatorActorId}, m);
+  for (const auto* kept : {&reports_, &shard_reports_})
+    for (const auto& m : *kept)
+      caf::anon_send(bridge_, actors::send_atom::value,
+                     actors::RemoteAddress{j.coordinator, actors::kCoordinatorActorId}, m);
   spdlog::info(
-      "joined the coordinator at {} (agent {}): it took the run over; {} step report(s) "
-      "sent again",
-      address, j.spec.agent_id, reports_.size());
+      "joined the coordinator at {} (agent {}): it took the run over; {} step report(s) and {} "
+      "checkpoint shard report(s) sent again",
+      address, j.spec.agent_id, reports_.size(), shard_reports_.size());
   board_->rejoined(j.spec.first_generation);
 }
 

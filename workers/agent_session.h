@@ -47,7 +47,9 @@ class AgentSession {
   // boundary and keep their state, and the agent waits up to elastic.rejoin_timeout_ms for a
   // coordinator that takes the run over (`troupe run --resume RUN_DIR`; it says where in the
   // run directory's coordinator.addr): it joins it as an agent to adopt, sends again its recent
-  // step reports, and its workers publish to it (GenerationBoard::rejoined). Past the timeout it
+  // step reports and checkpoint shard reports (those sent while the lost coordinator could not
+  // hear them complete a checkpoint still), and its workers publish to it
+  // (GenerationBoard::rejoined). Past the timeout it
   // shuts down with 1, saying why. Signals, when given, ask the coordinator to drain this agent
   // (SIGTERM, SIGINT); a second one ends it at once.
   // Returns the signals it took.
@@ -60,6 +62,7 @@ class AgentSession {
  private:
   using Clock = std::chrono::steady_clock;
   static constexpr size_t kKeptReports = 4096;
+  static constexpr size_t kKeptShardReports = 64;
   void on_signal(int sig, bool again);
   void await_stop();
   void leave_at_once();
@@ -79,7 +82,7 @@ class AgentSession {
   std::atomic<uint64_t> coordinator_{0};  // (send() reads it on the workers' threads)
   actors::JobSpec spec_;
   std::mutex reports_mu_;
-  std::deque<actors::ControlMessage> reports_;
+  std::deque<actors::ControlMessage> reports_, shard_reports_;  // (step, checkpoint shards)
   std::optional<Clock::time_point> lost_since_;  // the coordinator was lost (watch's thread)
   std::string lost_reason_, rejoin_error_;       // (why the last try to rejoin failed)
   Clock::time_point next_try_{};

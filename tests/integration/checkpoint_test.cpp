@@ -601,7 +601,9 @@ TEST(Checkpoints, ARestartedCoordinatorAdoptsTheLiveAgentsAndNothingIsRedone) {
 // A preemption's SIGTERM, then its SIGKILL while the stop's checkpoint is being written, and the
 // run taken over: the adopted agents forget the lost coordinator's stop and train to job.steps,
 // the same bits as a run never stopped. (They kept it and ended a step later: the take-over said
-// "completed" after 5 of 12 steps.)
+// "completed" after 5 of 12 steps.) The stop's checkpoint, whose shards were reported while no
+// coordinator listened, is completed by the one that took over: the agents report them again.
+// (It was lost.)
 TEST(Checkpoints, ATakeOverOfARunThatWasStoppingTrainsToItsEnd) {
   TempDir dir;
   Reference want = reference(dir, 120);
@@ -616,11 +618,18 @@ TEST(Checkpoints, ATakeOverOfARunThatWasStoppingTrainsToItsEnd) {
   ASSERT_EQ(::kill(job.proc->pid(), SIGKILL), 0);
   ASSERT_TRUE(job.proc->wait(10s));
   ASSERT_EQ(count_events(job, "job_finished"), 0) << "it ended before the kill: the test is void";
+  const std::string stop_step = std::to_string(committed_losses(job.run_dir).size());
+  std::this_thread::sleep_for(6s);  // (the writes end; their reports reach no coordinator)
   Job taken = start_job(dir, "stopping", kGpt, 2, sets, {}, {"--resume", job.run_dir});
   expect_same_function(taken, want.losses, 120, kBatch, 0);
   EXPECT_EQ(final_checksum(taken), want.checksum);
   EXPECT_NE(wait_event(taken, is("members_adopted"), 0s), "") << "nothing was adopted";
   EXPECT_EQ(json_field(events_of(taken).back(), "state"), "completed") << events_of(taken).back();
+  std::vector<std::string> written;
+  for (const auto& e : events_of(taken))
+    if (json_field(e, "event") == "checkpoint_written") written.push_back(json_field(e, "step"));
+  EXPECT_EQ(written, (std::vector<std::string>{stop_step, "120"}));
+  EXPECT_EQ(count_events(taken, "checkpoint_failed"), 0);
 }
 
 // A run stopped and resumed, and the resume's coordinator SIGKILLed: `troupe run --resume` takes
@@ -763,6 +772,10 @@ TEST(Checkpoints, AJobThatCompletesCheckpointsItsLastStep) {
   // (--step -1 exported the newest checkpoint)
   EXPECT_NE(admin(dir, {"export", job.run_dir, "-o", model, "--step", "-1"}, 2)
                 .find("--step: -1 is not a step (0 or more)"),
+            std::string::npos);
+  // (it was taken as 9223372036854775807, and said so)
+  EXPECT_NE(admin(dir, {"export", job.run_dir, "-o", model, "--step", "99999999999999999999"}, 2)
+                .find("--step: 99999999999999999999 is not a step (more than any job has)"),
             std::string::npos);
   // A run directory moved takes its checkpoints along (export read the old place's, by the
   // absolute checkpoint.dir in config.toml: gone, or another run's).

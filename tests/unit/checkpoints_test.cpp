@@ -142,6 +142,29 @@ TEST(Checkpoints, AnOlderCheckpointStillIncompleteWhenANewerOneIsIsFailed) {
   EXPECT_TRUE(ck.take_abandoned().empty());
 }
 
+// A coordinator that took the run over after generation 4, from the checkpoint of step 20: the
+// agents send their recent shard reports again. Those of generations up to 4 and of steps up to
+// 20 (complete, or pruned), or whose directory is gone, change nothing; a newer one of the lost
+// coordinator's generation completes its checkpoint here.
+TEST(Checkpoints, ShardReportsSentAgainAfterATakeOverCompleteOnlyWhatWasNotComplete) {
+  Dir d;
+  Checkpoints ck(config(d.path, 5));
+  EXPECT_FALSE(ck.heard_before(report(d.path, 10, 2, {0}, 1)));  // (no take-over: every one counts)
+  ck.taken_over(4);
+  ck.reloaded(20, step_dir(d.path, 20));
+  EXPECT_TRUE(ck.heard_before(report(d.path, 10, 2, {0}, 1)));
+  EXPECT_TRUE(ck.heard_before(report(d.path, 20, 4, {0}, 1)));
+  actors::CheckpointWritten gone = report(d.path, 30, 4, {0}, 1);
+  fs::remove_all(gone.directory);
+  EXPECT_TRUE(ck.heard_before(gone));
+  EXPECT_FALSE(ck.heard_before(report(d.path, 10, 5, {0}, 1)));  // (this coordinator's own)
+  actors::CheckpointWritten late = report(d.path, 25, 4, {0, 1}, 2);
+  EXPECT_FALSE(ck.heard_before(late));
+  ASSERT_TRUE(ck.add(late, 2, "", 1e-3));
+  EXPECT_TRUE(fs::exists(step_dir(d.path, 25) + "/manifest.json"));
+  EXPECT_TRUE(ck.heard_before(late));  // (sent twice: complete now)
+}
+
 TEST(Checkpoints, KeepDeletesTheOldestCompleteOnes) {
   Dir d;
   Checkpoints ck(config(d.path, 2));
