@@ -186,19 +186,25 @@ int run_export(const std::vector<std::string>& words, const Hooks& hooks) {
   app.add_option("-o,--output", out, "the file to write")->required();
   const CLI::Validator a_step(
       [](std::string& s) {
+        // Decimal, as the directories name them: CLI11 reads 00000017 (step-00000017) as octal,
+        // and a number past int64_t as its largest.
         if (s.rfind('-', 0) == 0) return s + " is not a step (0 or more)";
-        int64_t v = 0;  // (CLI11 would take a number past int64_t as its largest)
-        if (std::from_chars(s.data(), s.data() + s.size(), v).ec == std::errc::result_out_of_range)
+        int64_t v = 0;
+        const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+        if (ec == std::errc::result_out_of_range)
           return s + " is not a step (more than any job has)";
+        if (s.empty() || ec != std::errc() || end != s.data() + s.size())
+          return s + " is not a step (a decimal number, 0 or more)";
+        s = std::to_string(v);
         return std::string();
       },
       "STEP");
   app.add_option("--step", step, "the checkpoint's step (default: the newest valid one)")
-      ->check(a_step);
+      ->transform(a_step);
   app.add_option("--format", format, "safetensors")->check(CLI::IsMember({"safetensors"}));
   app.add_option("--batch-of-step", batch_step,
                  "also write step S's global batch (tokens) to OUTPUT.batch.safetensors")
-      ->check(a_step);
+      ->transform(a_step);
   if (auto rc = parse(app, words)) return *rc;
   const std::string named = locate(run_dir);
   coordinator::JobConfig cfg;

@@ -532,9 +532,9 @@ TEST(Checkpoints, ADrainedLaunchedAgentKilledBeforeItLeavesIsNotStartedAgain) {
     const std::string name = joined_name(job, json_field(drained, "member"));
     const int pid = pid_of(job, name);
     ASSERT_GT(pid, 0) << name;
-    const bool left_first = count_events(job, "member_left") > 0;
-    ASSERT_EQ(::kill(pid, SIGKILL), 0);
+    const bool left_first = count_events(job, "member_left") > 0;  // (then it may be gone)
     if (!left_first) {
+      ASSERT_EQ(::kill(pid, SIGKILL), 0);
       EXPECT_EQ(wait_event(job, is("agent_restarted"), 5s), "") << "the drained agent came back";
     }
     admin(dir, {"stop", "--run-dir", job.run_dir});
@@ -618,12 +618,13 @@ TEST(Checkpoints, ATakeOverOfARunThatWasStoppingTrainsToItsEnd) {
   ASSERT_EQ(::kill(job.proc->pid(), SIGKILL), 0);
   ASSERT_TRUE(job.proc->wait(10s));
   ASSERT_EQ(count_events(job, "job_finished"), 0) << "it ended before the kill: the test is void";
-  const std::string stop_step = std::to_string(committed_losses(job.run_dir).size());
   std::this_thread::sleep_for(6s);  // (the writes end; their reports reach no coordinator)
   Job taken = start_job(dir, "stopping", kGpt, 2, sets, {}, {"--resume", job.run_dir});
   expect_same_function(taken, want.losses, 120, kBatch, 0);
   EXPECT_EQ(final_checksum(taken), want.checksum);
-  EXPECT_NE(wait_event(taken, is("members_adopted"), 0s), "") << "nothing was adopted";
+  const std::string adopted = wait_event(taken, is("members_adopted"), 0s);
+  ASSERT_NE(adopted, "") << "nothing was adopted";
+  const std::string stop_step = json_field(adopted, "step");  // (where they stopped and wrote)
   EXPECT_EQ(json_field(events_of(taken).back(), "state"), "completed") << events_of(taken).back();
   std::vector<std::string> written;
   for (const auto& e : events_of(taken))
@@ -773,15 +774,21 @@ TEST(Checkpoints, AJobThatCompletesCheckpointsItsLastStep) {
   EXPECT_NE(admin(dir, {"export", job.run_dir, "-o", model, "--step", "-1"}, 2)
                 .find("--step: -1 is not a step (0 or more)"),
             std::string::npos);
-  // (it was taken as 9223372036854775807, and said so)
+  // (it was taken as 9223372036854775807, and said so; 0x10 as 16)
   EXPECT_NE(admin(dir, {"export", job.run_dir, "-o", model, "--step", "99999999999999999999"}, 2)
                 .find("--step: 99999999999999999999 is not a step (more than any job has)"),
+            std::string::npos);
+  EXPECT_NE(admin(dir, {"export", job.run_dir, "-o", model, "--step", "0x10"}, 2)
+                .find("--step: 0x10 is not a step (a decimal number, 0 or more)"),
             std::string::npos);
   // A run directory moved takes its checkpoints along (export read the old place's, by the
   // absolute checkpoint.dir in config.toml: gone, or another run's).
   const std::string moved = dir.path() + "/moved";
   fs::rename(job.run_dir, moved);
   EXPECT_NE(admin(dir, {"export", moved, "-o", model, "--step", "50"}).find("step 50 of"),
+            std::string::npos);
+  // A step as its directory names it (CLI11 read 00000050 as octal: step 40)
+  EXPECT_NE(admin(dir, {"export", moved, "-o", model, "--step", "00000050"}).find("step 50 of"),
             std::string::npos);
   // A checkpoint named as the events name it (its manifest) or by its directory stands for its
   // run and step; the batch of another step is said not to pair with it.
