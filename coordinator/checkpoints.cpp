@@ -428,8 +428,10 @@ void Checkpoints::reloaded(uint64_t step, const std::string& directory) {
 
 bool Checkpoints::heard_before(const actors::CheckpointWritten& w) const {
   if (taken_over_ == 0 || w.generation > taken_over_) return false;
+  if (w.generation < taken_over_) return true;
   std::error_code ec;
-  return (newest_ && w.step <= newest_->step) || !fs::is_directory(w.directory, ec);
+  return (newest_ && w.step <= newest_->step) || !fs::is_directory(w.directory, ec) ||
+         fs::exists(w.directory + "/manifest.json", ec);
 }
 
 bool Checkpoints::undone(uint64_t step, uint64_t generation) const {
@@ -465,11 +467,15 @@ void Checkpoints::abandon_older(uint64_t step) {
     std::string missing;
     for (uint32_t b = 0; b < it->second.blocks; ++b)
       if (!it->second.shards.count(b)) missing += (missing.empty() ? "" : ", ") + std::to_string(b);
+    const bool lost_with_it = it->first.second <= taken_over_;
     abandoned_.emplace_back(
-        it->first.first, "the shards of block(s) " + missing + " (generation " +
-                             std::to_string(it->first.second) +
-                             ") had not come when the checkpoint at step " + std::to_string(step) +
-                             " was complete: their writer was lost (or left before it wrote them)");
+        it->first.first,
+        "the shards of block(s) " + missing + " (generation " + std::to_string(it->first.second) +
+            ") had not come when the checkpoint at step " + std::to_string(step) +
+            " was complete: " +
+            (lost_with_it ? "their writer's report went to the coordinator that was lost, and "
+                            "its agent did not come back to send it again"
+                          : "their writer was lost (or left before it wrote them)"));
     older.push_back(it->first);
   }
   for (const auto& [s, g] : older) fail(s, g);

@@ -86,9 +86,9 @@ class Checkpoints {
   void reloaded(uint64_t step, const std::string& directory);
   // This coordinator took the run over after its generation `generation`: the agents that come
   // back send their recent shard reports again (a checkpoint the lost coordinator never heard
-  // complete is completed here). True for such a report that changes nothing, and is to be
-  // passed over: of a generation up to that one, and of a step the newest checkpoint covers (the
-  // lost coordinator completed it, or pruned it) or whose directory is gone.
+  // complete is completed here). True for such a report that is to be passed over: of an
+  // earlier generation (the lost coordinator heard it; a rollback since may have undone it), or
+  // of that one and complete (a manifest), covered by the newest checkpoint, or gone.
   void taken_over(uint64_t generation) { taken_over_ = generation; }
   bool heard_before(const actors::CheckpointWritten& w) const;
   // The newest step of a complete checkpoint in checkpoint.dir, of any job (an earlier run's,

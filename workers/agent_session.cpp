@@ -177,16 +177,21 @@ AgentSession::~AgentSession() {
 
 void AgentSession::send(ControlMessage m) {
   const auto body = m.envelope().getBody();
-  if (body.isStepReport() || body.isCheckpointWritten()) keep_report(m);
+  // (a report is kept and sent under the lock try_rejoin sends the kept ones again under, with
+  // the new coordinator's address: each reaches it once)
+  std::unique_lock<std::mutex> lock(reports_mu_, std::defer_lock);
+  if (body.isStepReport() || body.isCheckpointWritten()) {
+    lock.lock();
+    keep_report(m);
+  }
   caf::anon_send(bridge_, actors::send_atom::value,
                  actors::RemoteAddress{coordinator_.load(), actors::kCoordinatorActorId},
                  std::move(m));
 }
 
 // The newest step reports and checkpoint shard reports, for a coordinator that takes over: the
-// lost one may not have heard them.
+// lost one may not have heard them. (reports_mu_ held)
 void AgentSession::keep_report(const ControlMessage& m) {
-  std::lock_guard<std::mutex> lock(reports_mu_);
   const bool shards = m.envelope().getBody().isCheckpointWritten();
   auto& kept = shards ? shard_reports_ : reports_;
   kept.push_back(m);
@@ -233,11 +238,11 @@ void AgentSession::try_rejoin() {
     return board_->shut_down(1, lost_reason_ + "; the coordinator at " + address +
                                     " is still there and refuses this agent (" + j.error + ")");
   if (!j.error.empty()) return void(rejoin_error_ = j.error);
+  std::lock_guard<std::mutex> lock(reports_mu_);
   coordinator_ = j.coordinator;
   agent_id_->store(j.spec.agent_id);
   address_ = address;
   lost_since_.reset();
-  std::lock_guard<std::mutex> lock(reports_mu_);
   for (const auto* kept : {&reports_, &shard_reports_})
     for (const auto& m : *kept)
       caf::anon_send(bridge_, actors::send_atom::value,

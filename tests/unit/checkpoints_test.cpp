@@ -143,9 +143,10 @@ TEST(Checkpoints, AnOlderCheckpointStillIncompleteWhenANewerOneIsIsFailed) {
 }
 
 // A coordinator that took the run over after generation 4, from the checkpoint of step 20: the
-// agents send their recent shard reports again. Those of generations up to 4 and of steps up to
-// 20 (complete, or pruned), or whose directory is gone, change nothing; a newer one of the lost
-// coordinator's generation completes its checkpoint here.
+// agents send their recent shard reports again. Those of earlier generations, and those of 4 of
+// steps up to 20 (complete, or pruned), complete or whose directory is gone, change nothing; a
+// newer one of generation 4 completes its checkpoint here, and one that cannot complete is said
+// to have gone to the coordinator that was lost.
 TEST(Checkpoints, ShardReportsSentAgainAfterATakeOverCompleteOnlyWhatWasNotComplete) {
   Dir d;
   Checkpoints ck(config(d.path, 5));
@@ -153,6 +154,7 @@ TEST(Checkpoints, ShardReportsSentAgainAfterATakeOverCompleteOnlyWhatWasNotCompl
   ck.taken_over(4);
   ck.reloaded(20, step_dir(d.path, 20));
   EXPECT_TRUE(ck.heard_before(report(d.path, 10, 2, {0}, 1)));
+  EXPECT_TRUE(ck.heard_before(report(d.path, 22, 3, {0}, 1)));
   EXPECT_TRUE(ck.heard_before(report(d.path, 20, 4, {0}, 1)));
   actors::CheckpointWritten gone = report(d.path, 30, 4, {0}, 1);
   fs::remove_all(gone.directory);
@@ -163,6 +165,17 @@ TEST(Checkpoints, ShardReportsSentAgainAfterATakeOverCompleteOnlyWhatWasNotCompl
   ASSERT_TRUE(ck.add(late, 2, "", 1e-3));
   EXPECT_TRUE(fs::exists(step_dir(d.path, 25) + "/manifest.json"));
   EXPECT_TRUE(ck.heard_before(late));  // (sent twice: complete now)
+  actors::CheckpointWritten half = report(d.path, 27, 4, {0}, 2);
+  ASSERT_FALSE(ck.heard_before(half));
+  EXPECT_FALSE(ck.add(half, 2, "", 1e-3));
+  ASSERT_TRUE(ck.add(report(d.path, 28, 5, {0, 1}, 2), 2, "", 1e-3));
+  const auto abandoned = ck.take_abandoned();
+  ASSERT_EQ(abandoned.size(), 1u);
+  EXPECT_NE(abandoned[0].second.find("block(s) 1 (generation 4) had not come when the checkpoint "
+                                     "at step 28 was complete: their writer's report went to the "
+                                     "coordinator that was lost"),
+            std::string::npos)
+      << abandoned[0].second;
 }
 
 TEST(Checkpoints, KeepDeletesTheOldestCompleteOnes) {
