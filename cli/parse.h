@@ -14,9 +14,33 @@
 
 namespace troupe::cli {
 
+// CLI11 (2.1) reads an integer in C's bases: 010 is 8 and 0x10 is 16. Troupe's integers are
+// decimal, leading zeros too (step-00000050 is step 50; `--workers 010` scaled to 8): this
+// transform, added to every integer option by parse(), strips them and refuses other bases.
+inline const CLI::Validator kDecimal(
+    [](std::string& s) -> std::string {
+      const size_t at = !s.empty() && (s[0] == '-' || s[0] == '+') ? 1 : 0;
+      if (s.size() <= at + 1 || s[at] != '0') return "";
+      if (s.find_first_not_of("0123456789", at) != std::string::npos)
+        return s + " is not a decimal number";
+      const size_t first = s.find_first_not_of('0', at);
+      s.erase(at, (first == std::string::npos ? s.size() - 1 : first) - at);
+      return "";
+    },
+    "");
+
+inline void decimal_integers(CLI::App& app) {
+  for (CLI::Option* o : app.get_options()) {
+    const std::string type = o->get_type_name();
+    if (type.rfind("INT", 0) == 0 || type.rfind("UINT", 0) == 0) o->transform(kDecimal);
+  }
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) decimal_integers(*sub);
+}
+
 // nullopt: parsed, go on. A value: the exit status (0 after --help, 2 after a mistake).
 inline std::optional<int> parse(CLI::App& app, const std::vector<std::string>& words) {
   std::vector<std::string> reversed(words.rbegin(), words.rend());  // (CLI11 takes them so)
+  decimal_integers(app);
   try {
     app.parse(reversed);
   } catch (const CLI::CallForHelp&) {

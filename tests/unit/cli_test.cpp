@@ -50,6 +50,18 @@ TEST(CommandLine, HelpExitsZeroAndMistakesExitTwo) {
   EXPECT_EQ(run({"--json=1", "extra"}).rc, 2);
 }
 
+// CLI11 read 010 as octal (8) and 0x10 as hex: integers are decimal, leading zeros too.
+TEST(CommandLine, IntegersAreDecimalWithLeadingZeros) {
+  EXPECT_EQ(run({"--workers", "010"}).workers, 10);
+  EXPECT_EQ(run({"--workers", "00000050"}).workers, 50);
+  EXPECT_EQ(run({"--workers", "+010"}).workers, 10);
+  EXPECT_EQ(run({"--workers", "7"}).workers, 7);
+  EXPECT_EQ(run({"--workers", "00"}).rc, 2);  // (0: out of range)
+  const Parsed hex = run({"--workers", "0x10"});
+  EXPECT_EQ(hex.rc, 2);
+  EXPECT_NE(hex.said.find("0x10 is not a decimal number"), std::string::npos) << hex.said;
+}
+
 TEST(CommandLine, AMistypedSubcommandGetsTheNearest) {
   const std::vector<std::string> commands{"run",  "coordinator", "agent", "status",
                                           "stop", "drain",       "scale", "version",
