@@ -779,7 +779,7 @@ TEST(Checkpoints, AJobThatCompletesCheckpointsItsLastStep) {
                 .find("--step: 99999999999999999999 is not a step (more than any job has)"),
             std::string::npos);
   EXPECT_NE(admin(dir, {"export", job.run_dir, "-o", model, "--step", "0x10"}, 2)
-                .find("--step: 0x10 is not a step (a decimal number, 0 or more)"),
+                .find("--step: 0x10 is not a decimal number"),
             std::string::npos);
   // A run directory moved takes its checkpoints along (export read the old place's, by the
   // absolute checkpoint.dir in config.toml: gone, or another run's).
