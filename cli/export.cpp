@@ -186,8 +186,8 @@ int run_export(const std::vector<std::string>& words, const Hooks& hooks) {
   app.add_option("-o,--output", out, "the file to write")->required();
   const CLI::Validator a_step(
       [](std::string& s) {
-        // Decimal, as the directories name them: CLI11 reads 00000017 (step-00000017) as octal,
-        // and a number past int64_t as its largest.
+        // (cli::parse makes 00000017, as the directories name it, 17; CLI11 would take a number
+        // past int64_t as its largest)
         if (s.rfind('-', 0) == 0) return s + " is not a step (0 or more)";
         int64_t v = 0;
         const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);

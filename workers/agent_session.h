@@ -49,9 +49,9 @@ class AgentSession {
   // run directory's coordinator.addr): it joins it as an agent to adopt, sends again its recent
   // step reports and checkpoint shard reports (those sent while the lost coordinator could not
   // hear them complete a checkpoint still), and its workers publish to it
-  // (GenerationBoard::rejoined). Past the timeout it
-  // shuts down with 1, saying why. Signals, when given, ask the coordinator to drain this agent
-  // (SIGTERM, SIGINT); a second one ends it at once.
+  // (GenerationBoard::rejoined). Past the timeout it shuts down with 1, saying why. Signals,
+  // when given, ask the coordinator to drain this agent (SIGTERM, SIGINT); a second one ends it
+  // at once.
   // Returns the signals it took.
   int watch(actors::SignalWatcher* signals);
   // Asks the coordinator to drain this agent (as `troupe drain` does): "" when it will, at the
