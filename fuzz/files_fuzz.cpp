@@ -22,10 +22,19 @@
 
 namespace {
 
+const std::string* made = nullptr;  // (never freed: read by the atexit handler)
+
+void remove_scratch() {
+  std::error_code ec;
+  if (made) std::filesystem::remove_all(*made, ec);
+}
+
 const std::string& scratch() {
   static const std::string dir = [] {
     std::string t = (std::filesystem::temp_directory_path() / "troupe-files-fuzz-XXXXXX").string();
     if (!::mkdtemp(t.data())) abort();
+    made = new std::string(t);
+    std::atexit(remove_scratch);  // (libFuzzer ends with exit(): each run left its directory)
     std::filesystem::create_directories(t + "/run");
     std::filesystem::create_directories(t + "/ckpt/step-00000010");
     std::ofstream(t + "/ckpt/step-00000010/block-00000.trpblk", std::ios::binary) << "state";
