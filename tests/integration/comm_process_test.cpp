@@ -101,6 +101,14 @@ void failure_scenario(int sig, const char* expected_code, std::chrono::milliseco
   }
   uint64_t t_signal = unix_ms();
   ASSERT_TRUE(ranks.procs[victim]->signal(sig));
+  // A SIGKILLed rank is gone once the kernel has torn it down: on a starved host that once took
+  // longer than the failure timeout (make test), and timed_out is then the survivors' right word.
+  double dead_after_ms = 0;
+  if (sig == SIGKILL) {
+    ASSERT_TRUE(ranks.procs[victim]->wait(timeout + 10s)) << "the SIGKILLed rank did not end";
+    dead_after_ms = double(unix_ms()) - double(t_signal);
+  }
+  const bool died_late = dead_after_ms > double(timeout.count()) - 500.0;
   for (int r = 0; r < victim; ++r) {
     auto line = ranks.procs[r]->wait_for_line("error", timeout + 10s);
     ASSERT_TRUE(line) << "rank " << r << " did not fail";
@@ -110,7 +118,11 @@ void failure_scenario(int sig, const char* expected_code, std::chrono::milliseco
     in >> word >> code >> at >> when;
     double ms = double(when) - double(t_signal);
     std::printf("rank %d: %s after %.0f ms (%s)\n", r, code.c_str(), ms, line->c_str());
-    EXPECT_EQ(code, expected_code) << *line;
+    if (died_late)
+      EXPECT_TRUE(code == expected_code || code == "timed_out") << *line;
+    else
+      EXPECT_EQ(code, expected_code)
+          << *line << " (the victim ended " << dead_after_ms << " ms after the signal)";
     // The deadline acted (room for a loaded machine; the latencies are the benchmark's).
     EXPECT_LT(ms, double(timeout.count()) + 5000.0)
         << "failure timeout " << timeout.count() << " ms";
