@@ -195,16 +195,15 @@ int run_export(const std::vector<std::string>& words, const Hooks& hooks) {
           return s + " is not a step (more than any job has)";
         if (s.empty() || ec != std::errc() || end != s.data() + s.size())
           return s + " is not a step (a decimal number, 0 or more)";
-        s = std::to_string(v);
         return std::string();
       },
       "STEP");
   app.add_option("--step", step, "the checkpoint's step (default: the newest valid one)")
-      ->transform(a_step);
+      ->check(a_step);
   app.add_option("--format", format, "safetensors")->check(CLI::IsMember({"safetensors"}));
   app.add_option("--batch-of-step", batch_step,
                  "also write step S's global batch (tokens) to OUTPUT.batch.safetensors")
-      ->transform(a_step);
+      ->check(a_step);
   if (auto rc = parse(app, words)) return *rc;
   const std::string named = locate(run_dir);
   coordinator::JobConfig cfg;
