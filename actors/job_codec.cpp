@@ -53,11 +53,13 @@ ControlMessage encode(const Join& m) {
     for (unsigned i = 0; i < m.devices.size(); ++i) d.set(i, m.devices[i]);
     j.setRejoin(m.rejoin);
     j.setProtocol(m.protocol);
+    j.setHostIdentity(m.host_identity);
   });
 }
 
 Join decode(proto::Join::Reader r) {
-  Join m{r.getAgentName(), r.getHost(), r.getPid(), {}, r.getRejoin(), r.getProtocol()};
+  Join m{r.getAgentName(), r.getHost(),     r.getPid(),         {},
+         r.getRejoin(),    r.getProtocol(), r.getHostIdentity()};
   for (auto d : r.getDevices()) m.devices.push_back(d);
   return m;
 }

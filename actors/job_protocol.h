@@ -42,6 +42,7 @@ struct Join {
   std::vector<std::string> devices;  // e.g. "cpu:0"
   bool rejoin = false;  // its coordinator was lost and it holds the job's state: adopt it
   uint32_t protocol = kProtocol;
+  std::string host_identity;  // comm::host_identity(): where `pid` names its process
 };
 // Why a coordinator refuses the agent's join for its protocol ("" when it speaks kProtocol).
 std::string protocol_refusal(const Join& j);

@@ -58,6 +58,7 @@ struct Join {
   rejoin @4 :Bool;          # its coordinator was lost and it holds the job's state: adopt it
   protocol @5 :UInt32;      # the control protocol's revision it speaks (actors::kProtocol; 0:
                             # a Troupe from before it was sent)
+  hostIdentity @6 :Text;    # comm::host_identity(): where its pid names its process ("": unknown)
 }
 
 struct JobSpec {

@@ -26,6 +26,7 @@
 #include "actors/job_protocol.h"
 #include "actors/services.h"
 #include "actors/signals.h"
+#include "comm/host_identity.h"
 #include "coordinator/admin.h"
 #include "coordinator/checkpoints.h"
 #include "coordinator/events.h"
@@ -55,6 +56,7 @@ using log_failed_atom = caf::atom_constant<caf::atom("jlogfail")>;
 using metrics_atom = caf::atom_constant<caf::atom("jmetrics")>;
 using hearing_atom = caf::atom_constant<caf::atom("jhearing")>;
 using adopted_atom = caf::atom_constant<caf::atom("jadopted")>;
+using adoption_poll_atom = caf::atom_constant<caf::atom("jadoptpol")>;
 using hung_atom = caf::atom_constant<caf::atom("jhung")>;
 using stop_paused_atom = caf::atom_constant<caf::atom("jstoppause")>;
 using none_left_atom = caf::atom_constant<caf::atom("jnoneleft")>;
@@ -177,6 +179,7 @@ class Coordinator : public caf::event_based_actor {
         [this](metrics_atom) { update_metrics(); },
         [this](hearing_atom) { update_hearing(); },
         [this](adopted_atom) { launch_missing(); },
+        [this](adoption_poll_atom) { poll_adoption(); },
         [this](none_left_atom) { fail_if_none_can_return(); },
         [this](stop_paused_atom, const std::string& reason) {
           if (job_.phase() == JobPhase::paused && job_.stop_requested())
@@ -209,6 +212,7 @@ class Coordinator : public caf::event_based_actor {
         [this](metrics_atom) { update_metrics(); },
         [](hearing_atom) {},
         [](adopted_atom) {},
+        [](adoption_poll_atom) {},
         [](hung_atom, uint64_t, const std::string&) {},
         [](none_left_atom) {},
         [](stop_paused_atom, const std::string&) {},
@@ -300,10 +304,25 @@ class Coordinator : public caf::event_based_actor {
                                             .integer("step", long(rec.committed))
                                             .str("checkpoint", cfg_.resume_dir));
     // Agents that were lost with it come back within their failure timeout and a poll of the run
-    // directory's coordinator.addr; after that the launcher starts the ones still missing.
+    // directory's coordinator.addr; after that the launcher starts the ones still missing. Or
+    // sooner: once every agent the run had is back or visibly gone (e.g. all killed with it).
     delayed_send(this, std::chrono::milliseconds(cfg_.failure_timeout_ms + 2000),
                  adopted_atom::value);
     adoption_pending_ = true;
+    run_agents_ = rec.agents;
+    send(this, adoption_poll_atom::value);
+  }
+
+  void poll_adoption() {
+    if (!adoption_pending_) return;
+    std::vector<AgentProcess> back;
+    for (const auto& a : roster_.agents())
+      if (a.alive) back.push_back({a.host_identity, a.pid});
+    // (The launcher tells where it is after the coordinator has started: its agents wait for it.)
+    if (!launcher_ || may_come_back(run_agents_, back, comm::host_identity(),
+                                    [](uint32_t pid) { return comm::process_gone(int(pid)); }))
+      return void(delayed_send(this, std::chrono::milliseconds(200), adoption_poll_atom::value));
+    launch_missing("in place of an agent of the run that is gone");
   }
 
   // A resume in its own run directory goes on with the run's learning-rate changes (troupe lr)
@@ -324,13 +343,14 @@ class Coordinator : public caf::event_based_actor {
     lr_ = scheduled_lr();
   }
 
-  void launch_missing() {
+  void launch_missing(
+      const std::string& why = "in place of an agent not back after the take-over") {
+    if (!adoption_pending_) return;  // (the wait ended early: poll_adoption)
     adoption_pending_ = false;
     if (!launcher_ || job_.finished()) return;
     int64_t live = 0;
     for (const auto& a : roster_.agents()) live += a.alive;
-    if (live < cfg_.agents)
-      launch_agents(cfg_.agents - live, "in place of an agent not back after the take-over");
+    if (live < cfg_.agents) launch_agents(cfg_.agents - live, why);
   }
 
   // The first generation after a take-over: the members' own state (adopted: nothing is
@@ -378,6 +398,7 @@ class Coordinator : public caf::event_based_actor {
                                     .str("name", a.name)
                                     .str("host", a.host)
                                     .integer("pid", a.pid)
+                                    .str("host_identity", a.host_identity)
                                     .integer("devices", long(a.devices.size()))
                                     .boolean("adopted", j.rejoin));
     spdlog::info("agent {} joined: {} (pid {}, {} device(s))", a.id, a.name, a.pid,
@@ -1788,9 +1809,10 @@ class Coordinator : public caf::event_based_actor {
   std::string gave_up_;            // the launcher's last give-up on an agent (its detail), if any
   std::string resumable_;          // the manifest a stopped job can resume from, once it finished
   bool adoption_pending_ = false;  // a take-over waits for its agents to come back (launch_missing)
-  std::string last_failure_;       // the last failure, for the message if the job fails
-  double lr_;                      // optimizer.lr now (the config's, or the last one asked for)
-  bool lr_asked_ = false;          // lr_ asked for and not yet scheduled (schedule_lr)
+  std::vector<AgentProcess> run_agents_;  // ... those the run had (poll_adoption)
+  std::string last_failure_;              // the last failure, for the message if the job fails
+  double lr_;              // optimizer.lr now (the config's, or the last one asked for)
+  bool lr_asked_ = false;  // lr_ asked for and not yet scheduled (schedule_lr)
   uint64_t progress_step_ = 0, progress_generation_ = 0;  // (watch_steps: the last seen)
   bool progress_more_ = true;
   uint32_t progress_windows_ = 0;  // (step_timeout windows passed without progress)

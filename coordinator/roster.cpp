@@ -10,6 +10,7 @@ const Agent& Roster::admit(uint64_t node, const actors::Join& j) {
   a.node = node;
   a.name = j.agent_name;
   a.host = j.host;
+  a.host_identity = j.host_identity;
   a.pid = j.pid;
   a.devices = j.devices;
   a.adopted = j.rejoin;

@@ -18,6 +18,7 @@ struct Agent {
   uint32_t id = 0;
   uint64_t node = 0;  // its control-plane node
   std::string name, host;
+  std::string host_identity;  // comm::host_identity() of its host ("": not said)
   uint32_t pid = 0;
   std::vector<std::string> devices;
   bool alive = true;     // false once lost or drained

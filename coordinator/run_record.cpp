@@ -1,5 +1,6 @@
 #include "coordinator/run_record.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 namespace troupe::coordinator {
@@ -26,6 +27,13 @@ RunRecord read_run_record(const std::vector<std::string>& event_lines) {
     if (event == "step_committed") r.committed = std::max(r.committed, number("step") + 1);
     if (event == "steps_rolled_back") r.committed = number("from");
     if (event == "resumed_from_checkpoint") r.committed = number("step");
+    if (event == "member_joined" && number("pid") > 0) {
+      AgentProcess p{j.contains("host_identity") && j["host_identity"].is_string()
+                         ? j["host_identity"].get<std::string>()
+                         : "",
+                     uint32_t(number("pid"))};
+      if (std::find(r.agents.begin(), r.agents.end(), p) == r.agents.end()) r.agents.push_back(p);
+    }
     if (event == "lr_changed" && j.contains("lr") && j["lr"].is_number()) {
       // (As the coordinator schedules it: a rate asked for replaces the changes after its step,
       // ones a rollback kept for the steps it redoes.)
@@ -34,6 +42,15 @@ RunRecord read_run_record(const std::vector<std::string>& event_lines) {
     }
   }
   return r;
+}
+
+bool may_come_back(const std::vector<AgentProcess>& record, const std::vector<AgentProcess>& back,
+                   const std::string& here, const std::function<bool(uint32_t)>& gone) {
+  for (const auto& p : record) {
+    if (std::find(back.begin(), back.end(), p) != back.end()) continue;
+    if (p.host_identity.empty() || p.host_identity != here || !gone(p.pid)) return true;
+  }
+  return false;
 }
 
 }  // namespace troupe::coordinator

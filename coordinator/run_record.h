@@ -15,11 +15,21 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
 
 namespace troupe::coordinator {
+
+// An agent's process as a member_joined event names it.
+struct AgentProcess {
+  std::string host_identity;  // comm::host_identity() ("": an older Troupe's agent, unknown)
+  uint32_t pid = 0;
+  bool operator==(const AgentProcess& o) const {
+    return host_identity == o.host_identity && pid == o.pid;
+  }
+};
 
 struct RunRecord {
   bool started = false;                // job_started was written
@@ -28,9 +38,18 @@ struct RunRecord {
   uint64_t world_size = 0;             // ... its size
   uint64_t committed = 0;              // steps committed, after rollbacks
   std::map<uint64_t, double> lr_from;  // lr_changed: from this step, this learning rate
+  std::vector<AgentProcess> agents;    // every agent that ever joined the directory's runs, once
 };
 
 // Lines that are not JSON objects (a line cut short by a crash) are passed over.
 RunRecord read_run_record(const std::vector<std::string>& event_lines);
+
+// Whether a coordinator that took the run over still waits for some agent of `record` to come
+// back: one not `back` (it joined again) and not known to be gone, which only a process on this
+// host (`here`, comm::host_identity()) can be (`gone`, e.g. comm::process_gone). A pid taken by
+// another process since, or an agent of another host, is waited for: its failure timeout and a
+// poll of coordinator.addr bound that.
+bool may_come_back(const std::vector<AgentProcess>& record, const std::vector<AgentProcess>& back,
+                   const std::string& here, const std::function<bool(uint32_t)>& gone);
 
 }  // namespace troupe::coordinator

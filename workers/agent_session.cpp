@@ -12,6 +12,7 @@
 
 #include "actors/bridge.h"
 #include "actors/services.h"
+#include "comm/host_identity.h"
 
 namespace troupe::workers {
 namespace {
@@ -102,7 +103,8 @@ Joined join(caf::scoped_actor& watcher, const caf::actor& bridge, const std::str
     return j;
   }
   watcher->send(bridge, actors::monitor_atom::value, j.coordinator);  // (its NodeDown: watch())
-  actors::Join request{name, host_name(), uint32_t(getpid()), o.devices, rejoin};
+  actors::Join request{name,   host_name(),       uint32_t(getpid()),   o.devices,
+                       rejoin, actors::kProtocol, comm::host_identity()};
   if (o.faults) o.faults->before_join(name);
   ControlMessage reply;
   // A job forming its first generation with all its agents asks this one to come again once it

@@ -356,7 +356,9 @@ bool ended(int pid) {
 
 // The coordinator SIGKILLed: no agent lingers, the launched ones and one that joined by hand;
 // each says why and exits non-zero within elastic.failure_timeout_ms. Nobody restarts the
-// coordinator in time, so `troupe run --resume` goes on from the newest checkpoint.
+// coordinator in time, so `troupe run --resume` goes on from the newest checkpoint, and starts
+// its agents at once: every agent of the run is visibly gone. (It waited failure_timeout_ms +
+// 2 s for them to come back.)
 TEST(Checkpoints, TheCoordinatorKilledLeavesNoAgentAndTheRunResumesFromItsCheckpoint) {
   TempDir dir;
   // 200 paced steps: an agent joining once the first generation trains is in long before the
@@ -396,6 +398,18 @@ TEST(Checkpoints, TheCoordinatorKilledLeavesNoAgentAndTheRunResumesFromItsCheckp
   expect_same_function(resumed, want.losses, 200, kBatch, 0);
   EXPECT_EQ(final_checksum(resumed), want.checksum);
   EXPECT_GE(resumed_from(resumed), 40);
+  double restarted = 0, launched = 0;
+  for (const auto& e : events_of(resumed)) {
+    if (is("coordinator_restarted")(e)) restarted = std::stod(json_field(e, "ts"));
+    if (restarted > 0 && launched == 0 && is("agent_started")(e))
+      launched = std::stod(json_field(e, "ts"));
+  }
+  ASSERT_GT(restarted, 0) << "it was not taken over";
+  ASSERT_GT(launched, 0) << "it started no agent";
+  EXPECT_NE(text_of(resumed.out).find("started (in place of an agent of the run that is gone)"),
+            std::string::npos)
+      << text_of(resumed.out);
+  EXPECT_LT(launched - restarted, 5.0) << "it waited failure_timeout_ms (3 s) + 2 s for them";
 }
 
 // The coordinator stalled (SIGSTOP) past elastic.rejoin_timeout_ms, then SIGKILLed: every agent,

@@ -20,13 +20,14 @@ elastic::Holding holding() {
 }
 
 TEST(JobCodec, JoinAndJobSpecRoundTrip) {
-  Join j{"agent-3", "host-a", 1234, {"cpu:0", "cpu:1"}, true};
+  Join j{"agent-3", "host-a", 1234, {"cpu:0", "cpu:1"}, true, kProtocol, "host-a/boot/4026531836"};
   Join k = decode(body(encode(j)).getJoin());
   EXPECT_TRUE(k.rejoin);
   EXPECT_EQ(k.agent_name, j.agent_name);
   EXPECT_EQ(k.host, j.host);
   EXPECT_EQ(k.pid, j.pid);
   EXPECT_EQ(k.devices, j.devices);
+  EXPECT_EQ(k.host_identity, j.host_identity);
   EXPECT_EQ(k.protocol, kProtocol);
   EXPECT_EQ(protocol_refusal(k), "");
   // An agent of a build from before the revision was sent (the field absent: 0), or of another

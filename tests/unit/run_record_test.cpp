@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "coordinator/events.h"
@@ -117,6 +118,38 @@ TEST(RunRecord, ALearningRateAskedForReplacesTheChangesAfterItsStep) {
   EXPECT_EQ(read_run_record(lines).lr_from, (std::map<uint64_t, double>{{100, 0.01}}));
   lines.push_back(R"({"event":"lr_changed","lr":0.02,"step":70,"generation":4})");
   EXPECT_EQ(read_run_record(lines).lr_from, (std::map<uint64_t, double>{{70, 0.02}}));
+}
+
+// The agents a take-over may wait for: every member_joined of the directory's runs, once (an
+// adopted agent joins again under its pid); one of an older Troupe names no host identity.
+TEST(RunRecord, EveryAgentThatJoinedIsRecordedOnce) {
+  const std::vector<std::string> lines = {
+      R"({"event":"job_started"})",
+      R"({"event":"member_joined","member":0,"pid":101,"host_identity":"h/b/1"})",
+      R"({"event":"member_joined","member":1,"pid":102})",
+      R"({"event":"job_started"})",
+      R"({"event":"member_joined","member":0,"pid":101,"host_identity":"h/b/1"})",
+      R"({"event":"member_joined","member":1,"pid":"103","host_identity":"h/b/1"})",
+  };
+  const auto agents = read_run_record(lines).agents;
+  EXPECT_EQ(agents, (std::vector<AgentProcess>{{"h/b/1", 101}, {"", 102}}));
+}
+
+// The wait ends when each agent is back or gone; only a process of this host can be seen gone.
+TEST(RunRecord, ATakeOverWaitsOnlyForAgentsThatMayComeBack) {
+  const std::string here = "h/b/1";
+  const std::vector<AgentProcess> run = {{here, 101}, {here, 102}};
+  auto gone = [](std::set<uint32_t> dead) {
+    return [dead](uint32_t pid) { return dead.count(pid) > 0; };
+  };
+  EXPECT_TRUE(may_come_back(run, {}, here, gone({101})));
+  EXPECT_FALSE(may_come_back(run, {}, here, gone({101, 102})));
+  EXPECT_FALSE(may_come_back(run, {{here, 102}}, here, gone({101})));
+  EXPECT_FALSE(may_come_back({}, {}, here, gone({})));
+  // Another host's pid, or one of an agent that did not say its host, says nothing here.
+  EXPECT_TRUE(may_come_back({{"other/b/1", 101}}, {}, here, gone({101})));
+  EXPECT_TRUE(may_come_back({{"", 101}}, {}, here, gone({101})));
+  EXPECT_FALSE(may_come_back({{"", 101}}, {{"", 101}}, here, gone({})));
 }
 
 }  // namespace
