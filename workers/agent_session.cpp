@@ -254,6 +254,20 @@ void AgentSession::try_rejoin() {
       "checkpoint shard report(s) sent again",
       address, j.spec.agent_id, reports_.size(), shard_reports_.size());
   board_->rejoined(j.spec.first_generation);
+  leave_again_ = signalled_ != 0;
+}
+
+// A signal taken before the take-over still asks this agent to leave: the lost coordinator's
+// drain, or the stop it followed, went with it (the run taken over trains on). Asked again of the
+// new coordinator once its first generation has started (before, a drain is refused).
+void AgentSession::ask_leave_again() {
+  if (!leave_again_ || board_->generation() == 0 || refused_) return;
+  leave_again_ = false;
+  spdlog::warn(
+      "{} before the take-over: asking the coordinator that took the run over to drain "
+      "this agent",
+      actors::signal_name(signalled_));
+  ask_leave(signalled_);
 }
 
 // SIGTERM or SIGINT to an agent is a leave: it asks the coordinator to drain it (it then leaves
@@ -275,6 +289,11 @@ void AgentSession::on_signal(int sig, bool again) {
     std::_Exit(128 + sig);
   }
   spdlog::warn("{}: asking the coordinator to drain this agent", name);
+  ask_leave(sig);
+}
+
+void AgentSession::ask_leave(int sig) {
+  signalled_ = sig;
   bool refused = false;
   const std::string error = ask_drain(&refused);
   if (error.empty()) return;
@@ -336,6 +355,7 @@ int AgentSession::watch(actors::SignalWatcher* signals) {
         },
         caf::after(std::chrono::milliseconds(100)) >> [] {});
     if (lost_since_ && !board_->shutting_down()) try_rejoin();
+    if (!lost_since_ && !board_->shutting_down()) ask_leave_again();
     if (refused_) await_stop();
     for (int sig; signals && (sig = signals->next()) != 0; ++seen) on_signal(sig, seen > 0);
   }

@@ -64,6 +64,8 @@ class AgentSession {
   static constexpr size_t kKeptReports = 4096;
   static constexpr size_t kKeptShardReports = 64;
   void on_signal(int sig, bool again);
+  void ask_leave(int sig);
+  void ask_leave_again();
   void await_stop();
   void leave_at_once();
   void keep_report(const actors::ControlMessage& m);
@@ -95,6 +97,8 @@ class AgentSession {
     Clock::time_point until, at_most;
   };
   std::optional<Refused> refused_;
+  int signalled_ = 0;         // the signal that asked this agent to leave (watch's thread)
+  bool leave_again_ = false;  // ... taken before a take-over: asked of the new coordinator
 };
 
 }  // namespace troupe::workers

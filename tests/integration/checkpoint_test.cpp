@@ -647,6 +647,51 @@ TEST(Checkpoints, ATakeOverOfARunThatWasStoppingTrainsToItsEnd) {
   EXPECT_EQ(count_events(taken, "checkpoint_failed"), 0);
 }
 
+// The same preemption with an agent signalled first, its drain refused (below
+// elastic.min_workers), then the coordinator's stop followed, and the coordinator SIGKILLed: the
+// run taken over trains on, but that agent does not. It asks the new coordinator to drain it,
+// is refused again, leaves, and an agent started in its place trains to job.steps, the same bits.
+// (It trained on with the run taken over: the signal was forgotten with the lost stop.)
+TEST(Checkpoints, AnAgentSignalledBeforeATakeOverLeavesTheRunTakenOver) {
+  TempDir dir;
+  Reference want = reference(dir, 120);
+  const std::vector<std::string> sets{"elastic.rejoin_timeout_ms=60000", "checkpoint.every_steps=0",
+                                      "elastic.min_workers=2"};
+  Job job = start_job(dir, "signalled", kGpt, 2, sets,
+                      {pace(100000), "TROUPE_TEST_CHECKPOINT_DELAY_MS=5000"});
+  wait_steps(job, 10);
+  const int signalled = pid_of(job, "agent-0");
+  ASSERT_GT(signalled, 0);
+  ASSERT_EQ(::kill(signalled, SIGTERM), 0);
+  const std::string log = job.run_dir + "/agent-0.log";
+  for (auto until = std::chrono::steady_clock::now() + 20s;
+       text_of(log).find("asking the coordinator to drain") == std::string::npos &&
+       std::chrono::steady_clock::now() < until;)
+    std::this_thread::sleep_for(10ms);
+  std::this_thread::sleep_for(300ms);  // (its drain refused)
+  ASSERT_EQ(::kill(job.proc->pid(), SIGTERM), 0);
+  ASSERT_NE(wait_event(job, is("stop_requested"), 30s), "");
+  std::this_thread::sleep_for(1s);  // (its step taken, its checkpoint under way for 5 s)
+  ASSERT_EQ(::kill(job.proc->pid(), SIGKILL), 0);
+  ASSERT_TRUE(job.proc->wait(10s));
+  ASSERT_EQ(count_events(job, "job_finished"), 0) << "it ended before the kill: the test is void";
+  ASSERT_FALSE(ended(signalled)) << "the signalled agent did not follow the stop: the test is void";
+  Job taken = start_job(dir, "signalled", kGpt, 2, sets, {pace(100000)}, {"--resume", job.run_dir});
+  expect_same_function(taken, want.losses, 120, kBatch, 0);
+  EXPECT_EQ(final_checksum(taken), want.checksum);
+  EXPECT_TRUE(ended(signalled)) << "the signalled agent trained on with the run taken over";
+  EXPECT_NE(text_of(log).find("SIGTERM before the take-over: asking the coordinator that took the "
+                              "run over to drain this agent"),
+            std::string::npos)
+      << text_of(log);
+  bool restarted = false, replaced = false;
+  for (const auto& e : events_of(taken)) {
+    restarted = restarted || is("coordinator_restarted")(e);
+    replaced = replaced || (restarted && is("agent_started")(e));
+  }
+  EXPECT_TRUE(replaced) << "no agent was started in its place";
+}
+
 // A run stopped and resumed, and the resume's coordinator SIGKILLed: `troupe run --resume` takes
 // that run over too (the first run's job_finished is not the resume's end) and adopts its live
 // agents, with the job's token kept. (It resumed from the checkpoint again under a new token, and
