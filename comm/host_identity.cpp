@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -28,9 +29,11 @@ std::string host_identity() {
 bool process_gone(int pid) {
   const std::string path = "/proc/" + std::to_string(pid) + "/stat";
   // Gone: no /proc/PID (ENOENT), or reaped since the open (ESRCH, or nothing to read). Any other
-  // error (out of descriptors, /proc mounted with hidepid) says nothing of the process.
+  // error (out of descriptors) says nothing of the process; nor does ENOENT under /proc mounted
+  // with hidepid=2, for another user's process, which kill(2) says is there (EPERM).
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno == ENOENT || errno == ESRCH;
+  if (fd < 0 && errno == ENOENT) return !(::kill(pid, 0) != 0 && errno == EPERM);
+  if (fd < 0) return errno == ESRCH;
   char buf[512];
   ssize_t n;
   do n = ::read(fd, buf, sizeof buf);

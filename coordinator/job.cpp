@@ -310,6 +310,7 @@ class Coordinator : public caf::event_based_actor {
                  adopted_atom::value);
     adoption_pending_ = true;
     run_agents_ = rec.agents;
+    here_ = comm::host_identity();
     send(this, adoption_poll_atom::value);
   }
 
@@ -319,7 +320,7 @@ class Coordinator : public caf::event_based_actor {
     for (const auto& a : roster_.agents())
       if (a.alive) back.push_back({a.host_identity, a.pid});
     // (The launcher tells where it is after the coordinator has started: its agents wait for it.)
-    if (!launcher_ || may_come_back(run_agents_, back, comm::host_identity(),
+    if (!launcher_ || may_come_back(run_agents_, back, here_,
                                     [](uint32_t pid) { return comm::process_gone(int(pid)); }))
       return void(delayed_send(this, std::chrono::milliseconds(200), adoption_poll_atom::value));
     launch_missing("in place of an agent of the run that is gone");
@@ -1810,6 +1811,7 @@ class Coordinator : public caf::event_based_actor {
   std::string resumable_;          // the manifest a stopped job can resume from, once it finished
   bool adoption_pending_ = false;  // a take-over waits for its agents to come back (launch_missing)
   std::vector<AgentProcess> run_agents_;  // ... those the run had (poll_adoption)
+  std::string here_;                      // ... and where this coordinator is
   std::string last_failure_;              // the last failure, for the message if the job fails
   double lr_;              // optimizer.lr now (the config's, or the last one asked for)
   bool lr_asked_ = false;  // lr_ asked for and not yet scheduled (schedule_lr)

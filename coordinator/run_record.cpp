@@ -17,7 +17,8 @@ RunRecord read_run_record(const std::vector<std::string>& event_lines) {
     // Each troupe run of the directory (a resume, a take-over) starts with job_started: the
     // newest one's end counts, not an earlier run's that it resumed.
     if (event == "job_started") r.started = true, r.ended = false;
-    if (event == "job_finished" || event == "job_failed") r.ended = true;
+    // (An ended run's agents were shut down with it: none comes back to a later take-over.)
+    if (event == "job_finished" || event == "job_failed") r.ended = true, r.agents.clear();
     // (A resume numbers its generations afresh; a take-over numbers on from the lost one's.)
     if (event == "resumed_from_checkpoint") r.generation = r.world_size = 0;
     if (event == "generation_started") {
@@ -44,11 +45,25 @@ RunRecord read_run_record(const std::vector<std::string>& event_lines) {
   return r;
 }
 
+namespace {
+
+// comm::host_identity() is "host/boot id/pid namespace": one that could not read the boot id or
+// the namespace does not tell hosts or namespaces apart.
+bool identifies(const std::string& identity) {
+  const size_t ns = identity.rfind('/');
+  const size_t boot =
+      ns == std::string::npos || ns == 0 ? std::string::npos : identity.rfind('/', ns - 1);
+  return boot != std::string::npos && ns > boot + 1 && ns + 1 < identity.size() &&
+         identity.substr(ns + 1) != "0";
+}
+
+}  // namespace
+
 bool may_come_back(const std::vector<AgentProcess>& record, const std::vector<AgentProcess>& back,
                    const std::string& here, const std::function<bool(uint32_t)>& gone) {
   for (const auto& p : record) {
     if (std::find(back.begin(), back.end(), p) != back.end()) continue;
-    if (p.host_identity.empty() || p.host_identity != here || !gone(p.pid)) return true;
+    if (!identifies(p.host_identity) || p.host_identity != here || !gone(p.pid)) return true;
   }
   return false;
 }

@@ -3,7 +3,8 @@
 // the generation it had reached (the next one continues the numbering, so the agents' workers,
 // which publish for it, are not told to skip one), that generation's size (its members' step
 // reports may still come: the agents send again what the lost coordinator may not have written),
-// the steps committed (after any rollback), the learning rate by step, and whether it ended.
+// the steps committed (after any rollback), the learning rate by step, whether it ended, and the
+// agents it had (a take-over waits only for those that may come back).
 //
 // Why from the run directory and not from the agents: the run directory is what was committed
 // (the ledger and the losses are written there before anything else happens), it exists when no
@@ -38,7 +39,7 @@ struct RunRecord {
   uint64_t world_size = 0;             // ... its size
   uint64_t committed = 0;              // steps committed, after rollbacks
   std::map<uint64_t, double> lr_from;  // lr_changed: from this step, this learning rate
-  std::vector<AgentProcess> agents;    // every agent that ever joined the directory's runs, once
+  std::vector<AgentProcess> agents;    // every agent that joined since the last run ended, once
 };
 
 // Lines that are not JSON objects (a line cut short by a crash) are passed over.
@@ -46,9 +47,9 @@ RunRecord read_run_record(const std::vector<std::string>& event_lines);
 
 // Whether a coordinator that took the run over still waits for some agent of `record` to come
 // back: one not `back` (it joined again) and not known to be gone, which only a process on this
-// host (`here`, comm::host_identity()) can be (`gone`, e.g. comm::process_gone). A pid taken by
-// another process since, or an agent of another host, is waited for: its failure timeout and a
-// poll of coordinator.addr bound that.
+// host (`here`, comm::host_identity(), whole: a boot id and a pid namespace) can be (`gone`, e.g.
+// comm::process_gone). A pid taken by another process since, or an agent of another host, is
+// waited for: its failure timeout and a poll of coordinator.addr bound that.
 bool may_come_back(const std::vector<AgentProcess>& record, const std::vector<AgentProcess>& back,
                    const std::string& here, const std::function<bool(uint32_t)>& gone);
 

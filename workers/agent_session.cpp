@@ -255,16 +255,18 @@ void AgentSession::try_rejoin() {
       address, j.spec.agent_id, reports_.size(), shard_reports_.size());
   board_->rejoined(j.spec.first_generation);
   leave_again_ = signalled_ != 0;
+  if (leave_again_) refused_.reset();  // (the lost coordinator's answer: the new one is asked)
 }
 
-// A signal taken before the take-over still asks this agent to leave: the lost coordinator's
-// drain, or the stop it followed, went with it (the run taken over trains on). Asked again of the
-// new coordinator once its first generation has started (before, a drain is refused).
+// A signal taken before the coordinator was lost still asks this agent to leave: the lost
+// coordinator's drain, or the stop it followed, went with it (the run taken over trains on).
+// Asked again of the new coordinator once its first generation has started (a job that has not
+// started refuses every drain).
 void AgentSession::ask_leave_again() {
-  if (!leave_again_ || board_->generation() == 0 || refused_) return;
+  if (!leave_again_ || board_->generation() < board_->next_generation()) return;
   leave_again_ = false;
   spdlog::warn(
-      "{} before the take-over: asking the coordinator that took the run over to drain "
+      "{} before the coordinator was lost: asking the one that took the run over to drain "
       "this agent",
       actors::signal_name(signalled_));
   ask_leave(signalled_);

@@ -51,7 +51,8 @@ class AgentSession {
   // hear them complete a checkpoint still), and its workers publish to it
   // (GenerationBoard::rejoined). Past the timeout it shuts down with 1, saying why. Signals,
   // when given, ask the coordinator to drain this agent (SIGTERM, SIGINT); a second one ends it
-  // at once.
+  // at once. One taken before the coordinator was lost is asked again of the one that took the
+  // run over, once its first generation has started.
   // Returns the signals it took.
   int watch(actors::SignalWatcher* signals);
   // Asks the coordinator to drain this agent (as `troupe drain` does): "" when it will, at the

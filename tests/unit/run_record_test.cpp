@@ -133,6 +133,14 @@ TEST(RunRecord, EveryAgentThatJoinedIsRecordedOnce) {
   };
   const auto agents = read_run_record(lines).agents;
   EXPECT_EQ(agents, (std::vector<AgentProcess>{{"h/b/1", 101}, {"", 102}}));
+  // A run that ended shut its agents down: a later run's take-over waits for none of them.
+  const std::vector<std::string> ended = {
+      R"({"event":"member_joined","member":0,"pid":101,"host_identity":"h/b/1"})",
+      R"({"event":"job_finished","steps":10})",
+      R"({"event":"job_started"})",
+      R"({"event":"member_joined","member":0,"pid":104,"host_identity":"h/b/1"})",
+  };
+  EXPECT_EQ(read_run_record(ended).agents, (std::vector<AgentProcess>{{"h/b/1", 104}}));
 }
 
 // The wait ends when each agent is back or gone; only a process of this host can be seen gone.
@@ -150,6 +158,9 @@ TEST(RunRecord, ATakeOverWaitsOnlyForAgentsThatMayComeBack) {
   EXPECT_TRUE(may_come_back({{"other/b/1", 101}}, {}, here, gone({101})));
   EXPECT_TRUE(may_come_back({{"", 101}}, {}, here, gone({101})));
   EXPECT_FALSE(may_come_back({{"", 101}}, {{"", 101}}, here, gone({})));
+  // An identity without its boot id or pid namespace (unreadable there) tells no host apart.
+  for (const std::string partial : {"h//1", "h/b/0", "h/b/", "h"})
+    EXPECT_TRUE(may_come_back({{partial, 101}}, {}, partial, gone({101}))) << partial;
 }
 
 }  // namespace
