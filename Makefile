@@ -18,7 +18,7 @@ configure: deps $(BUILD)/build.ninja
 
 # The build's output goes to $(BUILD)/build.log (its tail is shown when it fails).
 build: configure
-	@echo "make: building into $(BUILD) (log: $(BUILD)/build.log; a first build takes ~10 minutes on 2 cores)"
+	@echo "make: building into $(BUILD) (log: $(BUILD)/build.log; a first build takes ~7 minutes on 2 cores)"
 	@cmake --build $(BUILD) -j $(JOBS) > $(BUILD)/build.log 2>&1 || { tail -n 40 $(BUILD)/build.log; exit 1; }
 
 # Runs the quickstart: a GPT on the GPL-3 text, data parallel over 2 local agents.
