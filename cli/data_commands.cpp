@@ -6,10 +6,10 @@
 #include <cctype>
 #include <charconv>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
-#include <iostream>
-#include <iterator>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
@@ -143,7 +143,7 @@ int prepare(const std::vector<std::string>& words) {
                         {"repeated_files", s.repeated_files},
                         {"train_s", s.seconds_train},
                         {"encode_s", s.seconds_encode}};
-    std::printf("%s\n", j.dump().c_str());
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return 0;
   }
   std::printf(
@@ -215,6 +215,30 @@ int verify(const std::vector<std::string>& words) {
   return rc;
 }
 
+// Standard output written whole: a full disk, a file size limit or a closed pipe is an error
+// naming the command, not a short output and exit 0.
+int written(const char* command) {
+  if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return 0;
+  std::fprintf(stderr, "troupe data %s: cannot write standard output: %s\n", command,
+               std::strerror(errno));
+  return 1;
+}
+
+// Standard input's bytes appended to `to` (up to `max`, when given): false, saying why, when it
+// cannot be read (a directory, an I/O error).
+bool read_input(const char* command, std::string& to, size_t max = SIZE_MAX) {
+  char chunk[1 << 16];
+  while (to.size() < max) {
+    const size_t got = std::fread(chunk, 1, std::min(sizeof chunk, max - to.size()), stdin);
+    to.append(chunk, got);
+    if (got == 0 || std::feof(stdin)) break;
+  }
+  if (!std::ferror(stdin)) return true;
+  std::fprintf(stderr, "troupe data %s: cannot read standard input: %s\n", command,
+               std::strerror(errno));
+  return false;
+}
+
 int encode(const std::vector<std::string>& words) {
   CLI::App app{"Standard input's bytes -> token ids (space-separated) on standard output.",
                "troupe data encode"};
@@ -228,12 +252,12 @@ int encode(const std::vector<std::string>& words) {
   // chunk. So the ids equal encode(whole input), in bounded memory.
   std::string buffer, out;
   std::vector<uint32_t> ids;
-  std::vector<char> chunk(1 << 20);
+  constexpr size_t kChunk = size_t(1) << 20;
   bool first = true, eof = false;
   while (!eof) {
-    const size_t got = std::fread(chunk.data(), 1, chunk.size(), stdin);
-    eof = got < chunk.size();
-    buffer.append(chunk.data(), got);
+    const size_t had = buffer.size();
+    if (!read_input("encode", buffer, had + kChunk)) return 1;
+    eof = buffer.size() < had + kChunk;
     const size_t cut = eof ? buffer.size() : data::stable_prefix(buffer);
     ids.clear();
     tok.encode(std::string_view(buffer).substr(0, cut), ids);
@@ -249,7 +273,7 @@ int encode(const std::vector<std::string>& words) {
     std::fwrite(out.data(), 1, out.size(), stdout);
   }
   if (!first) std::fputc('\n', stdout);
-  return std::ferror(stdin) ? 1 : 0;
+  return written("encode");
 }
 
 int decode(const std::vector<std::string>& words) {
@@ -259,8 +283,8 @@ int decode(const std::vector<std::string>& words) {
   app.add_option("--data", dir, "a data set made by troupe data prepare")->required();
   if (auto rc = parse(app, words)) return *rc;
   const data::Tokenizer tok = tokenizer_of(dir);
-  const std::string in((std::istreambuf_iterator<char>(std::cin)),
-                       std::istreambuf_iterator<char>());
+  std::string in;
+  if (!read_input("decode", in)) return 1;
   std::vector<uint32_t> ids;
   size_t i = 0, n = 0;
   while (i < in.size()) {
@@ -286,7 +310,7 @@ int decode(const std::vector<std::string>& words) {
   std::string out;
   tok.decode(ids.data(), ids.size(), out);
   std::fwrite(out.data(), 1, out.size(), stdout);
-  return 0;
+  return written("decode");
 }
 
 }  // namespace

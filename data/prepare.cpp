@@ -106,19 +106,28 @@ void refuse_unreadable(const std::string& in, const fs::directory_entry& e) {
                                 "' cannot be read: " + std::strerror(errno));
 }
 
-// A file met again (named twice, in a directory given too, or a link to one) is read once, where
-// it was met first: it would be trained on twice. Returns how many were dropped.
+// A file met again (named twice, in a directory given too, a link to one, a hard link) is read
+// once, where it was met first: it would be trained on twice. Returns how many were dropped.
 uint64_t drop_repeats(std::vector<Input>& files) {
-  std::set<std::string> seen;  // canonical paths
+  std::set<std::pair<dev_t, ino_t>> seen;  // (the file itself, whatever names it)
   const size_t before = files.size();
-  files.erase(std::remove_if(files.begin(), files.end(),
-                             [&](const Input& f) {
-                               std::error_code ec;
-                               const std::string key = fs::weakly_canonical(f.path, ec).string();
-                               return !seen.insert(ec ? f.path : key).second;
-                             }),
-              files.end());
+  files.erase(
+      std::remove_if(
+          files.begin(), files.end(),
+          [&](const Input& f) {
+            struct stat st {};
+            return ::stat(f.path.c_str(), &st) == 0 && !seen.insert({st.st_dev, st.st_ino}).second;
+          }),
+      files.end());
   return before - files.size();
+}
+
+// A file that cannot be read is refused before anything is read (not hours into a corpus).
+Input readable(const std::string& in, const fs::path& path, uint64_t bytes) {
+  if (::access(path.c_str(), R_OK) != 0)
+    throw std::invalid_argument("input '" + in + "': '" + path.string() +
+                                "' cannot be read: " + std::strerror(errno));
+  return {path.string(), bytes, is_jsonl(path)};
 }
 
 // Every input file, directories expanded recursively in name order.
@@ -135,14 +144,14 @@ std::vector<Input> collect(const std::vector<std::string>& inputs) {
            !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
         refuse_unreadable(in, *it);
         if (it->is_regular_file(ec))
-          here.push_back({it->path().string(), uint64_t(it->file_size(ec)), is_jsonl(it->path())});
+          here.push_back(readable(in, it->path(), uint64_t(it->file_size(ec))));
       }
       if (ec) throw std::invalid_argument("input '" + in + "' cannot be listed: " + ec.message());
       std::sort(here.begin(), here.end(),
                 [](const Input& a, const Input& b) { return a.path < b.path; });
       files.insert(files.end(), here.begin(), here.end());
     } else if (fs::is_regular_file(st)) {
-      files.push_back({in, uint64_t(fs::file_size(in)), is_jsonl(in)});
+      files.push_back(readable(in, in, uint64_t(fs::file_size(in))));
     } else {
       throw std::invalid_argument("input '" + in +
                                   "' is neither a file nor a directory (a FIFO or a device)");
@@ -249,6 +258,10 @@ class Documents {
   void json_line(std::string_view line, const std::string& path, size_t n, bool count, F&& use) {
     if (line.find_first_not_of(" \t\r") == std::string_view::npos) return;  // (blank line)
     const std::string where = path + ":" + std::to_string(n);
+    if (const size_t bad = first_invalid_utf8(line.data(), line.size()); bad != line.size())
+      return skipped(&PrepareSummary::skipped_invalid_utf8,
+                     where + " (invalid UTF-8 at byte " + std::to_string(bad) + " of its line)",
+                     count);
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     auto it = j.is_object() ? j.find(field_) : j.end();
     if (j.is_discarded() || !j.is_object() || it == j.end() || !it->is_string())
@@ -324,7 +337,7 @@ void write_manifest(const std::string& dir, const PrepareOptions& o, const Prepa
                   {"bad_json", s.skipped_bad_json}};
   const std::string path = dir + "/" + kManifestFile;
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << m.dump(1) << '\n';
+  out << m.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
   if (!out.flush()) throw std::runtime_error("cannot write " + path);
 }
 
@@ -336,6 +349,10 @@ PrepareSummary prepare(const PrepareOptions& o,
   std::string out = o.out;  // ("runs/x/" is "runs/x": its partial is a sibling, not a child)
   while (out.size() > 1 && out.back() == '/') out.pop_back();
   if (out.empty()) throw std::invalid_argument("--out: the data set's directory is required");
+  if (const fs::path name = fs::path(out).filename(); name == "." || name == ".." || out == "/")
+    throw std::invalid_argument("--out '" + o.out +
+                                "': name the data set's own directory (a new one), not '" +
+                                name.string() + "'");
   if (!o.tokenizer_from.empty() && (o.vocab != 0 || o.tokenizer != "byte"))
     throw std::invalid_argument(
         "--tokenizer-from takes its tokenizer from a data set: it "
@@ -365,15 +382,13 @@ PrepareSummary prepare(const PrepareOptions& o,
   Documents docs(files, o.jsonl_field, &s, progress);
 
   Tokenizer tok = Tokenizer::bytes();
-  bool counted = false;
   if (!o.tokenizer_from.empty()) {
     TokenShards::open(o.tokenizer_from);  // (a whole data set, not a stray file)
     tok = Tokenizer::load(o.tokenizer_from + "/" + kTokenizerFile);
   } else if (o.tokenizer == "bpe") {
     const auto t0 = Clock::now();
     WordCounts words;
-    docs.each("counting words", true, [&](std::string_view text, bool, bool) { words.add(text); });
-    counted = true;
+    docs.each("counting words", false, [&](std::string_view text, bool, bool) { words.add(text); });
     if (progress) progress({"training", 0, 1, 0});
     tok = Tokenizer::train_bpe(words, o.vocab);
     s.seconds_train = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -390,7 +405,9 @@ PrepareSummary prepare(const PrepareOptions& o,
     const unsigned width = tok.vocab_size() <= 65536 ? 2 : 4;
     ShardWriter writer(partial, width, o.shard_tokens);
     std::vector<uint32_t> ids;
-    docs.each("encoding", !counted, [&](std::string_view text, bool first, bool last) {
+    // (What is written is counted, not what the word count read: a file changed between the two
+    // reads made the manifest say documents the shards did not hold, or 0 tokens written.)
+    docs.each("encoding", true, [&](std::string_view text, bool first, bool last) {
       ids.clear();
       tok.encode(text, ids);
       if (first) writer.begin_document();
@@ -409,7 +426,12 @@ PrepareSummary prepare(const PrepareOptions& o,
     tok.save(partial + "/" + kTokenizerFile);
     write_manifest(partial, o, s, files, shards, tok, width);
     s.seconds_encode = std::chrono::duration<double>(Clock::now() - t0).count();
-    fs::rename(partial, out);
+    if (::rename(partial.c_str(), out.c_str()) != 0)
+      throw std::runtime_error("--out '" + out + "': cannot move " + partial +
+                               " there: " + std::strerror(errno) +
+                               (errno == ENOTEMPTY || errno == EEXIST
+                                    ? " (it appeared while this prepare ran: another prepare's?)"
+                                    : ""));
   } catch (...) {
     fs::remove_all(partial, ec);
     throw;

@@ -284,6 +284,12 @@ TokenShards::~TokenShards() {
 namespace {
 
 // What a shard cut short since it was opened says, after its name.
+// The file's size now (it changed since it was opened).
+uint64_t size_now(int fd) {
+  struct stat st {};
+  return ::fstat(fd, &st) == 0 ? uint64_t(st.st_size) : 0;
+}
+
 std::string cut_short(uint64_t bytes, uint64_t at) {
   return "cut short since it was opened: it ends at byte " + std::to_string(at) + ", not " +
          std::to_string(bytes);
@@ -324,7 +330,7 @@ void TokenShards::read(uint64_t begin, size_t n, int32_t* out) const {
     unsigned char* bytes = reinterpret_cast<unsigned char*>(out) + (width_ == 2 ? take * 2 : 0);
     const size_t got = read_bytes(m, at * width_, take * width_, bytes);
     if (got < take * width_)
-      throw DamagedData(dir_ + "/" + m.file + ": " + cut_short(m.bytes, at * width_ + got));
+      throw DamagedData(dir_ + "/" + m.file + ": " + cut_short(m.bytes, size_now(m.fd)));
     if (width_ == 2)
       for (size_t i = 0; i < take; ++i) out[i] = int32_t(bytes[2 * i] | bytes[2 * i + 1] << 8);
     for (size_t i = 0; i < take; ++i)

@@ -349,6 +349,21 @@ TEST(DataCommands, EncodeAndDecodeCommandsRoundTripAnyBytes) {
   EXPECT_NE(r.output.find("token 3 ('999') is not an id of this vocabulary (0..319)"),
             std::string::npos)
       << r.output;
+  // Output that cannot be written, input that cannot be read: exit 1, saying so (a short output
+  // with exit 0, or nothing said).
+  for (const char* command : {"encode", "decode"}) {
+    r = shell(dir,
+              std::string("echo 72 | \"$T\" data ") + command + " --data " + ds + " > /dev/full");
+    EXPECT_EQ(r.exit_code, 1) << command << ": " << r.output;
+    EXPECT_NE(r.output.find(std::string("troupe data ") + command +
+                            ": cannot write standard output: No space left on device"),
+              std::string::npos)
+        << r.output;
+    r = shell(dir, std::string("\"$T\" data ") + command + " --data " + ds + " < " + d);
+    EXPECT_EQ(r.exit_code, 1) << command << ": " << r.output;
+    EXPECT_NE(r.output.find("cannot read standard input: Is a directory"), std::string::npos)
+        << r.output;
+  }
 }
 
 // Ctrl-C during a prepare: its partial directory (OUT.partial-PID) goes with it, exit 130, and no
@@ -410,6 +425,32 @@ TEST(DataCommands, BadInputsAreRefusedWithTheReason) {
          "skipped 4 documents: 1 binary, 1 invalid UTF-8, 1 empty, 1 not JSON with the field");
   expect("\"$T\" data prepare " + d + "/in/deep/c.txt --out " + d + "/latin", 2,
          "c.txt (invalid UTF-8 at byte 3 of its text)");
+  // (a JSON line with a raw Latin-1 byte was "not JSON with the field")
+  fs::create_directories(d + "/jl");
+  std::ofstream(d + "/jl/l.jsonl", std::ios::binary)
+      << "{\"text\":\"good\"}\n{\"text\":\"caf\xe9\"}\n";
+  expect("\"$T\" data prepare " + d + "/jl --out " + d + "/jl-ds", 0,
+         "the first: " + d + "/jl/l.jsonl:2 (invalid UTF-8 at byte 12 of its line)");
+  // A hard link is the file met again (it was trained on twice); a file named by a path that is
+  // not UTF-8 is named in the manifest and the --json line all the same (both failed after the
+  // work, with the JSON library's error, the data set written).
+  fs::create_hard_link(d + "/in/a.txt", d + "/jl/a-hard.txt");
+  std::ofstream(d + "/jl/caf\xe9.txt") << "text\n";
+  expect("\"$T\" data prepare " + d + "/in/a.txt " + d + "/jl --out " + d + "/hard --json", 0,
+         "\"repeated_files\":1");
+  EXPECT_NE(text_of(d + "/hard/manifest.json").find("caf\xef\xbf\xbd.txt"), std::string::npos);
+  // (--out DIR/. failed after the work, renaming onto '.', and left DIR behind)
+  expect("\"$T\" data prepare " + d + "/in/a.txt --out " + d + "/nd/.", 2,
+         "name the data set's own directory (a new one), not '.'");
+  EXPECT_FALSE(fs::exists(d + "/nd"));
+  // A file that cannot be read is named before anything is read (it failed when reached, exit 1).
+  if (::geteuid() != 0) {  // (root reads it)
+    std::ofstream(d + "/jl/z.txt") << "text\n";
+    fs::permissions(d + "/jl/z.txt", fs::perms::none);
+    expect("\"$T\" data prepare " + d + "/jl --out " + d + "/o7", 2,
+           "'" + d + "/jl/z.txt' cannot be read: Permission denied");
+    fs::remove(d + "/jl/z.txt");
+  }
   // (a file named twice, or in a directory given too, was trained on twice without a word)
   expect("\"$T\" data prepare " + d + "/in/a.txt " + d + "/in/a.txt --out " + d + "/twice", 0,
          "read once: 1 file(s) met again");

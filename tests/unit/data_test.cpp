@@ -382,6 +382,14 @@ TEST(TokenShards, AShardCutShortWhileOpenIsNamedNotACrash) {
   }
   EXPECT_EQ(t->verify(2), std::vector<std::string>{"tokens-00002.bin: cut short since it was "
                                                    "opened: it ends at byte 10, not 194"});
+  // Read past its new end: where it ends, not where the read began (byte 112 was said).
+  try {
+    t->read(250, 5, got.data());
+    ADD_FAILURE() << "read past the end of a shard cut short";
+  } catch (const DamagedData& e) {
+    EXPECT_NE(std::string(e.what()).find("it ends at byte 10, not 194"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(TokenData, WindowsInAGlobalOrderEachOncePerEpoch) {
