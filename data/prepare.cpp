@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
@@ -160,6 +162,33 @@ std::vector<Input> collect(const std::vector<std::string>& inputs) {
   return files;
 }
 
+// Calls line(text, its number, bytes read up to its end) for each line of a JSON-lines file, read
+// in pieces: memory is bounded by its longest line, not by its size (a corpus's files are
+// gigabytes). A byte-order mark at its start is passed over.
+template <class F>
+void each_line(const std::string& path, F&& line) {
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> in(std::fopen(path.c_str(), "rb"), &std::fclose);
+  if (!in) throw std::runtime_error("cannot read '" + path + "': " + std::strerror(errno));
+  constexpr size_t kRead = size_t(1) << 20;
+  std::string buf;
+  std::vector<char> chunk(kRead);
+  uint64_t before = 0;  // bytes of the file before buf
+  size_t start = 0, n = 0;
+  for (bool eof = false, first = true; !eof; first = false) {
+    before += start;
+    buf.erase(0, start);
+    const size_t got = std::fread(chunk.data(), 1, chunk.size(), in.get());
+    if (std::ferror(in.get()))
+      throw std::runtime_error("cannot read '" + path + "': " + std::strerror(errno));
+    eof = got < chunk.size();
+    buf.append(chunk.data(), got);
+    start = first && buf.rfind("\xEF\xBB\xBF", 0) == 0 ? 3 : 0;
+    for (size_t end; (end = buf.find('\n', start)) != std::string::npos; start = end + 1)
+      line(std::string_view(buf).substr(start, end - start), ++n, before + end + 1);
+  }
+  if (start < buf.size()) line(std::string_view(buf).substr(start), ++n, before + buf.size());
+}
+
 std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error("cannot read '" + path + "': " + std::strerror(errno));
@@ -190,18 +219,13 @@ class Documents {
     t0_ = last_ = Clock::now();
     done_ = 0;
     for (const Input& f : files_) {
-      const std::string body = slurp(f.path);
       if (f.jsonl) {
-        size_t line = 0;
-        for (size_t at = body.rfind("\xEF\xBB\xBF", 0) == 0 ? 3 : 0; at < body.size();) {
-          size_t end = body.find('\n', at);
-          if (end == std::string::npos) end = body.size();
-          ++line;
-          json_line(std::string_view(body).substr(at, end - at), f.path, line, count, use);
-          at = end + 1;
-          tick(at);
-        }
+        each_line(f.path, [&](std::string_view line, size_t n, uint64_t read) {
+          json_line(line, f.path, n, count, use);
+          tick(read);
+        });
       } else {
+        const std::string body = slurp(f.path);  // (one document: checked whole before any use)
         document(body, f.path, count, use, body.data());
       }
       done_ += f.bytes;

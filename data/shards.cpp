@@ -44,10 +44,23 @@ ShardWriter::ShardWriter(std::string dir, unsigned token_bytes, uint64_t shard_t
   if (width_ != 2 && width_ != 4) throw std::invalid_argument("token ids are 2 or 4 bytes");
   if (shard_tokens_ == 0) throw std::invalid_argument("a shard holds at least one token");
   buffer_.reserve(1 << 20);
+  const std::string index = dir_ + "/" + kDocumentsFile;
+  index_ = std::fopen(index.c_str(), "wb");
+  if (!index_) throw std::runtime_error("cannot create " + index + ": " + std::strerror(errno));
 }
 
 ShardWriter::~ShardWriter() {
   if (out_) std::fclose(out_);
+  if (index_) std::fclose(index_);
+}
+
+void ShardWriter::begin_document() {
+  unsigned char b[8];
+  for (int i = 0; i < 8; ++i) b[i] = uint8_t(total_ >> (8 * i));
+  if (std::fwrite(b, 1, 8, index_) != 8)
+    throw std::runtime_error("cannot write " + dir_ + "/" + kDocumentsFile + ": " +
+                             std::strerror(errno));
+  ++documents_;
 }
 
 void ShardWriter::write(const void* p, size_t n) {
@@ -98,14 +111,10 @@ std::vector<ShardWriter::Shard> ShardWriter::finish() {
     out_ = nullptr;
     if (!ok) throw std::runtime_error("cannot flush " + dir_ + "/" + shards_.back().file);
   }
-  const std::string index = dir_ + "/" + kDocumentsFile;
-  std::ofstream out(index, std::ios::binary | std::ios::trunc);
-  for (uint64_t s : starts_) {
-    unsigned char b[8];
-    for (int i = 0; i < 8; ++i) b[i] = uint8_t(s >> (8 * i));
-    out.write(reinterpret_cast<const char*>(b), 8);
-  }
-  if (!out.flush()) throw std::runtime_error("cannot write " + index);
+  const bool ok = std::fflush(index_) == 0 && ::fsync(fileno(index_)) == 0;
+  std::fclose(index_);
+  index_ = nullptr;
+  if (!ok) throw std::runtime_error("cannot flush " + dir_ + "/" + kDocumentsFile);
   return shards_;
 }
 

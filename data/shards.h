@@ -56,7 +56,7 @@ class ShardWriter {
     end_document(end_of_document);
   }
   // The same in pieces: begin, any number of appends, end.
-  void begin_document() { starts_.push_back(total_); }
+  void begin_document();
   void append(const std::vector<uint32_t>& ids);
   void end_document(uint32_t end_of_document);
   // Flushes and closes every file; the shards' (file, tokens, checksum).
@@ -66,7 +66,7 @@ class ShardWriter {
   };
   std::vector<Shard> finish();
   uint64_t tokens() const { return total_; }
-  uint64_t documents() const { return starts_.size(); }
+  uint64_t documents() const { return documents_; }
 
  private:
   void put(uint32_t id);
@@ -76,8 +76,10 @@ class ShardWriter {
   unsigned width_;
   uint64_t shard_tokens_, total_ = 0;
   std::vector<Shard> shards_;
-  std::vector<uint64_t> starts_;
+  uint64_t documents_ = 0;
   std::FILE* out_ = nullptr;
+  std::FILE* index_ = nullptr;  // documents.bin, written as documents begin (not kept: 8 bytes a
+                                // document, gigabytes for a corpus)
   std::vector<unsigned char> buffer_;
 };
 
