@@ -63,15 +63,22 @@ class PrepareInterrupts {
     std::string o = out;
     while (o.size() > 1 && o.back() == '/') o.pop_back();
     const std::string partial = o + ".partial-" + std::to_string(::getpid());
-    thread_ = std::thread([this, partial] {
+    std::error_code ec;
+    const bool existed = std::filesystem::exists(o, ec);  // (refused: not this prepare's)
+    thread_ = std::thread([this, partial, o, existed] {
       while (!done_.load()) {
         if (const int sig = signals_.next()) {
           std::error_code ec;
           // (the writer goes on meanwhile: a file it adds during the removal is removed again)
           for (int i = 0; i < 5 && std::filesystem::exists(partial, ec); ++i)
             std::filesystem::remove_all(partial, ec);
+          // (Its rename is atomic: no partial and OUT there is the whole set, renamed before the
+          // signal was seen.)
+          const bool whole = !existed && !std::filesystem::exists(partial, ec) &&
+                             std::filesystem::exists(o + "/manifest.json", ec);
           std::fprintf(stderr, "\ntroupe data prepare: %s: stopped; %s\n", actors::signal_name(sig),
-                       std::filesystem::exists(partial, ec)
+                       whole ? ("the data set was written before it: " + o).c_str()
+                       : std::filesystem::exists(partial, ec)
                            ? ("could not remove " + partial + ": " + ec.message()).c_str()
                            : "no data set written");
           std::fflush(nullptr);
