@@ -16,13 +16,14 @@ namespace troupe::cli {
 
 // CLI11 (2.1) reads an integer in C's bases: 010 is 8 and 0x10 is 16. Troupe's integers are
 // decimal, leading zeros too (step-00000050 is step 50; `--workers 010` scaled to 8): this
-// transform, added to every integer option by parse(), strips them and refuses other bases.
+// transform, added to every integer option by parse(), strips them and refuses anything else
+// (other bases; 1e3, which a range check called "not in range").
 inline const CLI::Validator kDecimal(
     [](std::string& s) -> std::string {
       const size_t at = !s.empty() && (s[0] == '-' || s[0] == '+') ? 1 : 0;
-      if (s.size() <= at + 1 || s[at] != '0') return "";
-      if (s.find_first_not_of("0123456789", at) != std::string::npos)
+      if (s.size() <= at || s.find_first_not_of("0123456789", at) != std::string::npos)
         return s + " is not a decimal number";
+      if (s.size() == at + 1 || s[at] != '0') return "";
       const size_t first = s.find_first_not_of('0', at);
       s.erase(at, (first == std::string::npos ? s.size() - 1 : first) - at);
       return "";

@@ -60,6 +60,12 @@ TEST(CommandLine, IntegersAreDecimalWithLeadingZeros) {
   const Parsed hex = run({"--workers", "0x10"});
   EXPECT_EQ(hex.rc, 2);
   EXPECT_NE(hex.said.find("0x10 is not a decimal number"), std::string::npos) << hex.said;
+  for (const char* other : {"1e3", "7.0", "", "-", "12abc"}) {  // (1e3: "Value 1e3 not in range")
+    const Parsed p = run({"--workers", other});
+    EXPECT_EQ(p.rc, 2) << other;
+    EXPECT_NE(p.said.find(std::string(other) + " is not a decimal number"), std::string::npos)
+        << other << ": " << p.said;
+  }
 }
 
 TEST(CommandLine, AMistypedSubcommandGetsTheNearest) {
