@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "coordinator/checkpoints.h"
@@ -140,6 +141,63 @@ std::string overwrites_run(const std::string& run_dir, const std::string& checkp
 
 namespace {
 
+// The manifest of the checkpoint an export will choose: the one named, the one of --step, or the
+// newest in the checkpoint directory ("" when there is none).
+std::string manifest_to_choose(const std::string& dir, const std::string& named, int64_t step) {
+  namespace fs = std::filesystem;
+  if (!named.empty()) return named + "/manifest.json";
+  if (step >= 0) return dir + "/" + workers::checkpoint_dir_name(uint64_t(step)) + "/manifest.json";
+  std::string newest;
+  uint64_t newest_step = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    uint64_t s = 0;
+    const char* digits = name.c_str() + std::min<size_t>(5, name.size());
+    const auto [end, err] = std::from_chars(digits, name.c_str() + name.size(), s);
+    if (name.rfind("step-", 0) != 0 || err != std::errc() || *end != '\0' ||
+        !fs::exists(e.path() / "manifest.json", ec) || (!newest.empty() && s <= newest_step))
+      continue;
+    newest = (e.path() / "manifest.json").string();
+    newest_step = s;
+  }
+  return newest;
+}
+
+// A built-in model's weights are the checkpoint's alone: the run's data, moved, deleted or
+// prepared again since, is not read. The checkpoint says which data it was trained on (its
+// identity's digests and tokenizer: taken as this config's), and its embedding block how large
+// the GPT's vocabulary is.
+void take_data_identity_of(coordinator::JobConfig& cfg, const std::string& manifest) {
+  std::ifstream in(manifest);
+  const nlohmann::json m = nlohmann::json::parse(in, nullptr, false);
+  if (m.is_discarded() || !m.is_object() || !m.contains("config") || !m["config"].is_object())
+    return;  // (choose() says what is wrong with it)
+  const nlohmann::json& c = m["config"];
+  auto text = [&](const char* key) {
+    return c.contains(key) && c[key].is_string() ? c[key].get<std::string>() : std::string();
+  };
+  cfg.data_digest = text("data_digest");
+  cfg.data_tokenizer = text("tokenizer");
+  cfg.mix_digests.clear();
+  if (c.contains("mix") && c["mix"].is_array())
+    for (const auto& d : c["mix"])
+      if (d.is_array() && !d.empty() && d[0].is_string())
+        cfg.mix_digests.push_back(d[0].get<std::string>());
+  cfg.digest_source = coordinator::data_digest_source(cfg);
+}
+
+size_t gpt_vocab_of(const coordinator::ValidCheckpoint& ckpt, const models::ModelSpec& spec) {
+  const std::string path = ckpt.directory + "/" + workers::shard_file_name(0);
+  const uint64_t n = models::block_state_param_count(path);
+  const uint64_t c = spec.d_model, t = spec.context;
+  if (c == 0 || n % c != 0 || n / c <= t)
+    throw std::invalid_argument(path + " holds " + std::to_string(n) +
+                                " parameters: not the embedding of a GPT of model.d_model " +
+                                std::to_string(c) + " and model.context " + std::to_string(t));
+  return size_t(n / c - t);
+}
+
 // The file's metadata: the job, the step, and the model's shape (what the PyTorch twin builds).
 std::map<std::string, std::string> metadata_of(const std::string& job, uint64_t step,
                                                const models::ModelSpec& spec) {
@@ -207,11 +265,18 @@ int run_export(const std::vector<std::string>& words, const Hooks& hooks) {
   if (auto rc = parse(app, words)) return *rc;
   const std::string named = locate(run_dir);
   coordinator::JobConfig cfg;
+  bool weights_only = batch_step < 0;  // (a batch is read from the data)
   try {
-    cfg = coordinator::load_config(run_dir + "/config.toml", {}, hooks.kinds());
+    cfg = coordinator::load_config(run_dir + "/config.toml", {}, hooks.kinds(), !weights_only);
+    weights_only = weights_only && (cfg.model_kind == "gpt" || cfg.model_kind == "mlp");
+    if (!weights_only && batch_step < 0)  // (a program's own model is built from its data)
+      cfg = coordinator::load_config(run_dir + "/config.toml", {}, hooks.kinds());
   } catch (const coordinator::ConfigError& e) {  // (bad input: exit 2, as the other refusals)
     throw std::invalid_argument(e.what());
   }
+  if (weights_only && cfg.model_kind == "gpt")
+    take_data_identity_of(
+        cfg, manifest_to_choose(coordinator::checkpoints_dir(cfg, run_dir), named, step));
   if (batch_step >= 0 && cfg.data_kind != "text" && cfg.data_kind != "tokens")
     throw std::invalid_argument(
         "--batch-of-step writes a batch of tokens: this run's data.kind is '" + cfg.data_kind +
@@ -229,9 +294,17 @@ int run_export(const std::vector<std::string>& words, const Hooks& hooks) {
   workers::WorkerSpec w = workers::worker_spec_of(coordinator::job_spec_of(cfg, 0, 1));
   w.extensions = hooks.extensions;
   models::ModelSpec spec = w.model;
-  // The data set as the workers opened it (text and tokens set the vocabulary from it).
-  std::unique_ptr<models::Dataset> data = workers::open_dataset(w, spec);
-  std::unique_ptr<models::Model> built = workers::build_model(w, spec, *data);
+  // The data set as the workers opened it (text and tokens set the vocabulary from it), or for
+  // a GPT's weights alone the vocabulary its checkpoint holds.
+  std::unique_ptr<models::Dataset> data;
+  std::unique_ptr<models::Model> built;
+  if (weights_only && spec.kind == "gpt") {
+    spec.vocab = gpt_vocab_of(ckpt, spec);
+    built = std::make_unique<models::Model>(spec);
+  } else {
+    data = workers::open_dataset(w, spec);
+    built = workers::build_model(w, spec, *data);
+  }
   models::Model& model = *built;
   const std::vector<size_t> counts = model.block_param_counts();
   models::Optimizer opt(w.optimizer, counts);

@@ -655,7 +655,7 @@ void check_token_sets(const JobConfig& c, const std::map<std::string, std::strin
 // eval.every_steps evaluates on data.eval_path or data.eval_fraction of a token job, data
 // parallel; either without the other would not act.
 void check_evaluation(const JobConfig& c, const std::map<std::string, std::string>& at,
-                      const std::string& source) {
+                      const std::string& source, bool check_data) {
   auto place = [&](const std::string& key) {
     auto it = at.find(key);
     return it == at.end() ? source : it->second;
@@ -679,7 +679,7 @@ void check_evaluation(const JobConfig& c, const std::map<std::string, std::strin
                       "one of them)");
   if (c.pipeline_stages != 1)
     fail("evaluates with data parallelism only (parallel.pipeline_stages = 1)");
-  if (!c.eval_path.empty()) {
+  if (!c.eval_path.empty() && check_data) {
     struct stat st {};
     if (::stat((c.eval_path + "/manifest.json").c_str(), &st) != 0)
       throw ConfigError(place("data.eval_path") + ": data.eval_path: '" + c.eval_path +
@@ -759,7 +759,7 @@ void check_name_and_addresses(const JobConfig& c,
                         "\" is not HOST:PORT (e.g. \"" + example + "\"; port 0 picks one)");
 }
 
-void validate(const JobConfig& c, const std::string& source, const Places& at) {
+void validate(const JobConfig& c, const std::string& source, const Places& at, bool check_data) {
   auto place = [&](const std::string& key) {
     auto it = at.find(key);
     return it == at.end() ? source : it->second;
@@ -822,9 +822,9 @@ void validate(const JobConfig& c, const std::string& source, const Places& at) {
         "model.kind = \"external\" and data.kind = \"external\" go together: the members' "
         "own loop brings its model and its data");
   if (c.external()) check_external(c, source, at);
-  if (c.data_kind == "text") check_text_file(c, place("data.path"));
-  if (c.data_kind == "tokens") check_token_sets(c, at, source);
-  check_evaluation(c, at, source);
+  if (c.data_kind == "text" && check_data) check_text_file(c, place("data.path"));
+  if (c.data_kind == "tokens" && check_data) check_token_sets(c, at, source);
+  check_evaluation(c, at, source, check_data);
   if (c.data_kind != "tokens" && !c.data_mix.empty())
     throw ConfigError(place("data.mix") +
                       ": data.mix mixes token data sets: it needs "
@@ -1033,7 +1033,8 @@ std::string toml_too_deep(std::string_view text) {
 namespace {}  // namespace
 
 JobConfig parse_config(const std::string& text, const std::string& source,
-                       const std::vector<std::string>& overrides, const ExtensionKinds& kinds) {
+                       const std::vector<std::string>& overrides, const ExtensionKinds& kinds,
+                       bool check_data) {
   // (toml++ parses keys, headers and arrays recursively: 50,000 dotted parts overflowed its
   // stack, a crash on a 100 KB file)
   if (std::string why = toml_too_deep(text); !why.empty())
@@ -1085,9 +1086,10 @@ JobConfig parse_config(const std::string& text, const std::string& source,
   }
   // (batch.micro not given: at most the global batch, so `batch.global = 32` alone is a job)
   if (!places.count("batch.micro")) c.micro_batch = std::min(c.micro_batch, c.global_batch);
-  validate(c, source, places);
+  validate(c, source, places, check_data);
   c.inert_key = inert_key_of(c, place);
   if (c.inert_key.empty()) c.inert_key = worker_bounds_refusal(c, place);
+  if (!check_data) return c;
   if (c.data_kind == "tokens")  // (a mix's sets share one tokenizer: the workers refuse others)
     c.data_tokenizer = tokenizer_of(c.data_mix.empty() ? c.data_path : c.data_mix.begin()->first);
   fill_data_digests(c);
@@ -1112,7 +1114,7 @@ void fill_data_digests(JobConfig& c) {
 }
 
 JobConfig load_config(const std::string& path, const std::vector<std::string>& overrides,
-                      const ExtensionKinds& kinds) {
+                      const ExtensionKinds& kinds, bool check_data) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0)
     throw ConfigError(path + ": cannot open the config file: " + std::strerror(errno));
@@ -1125,7 +1127,7 @@ JobConfig load_config(const std::string& path, const std::vector<std::string>& o
   if (!in) throw ConfigError(path + ": cannot open the config file");
   std::stringstream ss;
   ss << in.rdbuf();
-  return parse_config(ss.str(), path, overrides, kinds);
+  return parse_config(ss.str(), path, overrides, kinds, check_data);
 }
 
 namespace {

@@ -187,16 +187,18 @@ struct JobConfig {
 
 // Loads path, applies overrides ("table.key=value", value in TOML syntax; a bare word is taken
 // as a string), validates. model.kind and data.kind may also name the kinds in `kinds`, whose
-// keys are then checked instead of the built-in ones. Throws ConfigError.
+// keys are then checked instead of the built-in ones. Throws ConfigError. Without check_data
+// the data files it names need not be there (a finished run's weights exported after its data
+// moved): nothing of them is read (no tokenizer, no digests).
 JobConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {},
-                      const ExtensionKinds& kinds = {});
+                      const ExtensionKinds& kinds = {}, bool check_data = true);
 // The "table.key" an override ("table.key=value", spaces around either part allowed) sets; ""
 // when it is not one.
 std::string override_key(const std::string& override_text);
 // Parses TOML text (source names the origin in messages).
 JobConfig parse_config(const std::string& text, const std::string& source,
                        const std::vector<std::string>& overrides = {},
-                       const ExtensionKinds& kinds = {});
+                       const ExtensionKinds& kinds = {}, bool check_data = true);
 // The effective configuration as TOML (written to the run directory).
 std::string to_toml(const JobConfig& config);
 // The config with its paths (data.path, data.eval_path, data.mix's sets, checkpoint.dir) made

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <stdexcept>
 #include <string>
 
@@ -119,6 +120,23 @@ size_t check_header(const std::vector<uint8_t>& bytes, size_t total, Block& bloc
   return r.at;
 }
 
+// The header's fields before the arrays, up to the parameter count; `at` is left after it.
+uint64_t param_count_of(const std::vector<uint8_t>& bytes) {
+  Reader r{bytes};
+  r.need(8, "magic");
+  if (std::memcmp(bytes.data(), kMagic, 8) != 0)
+    throw std::invalid_argument("not a Troupe block state (bad magic)");
+  r.at = 8;
+  if (const uint32_t version = r.get<uint32_t>("version"); version != kVersion)
+    throw std::invalid_argument("block state version " + std::to_string(version) +
+                                ", this build reads " + std::to_string(kVersion));
+  const uint32_t kind_len = r.get<uint32_t>("kind length");
+  r.need(kind_len, "kind");
+  r.at += kind_len;
+  r.get<uint64_t>("index");
+  return r.get<uint64_t>("param count");
+}
+
 std::vector<Tensor*> destinations(Block& block, size_t index, Optimizer& opt, uint8_t moments) {
   std::vector<Tensor*> out{&block.params(), &opt.m(index)};
   if (moments == 2) out.push_back(&opt.v(index));
@@ -184,6 +202,19 @@ BlockState load_block_state_file(const std::string& path, Block& block, size_t i
     at += bytes_per;
   }
   return s;
+}
+
+uint64_t block_state_param_count(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot open " + path + ": " + std::strerror(errno));
+  std::vector<uint8_t> head(4096);
+  in.read(reinterpret_cast<char*>(head.data()), std::streamsize(head.size()));
+  head.resize(size_t(in.gcount()));
+  try {
+    return param_count_of(head);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(path + ": " + e.what());
+  }
 }
 
 }  // namespace troupe::models

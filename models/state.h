@@ -33,5 +33,9 @@ BlockState load_block_state(const std::vector<uint8_t>& bytes, Block& block, siz
 // copy: a restore reads each byte once). Throws std::runtime_error naming the file.
 BlockState load_block_state_file(const std::string& path, Block& block, size_t index,
                                  Optimizer& opt);
+// The parameter count a block state file's header says (a model's shape read back from its
+// checkpoint: the GPT's vocabulary is its embedding block's count / d_model - context). Throws
+// std::runtime_error naming the file.
+uint64_t block_state_param_count(const std::string& path);
 
 }  // namespace troupe::models

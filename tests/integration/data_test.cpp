@@ -326,6 +326,25 @@ TEST(DataCommands, TheTokensConfigTrainsOnTheSetItsCommentPrepares) {
                      "/m.safetensors --batch-of-step 2");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(fs::exists(dir.path() + "/m.safetensors.batch.safetensors")) << r.output;
+  // The weights are the checkpoint's: they export the same with the data set moved away, and
+  // with another one prepared at its path (both were refused, the data gone or "another model,
+  // data or seed"). A batch is the data's: refused without it, naming it.
+  fs::rename(ds, ds + ".moved");
+  for (const char* then : {"moved", "prepared again"}) {
+    const std::string again = dir.path() + "/m-" + std::to_string(then[0]) + ".safetensors";
+    r = shell(dir, "\"$T\" export " + dir.path() + "/run -o " + again);
+    EXPECT_EQ(r.exit_code, 0) << then << ": " << r.output;
+    EXPECT_EQ(text_of(again), text_of(dir.path() + "/m.safetensors")) << then;
+    if (std::string(then) == "moved") {
+      r = shell(dir, "\"$T\" export " + dir.path() + "/run -o " + again + " --batch-of-step 2");
+      EXPECT_EQ(r.exit_code, 2) << r.output;
+      EXPECT_NE(r.output.find("data.path: '" + ds + "' is not a directory"), std::string::npos)
+          << r.output;
+      r = shell(dir, "\"$T\" data prepare /usr/share/common-licenses/GPL-3 --out " + ds +
+                         " --tokenizer bpe --vocab 300");
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+    }
+  }
 }
 
 TEST(DataCommands, EncodeAndDecodeCommandsRoundTripAnyBytes) {
