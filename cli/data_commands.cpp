@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
@@ -63,21 +64,17 @@ class PrepareInterrupts {
     std::string o = out;
     while (o.size() > 1 && o.back() == '/') o.pop_back();
     const std::string partial = o + ".partial-" + std::to_string(::getpid());
-    std::error_code ec;
-    const bool existed = std::filesystem::exists(o, ec);  // (refused: not this prepare's)
-    thread_ = std::thread([this, partial, o, existed] {
+    thread_ = std::thread([this, partial, o] {
       while (!done_.load()) {
         if (const int sig = signals_.next()) {
+          // Held until the exit: the set is not renamed into place meanwhile; it was, or not.
+          publishing.lock();
           std::error_code ec;
           // (the writer goes on meanwhile: a file it adds during the removal is removed again)
-          for (int i = 0; i < 5 && std::filesystem::exists(partial, ec); ++i)
+          for (int i = 0; i < 5 && !published && std::filesystem::exists(partial, ec); ++i)
             std::filesystem::remove_all(partial, ec);
-          // (Its rename is atomic: no partial and OUT there is the whole set, renamed before the
-          // signal was seen.)
-          const bool whole = !existed && !std::filesystem::exists(partial, ec) &&
-                             std::filesystem::exists(o + "/manifest.json", ec);
           std::fprintf(stderr, "\ntroupe data prepare: %s: stopped; %s\n", actors::signal_name(sig),
-                       whole ? ("the data set was written before it: " + o).c_str()
+                       published ? ("the data set was written before it: " + o).c_str()
                        : std::filesystem::exists(partial, ec)
                            ? ("could not remove " + partial + ": " + ec.message()).c_str()
                            : "no data set written");
@@ -92,6 +89,9 @@ class PrepareInterrupts {
     done_ = true;
     thread_.join();
   }
+
+  std::mutex publishing;  // (data::PrepareOptions::publishing, published)
+  bool published = false;
 
  private:
   actors::SignalWatcher signals_;
@@ -130,6 +130,8 @@ int prepare(const std::vector<std::string>& words) {
         "a directory; other files are read as text (rename it .jsonl)");
   const bool tty = ::isatty(2) && !json;
   std::optional<PrepareInterrupts> interrupts(std::in_place, o.out);
+  o.publishing = &interrupts->publishing;
+  o.published = &interrupts->published;
   const data::PrepareSummary s =
       data::prepare(o, tty ? std::function<void(const data::Progress&)>(draw_progress) : nullptr);
   interrupts.reset();  // (done: a signal now finds no partial)
@@ -278,6 +280,7 @@ int encode(const std::vector<std::string>& words) {
       out.append(num, r.ptr);
     }
     std::fwrite(out.data(), 1, out.size(), stdout);
+    if (std::ferror(stdout)) break;  // (said below; `yes | troupe data encode > /dev/full`)
   }
   if (!first) std::fputc('\n', stdout);
   return written("encode");

@@ -141,22 +141,27 @@ std::string overwrites_run(const std::string& run_dir, const std::string& checkp
 
 namespace {
 
-// The manifest of the checkpoint an export will choose: the one named, the one of --step, or the
-// newest in the checkpoint directory ("" when there is none).
+// The manifest of the checkpoint an export will choose: the one named, the one of --step, else
+// (none there) the newest in the checkpoint directory; "" when there is none. Regular files only
+// (a FIFO would block the read).
 std::string manifest_to_choose(const std::string& dir, const std::string& named, int64_t step) {
   namespace fs = std::filesystem;
-  if (!named.empty()) return named + "/manifest.json";
-  if (step >= 0) return dir + "/" + workers::checkpoint_dir_name(uint64_t(step)) + "/manifest.json";
+  std::error_code ec;
+  const std::string chosen =
+      !named.empty() ? named + "/manifest.json"
+      : step >= 0    ? dir + "/" + workers::checkpoint_dir_name(uint64_t(step)) + "/manifest.json"
+                     : "";
+  if (!chosen.empty() && fs::is_regular_file(chosen, ec)) return chosen;
   std::string newest;
   uint64_t newest_step = 0;
-  std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
     uint64_t s = 0;
     const char* digits = name.c_str() + std::min<size_t>(5, name.size());
     const auto [end, err] = std::from_chars(digits, name.c_str() + name.size(), s);
     if (name.rfind("step-", 0) != 0 || err != std::errc() || *end != '\0' ||
-        !fs::exists(e.path() / "manifest.json", ec) || (!newest.empty() && s <= newest_step))
+        !fs::is_regular_file(e.path() / "manifest.json", ec) ||
+        (!newest.empty() && s <= newest_step))
       continue;
     newest = (e.path() / "manifest.json").string();
     newest_step = s;
@@ -167,13 +172,17 @@ std::string manifest_to_choose(const std::string& dir, const std::string& named,
 // A built-in model's weights are the checkpoint's alone: the run's data, moved, deleted or
 // prepared again since, is not read. The checkpoint says which data it was trained on (its
 // identity's digests and tokenizer: taken as this config's), and its embedding block how large
-// the GPT's vocabulary is.
-void take_data_identity_of(coordinator::JobConfig& cfg, const std::string& manifest) {
+// the GPT's vocabulary is. False when the manifest does not say (an older Troupe's names the data
+// by its path: the data is read as the config names it).
+bool take_data_identity_of(coordinator::JobConfig& cfg, const std::string& manifest) {
+  std::error_code ec;
+  if (manifest.empty() || !std::filesystem::is_regular_file(manifest, ec)) return false;
   std::ifstream in(manifest);
   const nlohmann::json m = nlohmann::json::parse(in, nullptr, false);
   if (m.is_discarded() || !m.is_object() || !m.contains("config") || !m["config"].is_object())
-    return;  // (choose() says what is wrong with it)
+    return false;
   const nlohmann::json& c = m["config"];
+  if (!c.contains("data_digest") && !(c.contains("mix") && c["mix"].is_array())) return false;
   auto text = [&](const char* key) {
     return c.contains(key) && c[key].is_string() ? c[key].get<std::string>() : std::string();
   };
@@ -185,6 +194,7 @@ void take_data_identity_of(coordinator::JobConfig& cfg, const std::string& manif
       if (d.is_array() && !d.empty() && d[0].is_string())
         cfg.mix_digests.push_back(d[0].get<std::string>());
   cfg.digest_source = coordinator::data_digest_source(cfg);
+  return true;
 }
 
 size_t gpt_vocab_of(const coordinator::ValidCheckpoint& ckpt, const models::ModelSpec& spec) {
@@ -274,9 +284,16 @@ int run_export(const std::vector<std::string>& words, const Hooks& hooks) {
   } catch (const coordinator::ConfigError& e) {  // (bad input: exit 2, as the other refusals)
     throw std::invalid_argument(e.what());
   }
-  if (weights_only && cfg.model_kind == "gpt")
-    take_data_identity_of(
-        cfg, manifest_to_choose(coordinator::checkpoints_dir(cfg, run_dir), named, step));
+  if (weights_only && cfg.model_kind == "gpt" &&
+      !take_data_identity_of(
+          cfg, manifest_to_choose(coordinator::checkpoints_dir(cfg, run_dir), named, step))) {
+    weights_only = false;
+    try {
+      cfg = coordinator::load_config(run_dir + "/config.toml", {}, hooks.kinds());
+    } catch (const coordinator::ConfigError& e) {
+      throw std::invalid_argument(e.what());
+    }
+  }
   if (batch_step >= 0 && cfg.data_kind != "text" && cfg.data_kind != "tokens")
     throw std::invalid_argument(
         "--batch-of-step writes a batch of tokens: this run's data.kind is '" + cfg.data_kind +

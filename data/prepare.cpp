@@ -1,5 +1,6 @@
 #include "data/prepare.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -177,13 +178,15 @@ void each_line(const std::string& path, F&& line) {
   for (bool eof = false, first = true; !eof; first = false) {
     before += start;
     buf.erase(0, start);
+    const size_t scanned = buf.size();  // (a line longer than a piece: not searched again)
     const size_t got = std::fread(chunk.data(), 1, chunk.size(), in.get());
     if (std::ferror(in.get()))
       throw std::runtime_error("cannot read '" + path + "': " + std::strerror(errno));
     eof = got < chunk.size();
     buf.append(chunk.data(), got);
     start = first && buf.rfind("\xEF\xBB\xBF", 0) == 0 ? 3 : 0;
-    for (size_t end; (end = buf.find('\n', start)) != std::string::npos; start = end + 1)
+    for (size_t end, from = std::max(start, scanned);
+         (end = buf.find('\n', from)) != std::string::npos; from = start = end + 1)
       line(std::string_view(buf).substr(start, end - start), ++n, before + end + 1);
   }
   if (start < buf.size()) line(std::string_view(buf).substr(start), ++n, before + buf.size());
@@ -302,6 +305,20 @@ class Documents {
   const char* phase_ = "";
   Clock::time_point t0_, last_;
 };
+
+// The finished partial directory renamed to OUT, which must still not exist (not even empty: it
+// appeared while this prepare ran, another prepare's?).
+void publish(const std::string& partial, const std::string& out, const PrepareOptions& o) {
+  std::unique_lock<std::mutex> lock;
+  if (o.publishing) lock = std::unique_lock<std::mutex>(*o.publishing);
+  if (::renameat2(AT_FDCWD, partial.c_str(), AT_FDCWD, out.c_str(), RENAME_NOREPLACE) != 0)
+    throw std::runtime_error("--out '" + out + "': cannot move " + partial +
+                             " there: " + std::strerror(errno) +
+                             (errno == EEXIST || errno == ENOTEMPTY
+                                  ? " (it appeared while this prepare ran: another prepare's?)"
+                                  : ""));
+  if (o.published) *o.published = true;
+}
 
 // Removes OUT.partial-PID directories whose process is gone (an interrupted prepare's).
 void remove_stale_partials(const std::string& out) {
@@ -450,12 +467,7 @@ PrepareSummary prepare(const PrepareOptions& o,
     tok.save(partial + "/" + kTokenizerFile);
     write_manifest(partial, o, s, files, shards, tok, width);
     s.seconds_encode = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (::rename(partial.c_str(), out.c_str()) != 0)
-      throw std::runtime_error("--out '" + out + "': cannot move " + partial +
-                               " there: " + std::strerror(errno) +
-                               (errno == ENOTEMPTY || errno == EEXIST
-                                    ? " (it appeared while this prepare ran: another prepare's?)"
-                                    : ""));
+    publish(partial, out, o);
   } catch (...) {
     fs::remove_all(partial, ec);
     throw;

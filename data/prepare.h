@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,10 @@ struct PrepareOptions {
   std::string tokenizer_from = "";  // a data set whose tokenizer to use (none is trained)
   std::string jsonl_field = "text";
   uint64_t shard_tokens = uint64_t(1) << 27;  // 256 MiB of 16-bit ids a shard
+  // Held while the finished set is renamed into place, `published` set under it: a signal's
+  // handler that takes it knows whether OUT is whole or the partial directory is to go.
+  std::mutex* publishing = nullptr;
+  bool* published = nullptr;
 };
 
 struct Progress {

@@ -74,7 +74,8 @@ void ShardWriter::roll() {
   if (out_) {
     if (!buffer_.empty()) write(buffer_.data(), buffer_.size());
     buffer_.clear();
-    if (std::fclose(out_) != 0)
+    const bool synced = std::fflush(out_) == 0 && ::fsync(fileno(out_)) == 0;  // (as the last)
+    if (std::fclose(out_) != 0 || !synced)
       throw std::runtime_error("cannot close " + dir_ + "/" + shards_.back().file);
     out_ = nullptr;
   }
