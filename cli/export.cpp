@@ -208,6 +208,29 @@ size_t gpt_vocab_of(const coordinator::ValidCheckpoint& ckpt, const models::Mode
   return size_t(n / c - t);
 }
 
+// The run's config (bad input: exit 2, as the other refusals). With `weights_only` its data is
+// not read where the weights do not need it (a GPT's, a synthetic MLP's); else, or when the
+// checkpoint does not say which data it was of, `weights_only` is cleared and the data checked.
+coordinator::JobConfig config_to_export(const std::string& run_dir, const Hooks& hooks,
+                                        const std::string& named, int64_t step,
+                                        bool& weights_only) {
+  auto load = [&](bool check_data) {
+    try {
+      return coordinator::load_config(run_dir + "/config.toml", {}, hooks.kinds(), check_data);
+    } catch (const coordinator::ConfigError& e) {
+      throw std::invalid_argument(e.what());
+    }
+  };
+  coordinator::JobConfig cfg = load(!weights_only);
+  if (!weights_only) return cfg;
+  weights_only =
+      cfg.model_kind == "mlp" ||
+      (cfg.model_kind == "gpt" &&
+       take_data_identity_of(
+           cfg, manifest_to_choose(coordinator::checkpoints_dir(cfg, run_dir), named, step)));
+  return weights_only ? cfg : load(true);
+}
+
 // The file's metadata: the job, the step, and the model's shape (what the PyTorch twin builds).
 std::map<std::string, std::string> metadata_of(const std::string& job, uint64_t step,
                                                const models::ModelSpec& spec) {
@@ -274,26 +297,8 @@ int run_export(const std::vector<std::string>& words, const Hooks& hooks) {
       ->check(a_step);
   if (auto rc = parse(app, words)) return *rc;
   const std::string named = locate(run_dir);
-  coordinator::JobConfig cfg;
   bool weights_only = batch_step < 0;  // (a batch is read from the data)
-  try {
-    cfg = coordinator::load_config(run_dir + "/config.toml", {}, hooks.kinds(), !weights_only);
-    weights_only = weights_only && (cfg.model_kind == "gpt" || cfg.model_kind == "mlp");
-    if (!weights_only && batch_step < 0)  // (a program's own model is built from its data)
-      cfg = coordinator::load_config(run_dir + "/config.toml", {}, hooks.kinds());
-  } catch (const coordinator::ConfigError& e) {  // (bad input: exit 2, as the other refusals)
-    throw std::invalid_argument(e.what());
-  }
-  if (weights_only && cfg.model_kind == "gpt" &&
-      !take_data_identity_of(
-          cfg, manifest_to_choose(coordinator::checkpoints_dir(cfg, run_dir), named, step))) {
-    weights_only = false;
-    try {
-      cfg = coordinator::load_config(run_dir + "/config.toml", {}, hooks.kinds());
-    } catch (const coordinator::ConfigError& e) {
-      throw std::invalid_argument(e.what());
-    }
-  }
+  const coordinator::JobConfig cfg = config_to_export(run_dir, hooks, named, step, weights_only);
   if (batch_step >= 0 && cfg.data_kind != "text" && cfg.data_kind != "tokens")
     throw std::invalid_argument(
         "--batch-of-step writes a batch of tokens: this run's data.kind is '" + cfg.data_kind +
