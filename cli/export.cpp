@@ -8,7 +8,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "coordinator/checkpoints.h"
@@ -142,59 +141,15 @@ std::string overwrites_run(const std::string& run_dir, const std::string& checkp
 namespace {
 
 // The manifest of the checkpoint an export will choose: the one named, the one of --step, else
-// (none there) the newest in the checkpoint directory; "" when there is none. Regular files only
-// (a FIFO would block the read).
+// (none there: a FIFO would block the read) the newest in the checkpoint directory.
 std::string manifest_to_choose(const std::string& dir, const std::string& named, int64_t step) {
-  namespace fs = std::filesystem;
   std::error_code ec;
   const std::string chosen =
       !named.empty() ? named + "/manifest.json"
       : step >= 0    ? dir + "/" + workers::checkpoint_dir_name(uint64_t(step)) + "/manifest.json"
                      : "";
-  if (!chosen.empty() && fs::is_regular_file(chosen, ec)) return chosen;
-  std::string newest;
-  uint64_t newest_step = 0;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    uint64_t s = 0;
-    const char* digits = name.c_str() + std::min<size_t>(5, name.size());
-    const auto [end, err] = std::from_chars(digits, name.c_str() + name.size(), s);
-    if (name.rfind("step-", 0) != 0 || err != std::errc() || *end != '\0' ||
-        !fs::is_regular_file(e.path() / "manifest.json", ec) ||
-        (!newest.empty() && s <= newest_step))
-      continue;
-    newest = (e.path() / "manifest.json").string();
-    newest_step = s;
-  }
-  return newest;
-}
-
-// A built-in model's weights are the checkpoint's alone: the run's data, moved, deleted or
-// prepared again since, is not read. The checkpoint says which data it was trained on (its
-// identity's digests and tokenizer: taken as this config's), and its embedding block how large
-// the GPT's vocabulary is. False when the manifest does not say (an older Troupe's names the data
-// by its path: the data is read as the config names it).
-bool take_data_identity_of(coordinator::JobConfig& cfg, const std::string& manifest) {
-  std::error_code ec;
-  if (manifest.empty() || !std::filesystem::is_regular_file(manifest, ec)) return false;
-  std::ifstream in(manifest);
-  const nlohmann::json m = nlohmann::json::parse(in, nullptr, false);
-  if (m.is_discarded() || !m.is_object() || !m.contains("config") || !m["config"].is_object())
-    return false;
-  const nlohmann::json& c = m["config"];
-  if (!c.contains("data_digest") && !(c.contains("mix") && c["mix"].is_array())) return false;
-  auto text = [&](const char* key) {
-    return c.contains(key) && c[key].is_string() ? c[key].get<std::string>() : std::string();
-  };
-  cfg.data_digest = text("data_digest");
-  cfg.data_tokenizer = text("tokenizer");
-  cfg.mix_digests.clear();
-  if (c.contains("mix") && c["mix"].is_array())
-    for (const auto& d : c["mix"])
-      if (d.is_array() && !d.empty() && d[0].is_string())
-        cfg.mix_digests.push_back(d[0].get<std::string>());
-  cfg.digest_source = coordinator::data_digest_source(cfg);
-  return true;
+  if (!chosen.empty() && std::filesystem::is_regular_file(chosen, ec)) return chosen;
+  return coordinator::newest_manifest(dir);
 }
 
 size_t gpt_vocab_of(const coordinator::ValidCheckpoint& ckpt, const models::ModelSpec& spec) {
@@ -226,7 +181,7 @@ coordinator::JobConfig config_to_export(const std::string& run_dir, const Hooks&
   weights_only =
       cfg.model_kind == "mlp" ||
       (cfg.model_kind == "gpt" &&
-       take_data_identity_of(
+       coordinator::take_data_identity(
            cfg, manifest_to_choose(coordinator::checkpoints_dir(cfg, run_dir), named, step)));
   return weights_only ? cfg : load(true);
 }

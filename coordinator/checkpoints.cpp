@@ -321,6 +321,39 @@ CheckpointIdentity checkpoint_identity(const JobConfig& config) {
   return id;
 }
 
+bool take_data_identity(JobConfig& cfg, const std::string& manifest) {
+  std::error_code ec;
+  if (manifest.empty() || !fs::is_regular_file(manifest, ec)) return false;
+  std::ifstream in(manifest);
+  const json m = json::parse(in, nullptr, false);
+  if (m.is_discarded() || !m.is_object() || !m.contains("config") || !m["config"].is_object())
+    return false;
+  const json& c = m["config"];
+  const bool mix = c.contains("mix") && c["mix"].is_array();
+  if (!c.contains("data_digest") && !mix) return false;
+  auto text = [&](const char* key) {
+    return c.contains(key) && c[key].is_string() ? c[key].get<std::string>() : std::string();
+  };
+  cfg.data_digest = text("data_digest");
+  cfg.data_tokenizer = text("tokenizer");
+  cfg.mix_digests.clear();
+  if (mix)
+    for (const auto& d : c["mix"])
+      if (d.is_array() && !d.empty() && d[0].is_string())
+        cfg.mix_digests.push_back(d[0].get<std::string>());
+  cfg.digest_source = data_digest_source(cfg);  // (not computed again from the data)
+  return true;
+}
+
+std::string newest_manifest(const std::string& dir) {
+  const auto dirs = checkpoint_dirs(dir);
+  std::error_code ec;
+  for (auto it = dirs.rbegin(); it != dirs.rend(); ++it)
+    if (fs::is_regular_file(it->second / "manifest.json", ec))
+      return (it->second / "manifest.json").string();
+  return "";
+}
+
 Checkpoints::Checkpoints(const JobConfig& cfg) : cfg_(cfg), identity_(checkpoint_identity(cfg)) {}
 
 // "" when a worker's report of its shards is one the manifest may list (every shard a block of

@@ -47,6 +47,13 @@ struct CheckpointIdentity {
   std::string defaults;  // a program's kinds' keys at their defaults ({"model_options": {...}})
 };
 CheckpointIdentity checkpoint_identity(const JobConfig& cfg);
+// The data a checkpoint's manifest says it was trained on (its identity's data digest, tokenizer
+// and mix digests), taken as cfg's: its weights exported without reading the data, moved,
+// deleted or prepared again since. False, cfg unchanged, when the manifest cannot be read or does
+// not say (an older Troupe's names the data by its path).
+bool take_data_identity(JobConfig& cfg, const std::string& manifest);
+// The manifest of the newest checkpoint under dir that has one (a regular file); "" when none.
+std::string newest_manifest(const std::string& dir);
 
 struct CompletedCheckpoint {
   uint64_t step = 0;

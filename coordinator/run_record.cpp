@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "comm/host_identity.h"
+
 namespace troupe::coordinator {
 
 RunRecord read_run_record(const std::vector<std::string>& event_lines) {
@@ -45,25 +47,12 @@ RunRecord read_run_record(const std::vector<std::string>& event_lines) {
   return r;
 }
 
-namespace {
-
-// comm::host_identity() is "host/boot id/pid namespace": one that could not read the boot id or
-// the namespace does not tell hosts or namespaces apart.
-bool identifies(const std::string& identity) {
-  const size_t ns = identity.rfind('/');
-  const size_t boot =
-      ns == std::string::npos || ns == 0 ? std::string::npos : identity.rfind('/', ns - 1);
-  return boot != std::string::npos && ns > boot + 1 && ns + 1 < identity.size() &&
-         identity.substr(ns + 1) != "0";
-}
-
-}  // namespace
-
 bool may_come_back(const std::vector<AgentProcess>& record, const std::vector<AgentProcess>& back,
                    const std::string& here, const std::function<bool(uint32_t)>& gone) {
   for (const auto& p : record) {
     if (std::find(back.begin(), back.end(), p) != back.end()) continue;
-    if (!identifies(p.host_identity) || p.host_identity != here || !gone(p.pid)) return true;
+    if (!comm::whole_host_identity(p.host_identity) || p.host_identity != here || !gone(p.pid))
+      return true;
   }
   return false;
 }

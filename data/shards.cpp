@@ -70,15 +70,23 @@ void ShardWriter::write(const void* p, size_t n) {
   shards_.back().checksum = fnv1a64(p, n, shards_.back().checksum);
 }
 
+// Flushes, syncs and closes *f (null after, whatever happened); `name` in the error.
+void ShardWriter::close_synced(std::FILE*& f, const std::string& name) {
+  const bool synced = std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
+  const bool closed = std::fclose(f) == 0;
+  f = nullptr;
+  if (!synced || !closed) throw std::runtime_error("cannot write " + dir_ + "/" + name);
+}
+
+// The current shard's buffered ids written, and the shard closed durable.
+void ShardWriter::close_shard() {
+  if (!buffer_.empty()) write(buffer_.data(), buffer_.size());
+  buffer_.clear();
+  close_synced(out_, shards_.back().file);
+}
+
 void ShardWriter::roll() {
-  if (out_) {
-    if (!buffer_.empty()) write(buffer_.data(), buffer_.size());
-    buffer_.clear();
-    const bool synced = std::fflush(out_) == 0 && ::fsync(fileno(out_)) == 0;  // (as the last)
-    if (std::fclose(out_) != 0 || !synced)
-      throw std::runtime_error("cannot close " + dir_ + "/" + shards_.back().file);
-    out_ = nullptr;
-  }
+  if (out_) close_shard();
   shards_.push_back({shard_name(shards_.size()), 0, 1469598103934665603ull});
   const std::string path = dir_ + "/" + shards_.back().file;
   out_ = std::fopen(path.c_str(), "wb");
@@ -104,18 +112,8 @@ void ShardWriter::append(const std::vector<uint32_t>& ids) {
 void ShardWriter::end_document(uint32_t end_of_document) { put(end_of_document); }
 
 std::vector<ShardWriter::Shard> ShardWriter::finish() {
-  if (out_) {
-    if (!buffer_.empty()) write(buffer_.data(), buffer_.size());
-    buffer_.clear();
-    const bool ok = std::fflush(out_) == 0 && ::fsync(fileno(out_)) == 0;
-    std::fclose(out_);
-    out_ = nullptr;
-    if (!ok) throw std::runtime_error("cannot flush " + dir_ + "/" + shards_.back().file);
-  }
-  const bool ok = std::fflush(index_) == 0 && ::fsync(fileno(index_)) == 0;
-  std::fclose(index_);
-  index_ = nullptr;
-  if (!ok) throw std::runtime_error("cannot flush " + dir_ + "/" + kDocumentsFile);
+  if (out_) close_shard();
+  close_synced(index_, kDocumentsFile);
   return shards_;
 }
 

@@ -72,6 +72,8 @@ class ShardWriter {
   void put(uint32_t id);
   void write(const void* p, size_t n);
   void roll();
+  void close_shard();
+  void close_synced(std::FILE*& f, const std::string& name);
   std::string dir_;
   unsigned width_;
   uint64_t shard_tokens_, total_ = 0;

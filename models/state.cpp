@@ -77,51 +77,16 @@ void save_block_state_into(std::vector<uint8_t>& into, Block& block, size_t inde
 
 namespace {
 
-// Checks a block state's header (the first `bytes` bytes; `total` the whole state's size) against
-// the block and the optimizer; returns where the arrays start. Throws std::invalid_argument.
-size_t check_header(const std::vector<uint8_t>& bytes, size_t total, Block& block, size_t index,
-                    Optimizer& opt, BlockState& s, uint8_t& moments) {
-  Reader r{bytes};
-  r.need(8, "magic");
-  if (std::memcmp(bytes.data(), kMagic, 8) != 0)
-    throw std::invalid_argument("not a Troupe block state (bad magic)");
-  r.at = 8;
-  uint32_t version = r.get<uint32_t>("version");
-  if (version != kVersion) {
-    throw std::invalid_argument("block state version " + std::to_string(version) +
-                                ", this build reads " + std::to_string(kVersion));
-  }
-  uint32_t kind_len = r.get<uint32_t>("kind length");
-  r.need(kind_len, "kind");
-  std::string kind(reinterpret_cast<const char*>(bytes.data() + r.at), kind_len);
-  r.at += kind_len;
-  if (kind != block.kind())
-    throw std::invalid_argument("block state is for a '" + kind + "' block, not '" + block.kind() +
-                                "'");
-  uint64_t idx = r.get<uint64_t>("index");
-  if (idx != index)
-    throw std::invalid_argument("block state is for block " + std::to_string(idx) + ", not " +
-                                std::to_string(index));
-  uint64_t n = r.get<uint64_t>("param count");
-  if (n != block.param_count()) {
-    throw std::invalid_argument("block state has " + std::to_string(n) +
-                                " parameters; the block has " +
-                                std::to_string(block.param_count()));
-  }
-  s.step = r.get<uint64_t>("step");
-  s.cursor = r.get<uint64_t>("cursor");
-  moments = r.get<uint8_t>("moments");
-  if (moments != (opt.has_v() ? 2 : 1))
-    throw std::invalid_argument("block state was saved with another optimizer");
-  const size_t arrays = (1 + moments) * n * sizeof(float);
-  if (total < r.at + arrays)
-    throw std::invalid_argument("block state is truncated (reading arrays)");
-  if (total != r.at + arrays) throw std::invalid_argument("block state has trailing bytes");
-  return r.at;
-}
+// A block state's header: its fields in the order written, and where the arrays start.
+struct Header {
+  std::string kind;
+  uint64_t index = 0, params = 0, step = 0, cursor = 0;
+  uint8_t moments = 0;
+  size_t arrays_at = 0;
+};
 
-// The header's fields before the arrays, up to the parameter count; `at` is left after it.
-uint64_t param_count_of(const std::vector<uint8_t>& bytes) {
+// Reads the header from the first bytes of a state. Throws std::invalid_argument.
+Header read_header(const std::vector<uint8_t>& bytes) {
   Reader r{bytes};
   r.need(8, "magic");
   if (std::memcmp(bytes.data(), kMagic, 8) != 0)
@@ -132,9 +97,43 @@ uint64_t param_count_of(const std::vector<uint8_t>& bytes) {
                                 ", this build reads " + std::to_string(kVersion));
   const uint32_t kind_len = r.get<uint32_t>("kind length");
   r.need(kind_len, "kind");
+  Header h;
+  h.kind.assign(reinterpret_cast<const char*>(bytes.data() + r.at), kind_len);
   r.at += kind_len;
-  r.get<uint64_t>("index");
-  return r.get<uint64_t>("param count");
+  h.index = r.get<uint64_t>("index");
+  h.params = r.get<uint64_t>("param count");
+  h.step = r.get<uint64_t>("step");
+  h.cursor = r.get<uint64_t>("cursor");
+  h.moments = r.get<uint8_t>("moments");
+  h.arrays_at = r.at;
+  return h;
+}
+
+// Checks a block state's header (the first `bytes` bytes; `total` the whole state's size) against
+// the block and the optimizer; returns where the arrays start. Throws std::invalid_argument.
+size_t check_header(const std::vector<uint8_t>& bytes, size_t total, Block& block, size_t index,
+                    Optimizer& opt, BlockState& s, uint8_t& moments) {
+  const Header h = read_header(bytes);
+  if (h.kind != block.kind())
+    throw std::invalid_argument("block state is for a '" + h.kind + "' block, not '" +
+                                block.kind() + "'");
+  if (h.index != index)
+    throw std::invalid_argument("block state is for block " + std::to_string(h.index) + ", not " +
+                                std::to_string(index));
+  if (h.params != block.param_count())
+    throw std::invalid_argument("block state has " + std::to_string(h.params) +
+                                " parameters; the block has " +
+                                std::to_string(block.param_count()));
+  s.step = h.step;
+  s.cursor = h.cursor;
+  moments = h.moments;
+  if (moments != (opt.has_v() ? 2 : 1))
+    throw std::invalid_argument("block state was saved with another optimizer");
+  const size_t arrays = (1 + moments) * h.params * sizeof(float);
+  if (total < h.arrays_at + arrays)
+    throw std::invalid_argument("block state is truncated (reading arrays)");
+  if (total != h.arrays_at + arrays) throw std::invalid_argument("block state has trailing bytes");
+  return h.arrays_at;
 }
 
 std::vector<Tensor*> destinations(Block& block, size_t index, Optimizer& opt, uint8_t moments) {
@@ -211,7 +210,7 @@ uint64_t block_state_param_count(const std::string& path) {
   in.read(reinterpret_cast<char*>(head.data()), std::streamsize(head.size()));
   head.resize(size_t(in.gcount()));
   try {
-    return param_count_of(head);
+    return read_header(head).params;
   } catch (const std::invalid_argument& e) {
     throw std::runtime_error(path + ": " + e.what());
   }
