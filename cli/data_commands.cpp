@@ -99,6 +99,63 @@ class PrepareInterrupts {
   std::thread thread_;
 };
 
+// What prepare made and skipped: one JSON line, or lines for a person.
+void print_summary(const data::PrepareOptions& o, const data::PrepareSummary& s, bool json) {
+  const uint64_t skipped =
+      s.skipped_binary + s.skipped_invalid_utf8 + s.skipped_empty + s.skipped_bad_json;
+  if (json) {
+    nlohmann::json j = {{"out", o.out},
+                        {"tokenizer", s.tokenizer},
+                        {"vocab", s.vocab},
+                        {"files", s.files},
+                        {"documents", s.documents},
+                        {"bytes", s.bytes},
+                        {"tokens", s.tokens},
+                        {"skipped_binary", s.skipped_binary},
+                        {"skipped_invalid_utf8", s.skipped_invalid_utf8},
+                        {"skipped_empty", s.skipped_empty},
+                        {"skipped_bad_json", s.skipped_bad_json},
+                        {"repeated_files", s.repeated_files},
+                        {"train_s", s.seconds_train},
+                        {"encode_s", s.seconds_encode}};
+    if (o.tokenizer == "bpe")
+      j.update({{"words", s.words},
+                {"words_dropped", s.words_dropped},
+                {"occurrences_dropped", s.occurrences_dropped}});
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    return;
+  }
+  std::printf(
+      "troupe data prepare: %s: %llu document%s from %llu file%s (%s) -> %llu tokens, %s "
+      "tokenizer, %zu ids; train %.1f s, encode %.1f s (%.1f MB/s)\n",
+      o.out.c_str(), (unsigned long long)s.documents, s.documents == 1 ? "" : "s",
+      (unsigned long long)s.files, s.files == 1 ? "" : "s", megabytes(s.bytes).c_str(),
+      (unsigned long long)s.tokens, s.tokenizer.c_str(), s.vocab, s.seconds_train, s.seconds_encode,
+      s.seconds_encode > 0 ? double(s.bytes) / s.seconds_encode / 1e6 : 0.0);
+  if (s.repeated_files)
+    std::printf(
+        "read once: %llu file(s) met again (named twice, in a directory given too, or a "
+        "link to one)\n",
+        (unsigned long long)s.repeated_files);
+  if (s.words_dropped)
+    std::printf(
+        "bpe: merges learned from the %llu most repeated of the words; %llu seen at most a few "
+        "times were dropped as they came (%llu occurrences; --max-words %zu bounds the words "
+        "held)\n",
+        (unsigned long long)s.words, (unsigned long long)s.words_dropped,
+        (unsigned long long)s.occurrences_dropped, o.most_words ? o.most_words : data::kMostWords);
+  if (o.tokenizer == "bpe" && s.vocab < o.vocab)
+    std::printf("fewer ids than --vocab %zu: the inputs have no pair left to merge past %zu\n",
+                o.vocab, s.vocab);
+  if (skipped)
+    std::printf(
+        "skipped %llu documents: %llu binary, %llu invalid UTF-8, %llu empty, %llu not "
+        "JSON with the field; the first: %s\n",
+        (unsigned long long)skipped, (unsigned long long)s.skipped_binary,
+        (unsigned long long)s.skipped_invalid_utf8, (unsigned long long)s.skipped_empty,
+        (unsigned long long)s.skipped_bad_json, s.first_skipped.c_str());
+}
+
 int prepare(const std::vector<std::string>& words) {
   CLI::App app{"Tokenizes text files, directories and JSON-lines files into a token data set.",
                "troupe data prepare"};
@@ -117,6 +174,10 @@ int prepare(const std::vector<std::string>& words) {
   app.add_option("--field", o.jsonl_field, "the text's field in JSON-lines files (default text)");
   app.add_option("--shard-tokens", o.shard_tokens, "ids per shard file")
       ->check(CLI::Range(uint64_t(1), uint64_t(1) << 40));
+  app.add_option("--max-words", o.most_words,
+                 "bpe: distinct words held while counting (default 4,194,304, ~1 GB); past it "
+                 "the rarest are dropped")
+      ->check(CLI::Range(size_t(2), size_t(1) << 40));
   app.add_flag("--json", json, "the summary as one JSON line");
   if (auto rc = parse(app, words)) return *rc;
   if (app.count("--tokenizer-from") && (app.count("--tokenizer") || app.count("--vocab")))
@@ -135,48 +196,7 @@ int prepare(const std::vector<std::string>& words) {
   const data::PrepareSummary s =
       data::prepare(o, tty ? std::function<void(const data::Progress&)>(draw_progress) : nullptr);
   interrupts.reset();  // (done: a signal now finds no partial)
-  const uint64_t skipped =
-      s.skipped_binary + s.skipped_invalid_utf8 + s.skipped_empty + s.skipped_bad_json;
-  if (json) {
-    nlohmann::json j = {{"out", o.out},
-                        {"tokenizer", s.tokenizer},
-                        {"vocab", s.vocab},
-                        {"files", s.files},
-                        {"documents", s.documents},
-                        {"bytes", s.bytes},
-                        {"tokens", s.tokens},
-                        {"skipped_binary", s.skipped_binary},
-                        {"skipped_invalid_utf8", s.skipped_invalid_utf8},
-                        {"skipped_empty", s.skipped_empty},
-                        {"skipped_bad_json", s.skipped_bad_json},
-                        {"repeated_files", s.repeated_files},
-                        {"train_s", s.seconds_train},
-                        {"encode_s", s.seconds_encode}};
-    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
-    return 0;
-  }
-  std::printf(
-      "troupe data prepare: %s: %llu document%s from %llu file%s (%s) -> %llu tokens, %s "
-      "tokenizer, %zu ids; train %.1f s, encode %.1f s (%.1f MB/s)\n",
-      o.out.c_str(), (unsigned long long)s.documents, s.documents == 1 ? "" : "s",
-      (unsigned long long)s.files, s.files == 1 ? "" : "s", megabytes(s.bytes).c_str(),
-      (unsigned long long)s.tokens, s.tokenizer.c_str(), s.vocab, s.seconds_train, s.seconds_encode,
-      s.seconds_encode > 0 ? double(s.bytes) / s.seconds_encode / 1e6 : 0.0);
-  if (s.repeated_files)
-    std::printf(
-        "read once: %llu file(s) met again (named twice, in a directory given too, or a "
-        "link to one)\n",
-        (unsigned long long)s.repeated_files);
-  if (o.tokenizer == "bpe" && s.vocab < o.vocab)
-    std::printf("fewer ids than --vocab %zu: the inputs have no pair left to merge past %zu\n",
-                o.vocab, s.vocab);
-  if (skipped)
-    std::printf(
-        "skipped %llu documents: %llu binary, %llu invalid UTF-8, %llu empty, %llu not "
-        "JSON with the field; the first: %s\n",
-        (unsigned long long)skipped, (unsigned long long)s.skipped_binary,
-        (unsigned long long)s.skipped_invalid_utf8, (unsigned long long)s.skipped_empty,
-        (unsigned long long)s.skipped_bad_json, s.first_skipped.c_str());
+  print_summary(o, s, json);
   return 0;
 }
 
@@ -186,12 +206,15 @@ data::Tokenizer tokenizer_of(const std::string& dir) {
   return data::Tokenizer::load(dir + "/" + data::kTokenizerFile);
 }
 
-// troupe data verify DIR...: every data set's token files read whole against the checksums its
-// manifest holds. Exit 1 when one differs, 2 when a directory is not a data set.
+// troupe data verify DIR...: every data set's files read whole against what its manifest says.
+// Exit 1 when a set is damaged (a file that differs, is missing or cut short, a manifest or
+// tokenizer that is not what the prepare wrote), 2 when a directory is not a data set (no
+// manifest.json) or the command line is wrong.
 int verify(const std::vector<std::string>& words) {
   CLI::App app{
       "Reads every token file of each data set and compares it with the checksum "
-      "troupe data prepare wrote in the manifest (troupe run does too, data.verify).",
+      "troupe data prepare wrote in the manifest (troupe run does too, data.verify). Exit 1: a "
+      "set is damaged; 2: a directory is not a data set.",
       "troupe data verify"};
   std::vector<std::string> dirs;
   app.add_option("DIR", dirs, "data sets made by troupe data prepare")->required();
@@ -204,7 +227,11 @@ int verify(const std::vector<std::string>& words) {
       t = data::TokenShards::open(dir);
     } catch (const std::invalid_argument& e) {
       std::fprintf(stderr, "troupe data verify: %s\n", e.what());
-      rc = 2;
+      std::error_code ec;  // (a manifest there, whatever it is: a set, damaged)
+      const bool a_set =
+          std::filesystem::symlink_status(dir + "/" + data::kManifestFile, ec).type() !=
+          std::filesystem::file_type::not_found;
+      rc = std::max(rc, a_set ? 1 : 2);
       continue;
     }
     const std::vector<std::string> bad =

@@ -306,6 +306,15 @@ class Documents {
   Clock::time_point t0_, last_;
 };
 
+// fsync of a file or a directory: std::runtime_error naming it when it fails.
+void sync_path(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const bool ok = fd >= 0 && ::fsync(fd) == 0;
+  const int err = errno;
+  if (fd >= 0) ::close(fd);
+  if (!ok) throw std::runtime_error("cannot sync " + path + ": " + std::strerror(err));
+}
+
 // The finished partial directory renamed to OUT, which must still not exist (not even empty: it
 // appeared while this prepare ran, another prepare's?).
 void publish(const std::string& partial, const std::string& out, const PrepareOptions& o) {
@@ -318,6 +327,12 @@ void publish(const std::string& partial, const std::string& out, const PrepareOp
                                   ? " (it appeared while this prepare ran: another prepare's?)"
                                   : ""));
   if (o.published) *o.published = true;
+  const fs::path parent = fs::path(out).has_parent_path() ? fs::path(out).parent_path() : ".";
+  const int fd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {  // (the rename durable; the set is in place whatever this says)
+    ::fsync(fd);
+    ::close(fd);
+  }
 }
 
 // Removes OUT.partial-PID directories whose process is gone (an interrupted prepare's).
@@ -352,7 +367,7 @@ void check_can_create(const std::string& out) {
 
 void write_manifest(const std::string& dir, const PrepareOptions& o, const PrepareSummary& s,
                     const std::vector<Input>& files, const std::vector<ShardWriter::Shard>& shards,
-                    const Tokenizer& tok, unsigned width) {
+                    uint64_t documents_checksum, const Tokenizer& tok, unsigned width) {
   nlohmann::json m;
   m["format"] = "troupe-tokens";
   m["version"] = 1;
@@ -364,6 +379,7 @@ void write_manifest(const std::string& dir, const PrepareOptions& o, const Prepa
   m["token_bytes"] = width;
   m["tokens"] = s.tokens;
   m["documents"] = s.documents;
+  m["documents_fnv1a64"] = fnv1a64_hex(documents_checksum);
   m["bytes"] = s.bytes;
   auto& sh = m["shards"] = nlohmann::json::array();
   for (const auto& x : shards)
@@ -382,18 +398,8 @@ void write_manifest(const std::string& dir, const PrepareOptions& o, const Prepa
   if (!out.flush()) throw std::runtime_error("cannot write " + path);
 }
 
-}  // namespace
-
-PrepareSummary prepare(const PrepareOptions& o,
-                       const std::function<void(const Progress&)>& progress) {
-  if (o.inputs.empty()) throw std::invalid_argument("no inputs: name text files or directories");
-  std::string out = o.out;  // ("runs/x/" is "runs/x": its partial is a sibling, not a child)
-  while (out.size() > 1 && out.back() == '/') out.pop_back();
-  if (out.empty()) throw std::invalid_argument("--out: the data set's directory is required");
-  if (const fs::path name = fs::path(out).filename(); name == "." || name == ".." || out == "/")
-    throw std::invalid_argument("--out '" + o.out +
-                                "': name the data set's own directory (a new one), not '" +
-                                name.string() + "'");
+// The tokenizer's options agree with each other (std::invalid_argument naming them if not).
+void check_tokenizer_options(const PrepareOptions& o) {
   if (!o.tokenizer_from.empty() && (o.vocab != 0 || o.tokenizer != "byte"))
     throw std::invalid_argument(
         "--tokenizer-from takes its tokenizer from a data set: it "
@@ -410,6 +416,24 @@ PrepareSummary prepare(const PrepareOptions& o,
                                 " is for --tokenizer bpe");
   if (o.vocab > (uint64_t(1) << 24))
     throw std::invalid_argument("--vocab is at most 16,777,216 (ids reach the model as floats)");
+  if (o.most_words != 0 && o.tokenizer != "bpe")
+    throw std::invalid_argument("--max-words bounds the words a bpe tokenizer is trained on: it " +
+                                std::string("needs --tokenizer bpe"));
+}
+
+}  // namespace
+
+PrepareSummary prepare(const PrepareOptions& o,
+                       const std::function<void(const Progress&)>& progress) {
+  if (o.inputs.empty()) throw std::invalid_argument("no inputs: name text files or directories");
+  std::string out = o.out;  // ("runs/x/" is "runs/x": its partial is a sibling, not a child)
+  while (out.size() > 1 && out.back() == '/') out.pop_back();
+  if (out.empty()) throw std::invalid_argument("--out: the data set's directory is required");
+  if (const fs::path name = fs::path(out).filename(); name == "." || name == ".." || out == "/")
+    throw std::invalid_argument("--out '" + o.out +
+                                "': name the data set's own directory (a new one), not '" +
+                                name.string() + "'");
+  check_tokenizer_options(o);
   std::error_code ec;
   if (fs::exists(out, ec))
     throw std::invalid_argument("--out '" + out +
@@ -428,8 +452,11 @@ PrepareSummary prepare(const PrepareOptions& o,
     tok = Tokenizer::load(o.tokenizer_from + "/" + kTokenizerFile);
   } else if (o.tokenizer == "bpe") {
     const auto t0 = Clock::now();
-    WordCounts words;
+    WordCounts words(o.most_words ? o.most_words : kMostWords);
     docs.each("counting words", false, [&](std::string_view text, bool, bool) { words.add(text); });
+    s.words = words.distinct();
+    s.words_dropped = words.dropped_words();
+    s.occurrences_dropped = words.dropped_count();
     if (progress) progress({"training", 0, 1, 0});
     tok = Tokenizer::train_bpe(words, o.vocab);
     s.seconds_train = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -465,7 +492,9 @@ PrepareSummary prepare(const PrepareOptions& o,
     s.vocab = tok.vocab_size();
     s.tokenizer = tok.kind();
     tok.save(partial + "/" + kTokenizerFile);
-    write_manifest(partial, o, s, files, shards, tok, width);
+    write_manifest(partial, o, s, files, shards, writer.documents_checksum(), tok, width);
+    for (const char* f : {kTokenizerFile, kManifestFile}) sync_path(partial + "/" + f);
+    sync_path(partial);  // (the shards were synced as they were closed)
     s.seconds_encode = std::chrono::duration<double>(Clock::now() - t0).count();
     publish(partial, out, o);
   } catch (...) {

@@ -23,6 +23,7 @@ struct PrepareOptions {
   std::string tokenizer_from = "";  // a data set whose tokenizer to use (none is trained)
   std::string jsonl_field = "text";
   uint64_t shard_tokens = uint64_t(1) << 27;  // 256 MiB of 16-bit ids a shard
+  size_t most_words = 0;  // bpe: distinct words held while counting (0: kMostWords; WordCounts)
   // Held while the finished set is renamed into place, `published` set under it: a signal's
   // handler that takes it knows whether OUT is whole or the partial directory is to go.
   std::mutex* publishing = nullptr;
@@ -42,6 +43,9 @@ struct PrepareSummary {
   uint64_t repeated_files = 0;  // met again (named twice, or a link to one): read once
   size_t vocab = 0;
   std::string tokenizer;  // byte | bpe
+  // bpe: distinct words the merges were learned from; those dropped to keep the bound, and the
+  // occurrences they had counted (WordCounts)
+  uint64_t words = 0, words_dropped = 0, occurrences_dropped = 0;
   double seconds_train = 0, seconds_encode = 0;
 };
 

@@ -10,9 +10,11 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <stdexcept>
 #include <thread>
 #include <tuple>
@@ -60,6 +62,7 @@ void ShardWriter::begin_document() {
   if (std::fwrite(b, 1, 8, index_) != 8)
     throw std::runtime_error("cannot write " + dir_ + "/" + kDocumentsFile + ": " +
                              std::strerror(errno));
+  index_checksum_ = fnv1a64(b, 8, index_checksum_);
   ++documents_;
 }
 
@@ -151,6 +154,17 @@ uint64_t count_in(const nlohmann::json& o, const char* key, const std::string& d
   return it->get<uint64_t>();
 }
 
+// o[key], 16 lowercase hex digits (an FNV-1a); "" when o has no such key.
+std::string checksum_in(const nlohmann::json& o, const char* key, const std::string& dir,
+                        const std::string& where) {
+  const auto c = o.find(key);
+  if (c == o.end()) return "";
+  if (!c->is_string() || c->get<std::string>().size() != 16 ||
+      c->get<std::string>().find_first_not_of("0123456789abcdef") != std::string::npos)
+    bad(dir, where + ": its \"" + key + "\" is not 16 lowercase hex digits");
+  return c->get<std::string>();
+}
+
 }  // namespace
 
 namespace {
@@ -170,13 +184,7 @@ void TokenShards::open_shard(const nlohmann::json& s) {
   if (file.empty() || file.find('/') != std::string::npos)
     bad(dir_, "shard file '" + file + "' is empty or has a '/'");
   const uint64_t tokens = count_in(s, "tokens", dir_, where, uint64_t(1) << 60);
-  std::string checksum;
-  if (const auto c = s.find("fnv1a64"); c != s.end()) {
-    if (!c->is_string() || c->get<std::string>().size() != 16 ||
-        c->get<std::string>().find_first_not_of("0123456789abcdef") != std::string::npos)
-      bad(dir_, "shard " + file + ": its \"fnv1a64\" is not 16 lowercase hex digits");
-    checksum = c->get<std::string>();
-  }
+  const std::string checksum = checksum_in(s, "fnv1a64", dir_, "shard " + file);
   const std::string path = dir_ + "/" + file;
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // (a FIFO: no wait)
   if (fd < 0) bad(dir_, "shard " + file + " cannot be opened: " + strerror(errno));
@@ -281,6 +289,8 @@ std::shared_ptr<const TokenShards> TokenShards::open_anew(const std::string& dir
   if (t->total_ != total)
     bad(dir, "its shards hold " + std::to_string(t->total_) + " tokens; the manifest says " +
                  std::to_string(total));
+  if (m.contains("documents")) t->documents_ = count_in(m, "documents", dir, manifest, total);
+  t->documents_fnv1a64_ = checksum_in(m, "documents_fnv1a64", dir, manifest);
   return t;
 }
 
@@ -356,7 +366,7 @@ void TokenShards::read(uint64_t begin, size_t n, int32_t* out) const {
 
 // The shard read whole, against the manifest's checksum and the vocabulary: what differs (its
 // first id outside the vocabulary, with its place), named with its file; "" when nothing does.
-std::string TokenShards::check(const Shard& s) const {
+std::string TokenShards::check(const Shard& s, uint64_t* ends) const {
   std::vector<unsigned char> buf(
       size_t(std::min<uint64_t>(s.bytes, 1 << 20)));  // (width's multiple)
   uint64_t h = fnv1a64(nullptr, 0);
@@ -366,12 +376,13 @@ std::string TokenShards::check(const Shard& s) const {
     const size_t got = read_bytes(s, off, n, buf.data());
     if (got < n) return s.file + ": " + cut_short(s.bytes, off + got);
     h = fnv1a64(buf.data(), n, h);
-    for (size_t i = 0; outside.empty() && i < n; i += width_) {
+    for (size_t i = 0; i < n; i += width_) {
       const unsigned char* p = buf.data() + i;
       const uint32_t id = width_ == 2
                               ? uint32_t(p[0] | p[1] << 8)
                               : uint32_t(p[0] | p[1] << 8 | p[2] << 16 | uint32_t(p[3]) << 24);
-      if (id >= vocab_)
+      *ends += id == end_of_document();
+      if (id >= vocab_ && outside.empty())
         outside = s.file + ": id " + std::to_string(id) + " at token " +
                   std::to_string((off + i) / width_) + " is outside the vocabulary of " +
                   std::to_string(vocab_);
@@ -388,11 +399,12 @@ std::string TokenShards::check(const Shard& s) const {
 }
 
 std::vector<std::string> TokenShards::verify(unsigned threads) const {
-  std::vector<std::string> found(shards_.size());
+  std::vector<std::string> found(shards_.size() + 1);
+  std::vector<uint64_t> ends(shards_.size(), 0);
   std::atomic<size_t> next{0};
   auto work = [&] {
     for (size_t i; (i = next.fetch_add(1)) < shards_.size();) try {
-        found[i] = check(shards_[i]);
+        found[i] = check(shards_[i], &ends[i]);
       } catch (const std::exception& e) {  // (an I/O error)
         found[i] = e.what();
       }
@@ -402,8 +414,71 @@ std::vector<std::string> TokenShards::verify(unsigned threads) const {
     pool.emplace_back(work);
   work();
   for (std::thread& t : pool) t.join();
+  const bool sound = std::all_of(found.begin(), found.end() - 1, std::mem_fn(&std::string::empty));
+  try {  // (the shards' ends compared only when they are those prepared)
+    found.back() = check_documents(
+        sound ? std::optional(std::accumulate(ends.begin(), ends.end(), uint64_t(0)))
+              : std::nullopt);
+  } catch (const std::exception& e) {
+    found.back() = e.what();
+  }
   found.erase(std::remove(found.begin(), found.end(), std::string()), found.end());
   return found;
+}
+
+std::string TokenShards::check_documents(std::optional<uint64_t> ends) const {
+  const std::string name = kDocumentsFile;
+  const int fd = ::open((dir_ + "/" + name).c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return name + ": cannot be opened: " + strerror(errno);
+  struct Closing {
+    int fd;
+    ~Closing() { ::close(fd); }
+  } closing{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return name + ": not a regular file";
+  const uint64_t bytes = uint64_t(st.st_size), n = bytes / 8;
+  if (bytes % 8 != 0) return name + ": " + std::to_string(bytes) + " bytes, not 8 a document";
+  if (documents_ && n != *documents_)
+    return name + ": " + std::to_string(n) + " documents; the manifest says " +
+           std::to_string(*documents_);
+  if (ends && n != *ends)
+    return name + ": " + std::to_string(n) + " documents; the token files end " +
+           std::to_string(*ends) + " (end-of-document ids)";
+  return check_index(fd, bytes);
+}
+
+// documents.bin's entries (0 first, each past the one before, within the stream) and checksum.
+std::string TokenShards::check_index(int fd, uint64_t bytes) const {
+  const std::string name = kDocumentsFile;
+  std::vector<unsigned char> buf(size_t(1) << 20);
+  uint64_t h = fnv1a64(nullptr, 0), before = 0;
+  for (uint64_t off = 0; off < bytes;) {
+    const size_t want = size_t(std::min<uint64_t>(buf.size(), bytes - off));
+    const ssize_t got = ::pread(fd, buf.data(), want, off_t(off));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return name + ": cannot be read: " + strerror(errno);
+    const size_t whole = size_t(got) / 8 * 8;  // (a file cut short now: a part of one)
+    if (whole == 0) return name + ": " + cut_short(bytes, off + uint64_t(got));
+    h = fnv1a64(buf.data(), whole, h);
+    for (size_t i = 0; i < whole; i += 8) {
+      uint64_t first = 0;
+      for (int b = 0; b < 8; ++b) first |= uint64_t(buf[i + b]) << (8 * b);
+      const uint64_t k = (off + i) / 8;
+      if (k == 0 ? first != 0 : first <= before || first >= total_)
+        return name + ": document " + std::to_string(k) + " begins at token " +
+               std::to_string(first) +
+               (k == 0 ? ", not 0"
+                       : ", not past " + std::to_string(before) + " and before " +
+                             std::to_string(total_));
+      before = first;
+    }
+    off += whole;
+  }
+  const std::string hex = fnv1a64_hex(h);
+  if (!documents_fnv1a64_.empty() && hex != documents_fnv1a64_)
+    return name + ": its bytes are not those prepared (FNV-1a " + hex + "; the manifest says " +
+           documents_fnv1a64_ + ")";
+  return "";
 }
 
 }  // namespace troupe::data

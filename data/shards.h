@@ -5,15 +5,17 @@
 //   tokenizer.json   the tokenizer (data/tokenizer.h), for training and generation alike
 //   tokens-NNNNN.bin the token stream, ids as little-endian uint16 (vocabulary <= 65,536) or
 //                    uint32; documents follow each other, each ended by the end-of-document id
-//   documents.bin    the index: the first token of each document, uint64 little-endian
+//   documents.bin    the index: the first token of each document, uint64 little-endian (its
+//                    FNV-1a in the manifest's "documents_fnv1a64")
 //
-// TokenShards maps the shards read-only; read() is const and safe from any number of threads.
+// TokenShards reads the shards (pread); read() is const and safe from any number of threads.
 #pragma once
 
 #include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -67,6 +69,7 @@ class ShardWriter {
   std::vector<Shard> finish();
   uint64_t tokens() const { return total_; }
   uint64_t documents() const { return documents_; }
+  uint64_t documents_checksum() const { return index_checksum_; }  // documents.bin's FNV-1a
 
  private:
   void put(uint32_t id);
@@ -78,7 +81,7 @@ class ShardWriter {
   unsigned width_;
   uint64_t shard_tokens_, total_ = 0;
   std::vector<Shard> shards_;
-  uint64_t documents_ = 0;
+  uint64_t documents_ = 0, index_checksum_ = fnv1a64(nullptr, 0);
   std::FILE* out_ = nullptr;
   std::FILE* index_ = nullptr;  // documents.bin, written as documents begin (not kept: 8 bytes a
                                 // document, gigabytes for a corpus)
@@ -119,7 +122,7 @@ class TokenShards {
   // hashed on up to `threads` threads: one line per shard that differs ("tokens-00003.bin: its
   // bytes are not those prepared (FNV-1a ...; the manifest says ...)"), that the manifest gives
   // no checksum for, or that holds an id outside the vocabulary (its first, with its place);
-  // empty when every one is sound.
+  // then documents.bin's (check_documents); empty when every file is sound.
   std::vector<std::string> verify(unsigned threads) const;
 
  private:
@@ -136,13 +139,21 @@ class TokenShards {
   // Up to n bytes of the shard from `offset` into `to`: fewer where it ends first. Throws
   // std::runtime_error naming the file on an I/O error.
   size_t read_bytes(const Shard& s, uint64_t offset, size_t n, unsigned char* to) const;
-  // What is wrong with the shard, read whole: "" when nothing.
-  std::string check(const Shard& s) const;
+  // What is wrong with the shard, read whole: "" when nothing. Adds its end-of-document ids to
+  // *ends.
+  std::string check(const Shard& s, uint64_t* ends) const;
+  // What is wrong with documents.bin: "" when it holds one first token for each of the documents
+  // the manifest counts and the shards end (`ends`, when they are sound), 0 first, each past the
+  // one before, within the stream, and its FNV-1a is the manifest's (where it gives one).
+  std::string check_documents(std::optional<uint64_t> ends) const;
+  std::string check_index(int fd, uint64_t bytes) const;  // (its entries and checksum)
   std::string dir_;
   size_t vocab_ = 0;
   unsigned width_ = 2;
   uint64_t total_ = 0, fingerprint_ = 0;
   std::vector<Shard> shards_;
+  std::optional<uint64_t> documents_;  // the manifest's "documents"
+  std::string documents_fnv1a64_;      // its "documents_fnv1a64" ("" when it has none)
 };
 
 }  // namespace troupe::data

@@ -140,16 +140,34 @@ class BpeTrainer {
 
 }  // namespace
 
+WordCounts::WordCounts(size_t most) : most_(std::max<size_t>(most, 2)) {}
+
 void WordCounts::add(std::string_view text) {
   split_words(text, [&](std::string_view w) {
-    auto it = counts_.find(std::string(w));
-    if (it == counts_.end()) {
-      counts_.emplace(std::string(w), 1);
-    } else {
-      ++it->second;
-    }
+    auto [it, added] = counts_.try_emplace(std::string(w), 0);
+    ++it->second;
     ++total_;
+    if (added && counts_.size() > most_) drop_rarest();
   });
+}
+
+// Drops every word seen at most f times, the least f that leaves at most half the bound: the
+// (n - most/2)-th smallest count (the same words whatever the map's order).
+void WordCounts::drop_rarest() {
+  std::vector<uint64_t> seen;
+  seen.reserve(counts_.size());
+  for (const auto& [w, c] : counts_) seen.push_back(c);
+  const auto nth = seen.begin() + std::ptrdiff_t(seen.size() - most_ / 2 - 1);
+  std::nth_element(seen.begin(), nth, seen.end());
+  const uint64_t f = *nth;
+  for (auto it = counts_.begin(); it != counts_.end();)
+    if (it->second <= f) {
+      ++dropped_words_;
+      dropped_count_ += it->second;
+      it = counts_.erase(it);
+    } else {
+      ++it;
+    }
 }
 
 Tokenizer::Tokenizer(std::vector<Merge> merges) : merges_(std::move(merges)) {

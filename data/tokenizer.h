@@ -37,17 +37,32 @@ void split_words(std::string_view text, F&& emit);
 // the same result as whole.
 inline size_t stable_prefix(std::string_view text);
 
-// Counts of distinct words, the input of BPE training; fed text by text.
+// Distinct words held by default while counting (a corpus's words number tens of millions: about
+// 220 bytes each while counting and training, so ~1 GB at this bound).
+constexpr size_t kMostWords = size_t(1) << 22;
+
+// Counts of distinct words, the input of BPE training; fed text by text. At most `most` distinct
+// words are held: when one more arrives, the rarest are dropped (every word seen at most f times,
+// f = 1, 2, ... until at most half remain), as lossy counting does. A word dropped and met again
+// counts from then on, so a frequent word's count is short by at most what it had at the drops:
+// the merges come from the words a corpus repeats, and memory stays bounded. Deterministic for the
+// same texts in the same order.
 class WordCounts {
  public:
+  explicit WordCounts(size_t most = kMostWords);
   void add(std::string_view text);
   size_t distinct() const { return counts_.size(); }
   uint64_t total() const { return total_; }
+  // Words dropped to keep the bound (each time one was), and the occurrences they had counted.
+  uint64_t dropped_words() const { return dropped_words_; }
+  uint64_t dropped_count() const { return dropped_count_; }
   const std::unordered_map<std::string, uint64_t>& counts() const { return counts_; }
 
  private:
+  void drop_rarest();
+  size_t most_;
   std::unordered_map<std::string, uint64_t> counts_;
-  uint64_t total_ = 0;
+  uint64_t total_ = 0, dropped_words_ = 0, dropped_count_ = 0;
 };
 
 class Tokenizer {

@@ -494,8 +494,20 @@ TEST(DataCommands, BadInputsAreRefusedWithTheReason) {
     first = nlohmann::json::array({first[1], first[0]});
     std::ofstream(d + "/bpe/tokenizer.json") << t.dump();
   }
-  expect("\"$T\" data verify " + d + "/bpe", 2,
+  // (a damaged set is exit 1 however it is damaged: a truncated shard was 2, as for no set)
+  expect("\"$T\" data verify " + d + "/bpe", 1,
          "tokenizer.json is not the tokenizer its shards were encoded with");
+  fs::copy(d + "/ok", d + "/cut");
+  fs::resize_file(d + "/cut/tokens-00000.bin", 2);
+  expect("\"$T\" data verify " + d + "/cut", 1, "tokens-00000.bin has 2 bytes; the manifest says");
+  // BPE's words bounded (memory grew with every distinct word), and only where one is trained.
+  expect("\"$T\" data prepare " + d + "/in/a.txt --out " + d + "/mw --max-words 4", 2,
+         "--max-words bounds the words a bpe tokenizer is trained on: it needs --tokenizer bpe");
+  std::ofstream(d + "/words.txt") << "the cat sat on the mat and the dog ate the hat\n";
+  expect("\"$T\" data prepare " + d + "/words.txt --out " + d +
+             "/mw --tokenizer bpe --vocab 262 --max-words 2",
+         0, "were dropped as they came");
+  expect("\"$T\" data verify " + d + "/mw", 0, "every checksum matches");
   // (a link to nothing in a directory was dropped without a word)
   fs::create_directories(d + "/links");
   std::ofstream(d + "/links/a.txt") << "text\n";

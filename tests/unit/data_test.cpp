@@ -153,6 +153,37 @@ TEST(Tokenizer, BpeLearnsTheMostFrequentPairFirstAndIsDeterministic) {
       << "a larger vocabulary extends a smaller one";
 }
 
+// Words past the bound: the rarest dropped as they come (memory grew with every distinct word of
+// a corpus), the frequent ones counted exactly, and the merges learned from them those of the
+// whole count first.
+TEST(Tokenizer, WordCountsHoldAtMostTheirBoundAndKeepTheFrequentWords) {
+  WordCounts bounded(64), whole;
+  std::string text;
+  for (int i = 0; i < 3000; ++i) text += " the cat sat x" + std::to_string(i * 7919 % 100003);
+  for (WordCounts* w : {&bounded, &whole}) {
+    std::string_view rest(text);
+    while (!rest.empty()) {  // (fed in pieces: the bound holds after each)
+      const size_t cut = rest.size() > 200 ? stable_prefix(rest.substr(0, 200)) : rest.size();
+      w->add(rest.substr(0, cut));
+      rest.remove_prefix(cut);
+      ASSERT_LE(w->distinct(), w == &bounded ? 64u : SIZE_MAX);
+    }
+  }
+  EXPECT_EQ(whole.dropped_words(), 0u);
+  EXPECT_GT(bounded.dropped_words(), 2900u);
+  uint64_t held = 0;
+  for (const auto& [word, n] : bounded.counts()) held += n;
+  EXPECT_EQ(held + bounded.dropped_count(), bounded.total());
+  EXPECT_EQ(bounded.total(), whole.total());
+  for (const char* w : {" the", " cat", " sat", " x"})
+    EXPECT_EQ(bounded.counts().at(w), whole.counts().at(w)) << w;
+  const auto merges = [](const WordCounts& w) { return Tokenizer::train_bpe(w, 257 + 8).merges(); };
+  EXPECT_EQ(merges(bounded), merges(whole));
+  WordCounts again(64);  // (deterministic)
+  again.add(text);
+  EXPECT_EQ(again.counts(), bounded.counts());
+}
+
 TEST(Tokenizer, SavedAndLoadedAlikeAndBadFilesNamed) {
   Dir d;
   const Tokenizer t = trained(400);
@@ -526,6 +557,50 @@ TEST(Prepare, TextDirectoriesAndJsonLinesWithBadDocumentsSkippedAndCounted) {
   EXPECT_EQ(read(d / "out/documents.bin").size(), 6u * 8);
   for (const auto& e : fs::directory_iterator(d.path))
     EXPECT_EQ(e.path().filename().string().find("partial"), std::string::npos);
+}
+
+// documents.bin, the index of where each document begins, is checked by verify too: its count
+// against the manifest's and the shards' end-of-document ids, its order, and its checksum.
+TEST(Prepare, VerifyNamesADamagedDocumentIndex) {
+  Dir d;
+  write(d / "in/a.txt", "first document\n");
+  write(d / "in/b.txt", "the second one\n");
+  write(d / "in/c.txt", "and a third\n");
+  prepare({{d / "in"}, d / "s"});
+  EXPECT_TRUE(TokenShards::open(d / "s")->verify(2).empty());
+  const std::string index = read(d / "s/documents.bin");
+  ASSERT_EQ(index.size(), 24u);
+  const auto verified = [&](const std::string& name, const std::string& bytes,
+                            const std::string& manifest_from = "", const std::string& to = "") {
+    fs::copy(d / "s", d / name);
+    write(d / name + "/documents.bin", bytes);
+    if (!manifest_from.empty()) {
+      std::string m = read(d / "s/manifest.json");
+      EXPECT_NE(m.find(manifest_from), std::string::npos) << m;
+      m.replace(m.find(manifest_from), manifest_from.size(), to);
+      write(d / name + "/manifest.json", m);
+    }
+    const std::vector<std::string> found = TokenShards::open(d / name)->verify(2);
+    return found.size() == 1 ? found[0] : "(" + std::to_string(found.size()) + " lines)";
+  };
+  std::string shifted = index;
+  shifted[8] = char(shifted[8] + 1);  // (still in order: only the checksum tells)
+  EXPECT_EQ(verified("shifted", shifted).find("documents.bin: its bytes are not those prepared"),
+            0u);
+  EXPECT_EQ(verified("odd", index.substr(0, 12)), "documents.bin: 12 bytes, not 8 a document");
+  EXPECT_EQ(verified("short", index.substr(0, 16)),
+            "documents.bin: 2 documents; the manifest says 3");
+  EXPECT_EQ(verified("uncounted", index.substr(0, 16), "\"documents\":", "\"was\":"),
+            "documents.bin: 2 documents; the token files end 3 (end-of-document ids)");
+  std::string unordered = index;
+  unordered.replace(8, 8, std::string(8, '\0'));
+  EXPECT_EQ(verified("unordered", unordered, "\"documents_fnv1a64\":", "\"was\":")
+                .find("documents.bin: document 1 begins at token 0, not past 0 and before "),
+            0u);
+  fs::copy(d / "s", d / "gone");
+  fs::remove(d / "gone/documents.bin");
+  EXPECT_EQ(TokenShards::open(d / "gone")->verify(1),
+            std::vector<std::string>{"documents.bin: cannot be opened: No such file or directory"});
 }
 
 TEST(Prepare, BadInputsAreRefusedAndLeaveNoDataSet) {
