@@ -114,12 +114,12 @@ void ChildProcess::kill_and_reap() {
   reaped_ = true;
 }
 
-std::optional<int> ChildProcess::wait(std::chrono::milliseconds timeout) {
+std::optional<int> ChildProcess::wait(std::chrono::milliseconds timeout, struct rusage* usage) {
   if (pid_ <= 0) return std::nullopt;
   auto deadline = Clock::now() + timeout;
   while (true) {
     int status = 0;
-    pid_t r = waitpid(pid_, &status, WNOHANG);
+    pid_t r = wait4(pid_, &status, WNOHANG, usage);
     if (r == pid_) {
       reaped_ = true;
       return status;

@@ -5,6 +5,7 @@
 // Thread-safety: none; one owner.
 #pragma once
 
+#include <sys/resource.h>
 #include <sys/types.h>
 
 #include <chrono>
@@ -42,8 +43,10 @@ class ChildProcess {
   std::optional<std::string> wait_for_line(const std::string& prefix,
                                            std::chrono::milliseconds timeout);
 
-  // Waits for exit up to timeout; returns the exit status as from waitpid (or nullopt).
-  std::optional<int> wait(std::chrono::milliseconds timeout);
+  // Waits for exit up to timeout; returns the exit status as from waitpid (or nullopt). With
+  // `usage`, the child's own resources (wait4: its peak resident memory, not the largest of
+  // every child this process has waited for, as getrusage(RUSAGE_CHILDREN) says).
+  std::optional<int> wait(std::chrono::milliseconds timeout, struct rusage* usage = nullptr);
   // SIGKILLs the group and reaps it.
   void kill_and_reap();
   bool running() const { return pid_ > 0 && !reaped_; }

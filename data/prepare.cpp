@@ -192,6 +192,49 @@ void each_line(const std::string& path, F&& line) {
   if (start < buf.size()) line(std::string_view(buf).substr(start), ++n, before + buf.size());
 }
 
+// Calls piece(bytes) for each 1 MiB of the file, in order.
+template <class F>
+void each_piece(const std::string& path, F&& piece) {
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> in(std::fopen(path.c_str(), "rb"), &std::fclose);
+  if (!in) throw std::runtime_error("cannot read '" + path + "': " + std::strerror(errno));
+  std::vector<char> chunk(size_t(1) << 20);
+  for (size_t got = chunk.size(); got == chunk.size();) {
+    got = std::fread(chunk.data(), 1, chunk.size(), in.get());
+    if (std::ferror(in.get()))
+      throw std::runtime_error("cannot read '" + path + "': " + std::strerror(errno));
+    if (got > 0) piece(std::string_view(chunk.data(), got));
+  }
+}
+
+// What a text file holds, read in pieces: its size, its first NUL byte and its first byte that
+// is not UTF-8 (npos when none; a character cut between two pieces is whole).
+struct TextScan {
+  static constexpr uint64_t npos = UINT64_MAX;
+  uint64_t bytes = 0, nul = npos, invalid = npos;
+};
+
+TextScan scan_text(const std::string& path) {
+  TextScan s;
+  std::string work;  // a piece, after at most 3 bytes of a character the one before cut
+  uint64_t at = 0;   // work's place in the file
+  each_piece(path, [&](std::string_view p) {
+    if (const void* z = std::memchr(p.data(), 0, p.size()); z && s.nul == TextScan::npos)
+      s.nul = s.bytes + uint64_t(static_cast<const char*>(z) - p.data());
+    s.bytes += p.size();
+    if (s.invalid != TextScan::npos) return;
+    work.append(p);
+    const size_t bad = first_invalid_utf8(work.data(), work.size());
+    if (bad + 4 > work.size() || bad == work.size()) {  // (whole, or its last character cut)
+      at += bad;
+      work.erase(0, bad);
+    } else {
+      s.invalid = at + bad;
+    }
+  });
+  if (s.invalid == TextScan::npos && !work.empty()) s.invalid = at;  // (cut by the file's end)
+  return s;
+}
+
 std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error("cannot read '" + path + "': " + std::strerror(errno));
@@ -208,9 +251,13 @@ std::string slurp(const std::string& path) {
 // counting the rest in the summary (when count is set).
 class Documents {
  public:
-  Documents(const std::vector<Input>& files, std::string field, PrepareSummary* summary,
+  Documents(const std::vector<Input>& files, const PrepareOptions& o, PrepareSummary* summary,
             const std::function<void(const Progress&)>& progress)
-      : files_(files), field_(std::move(field)), summary_(summary), progress_(progress) {
+      : files_(files),
+        field_(o.jsonl_field),
+        whole_text_(o.whole_text_bytes),
+        summary_(summary),
+        progress_(progress) {
     for (const Input& f : files_) total_ += f.bytes;
   }
 
@@ -227,9 +274,11 @@ class Documents {
           json_line(line, f.path, n, count, use);
           tick(read);
         });
-      } else {
+      } else if (f.bytes <= whole_text_) {
         const std::string body = slurp(f.path);  // (one document: checked whole before any use)
         document(body, f.path, count, use, body.data());
+      } else {
+        text_in_pieces(f.path, count, use);
       }
       done_ += f.bytes;
     }
@@ -239,6 +288,8 @@ class Documents {
   uint64_t total_bytes() const { return total_; }
 
  private:
+  static constexpr size_t kPiece = size_t(4) << 20;
+
   void skipped(uint64_t PrepareSummary::*counter, const std::string& where, bool count) {
     if (!count) return;
     ++(summary_->*counter);
@@ -268,7 +319,6 @@ class Documents {
       ++summary_->documents;
       summary_->bytes += text.size();
     }
-    constexpr size_t kPiece = size_t(4) << 20;
     bool first = true;
     while (text.size() > kPiece) {
       const size_t cut = stable_prefix(text.substr(0, kPiece));
@@ -279,6 +329,43 @@ class Documents {
       if (file_start) tick(uint64_t(text.data() - file_start));
     }
     use(text, first, true);
+  }
+
+  // A text file larger than whole_text_: checked in a first read (no NUL, UTF-8), then used in
+  // the pieces document() cuts a text in memory into (the same cuts: the same ids), read again.
+  template <class F>
+  void text_in_pieces(const std::string& path, bool count, F&& use) {
+    const TextScan scan = scan_text(path);
+    if (scan.bytes == 0) return skipped(&PrepareSummary::skipped_empty, path + " (empty)", count);
+    if (scan.nul != TextScan::npos)
+      return skipped(&PrepareSummary::skipped_binary, path + " (binary: a NUL byte)", count);
+    if (scan.invalid != TextScan::npos)
+      return skipped(
+          &PrepareSummary::skipped_invalid_utf8,
+          path + " (invalid UTF-8 at byte " + std::to_string(scan.invalid) + " of its text)",
+          count);
+    std::string text;
+    uint64_t read = 0;
+    bool first = true;
+    each_piece(path, [&](std::string_view p) {
+      read += p.size();
+      if (read > scan.bytes || std::memchr(p.data(), 0, p.size()))
+        throw std::runtime_error("'" + path + "' changed while it was read");
+      text.append(p);
+      for (size_t cut; text.size() > kPiece &&
+                       (cut = stable_prefix(std::string_view(text).substr(0, kPiece))) != 0;) {
+        use(std::string_view(text).substr(0, cut), first, false);
+        first = false;
+        text.erase(0, cut);
+      }
+      tick(read);
+    });
+    if (read != scan.bytes) throw std::runtime_error("'" + path + "' changed while it was read");
+    use(std::string_view(text), first, true);
+    if (count) {
+      ++summary_->documents;
+      summary_->bytes += scan.bytes;
+    }
   }
 
   template <class F>
@@ -299,6 +386,7 @@ class Documents {
 
   const std::vector<Input>& files_;
   std::string field_;
+  uint64_t whole_text_;
   PrepareSummary* summary_;
   const std::function<void(const Progress&)>& progress_;
   uint64_t total_ = 0, done_ = 0;
@@ -444,7 +532,7 @@ PrepareSummary prepare(const PrepareOptions& o,
   PrepareSummary s;
   s.repeated_files = drop_repeats(files);
   s.files = files.size();
-  Documents docs(files, o.jsonl_field, &s, progress);
+  Documents docs(files, o, &s, progress);
 
   Tokenizer tok = Tokenizer::bytes();
   if (!o.tokenizer_from.empty()) {

@@ -24,6 +24,9 @@ struct PrepareOptions {
   std::string jsonl_field = "text";
   uint64_t shard_tokens = uint64_t(1) << 27;  // 256 MiB of 16-bit ids a shard
   size_t most_words = 0;  // bpe: distinct words held while counting (0: kMostWords; WordCounts)
+  // A text file (one document) larger is read in pieces, twice (checked whole, then used), not
+  // held in memory; the same ids either way.
+  uint64_t whole_text_bytes = uint64_t(16) << 20;
   // Held while the finished set is renamed into place, `published` set under it: a signal's
   // handler that takes it knows whether OUT is whole or the partial directory is to go.
   std::mutex* publishing = nullptr;

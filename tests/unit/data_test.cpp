@@ -603,6 +603,53 @@ TEST(Prepare, VerifyNamesADamagedDocumentIndex) {
             std::vector<std::string>{"documents.bin: cannot be opened: No such file or directory"});
 }
 
+// A text file larger than whole_text_bytes is read in pieces (it was held whole: memory grew with
+// the file): the same shards, tokenizer and counts as whole, and the same reason to skip one.
+TEST(Prepare, ALargeTextFileIsReadInPiecesWithTheSameResult) {
+  Dir d;
+  std::string big;
+  while (big.size() < (9 << 20)) big += kGpl + " caf\xc3\xa9 \xe2\x82\xac ";
+  write(d / "in/big.txt", big);
+  std::string across(1 << 20, 'a');  // (a character across the first two reads)
+  across.back() = '\xc3';
+  write(d / "in/across.txt", across + "\xa9 end");
+  write(d / "in/small.txt", "a small one");
+  PrepareSummary s[2];
+  for (int pieces : {0, 1}) {
+    PrepareOptions o{{d / "in"}, d / ("out" + std::to_string(pieces)), "bpe", 300};
+    o.whole_text_bytes = pieces ? 1 : UINT64_MAX;
+    s[pieces] = prepare(o);
+  }
+  EXPECT_EQ(s[0].documents, 3u);
+  EXPECT_EQ(s[1].documents, s[0].documents);
+  EXPECT_EQ(s[1].bytes, s[0].bytes);
+  EXPECT_EQ(s[1].tokens, s[0].tokens);
+  EXPECT_EQ(s[1].skipped_invalid_utf8, 0u);
+  for (const auto& e : fs::directory_iterator(d / "out0"))
+    if (e.path().filename() != "manifest.json")
+      EXPECT_TRUE(read(e.path()) == read(d / "out1/" + e.path().filename().string())) << e.path();
+  const auto skipped_for = [&](const std::string& name, const std::string& body) {
+    write(d / ("bad/" + name), body);
+    PrepareOptions o{{d / ("bad/" + name)}, d / ("no-" + name)};
+    o.whole_text_bytes = 1;
+    try {
+      prepare(o);
+    } catch (const std::invalid_argument& e) {
+      const std::string what = e.what();
+      return what.substr(what.find(name) + name.size());
+    }
+    return std::string("(prepared)");
+  };
+  across[5] = '\0';
+  EXPECT_EQ(skipped_for("nul.txt", across), " (binary: a NUL byte))");
+  across[5] = 'a';
+  EXPECT_EQ(skipped_for("cut.txt", across + "x"), " (invalid UTF-8 at byte 1048575 of its text))");
+  EXPECT_EQ(skipped_for("end.txt", std::string(2 << 20, 'a') + "\xe2\x82"),
+            " (invalid UTF-8 at byte 2097152 of its text))");
+  EXPECT_EQ(skipped_for("ff.txt", std::string(3 << 20, 'a') + "\xff\xff\xff\xff\xff"),
+            " (invalid UTF-8 at byte 3145728 of its text))");
+}
+
 TEST(Prepare, BadInputsAreRefusedAndLeaveNoDataSet) {
   Dir d;
   write(d / "bin/x.dat", std::string("\0\0\0", 3));
