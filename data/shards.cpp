@@ -170,7 +170,7 @@ std::string checksum_in(const nlohmann::json& o, const char* key, const std::str
 namespace {
 
 std::mutex open_mu;                       // (guards TokenShards::open and the limit)
-std::atomic<size_t> open_shard_files{0};  // (one per Shard; its destructor takes them off)
+std::atomic<size_t> open_shard_files{0};  // (the sets' budgets; their destructors take them off)
 rlim_t first_soft_limit = 0;
 
 }  // namespace
@@ -188,21 +188,22 @@ void TokenShards::open_shard(const nlohmann::json& s) {
   const std::string path = dir_ + "/" + file;
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // (a FIFO: no wait)
   if (fd < 0) bad(dir_, "shard " + file + " cannot be opened: " + strerror(errno));
+  auto f = std::make_shared<const File>(fd);
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
     bad(dir_, "shard " + file + " is not a regular file");
-  }
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);  // (kept open: reads that wait)
   const uint64_t bytes = uint64_t(st.st_size);
-  if (bytes % width_ != 0 || bytes / width_ != tokens) {
-    ::close(fd);
+  if (bytes % width_ != 0 || bytes / width_ != tokens)
     bad(dir_, "shard " + file + " has " + std::to_string(bytes) + " bytes; the manifest says " +
                   std::to_string(tokens) + " tokens of " + std::to_string(width_) +
                   " bytes (truncated or replaced?)");
+  shards_.push_back(
+      {bytes, total_, tokens, file, checksum, uint64_t(st.st_dev), uint64_t(st.st_ino), {}, {}});
+  if (shards_.size() <= most_open_) {  // (kept open; the rest closed until read)
+    shards_.back().open = std::move(f);
+    shards_.back().recent = recent_.insert(recent_.end(), shards_.size() - 1);
   }
-  shards_.push_back({fd, bytes, total_, tokens, file, checksum});
-  ++open_shard_files;
   total_ += tokens;  // (each at most 2^60, and as many as the files: no overflow)
 }
 
@@ -228,10 +229,10 @@ void check_tokenizer(const std::string& dir, const nlohmann::json& m, const Toke
 
 namespace {
 
-// One descriptor stays open for each shard of each data set open in the process (a data set is
+// Each data set open in the process keeps up to its budget of shard files open (a data set is
 // open once in a process: TokenShards::open shares it). The soft limit on open files is raised
 // by as many (up to the hard limit) above what it was at the first open, as a reader of many
-// files does; past the hard limit, an open names its shard and why.
+// files does.
 void allow_open_files(size_t more) {
   rlimit r{};
   if (::getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return;
@@ -242,6 +243,16 @@ void allow_open_files(size_t more) {
     r.rlim_cur = want;
     ::setrlimit(RLIMIT_NOFILE, &r);
   }
+}
+
+// Shard files a set keeps open: at most kMostOpenShards and a quarter of the descriptor limit
+// (raised first by as many, as far as the hard limit allows).
+size_t open_budget(size_t shards) {
+  const size_t want = std::max<size_t>(1, std::min(shards, kMostOpenShards));
+  allow_open_files(want);
+  rlimit r{};
+  if (::getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return want;
+  return std::max<size_t>(1, std::min(want, size_t(r.rlim_cur / 4)));
 }
 
 }  // namespace
@@ -283,7 +294,8 @@ std::shared_ptr<const TokenShards> TokenShards::open_anew(const std::string& dir
   if (t->width_ == 2 && t->vocab_ > 65536) bad(dir, "16-bit ids cannot hold its vocabulary");
   const auto shards = m.find("shards");
   if (shards == m.end() || !shards->is_array()) bad(dir, manifest + "'s \"shards\" is not a list");
-  allow_open_files(shards->size());
+  t->most_open_ = open_budget(shards->size());
+  open_shard_files += t->most_open_;  // (taken off by the destructor, whatever happens next)
   for (const auto& s : *shards) t->open_shard(s);
   const uint64_t total = count_in(m, "tokens", dir, manifest, UINT64_MAX);
   if (t->total_ != total)
@@ -294,9 +306,37 @@ std::shared_ptr<const TokenShards> TokenShards::open_anew(const std::string& dir
   return t;
 }
 
-TokenShards::~TokenShards() {
-  for (const Shard& s : shards_) ::close(s.fd);
-  open_shard_files -= shards_.size();
+TokenShards::~TokenShards() { open_shard_files -= most_open_; }
+
+TokenShards::File::~File() { ::close(fd); }
+
+std::shared_ptr<const TokenShards::File> TokenShards::file_of(const Shard& s) const {
+  std::lock_guard<std::mutex> lock(files_mu_);
+  if (s.open) {
+    recent_.splice(recent_.begin(), recent_, s.recent);
+    return s.open;
+  }
+  std::shared_ptr<const File> f = reopen(s);
+  if (recent_.size() >= most_open_) {  // (closed when its readers let go)
+    shards_[recent_.back()].open.reset();
+    recent_.pop_back();
+  }
+  s.recent = recent_.insert(recent_.begin(), size_t(&s - shards_.data()));
+  s.open = f;
+  return f;
+}
+
+std::shared_ptr<const TokenShards::File> TokenShards::reopen(const Shard& s) const {
+  const std::string path = dir_ + "/" + s.file;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0 && errno == ENOENT) throw DamagedData(path + ": gone since it was opened");
+  if (fd < 0) throw std::runtime_error(path + ": cannot be opened again: " + strerror(errno));
+  auto f = std::make_shared<const File>(fd);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || uint64_t(st.st_dev) != s.device || uint64_t(st.st_ino) != s.inode)
+    throw DamagedData(path + ": replaced since it was opened (another file is there now)");
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return f;
 }
 
 namespace {
@@ -315,10 +355,11 @@ std::string cut_short(uint64_t bytes, uint64_t at) {
 
 }  // namespace
 
-size_t TokenShards::read_bytes(const Shard& s, uint64_t offset, size_t n, unsigned char* to) const {
+size_t TokenShards::read_bytes(const Shard& s, const File& f, uint64_t offset, size_t n,
+                               unsigned char* to) const {
   size_t done = 0;
   while (done < n) {
-    const ssize_t got = ::pread(s.fd, to + done, n - done, off_t(offset + done));
+    const ssize_t got = ::pread(f.fd, to + done, n - done, off_t(offset + done));
     if (got < 0 && errno == EINTR) continue;
     if (got < 0)
       throw std::runtime_error(dir_ + "/" + s.file + ": cannot be read: " + strerror(errno));
@@ -341,14 +382,15 @@ void TokenShards::read(uint64_t begin, size_t n, int32_t* out) const {
   s = lo;
   while (n > 0) {
     const Shard& m = shards_[s];
+    const std::shared_ptr<const File> f = file_of(m);
     const uint64_t at = begin - m.first;
     const size_t take = size_t(std::min<uint64_t>(n, m.tokens - at));
     // 16-bit ids are read into the upper half of out's bytes and widened from the front: the
     // id written at i ends before the one read at i + 1 begins (little-endian hosts only).
     unsigned char* bytes = reinterpret_cast<unsigned char*>(out) + (width_ == 2 ? take * 2 : 0);
-    const size_t got = read_bytes(m, at * width_, take * width_, bytes);
+    const size_t got = read_bytes(m, *f, at * width_, take * width_, bytes);
     if (got < take * width_)
-      throw DamagedData(dir_ + "/" + m.file + ": " + cut_short(m.bytes, size_now(m.fd)));
+      throw DamagedData(dir_ + "/" + m.file + ": " + cut_short(m.bytes, size_now(f->fd)));
     if (width_ == 2)
       for (size_t i = 0; i < take; ++i) out[i] = int32_t(bytes[2 * i] | bytes[2 * i + 1] << 8);
     for (size_t i = 0; i < take; ++i)
@@ -367,13 +409,14 @@ void TokenShards::read(uint64_t begin, size_t n, int32_t* out) const {
 // The shard read whole, against the manifest's checksum and the vocabulary: what differs (its
 // first id outside the vocabulary, with its place), named with its file; "" when nothing does.
 std::string TokenShards::check(const Shard& s, uint64_t* ends) const {
+  const std::shared_ptr<const File> f = file_of(s);
   std::vector<unsigned char> buf(
       size_t(std::min<uint64_t>(s.bytes, 1 << 20)));  // (width's multiple)
   uint64_t h = fnv1a64(nullptr, 0);
   std::string outside;
   for (uint64_t off = 0; off < s.bytes;) {
     const size_t n = size_t(std::min<uint64_t>(buf.size(), s.bytes - off));
-    const size_t got = read_bytes(s, off, n, buf.data());
+    const size_t got = read_bytes(s, *f, off, n, buf.data());
     if (got < n) return s.file + ": " + cut_short(s.bytes, off + got);
     h = fnv1a64(buf.data(), n, h);
     for (size_t i = 0; i < n; i += width_) {

@@ -13,7 +13,9 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <list>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <stdexcept>
@@ -96,11 +98,15 @@ class DamagedData : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+constexpr size_t kMostOpenShards = 256;
+
 class TokenShards {
  public:
   // Throws std::invalid_argument naming the directory and what is wrong or missing. A data set
-  // open already in this process (the same manifest: device, inode, change time) is shared:
-  // each of its shards holds a file descriptor. Thread-safe.
+  // open already in this process (the same manifest: device, inode, change time) is shared.
+  // Thread-safe. At most kMostOpenShards of its shard files stay open (and at most a quarter of
+  // the process's descriptor limit): others are opened again when read, the least recently read
+  // closed, each checked to be the file opened first (device and inode).
   static std::shared_ptr<const TokenShards> open(const std::string& dir);
   ~TokenShards();
   TokenShards(const TokenShards&) = delete;
@@ -129,16 +135,30 @@ class TokenShards {
   TokenShards() = default;
   static std::shared_ptr<const TokenShards> open_anew(const std::string& dir);
   void open_shard(const nlohmann::json& s);  // one of the manifest's shards, after the others
-  struct Shard {
+  struct File {                              // an open shard file, closed with its last holder
+    explicit File(int descriptor) : fd(descriptor) {}
+    ~File();
+    File(const File&) = delete;
+    File& operator=(const File&) = delete;
     int fd;
+  };
+  struct Shard {
     uint64_t bytes;
     uint64_t first, tokens;  // its ids' place in the stream
     std::string file;        // (for messages)
     std::string fnv1a64;     // the manifest's checksum, 16 hex digits ("" when it has none)
+    uint64_t device, inode;  // of the file opened first
+    mutable std::shared_ptr<const File> open;    // null while closed (files_mu_)
+    mutable std::list<size_t>::iterator recent;  // its place in recent_ while open
   };
-  // Up to n bytes of the shard from `offset` into `to`: fewer where it ends first. Throws
-  // std::runtime_error naming the file on an I/O error.
-  size_t read_bytes(const Shard& s, uint64_t offset, size_t n, unsigned char* to) const;
+  // The shard's file, opened again if it was closed. Throws DamagedData when the file there now
+  // is not the one first opened (or is gone), std::runtime_error when it cannot be opened.
+  std::shared_ptr<const File> file_of(const Shard& s) const;
+  std::shared_ptr<const File> reopen(const Shard& s) const;
+  // Up to n bytes of the file from `offset` into `to`: fewer where it ends first. Throws
+  // std::runtime_error naming the shard on an I/O error.
+  size_t read_bytes(const Shard& s, const File& f, uint64_t offset, size_t n,
+                    unsigned char* to) const;
   // What is wrong with the shard, read whole: "" when nothing. Adds its end-of-document ids to
   // *ends.
   std::string check(const Shard& s, uint64_t* ends) const;
@@ -154,6 +174,9 @@ class TokenShards {
   std::vector<Shard> shards_;
   std::optional<uint64_t> documents_;  // the manifest's "documents"
   std::string documents_fnv1a64_;      // its "documents_fnv1a64" ("" when it has none)
+  size_t most_open_ = 0;               // shard files kept open (open_budget)
+  mutable std::mutex files_mu_;        // (guards Shard::open, Shard::recent and recent_)
+  mutable std::list<size_t> recent_;   // the open shards, the most recently read first
 };
 
 }  // namespace troupe::data

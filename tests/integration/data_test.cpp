@@ -623,6 +623,23 @@ TEST(DataCommands, LargeFilesAreReadInPiecesInBoundedMemory) {
   EXPECT_EQ(uint64_t(ts["bytes"]), fs::file_size(d + "/big.txt")) << t.output;
 }
 
+// A set of more shards than the process may open files (each kept a descriptor open: "Too many
+// open files", exit 1) is verified and read under a limit of 64.
+TEST(DataCommands, ASetOfManyShardsIsReadUnderALowDescriptorLimit) {
+  TempDir dir;
+  const std::string d = dir.path();
+  Result r = shell(dir, "\"$T\" data prepare /usr/share/common-licenses/GPL-3 --out " + d +
+                            "/many --shard-tokens 100");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = shell(dir, "ulimit -n 64 && \"$T\" data verify " + d + "/many");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("in 352 shard(s)"), std::string::npos) << r.output;
+  r = shell(dir, "ulimit -n 64 && \"$T\" bench data --data " + d +
+                     "/many --context 16 --batch 8 --seconds 0.3");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("micro-batches of 8 x 16 tokens"), std::string::npos) << r.output;
+}
+
 TEST(DataCommands, APrepareKilledMidwayLeavesNoDataSetAndTheNextOneFinishes) {
   TempDir dir;
   const std::string d = dir.path(), in = d + "/big.txt", out = d + "/big";

@@ -423,6 +423,46 @@ TEST(TokenShards, AShardCutShortWhileOpenIsNamedNotACrash) {
   }
 }
 
+size_t open_descriptors() {
+  return size_t(std::distance(fs::directory_iterator("/proc/self/fd"), fs::directory_iterator()));
+}
+
+// A set of more shards than it keeps open (each kept a descriptor: a set of tens of thousands
+// could not be opened, "Too many open files") is read and verified whole, with at most
+// kMostOpenShards files open; a shard opened again is checked to be the file first opened.
+TEST(TokenShards, ASetOfMoreShardsThanItKeepsOpenIsReadAndAReplacedShardNamed) {
+  Dir d;
+  std::vector<uint32_t> ids;
+  for (uint32_t i = 0; i < 1000; ++i) ids.push_back(i % 256);
+  make_set(d / "s", ids, Tokenizer::bytes(), 3);  // 334 shards
+  const size_t before = open_descriptors();
+  auto t = TokenShards::open(d / "s");
+  ASSERT_EQ(t->shards(), 334u);
+  EXPECT_LE(open_descriptors(), before + kMostOpenShards);
+  std::mt19937 rng(5);
+  std::vector<int32_t> got(20);
+  for (int k = 0; k < 2000; ++k) {
+    const uint64_t at = rng() % 980;
+    t->read(at, 20, got.data());
+    for (size_t i = 0; i < 20; ++i) ASSERT_EQ(got[i], int32_t((at + i) % 256)) << at + i;
+  }
+  EXPECT_TRUE(t->verify(3).empty());
+  EXPECT_LE(open_descriptors(), before + kMostOpenShards);
+  for (uint64_t at = 30; at < 990; at += 3) t->read(at, 1, got.data());  // (shard 0 closed)
+  write(d / "copy", read(d / "s/tokens-00000.bin"));  // (the same bytes, another file)
+  fs::rename(d / "copy", d / "s/tokens-00000.bin");
+  fs::remove(d / "s/tokens-00001.bin");
+  for (const auto& [at, why] : std::vector<std::pair<uint64_t, std::string>>{
+           {0, "tokens-00000.bin: replaced since it was opened"},
+           {3, "tokens-00001.bin: gone since it was opened"}})
+    try {
+      t->read(at, 1, got.data());
+      ADD_FAILURE() << "read a shard " << why;
+    } catch (const DamagedData& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+}
+
 TEST(TokenData, WindowsInAGlobalOrderEachOncePerEpoch) {
   Dir d;
   std::vector<uint32_t> ids;
