@@ -139,9 +139,8 @@ void print_summary(const data::PrepareOptions& o, const data::PrepareSummary& s,
         (unsigned long long)s.repeated_files);
   if (s.words_dropped)
     std::printf(
-        "bpe: merges learned from the %llu most repeated of the words; %llu seen at most a few "
-        "times were dropped as they came (%llu occurrences; --max-words %zu bounds the words "
-        "held)\n",
+        "bpe: merges learned from %llu distinct words; %llu of the rarest were dropped as they "
+        "came (%llu occurrences) to hold at most --max-words %zu\n",
         (unsigned long long)s.words, (unsigned long long)s.words_dropped,
         (unsigned long long)s.occurrences_dropped, o.most_words ? o.most_words : data::kMostWords);
   if (o.tokenizer == "bpe" && s.vocab < o.vocab)
@@ -212,9 +211,10 @@ data::Tokenizer tokenizer_of(const std::string& dir) {
 // manifest.json) or the command line is wrong.
 int verify(const std::vector<std::string>& words) {
   CLI::App app{
-      "Reads every token file of each data set and compares it with the checksum "
-      "troupe data prepare wrote in the manifest (troupe run does too, data.verify). Exit 1: a "
-      "set is damaged; 2: a directory is not a data set.",
+      "Reads every file of each data set (token files, documents.bin) and compares it with "
+      "what troupe data prepare wrote in the manifest: size, checksum, ids within the "
+      "vocabulary (troupe run checks the token files too, data.verify). Exit 1: a set is "
+      "damaged; 2: a directory is not a data set.",
       "troupe data verify"};
   std::vector<std::string> dirs;
   app.add_option("DIR", dirs, "data sets made by troupe data prepare")->required();
@@ -228,9 +228,8 @@ int verify(const std::vector<std::string>& words) {
     } catch (const std::invalid_argument& e) {
       std::fprintf(stderr, "troupe data verify: %s\n", e.what());
       std::error_code ec;  // (a manifest there, whatever it is: a set, damaged)
-      const bool a_set =
-          std::filesystem::symlink_status(dir + "/" + data::kManifestFile, ec).type() !=
-          std::filesystem::file_type::not_found;
+      const bool a_set = std::filesystem::status(dir + "/" + data::kManifestFile, ec).type() !=
+                         std::filesystem::file_type::not_found;
       rc = std::max(rc, a_set ? 1 : 2);
       continue;
     }
@@ -244,9 +243,13 @@ int verify(const std::vector<std::string>& words) {
       rc = std::max(rc, 1);
       continue;
     }
-    std::printf("%s: %llu tokens in %zu shard(s) (%s): every checksum matches (%.1f s)\n",
+    std::printf("%s: %llu tokens in %zu shard(s) (%s): every checksum matches%s (%.1f s)\n",
                 dir.c_str(), (unsigned long long)t->tokens(), t->shards(),
-                megabytes(t->tokens() * t->token_bytes()).c_str(), seconds);
+                megabytes(t->tokens() * t->token_bytes()).c_str(),
+                t->documents_checksummed() ? ""
+                                           : " (documents.bin has none: checked for its count "
+                                             "and order only)",
+                seconds);
   }
   return rc;
 }
@@ -363,10 +366,10 @@ int run_data(const std::vector<std::string>& args) {
   std::fprintf(
       help ? stdout : stderr,
       "%s"
-      "  troupe data prepare INPUT... --out DIR [--tokenizer byte|bpe --vocab N]\n"
+      "  troupe data prepare INPUT... --out DIR [--tokenizer byte|bpe --vocab N [--max-words N]]\n"
       "  troupe data encode --data DIR   (stdin bytes -> ids)\n"
       "  troupe data decode --data DIR   (stdin ids -> bytes)\n"
-      "  troupe data verify DIR...       (every token file against its manifest's checksum)\n"
+      "  troupe data verify DIR...       (every file of a set against its manifest)\n"
       "(troupe data SUBCOMMAND --help lists its options)\n",
       help ? "Token data sets: prepare one, encode or decode with its tokenizer, verify one.\n"
       : sub.empty()

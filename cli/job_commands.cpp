@@ -767,7 +767,8 @@ std::string data_refusal(const coordinator::JobConfig& cfg) {
     std::vector<std::string> bad;
     try {
       const auto set = data::TokenShards::open(dir);
-      bad = set->verify(std::max(1u, std::thread::hardware_concurrency()));
+      bad = set->verify(std::max(1u, std::thread::hardware_concurrency()),
+                        data::TokenShards::kShardsOnly);  // (what training reads)
       bytes += set->tokens() * set->token_bytes();
     } catch (const std::exception& e) {
       return e.what();

@@ -46,10 +46,10 @@ usage (troupe COMMAND --help: a command's options):
   troupe lr     (--run-dir DIR | ...) LR             optimizer.lr from the next step boundary
   troupe export RUN_DIR [--step N] -o FILE.safetensors   a checkpoint's parameters (docs/export.md)
   troupe report RUN_DIR [-o FILE.html]   one self-contained HTML page: loss, throughput, workers, changes
-  troupe data prepare INPUT... --out DIR [--tokenizer byte|bpe --vocab N] [--field F]
+  troupe data prepare INPUT... --out DIR [--tokenizer byte|bpe --vocab N [--max-words N]] [--field F]
                                     text, directories, JSON lines -> a token data set (data.kind = "tokens")
   troupe data encode|decode --data DIR   stdin -> stdout: bytes -> ids, ids -> bytes
-  troupe data verify DIR...         every token file against its manifest's checksum
+  troupe data verify DIR...         every file of a data set against its manifest (exit 1: damaged)
   troupe version                    versions of Troupe and its libraries, CUDA devices
   troupe kinds                      the model and data set kinds this program trains, with their keys
   troupe demo control               two-process control-plane demo (what `make run` shows)

@@ -206,33 +206,48 @@ void each_piece(const std::string& path, F&& piece) {
   }
 }
 
-// What a text file holds, read in pieces: its size, its first NUL byte and its first byte that
-// is not UTF-8 (npos when none; a character cut between two pieces is whole).
+// What a text holds, fed in pieces: its size, its first NUL byte and its first byte that is not
+// UTF-8 (npos when none; a character cut between two pieces is whole).
 struct TextScan {
   static constexpr uint64_t npos = UINT64_MAX;
   uint64_t bytes = 0, nul = npos, invalid = npos;
+  bool operator==(const TextScan& o) const {
+    return bytes == o.bytes && nul == o.nul && invalid == o.invalid;
+  }
+};
+
+class TextCheck {
+ public:
+  void feed(std::string_view p) {
+    if (const void* z = std::memchr(p.data(), 0, p.size()); z && s_.nul == TextScan::npos)
+      s_.nul = s_.bytes + uint64_t(static_cast<const char*>(z) - p.data());
+    s_.bytes += p.size();
+    if (s_.invalid != TextScan::npos) return;
+    work_.append(p);
+    const size_t bad = first_invalid_utf8(work_.data(), work_.size());
+    if (bad + 4 > work_.size() || bad == work_.size()) {  // (whole, or its last character cut)
+      at_ += bad;
+      work_.erase(0, bad);
+    } else {
+      s_.invalid = at_ + bad;
+    }
+  }
+  TextScan end() const {
+    TextScan s = s_;
+    if (s.invalid == TextScan::npos && !work_.empty()) s.invalid = at_;  // (cut by the end)
+    return s;
+  }
+
+ private:
+  TextScan s_;
+  std::string work_;  // a piece, after at most 3 bytes of a character the one before cut
+  uint64_t at_ = 0;   // work_'s place in the text
 };
 
 TextScan scan_text(const std::string& path) {
-  TextScan s;
-  std::string work;  // a piece, after at most 3 bytes of a character the one before cut
-  uint64_t at = 0;   // work's place in the file
-  each_piece(path, [&](std::string_view p) {
-    if (const void* z = std::memchr(p.data(), 0, p.size()); z && s.nul == TextScan::npos)
-      s.nul = s.bytes + uint64_t(static_cast<const char*>(z) - p.data());
-    s.bytes += p.size();
-    if (s.invalid != TextScan::npos) return;
-    work.append(p);
-    const size_t bad = first_invalid_utf8(work.data(), work.size());
-    if (bad + 4 > work.size() || bad == work.size()) {  // (whole, or its last character cut)
-      at += bad;
-      work.erase(0, bad);
-    } else {
-      s.invalid = at + bad;
-    }
-  });
-  if (s.invalid == TextScan::npos && !work.empty()) s.invalid = at;  // (cut by the file's end)
-  return s;
+  TextCheck c;
+  each_piece(path, [&](std::string_view p) { c.feed(p); });
+  return c.end();
 }
 
 std::string slurp(const std::string& path) {
@@ -347,9 +362,11 @@ class Documents {
     std::string text;
     uint64_t read = 0;
     bool first = true;
+    TextCheck again;  // (what is encoded is what was checked, or the prepare fails)
     each_piece(path, [&](std::string_view p) {
       read += p.size();
-      if (read > scan.bytes || std::memchr(p.data(), 0, p.size()))
+      again.feed(p);
+      if (read > scan.bytes || again.end().nul != TextScan::npos)
         throw std::runtime_error("'" + path + "' changed while it was read");
       text.append(p);
       for (size_t cut; text.size() > kPiece &&
@@ -360,7 +377,8 @@ class Documents {
       }
       tick(read);
     });
-    if (read != scan.bytes) throw std::runtime_error("'" + path + "' changed while it was read");
+    if (!(again.end() == scan))
+      throw std::runtime_error("'" + path + "' changed while it was read");
     use(std::string_view(text), first, true);
     if (count) {
       ++summary_->documents;

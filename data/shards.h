@@ -128,8 +128,11 @@ class TokenShards {
   // hashed on up to `threads` threads: one line per shard that differs ("tokens-00003.bin: its
   // bytes are not those prepared (FNV-1a ...; the manifest says ...)"), that the manifest gives
   // no checksum for, or that holds an id outside the vocabulary (its first, with its place);
-  // then documents.bin's (check_documents); empty when every file is sound.
-  std::vector<std::string> verify(unsigned threads) const;
+  // then documents.bin's (check_documents), unless kShardsOnly (training reads no other file);
+  // empty when every file is sound.
+  enum Files { kEveryFile, kShardsOnly };
+  std::vector<std::string> verify(unsigned threads, Files files = kEveryFile) const;
+  bool documents_checksummed() const { return !documents_fnv1a64_.empty(); }
 
  private:
   TokenShards() = default;

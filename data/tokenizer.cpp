@@ -151,23 +151,22 @@ void WordCounts::add(std::string_view text) {
   });
 }
 
-// Drops every word seen at most f times, the least f that leaves at most half the bound: the
-// (n - most/2)-th smallest count (the same words whatever the map's order).
+// Drops the rarest words down to half the bound: the least counts, ties to the smallest words
+// (the same words whatever the map's order).
 void WordCounts::drop_rarest() {
-  std::vector<uint64_t> seen;
-  seen.reserve(counts_.size());
-  for (const auto& [w, c] : counts_) seen.push_back(c);
-  const auto nth = seen.begin() + std::ptrdiff_t(seen.size() - most_ / 2 - 1);
-  std::nth_element(seen.begin(), nth, seen.end());
-  const uint64_t f = *nth;
-  for (auto it = counts_.begin(); it != counts_.end();)
-    if (it->second <= f) {
-      ++dropped_words_;
-      dropped_count_ += it->second;
-      it = counts_.erase(it);
-    } else {
-      ++it;
-    }
+  std::vector<std::unordered_map<std::string, uint64_t>::iterator> all;
+  all.reserve(counts_.size());
+  for (auto it = counts_.begin(); it != counts_.end(); ++it) all.push_back(it);
+  const size_t drop = all.size() - most_ / 2;
+  std::nth_element(all.begin(), all.begin() + std::ptrdiff_t(drop), all.end(),
+                   [](const auto& a, const auto& b) {
+                     return a->second != b->second ? a->second < b->second : a->first < b->first;
+                   });
+  for (size_t i = 0; i < drop; ++i) {  // (erasing one leaves the others' iterators valid)
+    ++dropped_words_;
+    dropped_count_ += all[i]->second;
+    counts_.erase(all[i]);
+  }
 }
 
 Tokenizer::Tokenizer(std::vector<Merge> merges) : merges_(std::move(merges)) {

@@ -42,8 +42,8 @@ inline size_t stable_prefix(std::string_view text);
 constexpr size_t kMostWords = size_t(1) << 22;
 
 // Counts of distinct words, the input of BPE training; fed text by text. At most `most` distinct
-// words are held: when one more arrives, the rarest are dropped (every word seen at most f times,
-// f = 1, 2, ... until at most half remain), as lossy counting does. A word dropped and met again
+// words are held: when one more arrives, the rarest are dropped down to half the bound (the least
+// counts; ties to the smallest words), as lossy counting does. A word dropped and met again
 // counts from then on, so a frequent word's count is short by at most what it had at the drops:
 // the merges come from the words a corpus repeats, and memory stays bounded. Deterministic for the
 // same texts in the same order.

@@ -182,6 +182,15 @@ TEST(Tokenizer, WordCountsHoldAtMostTheirBoundAndKeepTheFrequentWords) {
   WordCounts again(64);  // (deterministic)
   again.add(text);
   EXPECT_EQ(again.counts(), bounded.counts());
+  // A bound too small for the frequent words keeps half of it of them: every word tied at the
+  // cut count went (all 8 words met 2,500 times each, for 3 met once).
+  WordCounts full(10);
+  for (int i = 0; i < 2500; ++i) full.add(" aa bb cc dd ee ff gg hh");
+  full.add(" x1 x2 x3");
+  size_t kept = 0;
+  for (const char* w : {" aa", " bb", " cc", " dd", " ee", " ff", " gg", " hh"})
+    kept += full.counts().count(w) && full.counts().at(w) == 2500;
+  EXPECT_EQ(kept, 5u);
 }
 
 TEST(Tokenizer, SavedAndLoadedAlikeAndBadFilesNamed) {
@@ -641,6 +650,8 @@ TEST(Prepare, VerifyNamesADamagedDocumentIndex) {
   fs::remove(d / "gone/documents.bin");
   EXPECT_EQ(TokenShards::open(d / "gone")->verify(1),
             std::vector<std::string>{"documents.bin: cannot be opened: No such file or directory"});
+  EXPECT_TRUE(TokenShards::open(d / "gone")->verify(1, TokenShards::kShardsOnly).empty())
+      << "troupe run refused a set whose token files, all it reads, are sound";
 }
 
 // A text file larger than whole_text_bytes is read in pieces (it was held whole: memory grew with
