@@ -497,17 +497,6 @@ TEST(DataCommands, BadInputsAreRefusedWithTheReason) {
   // (a damaged set is exit 1 however it is damaged: a truncated shard was 2, as for no set)
   expect("\"$T\" data verify " + d + "/bpe", 1,
          "tokenizer.json is not the tokenizer its shards were encoded with");
-  fs::copy(d + "/ok", d + "/cut");
-  fs::resize_file(d + "/cut/tokens-00000.bin", 2);
-  expect("\"$T\" data verify " + d + "/cut", 1, "tokens-00000.bin has 2 bytes; the manifest says");
-  // BPE's words bounded (memory grew with every distinct word), and only where one is trained.
-  expect("\"$T\" data prepare " + d + "/in/a.txt --out " + d + "/mw --max-words 4", 2,
-         "--max-words bounds the words a bpe tokenizer is trained on: it needs --tokenizer bpe");
-  std::ofstream(d + "/words.txt") << "the cat sat on the mat and the dog ate the hat\n";
-  expect("\"$T\" data prepare " + d + "/words.txt --out " + d +
-             "/mw --tokenizer bpe --vocab 262 --max-words 2",
-         0, "were dropped as they came");
-  expect("\"$T\" data verify " + d + "/mw", 0, "every checksum matches");
   // (a link to nothing in a directory was dropped without a word)
   fs::create_directories(d + "/links");
   std::ofstream(d + "/links/a.txt") << "text\n";
@@ -621,6 +610,28 @@ TEST(DataCommands, LargeFilesAreReadInPiecesInBoundedMemory) {
       nlohmann::json::parse(t.output.substr(at, t.output.find('\n', at) - at));
   EXPECT_EQ(ts["documents"], 1) << t.output;
   EXPECT_EQ(uint64_t(ts["bytes"]), fs::file_size(d + "/big.txt")) << t.output;
+}
+
+// BPE's words bounded (memory grew with every distinct word), and only where one is trained; a
+// damaged set is exit 1 however it is damaged (a truncated shard was 2, as for no set).
+TEST(DataCommands, BpeWordsAreBoundedAndADamagedSetIsExitOne) {
+  TempDir dir;
+  const std::string d = dir.path();
+  std::ofstream(d + "/words.txt") << "the cat sat on the mat and the dog ate the hat\n";
+  auto expect = [&](const std::string& cmd, int code, const std::string& says) {
+    const Result r = shell(dir, cmd);
+    EXPECT_EQ(r.exit_code, code) << cmd << "\n" << r.output;
+    EXPECT_NE(r.output.find(says), std::string::npos) << cmd << "\n" << r.output;
+  };
+  expect("\"$T\" data prepare " + d + "/words.txt --out " + d + "/mw --max-words 4", 2,
+         "--max-words bounds the words a bpe tokenizer is trained on: it needs --tokenizer bpe");
+  expect("\"$T\" data prepare " + d + "/words.txt --out " + d +
+             "/mw --tokenizer bpe --vocab 262 --max-words 2",
+         0, "were dropped as they came");
+  expect("\"$T\" data verify " + d + "/mw", 0, "every checksum matches");
+  fs::resize_file(d + "/mw/tokens-00000.bin", 2);
+  expect("\"$T\" data verify " + d + "/mw", 1, "tokens-00000.bin has 2 bytes; the manifest says");
+  expect("\"$T\" data verify " + d, 2, "has no manifest.json");
 }
 
 // A set of more shards than the process may open files (each kept a descriptor open: "Too many
