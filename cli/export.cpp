@@ -227,7 +227,7 @@ int run_export(const std::vector<std::string>& words, const Hooks& hooks) {
   std::string run_dir, out, format = "safetensors";
   int64_t step = -1, batch_step = -1;
   app.add_option("RUN_DIR", run_dir,
-                 "the run directory, or one of its checkpoints (RUN_DIR/checkpoints/step-N)")
+                 "the run directory, or one of its checkpoints (RUN_DIR/checkpoints/step-00000040)")
       ->required();
   app.add_option("-o,--output", out, "the file to write")->required();
   const CLI::Validator a_step(

@@ -29,6 +29,7 @@
 #include "cli/commands.h"
 #include "cli/parse.h"
 #include "comm/cuda_info.h"
+#include "comm/host_identity.h"
 #include "comm/transport.h"
 #include "coordinator/checkpoints.h"
 #include "coordinator/config.h"
@@ -102,19 +103,27 @@ void resolve_checkpoint_dir(coordinator::JobConfig& cfg, const std::string& run_
 // A run that did not end (its coordinator was lost) is taken over (cfg.take_over): its agents
 // still alive are adopted and go on from their own state; the checkpoint, if any, is for the
 // workers that start afresh. Its config must be the run's own (the agents run it).
+// Another job.steps is taken where none of its agents can still be alive (each a process of
+// this host that is gone, coordinator::may_come_back): none trains to the run's own.
 std::string take_over_refusal(const coordinator::JobConfig& cfg, const std::string& path,
-                              const Hooks& hooks) {
+                              const Hooks& hooks, const coordinator::RunRecord& record) {
   try {
     const auto theirs = coordinator::load_config(path + "/config.toml", {}, hooks.kinds());
     if (coordinator::checkpoint_config_hash(theirs) != coordinator::checkpoint_config_hash(cfg))
       return "the run was started with another model, data or seed (its config.toml): its agents "
              "may still be training that";
-    if (theirs.steps != cfg.steps)
+    const bool agents_may_live =
+        coordinator::may_come_back(record.agents, {}, comm::host_identity(),
+                                   [](uint32_t pid) { return comm::process_gone(int(pid)); });
+    if (theirs.steps != cfg.steps && !agents_may_live && cfg.steps <= record.committed)
+      return "job.steps = " + std::to_string(cfg.steps) + ", but the run has committed " +
+             std::to_string(record.committed) + " steps";
+    if (theirs.steps != cfg.steps && agents_may_live)
       return "job.steps = " + std::to_string(cfg.steps) + ", but the run was started with " +
              std::to_string(theirs.steps) + " (its config.toml): a take-over goes on with its " +
              "own (any of its agents still alive train to step " + std::to_string(theirs.steps) +
              "); to train to another step, resume from one of its checkpoints " +
-             "(--resume RUN_DIR/checkpoints/step-N: a new run)";
+             "(--resume RUN_DIR/checkpoints/step-NNNNNNNN: a new run)";
   } catch (const coordinator::ConfigError& e) {
     return e.what();
   }
@@ -224,6 +233,24 @@ void choose_lr(coordinator::JobConfig& cfg, double checkpoint_lr, bool lr_set,
   cfg.lr = checkpoint_lr;
 }
 
+// --resume PATH that does not exist: said so, with the checkpoint's own name where PATH names one
+// by its step unpadded (step-20 for step-00000020).
+std::string missing_resume(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::string said = "--resume " + path + ": it does not exist";
+  const std::string name = fs::path(path).filename().string();
+  if (name.rfind("step-", 0) != 0 || name.size() <= 5 || name.size() > 13 ||
+      name.find_first_not_of("0123456789", 5) != std::string::npos)
+    return said;
+  char padded[32];
+  std::snprintf(padded, sizeof padded, "step-%08llu", std::stoull(name.substr(5)));
+  const fs::path other = fs::path(path).parent_path() / padded;
+  std::error_code ec;
+  if (fs::exists(other / "manifest.json", ec))
+    said += " (a checkpoint's directory has 8 digits: " + other.string() + ")";
+  return said;
+}
+
 std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool lr_set,
                            const Hooks& hooks, bool& into_run) {
   namespace fs = std::filesystem;
@@ -231,6 +258,7 @@ std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool l
   std::error_code ec;
   if (fs::path(path).filename() == "manifest.json" && fs::is_regular_file(path, ec))
     path = fs::absolute(path, ec).parent_path().string();
+  if (!fs::exists(path, ec)) return missing_resume(path);
   const coordinator::CheckpointIdentity hash = coordinator::checkpoint_identity(cfg);
   std::optional<coordinator::ValidCheckpoint> found;
   into_run = !fs::exists(fs::path(path) / "manifest.json");
@@ -259,7 +287,7 @@ std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool l
              " started without a world size (a damaged file): a take-over could not tell when a "
              "step is complete";
     if (cfg.take_over)
-      if (std::string why = take_over_refusal(cfg, path, hooks); !why.empty())
+      if (std::string why = take_over_refusal(cfg, path, hooks, record); !why.empty())
         return "--resume " + path + ": " + why;
     std::string unreadable;
     own = own_config(path, hooks, unreadable);
@@ -283,7 +311,7 @@ std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool l
       std::fprintf(stderr,
                    "troupe: warning: --resume %s goes on in %s: job.run_dir = \"%s\" is not "
                    "used (a new run there goes on from one of its checkpoints: --resume "
-                   "%s/checkpoints/step-N)\n",
+                   "%s/checkpoints/step-NNNNNNNN)\n",
                    path.c_str(), cfg.run_dir.c_str(), asked.c_str(), path.c_str());
     if (!found && cfg.take_over) return "";  // (without adopted agents: from the seed)
     if (!found) return "--resume " + path + ": no valid checkpoint in " + dir;

@@ -1450,6 +1450,8 @@ class Coordinator : public caf::event_based_actor {
     auto d = elastic::decide_drain(id, agents_to_count(), scale_limits(cfg_, min_workers()));
     if (job_.stop_requested() && d.kind != elastic::ScaleDecision::Kind::invalid)
       return actors::make_ack();  // (an agent it does not have is refused still)
+    if (d.kind == elastic::ScaleDecision::Kind::refuse)  // (by id and name: agent-1 may be 0)
+      d.reason = "agent " + std::to_string(id) + " (" + roster_.at(id).name + "): " + d.reason;
     return act_on(d);
   }
 

@@ -151,9 +151,9 @@ ScaleDecision decide_drain(uint32_t id, const std::vector<LiveAgent>& agents,
     d.reason = "no live agent " + std::to_string(id);
   } else if (usable_workers(agents) - found->workers < lim.min_workers) {
     d.kind = ScaleDecision::Kind::refuse;
-    d.reason = "draining agent " + std::to_string(id) +
-               " would leave fewer workers than the job needs (elastic.min_workers, "
-               "parallel.pipeline_stages)";
+    d.reason =
+        "draining it would leave fewer workers than the job needs (elastic.min_workers, "
+        "parallel.pipeline_stages)";
   } else {
     d.kind = ScaleDecision::Kind::drain;
     d.drain = {id};

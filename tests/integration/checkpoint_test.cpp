@@ -99,6 +99,45 @@ TEST(Checkpoints, TheWholeJobKilledResumesFromItsCheckpointAtAnotherSize) {
   EXPECT_TRUE(fs::exists(job.run_dir + "/checkpoints/step-00000120/manifest.json"));
 }
 
+// Every process of a run SIGKILLed: a resume with more steps is taken and trains to them (it was
+// refused as a take-over whose agents "train to the run's own steps", though none was alive);
+// fewer steps than the run committed are refused.
+TEST(Checkpoints, TheWholeJobKilledResumesToAnotherNumberOfSteps) {
+  TempDir dir;
+  Job job = start_job(dir, "longer", kGpt, 2, {"job.steps=60"}, {pace(30000)});
+  wait_steps(job, 45);
+  std::vector<int> pids = joined_pids(job);
+  ASSERT_EQ(pids.size(), 2u);
+  pids.push_back(job.proc->pid());
+  for (int pid : pids) ::kill(pid, SIGKILL);
+  ASSERT_TRUE(job.proc->wait(10s));
+
+  Job fewer = start_job(dir, "longer", kGpt, 2, {"job.steps=30"}, {}, {"--resume", job.run_dir});
+  auto st = fewer.proc->wait(60s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 2) << text_of(fewer.out);
+  EXPECT_NE(text_of(fewer.out).find("job.steps = 30, but the run has committed 4"),
+            std::string::npos)
+      << text_of(fewer.out);
+  // (a checkpoint named as the docs said, step-N: "neither a run directory nor a checkpoint")
+  Job unpadded =
+      start_job(dir, "longer", kGpt, 2, {}, {}, {"--resume", job.run_dir + "/checkpoints/step-40"});
+  st = unpadded.proc->wait(60s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 2) << text_of(unpadded.out);
+  EXPECT_NE(text_of(unpadded.out)
+                .find("step-40: it does not exist (a checkpoint's directory has 8 digits: " +
+                      job.run_dir + "/checkpoints/step-00000040)"),
+            std::string::npos)
+      << text_of(unpadded.out);
+  Job more = start_job(dir, "longer", kGpt, 2, {"job.steps=80"}, {}, {"--resume", job.run_dir});
+  st = more.proc->wait(120s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(more.out);
+  EXPECT_EQ(committed_losses(more.run_dir).size(), 80u);
+  EXPECT_TRUE(fs::exists(job.run_dir + "/checkpoints/step-00000080/manifest.json"));
+}
+
 // The preemption pattern: SIGTERM, a checkpoint at the next step boundary (without periodic
 // ones too), every process exits 0, the run says it is resumable; the same job again goes on
 // from there.

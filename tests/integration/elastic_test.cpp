@@ -745,7 +745,9 @@ TEST(Elastic, ScaleAndDrainRequestsThatCannotBeMetAreRefusedWithTheReason) {
   run({"drain", "--run-dir", job.run_dir, "--agent", "agent-9"}, 2,
       "troupe drain: no agent 'agent-9' in the job; its agents: agent-");
   run({"drain", "--run-dir", job.run_dir, "--agent", "0"}, 1,
-      "would leave fewer workers than the job needs");
+      "refused: agent 0 (agent-");  // (its name too: agent-1 may be agent 0)
+  run({"drain", "--run-dir", job.run_dir, "--agent", "0"}, 1,
+      "): draining it would leave fewer workers than the job needs");
   // An agent started by hand with a launched one's name (a standby above max_workers): a drain
   // by that name is ambiguous, refused (it drained one of them).
   auto twin = join_agent(dir, job, "agent-0");
