@@ -212,7 +212,7 @@ std::string row_state(bool member, const actors::MemberStatus& m) {
 nlohmann::ordered_json status_rows(const std::vector<actors::MemberStatus>& rows, bool member) {
   nlohmann::ordered_json out = nlohmann::ordered_json::array();
   for (const auto& m : rows)
-    out.push_back({{"rank", m.rank},
+    out.push_back({{"rank", member ? nlohmann::ordered_json(m.rank) : nullptr},  // (a standby)
                    {"agent", m.agent},
                    {"name", m.name},
                    {"pid", m.pid},

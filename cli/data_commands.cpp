@@ -363,19 +363,21 @@ int run_data(const std::vector<std::string>& args) {
   if (sub == "decode") return decode(rest);
   if (sub == "verify") return verify(rest);
   const bool help = sub == "--help" || sub == "-h";
-  std::fprintf(
-      help ? stdout : stderr,
-      "%s"
-      "  troupe data prepare INPUT... --out DIR [--tokenizer byte|bpe --vocab N [--max-words N]]\n"
-      "  troupe data encode --data DIR   (stdin bytes -> ids)\n"
-      "  troupe data decode --data DIR   (stdin ids -> bytes)\n"
-      "  troupe data verify DIR...       (every file of a set against its manifest)\n"
-      "(troupe data SUBCOMMAND --help lists its options)\n",
+  const std::string near = did_you_mean(sub, {"prepare", "encode", "decode", "verify"});
+  const std::string said =
       help ? "Token data sets: prepare one, encode or decode with its tokenizer, verify one.\n"
-      : sub.empty()
-          ? "troupe data: expected prepare, encode, decode or verify\n"
-          : ("troupe data: expected prepare, encode, decode or verify, not '" + sub + "'\n")
-                .c_str());
+      : sub.empty() ? "troupe data: expected prepare, encode, decode or verify\n"
+                    : "troupe data: expected prepare, encode, decode or verify, not '" + sub + "'" +
+                          (near.empty() ? "" : "; did you mean '" + near + "'?") + "\n";
+  std::fprintf(help ? stdout : stderr,
+               "%s"
+               "  troupe data prepare INPUT... --out DIR [--tokenizer byte|bpe --vocab N "
+               "[--max-words N]]\n"
+               "  troupe data encode --data DIR   (stdin bytes -> ids)\n"
+               "  troupe data decode --data DIR   (stdin ids -> bytes)\n"
+               "  troupe data verify DIR...       (every file of a set against its manifest)\n"
+               "(troupe data SUBCOMMAND --help lists its options)\n",
+               said.c_str());
   return help ? 0 : 2;
 }
 

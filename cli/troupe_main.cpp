@@ -44,14 +44,16 @@ usage (troupe COMMAND --help: a command's options):
   troupe drain  (--run-dir DIR | ...) --agent ID|NAME the agent leaves at the next step boundary
   troupe scale  (--run-dir DIR | ...) --workers N     grow (local launcher starts agents) or shrink (drains)
   troupe lr     (--run-dir DIR | ...) LR             optimizer.lr from the next step boundary
-  troupe export RUN_DIR [--step N] -o FILE.safetensors   a checkpoint's parameters (docs/export.md)
+  troupe export RUN_DIR [--step N] -o FILE.safetensors [--batch-of-step S]
+                                    a checkpoint's parameters (and a step's batch; docs/export.md)
   troupe report RUN_DIR [-o FILE.html]   one self-contained HTML page: loss, throughput, workers, changes
   troupe data prepare INPUT... --out DIR [--tokenizer byte|bpe --vocab N [--max-words N]] [--field F]
                                     text, directories, JSON lines -> a token data set (data.kind = "tokens")
   troupe data encode|decode --data DIR   stdin -> stdout: bytes -> ids, ids -> bytes
   troupe data verify DIR...         every file of a data set against its manifest (exit 1: damaged)
   troupe version                    versions of Troupe and its libraries, CUDA devices
-  troupe kinds                      the model and data set kinds this program trains, with their keys
+  troupe kinds                      the model and data set kinds this program trains (a program's
+                                    own with their keys; docs/config.md has the built-in ones)
   troupe demo control               two-process control-plane demo (what `make run` shows)
   troupe node [options]             a control-plane node with echo and sink services
       --listen HOST:PORT  --connect HOST:PORT  --rejoin  --job-id ID  --token T | --token-file F
