@@ -303,7 +303,8 @@ std::optional<int> status_from_run_dir(const std::string& dir, bool json) {
   const auto [first, started, last] = run_events(dir);
   if (last.is_null()) return std::nullopt;
   using coordinator::count_field, coordinator::text_field;
-  const std::string event = text_field(last, "event"), name = text_field(first, "job", "?");
+  const std::string event = text_field(last, "event");  // (the job as the newest run named it)
+  const std::string name = text_field(started.is_null() ? first : started, "job", "?");
   const bool finished = event == "job_finished", failed = event == "job_failed";
   nlohmann::ordered_json out = {
       {"job", name},

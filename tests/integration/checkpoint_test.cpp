@@ -136,6 +136,15 @@ TEST(Checkpoints, TheWholeJobKilledResumesToAnotherNumberOfSteps) {
   EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(more.out);
   EXPECT_EQ(committed_losses(more.run_dir).size(), 80u);
   EXPECT_TRUE(fs::exists(job.run_dir + "/checkpoints/step-00000080/manifest.json"));
+  // A resume of the ended run under another name: its status names the job so (it named it as
+  // the first run had).
+  Job renamed = start_job(dir, "longer", kGpt, 2, {"job.steps=90", "job.name=\"renamed\""}, {},
+                          {"--resume", job.run_dir});
+  st = renamed.proc->wait(120s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(renamed.out);
+  const std::string status = admin(dir, {"status", "--run-dir", job.run_dir, "--json"});
+  EXPECT_NE(status.find("\"job\":\"renamed\""), std::string::npos) << status;
 }
 
 // The preemption pattern: SIGTERM, a checkpoint at the next step boundary (without periodic
