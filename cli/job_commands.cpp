@@ -117,7 +117,9 @@ std::string take_over_refusal(const coordinator::JobConfig& cfg, const std::stri
                                    [](uint32_t pid) { return comm::process_gone(int(pid)); });
     if (theirs.steps != cfg.steps && !agents_may_live && cfg.steps <= record.committed)
       return "job.steps = " + std::to_string(cfg.steps) + ", but the run has committed " +
-             std::to_string(record.committed) + " steps";
+             std::to_string(record.committed) + " steps: nothing to train (to train on from an " +
+             "earlier step, resume from one of its checkpoints: --resume " +
+             "RUN_DIR/checkpoints/step-NNNNNNNN, a new run)";
     if (theirs.steps != cfg.steps && agents_may_live)
       return "job.steps = " + std::to_string(cfg.steps) + ", but the run was started with " +
              std::to_string(theirs.steps) + " (its config.toml): a take-over goes on with its " +
@@ -235,16 +237,18 @@ void choose_lr(coordinator::JobConfig& cfg, double checkpoint_lr, bool lr_set,
 
 // --resume PATH that does not exist: said so, with the checkpoint's own name where PATH names one
 // by its step unpadded (step-20 for step-00000020).
-std::string missing_resume(const std::string& path) {
+std::string missing_resume(const std::string& path, const std::error_code& why) {
   namespace fs = std::filesystem;
-  std::string said = "--resume " + path + ": it does not exist";
-  const std::string name = fs::path(path).filename().string();
+  std::string said = "--resume " + path + ": " + (why ? why.message() : "it does not exist");
+  std::string dir = path;  // (step-40/ is step-40)
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const std::string name = fs::path(dir).filename().string();
   if (name.rfind("step-", 0) != 0 || name.size() <= 5 || name.size() > 13 ||
       name.find_first_not_of("0123456789", 5) != std::string::npos)
     return said;
   char padded[32];
   std::snprintf(padded, sizeof padded, "step-%08llu", std::stoull(name.substr(5)));
-  const fs::path other = fs::path(path).parent_path() / padded;
+  const fs::path other = fs::path(dir).parent_path() / padded;
   std::error_code ec;
   if (fs::exists(other / "manifest.json", ec))
     said += " (a checkpoint's directory has 8 digits: " + other.string() + ")";
@@ -258,7 +262,7 @@ std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool l
   std::error_code ec;
   if (fs::path(path).filename() == "manifest.json" && fs::is_regular_file(path, ec))
     path = fs::absolute(path, ec).parent_path().string();
-  if (!fs::exists(path, ec)) return missing_resume(path);
+  if (!fs::exists(path, ec)) return missing_resume(path, ec);
   const coordinator::CheckpointIdentity hash = coordinator::checkpoint_identity(cfg);
   std::optional<coordinator::ValidCheckpoint> found;
   into_run = !fs::exists(fs::path(path) / "manifest.json");

@@ -173,6 +173,12 @@ std::mutex open_mu;                       // (guards TokenShards::open and the l
 std::atomic<size_t> open_shard_files{0};  // (the sets' budgets; their destructors take them off)
 rlim_t first_soft_limit = 0;
 
+// A file's last change of contents (a write, a truncation; a new file's creation). Not the
+// change time: a chmod of the shards while a job reads them is no other file.
+int64_t modified_ns(const struct stat& st) {
+  return int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+}
+
 }  // namespace
 
 // Opens shard `s` of the manifest (its tokens of `width` bytes) after the ones opened so far.
@@ -198,8 +204,16 @@ void TokenShards::open_shard(const nlohmann::json& s) {
     bad(dir_, "shard " + file + " has " + std::to_string(bytes) + " bytes; the manifest says " +
                   std::to_string(tokens) + " tokens of " + std::to_string(width_) +
                   " bytes (truncated or replaced?)");
-  shards_.push_back(
-      {bytes, total_, tokens, file, checksum, uint64_t(st.st_dev), uint64_t(st.st_ino), {}, {}});
+  shards_.push_back({bytes,
+                     total_,
+                     tokens,
+                     file,
+                     checksum,
+                     uint64_t(st.st_dev),
+                     uint64_t(st.st_ino),
+                     modified_ns(st),
+                     {},
+                     {}});
   if (shards_.size() <= most_open_) {  // (kept open; the rest closed until read)
     shards_.back().open = std::move(f);
     shards_.back().recent = recent_.insert(recent_.end(), shards_.size() - 1);
@@ -333,8 +347,10 @@ std::shared_ptr<const TokenShards::File> TokenShards::reopen(const Shard& s) con
   if (fd < 0) throw std::runtime_error(path + ": cannot be opened again: " + strerror(errno));
   auto f = std::make_shared<const File>(fd);
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || uint64_t(st.st_dev) != s.device || uint64_t(st.st_ino) != s.inode)
-    throw DamagedData(path + ": replaced since it was opened (another file is there now)");
+  if (::fstat(fd, &st) != 0 || uint64_t(st.st_dev) != s.device || uint64_t(st.st_ino) != s.inode ||
+      uint64_t(st.st_size) != s.bytes || modified_ns(st) != s.modified_ns)
+    throw DamagedData(path + ": replaced or changed since it was opened (another file is there " +
+                      "now, or it was written)");
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   return f;
 }
@@ -453,9 +469,12 @@ std::vector<std::string> TokenShards::verify(unsigned threads, Files files) cons
         if (found[i].rfind(dir_ + "/", 0) == 0) found[i].erase(0, dir_.size() + 1);
       }
   };
+  // (each thread holds a file open: at most half the set's budget of them, so the files kept
+  // and those in use stay within a quarter and a half of the descriptor limit)
+  const size_t most = std::min(
+      {size_t(std::max(threads, 1u)), shards_.size(), std::max<size_t>(1, most_open_ / 2)});
   std::vector<std::thread> pool;
-  for (unsigned t = 1; t < std::min<size_t>(std::max(threads, 1u), shards_.size()); ++t)
-    pool.emplace_back(work);
+  for (size_t t = 1; t < most; ++t) pool.emplace_back(work);
   work();
   for (std::thread& t : pool) t.join();
   const bool sound = std::all_of(found.begin(), found.end() - 1, std::mem_fn(&std::string::empty));

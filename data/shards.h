@@ -106,7 +106,7 @@ class TokenShards {
   // open already in this process (the same manifest: device, inode, change time) is shared.
   // Thread-safe. At most kMostOpenShards of its shard files stay open (and at most a quarter of
   // the process's descriptor limit): others are opened again when read, the least recently read
-  // closed, each checked to be the file opened first (device and inode).
+  // closed, each checked to be the file opened first (device, inode, size and modification time).
   static std::shared_ptr<const TokenShards> open(const std::string& dir);
   ~TokenShards();
   TokenShards(const TokenShards&) = delete;
@@ -150,7 +150,8 @@ class TokenShards {
     uint64_t first, tokens;  // its ids' place in the stream
     std::string file;        // (for messages)
     std::string fnv1a64;     // the manifest's checksum, 16 hex digits ("" when it has none)
-    uint64_t device, inode;  // of the file opened first
+    uint64_t device, inode;  // of the file opened first, and its modification time (ns): an
+    int64_t modified_ns;     // inode number freed and taken by a new file is another file
     mutable std::shared_ptr<const File> open;    // null while closed (files_mu_)
     mutable std::list<size_t>::iterator recent;  // its place in recent_ while open
   };

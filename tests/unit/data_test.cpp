@@ -461,9 +461,13 @@ TEST(TokenShards, ASetOfMoreShardsThanItKeepsOpenIsReadAndAReplacedShardNamed) {
   write(d / "copy", read(d / "s/tokens-00000.bin"));  // (the same bytes, another file)
   fs::rename(d / "copy", d / "s/tokens-00000.bin");
   fs::remove(d / "s/tokens-00001.bin");
+  // Written again in place, its size kept (as a file that took a freed inode's number is: the
+  // same device and inode were taken for the same file, and its new bytes read).
+  write(d / "s/tokens-00002.bin", std::string(6, '\0'));
   for (const auto& [at, why] : std::vector<std::pair<uint64_t, std::string>>{
-           {0, "tokens-00000.bin: replaced since it was opened"},
-           {3, "tokens-00001.bin: gone since it was opened"}})
+           {0, "tokens-00000.bin: replaced or changed since it was opened"},
+           {3, "tokens-00001.bin: gone since it was opened"},
+           {6, "tokens-00002.bin: replaced or changed since it was opened"}})
     try {
       t->read(at, 1, got.data());
       ADD_FAILURE() << "read a shard " << why;
