@@ -246,9 +246,8 @@ std::string missing_resume(const std::string& path, const std::error_code& why) 
   if (name.rfind("step-", 0) != 0 || name.size() <= 5 || name.size() > 13 ||
       name.find_first_not_of("0123456789", 5) != std::string::npos)
     return said;
-  char padded[32];
-  std::snprintf(padded, sizeof padded, "step-%08llu", std::stoull(name.substr(5)));
-  const fs::path other = fs::path(dir).parent_path() / padded;
+  const fs::path other =
+      fs::path(dir).parent_path() / actors::checkpoint_dir_name(std::stoull(name.substr(5)));
   std::error_code ec;
   if (fs::exists(other / "manifest.json", ec))
     said += " (a checkpoint's directory has 8 digits: " + other.string() + ")";

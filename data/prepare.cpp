@@ -232,6 +232,7 @@ class TextCheck {
       s_.invalid = at_ + bad;
     }
   }
+  bool has_nul() const { return s_.nul != TextScan::npos; }
   TextScan end() const {
     TextScan s = s_;
     if (s.invalid == TextScan::npos && !work_.empty()) s.invalid = at_;  // (cut by the end)
@@ -366,7 +367,7 @@ class Documents {
     each_piece(path, [&](std::string_view p) {
       read += p.size();
       again.feed(p);
-      if (read > scan.bytes || again.end().nul != TextScan::npos)
+      if (read > scan.bytes || again.has_nul())
         throw std::runtime_error("'" + path + "' changed while it was read");
       text.append(p);
       for (size_t cut; text.size() > kPiece &&
