@@ -115,7 +115,7 @@ std::string take_over_refusal(const coordinator::JobConfig& cfg, const std::stri
     const bool agents_may_live =
         coordinator::may_come_back(record.agents, {}, comm::host_identity(),
                                    [](uint32_t pid) { return comm::process_gone(int(pid)); });
-    if (theirs.steps != cfg.steps && !agents_may_live && cfg.steps <= record.committed)
+    if (theirs.steps != cfg.steps && !agents_may_live && uint64_t(cfg.steps) <= record.committed)
       return "job.steps = " + std::to_string(cfg.steps) + ", but the run has committed " +
              std::to_string(record.committed) + " steps: nothing to train (to train on from an " +
              "earlier step, resume from one of its checkpoints: --resume " +

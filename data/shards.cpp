@@ -120,6 +120,11 @@ std::vector<ShardWriter::Shard> ShardWriter::finish() {
   return shards_;
 }
 
+bool not_the_data(int error) {
+  return error == EMFILE || error == ENFILE || error == ENOMEM || error == ENOBUFS ||
+         error == EACCES || error == EPERM;
+}
+
 namespace {
 
 [[noreturn]] void bad(const std::string& dir, const std::string& what) {
@@ -134,6 +139,9 @@ nlohmann::json read_manifest(const std::string& dir) {
   if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))  // (a FIFO would block the read)
     bad(dir, std::string(kManifestFile) + " is not a regular file");
   std::ifstream in(path, std::ios::binary);
+  if (!in && not_the_data(errno))
+    throw Unreadable("data set '" + dir + "': " + kManifestFile +
+                     " cannot be read here: " + strerror(errno));
   if (!in)
     bad(dir, std::string("has no ") + kManifestFile +
                  ": not a prepared data set, or its prepare did not finish");
@@ -193,6 +201,9 @@ void TokenShards::open_shard(const nlohmann::json& s) {
   const std::string checksum = checksum_in(s, "fnv1a64", dir_, "shard " + file);
   const std::string path = dir_ + "/" + file;
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // (a FIFO: no wait)
+  if (fd < 0 && not_the_data(errno))
+    throw Unreadable("data set '" + dir_ + "': shard " + file +
+                     " cannot be opened here: " + strerror(errno));
   if (fd < 0) bad(dir_, "shard " + file + " cannot be opened: " + strerror(errno));
   auto f = std::make_shared<const File>(fd);
   struct stat st {};
@@ -344,6 +355,8 @@ std::shared_ptr<const TokenShards::File> TokenShards::reopen(const Shard& s) con
   const std::string path = dir_ + "/" + s.file;
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0 && errno == ENOENT) throw DamagedData(path + ": gone since it was opened");
+  if (fd < 0 && not_the_data(errno))
+    throw Unreadable(path + ": cannot be opened again here: " + strerror(errno));
   if (fd < 0) throw std::runtime_error(path + ": cannot be opened again: " + strerror(errno));
   auto f = std::make_shared<const File>(fd);
   struct stat st {};
@@ -377,6 +390,8 @@ size_t TokenShards::read_bytes(const Shard& s, const File& f, uint64_t offset, s
   while (done < n) {
     const ssize_t got = ::pread(f.fd, to + done, n - done, off_t(offset + done));
     if (got < 0 && errno == EINTR) continue;
+    if (got < 0 && not_the_data(errno))
+      throw Unreadable(dir_ + "/" + s.file + ": cannot be read here: " + strerror(errno));
     if (got < 0)
       throw std::runtime_error(dir_ + "/" + s.file + ": cannot be read: " + strerror(errno));
     if (got == 0) break;
@@ -461,9 +476,14 @@ std::vector<std::string> TokenShards::verify(unsigned threads, Files files) cons
   std::vector<std::string> found(shards_.size() + 1);
   std::vector<uint64_t> ends(shards_.size(), 0);
   std::atomic<size_t> next{0};
+  std::mutex mu;
+  std::exception_ptr here;  // (the first Unreadable: the check cannot be made here)
   auto work = [&] {
     for (size_t i; (i = next.fetch_add(1)) < shards_.size();) try {
         found[i] = check(shards_[i], &ends[i]);
+      } catch (const Unreadable&) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!here) here = std::current_exception();
       } catch (const std::exception& e) {  // (an I/O error, a file replaced or gone)
         found[i] = e.what();
         if (found[i].rfind(dir_ + "/", 0) == 0) found[i].erase(0, dir_.size() + 1);
@@ -477,12 +497,15 @@ std::vector<std::string> TokenShards::verify(unsigned threads, Files files) cons
   for (size_t t = 1; t < most; ++t) pool.emplace_back(work);
   work();
   for (std::thread& t : pool) t.join();
+  if (here) std::rethrow_exception(here);
   const bool sound = std::all_of(found.begin(), found.end() - 1, std::mem_fn(&std::string::empty));
   if (files == kEveryFile) {
     try {  // (the shards' ends compared only when they are those prepared)
       found.back() = check_documents(
           sound ? std::optional(std::accumulate(ends.begin(), ends.end(), uint64_t(0)))
                 : std::nullopt);
+    } catch (const Unreadable&) {
+      throw;
     } catch (const std::exception& e) {
       found.back() = e.what();
     }
@@ -494,6 +517,8 @@ std::vector<std::string> TokenShards::verify(unsigned threads, Files files) cons
 std::string TokenShards::check_documents(std::optional<uint64_t> ends) const {
   const std::string name = kDocumentsFile;
   const int fd = ::open((dir_ + "/" + name).c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0 && not_the_data(errno))
+    throw Unreadable(dir_ + "/" + name + ": cannot be opened here: " + strerror(errno));
   if (fd < 0) return name + ": cannot be opened: " + strerror(errno);
   struct Closing {
     int fd;
@@ -521,6 +546,8 @@ std::string TokenShards::check_index(int fd, uint64_t bytes) const {
     const size_t want = size_t(std::min<uint64_t>(buf.size(), bytes - off));
     const ssize_t got = ::pread(fd, buf.data(), want, off_t(off));
     if (got < 0 && errno == EINTR) continue;
+    if (got < 0 && not_the_data(errno))
+      throw Unreadable(dir_ + "/" + name + ": cannot be read here: " + strerror(errno));
     if (got < 0) return name + ": cannot be read: " + strerror(errno);
     const size_t whole = size_t(got) / 8 * 8;  // (a file cut short now: a part of one)
     if (whole == 0) return name + ": " + cut_short(bytes, off + uint64_t(got));

@@ -98,11 +98,21 @@ class DamagedData : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A file of a set that this process could not open or read for a reason of its own or of the
+// host (too many open files, no memory, no permission: `not_the_data`), not of the data: the set
+// may be sound, and preparing it again would not help.
+class Unreadable : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+bool not_the_data(int error);  // (an errno of open or read)
+
 constexpr size_t kMostOpenShards = 256;
 
 class TokenShards {
  public:
-  // Throws std::invalid_argument naming the directory and what is wrong or missing. A data set
+  // Throws std::invalid_argument naming the directory and what is wrong or missing (Unreadable
+  // when a shard cannot be opened for a reason that is not the data's). A data set
   // open already in this process (the same manifest: device, inode, change time) is shared.
   // Thread-safe. At most kMostOpenShards of its shard files stay open (and at most a quarter of
   // the process's descriptor limit): others are opened again when read, the least recently read
@@ -129,7 +139,7 @@ class TokenShards {
   // bytes are not those prepared (FNV-1a ...; the manifest says ...)"), that the manifest gives
   // no checksum for, or that holds an id outside the vocabulary (its first, with its place);
   // then documents.bin's (check_documents), unless kShardsOnly (training reads no other file);
-  // empty when every file is sound.
+  // empty when every file is sound. Throws Unreadable when a file cannot be checked here.
   enum Files { kEveryFile, kShardsOnly };
   std::vector<std::string> verify(unsigned threads, Files files = kEveryFile) const;
   bool documents_checksummed() const { return !documents_fnv1a64_.empty(); }

@@ -551,7 +551,7 @@ struct Measured {
 Measured measured(const std::string& dir, std::vector<std::string> args) {
   args.insert(args.begin(), troupe_binary());
   for (const char* f : {"/measured.out", "/measured.err"}) fs::remove(dir + f);  // (appended to)
-  coordinator::ChildProcess p({args, dir + "/measured.out", dir + "/measured.err"});
+  coordinator::ChildProcess p({args, dir + "/measured.out", dir + "/measured.err", {}});
   rusage usage{};
   const std::optional<int> status = p.wait(std::chrono::minutes(2), &usage);
   return {status && WIFEXITED(*status) ? WEXITSTATUS(*status) : -1,
@@ -649,6 +649,27 @@ TEST(DataCommands, ASetOfManyShardsIsReadUnderALowDescriptorLimit) {
                      "/many --context 16 --batch 8 --seconds 0.3");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("micro-batches of 8 x 16 tokens"), std::string::npos) << r.output;
+}
+
+// Out of descriptors, data verify says the set was not checked (exit 2), never that it is damaged
+// (exit 1 sent a user to prepare a sound set again): at each low limit it is sound or unchecked.
+TEST(DataCommands, VerifyOutOfDescriptorsIsNotCheckedNotDamaged) {
+  TempDir dir;
+  const std::string d = dir.path();
+  Result r = shell(dir, "\"$T\" data prepare /usr/share/common-licenses/GPL-3 --out " + d + "/s");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  int unchecked = 0;
+  for (int most = 4; most <= 12; ++most) {
+    r = shell(dir, "ulimit -n " + std::to_string(most) + " && \"$T\" data verify " + d + "/s");
+    EXPECT_TRUE(r.exit_code == 0 || r.exit_code == 2) << most << ": " << r.output;
+    if (r.exit_code != 2) continue;
+    ++unchecked;
+    EXPECT_NE(r.output.find("Too many open files (not checked: the set may be sound)"),
+              std::string::npos)
+        << most << ": " << r.output;
+  }
+  EXPECT_GT(unchecked, 0) << "no limit from 4 descriptors ran out of them";
+  EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
 TEST(DataCommands, APrepareKilledMidwayLeavesNoDataSetAndTheNextOneFinishes) {

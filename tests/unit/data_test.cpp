@@ -1,7 +1,9 @@
 // data/: the tokenizers (any bytes round-trip; BPE training is deterministic and learns the
 // most frequent pair first), the token shards and their manifest (every defect named), the global
 // order (a bijection per epoch, mixtures in proportion), and prepare's handling of bad input.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -658,6 +660,39 @@ TEST(Prepare, VerifyNamesADamagedDocumentIndex) {
       << "troupe run refused a set whose token files, all it reads, are sound";
 }
 
+// A file the process cannot open for want of descriptors is not called damaged (troupe data
+// verify said "exit 1: damaged" under a low ulimit, and a user would have prepared it again): the
+// check throws Unreadable, and the same set checked with descriptors free is sound.
+TEST(Prepare, VerifyOutOfDescriptorsIsNotDamage) {
+  Dir d;
+  write(d / "in/a.txt", "first document\n");
+  prepare({{d / "in"}, d / "s"});
+  const auto t = TokenShards::open(d / "s");
+  rlimit was{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &was), 0);
+  rlimit low = was;  // (a few more than open now, then every one of them taken)
+  low.rlim_cur = std::min<rlim_t>(
+      was.rlim_cur, std::distance(std::filesystem::directory_iterator("/proc/self/fd"), {}) + 8);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::vector<int> held;
+  for (int fd; (fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) held.push_back(fd);
+  const int error = errno;
+  std::string what;
+  try {
+    const std::vector<std::string> found = t->verify(1);
+    what = "no throw: " + (found.empty() ? std::string("sound") : found[0]);
+  } catch (const Unreadable& e) {
+    what = e.what();
+  }
+  for (int fd : held) ::close(fd);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &was), 0);
+  ASSERT_EQ(error, EMFILE);
+  EXPECT_NE(what.find("documents.bin: cannot be opened here: Too many open files"),
+            std::string::npos)
+      << what;
+  EXPECT_TRUE(t->verify(1).empty());
+}
+
 // A text file larger than whole_text_bytes is read in pieces (it was held whole: memory grew with
 // the file): the same shards, tokenizer and counts as whole, and the same reason to skip one.
 TEST(Prepare, ALargeTextFileIsReadInPiecesWithTheSameResult) {
@@ -680,9 +715,10 @@ TEST(Prepare, ALargeTextFileIsReadInPiecesWithTheSameResult) {
   EXPECT_EQ(s[1].bytes, s[0].bytes);
   EXPECT_EQ(s[1].tokens, s[0].tokens);
   EXPECT_EQ(s[1].skipped_invalid_utf8, 0u);
-  for (const auto& e : fs::directory_iterator(d / "out0"))
-    if (e.path().filename() != "manifest.json")
-      EXPECT_TRUE(read(e.path()) == read(d / "out1/" + e.path().filename().string())) << e.path();
+  for (const auto& e : fs::directory_iterator(d / "out0")) {
+    if (e.path().filename() == "manifest.json") continue;
+    EXPECT_TRUE(read(e.path()) == read(d / "out1/" + e.path().filename().string())) << e.path();
+  }
   const auto skipped_for = [&](const std::string& name, const std::string& body) {
     write(d / ("bad/" + name), body);
     PrepareOptions o{{d / ("bad/" + name)}, d / ("no-" + name)};
