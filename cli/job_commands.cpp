@@ -93,6 +93,15 @@ void resolve_checkpoint_dir(coordinator::JobConfig& cfg, const std::string& run_
                                    ec.message());
 }
 
+// The job its token file names ("" when it cannot be read: the run directory's check says why).
+std::string job_of_token(const std::string& run_dir) {
+  try {
+    return workers::read_token_file(run_dir + "/job.token").first;
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
 // --resume PATH: a checkpoint directory (a new run starts from it) or a run directory (the run
 // goes on there from its newest valid checkpoint; newer ones that are not valid are named on
 // stderr). Sets cfg.resume_* (and cfg.run_dir for a run directory); "" or why it cannot resume.
@@ -103,8 +112,9 @@ void resolve_checkpoint_dir(coordinator::JobConfig& cfg, const std::string& run_
 // A run that did not end (its coordinator was lost) is taken over (cfg.take_over): its agents
 // still alive are adopted and go on from their own state; the checkpoint, if any, is for the
 // workers that start afresh. Its config must be the run's own (the agents run it).
-// Another job.steps is taken where none of its agents can still be alive (each a process of
-// this host that is gone, coordinator::may_come_back): none trains to the run's own.
+// Another job.steps or job.name is taken where none of its agents can still be alive (each a
+// process of this host that is gone, coordinator::may_come_back): none trains to the run's own
+// or presents its token.
 std::string take_over_refusal(const coordinator::JobConfig& cfg, const std::string& path,
                               const Hooks& hooks, const coordinator::RunRecord& record) {
   try {
@@ -120,6 +130,11 @@ std::string take_over_refusal(const coordinator::JobConfig& cfg, const std::stri
              std::to_string(record.committed) + " steps: nothing to train (to train on from an " +
              "earlier step, resume from one of its checkpoints: --resume " +
              "RUN_DIR/checkpoints/step-NNNNNNNN, a new run)";
+    if (const std::string job = job_of_token(path);
+        agents_may_live && !job.empty() && job != cfg.name)
+      return "job.name = '" + cfg.name + "', but its agents that may still be alive are job '" +
+             job + "' (its job.token): a take-over goes on under that name (another where none " +
+             "of them can be alive)";
     if (theirs.steps != cfg.steps && agents_may_live)
       return "job.steps = " + std::to_string(cfg.steps) + ", but the run was started with " +
              std::to_string(theirs.steps) + " (its config.toml): a take-over goes on with its " +
@@ -383,13 +398,11 @@ RunDir prepare_run_dir(coordinator::JobConfig& cfg, bool resuming) {
   }
   std::shared_ptr<spdlog::logger> log;
   try {  // (the token file, the log: a directory where they go is the run directory's fault)
-    if (cfg.take_over) {  // (its agents still alive present this token)
-      auto [job, token] = workers::read_token_file(d.path + "/job.token");
-      if (job != cfg.name)
-        throw coordinator::RunDirError("--resume " + d.path + ": its job.token is job '" + job +
-                                       "', not '" + cfg.name + "'");
+    auto [job, token] = cfg.take_over ? workers::read_token_file(d.path + "/job.token")
+                                      : std::pair<std::string, std::string>();
+    if (cfg.take_over && job == cfg.name) {  // (its agents still alive present this token)
       d.token = token;
-    } else {
+    } else {  // (a new run, or one taken over under another name: none of its agents lives)
       d.token = coordinator::new_token();
       coordinator::write_token_file(d.path + "/job.token", cfg.name, d.token);
     }

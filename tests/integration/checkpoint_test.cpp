@@ -99,9 +99,10 @@ TEST(Checkpoints, TheWholeJobKilledResumesFromItsCheckpointAtAnotherSize) {
   EXPECT_TRUE(fs::exists(job.run_dir + "/checkpoints/step-00000120/manifest.json"));
 }
 
-// Every process of a run SIGKILLed: a resume with more steps is taken and trains to them (it was
-// refused as a take-over whose agents "train to the run's own steps", though none was alive);
-// fewer steps than the run committed are refused.
+// Every process of a run SIGKILLed: a resume with more steps, under another job.name, is taken
+// and trains to them (it was refused as a take-over whose agents "train to the run's own steps",
+// or whose job.token "is job 'checkpoints'", though none was alive); fewer steps than the run
+// committed are refused.
 TEST(Checkpoints, TheWholeJobKilledResumesToAnotherNumberOfSteps) {
   TempDir dir;
   Job job = start_job(dir, "longer", kGpt, 2, {"job.steps=60"}, {pace(30000)});
@@ -130,11 +131,13 @@ TEST(Checkpoints, TheWholeJobKilledResumesToAnotherNumberOfSteps) {
                       job.run_dir + "/checkpoints/step-00000040)"),
             std::string::npos)
       << text_of(unpadded.out);
-  Job more = start_job(dir, "longer", kGpt, 2, {"job.steps=80"}, {}, {"--resume", job.run_dir});
+  Job more = start_job(dir, "longer", kGpt, 2, {"job.steps=80", "job.name=\"taken\""}, {},
+                       {"--resume", job.run_dir});
   st = more.proc->wait(120s);
   ASSERT_TRUE(st);
   EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(more.out);
   EXPECT_EQ(committed_losses(more.run_dir).size(), 80u);
+  EXPECT_EQ(text_of(job.run_dir + "/job.token").rfind("taken ", 0), 0u);
   EXPECT_TRUE(fs::exists(job.run_dir + "/checkpoints/step-00000080/manifest.json"));
   // A resume of the ended run under another name: its status names the job so (it named it as
   // the first run had).
@@ -635,6 +638,17 @@ TEST(Checkpoints, ARestartedCoordinatorAdoptsTheLiveAgentsAndNothingIsRedone) {
   EXPECT_NE(text_of(other.out).find("job.steps = 150, but the run was started with 120"),
             std::string::npos)
       << text_of(other.out);
+  // So is another job.name: the agents still alive present the run's token, its name.
+  Job renamed = start_job(dir, "adopted-name", kGpt, 2, {sets[0], "job.name=\"other\""}, {},
+                          {"--resume", job.run_dir});
+  refused = renamed.proc->wait(30s);
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(WEXITSTATUS(*refused), 2) << text_of(renamed.out);
+  EXPECT_NE(
+      text_of(renamed.out)
+          .find("job.name = 'other', but its agents that may still be alive are job 'checkpoints'"),
+      std::string::npos)
+      << text_of(renamed.out);
 
   Job taken = start_job(dir, "adopted", kGpt, 2, sets, {}, {"--resume", job.run_dir});
   expect_same_function(taken, want.losses, 120, kBatch, 0);
