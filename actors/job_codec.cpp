@@ -1,5 +1,8 @@
 // The one place where the job protocol's C++ values (job_protocol.h) meet their Cap'n Proto
 // bodies (comm/control.capnp).
+#include <algorithm>
+#include <utility>
+
 #include "actors/job_protocol.h"
 
 namespace troupe::actors {
@@ -54,13 +57,16 @@ ControlMessage encode(const Join& m) {
     j.setRejoin(m.rejoin);
     j.setProtocol(m.protocol);
     j.setHostIdentity(m.host_identity);
+    auto k = j.initKinds(unsigned(m.kinds.size()));
+    for (unsigned i = 0; i < m.kinds.size(); ++i) k.set(i, m.kinds[i]);
   });
 }
 
 Join decode(proto::Join::Reader r) {
-  Join m{r.getAgentName(), r.getHost(),     r.getPid(),         {},
-         r.getRejoin(),    r.getProtocol(), r.getHostIdentity()};
+  Join m{r.getAgentName(), r.getHost(),     r.getPid(),          {},
+         r.getRejoin(),    r.getProtocol(), r.getHostIdentity(), {}};
   for (auto d : r.getDevices()) m.devices.push_back(d);
+  for (auto k : r.getKinds()) m.kinds.push_back(k);
   return m;
 }
 
@@ -71,6 +77,30 @@ std::string protocol_refusal(const Join& j) {
                           : std::to_string(j.protocol)) +
          ", this coordinator " + std::to_string(kProtocol) +
          ": run one Troupe build for the coordinator and every agent (troupe version)";
+}
+
+// (Said as the agent prints it: "troupe agent: join refused: ...". The agent checks its JobSpec
+// too, for a coordinator that did not check.)
+std::string kind_refusal(const Join& j, const std::string& model_kind,
+                         const std::string& data_kind) {
+  if (j.kinds.empty()) return "";
+  auto has = [&](const std::string& kind) {
+    return std::find(j.kinds.begin(), j.kinds.end(), kind) != j.kinds.end();
+  };
+  const bool loop = has("model:external");
+  if (model_kind == "external" && !loop)
+    return "the job's model.kind = \"external\": its members run their own training loop "
+           "(troupe::ElasticLoop, workers/elastic_loop.h); troupe agent cannot train it";
+  if (model_kind != "external" && loop)
+    return "the job trains model.kind = \"" + model_kind +
+           "\": a loop of its own joins a job of model.kind = \"external\"";
+  const std::pair<std::string, std::string> wanted[] = {{"model", model_kind}, {"data", data_kind}};
+  for (const auto& [table, kind] : wanted)
+    if (!has(table + ":" + kind))
+      return "the job's " + table + ".kind = \"" + kind +
+             "\" is not a kind this program has: run the agents from the program that added it "
+             "(its troupe::main)";
+  return "";
 }
 
 namespace {

@@ -43,9 +43,16 @@ struct Join {
   bool rejoin = false;  // its coordinator was lost and it holds the job's state: adopt it
   uint32_t protocol = kProtocol;
   std::string host_identity;  // comm::host_identity(): where `pid` names its process
+  // What its program trains: "model:NAME" and "data:NAME" of each kind ("model:external" and
+  // "data:external" for a loop of its own, troupe::ElasticLoop); empty: not said (older).
+  std::vector<std::string> kinds;
 };
 // Why a coordinator refuses the agent's join for its protocol ("" when it speaks kProtocol).
 std::string protocol_refusal(const Join& j);
+// Why a coordinator of a job of `model_kind` and `data_kind` refuses the agent's join: its
+// program cannot train them ("" when it can, or did not say).
+std::string kind_refusal(const Join& j, const std::string& model_kind,
+                         const std::string& data_kind);
 
 // coordinator -> agent: the answer to Join. Workers never read TOML: this is the job as they
 // see it (docs/config.md names each key).

@@ -572,7 +572,8 @@ int run_checkpoint(const std::vector<std::string>& words) {
   if (auto rc = parse(app, words)) return *rc;
   AdminSession session(job);
   auto before = session.status();
-  if (!before || !session.request(actors::make_checkpoint_request(false))) return 1;
+  if (!before) return 1;
+  if (!session.request(actors::make_checkpoint_request(false))) return session.failure_rc();
   const uint64_t wanted = before->step + 1;  // (the coordinator's target is at least this)
   std::printf("troupe: checkpoint requested at the first step boundary after step %llu\n",
               (unsigned long long)before->step);

@@ -83,6 +83,7 @@ struct RunDir {
 // stop --checkpoint, SIGTERM) and at a completed job's last step. Created up front for periodic
 // ones (throws RunDirError when it cannot be), else by the first checkpoint written.
 void resolve_checkpoint_dir(coordinator::JobConfig& cfg, const std::string& run_dir) {
+  if (cfg.external()) return;  // (the members' own loop keeps its own: none, not an empty one)
   if (cfg.checkpoint_dir.empty()) cfg.checkpoint_dir = run_dir + "/checkpoints";
   std::error_code ec;
   cfg.checkpoint_dir = std::filesystem::absolute(cfg.checkpoint_dir, ec).lexically_normal();
@@ -378,7 +379,7 @@ RunDir prepare_run_dir(coordinator::JobConfig& cfg, bool resuming) {
                      fs::path(cfg.resume_dir).parent_path() == fs::path(cfg.checkpoint_dir));
     std::function<std::optional<uint64_t>()> earlier;
     if (!goes_on) earlier = [&cfg] { return coordinator::Checkpoints(cfg).newest_in_dir(); };
-    d.owned->claim_checkpoints(cfg.checkpoint_dir, earlier);
+    if (!cfg.checkpoint_dir.empty()) d.owned->claim_checkpoints(cfg.checkpoint_dir, earlier);
   } catch (const coordinator::RunDirError&) {
     d.owned.reset();  // (a refusal leaves no run directory it made)
     std::error_code ec;
@@ -617,7 +618,7 @@ int report_end(const coordinator::JobConfig& cfg, const std::string& dir,
         "troupe: its newest checkpoint is %s: %s goes on from there (the steps after it "
         "again)\n",
         end.checkpoint.c_str(), resume_command(dir).c_str());
-  else if (stopped)  // (nothing to resume or export from: say so, and how it is kept next time)
+  else if (stopped && !cfg.external())  // (nothing to resume from: say so, and how to keep one)
     std::printf(
         "troupe: it wrote no checkpoint, so nothing resumes or exports from it (troupe stop "
         "--checkpoint, a SIGTERM or checkpoint.every_steps keep one)\n");
@@ -1048,6 +1049,13 @@ int run_agent_command(const std::vector<std::string>& words, const Hooks& hooks)
   app.add_option("--failure-timeout-ms", failure_ms, "a silent peer is lost after this")
       ->check(number_in(1, 3600000));
   if (auto rc = parse(app, words)) return *rc;
+  if (!coordinator::host_and_port(o.join)) {  // (it was "cannot reach", exit 1, after a start)
+    std::fprintf(stderr,
+                 "troupe agent: --join %s is not HOST:PORT (the coordinator's address: its run "
+                 "directory's coordinator.addr)\n",
+                 o.join.c_str());
+    return 2;
+  }
   if (app.count("--devices")) {  // (first: a device this build cannot use is refused before all)
     o.devices.clear();
     std::stringstream ss(devices);

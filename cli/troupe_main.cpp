@@ -242,6 +242,10 @@ int troupe_main(int argc, char** argv, const Hooks& hooks) {
   // Logs go to stderr; stdout is for results and machine-readable lines.
   spdlog::set_default_logger(spdlog::stderr_color_mt("troupe"));
   std::vector<std::string> words(argv + 1, argv + argc);
+  if (words.size() > 1 && words[0] == "help") {  // (troupe help run: run's own, as run --help)
+    words.erase(words.begin());
+    words.push_back("--help");
+  }
   // A job's console may go away under it (piped to head, a tee that ended): its writes then
   // fail and it goes on; SIGPIPE ended it with no event, its agents orphaned.
   if (!words.empty() && (words[0] == "run" || words[0] == "coordinator" || words[0] == "agent"))

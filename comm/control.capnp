@@ -59,6 +59,9 @@ struct Join {
   protocol @5 :UInt32;      # the control protocol's revision it speaks (actors::kProtocol; 0:
                             # a Troupe from before it was sent)
   hostIdentity @6 :Text;    # comm::host_identity(): where its pid names its process ("": unknown)
+  kinds @7 :List(Text);     # what its program trains: "model:gpt", "data:tokens", ... ("model:
+                            # external" for a loop of its own); empty: a Troupe from before it
+                            # was sent (its JobSpec is checked by the agent alone)
 }
 
 struct JobSpec {

@@ -104,6 +104,7 @@ elastic::ScaleLimits scale_limits(const JobConfig& cfg, uint32_t min_workers) {
   l.max_workers = uint32_t(cfg.max_workers);
   l.can_launch = cfg.launcher == "local";
   l.launcher = cfg.launcher;
+  if (cfg.external()) l.joined_by = "another member of your program (troupe::ElasticLoop)";
   l.workers_per_agent = uint32_t(std::max<int64_t>(1, cfg.devices_per_agent));
   l.machine_cores = std::max(1u, std::thread::hardware_concurrency());
   l.machine_workers =

@@ -302,8 +302,17 @@ void assign(const Field& f, const toml::node& n, const std::string& source) {
     // (a string's value shown: one a --set took for a bare word, e.g. "[1")
     const std::string shown =
         n.is_string() ? " (" + toml_string(*n.value<std::string>()) + ")" : "";
+    // (--set observability.trace_steps=500: a bare number is one; a string of it is quoted)
+    std::string value;
+    if (f.kind == Kind::string && at.rfind("--set", 0) == 0) {
+      if (auto v = n.as_integer()) value = std::to_string(v->get());
+      if (auto v = n.as_floating_point()) value = exact(v->get());
+      if (auto v = n.as_boolean()) value = v->get() ? "true" : "false";
+    }
+    const std::string quoted =
+        value.empty() ? "" : "; as a string: --set " + name + "='\"" + value + "\"'";
     return ConfigError(at + ": " + name + " must be " + kind_name(f.kind) + ", not " +
-                       (vowel ? "an " : "a ") + type + shown);
+                       (vowel ? "an " : "a ") + type + shown + quoted);
   };
   switch (f.kind) {
     case Kind::integer: {

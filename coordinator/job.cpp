@@ -120,7 +120,7 @@ class Coordinator : public caf::event_based_actor {
     // A write to the run directory that fails (a full disk) fails the job, naming the file:
     // handled as a message of its own, after the handler that wrote.
     log_.on_error([this](const std::string& why) { send(this, log_failed_atom::value, why); });
-    if (!cfg_.checkpoint_dir.empty()) checkpoints_.emplace(cfg_);
+    if (!cfg_.checkpoint_dir.empty() && !cfg_.external()) checkpoints_.emplace(cfg_);
     if (metrics_) log_.observe([m = metrics_](const nlohmann::ordered_json& j) { m->record(j); });
     log_.observe([this](const nlohmann::ordered_json& j) { publish_event(j); });
   }
@@ -378,6 +378,18 @@ class Coordinator : public caf::event_based_actor {
   ControlMessage on_join(uint64_t node, const actors::Join& j) {
     if (std::string why = actors::protocol_refusal(j); !why.empty()) {
       spdlog::warn("{}", why);
+      return actors::make_error_reply(Errc::invalid_input, why);
+    }
+    // (a program that cannot train the job: refused here, the job waits on for its own agents;
+    // it joined, and its failure failed the job or was recorded as a lost member)
+    if (std::string why = actors::kind_refusal(j, cfg_.model_kind, cfg_.data_kind); !why.empty()) {
+      log_.event("agent_refused", Json()
+                                      .str("name", j.agent_name)
+                                      .str("host", j.host)
+                                      .integer("pid", j.pid)
+                                      .str("reason", why));
+      spdlog::warn("refused agent '{}' (pid {} on {}): {}", j.agent_name, j.pid, j.host, why);
+      tell("refused agent '" + j.agent_name + "': " + why);
       return actors::make_error_reply(Errc::invalid_input, why);
     }
     if (job_.phase() == JobPhase::forming && int64_t(roster_.alive()) >= cfg_.agents) {
@@ -762,8 +774,14 @@ class Coordinator : public caf::event_based_actor {
     }
     if (g.recover_to > g.recover_from) reforms_ = 0;
     const uint64_t reached = steps_.committed();  // (before a rollback sets it back)
+    // (where the redone steps' state came from: a rollback's reload, or the checkpoint a take-over
+    // whose agents did not come back resumed from, before steps the lost coordinator committed)
+    std::optional<std::string> from = reload;
+    if (taking_over_ && !from && g.rolled_back && !cfg_.resume_dir.empty() &&
+        g.start_step == cfg_.resume_step)
+      from = cfg_.resume_dir;
     if (taking_over_) note_take_over(g);
-    if (!steps_.start_generation(g, gens_.current(), gens_.world(), reload))
+    if (!steps_.start_generation(g, gens_.current(), gens_.world(), from))
       return fail("cannot rewrite " + dir_ + "/ledger.jsonl for the rollback to step " +
                   std::to_string(g.start_step));
     if (checkpoints_ && g.start_step < reached) undo_checkpoints(g.start_step);
@@ -1314,6 +1332,11 @@ class Coordinator : public caf::event_based_actor {
   // is under way, a checkpoint alone is refused as lr and scale are (it was accepted, then said
   // to have failed when the job ended).
   ControlMessage checkpoint(bool and_stop) {
+    if (cfg_.external())  // (it was accepted, and never came: `troupe checkpoint` waited)
+      return actors::make_error_reply(
+          Errc::invalid_input, std::string("the job's members run their own loop (model.kind = "
+                                           "\"external\"): it keeps its own checkpoints") +
+                                   (and_stop ? "; troupe stop without --checkpoint stops it" : ""));
     if (!checkpoints_)
       return actors::make_error_reply(Errc::refused, "this job has no checkpoint directory");
     if (!and_stop && job_.stop_requested())
@@ -1656,9 +1679,11 @@ class Coordinator : public caf::event_based_actor {
     const bool ending = std::any_of(slot_news_.begin(), slot_news_.end(),
                                     [](const auto& n) { return n.second == "lost"; });
     if (roster_.alive() > 0 || starting_agents() > 0 || ending) return;
+    std::string lost = last_failure_;  // (without the give-up's detail again: said first)
+    if (const size_t at = lost.find("; " + gave_up_); at != std::string::npos)
+      lost.erase(at, gave_up_.size() + 2);
     fail("no agent is left: the launcher gave up on its agents (" + gave_up_ +
-         ") and none is alive or starting" +
-         (last_failure_.empty() ? "" : "; last lost: " + last_failure_));
+         ") and none is alive or starting" + (lost.empty() ? "" : "; last lost: " + lost));
   }
 
   // The agents the launcher was asked for or (re)started and that have not joined: they count as

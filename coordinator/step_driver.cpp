@@ -170,6 +170,7 @@ void StepDriver::commit(uint64_t step, bool recovered, uint64_t generation, size
   const double idle = p.ranks.empty() ? 0.0 : 1.0 - p.busy / (double(p.ranks.size()) * seconds);
   Json metric = std::move(Json()
                               .integer("step", long(step))
+                              .integer("generation", long(generation))
                               .num("loss", p.loss)
                               .num("step_seconds", p.seconds)
                               .num("idle_fraction", idle)

@@ -21,6 +21,9 @@ struct ScaleLimits {
   uint32_t max_workers = 0;  // elastic.max_workers (0: none)
   bool can_launch = false;   // the local launcher starts agents
   std::string launcher;      // cluster.launcher, for the refusal
+  // How workers are added without the launcher, for the refusal (a loop of its own: another
+  // member of that program; `troupe agent` cannot train it).
+  std::string joined_by = "`troupe agent --join`";
   uint32_t workers_per_agent = 1;
   // The local launcher starts every agent on this machine: at most this many workers (0: no
   // bound), and the machine's cores for the refusal.

@@ -120,7 +120,7 @@ int run_agent(const AgentOptions& o) {
   ArmedOnReturn arm{deadline, session.board(), o.own_process};
   if (!session.error().empty()) {
     std::fprintf(stderr, "troupe agent: %s\n", session.error().c_str());
-    return 1;
+    return session.refused() ? 2 : 1;
   }
   const actors::JobSpec& spec = session.spec();
   // logging.level, in an agent process of its own (a program embedding one keeps its own level).

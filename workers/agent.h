@@ -30,6 +30,10 @@ struct AgentOptions {
   // The program's own model and data kinds (troupe::main); null: the built-in ones only. A job
   // whose kind the program lacks is refused at the join (exit 2).
   std::shared_ptr<const models::Extensions> extensions;
+  // The kinds it trains, sent in its Join ("model:gpt", "data:tokens", ...: actors::Join::kinds),
+  // so that a coordinator refuses it for a job it cannot train; empty: the built-in kinds and
+  // `extensions`' (a loop of its own, troupe::ElasticLoop, says "model:external").
+  std::vector<std::string> kinds;
   // The process is this agent's alone (`troupe agent`): once run_agent ends, a control plane
   // whose teardown outlasts 10 s is left behind with _Exit. Never for an agent embedded in a
   // program (a thread of it: the program goes on).

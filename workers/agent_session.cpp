@@ -77,8 +77,21 @@ struct Joined {
   uint64_t coordinator = 0;
   actors::JobSpec spec;
   std::string error;
-  bool fenced = false;  // the coordinator there refused this node: it dropped it (still alive)
+  bool fenced = false;   // the coordinator there refused this node: it dropped it (still alive)
+  bool invalid = false;  // it refused this program for the job (protocol, kinds): never joins
 };
+
+// What the agent's program trains, for its Join (AgentOptions::kinds).
+std::vector<std::string> kinds_of(const AgentOptions& o) {
+  if (!o.kinds.empty()) return o.kinds;
+  std::vector<std::string> k{"model:mlp", "model:gpt", "data:synthetic", "data:text",
+                             "data:tokens"};
+  if (o.extensions) {
+    for (const auto& m : o.extensions->models()) k.push_back("model:" + m.name);
+    for (const auto& d : o.extensions->datasets()) k.push_back("data:" + d.name);
+  }
+  return k;
+}
 
 // Each request is made by a scoped actor of its own, gone with its answer: a reply that comes
 // after the request's deadline, and CAF's timeout message of a request answered in time (CAF 0.17
@@ -93,6 +106,7 @@ Joined join(caf::scoped_actor& watcher, const caf::actor& bridge, const std::str
   auto render = [&](const caf::error& e) {
     const auto ce = actors::control_error(e);
     j.fenced = ce && ce->code == comm::Errc::refused;
+    j.invalid = ce && ce->code == comm::Errc::invalid_input;
     j.error = watcher->system().render(e);
   };
   caf::scoped_actor(watcher->system())
@@ -103,8 +117,8 @@ Joined join(caf::scoped_actor& watcher, const caf::actor& bridge, const std::str
     return j;
   }
   watcher->send(bridge, actors::monitor_atom::value, j.coordinator);  // (its NodeDown: watch())
-  actors::Join request{name,   host_name(),       uint32_t(getpid()),   o.devices,
-                       rejoin, actors::kProtocol, comm::host_identity()};
+  actors::Join request{name,   host_name(),       uint32_t(getpid()),    o.devices,
+                       rejoin, actors::kProtocol, comm::host_identity(), kinds_of(o)};
   if (o.faults) o.faults->before_join(name);
   ControlMessage reply;
   // A job forming its first generation with all its agents asks this one to come again once it
@@ -165,6 +179,7 @@ AgentSession::AgentSession(const AgentOptions& o)
   (*self_)->send(bridge_, actors::register_atom::value, actors::kAgentActorId, agent_);
   Joined joined = join(*self_, bridge_, o.join, o, name_, false);
   error_ = joined.error;
+  refused_join_ = joined.invalid;
   coordinator_ = joined.coordinator;
   spec_ = joined.spec;
   if (error_.empty()) agent_id_->store(spec_.agent_id);

@@ -34,6 +34,9 @@ class AgentSession {
   AgentSession& operator=(const AgentSession&) = delete;
 
   const std::string& error() const { return error_; }
+  // The coordinator refused this program for its job (its protocol, or kinds it cannot train):
+  // it never can join it (troupe agent: exit 2).
+  bool refused() const { return refused_join_; }
   const std::string& name() const { return name_; }
   const actors::JobSpec& spec() const { return spec_; }  // as the first join answered
   // Its id: the first join's, then the one a coordinator that took the run over gave it.
@@ -82,6 +85,7 @@ class AgentSession {
   std::shared_ptr<GenerationBoard> board_;
   std::shared_ptr<std::atomic<uint32_t>> agent_id_;
   std::string name_, error_, address_;
+  bool refused_join_ = false;
   std::atomic<uint64_t> coordinator_{0};  // (send() reads it on the workers' threads)
   actors::JobSpec spec_;
   std::mutex reports_mu_;

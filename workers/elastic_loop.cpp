@@ -90,6 +90,7 @@ workers::AgentOptions agent_options(const LoopOptions& o) {
   a.address_file = o.token_file.substr(0, o.token_file.find_last_of('/') + 1) + "coordinator.addr";
   a.name = o.name;
   a.devices = {"cpu:0"};
+  a.kinds = {"model:external", "data:external"};
   a.heartbeat_interval = std::chrono::milliseconds(o.heartbeat_interval_ms);
   a.failure_timeout = std::chrono::milliseconds(o.failure_timeout_ms);
   return a;

@@ -172,13 +172,17 @@ TEST(CustomModel, AnAgentOfAnotherProgramIsRefusedAtItsJoin) {
   EXPECT_NE(text_of(log).find("model.kind = \"convnet\" is not a kind this program has"),
             std::string::npos)
       << text_of(log);
-  // The coordinator heard why (not only a lost peer): its first generation's agent gone, the job
-  // fails with the reason.
-  auto end = job.proc->wait(30s);
-  ASSERT_TRUE(end) << "the job still waits for its agent";
-  EXPECT_EQ(WEXITSTATUS(*end), 1);
-  EXPECT_NE(text_of(job.out).find("is not a kind this program has"), std::string::npos)
-      << text_of(job.out);
+  // The coordinator refused it at its join and said so (it joined, and its failure failed the
+  // job): the job waits on for an agent of its own program, which trains it to the end.
+  EXPECT_NE(wait_event(job, is("agent_refused"), 10s).find("is not a kind this program has"),
+            std::string::npos);
+  EXPECT_NE(text_of(job.out).find("refused agent '"), std::string::npos) << text_of(job.out);
+  EXPECT_EQ(count_events(job, "member_joined"), 0);
+  auto own = join_agent(dir, job, "own");
+  auto end = job.proc->wait(120s);
+  ASSERT_TRUE(end) << "the job did not finish";
+  EXPECT_EQ(WEXITSTATUS(*end), 0) << text_of(job.out);
+  EXPECT_EQ(count_events(job, "member_failed"), 0);
 }
 
 }  // namespace

@@ -1006,6 +1006,9 @@ TEST(Command, EveryCommandAndGroupAnswersHelpAndNamesAMistake) {
       {{"version", "-h"}, 0, "usage: troupe version (no arguments)"},
       {{"stauts"}, 2, "unknown command 'stauts'; did you mean 'status'?"},
       {{"bench", "model", "--help"}, 0, "--threads"},
+      {{"help", "run"}, 0, "Usage: troupe run [OPTIONS] CONFIG"},  // (it was the general help)
+      {{"help", "data", "prepare"}, 0, "--max-words"},
+      {{"agent", "--join", "garbage", "--token-file", "t"}, 2, "--join garbage is not HOST:PORT"},
   };
   for (const auto& c : cases) {
     auto [rc, said] = troupe_says(dir, c.args);

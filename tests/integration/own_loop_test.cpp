@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -197,6 +198,7 @@ TEST(OwnLoop, AJobOfAnotherKindRefusesTheLoopAndTroupeAgentRefusesTheLoopsJob) {
   EXPECT_NE(text_of(dir.path() + "/loop.out").find("a loop of its own joins a job of model.kind"),
             std::string::npos)
       << text_of(dir.path() + "/loop.out");
+  EXPECT_NE(wait_event(mlp, is("agent_refused", "name", "loop"), 10s), "");
   mlp.proc->signal(SIGTERM);
   mlp.proc->wait(30s);
   // troupe agent joining a job of model.kind = "external": refused at the join.
@@ -214,14 +216,34 @@ TEST(OwnLoop, AJobOfAnotherKindRefusesTheLoopAndTroupeAgentRefusesTheLoopsJob) {
   EXPECT_NE(said.find("your program's members join it (troupe::ElasticLoop"), std::string::npos)
       << said;
   EXPECT_EQ(said.find("troupe agent --join"), std::string::npos) << said;
-  // The coordinator heard why (it recorded a lost peer, and waited for the agent until
-  // elastic.start_timeout_ms): the first generation's agent gone, the job fails with the reason.
-  auto end = external.proc->wait(30s);
-  ASSERT_TRUE(end) << "the job still waits for its agent";
-  EXPECT_EQ(WEXITSTATUS(*end), 1);
-  EXPECT_NE(text_of(external.out).find("failed: the job's model.kind = \"external\""),
-            std::string::npos)
+  // Refused at its join: the coordinator says so, and waits on for its own members (the agent
+  // joined, and its failure failed the job).
+  const std::string refused = wait_event(external, is("agent_refused", "name", "agent"), 10s);
+  EXPECT_NE(refused.find("troupe agent cannot train it"), std::string::npos) << refused;
+  EXPECT_EQ(count_events(external, "member_joined"), 0);
+  auto a = member(dir, external, address_of(external), "a");
+  wait_steps(external, 20);
+  EXPECT_EQ(count_events(external, "member_failed"), 0);
+  // Troupe checkpoints none of the loop's state: a checkpoint is refused (it was accepted and
+  // never came), so is a stop with one, and a scale names how members are added.
+  const std::string run = external.run_dir;
+  EXPECT_NE(admin(dir, {"checkpoint", "--run-dir", run}, 2).find("it keeps its own checkpoints"),
+            std::string::npos);
+  EXPECT_NE(admin(dir, {"stop", "--run-dir", run, "--checkpoint"}, 2)
+                .find("troupe stop without --checkpoint stops it"),
+            std::string::npos);
+  EXPECT_NE(admin(dir, {"scale", "--run-dir", run, "--workers", "2"}, 2)
+                .find("another member of your program (troupe::ElasticLoop)"),
+            std::string::npos);
+  admin(dir, {"stop", "--run-dir", run});
+  auto end = external.proc->wait(60s);
+  ASSERT_TRUE(end) << "the stop did not end the job";
+  EXPECT_EQ(WEXITSTATUS(*end), 0) << text_of(external.out);
+  EXPECT_EQ(text_of(external.out).find("it wrote no checkpoint"), std::string::npos)
       << text_of(external.out);
+  EXPECT_FALSE(std::filesystem::exists(run + "/checkpoints"))
+      << "an empty checkpoints/ of a loop's run";
+  EXPECT_EQ(exit_status(*a), 0) << text_of(dir.path() + "/a.out");
 }
 
 }  // namespace

@@ -148,6 +148,11 @@ TEST(Config, BadFilesAreRefusedWithFileLineAndReason) {
        {"optimizer.lr=[1"},
        "--set optimizer.lr: optimizer.lr must be a number, not a string (\"[1\")"},
       {"a bare word from --set", "", {"model.kind=gtp"}, "--set model.kind: model.kind = \"gtp\""},
+      {"a number for a string from --set: how to quote it",
+       "",
+       {"observability.trace_steps=500"},
+       "--set observability.trace_steps: observability.trace_steps must be a string, not an "
+       "integer; as a string: --set observability.trace_steps='\"500\"'"},
       {"a bare word with quotes and a tab",
        "",
        {"model.kind=a\"b\tc"},

@@ -19,9 +19,43 @@ elastic::Holding holding() {
   return h;
 }
 
+// A program that cannot train the job's kinds is refused at its join, saying what it lacks (it
+// joined, and its workers' failure failed the job); one that did not say (older) is not.
+TEST(JobCodec, AJoinOfAProgramWithoutTheJobsKindsIsRefused) {
+  Join agent{"a",   "h",       1,  {"cpu:0"},
+             false, kProtocol, "", {"model:mlp", "model:gpt", "data:synthetic", "data:text"}};
+  EXPECT_EQ(kind_refusal(agent, "gpt", "text"), "");
+  EXPECT_EQ(kind_refusal(agent, "convnet", "text"),
+            "the job's model.kind = \"convnet\" is not a kind this program has: run the agents "
+            "from the program that added it (its troupe::main)");
+  EXPECT_EQ(kind_refusal(agent, "mlp", "stripes").find("the job's data.kind = \"stripes\" is not"),
+            0u);
+  EXPECT_EQ(kind_refusal(agent, "external", "external")
+                .find("the job's model.kind = \"external\""
+                      ": its members run their own"),
+            0u);
+  Join loop = agent;
+  loop.kinds = {"model:external", "data:external"};
+  EXPECT_EQ(kind_refusal(loop, "external", "external"), "");
+  EXPECT_EQ(kind_refusal(loop, "mlp", "synthetic"),
+            "the job trains model.kind = \"mlp\": a loop of its own joins a job of model.kind = "
+            "\"external\"");
+  Join older = agent;
+  older.kinds.clear();
+  EXPECT_EQ(kind_refusal(older, "convnet", "stripes"), "");
+}
+
 TEST(JobCodec, JoinAndJobSpecRoundTrip) {
-  Join j{"agent-3", "host-a", 1234, {"cpu:0", "cpu:1"}, true, kProtocol, "host-a/boot/4026531836"};
+  Join j{"agent-3",
+         "host-a",
+         1234,
+         {"cpu:0", "cpu:1"},
+         true,
+         kProtocol,
+         "host-a/boot/4026531836",
+         {"model:gpt", "data:stripes"}};
   Join k = decode(body(encode(j)).getJoin());
+  EXPECT_EQ(k.kinds, j.kinds);
   EXPECT_TRUE(k.rejoin);
   EXPECT_EQ(k.agent_name, j.agent_name);
   EXPECT_EQ(k.host, j.host);
