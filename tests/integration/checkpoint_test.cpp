@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "actors/job_protocol.h"
 #include "tests/harness/jobs.h"
 
 namespace troupe {
@@ -138,6 +139,21 @@ TEST(Checkpoints, TheWholeJobKilledResumesToAnotherNumberOfSteps) {
   EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(more.out);
   EXPECT_EQ(committed_losses(more.run_dir).size(), 80u);
   EXPECT_EQ(text_of(job.run_dir + "/job.token").rfind("taken ", 0), 0u);
+  // The steps the lost coordinator committed past that checkpoint were redone: the event names
+  // the checkpoint (it named none, as a stage-backup rollback does), and metrics.jsonl has a
+  // second line of each, of a later generation (two lines of one step, nothing to tell them by).
+  const std::string back = wait_event(more, is("steps_rolled_back"), 0s);
+  ASSERT_NE(back, "");
+  const std::string from = json_field(back, "from");
+  EXPECT_NE(json_field(back, "checkpoint").find(actors::checkpoint_dir_name(std::stoull(from))),
+            std::string::npos)
+      << back;
+  std::vector<long> generations;
+  for (const auto& m : lines_of(job.run_dir + "/metrics.jsonl"))
+    if (json_field(m, "step") == from && !json_field(m, "step_seconds").empty())
+      generations.push_back(std::stol(json_field(m, "generation")));
+  ASSERT_EQ(generations.size(), 2u);
+  EXPECT_LT(generations[0], generations[1]);
   EXPECT_TRUE(fs::exists(job.run_dir + "/checkpoints/step-00000080/manifest.json"));
   // A resume of the ended run under another name: its status names the job so (it named it as
   // the first run had).
