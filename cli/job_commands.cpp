@@ -332,7 +332,12 @@ std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool l
                    "used (a new run there goes on from one of its checkpoints: --resume "
                    "%s/checkpoints/step-NNNNNNNN)\n",
                    path.c_str(), cfg.run_dir.c_str(), asked.c_str(), path.c_str());
-    if (!found && cfg.take_over) return "";  // (without adopted agents: from the seed)
+    if (!found && cfg.take_over) return "";   // (without adopted agents: from the seed)
+    if (!found && !refused.empty() && own &&  // (another config's: the run's own resumes it)
+        coordinator::checkpoint_config_hash(*own) != hash.hash)
+      return "--resume " + path + ": no checkpoint in " + dir + " is of this config's model, " +
+             "data and seed; the run's own config resumes it: troupe run " + path +
+             "/config.toml --resume " + path;
     if (!found) return "--resume " + path + ": no valid checkpoint in " + dir;
   }
   if (found->step >= uint64_t(cfg.steps))

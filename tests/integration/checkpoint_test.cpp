@@ -1623,7 +1623,12 @@ TEST(Checkpoints, BadCheckpointsAreRefusedNamingTheFileAndTheNewestValidOneIsUse
   EXPECT_NE(out.find("belongs to another model, data or seed (seed: 3 in the checkpoint, 99 now; "),
             std::string::npos)
       << out;
-  EXPECT_NE(out.find("no valid checkpoint"), std::string::npos) << out;
+  // (and the run's own config is named: it resumes it)
+  EXPECT_NE(out.find("is of this config's model, data and seed; the run's own config resumes it: "
+                     "troupe run " +
+                     saved.run_dir + "/config.toml --resume " + saved.run_dir),
+            std::string::npos)
+      << out;
 
   // The newest cut short by a crash before its manifest, the next with a truncated shard, the
   // oldest with a flipped byte: nothing valid is left, each named.
