@@ -537,8 +537,10 @@ actors::BridgeConfig bridge_config_of(const coordinator::JobConfig& cfg, const s
   return bc;
 }
 
+// (agents join with `program agent`: troupe, or a program's own, troupe::main, whose kinds troupe
+// lacks)
 void print_start(const coordinator::JobConfig& cfg, const std::string& dir,
-                 const std::string& address, bool local_agents) {
+                 const std::string& address, bool local_agents, const std::string& program) {
   std::printf("troupe: job '%s', %lld worker(s), %lld steps; run directory %s\n", cfg.name.c_str(),
               (long long)cfg.workers(), (long long)cfg.steps, dir.c_str());
   if (cfg.take_over)
@@ -555,9 +557,9 @@ void print_start(const coordinator::JobConfig& cfg, const std::string& dir,
         address.c_str(), address.c_str(), dir.c_str());
   else if (!local_agents)
     std::printf(
-        "troupe: coordinator at %s; agents join with: troupe agent --join %s --token-file "
+        "troupe: coordinator at %s; agents join with: %s agent --join %s --token-file "
         "%s/job.token\n",
-        address.c_str(), address.c_str(), dir.c_str());
+        address.c_str(), program.c_str(), address.c_str(), dir.c_str());
   std::fflush(stdout);
 }
 
@@ -875,19 +877,21 @@ int configure_job(const std::string& path, const std::vector<std::string>& sets,
     std::fprintf(stderr, "troupe: %s: %s\n", path.c_str(), why.c_str());
     return 2;
   }
-  if (std::string why = address_clash(cfg);
-      !why.empty() || !(why = listen_refusal(cfg.listen)).empty()) {
-    std::fprintf(stderr, "troupe: %s: %s\n", path.c_str(), why.c_str());
+  auto refused = [&](const std::string& key, const std::string& why) {  // (a --set's, so named)
+    const bool set = std::any_of(sets.begin(), sets.end(), [&](const std::string& s) {
+      return coordinator::override_key(s) == key;
+    });
+    std::fprintf(stderr, "troupe: %s: %s\n", set ? ("--set " + key).c_str() : path.c_str(),
+                 why.c_str());
     return 2;
-  }
-  if (std::string why = resolve_devices(cfg); !why.empty()) {
-    std::fprintf(stderr, "troupe: %s: %s\n", path.c_str(), why.c_str());
-    return 2;
-  }
-  if (std::string why = spawn_agents ? check_local_nccl(cfg) : ""; !why.empty()) {
-    std::fprintf(stderr, "troupe: %s: %s\n", path.c_str(), why.c_str());
-    return 2;
-  }
+  };
+  if (std::string why = address_clash(cfg); !why.empty())
+    return refused("observability.metrics_listen", why);
+  if (std::string why = listen_refusal(cfg.listen); !why.empty())
+    return refused("cluster.listen", why);
+  if (std::string why = resolve_devices(cfg); !why.empty()) return refused("cluster.devices", why);
+  if (std::string why = spawn_agents ? check_local_nccl(cfg) : ""; !why.empty())
+    return refused("parallel.backend", why);
   if (resume.empty()) return 0;
   const bool lr_set = std::any_of(sets.begin(), sets.end(), [](const std::string& s) {
     return coordinator::override_key(s) == "optimizer.lr";  // (any spelling: "optimizer.lr = 3")
@@ -969,7 +973,10 @@ int run_job(const std::vector<std::string>& words, bool spawn_agents, const Hook
     deadline.arm(std::chrono::seconds(30), 2, "troupe");
     return 2;
   }
-  print_start(cfg, dir.path, address, spawn_agents);
+  std::error_code ec;  // (a program's own kinds: its own executable)
+  const std::string program =
+      hooks.extensions ? std::filesystem::read_symlink("/proc/self/exe", ec).string() : "troupe";
+  print_start(cfg, dir.path, address, cfg.launcher == "local", ec ? "troupe" : program);
   caf::actor launcher;
   if (spawn_agents && cfg.launcher == "local")
     launcher =

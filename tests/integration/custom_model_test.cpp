@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -176,13 +177,20 @@ TEST(CustomModel, AnAgentOfAnotherProgramIsRefusedAtItsJoin) {
   // job): the job waits on for an agent of its own program, which trains it to the end.
   EXPECT_NE(wait_event(job, is("agent_refused"), 10s).find("is not a kind this program has"),
             std::string::npos);
-  EXPECT_NE(text_of(job.out).find("refused agent '"), std::string::npos) << text_of(job.out);
   EXPECT_EQ(count_events(job, "member_joined"), 0);
   auto own = join_agent(dir, job, "own");
   auto end = job.proc->wait(120s);
   ASSERT_TRUE(end) << "the job did not finish";
   EXPECT_EQ(WEXITSTATUS(*end), 0) << text_of(job.out);
   EXPECT_EQ(count_events(job, "member_failed"), 0);
+  EXPECT_NE(text_of(job.out).find("refused agent '"), std::string::npos) << text_of(job.out);
+  // (troupe run says how agents join, with the program's own command: troupe agent cannot train
+  // its kinds)
+  EXPECT_NE(text_of(job.out).find(
+                "agents join with: " + std::filesystem::canonical(TROUPE_BINARY).string() +
+                " agent --join " + addr),
+            std::string::npos)
+      << text_of(job.out);
 }
 
 }  // namespace

@@ -325,7 +325,8 @@ TEST(Job, InputsThatCouldHangOrMisleadAreRefusedBeforeAnythingStarts) {
                                 {"cluster.listen=\"" + taken + "\""}, 30s);
   ::close(busy);
   EXPECT_EQ(in_use.exit_code, 2) << in_use.output;
-  EXPECT_NE(in_use.output.find("cluster.listen = \"" + taken + "\": cannot listen there"),
+  EXPECT_NE(in_use.output.find("--set cluster.listen: cluster.listen = \"" + taken +
+                               "\": cannot listen there"),
             std::string::npos)
       << in_use.output;
   EXPECT_FALSE(std::filesystem::exists(in_use.run_dir)) << "a run directory was left";
@@ -972,8 +973,12 @@ TEST(Job, CudaDevicesWhereThereAreNoneAreRefusedAndAutoTrainsOnTheCpu) {
   ASSERT_TRUE(st);
   EXPECT_EQ(WEXITSTATUS(*st), 2);
   const std::string text = testing::text_of(out);
-  EXPECT_TRUE(text.find("cluster.devices = \"cuda\": no CUDA device") != std::string::npos ||
-              text.find("cluster.devices = \"cuda\": this build has no CUDA") != std::string::npos)
+  // (named as the --set it came from, not as the file)
+  EXPECT_TRUE(
+      text.find("--set cluster.devices: cluster.devices = \"cuda\": no CUDA device") !=
+          std::string::npos ||
+      text.find("--set cluster.devices: cluster.devices = \"cuda\": this build has no CUDA") !=
+          std::string::npos)
       << text;
   EXPECT_FALSE(std::filesystem::exists(run_dir)) << "nothing started";
   const std::string version_out = dir.path() + "/version.out";
