@@ -346,10 +346,12 @@ std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool l
   cfg.resume_dir = fs::absolute(found->directory, ec).lexically_normal().string();
   cfg.resume_step = found->step;
   if (cfg.trace_last >= 0 && uint64_t(cfg.trace_last) < found->step)
-    std::fprintf(stderr,
-                 "troupe: observability.trace_steps = \"%s\": those steps ran before step %llu, "
-                 "where this run goes on: none is traced\n",
-                 cfg.trace_steps.c_str(), (unsigned long long)found->step);
+    std::fprintf(
+        stderr,
+        "troupe: observability.trace_steps = \"%s\": those steps ran before step %llu, "
+        "where this run goes on%s: none is traced\n",
+        cfg.trace_steps.c_str(), (unsigned long long)found->step,
+        cfg.take_over ? " (or later: its agents that come back go on from their own)" : "");
   cfg.resume_blocks = found->blocks;
   choose_lr(cfg, found->lr, lr_set, own, path);
   return "";

@@ -88,7 +88,13 @@ std::string text_of(const troupe::models::OptionValue& v) {
         using T = std::decay_t<decltype(x)>;
         if constexpr (std::is_same_v<T, std::string>) return "\"" + x + "\"";
         if constexpr (std::is_same_v<T, bool>) return x ? "true" : "false";
-        if constexpr (!std::is_same_v<T, std::string> && !std::is_same_v<T, bool>)
+        if constexpr (std::is_same_v<T, double>) {  // (as a config writes it: 0.5, not 0.500000)
+          char text[32];
+          std::snprintf(text, sizeof text, "%.15g", x);
+          return text;
+        }
+        if constexpr (!std::is_same_v<T, std::string> && !std::is_same_v<T, bool> &&
+                      !std::is_same_v<T, double>)
           return std::to_string(x);
       },
       v);
@@ -100,7 +106,7 @@ void print_kind(const char* table, const std::string& name, const std::string& h
   for (const auto& k : keys) {
     std::printf("      %s.%s (%s, default %s", table, k.name.c_str(), type_of(k.default_value),
                 text_of(k.default_value).c_str());
-    if (k.min > -1e300 || k.max < 1e300) std::printf(", in [%g, %g]", k.min, k.max);
+    if (k.min > -1e300 || k.max < 1e300) std::printf(", in [%.15g, %.15g]", k.min, k.max);
     std::printf(")%s%s\n", k.help.empty() ? "" : ": ", k.help.c_str());
   }
 }
