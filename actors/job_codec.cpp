@@ -79,6 +79,10 @@ std::string protocol_refusal(const Join& j) {
          ": run one Troupe build for the coordinator and every agent (troupe version)";
 }
 
+std::vector<std::string> builtin_kinds() {
+  return {"model:mlp", "model:gpt", "data:synthetic", "data:text", "data:tokens"};
+}
+
 // (Said as the agent prints it: "troupe agent: join refused: ...". The agent checks its JobSpec
 // too, for a coordinator that did not check.)
 std::string kind_refusal(const Join& j, const std::string& model_kind,

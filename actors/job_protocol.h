@@ -49,6 +49,9 @@ struct Join {
 };
 // Why a coordinator refuses the agent's join for its protocol ("" when it speaks kProtocol).
 std::string protocol_refusal(const Join& j);
+// The kinds every Troupe program trains, as Join::kinds names them ("model:gpt", ...): a
+// program's own are added to them (workers' AgentOptions).
+std::vector<std::string> builtin_kinds();
 // Why a coordinator of a job of `model_kind` and `data_kind` refuses the agent's join: its
 // program cannot train them ("" when it can, or did not say).
 std::string kind_refusal(const Join& j, const std::string& model_kind,

@@ -879,21 +879,24 @@ int configure_job(const std::string& path, const std::vector<std::string>& sets,
     std::fprintf(stderr, "troupe: %s: %s\n", path.c_str(), why.c_str());
     return 2;
   }
-  auto refused = [&](const std::string& key, const std::string& why) {  // (a --set's, so named)
-    const bool set = std::any_of(sets.begin(), sets.end(), [&](const std::string& s) {
-      return coordinator::override_key(s) == key;
-    });
-    std::fprintf(stderr, "troupe: %s: %s\n", set ? ("--set " + key).c_str() : path.c_str(),
-                 why.c_str());
+  // (a value from --listen or a --set is named so, not as the file's)
+  auto refused = [&](std::vector<std::string> keys, const std::string& why) {
+    std::string where = path;
+    for (const std::string& key : keys)
+      for (const std::string& s : sets)
+        if (coordinator::override_key(s) == key) where = "--set " + key;
+    if (!listen.empty() && keys[0] == "cluster.listen") where = "--listen " + listen;
+    std::fprintf(stderr, "troupe: %s: %s\n", where.c_str(), why.c_str());
     return 2;
   };
   if (std::string why = address_clash(cfg); !why.empty())
-    return refused("observability.metrics_listen", why);
+    return refused({"cluster.listen", "observability.metrics_listen"}, why);
   if (std::string why = listen_refusal(cfg.listen); !why.empty())
-    return refused("cluster.listen", why);
-  if (std::string why = resolve_devices(cfg); !why.empty()) return refused("cluster.devices", why);
+    return refused({"cluster.listen"}, why);
+  if (std::string why = resolve_devices(cfg); !why.empty())
+    return refused({"cluster.devices"}, why);
   if (std::string why = spawn_agents ? check_local_nccl(cfg) : ""; !why.empty())
-    return refused("parallel.backend", why);
+    return refused({"parallel.backend"}, why);
   if (resume.empty()) return 0;
   const bool lr_set = std::any_of(sets.begin(), sets.end(), [](const std::string& s) {
     return coordinator::override_key(s) == "optimizer.lr";  // (any spelling: "optimizer.lr = 3")
@@ -978,7 +981,9 @@ int run_job(const std::vector<std::string>& words, bool spawn_agents, const Hook
   std::error_code ec;  // (a program's own kinds: its own executable)
   const std::string program =
       hooks.extensions ? std::filesystem::read_symlink("/proc/self/exe", ec).string() : "troupe";
-  print_start(cfg, dir.path, address, cfg.launcher == "local", ec ? "troupe" : program);
+  const bool plain = program.find_first_of(" \t'\"\\$") == std::string::npos;
+  print_start(cfg, dir.path, address, cfg.launcher == "local",
+              ec ? "troupe" : plain ? program : "'" + program + "'");
   caf::actor launcher;
   if (spawn_agents && cfg.launcher == "local")
     launcher =

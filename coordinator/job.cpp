@@ -780,6 +780,8 @@ class Coordinator : public caf::event_based_actor {
     if (taking_over_ && !from && g.rolled_back && !cfg_.resume_dir.empty() &&
         g.start_step == cfg_.resume_step)
       from = cfg_.resume_dir;
+    if (taking_over_ && !from && g.rolled_back && cfg_.resume_dir.empty() && g.start_step == 0)
+      from = std::string();  // (no checkpoint: from the seed)
     if (taking_over_) note_take_over(g);
     if (!steps_.start_generation(g, gens_.current(), gens_.world(), from))
       return fail("cannot rewrite " + dir_ + "/ledger.jsonl for the rollback to step " +

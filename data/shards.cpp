@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <stdexcept>
@@ -118,11 +119,6 @@ std::vector<ShardWriter::Shard> ShardWriter::finish() {
   if (out_) close_shard();
   close_synced(index_, kDocumentsFile);
   return shards_;
-}
-
-bool not_the_data(int error) {
-  return error == EMFILE || error == ENFILE || error == ENOMEM || error == ENOBUFS ||
-         error == EACCES || error == EPERM;
 }
 
 namespace {
@@ -477,13 +473,20 @@ std::vector<std::string> TokenShards::verify(unsigned threads, Files files) cons
   std::vector<uint64_t> ends(shards_.size(), 0);
   std::atomic<size_t> next{0};
   std::mutex mu;
-  std::exception_ptr here;  // (the first Unreadable: the check cannot be made here)
+  std::exception_ptr here;  // (the first Unreadable: the check cannot be finished here)
+  auto cannot = [&](std::exception_ptr e) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!here) here = e;
+    next = shards_.size();  // (the other threads stop: nothing more is read)
+  };
   auto work = [&] {
     for (size_t i; (i = next.fetch_add(1)) < shards_.size();) try {
         found[i] = check(shards_[i], &ends[i]);
       } catch (const Unreadable&) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!here) here = std::current_exception();
+        cannot(std::current_exception());
+      } catch (const std::bad_alloc&) {  // (its buffer: the host's want, not the file's)
+        cannot(std::make_exception_ptr(
+            Unreadable(dir_ + "/" + shards_[i].file + ": cannot be read here: out of memory")));
       } catch (const std::exception& e) {  // (an I/O error, a file replaced or gone)
         found[i] = e.what();
         if (found[i].rfind(dir_ + "/", 0) == 0) found[i].erase(0, dir_.size() + 1);
@@ -497,15 +500,16 @@ std::vector<std::string> TokenShards::verify(unsigned threads, Files files) cons
   for (size_t t = 1; t < most; ++t) pool.emplace_back(work);
   work();
   for (std::thread& t : pool) t.join();
-  if (here) std::rethrow_exception(here);
+  // (damage found is said, whatever could not be read besides; else "not checked")
   const bool sound = std::all_of(found.begin(), found.end() - 1, std::mem_fn(&std::string::empty));
-  if (files == kEveryFile) {
+  if (here && sound) std::rethrow_exception(here);
+  if (files == kEveryFile && !here) {
     try {  // (the shards' ends compared only when they are those prepared)
       found.back() = check_documents(
           sound ? std::optional(std::accumulate(ends.begin(), ends.end(), uint64_t(0)))
                 : std::nullopt);
     } catch (const Unreadable&) {
-      throw;
+      if (sound) throw;
     } catch (const std::exception& e) {
       found.back() = e.what();
     }

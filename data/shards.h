@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "data/unreadable.h"
+
 namespace troupe::data {
 
 constexpr const char* kManifestFile = "manifest.json";
@@ -97,15 +99,6 @@ class DamagedData : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
-
-// A file of a set that this process could not open or read for a reason of its own or of the
-// host (too many open files, no memory, no permission: `not_the_data`), not of the data: the set
-// may be sound, and preparing it again would not help.
-class Unreadable : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-bool not_the_data(int error);  // (an errno of open or read)
 
 constexpr size_t kMostOpenShards = 256;
 

@@ -1,6 +1,7 @@
 #include "data/tokenizer.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -267,6 +268,8 @@ Tokenizer Tokenizer::load(const std::string& path) {
   if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
     bad_file(path, "is not a regular file");
   std::ifstream in(path, std::ios::binary);
+  if (!in && not_the_data(errno))
+    throw Unreadable("'" + path + "' cannot be opened here: " + std::strerror(errno));
   if (!in) bad_file(path, "cannot be opened");
   std::stringstream text;
   text << in.rdbuf();

@@ -25,24 +25,12 @@
 namespace troupe::workers {
 namespace {
 
-// Why this program cannot train the job's kinds ("" when it can): a job of a program's own
-// model or data set needs agents from that program.
-std::string missing_kind(const actors::JobSpec& spec, const models::Extensions* ext) {
-  if (spec.model_kind == "external")
-    return "the job's model.kind = \"external\": its members run their own training loop "
-           "(troupe::ElasticLoop, workers/elastic_loop.h); troupe agent cannot train it";
-  auto has = [&](bool builtin, bool added, const char* key, const std::string& kind) {
-    return builtin || added ? std::string()
-                            : std::string("the job's ") + key + " = \"" + kind +
-                                  "\" is not a kind this program has: run the agents from the "
-                                  "program that added it (its troupe::main)";
-  };
-  const std::string m = has(spec.model_kind == "mlp" || spec.model_kind == "gpt",
-                            ext && ext->model(spec.model_kind), "model.kind", spec.model_kind);
-  if (!m.empty()) return m;
-  return has(
-      spec.data_kind == "synthetic" || spec.data_kind == "text" || spec.data_kind == "tokens",
-      ext && ext->dataset(spec.data_kind), "data.kind", spec.data_kind);
+// Why this program cannot train the job's kinds ("" when it can): a coordinator that did not
+// check them at the join (an older one) hears it from the workers.
+std::string missing_kind(const actors::JobSpec& spec, const AgentOptions& o) {
+  actors::Join as;
+  as.kinds = trained_kinds(o);
+  return actors::kind_refusal(as, spec.model_kind, spec.data_kind);
 }
 
 // The worker threads that ended, waited for with a deadline.
@@ -126,7 +114,7 @@ int run_agent(const AgentOptions& o) {
   // logging.level, in an agent process of its own (a program embedding one keeps its own level).
   if (o.own_process && !spec.log_level.empty())
     spdlog::set_level(spdlog::level::from_str(spec.log_level));
-  if (std::string why = missing_kind(spec, o.extensions.get()); !why.empty()) {
+  if (std::string why = missing_kind(spec, o); !why.empty()) {
     std::fprintf(stderr, "troupe agent: %s\n", why.c_str());
     // The coordinator hears why, not only that the agent went (a peer lost): a joiner of a
     // running job is given up, and one of the first generation's fails the job with it.

@@ -81,18 +81,6 @@ struct Joined {
   bool invalid = false;  // it refused this program for the job (protocol, kinds): never joins
 };
 
-// What the agent's program trains, for its Join (AgentOptions::kinds).
-std::vector<std::string> kinds_of(const AgentOptions& o) {
-  if (!o.kinds.empty()) return o.kinds;
-  std::vector<std::string> k{"model:mlp", "model:gpt", "data:synthetic", "data:text",
-                             "data:tokens"};
-  if (o.extensions) {
-    for (const auto& m : o.extensions->models()) k.push_back("model:" + m.name);
-    for (const auto& d : o.extensions->datasets()) k.push_back("data:" + d.name);
-  }
-  return k;
-}
-
 // Each request is made by a scoped actor of its own, gone with its answer: a reply that comes
 // after the request's deadline, and CAF's timeout message of a request answered in time (CAF 0.17
 // never cancels it), would otherwise wait for good in the long-lived watcher's mailbox cache
@@ -118,7 +106,7 @@ Joined join(caf::scoped_actor& watcher, const caf::actor& bridge, const std::str
   }
   watcher->send(bridge, actors::monitor_atom::value, j.coordinator);  // (its NodeDown: watch())
   actors::Join request{name,   host_name(),       uint32_t(getpid()),    o.devices,
-                       rejoin, actors::kProtocol, comm::host_identity(), kinds_of(o)};
+                       rejoin, actors::kProtocol, comm::host_identity(), trained_kinds(o)};
   if (o.faults) o.faults->before_join(name);
   ControlMessage reply;
   // A job forming its first generation with all its agents asks this one to come again once it
@@ -158,6 +146,16 @@ pid_t launcher_pid() {
 }
 
 }  // namespace
+
+std::vector<std::string> trained_kinds(const AgentOptions& o) {
+  if (!o.kinds.empty()) return o.kinds;
+  std::vector<std::string> k = actors::builtin_kinds();
+  if (o.extensions) {
+    for (const auto& m : o.extensions->models()) k.push_back("model:" + m.name);
+    for (const auto& d : o.extensions->datasets()) k.push_back("data:" + d.name);
+  }
+  return k;
+}
 
 AgentSession::AgentSession(const AgentOptions& o)
     : options_(o),
@@ -254,6 +252,9 @@ void AgentSession::try_rejoin() {
   if (j.fenced)  // (its coordinator is there and dropped it, e.g. after it stalled: no take-over)
     return board_->shut_down(1, lost_reason_ + "; the coordinator at " + address +
                                     " is still there and refuses this agent (" + j.error + ")");
+  if (j.invalid)  // (one that took over refuses this program for the job: no try will do)
+    return board_->shut_down(
+        2, lost_reason_ + "; the coordinator at " + address + " refuses this agent: " + j.error);
   if (!j.error.empty()) return void(rejoin_error_ = j.error);
   std::lock_guard<std::mutex> lock(reports_mu_);
   coordinator_ = j.coordinator;

@@ -24,6 +24,10 @@
 
 namespace troupe::workers {
 
+// What the agent's program trains, as its Join says (actors::Join::kinds): options.kinds, else
+// the built-in kinds and those of options.extensions.
+std::vector<std::string> trained_kinds(const AgentOptions& options);
+
 class AgentSession {
  public:
   // Starts the actor system and joins the job at options.join. error() says why not (the

@@ -2,7 +2,10 @@
 // included (holdings with held, snapshot and backup blocks; generation members; status rows).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "actors/job_protocol.h"
+#include "coordinator/config.h"
 
 namespace troupe::actors {
 namespace {
@@ -43,6 +46,33 @@ TEST(JobCodec, AJoinOfAProgramWithoutTheJobsKindsIsRefused) {
   Join older = agent;
   older.kinds.clear();
   EXPECT_EQ(kind_refusal(older, "convnet", "stripes"), "");
+}
+
+// Every built-in kind a config accepts is one that agents say they train (a kind added to the
+// config alone: every troupe agent refused at its join for a job of it).
+TEST(JobCodec, AgentsSayEveryBuiltInKindAConfigAccepts) {
+  const std::vector<std::string> said = builtin_kinds();
+  for (const std::string table : {"model", "data"}) {
+    std::string choices;
+    try {
+      coordinator::parse_config("[" + table + "]\nkind = \"nope\"\n", "job.toml");
+    } catch (const coordinator::ConfigError& e) {
+      choices = e.what();
+    }
+    const std::string from = "is not one of: ";
+    ASSERT_NE(choices.find(from), std::string::npos) << choices;
+    choices = choices.substr(choices.find(from) + from.size());
+    choices = choices.substr(0, choices.find(" ("));
+    int kinds = 0;
+    for (size_t at = 0; at < choices.size(); ++kinds) {
+      const size_t end = std::min(choices.find(", ", at), choices.size());
+      const std::string kind = choices.substr(at, end - at);
+      at = end + 2;
+      if (kind == "external") continue;  // (a loop of its own: troupe agent does not train it)
+      EXPECT_NE(std::find(said.begin(), said.end(), table + ":" + kind), said.end()) << kind;
+    }
+    EXPECT_GE(kinds, 3) << choices;
+  }
 }
 
 TEST(JobCodec, JoinAndJobSpecRoundTrip) {

@@ -1,0 +1,22 @@
+// A data set's file that this process could not open or read for a reason of its own or of the
+// host (too many open files, no memory, no permission), not of the data: the set may be sound,
+// and preparing it again would not help. `troupe data verify` says so (exit 2), not "damaged".
+#pragma once
+
+#include <cerrno>
+#include <stdexcept>
+
+namespace troupe::data {
+
+class Unreadable : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Whether an errno of open or read is the process's or the host's, not the file's.
+inline bool not_the_data(int error) {
+  return error == EMFILE || error == ENFILE || error == ENOMEM || error == ENOBUFS ||
+         error == EACCES || error == EPERM;
+}
+
+}  // namespace troupe::data
