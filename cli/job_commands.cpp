@@ -539,8 +539,16 @@ actors::BridgeConfig bridge_config_of(const coordinator::JobConfig& cfg, const s
   return bc;
 }
 
-// (agents join with `program agent`: troupe, or a program's own, troupe::main, whose kinds troupe
-// lacks)
+// The command that runs this program's agents: troupe, or a program's own (troupe::main: its
+// kinds are not troupe's), quoted for a shell where its path needs it.
+std::string program_of(const Hooks& hooks) {
+  std::error_code ec;
+  const std::string program =
+      hooks.extensions ? std::filesystem::read_symlink("/proc/self/exe", ec).string() : "troupe";
+  if (ec) return "troupe";
+  return program.find_first_of(" \t'\"\\$") == std::string::npos ? program : "'" + program + "'";
+}
+
 void print_start(const coordinator::JobConfig& cfg, const std::string& dir,
                  const std::string& address, bool local_agents, const std::string& program) {
   std::printf("troupe: job '%s', %lld worker(s), %lld steps; run directory %s\n", cfg.name.c_str(),
@@ -978,12 +986,7 @@ int run_job(const std::vector<std::string>& words, bool spawn_agents, const Hook
     deadline.arm(std::chrono::seconds(30), 2, "troupe");
     return 2;
   }
-  std::error_code ec;  // (a program's own kinds: its own executable)
-  const std::string program =
-      hooks.extensions ? std::filesystem::read_symlink("/proc/self/exe", ec).string() : "troupe";
-  const bool plain = program.find_first_of(" \t'\"\\$") == std::string::npos;
-  print_start(cfg, dir.path, address, cfg.launcher == "local",
-              ec ? "troupe" : plain ? program : "'" + program + "'");
+  print_start(cfg, dir.path, address, cfg.launcher == "local", program_of(hooks));
   caf::actor launcher;
   if (spawn_agents && cfg.launcher == "local")
     launcher =
