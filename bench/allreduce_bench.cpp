@@ -37,7 +37,12 @@ uint64_t unix_ms() {
 
 size_t parse_size(const std::string& s) {
   size_t used = 0;
-  double v = std::stod(s, &used);
+  double v = 0;
+  try {  // (it said "stod")
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    throw std::invalid_argument("bad size '" + s + "' (use 4K, 1M, 64M)");
+  }
   std::string unit = s.substr(used);
   double mul = 1;
   if (unit == "K" || unit == "KiB")
@@ -413,7 +418,8 @@ int run_allreduce_bench(const std::vector<std::string>& words) {
   app.add_option("--dtype", dtype, "f32, or i64 (parallel.deterministic's sums)")
       ->check(CLI::IsMember({"f32", "i64"}));
   app.add_option("--algorithm", algorithm, "auto, ring, rd or shm");
-  app.add_option("--min-seconds", min_seconds, "time each size at least this long");
+  app.add_option("--min-seconds", min_seconds, "time each size at least this long")
+      ->check(CLI::Range(0.0, 3600.0));  // (here: the workers' own refusal named them)
   app.add_option("--segment-bytes", segment, "ring chunk size (bytes, or 64K, 1M)");
   app.add_option("--window", window, "ring chunks in flight")->check(cli::kPositive);
   app.add_option("--shm-slice-bytes", slice,
@@ -428,7 +434,11 @@ int run_allreduce_bench(const std::vector<std::string>& words) {
   parse_algorithm(algorithm);                     // refused here, before any process starts
   segment = std::to_string(parse_size(segment));  // the workers take bytes: 64K -> 65536
   slice = std::to_string(parse_size(slice));
-  (void)parse_sizes(sizes);  // (refused here too: -5, 0, 2T)
+  const size_t element = dtype == "i64" ? 8 : 4;
+  for (size_t b : parse_sizes(sizes))  // (refused here too: -5, 0, 2T; 6 ran as 4 bytes)
+    if (b % element != 0)
+      throw std::invalid_argument("size " + std::to_string(b) + " is not a whole number of " +
+                                  dtype + " elements (" + std::to_string(element) + " bytes)");
   if (backend == "nccl") return run_nccl_allreduce_bench(parse_sizes(sizes), json);
   if (worlds.empty()) worlds = {2, 4};
   std::string exe = coordinator::self_executable();

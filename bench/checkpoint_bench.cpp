@@ -9,6 +9,7 @@
 // bench/compare_checkpoint.sh puts torch.save / torch.load of the same state next to it.
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -57,7 +58,9 @@ int run_checkpoint_bench(const std::vector<std::string>& words) {
   app.add_option("--params", params,
                  "parameters (rounded up to whole 4096 x 4096 layers: 16.8M each)")
       ->check(cli::kPositive);
-  app.add_option("--dir", dir, "where to write (default: a directory under /tmp)");
+  app.add_option("--dir", dir,
+                 "where to write: a directory of its own is made in DIR and removed at the end "
+                 "(default: in /tmp)");
   app.add_flag("--json", json, "one JSON line");
   if (auto rc = cli::parse(app, words)) return *rc;
   const size_t width = 4096, blocks = std::max<size_t>(
@@ -74,10 +77,22 @@ int run_checkpoint_bench(const std::vector<std::string>& words) {
     std::memcpy(opt.m(b).data(), model.block(b).params().data(), counts[b] * 4);
     std::memcpy(opt.v(b).data(), model.block(b).params().data(), counts[b] * 4);
   }
-  if (dir.empty())
-    dir =
-        std::filesystem::temp_directory_path() / ("troupe-ckpt-bench-" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
+  // (a directory of its own in --dir, the only one removed: it removed --dir itself, with
+  // whatever the user had there)
+  const std::string in = dir.empty() ? std::filesystem::temp_directory_path().string() : dir;
+  std::filesystem::create_directories(in);
+  std::string made = in + "/troupe-ckpt-bench-XXXXXX";
+  if (!::mkdtemp(made.data()))
+    throw std::runtime_error("--dir " + in +
+                             ": cannot make a directory there: " + std::strerror(errno));
+  dir = made;
+  struct Removed {
+    std::string dir;
+    ~Removed() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } removed{dir};
 
   // Blocking: the copies a checkpoint takes at the step boundary. The first one allocates its
   // staging buffers (page faults); every later one copies into them, as a worker does.
@@ -119,7 +134,6 @@ int run_checkpoint_bench(const std::vector<std::string>& words) {
                                   fresh.block(b), b, fresh_opt);
   }
   const double restore = since(t0);
-  std::filesystem::remove_all(dir);
   const double gb = double(bytes) / 1e9;
   if (json) {
     std::printf(

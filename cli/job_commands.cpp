@@ -735,6 +735,13 @@ std::string memory_refusal(coordinator::JobConfig& cfg, const Hooks& hooks) {
   }
   if (blocks.empty() && cfg.data_kind != "text")
     blocks = models::Model::planned_block_param_counts(m);
+  // (a stage holds at least one block: more stages churned for elastic.rejoin_timeout_ms, every
+  // worker failing "no pipeline layout", then failed naming elastic.min_workers)
+  const size_t model_blocks = blocks.empty() ? size_t(cfg.model_blocks) : blocks.size();
+  if (model_blocks > 0 && size_t(cfg.pipeline_stages) > model_blocks)
+    return "parallel.pipeline_stages = " + std::to_string(cfg.pipeline_stages) +
+           ", but the model has only " + std::to_string(model_blocks) +
+           " block(s): a stage holds one or more";
   cfg.block_params.assign(blocks.begin(), blocks.end());
   const double params = blocks.empty()
                             ? double(models::Model::planned_param_count(m))

@@ -253,6 +253,11 @@ TEST(Job, BadConfigsExitNonZeroWithTheReasonAndStartNothing) {
       {"[model]\ninputs = 64\nhidden = [64]\nclasses = 10\n[cluster]\nagents = 1\n[parallel]\n"
        "max_params_per_worker = 4500\npipeline_stages = \"auto\"\n",
        "need at least 2 pipeline stages, one worker each, and the job has 1 worker(s)"},
+      // More stages than the model has blocks (an MLP of one hidden layer: 2): refused before
+      // anything starts (it churned for elastic.rejoin_timeout_ms and blamed min_workers).
+      {"[model]\ninputs = 64\nhidden = [64]\nclasses = 10\n[cluster]\nagents = 3\n[parallel]\n"
+       "pipeline_stages = 3\n",
+       "parallel.pipeline_stages = 3, but the model has only 2 block(s)"},
       // (a GPT on text too: its vocabulary unknown before the text is read, it was not checked)
       {"[model]\nkind = \"gpt\"\nlayers = 2\n[data]\nkind = \"text\"\n[parallel]\n"
        "max_params_per_worker = 10\npipeline_stages = \"auto\"\n",
@@ -989,6 +994,38 @@ TEST(Job, CudaDevicesWhereThereAreNoneAreRefusedAndAutoTrainsOnTheCpu) {
   EXPECT_TRUE(said.find("CUDA workers: none (no CUDA device") != std::string::npos ||
               said.find("CUDA workers: none (this build has no CUDA") != std::string::npos)
       << "the CUDA module did not load in troupe: " << said;
+}
+
+// The benchmarks keep what the user had (bench checkpoint --dir removed the directory given,
+// with every file in it) and refuse what they would not run as asked before any process starts.
+TEST(Command, BenchmarksKeepTheUsersFilesAndRefuseWhatTheyCannotRun) {
+  testing::TempDir dir;
+  const std::string mine = dir.path() + "/mine";
+  std::filesystem::create_directories(mine + "/sub");
+  std::ofstream(mine + "/sentinel.txt") << "keep";
+  auto [rc, said] = troupe_says(dir, {"bench", "checkpoint", "--params", "1", "--dir", mine});
+  EXPECT_EQ(rc, 0) << said;
+  EXPECT_TRUE(std::filesystem::exists(mine + "/sentinel.txt")) << said;
+  EXPECT_TRUE(std::filesystem::exists(mine + "/sub"));
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(mine), {}), 2) << "left behind";
+  const struct {
+    std::vector<std::string> args;
+    const char* expect;
+  } refused[] = {
+      {{"--sizes", "foo"}, "bad size 'foo' (use 4K, 1M, 64M)"},  // (it said "stod")
+      {{"--sizes", "6"}, "size 6 is not a whole number of f32 elements (4 bytes)"},  // (ran 4)
+      {{"--sizes", "12", "--dtype", "i64"}, "size 12 is not a whole number of i64 elements"},
+      {{"--min-seconds", "abc"}, "--min-seconds"},  // (the workers' refusal, after the start)
+      {{"--min-seconds", "-1"}, "--min-seconds"},
+  };
+  for (const auto& c : refused) {
+    std::vector<std::string> args{"bench", "allreduce", "--workers", "2"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    std::tie(rc, said) = troupe_says(dir, args);
+    EXPECT_EQ(rc, 2) << c.args[1] << ": " << said;
+    EXPECT_NE(said.find(c.expect), std::string::npos) << said;
+    EXPECT_EQ(said.find("memcpy"), std::string::npos) << "started: " << said;
+  }
 }
 
 // Every command and group answers --help (exit 0, under its own name) and names a mistake
