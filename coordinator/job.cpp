@@ -620,6 +620,8 @@ class Coordinator : public caf::event_based_actor {
     st.paused_since = job_.paused_since();
     elastic::MembershipOptions opt{min_workers(), uint32_t(cfg_.max_workers),
                                    std::chrono::milliseconds(cfg_.rejoin_timeout_ms)};
+    opt.min_is_stages =
+        int64_t(opt.min_workers) == cfg_.pipeline_stages && cfg_.pipeline_stages > cfg_.min_workers;
     auto d = elastic::decide_membership(Clock::now(), st, opt);
     log_standbys(d.standbys);
     using Kind = elastic::MembershipDecision::Kind;

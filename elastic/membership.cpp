@@ -17,6 +17,17 @@ Share micro_batch_share(uint64_t B, uint64_t micro, uint32_t rank, uint32_t worl
   return {s.begin * micro, s.end * micro};
 }
 
+namespace {
+
+// The least workers, named by what sets it (a pipeline's stages were said to be min_workers).
+std::string least(const MembershipOptions& o) {
+  return o.min_is_stages
+             ? "parallel.pipeline_stages = " + std::to_string(o.min_workers) + " (a worker each)"
+             : "elastic.min_workers = " + std::to_string(o.min_workers);
+}
+
+}  // namespace
+
 MembershipDecision decide_membership(Clock::time_point now, const MembershipState& s,
                                      const MembershipOptions& o) {
   MembershipDecision d;
@@ -35,14 +46,12 @@ MembershipDecision decide_membership(Clock::time_point now, const MembershipStat
   if (cap < o.min_workers) {
     if (s.paused && now - s.paused_since > o.rejoin_timeout) {
       d.kind = MembershipDecision::Kind::fail;
-      d.reason = "only " + std::to_string(cap) +
-                 " worker(s), fewer than elastic.min_workers = " + std::to_string(o.min_workers) +
+      d.reason = "only " + std::to_string(cap) + " worker(s), fewer than " + least(o) +
                  ", for longer than elastic.rejoin_timeout_ms = " +
                  std::to_string(o.rejoin_timeout.count());
     } else {
       d.kind = MembershipDecision::Kind::pause;
-      d.reason = std::to_string(cap) +
-                 " worker(s) available, elastic.min_workers = " + std::to_string(o.min_workers);
+      d.reason = std::to_string(cap) + " worker(s) available, " + least(o);
     }
     return d;
   }

@@ -44,6 +44,8 @@ struct MembershipOptions {
   uint32_t min_workers = 1;
   uint32_t max_workers = 0;  // 0: no maximum
   std::chrono::milliseconds rejoin_timeout{30000};
+  bool min_is_stages =
+      false;  // min_workers is a fixed pipeline's stages (above elastic.min_workers)
 };
 
 struct MembershipDecision {

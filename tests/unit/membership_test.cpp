@@ -100,6 +100,15 @@ TEST(Membership, BelowMinWorkersPausesThenFailsAfterTheRejoinTimeout) {
   auto f = decide_membership(t0 + 1001ms, s, {2, 0, 1000ms});
   EXPECT_EQ(f.kind, Kind::fail);
   EXPECT_NE(f.reason.find("elastic.min_workers = 2"), std::string::npos) << f.reason;
+  // Where a pipeline's stages set the least, they are named (it said elastic.min_workers = 2,
+  // a key the user never set).
+  MembershipOptions stages{2, 0, 1000ms};
+  stages.min_is_stages = true;
+  EXPECT_EQ(decide_membership(t0 + 1001ms, s, stages).reason,
+            "only 1 worker(s), fewer than parallel.pipeline_stages = 2 (a worker each), for "
+            "longer than elastic.rejoin_timeout_ms = 1000");
+  EXPECT_EQ(decide_membership(t0, state({{1}, {2, false}}), stages).reason,
+            "1 worker(s) available, parallel.pipeline_stages = 2 (a worker each)");
   // A member returns in time: resume with a new generation.
   s.waiting = {9};
   auto r = decide_membership(t0 + 500ms, s, {2, 0, 1000ms});
