@@ -361,9 +361,8 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
   std::unique_ptr<ExactSum> exact;
   if (active && spec_.deterministic)
     exact = std::make_unique<ExactSum>(*model_, mine.begin, mine.end, micro_batches(), &in_place_);
-  // A stage without a replica is backed up at the start of every generation too (not only every
-  // stage_backup_steps): losing it before the first interval (or after a re-plan) goes back to
-  // here instead of failing the job.
+  // A stage without a replica is backed up as every generation starts too: losing it before the
+  // first interval (or after a re-plan) goes back to here instead of failing the job.
   const bool backups = active && plan.dp == 1 && spec_.stage_backup_steps > 0;
   if (backups && start < spec_.steps) backups_->take(comm, plan, s, r, *states_, next_step_);
   if (start == spec_.steps) checkpoint_the_end_again(written);
@@ -404,7 +403,8 @@ TrainResult Worker::run_pipeline(comm::Communicator& comm, uint64_t start, const
     trace_.span(step, "update", "compute", u0);
     next_step_ = step + 1;
     for (uint32_t b = mine.begin; b < mine.end; ++b) states_->hold(b, next_step_);
-    if (backups && next_step_ % uint64_t(spec_.stage_backup_steps) == 0)
+    // (and as a generation ends for a change: a drained stage's next one starts here)
+    if (backups && (next_step_ % uint64_t(spec_.stage_backup_steps) == 0 || control[1] > 0))
       backups_->take(comm, plan, s, r, *states_, next_step_);
     maybe_checkpoint(written, control[3] > 0, control[4] > 0);
     // The samples are counted once, by the first stage of each pipeline.

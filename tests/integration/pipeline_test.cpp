@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
 
@@ -339,6 +340,31 @@ void backup_scenario(size_t after, int step_delay_us, int checkpoint_every = 0) 
   ASSERT_EQ(p.size(), 2u);
   EXPECT_EQ(p[1].substr(0, 12), "dp 1 x pp 2,");
   if (checkpoint_every > 0) expect_redone_checkpoints(job, from, to, checkpoint_every);
+}
+
+// A drained stage without a replica leaves nothing to redo: its generation ends with a backup at
+// that step, and the next one starts there. (It went back to the interval's backup, the steps
+// since redone, as after a failure.)
+TEST(Pipeline, ADrainedStageWithoutAReplicaRedoesNothing) {
+  TempDir dir;
+  auto want = reference(dir, kMlp, 400);
+  Job job =
+      start_job(dir, "drained", kMlp, 3,
+                {"parallel.pipeline_stages=2", "parallel.stage_backup_steps=50"}, {pace(15000)});
+  wait_steps(job, 60);  // (past the first interval's backup: a rollback would redo steps)
+  const auto status =
+      nlohmann::json::parse(admin(dir, {"status", "--run-dir", job.run_dir, "--json"}));
+  std::string stage0;
+  for (const auto& m : status.at("members"))
+    if (m.at("stage") == 0) stage0 = std::to_string(m.at("agent").get<int>());
+  ASSERT_NE(stage0, "") << status.dump();
+  admin(dir, {"drain", "--run-dir", job.run_dir, "--agent", stage0});
+  expect_same_function(job, want, 400, 60);
+  const std::string left = wait_event(job, is("member_left", "reason", "drained"), 0s);
+  ASSERT_NE(left, "");
+  EXPECT_LT(std::stoul(json_field(left, "step")), 400u) << "the drain came after the end";
+  EXPECT_EQ(count_events(job, "steps_rolled_back"), 0)
+      << wait_event(job, is("steps_rolled_back"), 0s);
 }
 
 TEST(Pipeline, AStageWithoutAReplicaIsRecoveredFromItsBackupWithABoundedRollback) {
