@@ -774,7 +774,10 @@ void validate(const JobConfig& c, const std::string& source, const Places& at, b
     return it == at.end() ? source : it->second;
   };
   refuse_what_cannot_act(c, source, at);
-  auto fail = [&](const std::string& m) { throw ConfigError(source + ": " + m); };
+  // (placed at the key the message begins with: its line, or the --set that gave it)
+  auto fail = [&](const std::string& m) {
+    throw ConfigError(place(m.substr(0, m.find_first_of(" =("))) + ": " + m);
+  };
   check_name_and_addresses(c, [&](const char* key) { return place(key); });
   if (c.micro_batch > c.global_batch)
     throw ConfigError(place("batch.micro") + ": batch.micro (" + std::to_string(c.micro_batch) +
