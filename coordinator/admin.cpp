@@ -78,11 +78,14 @@ actors::JobStatus job_status(const JobConfig& cfg, const elastic::JobLifecycle& 
     s.members.back().state =
         leaving ? "draining" : member_state(s.members.back(), w, roster, gens, job.phase(), layout);
   }
+  // (a worker outside the generation waits above elastic.max_workers, a standby, or for the
+  // next generation to take it in: a restarted agent's while the job is paused)
+  const bool full = cfg.max_workers > 0 && int64_t(members.size()) >= cfg.max_workers;
   for (actors::WorkerId w : roster.usable_workers()) {
     if (gens.is_member(w)) continue;
     const Agent& a = roster.at(w.agent);
-    s.standbys.push_back(
-        {0, a.id, a.pid, a.host, roster.device(w), a.name, -1, 0, 0, -1, 0, -1, "standby"});
+    s.standbys.push_back({0, a.id, a.pid, a.host, roster.device(w), a.name, -1, 0, 0, -1, 0, -1,
+                          full ? "standby" : "joining"});
   }
   return s;
 }

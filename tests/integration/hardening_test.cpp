@@ -570,6 +570,7 @@ TEST(Status, StandbysAndAgentNamesAreListed) {
   EXPECT_NE(json.find("\"standbys\":[{\"rank\":null,\"agent\":1,\"name\":\"spare\""),  // (no rank)
             std::string::npos)
       << json;
+  EXPECT_NE(json.find("\"state\":\"standby\"}]"), std::string::npos) << json;  // (max_workers)
   admin(dir, {"stop", "--run-dir", job.run_dir});
   ASSERT_TRUE(job.proc->wait(60s));
 }
