@@ -93,11 +93,13 @@ int run_model_bench(const std::vector<std::string>& words) {
   app.add_option("--steps", steps, "timed steps")->check(cli::kPositive);
   app.add_option("--warmup", warmup, "untimed steps first")->check(cli::kNonNegative);
   app.add_option("--threads", threads, "compute threads")->check(cli::kPositive);
-  app.add_option("--data-path", data_path, "the text the gpt trains on");
+  app.add_option("--data-path", data_path, "the text the gpt (or gpt2) trains on");
   app.add_option("--seed", seed, "initialisation seed");
   app.add_flag("--json", json, "one JSON line");
   app.add_flag("--curve", curve, "the loss every 20 steps on stderr");
   if (auto rc = cli::parse(app, words)) return *rc;
+  if (name == "mlp" && app.count("--data-path"))  // (it was taken, and not read)
+    throw std::invalid_argument("--data-path: the mlp trains on synthetic samples, not a text");
   models::set_compute_threads(threads);
   Setup s = preset(name, data_path);
   if (batch > 0) s.batch = batch;

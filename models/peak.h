@@ -24,6 +24,7 @@ struct CpuModel {
   int family = 0;                              // CPUID family (base + extended)
   double ghz = 0;                              // the clock; 0: unknown
   std::string clock_source = "/proc/cpuinfo";  // (or "measured", "cpufreq's maximum")
+  int cores = 0;  // the cores this process may run on (its affinity); 0: unknown
 };
 
 // This CPU: CPUID, and its clock: the fastest of the first processor's in /proc/cpuinfo, the

@@ -1026,6 +1026,11 @@ TEST(Command, BenchmarksKeepTheUsersFilesAndRefuseWhatTheyCannotRun) {
     EXPECT_NE(said.find(c.expect), std::string::npos) << said;
     EXPECT_EQ(said.find("memcpy"), std::string::npos) << "started: " << said;
   }
+  std::tie(rc, said) =  // (taken, and never read)
+      troupe_says(dir, {"bench", "model", "--model", "mlp", "--data-path", "/nonexistent"});
+  EXPECT_EQ(rc, 2) << said;
+  EXPECT_NE(said.find("--data-path: the mlp trains on synthetic samples"), std::string::npos)
+      << said;
 }
 
 // Every command and group answers --help (exit 0, under its own name) and names a mistake

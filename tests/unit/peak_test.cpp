@@ -34,6 +34,13 @@ TEST(Peak, ACpusPeakIsThreadsTimesFlopsPerCycleTimesTheClockAndSaysSo) {
        {"estimated", "2 thread(s)", "32 f32 FLOP/cycle", "AVX2 FMA", "2.50 GHz", "160.0 GFLOP/s"})
     EXPECT_NE(p.what.find(part), std::string::npos) << part << " in " << p.what;
   EXPECT_EQ(cpu_peak(cpu(true, false, false, 6, 0), 2).flops, 0) << "no clock, no peak";
+  // Threads beyond the cores the process may use share them: the peak is the cores'.
+  CpuModel two = cpu(true, false);
+  two.cores = 2;
+  const Peak over = cpu_peak(two, 64);
+  EXPECT_DOUBLE_EQ(over.flops, 2 * 32 * 2.5e9);
+  EXPECT_NE(over.what.find("64 thread(s) on 2 core(s) x 32"), std::string::npos) << over.what;
+  EXPECT_DOUBLE_EQ(cpu_peak(two, 1).flops, 32 * 2.5e9);
 }
 
 TEST(Peak, GpusByNameInTheirGemmPrecision) {
