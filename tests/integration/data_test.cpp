@@ -654,6 +654,11 @@ TEST(DataCommands, ASetOfManyShardsIsReadUnderALowDescriptorLimit) {
 // Out of descriptors, data verify says the set was not checked (exit 2), never that it is damaged
 // (exit 1 sent a user to prepare a sound set again): at each low limit it is sound or unchecked.
 TEST(DataCommands, VerifyOutOfDescriptorsIsNotCheckedNotDamaged) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizers' runtime needs descriptors of its own (UBSan's vptr check "
+                  "opens a pipe): at 4 or 5 it reports its own failure, not verify's "
+                  "(Prepare.VerifyOutOfDescriptorsIsNotDamage checks the same in one process)";
+#endif
   TempDir dir;
   const std::string d = dir.path();
   Result r = shell(dir, "\"$T\" data prepare /usr/share/common-licenses/GPL-3 --out " + d + "/s");
