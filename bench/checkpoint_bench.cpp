@@ -47,6 +47,26 @@ double dd_seconds(const std::string& dir, size_t bytes) {
   return rc == 0 ? s : -1;
 }
 
+// A directory of its own in `in` (default: /tmp) for the files, the only one removed at the end
+// (it removed --dir itself, with whatever the user had there).
+struct BenchDir {
+  explicit BenchDir(const std::string& in) {
+    const std::string where = in.empty() ? std::filesystem::temp_directory_path().string() : in;
+    std::filesystem::create_directories(where);
+    path = where + "/troupe-ckpt-bench-XXXXXX";
+    if (!::mkdtemp(path.data()))
+      throw std::runtime_error("--dir " + where +
+                               ": cannot make a directory there: " + std::strerror(errno));
+  }
+  ~BenchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  BenchDir(const BenchDir&) = delete;
+  BenchDir& operator=(const BenchDir&) = delete;
+  std::string path;
+};
+
 }  // namespace
 
 int run_checkpoint_bench(const std::vector<std::string>& words) {
@@ -77,22 +97,8 @@ int run_checkpoint_bench(const std::vector<std::string>& words) {
     std::memcpy(opt.m(b).data(), model.block(b).params().data(), counts[b] * 4);
     std::memcpy(opt.v(b).data(), model.block(b).params().data(), counts[b] * 4);
   }
-  // (a directory of its own in --dir, the only one removed: it removed --dir itself, with
-  // whatever the user had there)
-  const std::string in = dir.empty() ? std::filesystem::temp_directory_path().string() : dir;
-  std::filesystem::create_directories(in);
-  std::string made = in + "/troupe-ckpt-bench-XXXXXX";
-  if (!::mkdtemp(made.data()))
-    throw std::runtime_error("--dir " + in +
-                             ": cannot make a directory there: " + std::strerror(errno));
-  dir = made;
-  struct Removed {
-    std::string dir;
-    ~Removed() {
-      std::error_code ec;
-      std::filesystem::remove_all(dir, ec);
-    }
-  } removed{dir};
+  const BenchDir own(dir);
+  dir = own.path;
 
   // Blocking: the copies a checkpoint takes at the step boundary. The first one allocates its
   // staging buffers (page faults); every later one copies into them, as a worker does.
