@@ -35,6 +35,11 @@ uint64_t unix_ms() {
   return uint64_t(tv.tv_sec) * 1000 + tv.tv_usec / 1000;
 }
 
+// --dtype: f32 or i64 (its option checks the name).
+comm::DataType data_type_of(const std::string& dtype) {
+  return dtype == "i64" ? comm::DataType::i64 : comm::DataType::f32;
+}
+
 size_t parse_size(const std::string& s) {
   size_t used = 0;
   double v = 0;
@@ -340,8 +345,7 @@ int run_allreduce_worker(const std::vector<std::string>& words) {
   if (mode == "check") return check_every_count(*comm, arena.get());
   if (mode == "loop")
     return fail_then_rebuild(std::move(comm), dir, op, count, opt, timed, arena.get());
-  time_sizes(*comm, parse_sizes(sizes), min_seconds, timed,
-             dtype == "i64" ? comm::DataType::i64 : comm::DataType::f32, arena.get());
+  time_sizes(*comm, parse_sizes(sizes), min_seconds, timed, data_type_of(dtype), arena.get());
   return 0;
 }
 
@@ -434,7 +438,7 @@ int run_allreduce_bench(const std::vector<std::string>& words) {
   parse_algorithm(algorithm);                     // refused here, before any process starts
   segment = std::to_string(parse_size(segment));  // the workers take bytes: 64K -> 65536
   slice = std::to_string(parse_size(slice));
-  const size_t element = dtype == "i64" ? 8 : 4;
+  const size_t element = comm::element_size(data_type_of(dtype));
   for (size_t b : parse_sizes(sizes))  // (refused here too: -5, 0, 2T; 6 ran as 4 bytes)
     if (b % element != 0)
       throw std::invalid_argument("size " + std::to_string(b) + " is not a whole number of " +

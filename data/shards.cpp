@@ -135,9 +135,9 @@ nlohmann::json read_manifest(const std::string& dir) {
   if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))  // (a FIFO would block the read)
     bad(dir, std::string(kManifestFile) + " is not a regular file");
   std::ifstream in(path, std::ios::binary);
-  if (!in && not_the_data(errno))
-    throw Unreadable("data set '" + dir + "': " + kManifestFile +
-                     " cannot be read here: " + strerror(errno));
+  if (!in)
+    unreadable_if_not_the_data(errno,
+                               "data set '" + dir + "': " + kManifestFile + " cannot be read");
   if (!in)
     bad(dir, std::string("has no ") + kManifestFile +
                  ": not a prepared data set, or its prepare did not finish");
@@ -197,9 +197,9 @@ void TokenShards::open_shard(const nlohmann::json& s) {
   const std::string checksum = checksum_in(s, "fnv1a64", dir_, "shard " + file);
   const std::string path = dir_ + "/" + file;
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // (a FIFO: no wait)
-  if (fd < 0 && not_the_data(errno))
-    throw Unreadable("data set '" + dir_ + "': shard " + file +
-                     " cannot be opened here: " + strerror(errno));
+  if (fd < 0)
+    unreadable_if_not_the_data(errno,
+                               "data set '" + dir_ + "': shard " + file + " cannot be opened");
   if (fd < 0) bad(dir_, "shard " + file + " cannot be opened: " + strerror(errno));
   auto f = std::make_shared<const File>(fd);
   struct stat st {};
@@ -351,8 +351,7 @@ std::shared_ptr<const TokenShards::File> TokenShards::reopen(const Shard& s) con
   const std::string path = dir_ + "/" + s.file;
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0 && errno == ENOENT) throw DamagedData(path + ": gone since it was opened");
-  if (fd < 0 && not_the_data(errno))
-    throw Unreadable(path + ": cannot be opened again here: " + strerror(errno));
+  if (fd < 0) unreadable_if_not_the_data(errno, path + ": cannot be opened again");
   if (fd < 0) throw std::runtime_error(path + ": cannot be opened again: " + strerror(errno));
   auto f = std::make_shared<const File>(fd);
   struct stat st {};
@@ -386,8 +385,7 @@ size_t TokenShards::read_bytes(const Shard& s, const File& f, uint64_t offset, s
   while (done < n) {
     const ssize_t got = ::pread(f.fd, to + done, n - done, off_t(offset + done));
     if (got < 0 && errno == EINTR) continue;
-    if (got < 0 && not_the_data(errno))
-      throw Unreadable(dir_ + "/" + s.file + ": cannot be read here: " + strerror(errno));
+    if (got < 0) unreadable_if_not_the_data(errno, dir_ + "/" + s.file + ": cannot be read");
     if (got < 0)
       throw std::runtime_error(dir_ + "/" + s.file + ": cannot be read: " + strerror(errno));
     if (got == 0) break;
@@ -521,8 +519,7 @@ std::vector<std::string> TokenShards::verify(unsigned threads, Files files) cons
 std::string TokenShards::check_documents(std::optional<uint64_t> ends) const {
   const std::string name = kDocumentsFile;
   const int fd = ::open((dir_ + "/" + name).c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0 && not_the_data(errno))
-    throw Unreadable(dir_ + "/" + name + ": cannot be opened here: " + strerror(errno));
+  if (fd < 0) unreadable_if_not_the_data(errno, dir_ + "/" + name + ": cannot be opened");
   if (fd < 0) return name + ": cannot be opened: " + strerror(errno);
   struct Closing {
     int fd;
@@ -550,8 +547,7 @@ std::string TokenShards::check_index(int fd, uint64_t bytes) const {
     const size_t want = size_t(std::min<uint64_t>(buf.size(), bytes - off));
     const ssize_t got = ::pread(fd, buf.data(), want, off_t(off));
     if (got < 0 && errno == EINTR) continue;
-    if (got < 0 && not_the_data(errno))
-      throw Unreadable(dir_ + "/" + name + ": cannot be read here: " + strerror(errno));
+    if (got < 0) unreadable_if_not_the_data(errno, dir_ + "/" + name + ": cannot be read");
     if (got < 0) return name + ": cannot be read: " + strerror(errno);
     const size_t whole = size_t(got) / 8 * 8;  // (a file cut short now: a part of one)
     if (whole == 0) return name + ": " + cut_short(bytes, off + uint64_t(got));

@@ -268,8 +268,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
   if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
     bad_file(path, "is not a regular file");
   std::ifstream in(path, std::ios::binary);
-  if (!in && not_the_data(errno))
-    throw Unreadable("'" + path + "' cannot be opened here: " + std::strerror(errno));
+  if (!in) unreadable_if_not_the_data(errno, "'" + path + "' cannot be opened");
   if (!in) bad_file(path, "cannot be opened");
   std::stringstream text;
   text << in.rdbuf();

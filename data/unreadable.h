@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cerrno>
+#include <cstring>
 #include <stdexcept>
+#include <string>
 
 namespace troupe::data {
 
@@ -17,6 +19,12 @@ class Unreadable : public std::runtime_error {
 inline bool not_the_data(int error) {
   return error == EMFILE || error == ENFILE || error == ENOMEM || error == ENOBUFS ||
          error == EACCES || error == EPERM;
+}
+
+// After an open or a read failed with `error`: Unreadable ("WHAT here: its text") where that is
+// the process's, else nothing (the caller says what is wrong with the file).
+inline void unreadable_if_not_the_data(int error, const std::string& what) {
+  if (not_the_data(error)) throw Unreadable(what + " here: " + std::strerror(error));
 }
 
 }  // namespace troupe::data
