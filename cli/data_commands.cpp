@@ -1,4 +1,5 @@
-// troupe data prepare | encode | decode: token data sets (data/prepare.h, data/shards.h).
+// troupe data prepare | import | encode | decode | verify: token data sets (data/prepare.h,
+// data/import.h, data/shards.h).
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include "actors/signals.h"
 #include "cli/commands.h"
 #include "cli/parse.h"
+#include "data/import.h"
 #include "data/prepare.h"
 #include "data/shards.h"
 #include "data/tokenizer.h"
@@ -55,16 +57,16 @@ bool jsonl_or_directory(const std::string& input) {
          std::filesystem::is_directory(input, ec) || !std::filesystem::exists(input, ec);
 }
 
-// While a prepare runs: SIGINT, SIGTERM or SIGHUP removes its partial directory (OUT.partial-PID,
-// where it writes until the data set is whole and renamed) and ends it with 128 + the signal. (A
-// prepare killed outright leaves it: the next prepare of the same OUT removes it.)
+// While a prepare or an import runs: SIGINT, SIGTERM or SIGHUP removes its partial directory
+// (OUT.partial-PID, where it writes until the data set is whole and renamed) and ends it with
+// 128 + the signal. (One killed outright leaves it: the next of the same OUT removes it.)
 class PrepareInterrupts {
  public:
-  explicit PrepareInterrupts(const std::string& out) {
+  PrepareInterrupts(const std::string& out, const char* command) {
     std::string o = out;
     while (o.size() > 1 && o.back() == '/') o.pop_back();
     const std::string partial = o + ".partial-" + std::to_string(::getpid());
-    thread_ = std::thread([this, partial, o] {
+    thread_ = std::thread([this, partial, o, command] {
       while (!done_.load()) {
         if (const int sig = signals_.next()) {
           // Held until the exit: the set is not renamed into place meanwhile; it was, or not.
@@ -73,7 +75,7 @@ class PrepareInterrupts {
           // (the writer goes on meanwhile: a file it adds during the removal is removed again)
           for (int i = 0; i < 5 && !published && std::filesystem::exists(partial, ec); ++i)
             std::filesystem::remove_all(partial, ec);
-          std::fprintf(stderr, "\ntroupe data prepare: %s: stopped; %s\n", actors::signal_name(sig),
+          std::fprintf(stderr, "\n%s: %s: stopped; %s\n", command, actors::signal_name(sig),
                        published ? ("the data set was written before it: " + o).c_str()
                        : std::filesystem::exists(partial, ec)
                            ? ("could not remove " + partial + ": " + ec.message()).c_str()
@@ -189,13 +191,54 @@ int prepare(const std::vector<std::string>& words) {
         ": none of the inputs is a JSON-lines file (*.jsonl, *.ndjson, *.json) or "
         "a directory; other files are read as text (rename it .jsonl)");
   const bool tty = ::isatty(2) && !json;
-  std::optional<PrepareInterrupts> interrupts(std::in_place, o.out);
+  std::optional<PrepareInterrupts> interrupts(std::in_place, o.out, "troupe data prepare");
   o.publishing = &interrupts->publishing;
   o.published = &interrupts->published;
   const data::PrepareSummary s =
       data::prepare(o, tty ? std::function<void(const data::Progress&)>(draw_progress) : nullptr);
   interrupts.reset();  // (done: a signal now finds no partial)
   print_summary(o, s, json);
+  return 0;
+}
+
+int import_tokens(const std::vector<std::string>& words) {
+  CLI::App app{
+      "Another tool's token files -> a token data set, the same ids (llm.c's: GPT-2's "
+      "tokens from its dev/data scripts).",
+      "troupe data import"};
+  data::ImportOptions o;
+  bool json = false;
+  app.add_option("inputs", o.inputs, "llm.c token files (*.bin), one stream in this order")
+      ->required();
+  app.add_option("--tokenizer", o.tokenizer,
+                 "llm.c's tokenizer file of their ids (gpt2_tokenizer.bin): the set decodes "
+                 "with it")
+      ->required();
+  app.add_option("--out", o.out, "the data set's directory (must not exist)")->required();
+  app.add_option("--shard-tokens", o.shard_tokens, "ids per shard file")
+      ->check(CLI::Range(uint64_t(1), uint64_t(1) << 40));
+  app.add_flag("--json", json, "the summary as one JSON line");
+  if (auto rc = parse(app, words)) return *rc;
+  std::optional<PrepareInterrupts> interrupts(std::in_place, o.out, "troupe data import");
+  o.publishing = &interrupts->publishing;
+  o.published = &interrupts->published;
+  const data::ImportSummary s = data::import_llmc(o);
+  interrupts.reset();
+  if (json) {
+    const nlohmann::json j = {{"out", o.out},        {"tokenizer", s.tokenizer},
+                              {"vocab", s.vocab},    {"end_of_document", s.end_of_document},
+                              {"files", s.files},    {"bytes", s.bytes},
+                              {"tokens", s.tokens},  {"documents", s.documents},
+                              {"seconds", s.seconds}};
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    return 0;
+  }
+  std::printf(
+      "troupe data import: %s: %llu document%s from %llu file%s (%s) -> %llu tokens; %s, %zu "
+      "ids, end of document %u; %.1f s\n",
+      o.out.c_str(), (unsigned long long)s.documents, s.documents == 1 ? "" : "s",
+      (unsigned long long)s.files, s.files == 1 ? "" : "s", megabytes(s.bytes).c_str(),
+      (unsigned long long)s.tokens, s.tokenizer.c_str(), s.vocab, s.end_of_document, s.seconds);
   return 0;
 }
 
@@ -294,6 +337,9 @@ int encode(const std::vector<std::string>& words) {
   app.add_flag("--lines", lines, "one id a line");
   if (auto rc = parse(app, words)) return *rc;
   data::Tokenizer tok = tokenizer_of(dir);
+  if (!tok.encodes())  // (before standard input is read)
+    throw std::invalid_argument("--data " + dir + ": its tokenizer (" + tok.source() +
+                                ") only decodes: encode with the tool that made its ids");
   // Streamed: each chunk is encoded up to its stable prefix, the rest carried into the next
   // chunk. So the ids equal encode(whole input), in bounded memory.
   std::string buffer, out;
@@ -366,20 +412,24 @@ int run_data(const std::vector<std::string>& args) {
   const std::string sub = args.empty() ? "" : args[0];
   const std::vector<std::string> rest(args.begin() + (args.empty() ? 0 : 1), args.end());
   if (sub == "prepare") return prepare(rest);
+  if (sub == "import") return import_tokens(rest);
   if (sub == "encode") return encode(rest);
   if (sub == "decode") return decode(rest);
   if (sub == "verify") return verify(rest);
   const bool help = sub == "--help" || sub == "-h";
-  const std::string near = did_you_mean(sub, {"prepare", "encode", "decode", "verify"});
+  const std::string near = did_you_mean(sub, {"prepare", "import", "encode", "decode", "verify"});
   const std::string said =
-      help ? "Token data sets: prepare one, encode or decode with its tokenizer, verify one.\n"
-      : sub.empty() ? "troupe data: expected prepare, encode, decode or verify\n"
-                    : "troupe data: expected prepare, encode, decode or verify, not '" + sub + "'" +
-                          (near.empty() ? "" : "; did you mean '" + near + "'?") + "\n";
+      help ? "Token data sets: prepare or import one, encode or decode with its tokenizer, "
+             "verify one.\n"
+      : sub.empty() ? "troupe data: expected prepare, import, encode, decode or verify\n"
+                    : "troupe data: expected prepare, import, encode, decode or verify, not '" +
+                          sub + "'" + (near.empty() ? "" : "; did you mean '" + near + "'?") + "\n";
   std::fprintf(help ? stdout : stderr,
                "%s"
                "  troupe data prepare INPUT... --out DIR [--tokenizer byte|bpe --vocab N "
                "[--max-words N]]\n"
+               "  troupe data import FILE.bin... --tokenizer TOKENIZER.bin --out DIR   (llm.c's "
+               "token files)\n"
                "  troupe data encode --data DIR   (stdin bytes -> ids)\n"
                "  troupe data decode --data DIR   (stdin ids -> bytes)\n"
                "  troupe data verify DIR...       (every file of a set against its manifest)\n"

@@ -49,6 +49,8 @@ usage (troupe COMMAND --help: a command's options):
   troupe report RUN_DIR [-o FILE.html]   one self-contained HTML page: loss, throughput, workers, changes
   troupe data prepare INPUT... --out DIR [--tokenizer byte|bpe --vocab N [--max-words N]] [--field F]
                                     text, directories, JSON lines -> a token data set (data.kind = "tokens")
+  troupe data import FILE.bin... --tokenizer TOKENIZER.bin --out DIR
+                                    llm.c's token files (GPT-2's ids) -> a token data set
   troupe data encode|decode --data DIR   stdin -> stdout: bytes -> ids, ids -> bytes
   troupe data verify DIR...         every file of a data set against its manifest (exit 1: damaged)
   troupe version                    versions of Troupe and its libraries, CUDA devices

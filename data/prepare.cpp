@@ -17,6 +17,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "data/set_directory.h"
 #include "data/shards.h"
 #include "data/tokenizer.h"
 
@@ -413,84 +414,12 @@ class Documents {
   Clock::time_point t0_, last_;
 };
 
-// fsync of a file or a directory: std::runtime_error naming it when it fails.
-void sync_path(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  const bool ok = fd >= 0 && ::fsync(fd) == 0;
-  const int err = errno;
-  if (fd >= 0) ::close(fd);
-  if (!ok) throw std::runtime_error("cannot sync " + path + ": " + std::strerror(err));
-}
-
-// The finished partial directory renamed to OUT, which must still not exist (not even empty: it
-// appeared while this prepare ran, another prepare's?).
-void publish(const std::string& partial, const std::string& out, const PrepareOptions& o) {
-  std::unique_lock<std::mutex> lock;
-  if (o.publishing) lock = std::unique_lock<std::mutex>(*o.publishing);
-  if (::renameat2(AT_FDCWD, partial.c_str(), AT_FDCWD, out.c_str(), RENAME_NOREPLACE) != 0)
-    throw std::runtime_error("--out '" + out + "': cannot move " + partial +
-                             " there: " + std::strerror(errno) +
-                             (errno == EEXIST || errno == ENOTEMPTY
-                                  ? " (it appeared while this prepare ran: another prepare's?)"
-                                  : ""));
-  if (o.published) *o.published = true;
-  const fs::path parent = fs::path(out).has_parent_path() ? fs::path(out).parent_path() : ".";
-  const int fd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {  // (the rename durable; the set is in place whatever this says)
-    ::fsync(fd);
-    ::close(fd);
-  }
-}
-
-// Removes OUT.partial-PID directories whose process is gone (an interrupted prepare's).
-void remove_stale_partials(const std::string& out) {
-  const fs::path p(out);
-  const fs::path parent = p.has_parent_path() ? p.parent_path() : fs::path(".");
-  const std::string prefix = p.filename().string() + ".partial-";
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(parent, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind(prefix, 0) != 0) continue;
-    const std::string pid = name.substr(prefix.size());
-    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    if (::kill(pid_t(std::stol(pid)), 0) != 0 && errno == ESRCH) fs::remove_all(e.path(), ec);
-  }
-}
-
-// --out names a directory to be (its missing parents made too): the nearest existing one above
-// it must be a directory this process may write in.
-void check_can_create(const std::string& out) {
-  std::error_code ec;
-  fs::path above = fs::path(out).has_parent_path() ? fs::path(out).parent_path() : fs::path(".");
-  while (!fs::exists(above, ec) && above != ".")  // (a relative path's top: the working one)
-    above = above.has_parent_path() && above != above.parent_path() ? above.parent_path()
-                                                                    : fs::path(".");
-  if (!fs::is_directory(above, ec))
-    throw std::invalid_argument("--out '" + out + "': " + above.string() + " is not a directory");
-  if (::access(above.c_str(), W_OK | X_OK) != 0)
-    throw std::invalid_argument("--out '" + out + "': cannot create it in " + above.string() +
-                                ": " + std::strerror(errno));
-}
-
 void write_manifest(const std::string& dir, const PrepareOptions& o, const PrepareSummary& s,
-                    const std::vector<Input>& files, const std::vector<ShardWriter::Shard>& shards,
-                    uint64_t documents_checksum, const Tokenizer& tok, unsigned width) {
-  nlohmann::json m;
-  m["format"] = "troupe-tokens";
-  m["version"] = 1;
-  m["tokenizer"] = {{"kind", tok.kind()},
-                    {"file", kTokenizerFile},
-                    {"fingerprint", fnv1a64_hex(tok.fingerprint())}};
-  m["vocab"] = tok.vocab_size();
-  m["end_of_document"] = tok.end_of_document();
-  m["token_bytes"] = width;
-  m["tokens"] = s.tokens;
-  m["documents"] = s.documents;
-  m["documents_fnv1a64"] = fnv1a64_hex(documents_checksum);
+                    const std::vector<Input>& files, const ShardWriter& writer,
+                    const std::vector<ShardWriter::Shard>& shards, const Tokenizer& tok,
+                    unsigned width) {
+  nlohmann::json m = manifest_of(tok, width, writer, shards);
   m["bytes"] = s.bytes;
-  auto& sh = m["shards"] = nlohmann::json::array();
-  for (const auto& x : shards)
-    sh.push_back({{"file", x.file}, {"tokens", x.tokens}, {"fnv1a64", fnv1a64_hex(x.checksum)}});
   auto& src = m["sources"] = nlohmann::json::array();
   for (const Input& f : files)
     src.push_back({{"path", f.path}, {"bytes", f.bytes}, {"jsonl", f.jsonl}});
@@ -499,10 +428,7 @@ void write_manifest(const std::string& dir, const PrepareOptions& o, const Prepa
                   {"invalid_utf8", s.skipped_invalid_utf8},
                   {"empty", s.skipped_empty},
                   {"bad_json", s.skipped_bad_json}};
-  const std::string path = dir + "/" + kManifestFile;
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << m.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
-  if (!out.flush()) throw std::runtime_error("cannot write " + path);
+  write_manifest_file(dir, m);
 }
 
 // The tokenizer's options agree with each other (std::invalid_argument naming them if not).
@@ -533,20 +459,8 @@ void check_tokenizer_options(const PrepareOptions& o) {
 PrepareSummary prepare(const PrepareOptions& o,
                        const std::function<void(const Progress&)>& progress) {
   if (o.inputs.empty()) throw std::invalid_argument("no inputs: name text files or directories");
-  std::string out = o.out;  // ("runs/x/" is "runs/x": its partial is a sibling, not a child)
-  while (out.size() > 1 && out.back() == '/') out.pop_back();
-  if (out.empty()) throw std::invalid_argument("--out: the data set's directory is required");
-  if (const fs::path name = fs::path(out).filename(); name == "." || name == ".." || out == "/")
-    throw std::invalid_argument("--out '" + o.out +
-                                "': name the data set's own directory (a new one), not '" +
-                                name.string() + "'");
   check_tokenizer_options(o);
-  std::error_code ec;
-  if (fs::exists(out, ec))
-    throw std::invalid_argument("--out '" + out +
-                                "' exists: a data set is written once (remove it or choose "
-                                "another directory)");
-  check_can_create(out);  // (before hours of reading and training, not after)
+  const std::string out = new_set_directory(o.out);  // (before hours of reading, not after)
   std::vector<Input> files = collect(o.inputs);
   PrepareSummary s;
   s.repeated_files = drop_repeats(files);
@@ -557,6 +471,11 @@ PrepareSummary prepare(const PrepareOptions& o,
   if (!o.tokenizer_from.empty()) {
     TokenShards::open(o.tokenizer_from);  // (a whole data set, not a stray file)
     tok = Tokenizer::load(o.tokenizer_from + "/" + kTokenizerFile);
+    if (!tok.encodes())
+      throw std::invalid_argument("--tokenizer-from " + o.tokenizer_from + ": its tokenizer (" +
+                                  tok.source() +
+                                  ") only decodes: encode the text with the tool that made it "
+                                  "and import its ids (troupe data import)");
   } else if (o.tokenizer == "bpe") {
     const auto t0 = Clock::now();
     WordCounts words(o.most_words ? o.most_words : kMostWords);
@@ -569,12 +488,7 @@ PrepareSummary prepare(const PrepareOptions& o,
     s.seconds_train = std::chrono::duration<double>(Clock::now() - t0).count();
   }
 
-  remove_stale_partials(out);
-  const std::string partial = out + ".partial-" + std::to_string(::getpid());
-  fs::create_directories(fs::path(partial).parent_path(), ec);
-  if (!fs::create_directory(partial, ec) || ec)
-    throw std::runtime_error("--out '" + out + "': cannot create " + partial + ": " +
-                             (ec ? ec.message() : "it exists"));
+  const std::string partial = make_partial(out);
   try {
     const auto t0 = Clock::now();
     const unsigned width = tok.vocab_size() <= 65536 ? 2 : 4;
@@ -599,12 +513,13 @@ PrepareSummary prepare(const PrepareOptions& o,
     s.vocab = tok.vocab_size();
     s.tokenizer = tok.kind();
     tok.save(partial + "/" + kTokenizerFile);
-    write_manifest(partial, o, s, files, shards, writer.documents_checksum(), tok, width);
+    write_manifest(partial, o, s, files, writer, shards, tok, width);
     for (const char* f : {kTokenizerFile, kManifestFile}) sync_path(partial + "/" + f);
     sync_path(partial);  // (the shards were synced as they were closed)
     s.seconds_encode = std::chrono::duration<double>(Clock::now() - t0).count();
-    publish(partial, out, o);
+    publish(partial, out, o.publishing, o.published);
   } catch (...) {
+    std::error_code ec;
     fs::remove_all(partial, ec);
     throw;
   }

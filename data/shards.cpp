@@ -30,6 +30,34 @@ std::string fnv1a64_hex(uint64_t checksum) {
   return hex;
 }
 
+nlohmann::json manifest_of(const Tokenizer& tok, unsigned width, const ShardWriter& writer,
+                           const std::vector<ShardWriter::Shard>& shards) {
+  nlohmann::json m;
+  m["format"] = "troupe-tokens";
+  m["version"] = 1;
+  m["tokenizer"] = {{"kind", tok.kind()},
+                    {"file", kTokenizerFile},
+                    {"fingerprint", fnv1a64_hex(tok.fingerprint())}};
+  if (!tok.source().empty()) m["tokenizer"]["source"] = tok.source();
+  m["vocab"] = tok.vocab_size();
+  m["end_of_document"] = tok.end_of_document();
+  m["token_bytes"] = width;
+  m["tokens"] = writer.tokens();
+  m["documents"] = writer.documents();
+  m["documents_fnv1a64"] = fnv1a64_hex(writer.documents_checksum());
+  auto& sh = m["shards"] = nlohmann::json::array();
+  for (const auto& x : shards)
+    sh.push_back({{"file", x.file}, {"tokens", x.tokens}, {"fnv1a64", fnv1a64_hex(x.checksum)}});
+  return m;
+}
+
+void write_manifest_file(const std::string& dir, const nlohmann::json& m) {
+  const std::string path = dir + "/" + kManifestFile;
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << m.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
+  if (!out.flush()) throw std::runtime_error("cannot write " + path);
+}
+
 std::string json_error_text(const std::exception& e) {
   const std::string text = e.what();
   const size_t tag = text.rfind("[json.exception.", 0) == 0 ? text.find("] ") : std::string::npos;
@@ -308,6 +336,7 @@ std::shared_ptr<const TokenShards> TokenShards::open_anew(const std::string& dir
   t->width_ = unsigned(width);
   const Tokenizer tok = Tokenizer::load(dir + "/" + kTokenizerFile);
   t->fingerprint_ = tok.fingerprint();
+  t->end_of_document_ = tok.end_of_document();
   if (tok.vocab_size() != t->vocab_)
     bad(dir, "the manifest's vocabulary (" + std::to_string(t->vocab_) +
                  ") is not its tokenizer's (" + std::to_string(tok.vocab_size()) + ")");

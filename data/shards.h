@@ -92,6 +92,16 @@ class ShardWriter {
   std::vector<unsigned char> buffer_;
 };
 
+class Tokenizer;
+
+// The manifest's fields every data set has (what TokenShards::open reads) for a set the writer
+// wrote, finished (its shards) with ids `width` bytes each of tok's vocabulary; a writer adds
+// where the set came from.
+nlohmann::json manifest_of(const Tokenizer& tok, unsigned width, const ShardWriter& writer,
+                           const std::vector<ShardWriter::Shard>& shards);
+// dir/manifest.json: std::runtime_error naming it when it cannot be written.
+void write_manifest_file(const std::string& dir, const nlohmann::json& manifest);
+
 // A token file whose ids are not what its manifest says (changed after it was prepared: an id
 // outside the vocabulary, or the file cut short since it was opened). Reading it again gives the
 // same: a worker is not restarted for it.
@@ -118,7 +128,7 @@ class TokenShards {
   uint64_t tokens() const { return total_; }
   size_t shards() const { return shards_.size(); }
   size_t vocab() const { return vocab_; }
-  uint32_t end_of_document() const { return uint32_t(vocab_ - 1); }
+  uint32_t end_of_document() const { return end_of_document_; }  // (a table's: anywhere)
   unsigned token_bytes() const { return width_; }
   uint64_t tokenizer_fingerprint() const { return fingerprint_; }  // Tokenizer::fingerprint()
   const std::string& dir() const { return dir_; }
@@ -176,6 +186,7 @@ class TokenShards {
   std::string check_index(int fd, uint64_t bytes) const;  // (its entries and checksum)
   std::string dir_;
   size_t vocab_ = 0;
+  uint32_t end_of_document_ = 0;
   unsigned width_ = 2;
   uint64_t total_ = 0, fingerprint_ = 0;
   std::vector<Shard> shards_;

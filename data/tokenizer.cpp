@@ -170,8 +170,9 @@ void WordCounts::drop_rarest() {
   }
 }
 
-Tokenizer::Tokenizer(std::vector<Merge> merges) : merges_(std::move(merges)) {
-  pieces_.reserve(vocab_size());
+Tokenizer::Tokenizer(std::vector<Merge> merges)
+    : merges_(std::move(merges)), end_of_document_(uint32_t(256 + merges_.size())) {
+  pieces_.reserve(257 + merges_.size());
   for (int c = 0; c < 256; ++c) pieces_.emplace_back(1, char(c));
   for (size_t i = 0; i < merges_.size(); ++i) {
     const auto [a, b] = merges_[i];
@@ -182,6 +183,21 @@ Tokenizer::Tokenizer(std::vector<Merge> merges) : merges_(std::move(merges)) {
     rank_.emplace(key(a, b), uint32_t(i));
   }
   pieces_.emplace_back("<|endoftext|>");
+}
+
+Tokenizer Tokenizer::table(std::vector<std::string> pieces, uint32_t end_of_document,
+                           std::string source) {
+  if (pieces.empty()) throw std::invalid_argument(source + ": a tokenizer table of no ids");
+  if (end_of_document >= pieces.size())
+    throw std::invalid_argument(source + ": the end of a document, id " +
+                                std::to_string(end_of_document) + ", is outside its " +
+                                std::to_string(pieces.size()) + " ids");
+  Tokenizer t({});
+  t.pieces_ = std::move(pieces);
+  t.end_of_document_ = end_of_document;
+  t.table_ = true;
+  t.source_ = std::move(source);
+  return t;
 }
 
 Tokenizer Tokenizer::train_bpe(const WordCounts& words, size_t vocab) {
@@ -231,6 +247,10 @@ void Tokenizer::encode_word(std::string_view word, std::vector<uint32_t>& out) {
 }
 
 void Tokenizer::encode(std::string_view text, std::vector<uint32_t>& out) {
+  if (table_)
+    throw std::invalid_argument("this tokenizer (" + source_ +
+                                ") only decodes: its merges are not here; encode text with the "
+                                "tool that made it");
   split_words(text, [&](std::string_view w) { encode_word(w, out); });
 }
 
@@ -246,8 +266,41 @@ void Tokenizer::decode(const uint32_t* ids, size_t n, std::string& out) const {
 
 uint64_t Tokenizer::fingerprint() const {
   static_assert(sizeof(Merge) == 8, "a merge is two uint32 ids");
-  return fnv1a64(merges_.data(), merges_.size() * sizeof(Merge));  // (little-endian hosts)
+  if (!table_) return fnv1a64(merges_.data(), merges_.size() * sizeof(Merge));  // (little-endian)
+  uint64_t h = fnv1a64("table", 5);
+  for (const std::string& p : pieces_) {
+    const uint32_t n = uint32_t(p.size());
+    h = fnv1a64(p.data(), p.size(), fnv1a64(&n, sizeof n, h));
+  }
+  return fnv1a64(&end_of_document_, sizeof end_of_document_, h);
 }
+
+namespace {
+std::string hex_of(const std::string& bytes) {
+  static const char digits[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out += digits[c >> 4];
+    out += digits[c & 15];
+  }
+  return out;
+}
+
+// Hex digits' bytes; false when text is not an even number of hex digits.
+bool bytes_of_hex(const std::string& text, std::string& out) {
+  auto digit = [](char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+  };
+  if (text.size() % 2) return false;
+  out.clear();
+  for (size_t i = 0; i < text.size(); i += 2) {
+    const int hi = digit(text[i]), lo = digit(text[i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    out += char(hi << 4 | lo);
+  }
+  return true;
+}
+}  // namespace
 
 void Tokenizer::save(const std::string& path) const {
   nlohmann::json j;
@@ -256,8 +309,14 @@ void Tokenizer::save(const std::string& path) const {
   j["kind"] = kind();
   j["vocab"] = vocab_size();
   j["end_of_document"] = end_of_document();
-  auto& m = j["merges"] = nlohmann::json::array();
-  for (const auto& [a, b] : merges_) m.push_back({a, b});
+  if (table_) {
+    j["source"] = source_;
+    auto& p = j["pieces"] = nlohmann::json::array();  // (hex: a piece may be any bytes)
+    for (const std::string& piece : pieces_) p.push_back(hex_of(piece));
+  } else {
+    auto& m = j["merges"] = nlohmann::json::array();
+    for (const auto& [a, b] : merges_) m.push_back({a, b});
+  }
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << j.dump() << '\n';
   if (!out.flush()) throw std::runtime_error("cannot write '" + path + "'");
@@ -293,6 +352,7 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const std::string& path)
   if (!j.is_object() || j.value("format", "") != "troupe-tokenizer")
     bad_file(path, "is not a troupe tokenizer (no \"format\": \"troupe-tokenizer\")");
   if (j.value("version", 0) != 1) bad_file(path, "has an unknown version (this build reads 1)");
+  if (j.value("kind", "") == "table") return table_from_json(j, path);
   const auto& m = j.find("merges");
   if (m == j.end() || !m->is_array()) bad_file(path, "has no \"merges\" array");
   std::vector<Merge> merges;
@@ -314,10 +374,41 @@ Tokenizer Tokenizer::from_json(const nlohmann::json& j, const std::string& path)
     merges.emplace_back(uint32_t(a), uint32_t(b));
   }
   Tokenizer t(std::move(merges));
-  if (j.value("vocab", uint64_t(0)) != t.vocab_size())
+  check_said(j, t, path);
+  return t;
+}
+
+// The vocabulary and end of document the file says are its tokenizer's.
+void Tokenizer::check_said(const nlohmann::json& j, const Tokenizer& t, const std::string& path) {
+  if (j.contains("end_of_document") &&
+      j.value("end_of_document", nlohmann::json()) != t.end_of_document())
+    bad_file(path, "says \"end_of_document\": " + j["end_of_document"].dump() +
+                       " but its tokenizer ends a document with " +
+                       std::to_string(t.end_of_document()));
+  if (j.value("vocab", uint64_t(0)) == t.vocab_size()) return;
+  if (!t.table_)
     bad_file(path, "says \"vocab\": " + j.value("vocab", nlohmann::json()).dump() + " but its " +
                        std::to_string(t.merges().size()) + " merges make " +
                        std::to_string(t.vocab_size()));
+  bad_file(path, "says \"vocab\": " + j.value("vocab", nlohmann::json()).dump() + " but its " +
+                     "table has " + std::to_string(t.vocab_size()) + " pieces");
+}
+
+Tokenizer Tokenizer::table_from_json(const nlohmann::json& j, const std::string& path) {
+  const auto& p = j.find("pieces");
+  if (p == j.end() || !p->is_array()) bad_file(path, "has no \"pieces\" array");
+  if (p->empty() || p->size() > (size_t(1) << 24))
+    bad_file(path, "has " + std::to_string(p->size()) + " pieces (1 to 16,777,216)");
+  std::vector<std::string> pieces(p->size());
+  for (size_t i = 0; i < p->size(); ++i)
+    if (!(*p)[i].is_string() || !bytes_of_hex((*p)[i].get<std::string>(), pieces[i]))
+      bad_file(path, "piece " + std::to_string(i) + " is not a string of hex digits");
+  const auto& e = j.find("end_of_document");
+  if (e == j.end() || !e->is_number_unsigned() || *e >= pieces.size())
+    bad_file(path,
+             "has no \"end_of_document\" among its " + std::to_string(pieces.size()) + " ids");
+  Tokenizer t = table(std::move(pieces), e->get<uint32_t>(), j.value("source", "a table"));
+  check_said(j, t, path);
   return t;
 }
 

@@ -1,4 +1,4 @@
-// Tokenizers: byte-level, and byte-level BPE trained on a corpus.
+// Tokenizers: byte-level, byte-level BPE trained on a corpus, and tables another tool made.
 //
 // Ids: 0..255 are the bytes; 256..256+M-1 the M merges in the order they were learned; the last
 // id (256+M) is the end-of-document token that separates documents in a data set. So
@@ -9,6 +9,10 @@
 // pattern does (an optional leading space and a run of letters, of digits or of other symbols;
 // runs of whitespace), at most kMaxWordBytes each. Bytes >= 0x80 count as letters, so a UTF-8
 // character stays inside its word.
+//
+// A table (kind "table") is another tool's tokenizer as its ids' pieces alone, e.g. GPT-2's as
+// llm.c writes it (data/import.h): it decodes, and says its vocabulary and end of document, but
+// does not encode (its merges and its pattern are not here): encode() throws.
 //
 // A Tokenizer is immutable after construction and safe to share between threads, except
 // encode(), which keeps a per-object cache: give each thread its own copy.
@@ -70,6 +74,11 @@ class Tokenizer {
   using Merge = std::pair<uint32_t, uint32_t>;
 
   static Tokenizer bytes() { return Tokenizer({}); }
+  // Id i decodes to pieces[i]; end_of_document < pieces.size(). `source` says what made it (in
+  // messages: "llm.c's GPT-2 tokenizer"). Throws std::invalid_argument for an empty table or an
+  // end of document outside it.
+  static Tokenizer table(std::vector<std::string> pieces, uint32_t end_of_document,
+                         std::string source);
   // Learns vocab - 257 merges (fewer when the words run out of pairs: vocab_size() says).
   // Deterministic: the most frequent pair first, ties to the smallest (left, right) ids.
   static Tokenizer train_bpe(const WordCounts& words, size_t vocab);
@@ -81,14 +90,17 @@ class Tokenizer {
 
   explicit Tokenizer(std::vector<Merge> merges);
 
-  std::string kind() const { return merges_.empty() ? "byte" : "bpe"; }
-  size_t vocab_size() const { return 257 + merges_.size(); }
-  uint32_t end_of_document() const { return uint32_t(256 + merges_.size()); }
+  std::string kind() const { return table_ ? "table" : merges_.empty() ? "byte" : "bpe"; }
+  size_t vocab_size() const { return pieces_.size(); }
+  uint32_t end_of_document() const { return end_of_document_; }
   const std::vector<Merge>& merges() const { return merges_; }
-  // FNV-1a over the merges: equal exactly when two tokenizers map every text alike.
+  bool encodes() const { return !table_; }
+  const std::string& source() const { return source_; }  // a table's maker; "" otherwise
+  // FNV-1a over the merges (a table: over its pieces and its end of document): equal exactly
+  // when two tokenizers map every text alike.
   uint64_t fingerprint() const;
 
-  // Appends the ids of text to out.
+  // Appends the ids of text to out. A table throws std::invalid_argument (it cannot encode).
   void encode(std::string_view text, std::vector<uint32_t>& out);
   std::vector<uint32_t> encode(std::string_view text) {
     std::vector<uint32_t> out;
@@ -102,9 +114,14 @@ class Tokenizer {
  private:
   void encode_word(std::string_view word, std::vector<uint32_t>& out);
   static Tokenizer from_json(const nlohmann::json& j, const std::string& path);
+  static Tokenizer table_from_json(const nlohmann::json& j, const std::string& path);
+  static void check_said(const nlohmann::json& j, const Tokenizer& t, const std::string& path);
 
   std::vector<Merge> merges_;
-  std::vector<std::string> pieces_;              // id -> its bytes
+  std::vector<std::string> pieces_;  // id -> its bytes
+  uint32_t end_of_document_ = 256;
+  bool table_ = false;
+  std::string source_;
   std::unordered_map<uint64_t, uint32_t> rank_;  // (left << 32 | right) -> merge index
   std::unordered_map<std::string, std::vector<uint32_t>> cache_;  // word -> ids
 };

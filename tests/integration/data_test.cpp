@@ -1,7 +1,8 @@
 // Token data sets as a user makes and trains on them: `troupe data prepare` (BPE), a GPT job on
 // data.kind = "tokens" with an agent SIGKILLed mid-run that finishes with the static run's
 // losses, every sample once (the ledger) and every window once per epoch; the encode/decode
-// commands; bad inputs refused with the reason; a prepare killed midway leaves no data set.
+// commands; bad inputs refused with the reason; a prepare killed midway leaves no data set;
+// llm.c's GPT-2 token files imported, checked, decoded and trained on.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -17,6 +18,7 @@
 #include "coordinator/process.h"
 #include "data/token_data.h"
 #include "tests/harness/jobs.h"
+#include "tests/harness/llmc_files.h"
 
 namespace troupe {
 namespace {
@@ -345,6 +347,56 @@ TEST(DataCommands, TheTokensConfigTrainsOnTheSetItsCommentPrepares) {
       ASSERT_EQ(r.exit_code, 0) << r.output;
     }
   }
+}
+
+// GPT-2's ids as llm.c's scripts write them: imported as they are (documents and their ends),
+// verified, decoded with llm.c's tokenizer (not encoded: its merges are not there), trained on
+// by the gpt_tokens config, and a step's batch exported.
+TEST(DataCommands, LlmcGpt2TokenFilesImportVerifyDecodeAndTrain) {
+  TempDir dir;
+  const std::string d = dir.path();
+  llmc::write_tokenizer(d + "/gpt2_tokenizer.bin", llmc::pieces(50257, 50256), 1, 0);
+  std::mt19937 rng(5);
+  std::vector<uint32_t> stream;
+  for (int doc = 0; doc < 120; ++doc) {  // (each document begins with the end of text)
+    stream.push_back(50256);
+    for (int i = 0, n = 20 + int(rng() % 40); i < n; ++i) stream.push_back(rng() % 50256);
+  }
+  const size_t cut = stream.size() / 2 + 7;  // (a document goes on in the second file)
+  llmc::write_tokens(d + "/train_000.bin", {stream.begin(), stream.begin() + long(cut)});
+  llmc::write_tokens(d + "/train_001.bin", {stream.begin() + long(cut), stream.end()});
+  const std::string ds = d + "/fineweb";
+  Result r = shell(dir, "\"$T\" data import " + d + "/train_000.bin " + d +
+                            "/train_001.bin --tokenizer " + d + "/gpt2_tokenizer.bin --out " + ds);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(": 120 documents from 2 files"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(std::to_string(stream.size()) + " tokens; llm.c's tokenizer, version 1, "
+                                                          "50257 ids, end of document 50256"),
+            std::string::npos)
+      << r.output;
+  r = shell(dir, "\"$T\" data verify " + ds);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  r = shell(dir, "echo 72 105 50256 300 | \"$T\" data decode --data " + ds);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output, "Hi<|endoftext|>p300");
+  r = shell(dir, "echo text | \"$T\" data encode --data " + ds);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("only decodes"), std::string::npos) << r.output;
+  r = shell(dir, "\"$T\" data import " + d + "/train_000.bin --tokenizer " + d +
+                     "/train_001.bin --out " + d + "/again");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("train_001.bin: is not llm.c's tokenizer file"), std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(d + "/again"));
+  r = shell(dir, "\"$T\" run " + std::string(TROUPE_SOURCE_DIR) +
+                     "/configs/gpt_tokens.toml --set job.steps=4 --set data.path=\\\"" + ds +
+                     "\\\" --set model.layers=1 --set model.d_model=32 --set model.heads=2 " +
+                     "--set model.context=16 --set job.run_dir=\\\"" + d + "/run\\\"");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("finished after 4 of 4 steps"), std::string::npos) << r.output;
+  r = shell(dir, "\"$T\" export " + d + "/run -o " + d + "/m.safetensors --batch-of-step 1");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(d + "/m.safetensors.batch.safetensors")) << r.output;
 }
 
 TEST(DataCommands, EncodeAndDecodeCommandsRoundTripAnyBytes) {

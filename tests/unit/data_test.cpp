@@ -1,6 +1,7 @@
 // data/: the tokenizers (any bytes round-trip; BPE training is deterministic and learns the
 // most frequent pair first), the token shards and their manifest (every defect named), the global
-// order (a bijection per epoch, mixtures in proportion), and prepare's handling of bad input.
+// order (a bijection per epoch, mixtures in proportion), prepare's handling of bad input, and
+// llm.c's token files imported (the same documents; every bad file named).
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
@@ -13,10 +14,12 @@
 #include <random>
 #include <set>
 
+#include "data/import.h"
 #include "data/prepare.h"
 #include "data/shards.h"
 #include "data/token_data.h"
 #include "data/tokenizer.h"
+#include "tests/harness/llmc_files.h"
 
 namespace troupe::data {
 namespace {
@@ -805,6 +808,138 @@ TEST(Prepare, BadInputsAreRefusedAndLeaveNoDataSet) {
   prepare({{d / "text.txt"}, d / "o6"});
   EXPECT_TRUE(fs::exists(d / "o6/manifest.json"));
   EXPECT_FALSE(fs::exists(d / "o6.partial-999999999"));
+}
+
+std::vector<int32_t> stream_of(const std::string& dir) {
+  auto t = TokenShards::open(dir);
+  std::vector<int32_t> ids(t->tokens());
+  t->read(0, ids.size(), ids.data());
+  return ids;
+}
+
+TEST(Import, LlmcTokenFilesBecomeTheSameDocumentsAndDecode) {
+  Dir d;
+  // LLaMA 3's layout (version 2: uint32 ids, the end of text given, not the last id).
+  llmc::write_tokenizer(d / "tok.bin", llmc::pieces(300, 260), 2, 260);
+  // Documents begin with the end of text in llm.c's files; one goes on into the next file, and
+  // runs of none (two ends in a row, a file of one end) are no documents.
+  llmc::write_tokens(d / "a.bin", {7, 8, 260, 9, 10, 11}, 2);
+  llmc::write_tokens(d / "b.bin", {12, 260, 260, 13, 299}, 2);
+  llmc::write_tokens(d / "c.bin", {260}, 2);
+  ImportOptions o{{d / "a.bin", d / "b.bin", d / "c.bin"}, d / "tok.bin", d / "set", 4};
+  const ImportSummary s = import_llmc(o);
+  EXPECT_EQ(s.documents, 3u);
+  EXPECT_EQ(s.tokens, 11u);
+  EXPECT_EQ(s.vocab, 300u);
+  EXPECT_EQ(s.end_of_document, 260u);
+  EXPECT_EQ(stream_of(d / "set"),
+            (std::vector<int32_t>{7, 8, 260, 9, 10, 11, 12, 260, 13, 299, 260}));
+  auto set = TokenShards::open(d / "set");
+  EXPECT_EQ(set->shards(), 3u);  // (--shard-tokens 4)
+  EXPECT_EQ(set->end_of_document(), 260u);
+  EXPECT_EQ(set->token_bytes(), 2u);  // (300 ids fit 16 bits whatever the files' width)
+  EXPECT_EQ(set->verify(2), std::vector<std::string>{}) << "its documents counted at id 260";
+  // The tokenizer decodes as llm.c's does, saved and loaded alike, and refuses to encode.
+  const Tokenizer tok = Tokenizer::load(d / "set/tokenizer.json");
+  EXPECT_EQ(tok.kind(), "table");
+  EXPECT_EQ(tok.fingerprint(), load_llmc_tokenizer(d / "tok.bin").fingerprint());
+  std::string text;
+  const uint32_t ids[] = {'h', 'i', 299, 260, 0};
+  tok.decode(ids, 5, text);
+  EXPECT_EQ(text, std::string("hip299<|endoftext|>\0", 20));
+  Tokenizer copy = tok;
+  try {
+    copy.encode("hi");
+    ADD_FAILURE() << "a table encoded";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("llm.c's tokenizer, version 2) only decodes"),
+              std::string::npos)
+        << e.what();
+  }
+  // Nor does prepare encode with it.
+  write(d / "text.txt", "some text");
+  PrepareOptions p{{d / "text.txt"}, d / "prepared"};
+  p.tokenizer_from = d / "set";
+  EXPECT_THROW(prepare(p), std::invalid_argument);
+  EXPECT_FALSE(fs::exists(d / "prepared"));
+}
+
+TEST(Import, GptTwosTokenizerOfVersionOneEndsDocumentsAt50256) {
+  Dir d;
+  llmc::write_tokenizer(d / "gpt2.bin", llmc::pieces(50257, 50256), 1, 0);
+  llmc::write_tokens(d / "t.bin", {50256, 1000, 50255, 50256, 3});
+  const ImportSummary s = import_llmc({{d / "t.bin"}, d / "gpt2.bin", d / "set"});
+  EXPECT_EQ(s.vocab, 50257u);
+  EXPECT_EQ(s.end_of_document, 50256u);
+  EXPECT_EQ(stream_of(d / "set"), (std::vector<int32_t>{1000, 50255, 50256, 3, 50256}));
+  EXPECT_EQ(TokenShards::open(d / "set")->token_bytes(), 2u);
+}
+
+TEST(Import, BadFilesAreNamedAndLeaveNoDataSet) {
+  Dir d;
+  llmc::write_tokenizer(d / "tok.bin", llmc::pieces(300, 299), 2, 299);
+  llmc::write_tokens(d / "a.bin", {299, 1, 2});
+  auto refused = [&](std::vector<std::string> inputs, const std::string& tokenizer,
+                     const std::string& why) {
+    try {
+      import_llmc({inputs, tokenizer, d / "out"});
+      ADD_FAILURE() << "accepted: " << why;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(fs::exists(d / "out")) << why;
+    for (const auto& e : fs::directory_iterator(d.path))
+      EXPECT_EQ(e.path().string().find(".partial-"), std::string::npos) << e.path();
+  };
+  refused({d / "tok.bin"}, d / "tok.bin",
+          "tok.bin: is not an llm.c token file (it begins "
+          "with 20240328, not 20240520): it is a tokenizer file");
+  refused({d / "a.bin"}, d / "a.bin", "a.bin: is not llm.c's tokenizer file");
+  refused({d / "absent.bin"}, d / "tok.bin", "absent.bin: No such file or directory");
+  refused({d.path}, d / "tok.bin", "is not a regular file");
+  refused({d / "a.bin", d / "a.bin"}, d / "tok.bin", "a.bin: is named twice");
+  write(d / "short.bin", read(d / "a.bin").substr(0, 1000));
+  refused({d / "short.bin"}, d / "tok.bin", "short.bin: is shorter than llm.c's header");
+  write(d / "cut.bin", read(d / "a.bin").substr(0, 1024 + 5));
+  refused({d / "cut.bin"}, d / "tok.bin",
+          "cut.bin: holds 1029 bytes; its header says 3 ids of 2 "
+          "bytes: 1030 (cut short?)");
+  llmc::write_tokens(d / "v3.bin", {1}, 3);
+  refused({d / "v3.bin"}, d / "tok.bin", "v3.bin: has version 3");
+  // An id outside the vocabulary in the second file: its place named, nothing written.
+  llmc::write_tokens(d / "b.bin", {299, 300, 1});
+  refused({d / "a.bin", d / "b.bin"}, d / "tok.bin",
+          "b.bin: id 300 at token 1 is outside the 300 ids of --tokenizer");
+  llmc::write_tokens(d / "ends.bin", {299, 299});
+  refused({d / "ends.bin"}, d / "tok.bin", "no document in the inputs");
+  // Tokenizer files: GPT-2's version with another vocabulary, an end of text outside, an empty
+  // piece, cut short, bytes after the last piece.
+  llmc::write_tokenizer(d / "v1.bin", llmc::pieces(300, 299), 1, 0);
+  refused({d / "a.bin"}, d / "v1.bin", "version 1 is GPT-2's tokenizer of 50257 ids");
+  llmc::write_tokenizer(d / "eot.bin", llmc::pieces(300, 299), 2, 300);
+  refused({d / "a.bin"}, d / "eot.bin", "its end-of-text id 300 is outside its 300 ids");
+  auto empty = llmc::pieces(300, 299);
+  empty[5].clear();
+  llmc::write_tokenizer(d / "empty.bin", empty, 2, 299);
+  refused({d / "a.bin"}, d / "empty.bin", "piece 5 is empty");
+  const std::string whole = read(d / "tok.bin");
+  write(d / "cut-tok.bin", whole.substr(0, whole.size() - 3));
+  refused({d / "a.bin"}, d / "cut-tok.bin", "ends within piece 299 of 300 (cut short?)");
+  write(d / "more-tok.bin", whole + "x");
+  refused({d / "a.bin"}, d / "more-tok.bin", "has bytes after its 300 pieces");
+  // And a table's tokenizer.json damaged.
+  import_llmc({{d / "a.bin"}, d / "tok.bin", d / "set"});
+  std::string json = read(d / "set/tokenizer.json");
+  json.replace(json.find("\"01\""), 4, "\"0x\"");
+  write(d / "bad.json", json);
+  try {
+    Tokenizer::load(d / "bad.json");
+    ADD_FAILURE() << "a bad piece loaded";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("piece 1 is not a string of hex digits"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
