@@ -548,7 +548,14 @@ int run_stop(const std::vector<std::string>& words) {
   if (auto rc = parse(app, words)) return *rc;
   auto request = checkpoint ? actors::make_checkpoint_request(true) : actors::make_stop_request();
   return admin_request(job, request, [&](actors::ControlMessage& r) {
-    if (!r.envelope().getBody().isAck()) return 1;
+    auto body = r.envelope().getBody();
+    if (body.isStatus()) {  // (a job that had not formed its first generation: it ended now)
+      const actors::JobStatus s = actors::decode(body.getStatus());
+      std::printf("troupe: the job stopped at step %llu: it had not started training\n",
+                  (unsigned long long)s.step);
+      return 0;
+    }
+    if (!body.isAck()) return 1;
     std::printf("troupe: stop requested; the job stops after the current step%s\n",
                 checkpoint ? ", with a checkpoint there" : "");
     return 0;

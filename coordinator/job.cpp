@@ -183,7 +183,7 @@ class Coordinator : public caf::event_based_actor {
         [this](none_left_atom) { fail_if_none_can_return(); },
         [this](stop_paused_atom, const std::string& reason) {
           if (job_.phase() == JobPhase::paused && job_.stop_requested())
-            stop_without_members(reason);
+            stop_without_members(reason, true);
         },
         [this](hung_atom, uint64_t generation, const std::string& error) {
           cut_hung_members(generation, error);
@@ -1369,7 +1369,18 @@ class Coordinator : public caf::event_based_actor {
 
   ControlMessage stop(bool with_checkpoint) {
     if (with_checkpoint && checkpoints_ && !stop_checkpoint_) return checkpoint(true);
+    if (job_.phase() == JobPhase::forming && !job_.stop_requested()) return stop_before_training();
     return stop_at_next_step(false);
+  }
+
+  // A plain stop before the first generation formed: no step is under way to stop after (its
+  // agents may never come), so the job ends now, stopped, and the answer is its status. (It was
+  // acknowledged as a stop "after the current step", and the job trained one when agents came.)
+  ControlMessage stop_before_training() {
+    job_.request_stop();
+    log_.event("stop_requested", Json().integer("step", long(steps_.committed())));
+    stop_without_members("troupe stop before the job formed its first generation", false);
+    return encode(status());
   }
 
   // The job stops at the next step boundary. The agents hear it when it is new, and again when
@@ -1392,10 +1403,11 @@ class Coordinator : public caf::event_based_actor {
   }
 
   // A stop (asked for, or a signal) with too few workers left to form a generation that stops
-  // (every worker lost): waiting for more would only end in the pause's failure. The state went
-  // with the members: unless one was written at the step it stops at before they were lost, a
-  // resume goes on from the newest checkpoint (the steps after it redone).
-  void stop_without_members(const std::string& reason) {
+  // (every worker lost): waiting for more would only end in the pause's failure; or before the
+  // first generation formed (members_lost false). The state went with the members: unless one was
+  // written at the step it stops at before they were lost, a resume goes on from the newest
+  // checkpoint (the steps after it redone).
+  void stop_without_members(const std::string& reason, bool members_lost) {
     const auto& newest = checkpoints_ ? checkpoints_->newest() : std::nullopt;
     const std::string from = newest ? newest->manifest : "";
     // (One at the step it stops at, written before the loss: resumable from there, as a stop's.)
@@ -1403,7 +1415,8 @@ class Coordinator : public caf::event_based_actor {
     const std::string there =
         !resumable_.empty()
             ? "its checkpoint there is " + from
-            : "no checkpoint there, the state went with the workers; " +
+            : std::string("no checkpoint there") +
+                  (members_lost ? ", the state went with the workers; " : "; ") +
                   (from.empty() ? "no checkpoint to resume from" : "resume from " + from);
     const std::string why =
         "stopped at step " + std::to_string(steps_.committed()) + " (" + reason + "): " + there;

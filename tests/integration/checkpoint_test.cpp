@@ -1388,6 +1388,34 @@ TEST(Checkpoints, AStopWithACheckpointBeforeTrainingStartsStopsAfterTheFirstStep
   EXPECT_TRUE(fs::exists(job.run_dir + "/checkpoints/step-00000001/manifest.json"));
 }
 
+// A plain `troupe stop` before the first generation formed ends the job now, stopped at step 0,
+// and says so. (It was acknowledged as a stop "after the current step": the job waited on, and
+// trained a step when its agents came.)
+TEST(Checkpoints, APlainStopBeforeTrainingStartsEndsTheJobNow) {
+  TempDir dir;
+  const std::string hold = dir.path() + "/hold-agent-1";
+  std::ofstream(hold) << "";
+  Job job = start_job(dir, "early", kGpt, 2, {"checkpoint.every_steps=0"},
+                      {"TROUPE_TEST_JOIN_DELAY_AGENT=agent-1", "TROUPE_TEST_JOIN_DELAY_MS=120000",
+                       "TROUPE_TEST_JOIN_DELAY_FILE=" + hold});
+  ASSERT_NE(wait_event(job, is("member_joined"), 60s), "");
+  const std::string said = admin(dir, {"stop", "--run-dir", job.run_dir});
+  EXPECT_NE(said.find("the job stopped at step 0: it had not started training"), std::string::npos)
+      << said;
+  auto st = job.proc->wait(60s);  // (agent-1 still held: its join waits on for 120 s)
+  fs::remove(hold);
+  ASSERT_TRUE(st) << "the job did not end";
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
+  EXPECT_EQ(count_events(job, "generation_started"), 0);
+  const std::string end = events_of(job).back();
+  EXPECT_EQ(json_field(end, "event"), "job_finished") << end;
+  EXPECT_EQ(json_field(end, "state"), "stopped") << end;
+  EXPECT_EQ(json_field(end, "steps"), "0") << end;
+  EXPECT_NE(text_of(job.out).find("stopped at step 0 (troupe stop before the job formed"),
+            std::string::npos)
+      << text_of(job.out);
+}
+
 // On request: `troupe checkpoint` writes one at the next step boundary and says where, while
 // training goes on; `troupe stop --checkpoint` writes one where it stops. No periodic ones, and
 // each request is served once (all members vote on it at the same step boundary). The resume
