@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -20,8 +21,10 @@
 #include "actors/services.h"
 #include "cli/commands.h"
 #include "cli/parse.h"
+#include "comm/host_identity.h"
 #include "coordinator/events.h"
 #include "coordinator/run_dir.h"
+#include "coordinator/run_record.h"
 #include "workers/agent.h"
 
 namespace troupe::cli {
@@ -296,6 +299,43 @@ void print_status(const actors::JobStatus& s, bool json) {
   for (const auto& m : s.standbys) print_row("standby", row_state(false, m).c_str(), m);
 }
 
+// What a take-over of a run that did not end would do: adopt its agents that may still be alive
+// (coordinator::may_come_back), or train the steps past its newest checkpoint again (the newest
+// its events name that is still there), or all of them from the seed without one. (status said
+// only how to take it over, and a take-over only that the agents alive go on.)
+std::string take_over_outlook(const std::string& dir) {
+  std::vector<std::string> lines;
+  std::ifstream in(dir + "/events.jsonl");
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  const coordinator::RunRecord record = coordinator::read_run_record(lines);
+  if (coordinator::may_come_back(record.agents, {}, comm::host_identity(),
+                                 [](uint32_t pid) { return comm::process_gone(int(pid)); }))
+    return "its agents that may still be alive go on from their own state (each waits "
+           "elastic.rejoin_timeout_ms for it)";
+  std::map<uint64_t, std::string> written;  // step -> its manifest
+  for (const std::string& line : lines) {
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const std::string event = coordinator::text_field(j, "event");
+    if (event == "checkpoint_written")
+      written[coordinator::count_field(j, "step")] = coordinator::text_field(j, "path");
+    if (event == "checkpoint_undone")
+      written.erase(written.upper_bound(coordinator::count_field(j, "rolled_back_to")),
+                    written.end());
+  }
+  const std::string steps = std::to_string(record.committed);
+  std::error_code ec;
+  for (auto it = written.rbegin(); it != written.rend(); ++it)
+    if (it->first <= record.committed && std::filesystem::exists(it->second, ec))
+      return "no agent of it is alive here: it goes on from the checkpoint of step " +
+             std::to_string(it->first) +
+             (it->first == record.committed
+                  ? std::string(", nothing trained again")
+                  : ", steps " + std::to_string(it->first) + ".." +
+                        std::to_string(record.committed - 1) + " trained again");
+  return "no agent of it is alive here and it has no checkpoint: its " + steps +
+         " committed steps are trained again, from the job's seed";
+}
+
 // A job no process runs any more (its run directory is not locked): its events say how it
 // ended. nullopt when a job runs there (ask its coordinator).
 std::optional<int> status_from_run_dir(const std::string& dir, bool json) {
@@ -323,6 +363,7 @@ std::optional<int> status_from_run_dir(const std::string& dir, bool json) {
   // (A run that did not end is taken over; a stopped one goes on from its checkpoint, if any.)
   const bool goes_on = (!finished && !failed) || out.contains("resume_from");
   if (goes_on) out["resume"] = "troupe run " + dir + "/config.toml --resume " + dir;
+  if (!finished && !failed) out["take_over"] = take_over_outlook(dir);
   if (json) {
     std::printf("%s\n", out.dump().c_str());
     return finished || failed ? 0 : 1;
@@ -338,6 +379,8 @@ std::optional<int> status_from_run_dir(const std::string& dir, bool json) {
   if (out.contains("checkpoint"))
     std::printf("checkpoint: %s\n", text_field(last, "checkpoint").c_str());
   if (goes_on) std::printf("goes on with: %s\n", out["resume"].get<std::string>().c_str());
+  if (out.contains("take_over"))
+    std::printf("  (%s)\n", out["take_over"].get<std::string>().c_str());
   return finished || failed ? 0 : 1;
 }
 

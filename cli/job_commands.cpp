@@ -116,6 +116,19 @@ std::string job_of_token(const std::string& run_dir) {
 // Another job.steps or job.name is taken where none of its agents can still be alive (each a
 // process of this host that is gone, coordinator::may_come_back): none trains to the run's own
 // or presents its token.
+// How to train a run to another step than its own: a new run from its newest checkpoint, named;
+// or that it has none.
+std::string another_run_from(const coordinator::JobConfig& theirs, const std::string& path) {
+  const std::string dir = coordinator::checkpoints_dir(theirs, path);
+  const auto steps =
+      coordinator::valid_checkpoint_steps(dir, coordinator::checkpoint_identity(theirs));
+  if (steps.empty())
+    return "start a new run from one of its checkpoints, but it has none (" + dir + ")";
+  return "start a new run from one of its checkpoints (--resume " + dir + "/" +
+         actors::checkpoint_dir_name(steps.back()) + ", the newest of " +
+         std::to_string(steps.size()) + ")";
+}
+
 std::string take_over_refusal(const coordinator::JobConfig& cfg, const std::string& path,
                               const Hooks& hooks, const coordinator::RunRecord& record) {
   try {
@@ -126,11 +139,11 @@ std::string take_over_refusal(const coordinator::JobConfig& cfg, const std::stri
     const bool agents_may_live =
         coordinator::may_come_back(record.agents, {}, comm::host_identity(),
                                    [](uint32_t pid) { return comm::process_gone(int(pid)); });
+    const std::string from_checkpoint = another_run_from(theirs, path);
     if (theirs.steps != cfg.steps && !agents_may_live && uint64_t(cfg.steps) <= record.committed)
       return "job.steps = " + std::to_string(cfg.steps) + ", but the run has committed " +
              std::to_string(record.committed) + " steps: nothing to train (to train on from an " +
-             "earlier step, resume from one of its checkpoints: --resume " +
-             "RUN_DIR/checkpoints/step-NNNNNNNN, a new run)";
+             "earlier step, " + from_checkpoint + ")";
     if (const std::string job = job_of_token(path);
         agents_may_live && !job.empty() && job != cfg.name)
       return "job.name = '" + cfg.name + "', but its agents that may still be alive are job '" +
@@ -140,8 +153,7 @@ std::string take_over_refusal(const coordinator::JobConfig& cfg, const std::stri
       return "job.steps = " + std::to_string(cfg.steps) + ", but the run was started with " +
              std::to_string(theirs.steps) + " (its config.toml): a take-over goes on with its " +
              "own (any of its agents still alive train to step " + std::to_string(theirs.steps) +
-             "); to train to another step, resume from one of its checkpoints " +
-             "(--resume RUN_DIR/checkpoints/step-NNNNNNNN: a new run)";
+             "); to train to another step, " + from_checkpoint;
   } catch (const coordinator::ConfigError& e) {
     return e.what();
   }

@@ -364,10 +364,17 @@ class Coordinator : public caf::event_based_actor {
                      .integer("step", long(g.start_step))
                      .integer("recovered_steps", long(g.recover_to - g.recover_from)));
       tell("adopted the agents that came back: on from step " + std::to_string(g.start_step));
-    } else if (!cfg_.resume_dir.empty() && g.start_step == cfg_.resume_step) {
+      return;
+    }
+    if (!cfg_.resume_dir.empty() && g.start_step == cfg_.resume_step)
       log_.event("resumed_from_checkpoint",
                  Json().integer("step", long(cfg_.resume_step)).str("checkpoint", cfg_.resume_dir));
-    }
+    // (said: the console said only that the agents alive would go on from their own state)
+    tell("no agent of the run came back with its state: steps " + std::to_string(g.start_step) +
+         ".." + std::to_string(steps_.committed() - 1) + " are trained again, from " +
+         (cfg_.resume_dir.empty() || g.start_step != cfg_.resume_step
+              ? std::string("the job's seed (no checkpoint)")
+              : "the checkpoint " + cfg_.resume_dir));
   }
 
   // ---- admission -------------------------------------------------------------------------------

@@ -113,12 +113,24 @@ TEST(Checkpoints, TheWholeJobKilledResumesToAnotherNumberOfSteps) {
   pids.push_back(job.proc->pid());
   for (int pid : pids) ::kill(pid, SIGKILL);
   ASSERT_TRUE(job.proc->wait(10s));
+  // status says what a take-over will do: no agent is left to adopt (it said only how to take
+  // the run over, and the take-over only that the agents alive go on from their own state).
+  const std::string said = admin(dir, {"status", "--run-dir", job.run_dir}, 1);
+  EXPECT_NE(said.find("(no agent of it is alive here: it goes on from the checkpoint of step 40, "
+                      "steps 40.."),
+            std::string::npos)
+      << said;
 
   Job fewer = start_job(dir, "longer", kGpt, 2, {"job.steps=30"}, {}, {"--resume", job.run_dir});
   auto st = fewer.proc->wait(60s);
   ASSERT_TRUE(st);
   EXPECT_EQ(WEXITSTATUS(*st), 2) << text_of(fewer.out);
   EXPECT_NE(text_of(fewer.out).find("job.steps = 30, but the run has committed 4"),
+            std::string::npos)
+      << text_of(fewer.out);
+  // (its advice names the checkpoint it may start from, not a pattern)
+  EXPECT_NE(text_of(fewer.out).find("start a new run from one of its checkpoints (--resume " +
+                                    job.run_dir + "/checkpoints/step-00000040, the newest of 2)"),
             std::string::npos)
       << text_of(fewer.out);
   // (a checkpoint named as the docs said, step-N: "neither a run directory nor a checkpoint")
@@ -148,6 +160,12 @@ TEST(Checkpoints, TheWholeJobKilledResumesToAnotherNumberOfSteps) {
   EXPECT_NE(json_field(back, "checkpoint").find(actors::checkpoint_dir_name(std::stoull(from))),
             std::string::npos)
       << back;
+  // And the console says so (it said only that the agents alive go on from their own state).
+  EXPECT_NE(text_of(more.out).find("no agent of the run came back with its state: steps " + from +
+                                   ".." + std::to_string(std::stoll(json_field(back, "to")) - 1) +
+                                   " are trained again, from the checkpoint "),
+            std::string::npos)
+      << text_of(more.out);
   std::vector<long> generations;
   for (const auto& m : lines_of(job.run_dir + "/metrics.jsonl"))
     if (json_field(m, "step") == from && !json_field(m, "step_seconds").empty())
@@ -652,6 +670,11 @@ TEST(Checkpoints, ARestartedCoordinatorAdoptsTheLiveAgentsAndNothingIsRedone) {
   ASSERT_TRUE(refused);
   EXPECT_EQ(WEXITSTATUS(*refused), 2) << text_of(other.out);
   EXPECT_NE(text_of(other.out).find("job.steps = 150, but the run was started with 120"),
+            std::string::npos)
+      << text_of(other.out);
+  EXPECT_NE(text_of(other.out).find("to train to another step, start a new run from one of its "
+                                    "checkpoints (--resume " +
+                                    job.run_dir + "/checkpoints/step-000000"),
             std::string::npos)
       << text_of(other.out);
   // So is another job.name: the agents still alive present the run's token, its name.
