@@ -3,10 +3,12 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "cli/commands.h"
 #include "cli/parse.h"
+#include "coordinator/run_dir.h"
 #include "coordinator/run_report.h"
 
 namespace troupe::cli {
@@ -25,6 +27,13 @@ int run_report(const std::vector<std::string>& words) {
     std::fprintf(stderr, "troupe report: -o %s: %s\n", out.c_str(), why.c_str());
     return 2;
   }
+  std::error_code ec;
+  const std::filesystem::path above = std::filesystem::path(out).parent_path();
+  if (!above.empty() && !std::filesystem::is_directory(above, ec)) {
+    std::fprintf(stderr, "troupe report: -o %s: %s is not a directory\n", out.c_str(),
+                 above.c_str());
+    return 2;
+  }
   coordinator::RunReport report;
   try {
     report = coordinator::read_run(dir);
@@ -32,13 +41,17 @@ int run_report(const std::vector<std::string>& words) {
     std::fprintf(stderr, "troupe report: %s\n", e.what());
     return 2;
   }
+  // (Its events end without an end while no process runs it: its coordinator was lost. The
+  // report said "running", where troupe status said "not running".)
+  if (report.state == "running" && !coordinator::run_dir_in_use(dir))
+    report.state = "not running, and it did not finish";
   const std::string tmp = out + ".tmp";
   {
     std::ofstream f(tmp, std::ios::trunc);
     const int opened = f ? 0 : errno;  // (why it could not be opened: a missing directory, ...)
     f << coordinator::render_report(report);
     if (!f.flush()) {
-      std::fprintf(stderr, "troupe report: cannot write %s: %s\n", tmp.c_str(),
+      std::fprintf(stderr, "troupe report: cannot write %s: %s\n", out.c_str(),
                    std::strerror(opened ? opened : errno));
       std::remove(tmp.c_str());
       return 1;

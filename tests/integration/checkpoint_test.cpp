@@ -120,6 +120,9 @@ TEST(Checkpoints, TheWholeJobKilledResumesToAnotherNumberOfSteps) {
                       "steps 40.."),
             std::string::npos)
       << said;
+  // So does its report (it said "running").
+  const std::string report = admin(dir, {"report", job.run_dir, "-o", dir.path() + "/dead.html"});
+  EXPECT_NE(report.find("(not running, and it did not finish, "), std::string::npos) << report;
 
   Job fewer = start_job(dir, "longer", kGpt, 2, {"job.steps=30"}, {}, {"--resume", job.run_dir});
   auto st = fewer.proc->wait(60s);

@@ -193,7 +193,9 @@ TEST(RunDirectory, AnExportOrAReportNeverOverwritesTheRunsOwnFiles) {
            {{"export", done.run_dir, "-o", text}, "is the run's data (" + text + ")"},
            {{"report", done.run_dir, "-o", done.run_dir + "/events.jsonl"},
             "is the run's own events.jsonl"},
-           {{"report", done.run_dir, "-o", dir.path()}, "is a directory"}}) {
+           {{"report", done.run_dir, "-o", dir.path()}, "is a directory"},
+           {{"report", done.run_dir, "-o", dir.path() + "/absent/r.html"},
+            "-o " + dir.path() + "/absent/r.html: " + dir.path() + "/absent is not a directory"}}) {
     auto [rc, said] = run_for(dir, args);
     EXPECT_EQ(rc, 2) << said;
     EXPECT_NE(said.find(why), std::string::npos) << said;
