@@ -62,6 +62,7 @@ void JobMetrics::on_event(const std::string& name, const json& e) {
   const double ts = number(e, "ts");
   auto change = [&] {
     if (commits_ > 0 && change_ts_ == 0) change_ts_ = ts;
+    change_join_ = -1;
   };
   if (name == "job_started") {
     steps_ = number(e, "steps");
@@ -92,7 +93,11 @@ void JobMetrics::on_event(const std::string& name, const json& e) {
     ++restarts_;
   } else if (name == "member_joined") {
     ++joins_;
+    const bool first = change_ts_ == 0;
     change();
+    if (first && change_ts_ > 0) change_join_ = number(e, "member");
+  } else if (name == "member_standby") {
+    if (change_ts_ > 0 && change_join_ == number(e, "member")) change_ts_ = 0;  // (no change)
   } else if (name == "member_left") {
     ++leaves_;
     change();

@@ -89,6 +89,13 @@ class EventReader {
     if (((starts_change(ev) && commits_ > 0) || ev == "coordinator_restarted") && !pending_) {
       r_.changes.push_back({t, describe(ev, e), -1});
       pending_ = true;
+      pending_join_ = ev == "member_joined" ? number_field(e, "member") : -1;
+    }
+    // (a join above elastic.max_workers changed nothing: the change is the next one, and the
+    // recovery its own; the join's was measured to that one's end)
+    if (ev == "member_standby" && pending_ && pending_join_ == number_field(e, "member")) {
+      r_.changes.pop_back();
+      pending_ = false;
     }
   }
 
@@ -115,7 +122,8 @@ class EventReader {
 
   static std::string describe(const std::string& ev, const json& e) {
     std::string s = ev;
-    for (const char* key : {"name", "member", "rank", "step", "reason"}) {
+    for (const char* key :
+         {"name", "member", "rank", "step", "from", "to", "checkpoint", "seed", "reason"}) {
       auto it = e.find(key);
       if (it == e.end()) continue;
       s += std::string(" ") + key + "=" + (it->is_string() ? it->get<std::string>() : it->dump());
@@ -128,6 +136,7 @@ class EventReader {
   uint64_t commits_ = 0;
   double last_generation_ = 0;
   bool pending_ = false;
+  double pending_join_ = -1;  // the member whose join is the pending change's first sign
 };
 
 void read_metrics(RunReport& r, const std::string& path) {

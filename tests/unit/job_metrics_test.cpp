@@ -86,5 +86,16 @@ TEST(JobMetrics, TheFirstMembersAreNotARecovery) {
   EXPECT_TRUE(has("\n" + m.exposition(), "troupe_recovery_seconds 0"));
 }
 
+// A standby's join is no change: the recovery is the drain's (it was measured from the join).
+TEST(JobMetrics, AStandbysJoinIsNoRecovery) {
+  JobMetrics m("j");
+  m.record({{"ts", 1.0}, {"event", "step_committed"}, {"step", 0}, {"generation", 1}});
+  m.record({{"ts", 2.0}, {"event", "member_joined"}, {"member", 2}});
+  m.record({{"ts", 2.0}, {"event", "member_standby"}, {"member", 2}});
+  m.record({{"ts", 9.0}, {"event", "drain_requested"}, {"member", 1}});
+  m.record({{"ts", 9.5}, {"event", "step_committed"}, {"step", 1}, {"generation", 2}});
+  EXPECT_TRUE(has("\n" + m.exposition(), "troupe_recovery_seconds 0.5")) << m.exposition();
+}
+
 }  // namespace
 }  // namespace troupe::coordinator

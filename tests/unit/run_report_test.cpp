@@ -121,6 +121,36 @@ TEST(RunReport, AResumedRunsFirstJoinsAreNotAChange) {
       << render_report(r);
 }
 
+// A join above elastic.max_workers (a standby) is no change: the drain that admits it is, with
+// its own recovery. (The join was a change "recovered" when the drain's generation committed,
+// 7.9 s, and the drain had no row.)
+TEST(RunReport, AStandbysJoinIsNoChange) {
+  Dir d;
+  std::ofstream(d.path + "/events.jsonl")
+      << R"({"ts":100,"event":"job_started","job":"s","steps":10})"
+         "\n"
+      << R"({"ts":100.5,"event":"generation_started","generation":1,"world_size":2})"
+         "\n"
+      << R"({"ts":101,"event":"step_committed","step":0,"loss":3.0,"generation":1})"
+         "\n"
+      << R"({"ts":102,"event":"member_joined","member":2,"name":"sb"})"
+         "\n"
+      << R"({"ts":102,"event":"member_standby","member":2,"name":"sb","reason":"above"})"
+         "\n"
+      << R"({"ts":103,"event":"step_committed","step":1,"loss":2.9,"generation":1})"
+         "\n"
+      << R"({"ts":109,"event":"drain_requested","member":1,"step":2})"
+         "\n"
+      << R"({"ts":109.1,"event":"generation_started","generation":2,"world_size":2})"
+         "\n"
+      << R"({"ts":109.25,"event":"step_committed","step":2,"loss":2.8,"generation":2})"
+         "\n";
+  RunReport r = read_run(d.path);
+  ASSERT_EQ(r.changes.size(), 1u);
+  EXPECT_EQ(r.changes[0].what.rfind("drain_requested", 0), 0u) << r.changes[0].what;
+  EXPECT_DOUBLE_EQ(r.changes[0].recovery_s, 0.25);  // 109 -> 109.25
+}
+
 // A coordinator that took the run over is a change (its loss, then the agents adopted: the
 // recovery to the next commit) and a mark, though it committed nothing yet.
 TEST(RunReport, ATakeOverIsAChangeAndAMark) {
