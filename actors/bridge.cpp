@@ -301,7 +301,7 @@ class Handler : public comm::TransportHandler {
     if (env.getRequestId() == 0 || env.getIsReply()) return;
     auto reply =
         make_error_reply(comm::Errc::refused, rej.reason == comm::Reject::wrong_job
-                                                  ? "wrong job id or token for this job"
+                                                  ? kWrongJobOrToken
                                                   : rej.detail + "; rejoin the current generation");
     comm::EnvelopeHeader h =
         shared_->header(env.getSrcActor(), env.getRequestId(), true, env.getDstActor());

@@ -38,6 +38,10 @@
 
 namespace troupe::actors {
 
+// The answer to a request of another job's id or token (refused): the request can never be valid
+// there, as admin commands say (exit 2).
+constexpr const char* kWrongJobOrToken = "wrong job id or token for this job";
+
 struct BridgeConfig {
   comm::TransportOptions transport;
   std::string job_id = "troupe";

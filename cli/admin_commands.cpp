@@ -22,6 +22,7 @@
 #include "cli/commands.h"
 #include "cli/parse.h"
 #include "comm/host_identity.h"
+#include "coordinator/config.h"
 #include "coordinator/events.h"
 #include "coordinator/run_dir.h"
 #include "coordinator/run_record.h"
@@ -103,10 +104,19 @@ JobRef job_ref(const JobName& n) {
     r.run_dir = n.run_dir;
   } else {
     r.address = n.coordinator;
-    if (r.address.empty() || token_file.empty()) {
+    if (r.address.empty() && token_file.empty())
       throw std::invalid_argument(
           "name the job with --run-dir DIR, or --coordinator HOST:PORT --token-file F");
-    }
+    if (r.address.empty())
+      throw std::invalid_argument("--token-file " + token_file +
+                                  " needs --coordinator HOST:PORT (the job's coordinator.addr)");
+    if (token_file.empty())
+      throw std::invalid_argument("--coordinator " + r.address +
+                                  " needs --token-file F (the job's job.token, in its run "
+                                  "directory)");
+    if (!coordinator::host_and_port(r.address))  // (before UCX's message, with its source line)
+      throw std::invalid_argument("--coordinator " + r.address +
+                                  " is not HOST:PORT (the job's coordinator.addr)");
   }
   std::tie(r.job_id, r.token) = workers::read_token_file(token_file);
   return r;
@@ -157,10 +167,11 @@ class AdminSession {
   }
 
   // The exit status of a request that got no reply: 2 where the job answered that it can never
-  // be valid for it (an agent it does not have, a size outside its limits), else 1 (it cannot
-  // now: the job is stopping, would have too few workers; or it did not answer).
+  // be valid for it (an agent it does not have, a size outside its limits, another job's token),
+  // else 1 (it cannot now: the job is stopping, would have too few workers; or it did not answer).
   int failure_rc() const {
     auto ce = error_ ? actors::control_error(*error_) : std::nullopt;
+    if (ce && ce->code == comm::Errc::refused && ce->message == actors::kWrongJobOrToken) return 2;
     return ce && ce->code == comm::Errc::invalid_input ? 2 : 1;
   }
 

@@ -1056,6 +1056,15 @@ TEST(Command, EveryCommandAndGroupAnswersHelpAndNamesAMistake) {
       {{"help", "run"}, 0, "Usage: troupe run [OPTIONS] CONFIG"},  // (it was the general help)
       {{"help", "data", "prepare"}, 0, "--max-words"},
       {{"agent", "--join", "garbage", "--token-file", "t"}, 2, "--join garbage is not HOST:PORT"},
+      // (the address was UCX's to refuse, with its source line: "(ucx.cpp:105)"; a missing
+      // --token-file had the general advice)
+      {{"status", "--coordinator", "127.0.0.1", "--token-file", "t"},
+       2,
+       "troupe status: --coordinator 127.0.0.1 is not HOST:PORT (the job's coordinator.addr)"},
+      {{"status", "--coordinator", "127.0.0.1:1"},
+       2,
+       "--coordinator 127.0.0.1:1 needs --token-file"},
+      {{"stop", "--token-file", "t"}, 2, "--token-file t needs --coordinator HOST:PORT"},
   };
   for (const auto& c : cases) {
     auto [rc, said] = troupe_says(dir, c.args);
@@ -1230,6 +1239,13 @@ TEST(Job, CoordinatorAndAgentsStartedByHand) {
   EXPECT_NE(said.find("join refused: troupe.refused: wrong job id or token for this job"),
             std::string::npos)
       << said;
+  // An admin command with that token: refused, exit 2 (it can never be valid; it was 1, "cannot
+  // now").
+  auto [rc, refused] =
+      troupe_says(dir, {"status", "--coordinator", addr, "--token-file", bad_token});
+  EXPECT_EQ(rc, 2) << refused;
+  EXPECT_NE(refused.find("refused: wrong job id or token for this job"), std::string::npos)
+      << refused;
   // The second agent's copy of the token can be read by others: it joins, with a warning.
   const std::string open_token = dir.path() + "/open.token";
   std::filesystem::copy_file(run_dir + "/job.token", open_token);
