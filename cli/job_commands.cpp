@@ -456,17 +456,19 @@ class ProgressPrinter {
     const auto now = Clock::now();
     const double elapsed = std::chrono::duration<double>(now - t0_).count();
     const double left = p.step ? elapsed / double(p.step) * double(p.steps - p.step) : -1;
+    // (Rates over the last 3 s or more: steps reach this process in bursts, and a line's rate
+    // since the line before said 240,795 samples/s for a step of 1,834.)
+    window_.emplace_back(p.step, now);
+    while (window_.size() > 2 && now - window_[1].second > std::chrono::seconds(3))
+      window_.pop_front();
     if (tty_) {
-      window_.emplace_back(p.step, now);
-      while (window_.size() > 2 && now - window_[1].second > std::chrono::seconds(3))
-        window_.pop_front();
       const auto [samples, tokens] = rates(p, window_.front());
       std::printf("\r  step %llu/%llu%s  loss %.4f  %.0f samples/s  %.0f tokens/s  ETA %s   ",
                   (unsigned long long)p.step, (unsigned long long)p.steps, epoch(p).c_str(), p.loss,
                   samples, tokens, eta(left).c_str());
     } else if (p.step % every_ == 0 || p.step == p.steps ||
                now - since_.second > std::chrono::seconds(60)) {
-      const auto [samples, tokens] = rates(p, since_);
+      const auto [samples, tokens] = rates(p, window_.front());
       since_ = {p.step, now};
       std::printf("step %llu/%llu loss %.4f samples/s %.0f tokens/s %.0f world %llu%s\n",
                   (unsigned long long)p.step, (unsigned long long)p.steps, p.loss, samples, tokens,
@@ -502,7 +504,7 @@ class ProgressPrinter {
   uint64_t every_, batch_;
   Clock::time_point t0_;
   std::pair<uint64_t, Clock::time_point> since_;  // the last line's step (none yet: the most)
-  std::deque<std::pair<uint64_t, Clock::time_point>> window_;  // a terminal's last 3 s
+  std::deque<std::pair<uint64_t, Clock::time_point>> window_;  // the last 3 s (or more)
   coordinator::JobProgress last_;
 };
 
