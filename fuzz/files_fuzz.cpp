@@ -5,8 +5,10 @@
 // does), and any bytes as a token data set's manifest.json open it or refuse it with
 // std::invalid_argument naming it (TokenShards::open), then reads of what it says it holds give
 // ids or data::DamagedData naming the file and the place (a shard whose ids the vocabulary does
-// not hold): never a crash, undefined behaviour or another exception. The first byte chooses the
-// file. `make fuzz`; the corpus is fuzz/corpus/files.
+// not hold): never a crash, undefined behaviour or another exception; and any bytes as llm.c's
+// tokenizer file or token file are imported (troupe data import) or refused with
+// std::invalid_argument naming the file. The first byte chooses the file. `make fuzz`; the corpus
+// is fuzz/corpus/files.
 #include <stdlib.h>
 
 #include <cstdint>
@@ -17,6 +19,7 @@
 
 #include "coordinator/checkpoints.h"
 #include "coordinator/run_report.h"
+#include "data/import.h"
 #include "data/shards.h"
 #include "data/tokenizer.h"
 
@@ -41,6 +44,11 @@ const std::string& scratch() {
     std::filesystem::create_directories(t + "/tokens");
     troupe::data::Tokenizer::bytes().save(t + "/tokens/" + troupe::data::kTokenizerFile);
     std::ofstream(t + "/tokens/tokens-00000.bin", std::ios::binary) << std::string(40, 'a');
+    // llm.c's tokenizer of 300 ids (version 2, its end of text 299), for token files
+    uint32_t h[256] = {20240328, 2, 300, 299};
+    std::string tok(reinterpret_cast<const char*>(h), sizeof h);
+    for (int i = 0; i < 300; ++i) tok += std::string(1, char(1)) + char(i);
+    std::ofstream(t + "/llmc-tokenizer.bin", std::ios::binary) << tok;
     return t;
   }();
   return dir;
@@ -56,7 +64,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const std::string bytes(reinterpret_cast<const char*>(data) + 1, size - 1);
   const std::string& dir = scratch();
-  switch (data[0] % 4) {
+  switch (data[0] % 6) {
     case 0:
     case 1:
       write(dir + "/run/events.jsonl", data[0] % 4 == 0 ? bytes : R"({"event":"job_started"})");
@@ -77,6 +85,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       } catch (const troupe::data::DamagedData&) {
       }
       break;
+    case 4:
+    case 5: {
+      const std::string tokenizer =
+          data[0] % 6 == 4 ? dir + "/in.bin" : dir + "/llmc-tokenizer.bin";
+      write(dir + "/in.bin", bytes);
+      std::error_code ec;
+      std::filesystem::remove_all(dir + "/imported", ec);
+      try {
+        (void)troupe::data::import_llmc({{dir + "/in.bin"}, tokenizer, dir + "/imported"});
+        (void)troupe::data::TokenShards::open(dir + "/imported")->verify(1);
+      } catch (const std::invalid_argument& e) {
+        if (std::string(e.what()).find("in.bin") == std::string::npos &&
+            std::string(e.what()).find("no document") == std::string::npos)
+          throw;  // (a refusal names the file)
+      }
+      break;
+    }
     default: {
       write(dir + "/ckpt/step-00000010/manifest.json", bytes);
       // (A job's fields too: a manifest of another hash is compared with them, field by field.)
