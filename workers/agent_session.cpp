@@ -94,7 +94,10 @@ Joined join(caf::scoped_actor& watcher, const caf::actor& bridge, const std::str
   auto render = [&](const caf::error& e) {
     const auto ce = actors::control_error(e);
     j.fenced = ce && ce->code == comm::Errc::refused;
-    j.invalid = ce && ce->code == comm::Errc::invalid_input;
+    // (another job's token can never join: exit 2, as an admin command's)
+    j.invalid =
+        ce && (ce->code == comm::Errc::invalid_input ||
+               (ce->code == comm::Errc::refused && ce->message == actors::kWrongJobOrToken));
     j.error = watcher->system().render(e);
   };
   caf::scoped_actor(watcher->system())

@@ -1218,7 +1218,8 @@ TEST(Job, CoordinatorAndAgentsStartedByHand) {
   const testing::TempDir& dir = job.dir;
   const std::string &run_dir = job.run_dir, &addr = job.addr;
   // With a token file of the right job and the wrong token: the join reaches the coordinator's
-  // process and is refused there (the agent exits 1 naming the refusal; nothing joins).
+  // process and is refused there (the agent exits 2 naming the refusal, as for any join that can
+  // never be taken; it was 1; nothing joins).
   const std::string bad_token = dir.path() + "/bad.token";
   {
     std::ifstream good(run_dir + "/job.token");
@@ -1234,7 +1235,7 @@ TEST(Job, CoordinatorAndAgentsStartedByHand) {
        {}});
   auto ist = intruder.wait(30s);
   ASSERT_TRUE(ist && WIFEXITED(*ist));
-  EXPECT_EQ(WEXITSTATUS(*ist), 1);
+  EXPECT_EQ(WEXITSTATUS(*ist), 2);
   const std::string said = testing::text_of(dir.path() + "/intruder.out");
   EXPECT_NE(said.find("join refused: troupe.refused: wrong job id or token for this job"),
             std::string::npos)
