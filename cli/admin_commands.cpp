@@ -3,6 +3,7 @@
 // and sends Cap'n Proto requests to its coordinator over UCX.
 #include <unistd.h>
 
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -310,10 +311,35 @@ void print_status(const actors::JobStatus& s, bool json) {
   for (const auto& m : s.standbys) print_row("standby", row_state(false, m).c_str(), m);
 }
 
+// The newest checkpoint of step <= `at_most` in a run's checkpoint directory (its config's
+// checkpoint.dir, as a resume takes it): its step, or nullopt. By the names and manifests alone (a
+// take-over checks its shards).
+std::optional<uint64_t> newest_checkpoint_step(const std::string& dir, uint64_t at_most) {
+  std::string checkpoints = dir + "/checkpoints";
+  try {  // (a program's own kinds are not this command's to load: the default place)
+    checkpoints = coordinator::checkpoints_dir(
+        coordinator::load_config(dir + "/config.toml", {}, {}, false), dir);
+  } catch (const std::exception&) {
+  }
+  std::optional<uint64_t> newest;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(checkpoints, ec)) {
+    const std::string name = e.path().filename().string();
+    uint64_t step = 0;
+    const auto [end, err] = std::from_chars(name.data() + std::min<size_t>(5, name.size()),
+                                            name.data() + name.size(), step);
+    if (name.rfind("step-", 0) != 0 || err != std::errc() || end != name.data() + name.size() ||
+        step > at_most || !std::filesystem::exists(e.path() / "manifest.json", ec))
+      continue;
+    if (!newest || step > *newest) newest = step;
+  }
+  return newest;
+}
+
 // What a take-over of a run that did not end would do: adopt its agents that may still be alive
-// (coordinator::may_come_back), or train the steps past its newest checkpoint again (the newest
-// its events name that is still there), or all of them from the seed without one. (status said
-// only how to take it over, and a take-over only that the agents alive go on.)
+// (coordinator::may_come_back), or go on from its newest checkpoint, the steps after it trained
+// again, or from the seed without one. (status said only how to take it over, and a take-over
+// only that the agents alive go on.)
 std::string take_over_outlook(const std::string& dir) {
   std::vector<std::string> lines;
   std::ifstream in(dir + "/events.jsonl");
@@ -323,28 +349,16 @@ std::string take_over_outlook(const std::string& dir) {
                                  [](uint32_t pid) { return comm::process_gone(int(pid)); }))
     return "its agents that may still be alive go on from their own state (each waits "
            "elastic.rejoin_timeout_ms for it)";
-  std::map<uint64_t, std::string> written;  // step -> its manifest
-  for (const std::string& line : lines) {
-    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    const std::string event = coordinator::text_field(j, "event");
-    if (event == "checkpoint_written")
-      written[coordinator::count_field(j, "step")] = coordinator::text_field(j, "path");
-    if (event == "checkpoint_undone")
-      written.erase(written.upper_bound(coordinator::count_field(j, "rolled_back_to")),
-                    written.end());
-  }
-  const std::string steps = std::to_string(record.committed);
-  std::error_code ec;
-  for (auto it = written.rbegin(); it != written.rend(); ++it)
-    if (it->first <= record.committed && std::filesystem::exists(it->second, ec))
-      return "no agent of it is alive here: it goes on from the checkpoint of step " +
-             std::to_string(it->first) +
-             (it->first == record.committed
-                  ? std::string(", nothing trained again")
-                  : ", steps " + std::to_string(it->first) + ".." +
-                        std::to_string(record.committed - 1) + " trained again");
-  return "no agent of it is alive here and it has no checkpoint: its " + steps +
-         " committed steps are trained again, from the job's seed";
+  const auto step = newest_checkpoint_step(dir, record.committed);
+  if (!step)
+    return "no agent of it is alive here and it has no checkpoint: its " +
+           std::to_string(record.committed) + " committed steps are trained again, from the " +
+           "job's seed";
+  return "no agent of it is alive here: it goes on from its checkpoint of step " +
+         std::to_string(*step) +
+         (*step == record.committed ? std::string(", nothing trained again")
+                                    : ", steps " + std::to_string(*step) + ".." +
+                                          std::to_string(record.committed - 1) + " trained again");
 }
 
 // A job no process runs any more (its run directory is not locked): its events say how it
@@ -603,9 +617,9 @@ int run_stop(const std::vector<std::string>& words) {
   auto request = checkpoint ? actors::make_checkpoint_request(true) : actors::make_stop_request();
   return admin_request(job, request, [&](actors::ControlMessage& r) {
     auto body = r.envelope().getBody();
-    if (body.isStatus()) {  // (a job that had not formed its first generation: it ended now)
+    if (body.isStatus()) {  // (a job that had not formed a generation: it ends now)
       const actors::JobStatus s = actors::decode(body.getStatus());
-      std::printf("troupe: the job stopped at step %llu: it had not started training\n",
+      std::printf("troupe: the job stops now, at step %llu: no generation of it had formed\n",
                   (unsigned long long)s.step);
       return 0;
     }

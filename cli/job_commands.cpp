@@ -116,17 +116,20 @@ std::string job_of_token(const std::string& run_dir) {
 // Another job.steps or job.name is taken where none of its agents can still be alive (each a
 // process of this host that is gone, coordinator::may_come_back): none trains to the run's own
 // or presents its token.
-// How to train a run to another step than its own: a new run from its newest checkpoint, named;
-// or that it has none.
-std::string another_run_from(const coordinator::JobConfig& theirs, const std::string& path) {
+// How to train a run to `steps` steps instead of its own: a new run from its newest valid
+// checkpoint before that step, named; or that it has none. (Only for a refusal: it reads the
+// checkpoints it checks.)
+std::string another_run_from(const coordinator::JobConfig& theirs, const std::string& path,
+                             int64_t steps) {
   const std::string dir = coordinator::checkpoints_dir(theirs, path);
-  const auto steps =
-      coordinator::valid_checkpoint_steps(dir, coordinator::checkpoint_identity(theirs));
-  if (steps.empty())
-    return "start a new run from one of its checkpoints, but it has none (" + dir + ")";
-  return "start a new run from one of its checkpoints (--resume " + dir + "/" +
-         actors::checkpoint_dir_name(steps.back()) + ", the newest of " +
-         std::to_string(steps.size()) + ")";
+  const auto c =
+      coordinator::newest_valid_checkpoint(dir, coordinator::checkpoint_identity(theirs), nullptr,
+                                           uint64_t(std::max<int64_t>(steps, 1) - 1));
+  if (!c)
+    return "start a new run from one of its checkpoints, but it has none before step " +
+           std::to_string(steps) + " (" + dir + ")";
+  return "start a new run from its checkpoint of step " + std::to_string(c->step) + " (--resume " +
+         c->directory + ")";
 }
 
 std::string take_over_refusal(const coordinator::JobConfig& cfg, const std::string& path,
@@ -139,11 +142,10 @@ std::string take_over_refusal(const coordinator::JobConfig& cfg, const std::stri
     const bool agents_may_live =
         coordinator::may_come_back(record.agents, {}, comm::host_identity(),
                                    [](uint32_t pid) { return comm::process_gone(int(pid)); });
-    const std::string from_checkpoint = another_run_from(theirs, path);
     if (theirs.steps != cfg.steps && !agents_may_live && uint64_t(cfg.steps) <= record.committed)
       return "job.steps = " + std::to_string(cfg.steps) + ", but the run has committed " +
              std::to_string(record.committed) + " steps: nothing to train (to train on from an " +
-             "earlier step, " + from_checkpoint + ")";
+             "earlier step, " + another_run_from(theirs, path, cfg.steps) + ")";
     if (const std::string job = job_of_token(path);
         agents_may_live && !job.empty() && job != cfg.name)
       return "job.name = '" + cfg.name + "', but its agents that may still be alive are job '" +
@@ -153,7 +155,7 @@ std::string take_over_refusal(const coordinator::JobConfig& cfg, const std::stri
       return "job.steps = " + std::to_string(cfg.steps) + ", but the run was started with " +
              std::to_string(theirs.steps) + " (its config.toml): a take-over goes on with its " +
              "own (any of its agents still alive train to step " + std::to_string(theirs.steps) +
-             "); to train to another step, " + from_checkpoint;
+             "); to train to another step, " + another_run_from(theirs, path, cfg.steps);
   } catch (const coordinator::ConfigError& e) {
     return e.what();
   }
@@ -441,8 +443,8 @@ RunDir prepare_run_dir(coordinator::JobConfig& cfg, bool resuming) {
 
 // What `troupe run` prints while the job runs: a progress line on a terminal; otherwise a line
 // every 5% of the steps, and at least one a minute (a long job's log shows it is alive). Its rates
-// are the wall clock's (pauses and recoveries count) over the steps since the line before, or on
-// a terminal the last 3 s: one step's own (metrics.jsonl's) jumps with every step.
+// are the wall clock's (pauses and recoveries count) over the steps of the last 3 s or more (one
+// step's own, metrics.jsonl's, jumps with every step); in the first second, the step's own.
 class ProgressPrinter {
  public:
   ProgressPrinter(bool tty, uint64_t steps, uint64_t global_batch)
@@ -477,11 +479,13 @@ class ProgressPrinter {
     std::fflush(stdout);
   }
   // Samples and tokens a second from `from` (a step and when it was seen) to p, now; the step's own
-  // where no time has passed (the first).
+  // where less than a second has passed.
   std::pair<double, double> rates(const coordinator::JobProgress& p,
                                   const std::pair<uint64_t, Clock::time_point>& from) const {
     const double seconds = std::chrono::duration<double>(Clock::now() - from.second).count();
-    if (p.step <= from.first || seconds <= 0) return {p.samples_per_s, p.tokens_per_s};
+    // (Steps reach this process in bursts: over less than a second, a burst's few microseconds
+    // made a rate of hundreds of thousands of samples a second.)
+    if (p.step <= from.first || seconds < 1) return {p.samples_per_s, p.tokens_per_s};
     const double samples = double(p.step - from.first) * double(batch_) / seconds;
     const double per_sample = p.samples_per_s > 0 ? p.tokens_per_s / p.samples_per_s : 0;
     return {samples, samples * per_sample};

@@ -182,8 +182,9 @@ class Coordinator : public caf::event_based_actor {
         [this](adoption_poll_atom) { poll_adoption(); },
         [this](none_left_atom) { fail_if_none_can_return(); },
         [this](stop_paused_atom, const std::string& reason) {
-          if (job_.phase() == JobPhase::paused && job_.stop_requested())
-            stop_without_members(reason, true);
+          const JobPhase p = job_.phase();
+          if ((p == JobPhase::paused || p == JobPhase::forming) && job_.stop_requested())
+            stop_without_members(reason, /*members_lost=*/p == JobPhase::paused);
         },
         [this](hung_atom, uint64_t generation, const std::string& error) {
           cut_hung_members(generation, error);
@@ -356,7 +357,9 @@ class Coordinator : public caf::event_based_actor {
 
   // The first generation after a take-over: the members' own state (adopted: nothing is
   // redone), or the checkpoint (the steps since are rolled back).
-  void note_take_over(const elastic::GenerationStart& g) {
+  // `from`: where the redone steps' state came from (a checkpoint, "" the seed; none: the state the
+  // members hold).
+  void note_take_over(const elastic::GenerationStart& g, const std::optional<std::string>& from) {
     taking_over_ = false;
     if (g.start_step >= steps_.committed()) {
       log_.event("members_adopted",
@@ -370,11 +373,11 @@ class Coordinator : public caf::event_based_actor {
       log_.event("resumed_from_checkpoint",
                  Json().integer("step", long(cfg_.resume_step)).str("checkpoint", cfg_.resume_dir));
     // (said: the console said only that the agents alive would go on from their own state)
-    tell("no agent of the run came back with its state: steps " + std::to_string(g.start_step) +
-         ".." + std::to_string(steps_.committed() - 1) + " are trained again, from " +
-         (cfg_.resume_dir.empty() || g.start_step != cfg_.resume_step
-              ? std::string("the job's seed (no checkpoint)")
-              : "the checkpoint " + cfg_.resume_dir));
+    tell("steps " + std::to_string(g.start_step) + ".." + std::to_string(steps_.committed() - 1) +
+         ", committed before the take-over, are trained again, from " +
+         (!from           ? std::string("the state its members hold")
+          : from->empty() ? std::string("the job's seed (no checkpoint)")
+                          : "the checkpoint " + *from));
   }
 
   // ---- admission -------------------------------------------------------------------------------
@@ -791,7 +794,7 @@ class Coordinator : public caf::event_based_actor {
       from = cfg_.resume_dir;
     if (taking_over_ && !from && g.rolled_back && cfg_.resume_dir.empty() && g.start_step == 0)
       from = std::string();  // (no checkpoint: from the seed)
-    if (taking_over_) note_take_over(g);
+    if (taking_over_) note_take_over(g, from);
     if (!steps_.start_generation(g, gens_.current(), gens_.world(), from))
       return fail("cannot rewrite " + dir_ + "/ledger.jsonl for the rollback to step " +
                   std::to_string(g.start_step));
@@ -1375,18 +1378,22 @@ class Coordinator : public caf::event_based_actor {
   }
 
   ControlMessage stop(bool with_checkpoint) {
-    if (with_checkpoint && checkpoints_ && !stop_checkpoint_) return checkpoint(true);
+    // (before checkpoint.every_steps's checkpoint: forming, there is nothing new to save)
     if (job_.phase() == JobPhase::forming && !job_.stop_requested()) return stop_before_training();
+    if (with_checkpoint && checkpoints_ && !stop_checkpoint_) return checkpoint(true);
     return stop_at_next_step(false);
   }
 
-  // A plain stop before the first generation formed: no step is under way to stop after (its
-  // agents may never come), so the job ends now, stopped, and the answer is its status. (It was
-  // acknowledged as a stop "after the current step", and the job trained one when agents came.)
+  // A stop (troupe stop, without --checkpoint) before this coordinator formed a generation: no
+  // step is under way to stop after (its agents may never come), so the job ends, stopped, once
+  // the answer (its status) has gone out. (It was acknowledged as a stop "after the current
+  // step", and the job trained one when agents came.) A generation that forms meanwhile starts
+  // stopping, as any stop asked while it formed.
   ControlMessage stop_before_training() {
     job_.request_stop();
     log_.event("stop_requested", Json().integer("step", long(steps_.committed())));
-    stop_without_members("troupe stop before the job formed its first generation", false);
+    delayed_send(this, std::chrono::milliseconds(500), stop_paused_atom::value,
+                 std::string("troupe stop before the job formed a generation"));
     return encode(status());
   }
 
@@ -1416,9 +1423,13 @@ class Coordinator : public caf::event_based_actor {
   // checkpoint (the steps after it redone).
   void stop_without_members(const std::string& reason, bool members_lost) {
     const auto& newest = checkpoints_ ? checkpoints_->newest() : std::nullopt;
-    const std::string from = newest ? newest->manifest : "";
+    std::string from = newest ? newest->manifest : "";
     // (One at the step it stops at, written before the loss: resumable from there, as a stop's.)
     if (newest && newest->step == steps_.committed()) resumable_ = from;
+    // (Nothing committed since the checkpoint it resumed from, another run's too: that one.)
+    if (resumable_.empty() && !cfg_.resume_dir.empty() && !cfg_.take_over &&
+        steps_.committed() == cfg_.resume_step)
+      resumable_ = from = cfg_.resume_dir;
     const std::string there =
         !resumable_.empty()
             ? "its checkpoint there is " + from

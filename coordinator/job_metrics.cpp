@@ -60,10 +60,7 @@ void JobMetrics::record(const json& line) {
 
 void JobMetrics::on_event(const std::string& name, const json& e) {
   const double ts = number(e, "ts");
-  auto change = [&] {
-    if (commits_ > 0 && change_ts_ == 0) change_ts_ = ts;
-    change_join_ = -1;
-  };
+  auto change = [&] { changes_.sign(ts, name); };
   if (name == "job_started") {
     steps_ = number(e, "steps");
     started_ts_ = ts;
@@ -76,11 +73,7 @@ void JobMetrics::on_event(const std::string& name, const json& e) {
     world_size_ = number(e, "world_size");
     last_commit_ts_ = ts;
     ++commits_;
-    if (change_ts_ > 0 && gen > last_commit_generation_) {
-      recovery_seconds_ = ts - change_ts_;
-      change_ts_ = 0;
-    }
-    last_commit_generation_ = gen;
+    if (const auto ended = changes_.commit(ts, gen)) recovery_seconds_ = ended->second;
   } else if (name == "generation_started") {
     ++generations_;
     generation_ = number(e, "generation");
@@ -93,11 +86,9 @@ void JobMetrics::on_event(const std::string& name, const json& e) {
     ++restarts_;
   } else if (name == "member_joined") {
     ++joins_;
-    const bool first = change_ts_ == 0;
-    change();
-    if (first && change_ts_ > 0) change_join_ = number(e, "member");
+    changes_.sign(ts, name, number(e, "member"));
   } else if (name == "member_standby") {
-    if (change_ts_ > 0 && change_join_ == number(e, "member")) change_ts_ = 0;  // (no change)
+    changes_.standby(number(e, "member"));  // (its join changed nothing)
   } else if (name == "member_left") {
     ++leaves_;
     change();

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "coordinator/change_watch.h"
+
 namespace troupe::coordinator {
 
 class JobMetrics {
@@ -52,11 +54,7 @@ class JobMetrics {
   uint64_t checkpoints_ = 0, checkpoint_failures_ = 0, leaves_ = 0, commits_ = 0, stragglers_ = 0;
   uint64_t frames_received_ = 0;
   std::map<std::string, uint64_t> rejected_;
-  // recovery: from the first change after a commit to the next commit of a newer generation (a
-  // join that turned out a standby's is none: change_join_ names the member whose join began it)
-  double change_ts_ = 0;
-  double change_join_ = -1;
-  double last_commit_generation_ = 0;
+  ChangeWatch changes_;  // recovery: from a change's first sign to a newer generation's commit
 };
 
 }  // namespace troupe::coordinator

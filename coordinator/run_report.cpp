@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "coordinator/change_watch.h"
 #include "coordinator/config.h"
 #include "coordinator/events.h"
 
@@ -67,9 +68,8 @@ class EventReader {
       r_.planned_steps = count_field(e, "steps");
       r_.state = "running";
       r_.failure.clear();
-      commits_ = 0;
-      last_generation_ = 0;
-      pending_ = false;
+      unrecovered();  // (the run before ended in the middle of a change)
+      changes_.restart();
     } else if (ev == "step_committed") {
       committed(e, t);
     } else if (ev == "generation_started") {
@@ -86,20 +86,14 @@ class EventReader {
     }
     if (const char* kind = mark_kind(ev)) r_.marks.push_back({t, kind, describe(ev, e)});
     // (a take-over: the coordinator was lost, whatever this one committed yet)
-    if (((starts_change(ev) && commits_ > 0) || ev == "coordinator_restarted") && !pending_) {
-      r_.changes.push_back({t, describe(ev, e), -1});
-      pending_ = true;
-      pending_join_ = ev == "member_joined" ? number_field(e, "member") : -1;
-    }
-    // (a join above elastic.max_workers changed nothing: the change is the next one, and the
-    // recovery its own; the join's was measured to that one's end)
-    if (ev == "member_standby" && pending_ && pending_join_ == number_field(e, "member")) {
-      r_.changes.pop_back();
-      pending_ = false;
-    }
+    if (starts_change(ev) || ev == "coordinator_restarted")
+      changes_.sign(t, describe(ev, e), ev == "member_joined" ? number_field(e, "member") : -1,
+                    ev == "coordinator_restarted");
+    if (ev == "member_standby") changes_.standby(number_field(e, "member"));  // (no change)
   }
 
   void finish() {
+    unrecovered();
     for (auto& [step, loss] : loss_) r_.loss.push_back({double(step), loss});
     for (auto& [step, loss] : eval_) r_.eval_loss.push_back({double(step), loss});
     if (!r_.world_size.empty())
@@ -112,12 +106,13 @@ class EventReader {
     const double gen = number_field(e, "generation");
     loss_[step] = number_field(e, "loss");  // (a step redone after a rollback: its last commit)
     r_.steps = std::max(r_.steps, step + 1);
-    ++commits_;
-    if (pending_ && gen > last_generation_) {
-      r_.changes.back().recovery_s = t - r_.changes.back().t;
-      pending_ = false;
-    }
-    last_generation_ = gen;
+    if (const auto ended = changes_.commit(t, gen))
+      r_.changes.push_back({ended->first.t, ended->first.what, ended->second});
+  }
+
+  // A change pending at the run's end: a row without a recovery.
+  void unrecovered() {
+    if (const ChangeSign* s = changes_.pending()) r_.changes.push_back({s->t, s->what, -1});
   }
 
   static std::string describe(const std::string& ev, const json& e) {
@@ -133,10 +128,7 @@ class EventReader {
 
   RunReport& r_;
   std::map<uint64_t, double> loss_, eval_;
-  uint64_t commits_ = 0;
-  double last_generation_ = 0;
-  bool pending_ = false;
-  double pending_join_ = -1;  // the member whose join is the pending change's first sign
+  ChangeWatch changes_;
 };
 
 void read_metrics(RunReport& r, const std::string& path) {

@@ -116,7 +116,7 @@ TEST(Checkpoints, TheWholeJobKilledResumesToAnotherNumberOfSteps) {
   // status says what a take-over will do: no agent is left to adopt (it said only how to take
   // the run over, and the take-over only that the agents alive go on from their own state).
   const std::string said = admin(dir, {"status", "--run-dir", job.run_dir}, 1);
-  EXPECT_NE(said.find("(no agent of it is alive here: it goes on from the checkpoint of step 40, "
+  EXPECT_NE(said.find("(no agent of it is alive here: it goes on from its checkpoint of step 40, "
                       "steps 40.."),
             std::string::npos)
       << said;
@@ -131,9 +131,9 @@ TEST(Checkpoints, TheWholeJobKilledResumesToAnotherNumberOfSteps) {
   EXPECT_NE(text_of(fewer.out).find("job.steps = 30, but the run has committed 4"),
             std::string::npos)
       << text_of(fewer.out);
-  // (its advice names the checkpoint it may start from, not a pattern)
-  EXPECT_NE(text_of(fewer.out).find("start a new run from one of its checkpoints (--resume " +
-                                    job.run_dir + "/checkpoints/step-00000040, the newest of 2)"),
+  // (its advice names the checkpoint it may start from, before step 30, not a pattern)
+  EXPECT_NE(text_of(fewer.out).find("start a new run from its checkpoint of step 20 (--resume " +
+                                    job.run_dir + "/checkpoints/step-00000020)"),
             std::string::npos)
       << text_of(fewer.out);
   // (a checkpoint named as the docs said, step-N: "neither a run directory nor a checkpoint")
@@ -164,9 +164,10 @@ TEST(Checkpoints, TheWholeJobKilledResumesToAnotherNumberOfSteps) {
             std::string::npos)
       << back;
   // And the console says so (it said only that the agents alive go on from their own state).
-  EXPECT_NE(text_of(more.out).find("no agent of the run came back with its state: steps " + from +
-                                   ".." + std::to_string(std::stoll(json_field(back, "to")) - 1) +
-                                   " are trained again, from the checkpoint "),
+  EXPECT_NE(text_of(more.out).find("steps " + from + ".." +
+                                   std::to_string(std::stoll(json_field(back, "to")) - 1) +
+                                   ", committed before the take-over, are trained again, from the "
+                                   "checkpoint "),
             std::string::npos)
       << text_of(more.out);
   std::vector<long> generations;
@@ -675,9 +676,8 @@ TEST(Checkpoints, ARestartedCoordinatorAdoptsTheLiveAgentsAndNothingIsRedone) {
   EXPECT_NE(text_of(other.out).find("job.steps = 150, but the run was started with 120"),
             std::string::npos)
       << text_of(other.out);
-  EXPECT_NE(text_of(other.out).find("to train to another step, start a new run from one of its "
-                                    "checkpoints (--resume " +
-                                    job.run_dir + "/checkpoints/step-000000"),
+  EXPECT_NE(text_of(other.out).find("to train to another step, start a new run from its "
+                                    "checkpoint of step "),
             std::string::npos)
       << text_of(other.out);
   // So is another job.name: the agents still alive present the run's token, its name.
@@ -1415,31 +1415,42 @@ TEST(Checkpoints, AStopWithACheckpointBeforeTrainingStartsStopsAfterTheFirstStep
 }
 
 // A plain `troupe stop` before the first generation formed ends the job now, stopped at step 0,
-// and says so. (It was acknowledged as a stop "after the current step": the job waited on, and
-// trained a step when its agents came.)
+// and says so: with the local launcher (one agent joined, one held back; checkpoint.every_steps
+// makes a plain stop one with a checkpoint, nothing new to save here), and with agents started by
+// hand, none yet (the answer went out before the coordinator's end). (It was acknowledged as a stop
+// "after the current step": the job waited on, and trained a step when its agents came.)
 TEST(Checkpoints, APlainStopBeforeTrainingStartsEndsTheJobNow) {
-  TempDir dir;
-  const std::string hold = dir.path() + "/hold-agent-1";
-  std::ofstream(hold) << "";
-  Job job = start_job(dir, "early", kGpt, 2, {"checkpoint.every_steps=0"},
-                      {"TROUPE_TEST_JOIN_DELAY_AGENT=agent-1", "TROUPE_TEST_JOIN_DELAY_MS=120000",
-                       "TROUPE_TEST_JOIN_DELAY_FILE=" + hold});
-  ASSERT_NE(wait_event(job, is("member_joined"), 60s), "");
-  const std::string said = admin(dir, {"stop", "--run-dir", job.run_dir});
-  EXPECT_NE(said.find("the job stopped at step 0: it had not started training"), std::string::npos)
-      << said;
-  auto st = job.proc->wait(60s);  // (agent-1 still held: its join waits on for 120 s)
-  fs::remove(hold);
-  ASSERT_TRUE(st) << "the job did not end";
-  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
-  EXPECT_EQ(count_events(job, "generation_started"), 0);
-  const std::string end = events_of(job).back();
-  EXPECT_EQ(json_field(end, "event"), "job_finished") << end;
-  EXPECT_EQ(json_field(end, "state"), "stopped") << end;
-  EXPECT_EQ(json_field(end, "steps"), "0") << end;
-  EXPECT_NE(text_of(job.out).find("stopped at step 0 (troupe stop before the job formed"),
-            std::string::npos)
-      << text_of(job.out);
+  for (bool by_hand : {false, true}) {
+    TempDir dir;
+    const std::string hold = dir.path() + "/hold-agent-1";
+    std::ofstream(hold) << "";
+    Job job =
+        by_hand
+            ? start_job(dir, "early", kGpt, 2, {"cluster.launcher=\"external\""})
+            : start_job(dir, "early", kGpt, 2, {},
+                        {"TROUPE_TEST_JOIN_DELAY_AGENT=agent-1", "TROUPE_TEST_JOIN_DELAY_MS=120000",
+                         "TROUPE_TEST_JOIN_DELAY_FILE=" + hold});
+    if (by_hand)
+      ASSERT_NE(wait_event(job, is("job_started"), 60s), "");
+    else
+      ASSERT_NE(wait_event(job, is("member_joined"), 60s), "");
+    const std::string said = admin(dir, {"stop", "--run-dir", job.run_dir});
+    EXPECT_NE(said.find("the job stops now, at step 0: no generation of it had formed"),
+              std::string::npos)
+        << by_hand << ": " << said;
+    auto st = job.proc->wait(60s);  // (agent-1 still held: its join waits on for 120 s)
+    fs::remove(hold);
+    ASSERT_TRUE(st) << "the job did not end";
+    EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
+    EXPECT_EQ(count_events(job, "generation_started"), 0);
+    const std::string end = events_of(job).back();
+    EXPECT_EQ(json_field(end, "event"), "job_finished") << end;
+    EXPECT_EQ(json_field(end, "state"), "stopped") << end;
+    EXPECT_EQ(json_field(end, "steps"), "0") << end;
+    EXPECT_NE(text_of(job.out).find("stopped at step 0 (troupe stop before the job formed a "),
+              std::string::npos)
+        << text_of(job.out);
+  }
 }
 
 // On request: `troupe checkpoint` writes one at the next step boundary and says where, while

@@ -97,5 +97,34 @@ TEST(JobMetrics, AStandbysJoinIsNoRecovery) {
   EXPECT_TRUE(has("\n" + m.exposition(), "troupe_recovery_seconds 0.5")) << m.exposition();
 }
 
+// Two standbys' joins change nothing; a failure between a join and its standby word is the
+// change (its row was dropped with the join's, and the join's time stayed the start).
+TEST(ChangeWatch, StandbysJoinsAreTakenBackAndTheNextSignIsTheChange) {
+  ChangeWatch w;
+  w.sign(0.5, "member_failed");  // (before any commit: the job forming)
+  EXPECT_EQ(w.pending(), nullptr);
+  EXPECT_FALSE(w.commit(1, 1));
+  w.sign(2, "member_joined", 2);
+  w.sign(3, "member_joined", 3);
+  w.standby(2);
+  w.standby(3);
+  EXPECT_EQ(w.pending(), nullptr);
+  EXPECT_FALSE(w.commit(4, 1));
+  w.sign(5, "member_joined", 4);
+  w.sign(6, "member_failed");
+  w.standby(4);
+  ASSERT_NE(w.pending(), nullptr);
+  EXPECT_EQ(w.pending()->what, "member_failed");
+  w.sign(7, "drain_requested");  // (a later sign of the same change)
+  EXPECT_FALSE(w.commit(8, 1)) << "the old generation's commit ends nothing";
+  const auto ended = w.commit(9.5, 2);
+  ASSERT_TRUE(ended);
+  EXPECT_EQ(ended->first.what, "member_failed");
+  EXPECT_DOUBLE_EQ(ended->second, 3.5);
+  // A join that is no standby's is the change.
+  w.sign(10, "member_joined", 5);
+  ASSERT_TRUE(w.commit(11, 3));
+}
+
 }  // namespace
 }  // namespace troupe::coordinator

@@ -1,0 +1,65 @@
+// Recovery from a membership change, as `troupe report` and troupe_recovery_seconds measure it:
+// from the change's first sign after a commit (a member failed, joined or left; a drain or a
+// scale asked for; a take-over) to the first commit of a newer generation. A join that turns out
+// a standby's (above elastic.max_workers) changes nothing: its member_standby takes the sign
+// back, and the change begins at the next sign, if any. Pure: events in, times out.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace troupe::coordinator {
+
+struct ChangeSign {
+  double t = 0;
+  std::string what;         // the event, described
+  double join_member = -1;  // the member whose join it is (-1: not a join)
+};
+
+class ChangeWatch {
+ public:
+  // A sign at t; counted only after a commit unless `always` (a take-over: the lost coordinator
+  // committed what this one has not).
+  void sign(double t, std::string what, double join_member = -1, bool always = false) {
+    if (!always && commits_ == 0) return;
+    // (after a sign that no standby takes back, later ones change nothing)
+    const bool settled = std::any_of(signs_.begin(), signs_.end(),
+                                     [](const ChangeSign& s) { return s.join_member < 0; });
+    if (settled || signs_.size() >= kMostSigns) return;
+    signs_.push_back({t, std::move(what), join_member});
+  }
+  // That member's join was a standby's: no sign of a change.
+  void standby(double member) {
+    signs_.erase(std::remove_if(signs_.begin(), signs_.end(),
+                                [&](const ChangeSign& s) { return s.join_member == member; }),
+                 signs_.end());
+  }
+  // A commit of generation `generation` at t: the change it ends (its first sign, and t minus
+  // that sign's time), if one was pending and the generation is newer.
+  std::optional<std::pair<ChangeSign, double>> commit(double t, double generation) {
+    std::optional<std::pair<ChangeSign, double>> ended;
+    if (!signs_.empty() && generation > last_generation_) {
+      ended = std::make_pair(signs_.front(), t - signs_.front().t);
+      signs_.clear();
+    }
+    ++commits_;
+    last_generation_ = generation;
+    return ended;
+  }
+  // The pending change's first sign; nullptr when none is pending.
+  const ChangeSign* pending() const { return signs_.empty() ? nullptr : &signs_.front(); }
+  // A resumed run's start: its generations count from 1 again, its first joins are no change.
+  void restart() { *this = ChangeWatch(); }
+
+ private:
+  static constexpr size_t kMostSigns = 64;  // (joins of standbys awaiting their word, bounded)
+  std::vector<ChangeSign> signs_;
+  uint64_t commits_ = 0;
+  double last_generation_ = 0;
+};
+
+}  // namespace troupe::coordinator
