@@ -262,7 +262,7 @@ int verify(const std::vector<std::string>& words) {
       "that is not the data's (too many open files, no permission).",
       "troupe data verify"};
   std::vector<std::string> dirs;
-  app.add_option("DIR", dirs, "data sets made by troupe data prepare")->required();
+  app.add_option("DIR", dirs, "data sets (troupe data prepare or import)")->required();
   if (auto rc = parse(app, words)) return *rc;
   int rc = 0;
   for (const std::string& dir : dirs) {
@@ -333,7 +333,7 @@ int encode(const std::vector<std::string>& words) {
                "troupe data encode"};
   std::string dir;
   bool lines = false;
-  app.add_option("--data", dir, "a data set made by troupe data prepare")->required();
+  app.add_option("--data", dir, "a data set (troupe data prepare or import)")->required();
   app.add_flag("--lines", lines, "one id a line");
   if (auto rc = parse(app, words)) return *rc;
   data::Tokenizer tok = tokenizer_of(dir);
@@ -373,7 +373,7 @@ int decode(const std::vector<std::string>& words) {
   CLI::App app{"Token ids on standard input (separated by white space) -> their bytes.",
                "troupe data decode"};
   std::string dir;
-  app.add_option("--data", dir, "a data set made by troupe data prepare")->required();
+  app.add_option("--data", dir, "a data set (troupe data prepare or import)")->required();
   if (auto rc = parse(app, words)) return *rc;
   const data::Tokenizer tok = tokenizer_of(dir);
   std::string in;

@@ -735,8 +735,8 @@ std::string memory_refusal(coordinator::JobConfig& cfg, const Hooks& hooks) {
           data::TokenData({{w.eval_path, 1.0}}, m.context, w.seed, 1.0).tokenizer_fingerprint() !=
               train.tokenizer_fingerprint())
         return "data.eval_path '" + w.eval_path +
-               "' was tokenized differently from the training data (prepare it with "
-               "--tokenizer-from the training set)";
+               "' was tokenized differently from the training data (" +
+               data::same_tokenizer_advice(workers::token_sources(w)[0].path) + ")";
     } catch (const std::exception& e) {
       return e.what();
     }
@@ -863,7 +863,7 @@ std::string data_refusal(const coordinator::JobConfig& cfg) {
     if (!bad.empty())
       return "data set '" + dir + "' changed since it was prepared: " + bad[0] +
              (bad.size() > 1 ? " (and " + std::to_string(bad.size() - 1) + " more)" : "") +
-             "; prepare it again (data.verify = false trains on it as it is)";
+             "; prepare or import it again (data.verify = false trains on it as it is)";
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (s >= 2)

@@ -641,7 +641,7 @@ void check_token_sets(const JobConfig& c, const std::map<std::string, std::strin
   if (!path_set && c.data_mix.empty())
     throw ConfigError(place("data.kind") +
                       ": data.kind = \"tokens\" needs data.path (a "
-                      "directory made by troupe data prepare) or data.mix");
+                      "directory made by troupe data prepare or import) or data.mix");
   std::vector<std::pair<std::string, std::string>> dirs;  // (dir, key)
   if (path_set) dirs.emplace_back(c.data_path, "data.path");
   for (const auto& [dir, w] : c.data_mix) dirs.emplace_back(dir, "data.mix");
@@ -650,7 +650,8 @@ void check_token_sets(const JobConfig& c, const std::map<std::string, std::strin
     struct stat st {};
     if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
       throw ConfigError(place(key) + ": " + key + ": '" + dir +
-                        "' is not a directory (troupe data prepare INPUT... --out DIR makes one)");
+                        "' is not a directory (troupe data prepare INPUT... --out DIR makes one; " +
+                        "troupe data import of llm.c's token files too)");
     if (const auto [it, fresh] = seen.emplace(std::pair{st.st_dev, st.st_ino}, dir); !fresh)
       throw ConfigError(place(key) + ": " + key + ": '" + it->second + "' and '" + dir +
                         "' are the same data set (name it once, with the sum of the weights)");

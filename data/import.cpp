@@ -22,7 +22,8 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-constexpr uint32_t kTokensMagic = 20240520;
+constexpr uint32_t kTokensMagic = 20240520;        // GPT-2's: version 1, uint16 ids
+constexpr uint32_t kLlama3TokensMagic = 20240801;  // LLaMA 3's: version 7, uint32 ids
 constexpr uint32_t kTokenizerMagic = 20240328;
 constexpr size_t kHeaderWords = 256;
 constexpr uint64_t kHeaderBytes = kHeaderWords * 4;
@@ -35,22 +36,26 @@ constexpr uint64_t kHeaderBytes = kHeaderWords * 4;
 class File {
  public:
   explicit File(const std::string& path) {
-    struct stat st {};
+    struct stat st {};  // (before the open: a FIFO's would wait for a writer)
     if (::stat(path.c_str(), &st) != 0) {
       const int err = errno;
       unreadable_if_not_the_data(err, "'" + path + "' cannot be opened");
       bad(path, std::strerror(err));
     }
     if (!S_ISREG(st.st_mode)) bad(path, "is not a regular file");
-    bytes = uint64_t(st.st_size);
-    device = st.st_dev;
-    inode = st.st_ino;
     f = std::fopen(path.c_str(), "rb");
     if (!f) {
       const int err = errno;
       unreadable_if_not_the_data(err, "'" + path + "' cannot be opened");
       bad(path, std::string("cannot be opened: ") + std::strerror(err));
     }
+    if (::fstat(::fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {  // (the file opened)
+      std::fclose(f);
+      bad(path, "is not a regular file");
+    }
+    bytes = uint64_t(st.st_size);
+    device = st.st_dev;
+    inode = st.st_ino;
   }
   ~File() { std::fclose(f); }
   File(const File&) = delete;
@@ -77,15 +82,18 @@ TokensFile tokens_file(const std::string& path) {
   File in(path);
   uint32_t h[kHeaderWords];
   if (!in.header(h)) bad(path, "is shorter than llm.c's header (1024 bytes): not a token file");
-  if (h[0] != kTokensMagic)
+  if (h[0] != kTokensMagic && h[0] != kLlama3TokensMagic)
     bad(path, "is not an llm.c token file (it begins with " + std::to_string(h[0]) +
-                  ", not 20240520)" +
+                  ", not 20240520 or 20240801)" +
                   (h[0] == kTokenizerMagic ? ": it is a tokenizer file (--tokenizer)" : ""));
-  if (h[1] != 1 && h[1] != 2)
-    bad(path, "has version " + std::to_string(h[1]) +
-                  "; this build reads 1 (uint16 ids, GPT-2) and 2 (uint32 ids, LLaMA 3)");
-  TokensFile t{path, h[1] == 1 ? 2u : 4u, h[2], in.bytes, {in.device, in.inode}};
-  if (h[2] > uint32_t(INT32_MAX)) bad(path, "says it holds " + std::to_string(h[2]) + " ids");
+  const uint32_t version = h[0] == kTokensMagic ? 1 : 7;
+  if (h[1] != version)
+    bad(path, "has version " + std::to_string(h[1]) + " of " + std::to_string(h[0]) +
+                  "; this build reads 20240520 version 1 (uint16 ids, GPT-2's) and 20240801 "
+                  "version 7 (uint32 ids, LLaMA 3's)");
+  if (int32_t(h[2]) < 0)  // (an int32 in llm.c's header)
+    bad(path, "says it holds " + std::to_string(int32_t(h[2])) + " ids");
+  TokensFile t{path, version == 1 ? 2u : 4u, h[2], in.bytes, {in.device, in.inode}};
   const uint64_t want = kHeaderBytes + t.ids * t.width;
   if (in.bytes != want)
     bad(path, "holds " + std::to_string(in.bytes) + " bytes; its header says " +
@@ -130,14 +138,17 @@ class Documents {
 // The file's ids into the stream, each checked against the vocabulary.
 void copy_ids(const TokensFile& t, size_t vocab, const std::string& tokenizer, Documents& docs) {
   File in(t.path);
+  if (std::make_pair(in.device, in.inode) != t.identity || in.bytes != t.bytes)
+    bad(t.path, "was replaced or changed since its header was read");
   if (std::fseek(in.f, long(kHeaderBytes), SEEK_SET) != 0) bad(t.path, "cannot seek");
   std::vector<unsigned char> raw(size_t(1) << 22);
   std::vector<uint32_t> ids;
   for (uint64_t at = 0; at < t.ids;) {
     const size_t n = size_t(std::min<uint64_t>(t.ids - at, raw.size() / t.width));
     if (std::fread(raw.data(), t.width, n, in.f) != n) {
-      const int err = errno;
+      const int err = std::ferror(in.f) ? errno : 0;  // (at the end, errno is anyone's)
       unreadable_if_not_the_data(err, "'" + t.path + "' cannot be read");
+      if (err) bad(t.path, std::string("cannot be read: ") + std::strerror(err));
       bad(t.path, "ends before its " + std::to_string(t.ids) + " ids (changed while read?)");
     }
     ids.resize(n);
@@ -159,10 +170,13 @@ void write_manifest(const std::string& dir, const Tokenizer& tok, unsigned width
                     const ShardWriter& writer, const std::vector<ShardWriter::Shard>& shards,
                     const std::vector<TokensFile>& files, const std::string& tokenizer) {
   nlohmann::json m = manifest_of(tok, width, writer, shards);
-  m["imported"] = {{"format", "llm.c"}, {"tokenizer", tokenizer}};
+  // (absolute: the set names where it came from wherever it is read)
+  std::error_code ec;
+  m["imported"] = {{"format", "llm.c"}, {"tokenizer", fs::absolute(tokenizer, ec).string()}};
   auto& src = m["sources"] = nlohmann::json::array();
   for (const TokensFile& f : files)
-    src.push_back({{"path", f.path}, {"bytes", f.bytes}, {"ids", f.ids}});
+    src.push_back(
+        {{"path", fs::absolute(f.path, ec).string()}, {"bytes", f.bytes}, {"ids", f.ids}});
   write_manifest_file(dir, m);
 }
 
@@ -205,6 +219,11 @@ Tokenizer load_llmc_tokenizer(const std::string& path) {
   std::vector<std::string> pieces;
   for (uint32_t i = 0; i < vocab; ++i) {
     const int length = std::fgetc(in.f);
+    if (std::ferror(in.f)) {  // (an I/O error, not a file cut short)
+      const int err = errno;
+      unreadable_if_not_the_data(err, "'" + path + "' cannot be read");
+      bad(path, std::string("cannot be read: ") + std::strerror(err));
+    }
     if (length <= 0)
       bad(path, length == 0 ? "piece " + std::to_string(i) + " is empty"
                             : "ends at piece " + std::to_string(i) + " of " +

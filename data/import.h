@@ -2,8 +2,8 @@
 // same ids, with the tool's tokenizer as a table that decodes them (data/tokenizer.h).
 //
 // llm.c's files (its dev/data/data_common.py and tokenizer writers), every number little-endian:
-//   tokens   256 int32: 20240520, the version (1: ids as uint16, GPT-2's; 2: as uint32,
-//            LLaMA 3's), the count of ids; then the ids
+//   tokens   256 int32: the magic and version (20240520 and 1: ids as uint16, GPT-2's;
+//            20240801 and 7: as uint32, LLaMA 3's), the count of ids; then the ids
 //   tokenizer 256 uint32: 20240328, the version (1 or 2), the vocabulary, and for version 2 the
 //            end-of-text id (version 1: GPT-2's, 50256); then each id's piece: its length in
 //            one byte (1 to 255), its bytes

@@ -267,7 +267,7 @@ void check_tokenizer(const std::string& dir, const nlohmann::json& m, const Toke
   const std::string is = fnv1a64_hex(tok.fingerprint());
   if (!said.empty() && said != is)
     bad(dir, std::string(kTokenizerFile) + " is not the tokenizer its shards were encoded with " +
-                 "(merges' fingerprint " + is + "; the manifest says " + said + ")");
+                 "(its fingerprint " + is + "; the manifest says " + said + ")");
   const auto eod = m.find("end_of_document");
   if (eod != m.end() && eod->is_number_unsigned() &&
       eod->get<uint64_t>() != uint64_t(tok.end_of_document()))
@@ -449,10 +449,10 @@ void TokenShards::read(uint64_t begin, size_t n, int32_t* out) const {
       for (size_t i = 0; i < take; ++i) out[i] = int32_t(bytes[2 * i] | bytes[2 * i + 1] << 8);
     for (size_t i = 0; i < take; ++i)
       if (uint32_t(out[i]) >= vocab_)
-        throw DamagedData(dir_ + "/" + m.file + ": id " + std::to_string(uint32_t(out[i])) +
-                          " at token " + std::to_string(at + i) + " is outside the vocabulary of " +
-                          std::to_string(vocab_) +
-                          " (not what troupe data prepare wrote: the file changed since)");
+        throw DamagedData(
+            dir_ + "/" + m.file + ": id " + std::to_string(uint32_t(out[i])) + " at token " +
+            std::to_string(at + i) + " is outside the vocabulary of " + std::to_string(vocab_) +
+            " (not what troupe data prepare or import wrote: the file changed since)");
     out += take;
     n -= take;
     begin += take;

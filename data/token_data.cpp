@@ -63,9 +63,8 @@ TokenData::TokenData(const std::vector<Source>& sources, size_t context, uint64_
     if (set.shards->tokenizer_fingerprint() != fingerprint_)
       throw std::invalid_argument("data set '" + s.path + "' was tokenized differently from '" +
                                   sources[0].path +
-                                  "': sets trained on together need one tokenizer (troupe data "
-                                  "prepare --tokenizer-from " +
-                                  sources[0].path + ")");
+                                  "': sets trained on together need one tokenizer (" +
+                                  same_tokenizer_advice(sources[0].path) + ")");
     set.windows = set.shards->tokens() > 0 ? (set.shards->tokens() - 1) / context : 0;
     if (set.windows == 0)
       throw std::invalid_argument(

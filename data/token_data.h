@@ -47,6 +47,13 @@ struct Source {
   double weight = 1;
 };
 
+// How to give a set the tokenizer of `set` (its ids): text prepared with it, or ids of the same
+// tokenizer imported (for messages).
+inline std::string same_tokenizer_advice(const std::string& set) {
+  return "troupe data prepare --tokenizer-from " + set +
+         " for text; troupe data import with the tokenizer file of its ids for ids";
+}
+
 class TokenData {
  public:
   // Opens every set (throws std::invalid_argument naming the one that is wrong): they must share

@@ -95,8 +95,8 @@ std::shared_ptr<const data::TokenData> open_eval_set(const WorkerSpec& spec,
                                                 tokens->tokens()->context(), spec.seed, 1.0);
   if (eval->tokenizer_fingerprint() != tokens->tokens()->tokenizer_fingerprint())
     throw std::invalid_argument("data.eval_path '" + spec.eval_path +
-                                "' was tokenized differently from the training data: prepare "
-                                "it with --tokenizer-from the training set");
+                                "' was tokenized differently from the training data (" +
+                                data::same_tokenizer_advice(token_sources(spec)[0].path) + ")");
   return eval;
 }
 

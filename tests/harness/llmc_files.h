@@ -13,15 +13,18 @@ inline void write_file(const std::string& path, const std::string& body) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << body;
 }
 
-// 256 int32: 20240520, the version (1: uint16 ids; 2: uint32), the count; then the ids.
+constexpr int32_t kGpt2 = 20240520, kLlama3 = 20240801;
+
+// 256 int32: the magic and version (GPT-2's 20240520 and 1: uint16 ids; LLaMA 3's 20240801 and
+// 7: uint32), the count; then the ids. (`version` 0: the magic's own.)
 inline void write_tokens(const std::string& path, const std::vector<uint32_t>& ids,
-                         int32_t version = 1) {
+                         int32_t magic = kGpt2, int32_t version = 0) {
   std::vector<int32_t> h(256, 0);
-  h[0] = 20240520;
-  h[1] = version;
+  h[0] = magic;
+  h[1] = version ? version : magic == kLlama3 ? 7 : 1;
   h[2] = int32_t(ids.size());
   std::string body(reinterpret_cast<const char*>(h.data()), 1024);
-  for (uint32_t id : ids) body.append(reinterpret_cast<const char*>(&id), version == 1 ? 2 : 4);
+  for (uint32_t id : ids) body.append(reinterpret_cast<const char*>(&id), magic == kLlama3 ? 4 : 2);
   write_file(path, body);
 }
 

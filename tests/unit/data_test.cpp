@@ -819,13 +819,14 @@ std::vector<int32_t> stream_of(const std::string& dir) {
 
 TEST(Import, LlmcTokenFilesBecomeTheSameDocumentsAndDecode) {
   Dir d;
-  // LLaMA 3's layout (version 2: uint32 ids, the end of text given, not the last id).
+  // LLaMA 3's layout (uint32 ids; a tokenizer of version 2: the end of text given, not the last
+  // id).
   llmc::write_tokenizer(d / "tok.bin", llmc::pieces(300, 260), 2, 260);
   // Documents begin with the end of text in llm.c's files; one goes on into the next file, and
   // runs of none (two ends in a row, a file of one end) are no documents.
-  llmc::write_tokens(d / "a.bin", {7, 8, 260, 9, 10, 11}, 2);
-  llmc::write_tokens(d / "b.bin", {12, 260, 260, 13, 299}, 2);
-  llmc::write_tokens(d / "c.bin", {260}, 2);
+  llmc::write_tokens(d / "a.bin", {7, 8, 260, 9, 10, 11}, llmc::kLlama3);
+  llmc::write_tokens(d / "b.bin", {12, 260, 260, 13, 299}, llmc::kLlama3);
+  llmc::write_tokens(d / "c.bin", {260});  // (GPT-2's uint16 ids: files of both in one set)
   ImportOptions o{{d / "a.bin", d / "b.bin", d / "c.bin"}, d / "tok.bin", d / "set", 4};
   const ImportSummary s = import_llmc(o);
   EXPECT_EQ(s.documents, 3u);
@@ -893,7 +894,7 @@ TEST(Import, BadFilesAreNamedAndLeaveNoDataSet) {
   };
   refused({d / "tok.bin"}, d / "tok.bin",
           "tok.bin: is not an llm.c token file (it begins "
-          "with 20240328, not 20240520): it is a tokenizer file");
+          "with 20240328, not 20240520 or 20240801): it is a tokenizer file");
   refused({d / "a.bin"}, d / "a.bin", "a.bin: is not llm.c's tokenizer file");
   refused({d / "absent.bin"}, d / "tok.bin", "absent.bin: No such file or directory");
   refused({d.path}, d / "tok.bin", "is not a regular file");
@@ -904,8 +905,14 @@ TEST(Import, BadFilesAreNamedAndLeaveNoDataSet) {
   refused({d / "cut.bin"}, d / "tok.bin",
           "cut.bin: holds 1029 bytes; its header says 3 ids of 2 "
           "bytes: 1030 (cut short?)");
-  llmc::write_tokens(d / "v3.bin", {1}, 3);
-  refused({d / "v3.bin"}, d / "tok.bin", "v3.bin: has version 3");
+  llmc::write_tokens(d / "v2.bin", {1}, llmc::kGpt2, 2);  // (llm.c writes no such file)
+  refused({d / "v2.bin"}, d / "tok.bin", "v2.bin: has version 2 of 20240520");
+  llmc::write_tokens(d / "v1.bin", {1}, llmc::kLlama3, 1);
+  refused({d / "v1.bin"}, d / "tok.bin", "v1.bin: has version 1 of 20240801");
+  std::string negative = read(d / "a.bin");
+  negative.replace(8, 4, "\xfb\xff\xff\xff");  // (an int32 of -5)
+  write(d / "negative.bin", negative);
+  refused({d / "negative.bin"}, d / "tok.bin", "negative.bin: says it holds -5 ids");
   // An id outside the vocabulary in the second file: its place named, nothing written.
   llmc::write_tokens(d / "b.bin", {299, 300, 1});
   refused({d / "a.bin", d / "b.bin"}, d / "tok.bin",
