@@ -115,9 +115,12 @@ JobRef job_ref(const JobName& n) {
       throw std::invalid_argument("--coordinator " + r.address +
                                   " needs --token-file F (the job's job.token, in its run "
                                   "directory)");
-    if (!coordinator::host_and_port(r.address))  // (before UCX's message, with its source line)
+    const bool port_zero =
+        r.address.size() > 2 && r.address.compare(r.address.size() - 2, 2, ":0") == 0;
+    if (!coordinator::host_and_port(r.address) || port_zero)  // (before UCX's message)
       throw std::invalid_argument("--coordinator " + r.address +
-                                  " is not HOST:PORT (the job's coordinator.addr)");
+                                  " is not HOST:PORT (the job's coordinator.addr" +
+                                  (port_zero ? ": port 0 is none)" : ")"));
   }
   std::tie(r.job_id, r.token) = workers::read_token_file(token_file);
   return r;

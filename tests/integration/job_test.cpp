@@ -1064,6 +1064,7 @@ TEST(Command, EveryCommandAndGroupAnswersHelpAndNamesAMistake) {
       {{"status", "--coordinator", "127.0.0.1:1"},
        2,
        "--coordinator 127.0.0.1:1 needs --token-file"},
+      {{"status", "--coordinator", "127.0.0.1:0", "--token-file", "t"}, 2, "port 0 is none"},
       {{"stop", "--token-file", "t"}, 2, "--token-file t needs --coordinator HOST:PORT"},
   };
   for (const auto& c : cases) {
