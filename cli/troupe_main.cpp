@@ -224,6 +224,14 @@ std::optional<int> no_arguments(const std::string& cmd, const std::vector<std::s
   return help ? 0 : 2;
 }
 
+// The command a message names: "data import" for a group's subcommand ("data" named its errors,
+// and its summary and help "data import").
+std::string command_of(const std::string& cmd, const std::vector<std::string>& rest) {
+  const bool group = cmd == "data" || cmd == "bench" || cmd == "demo";
+  return group && !rest.empty() && !rest[0].empty() && rest[0][0] != '-' ? cmd + " " + rest[0]
+                                                                         : cmd;
+}
+
 }  // namespace
 
 namespace troupe::cli {
@@ -293,10 +301,10 @@ int troupe_main(int argc, char** argv, const Hooks& hooks) {
     std::fprintf(stderr, "troupe: unknown command '%s'%s\n\n%s", cmd.c_str(), hint.c_str(), kUsage);
     return 2;
   } catch (const std::invalid_argument& e) {
-    std::fprintf(stderr, "troupe %s: %s\n", cmd.c_str(), e.what());
+    std::fprintf(stderr, "troupe %s: %s\n", command_of(cmd, rest).c_str(), e.what());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "troupe %s: error: %s\n", cmd.c_str(), e.what());
+    std::fprintf(stderr, "troupe %s: error: %s\n", command_of(cmd, rest).c_str(), e.what());
     return 1;
   }
 }

@@ -431,6 +431,20 @@ void write_manifest(const std::string& dir, const PrepareOptions& o, const Prepa
   write_manifest_file(dir, m);
 }
 
+// "; F is an llm.c token file: ..." where one of the first inputs begins as one does (ids, not
+// text: prepare skips it as binary), else "".
+std::string token_file_hint(const std::vector<Input>& files) {
+  for (size_t i = 0; i < files.size() && i < 16; ++i) {
+    uint32_t magic = 0;
+    std::ifstream in(files[i].path, std::ios::binary);
+    if (in.read(reinterpret_cast<char*>(&magic), 4) && (magic == 20240520 || magic == 20240801))
+      return "; " + files[i].path +
+             " is an llm.c token file: troupe data import FILE... --tokenizer TOKENIZER.bin "
+             "--out DIR takes its ids";
+  }
+  return "";
+}
+
 // The tokenizer's options agree with each other (std::invalid_argument naming them if not).
 void check_tokenizer_options(const PrepareOptions& o) {
   if (!o.tokenizer_from.empty() && (o.vocab != 0 || o.tokenizer != "byte"))
@@ -507,7 +521,7 @@ PrepareSummary prepare(const PrepareOptions& o,
       throw std::invalid_argument(
           "no text in the inputs (" + std::to_string(files.size()) + " file(s)" +
           (s.first_skipped.empty() ? std::string() : ", all skipped; first: " + s.first_skipped) +
-          ")");
+          ")" + token_file_hint(files));
     const auto shards = writer.finish();
     s.tokens = writer.tokens();
     s.vocab = tok.vocab_size();

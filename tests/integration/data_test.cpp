@@ -385,9 +385,17 @@ TEST(DataCommands, LlmcGpt2TokenFilesImportVerifyDecodeAndTrain) {
   r = shell(dir, "\"$T\" data import " + d + "/train_000.bin --tokenizer " + d +
                      "/train_001.bin --out " + d + "/again");
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("train_001.bin: is not llm.c's tokenizer file"), std::string::npos)
+  EXPECT_NE(
+      r.output.find("troupe data import: " + d + "/train_001.bin: is not llm.c's tokenizer file"),
+      std::string::npos)
       << r.output;
   EXPECT_FALSE(fs::exists(d + "/again"));
+  // Given to prepare (which reads text), the files are named for what they are.
+  r = shell(dir, "\"$T\" data prepare " + d + "/train_000.bin --out " + d + "/again");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(d + "/train_000.bin is an llm.c token file: troupe data import"),
+            std::string::npos)
+      << r.output;
   r = shell(dir, "\"$T\" run " + std::string(TROUPE_SOURCE_DIR) +
                      "/configs/gpt_tokens.toml --set job.steps=4 --set data.path=\\\"" + ds +
                      "\\\" --set model.layers=1 --set model.d_model=32 --set model.heads=2 " +
