@@ -945,8 +945,11 @@ class Coordinator : public caf::event_based_actor {
     send(bridge_, actors::demonitor_atom::value, roster_.at(id).node);  // (its exit is no loss)
     to_agent(id, encode(actors::Shutdown{"drained", 0}));
     tell(roster_.at(id).name + " left (drained)");
-    log_.event("member_left",
-               Json().integer("member", id).str("reason", "drained").integer("step", long(step)));
+    log_.event("member_left", Json()
+                                  .integer("member", id)
+                                  .str("name", roster_.at(id).name)
+                                  .str("reason", "drained")
+                                  .integer("step", long(step)));
   }
 
   // ---- steps -----------------------------------------------------------------------------------
