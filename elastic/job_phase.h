@@ -12,9 +12,10 @@
 //
 // A stop requested while forming, changing or paused is remembered: the next generation starts
 // in `stopping` (the coordinator ends a job still forming, or paused without members, at once:
-// coordinator/job.cpp, stop_before_training). Each phase that waits has a deadline (forming: elastic.start_timeout_ms;
-// changing: elastic.change_timeout_ms; paused: elastic.rejoin_timeout_ms). The epoch changes
-// whenever a deadline is set, so a timer armed for an earlier phase is recognised as stale.
+// coordinator/job.cpp, stop_before_training). Each phase that waits has a deadline (forming:
+// elastic.start_timeout_ms; changing: elastic.change_timeout_ms; paused:
+// elastic.rejoin_timeout_ms). The epoch changes whenever a deadline is set, so a timer armed for
+// an earlier phase is recognised as stale.
 //
 // Thread-safety: none; owned by the coordinator's actor.
 #pragma once
