@@ -115,12 +115,10 @@ JobRef job_ref(const JobName& n) {
       throw std::invalid_argument("--coordinator " + r.address +
                                   " needs --token-file F (the job's job.token, in its run "
                                   "directory)");
-    const bool port_zero =
-        r.address.size() > 2 && r.address.compare(r.address.size() - 2, 2, ":0") == 0;
-    if (!coordinator::host_and_port(r.address) || port_zero)  // (before UCX's message)
+    if (!address_to_reach(r.address))  // (before UCX's message, with its source line)
       throw std::invalid_argument("--coordinator " + r.address +
-                                  " is not HOST:PORT (the job's coordinator.addr" +
-                                  (port_zero ? ": port 0 is none)" : ")"));
+                                  " is not HOST:PORT with a port (the job's coordinator.addr; "
+                                  "port 0 is none)");
   }
   std::tie(r.job_id, r.token) = workers::read_token_file(token_file);
   return r;
@@ -331,8 +329,9 @@ std::optional<uint64_t> newest_checkpoint_step(const std::string& dir, uint64_t 
     uint64_t step = 0;
     const auto [end, err] = std::from_chars(name.data() + std::min<size_t>(5, name.size()),
                                             name.data() + name.size(), step);
-    if (name.rfind("step-", 0) != 0 || err != std::errc() || end != name.data() + name.size() ||
-        step > at_most || !std::filesystem::exists(e.path() / "manifest.json", ec))
+    if (name.size() != 13 || name.rfind("step-", 0) != 0 || err != std::errc() ||
+        end != name.data() + name.size() || step > at_most ||
+        !std::filesystem::exists(e.path() / "manifest.json", ec))
       continue;
     if (!newest || step > *newest) newest = step;
   }

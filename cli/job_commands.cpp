@@ -1096,10 +1096,10 @@ int run_agent_command(const std::vector<std::string>& words, const Hooks& hooks)
   app.add_option("--failure-timeout-ms", failure_ms, "a silent peer is lost after this")
       ->check(number_in(1, 3600000));
   if (auto rc = parse(app, words)) return *rc;
-  if (!coordinator::host_and_port(o.join)) {  // (it was "cannot reach", exit 1, after a start)
+  if (!address_to_reach(o.join)) {  // (it was "cannot reach", exit 1, after a start)
     std::fprintf(stderr,
-                 "troupe agent: --join %s is not HOST:PORT (the coordinator's address: its run "
-                 "directory's coordinator.addr)\n",
+                 "troupe agent: --join %s is not HOST:PORT with a port (the coordinator's "
+                 "address: its run directory's coordinator.addr)\n",
                  o.join.c_str());
     return 2;
   }

@@ -92,6 +92,14 @@ inline CLI::Validator number_in(double lo, double hi) {
 }
 
 // The candidate nearest to word, if it is near enough to be a typo; "" otherwise.
+// A coordinator's address to reach: HOST:PORT with a port other than 0 (0 picks one to listen
+// on, and is no address to reach).
+inline bool address_to_reach(const std::string& address) {
+  if (!coordinator::host_and_port(address)) return false;
+  const std::string port = address.substr(address.rfind(':') + 1);
+  return port.find_first_not_of('0') != std::string::npos;
+}
+
 inline std::string did_you_mean(const std::string& word,
                                 const std::vector<std::string>& candidates) {
   return coordinator::nearest_word(word, candidates);

@@ -29,7 +29,7 @@ class ChangeWatch {
     // (after a sign that no standby takes back, later ones change nothing)
     const bool settled = std::any_of(signs_.begin(), signs_.end(),
                                      [](const ChangeSign& s) { return s.join_member < 0; });
-    if (settled || signs_.size() >= kMostSigns) return;
+    if (settled || (join_member >= 0 && signs_.size() >= kMostSigns)) return;
     signs_.push_back({t, std::move(what), join_member});
   }
   // That member's join was a standby's: no sign of a change.
@@ -56,7 +56,7 @@ class ChangeWatch {
   void restart() { *this = ChangeWatch(); }
 
  private:
-  static constexpr size_t kMostSigns = 64;  // (joins of standbys awaiting their word, bounded)
+  static constexpr size_t kMostSigns = 64;  // (joins awaiting their standby word, bounded)
   std::vector<ChangeSign> signs_;
   uint64_t commits_ = 0;
   double last_generation_ = 0;

@@ -183,7 +183,8 @@ class Coordinator : public caf::event_based_actor {
         [this](none_left_atom) { fail_if_none_can_return(); },
         [this](stop_paused_atom, const std::string& reason) {
           const JobPhase p = job_.phase();
-          if ((p == JobPhase::paused || p == JobPhase::forming) && job_.stop_requested())
+          if ((p == JobPhase::paused || (p == JobPhase::forming && ending_before_training_)) &&
+              job_.stop_requested())
             stop_without_members(reason, /*members_lost=*/p == JobPhase::paused);
         },
         [this](hung_atom, uint64_t generation, const std::string& error) {
@@ -753,7 +754,7 @@ class Coordinator : public caf::event_based_actor {
   // (elastic::start_generation), the ledger's recovery or rollback, and the member list to
   // every live agent.
   void try_start() {
-    if (job_.finished()) return;
+    if (job_.finished() || ending_before_training_) return;
     auto next = next_members();
     if (!next) return;
     if (const std::string why = differing_models(*next); !why.empty()) return fail(why);
@@ -1356,6 +1357,9 @@ class Coordinator : public caf::event_based_actor {
                                    (and_stop ? "; troupe stop without --checkpoint stops it" : ""));
     if (!checkpoints_)
       return actors::make_error_reply(Errc::refused, "this job has no checkpoint directory");
+    if (ending_before_training_)  // (its answer said the job stops now, with nothing to save)
+      return actors::make_error_reply(
+          Errc::refused, "the job is stopping now, before it trained: no step to checkpoint");
     if (!and_stop && job_.stop_requested())
       return actors::make_error_reply(
           Errc::refused, std::string("the job is stopping") +
@@ -1381,8 +1385,11 @@ class Coordinator : public caf::event_based_actor {
   }
 
   ControlMessage stop(bool with_checkpoint) {
-    // (before checkpoint.every_steps's checkpoint: forming, there is nothing new to save)
-    if (job_.phase() == JobPhase::forming && !job_.stop_requested()) return stop_before_training();
+    // (before checkpoint.every_steps's checkpoint: forming, there is nothing new to save; but a
+    // take-over's adopted agents may hold steps past the newest checkpoint: they train one step
+    // and save it, as before)
+    if (job_.phase() == JobPhase::forming && !job_.stop_requested() && !taking_over_)
+      return stop_before_training();
     if (with_checkpoint && checkpoints_ && !stop_checkpoint_) return checkpoint(true);
     return stop_at_next_step(false);
   }
@@ -1394,6 +1401,7 @@ class Coordinator : public caf::event_based_actor {
   // stopping, as any stop asked while it formed.
   ControlMessage stop_before_training() {
     job_.request_stop();
+    ending_before_training_ = true;  // (no generation starts meanwhile: try_start)
     log_.event("stop_requested", Json().integer("step", long(steps_.committed())));
     delayed_send(this, std::chrono::milliseconds(500), stop_paused_atom::value,
                  std::string("troupe stop before the job formed a generation"));
@@ -1429,10 +1437,6 @@ class Coordinator : public caf::event_based_actor {
     std::string from = newest ? newest->manifest : "";
     // (One at the step it stops at, written before the loss: resumable from there, as a stop's.)
     if (newest && newest->step == steps_.committed()) resumable_ = from;
-    // (Nothing committed since the checkpoint it resumed from, another run's too: that one.)
-    if (resumable_.empty() && !cfg_.resume_dir.empty() && !cfg_.take_over &&
-        steps_.committed() == cfg_.resume_step)
-      resumable_ = from = cfg_.resume_dir;
     const std::string there =
         !resumable_.empty()
             ? "its checkpoint there is " + from
@@ -1889,8 +1893,10 @@ class Coordinator : public caf::event_based_actor {
   uint64_t losses_ = 0;                    // agents lost and workers failed, so far
   uint64_t losses_at_request_ = 0;         // ... when requested_checkpoint_ was asked for
   std::set<uint32_t> members_at_request_;  // the agents of the generation it was asked in
-  uint64_t stop_requested_at_ = 0;         // the steps committed at a stop
-  bool stop_checkpoint_ = false;           // the stop asked for a checkpoint
+  uint64_t stop_requested_at_ = 0;
+  bool ending_before_training_ = false;  // a stop while forming: the job ends, no generation starts
+                                         // // the steps committed at a stop
+  bool stop_checkpoint_ = false;         // the stop asked for a checkpoint
   Clock::time_point progress_at_ = Clock::now();  // (and when it was first seen)
   std::map<uint64_t, double> lr_from_;   // step -> optimizer.lr from it on (before: the config's)
   std::vector<caf::actor> subscribers_;  // actors that get every event (subscribe_atom)

@@ -87,6 +87,8 @@ void JobMetrics::on_event(const std::string& name, const json& e) {
   } else if (name == "member_joined") {
     ++joins_;
     changes_.sign(ts, name, number(e, "member"));
+  } else if (name == "coordinator_restarted") {  // (the lost coordinator committed steps)
+    changes_.sign(ts, name, -1, /*always=*/true);
   } else if (name == "member_standby") {
     changes_.standby(number(e, "member"));  // (its join changed nothing)
   } else if (name == "member_left") {

@@ -229,7 +229,13 @@ Tokenizer load_llmc_tokenizer(const std::string& path) {
                             : "ends at piece " + std::to_string(i) + " of " +
                                   std::to_string(vocab) + " (cut short?)");
     pieces.emplace_back(size_t(length), '\0');
-    if (std::fread(pieces[i].data(), 1, size_t(length), in.f) != size_t(length))
+    const size_t got = std::fread(pieces[i].data(), 1, size_t(length), in.f);
+    if (got != size_t(length) && std::ferror(in.f)) {  // (an I/O error, not a file cut short)
+      const int err = errno;
+      unreadable_if_not_the_data(err, "'" + path + "' cannot be read");
+      bad(path, std::string("cannot be read: ") + std::strerror(err));
+    }
+    if (got != size_t(length))
       bad(path, "ends within piece " + std::to_string(i) + " of " + std::to_string(vocab) +
                     " (cut short?)");
   }

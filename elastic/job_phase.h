@@ -11,8 +11,9 @@
 //      └──────────── any phase ──finished──▶ finished (completed, stopped or failed)
 //
 // A stop requested while forming, changing or paused is remembered: the next generation starts
-// in `stopping` (the coordinator ends a job still forming, or paused without members, at once:
-// coordinator/job.cpp, stop_before_training). Each phase that waits has a deadline (forming:
+// in `stopping` (the coordinator ends a job still forming, for a stop without a checkpoint, or
+// paused without members, 0.5 s after the stop's answer: coordinator/job.cpp,
+// stop_before_training). Each phase that waits has a deadline (forming:
 // elastic.start_timeout_ms; changing: elastic.change_timeout_ms; paused:
 // elastic.rejoin_timeout_ms). The epoch changes whenever a deadline is set, so a timer armed for
 // an earlier phase is recognised as stale.

@@ -252,12 +252,13 @@ void AgentSession::try_rejoin() {
   next_try_ = now + std::chrono::milliseconds(500);
   const std::string address = address_now();
   Joined j = join(*self_, bridge_, address, options_, name_, true);
+  if (j.invalid)  // (one that took over refuses this program for the job, or another job's
+                  // coordinator answers there: no try will do)
+    return board_->shut_down(
+        2, lost_reason_ + "; the coordinator at " + address + " refuses this agent: " + j.error);
   if (j.fenced)  // (its coordinator is there and dropped it, e.g. after it stalled: no take-over)
     return board_->shut_down(1, lost_reason_ + "; the coordinator at " + address +
                                     " is still there and refuses this agent (" + j.error + ")");
-  if (j.invalid)  // (one that took over refuses this program for the job: no try will do)
-    return board_->shut_down(
-        2, lost_reason_ + "; the coordinator at " + address + " refuses this agent: " + j.error);
   if (!j.error.empty()) return void(rejoin_error_ = j.error);
   std::lock_guard<std::mutex> lock(reports_mu_);
   coordinator_ = j.coordinator;

@@ -1060,11 +1060,12 @@ TEST(Command, EveryCommandAndGroupAnswersHelpAndNamesAMistake) {
       // --token-file had the general advice)
       {{"status", "--coordinator", "127.0.0.1", "--token-file", "t"},
        2,
-       "troupe status: --coordinator 127.0.0.1 is not HOST:PORT (the job's coordinator.addr)"},
+       "troupe status: --coordinator 127.0.0.1 is not HOST:PORT with a port"},
       {{"status", "--coordinator", "127.0.0.1:1"},
        2,
        "--coordinator 127.0.0.1:1 needs --token-file"},
-      {{"status", "--coordinator", "127.0.0.1:0", "--token-file", "t"}, 2, "port 0 is none"},
+      {{"status", "--coordinator", "127.0.0.1:00", "--token-file", "t"}, 2, "port 0 is none"},
+      {{"agent", "--join", "127.0.0.1:0", "--token-file", "t"}, 2, "is not HOST:PORT with a port"},
       {{"stop", "--token-file", "t"}, 2, "--token-file t needs --coordinator HOST:PORT"},
   };
   for (const auto& c : cases) {

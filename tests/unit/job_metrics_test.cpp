@@ -124,6 +124,22 @@ TEST(ChangeWatch, StandbysJoinsAreTakenBackAndTheNextSignIsTheChange) {
   // A join that is no standby's is the change.
   w.sign(10, "member_joined", 5);
   ASSERT_TRUE(w.commit(11, 3));
+  // Past the bound of joins awaiting their word, a failure is still the change's sign.
+  for (int m = 0; m < 100; ++m) w.sign(12, "member_joined", 10 + m);
+  w.sign(13, "member_failed");
+  for (int m = 0; m < 100; ++m) w.standby(10 + m);
+  ASSERT_NE(w.pending(), nullptr);
+  EXPECT_EQ(w.pending()->what, "member_failed");
+}
+
+// A take-over is a change though this coordinator committed nothing yet (the lost one did), as
+// in the report: its recovery was not measured here.
+TEST(JobMetrics, ATakeOverIsARecovery) {
+  JobMetrics m("j");
+  m.record({{"ts", 1.0}, {"event", "coordinator_restarted"}});
+  m.record({{"ts", 1.5}, {"event", "member_joined"}, {"member", 0}});
+  m.record({{"ts", 3.0}, {"event", "step_committed"}, {"step", 7}, {"generation", 5}});
+  EXPECT_TRUE(has("\n" + m.exposition(), "troupe_recovery_seconds 2")) << m.exposition();
 }
 
 }  // namespace
