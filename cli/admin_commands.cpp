@@ -3,14 +3,14 @@
 // and sends Cap'n Proto requests to its coordinator over UCX.
 #include <unistd.h>
 
-#include <charconv>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
-#include <map>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <set>
@@ -23,6 +23,7 @@
 #include "cli/commands.h"
 #include "cli/parse.h"
 #include "comm/host_identity.h"
+#include "coordinator/checkpoints.h"
 #include "coordinator/config.h"
 #include "coordinator/events.h"
 #include "coordinator/run_dir.h"
@@ -322,20 +323,10 @@ std::optional<uint64_t> newest_checkpoint_step(const std::string& dir, uint64_t 
         coordinator::load_config(dir + "/config.toml", {}, {}, false), dir);
   } catch (const std::exception&) {
   }
-  std::optional<uint64_t> newest;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(checkpoints, ec)) {
-    const std::string name = e.path().filename().string();
-    uint64_t step = 0;
-    const auto [end, err] = std::from_chars(name.data() + std::min<size_t>(5, name.size()),
-                                            name.data() + name.size(), step);
-    if (name.size() != 13 || name.rfind("step-", 0) != 0 || err != std::errc() ||
-        end != name.data() + name.size() || step > at_most ||
-        !std::filesystem::exists(e.path() / "manifest.json", ec))
-      continue;
-    if (!newest || step > *newest) newest = step;
-  }
-  return newest;
+  const std::vector<uint64_t> steps = coordinator::checkpoint_steps(checkpoints);
+  const auto after = std::upper_bound(steps.begin(), steps.end(), at_most);
+  if (after == steps.begin()) return std::nullopt;
+  return *std::prev(after);
 }
 
 // What a take-over of a run that did not end would do: adopt its agents that may still be alive
@@ -343,10 +334,7 @@ std::optional<uint64_t> newest_checkpoint_step(const std::string& dir, uint64_t 
 // again, or from the seed without one. (status said only how to take it over, and a take-over
 // only that the agents alive go on.)
 std::string take_over_outlook(const std::string& dir) {
-  std::vector<std::string> lines;
-  std::ifstream in(dir + "/events.jsonl");
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  const coordinator::RunRecord record = coordinator::read_run_record(lines);
+  const coordinator::RunRecord record = coordinator::read_run_record(coordinator::event_lines(dir));
   if (coordinator::may_come_back(record.agents, {}, comm::host_identity(),
                                  [](uint32_t pid) { return comm::process_gone(int(pid)); }))
     return "its agents that may still be alive go on from their own state (each waits "

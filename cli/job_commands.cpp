@@ -56,13 +56,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
 
-std::vector<std::string> lines_of(const std::string& path) {
-  std::vector<std::string> out;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) out.push_back(std::move(line));
-  return out;
-}
-
 std::string eta(double seconds) {
   if (!(seconds >= 0) || seconds > 1e7) return "--:--";
   int s = int(seconds);
@@ -103,19 +96,6 @@ std::string job_of_token(const std::string& run_dir) {
   }
 }
 
-// --resume PATH: a checkpoint directory (a new run starts from it) or a run directory (the run
-// goes on there from its newest valid checkpoint; newer ones that are not valid are named on
-// stderr). Sets cfg.resume_* (and cfg.run_dir for a run directory); "" or why it cannot resume.
-//
-// The learning rate: the one in effect at the checkpoint (troupe lr, or an actor, may have
-// changed it while the job ran), unless the command line sets optimizer.lr (lr_set).
-//
-// A run that did not end (its coordinator was lost) is taken over (cfg.take_over): its agents
-// still alive are adopted and go on from their own state; the checkpoint, if any, is for the
-// workers that start afresh. Its config must be the run's own (the agents run it).
-// Another job.steps or job.name is taken where none of its agents can still be alive (each a
-// process of this host that is gone, coordinator::may_come_back): none trains to the run's own
-// or presents its token.
 // How to train a run to `steps` steps instead of its own: a new run from its newest valid
 // checkpoint before that step, named; or that it has none. (Only for a refusal: it reads the
 // checkpoints it checks.)
@@ -132,6 +112,19 @@ std::string another_run_from(const coordinator::JobConfig& theirs, const std::st
          c->directory + ")";
 }
 
+// --resume PATH: a checkpoint directory (a new run starts from it) or a run directory (the run
+// goes on there from its newest valid checkpoint; newer ones that are not valid are named on
+// stderr). Sets cfg.resume_* (and cfg.run_dir for a run directory); "" or why it cannot resume.
+//
+// The learning rate: the one in effect at the checkpoint (troupe lr, or an actor, may have
+// changed it while the job ran), unless the command line sets optimizer.lr (lr_set).
+//
+// A run that did not end (its coordinator was lost) is taken over (cfg.take_over): its agents
+// still alive are adopted and go on from their own state; the checkpoint, if any, is for the
+// workers that start afresh. Its config must be the run's own (the agents run it).
+// Another job.steps or job.name is taken where none of its agents can still be alive (each a
+// process of this host that is gone, coordinator::may_come_back): none trains to the run's own
+// or presents its token.
 std::string take_over_refusal(const coordinator::JobConfig& cfg, const std::string& path,
                               const Hooks& hooks, const coordinator::RunRecord& record) {
   try {
@@ -312,7 +305,7 @@ std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool l
       return "--resume " + path +
              ": neither a run directory (no events.jsonl) nor a checkpoint "
              "(no manifest.json)";
-    const auto record = coordinator::read_run_record(lines_of(path + "/events.jsonl"));
+    const auto record = coordinator::read_run_record(coordinator::event_lines(path));
     cfg.take_over = record.started && !record.ended;
     if (cfg.take_over && record.generation > 0 && record.world_size == 0)
       return "--resume " + path + ": its events.jsonl says generation " +

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <utility>
@@ -31,6 +32,16 @@ class ChangeWatch {
                                      [](const ChangeSign& s) { return s.join_member < 0; });
     if (settled || (join_member >= 0 && signs_.size() >= kMostSigns)) return;
     signs_.push_back({t, std::move(what), join_member});
+  }
+  // A line of events.jsonl at t: a sign of a change, a standby's word, or nothing. `member` its
+  // "member" field (-1: none); `what` how a change it begins is described.
+  void event(const std::string& name, double t, double member, std::string what) {
+    static const char* const kSigns[] = {"member_failed", "worker_failed",   "member_joined",
+                                         "member_left",   "drain_requested", "scale_requested"};
+    if (name == "member_standby") return standby(member);
+    if (name == "coordinator_restarted") return sign(t, std::move(what), -1, /*always=*/true);
+    if (std::find(std::begin(kSigns), std::end(kSigns), name) != std::end(kSigns))
+      sign(t, std::move(what), name == "member_joined" ? member : -1);
   }
   // That member's join was a standby's: no sign of a change.
   void standby(double member) {

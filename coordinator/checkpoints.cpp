@@ -585,6 +585,14 @@ std::optional<ValidCheckpoint> newest_valid_checkpoint(const std::string& dir,
   return std::nullopt;
 }
 
+std::vector<uint64_t> checkpoint_steps(const std::string& dir) {
+  std::vector<uint64_t> out;
+  std::error_code ec;
+  for (const auto& [step, path] : checkpoint_dirs(dir))
+    if (fs::is_regular_file(path / "manifest.json", ec)) out.push_back(step);
+  return out;
+}
+
 std::vector<uint64_t> valid_checkpoint_steps(const std::string& dir,
                                              const CheckpointIdentity& job) {
   std::vector<uint64_t> steps;

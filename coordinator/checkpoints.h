@@ -148,6 +148,9 @@ std::optional<ValidCheckpoint> newest_valid_checkpoint(const std::string& dir,
                                                        const CheckpointIdentity& job,
                                                        std::vector<std::string>* refused,
                                                        uint64_t at_most = UINT64_MAX);
+// The steps of the checkpoint directories in dir that hold a manifest, oldest first, unchecked
+// (what a run's directory says it has, read cheaply; a resume checks them).
+std::vector<uint64_t> checkpoint_steps(const std::string& dir);
 // The steps of the valid checkpoints in dir, oldest first (what a user may choose from).
 std::vector<uint64_t> valid_checkpoint_steps(const std::string& dir, const CheckpointIdentity& job);
 

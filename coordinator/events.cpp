@@ -29,6 +29,16 @@ uint64_t count_field(const nlohmann::json& j, const char* key) {
   return x >= 0 && x < 0x1p63 ? uint64_t(x) : 0;
 }
 
+std::vector<std::string> event_lines(const std::string& run_dir) {
+  std::vector<std::string> out;
+  const std::string path = run_dir + "/events.jsonl";
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) out.push_back(std::move(line));
+  return out;
+}
+
 double unix_seconds() {
   timeval tv;
   gettimeofday(&tv, nullptr);

@@ -38,6 +38,9 @@ std::string text_field(const nlohmann::json& j, const char* key, const std::stri
 double number_field(const nlohmann::json& j, const char* key, double otherwise = 0);
 // A count (a step): 0 when absent, negative or past what 63 bits hold.
 uint64_t count_field(const nlohmann::json& j, const char* key);
+// The lines of RUN_DIR/events.jsonl as written; none when it is not a regular file (a FIFO would
+// block the read) or cannot be read.
+std::vector<std::string> event_lines(const std::string& run_dir);
 
 class RunLog {
  public:

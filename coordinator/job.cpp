@@ -1434,7 +1434,7 @@ class Coordinator : public caf::event_based_actor {
   // checkpoint (the steps after it redone).
   void stop_without_members(const std::string& reason, bool members_lost) {
     const auto& newest = checkpoints_ ? checkpoints_->newest() : std::nullopt;
-    std::string from = newest ? newest->manifest : "";
+    const std::string from = newest ? newest->manifest : "";
     // (One at the step it stops at, written before the loss: resumable from there, as a stop's.)
     if (newest && newest->step == steps_.committed()) resumable_ = from;
     const std::string there =
@@ -1893,10 +1893,9 @@ class Coordinator : public caf::event_based_actor {
   uint64_t losses_ = 0;                    // agents lost and workers failed, so far
   uint64_t losses_at_request_ = 0;         // ... when requested_checkpoint_ was asked for
   std::set<uint32_t> members_at_request_;  // the agents of the generation it was asked in
-  uint64_t stop_requested_at_ = 0;
-  bool ending_before_training_ = false;  // a stop while forming: the job ends, no generation starts
-                                         // // the steps committed at a stop
-  bool stop_checkpoint_ = false;         // the stop asked for a checkpoint
+  uint64_t stop_requested_at_ = 0;         // the steps committed at a stop
+  bool stop_checkpoint_ = false;           // the stop asked for a checkpoint
+  bool ending_before_training_ = false;    // a stop while forming: it ends, no generation starts
   Clock::time_point progress_at_ = Clock::now();  // (and when it was first seen)
   std::map<uint64_t, double> lr_from_;   // step -> optimizer.lr from it on (before: the config's)
   std::vector<caf::actor> subscribers_;  // actors that get every event (subscribe_atom)

@@ -60,7 +60,7 @@ void JobMetrics::record(const json& line) {
 
 void JobMetrics::on_event(const std::string& name, const json& e) {
   const double ts = number(e, "ts");
-  auto change = [&] { changes_.sign(ts, name); };
+  changes_.event(name, ts, number(e, "member", -1), name);
   if (name == "job_started") {
     steps_ = number(e, "steps");
     started_ts_ = ts;
@@ -81,21 +81,12 @@ void JobMetrics::on_event(const std::string& name, const json& e) {
   } else if (name == "member_failed" || name == "worker_failed") {
     ++failures_;
     if (name == "worker_failed" && e.value("restarting", false)) ++restarts_;
-    change();
   } else if (name == "agent_restarted") {
     ++restarts_;
   } else if (name == "member_joined") {
     ++joins_;
-    changes_.sign(ts, name, number(e, "member"));
-  } else if (name == "coordinator_restarted") {  // (the lost coordinator committed steps)
-    changes_.sign(ts, name, -1, /*always=*/true);
-  } else if (name == "member_standby") {
-    changes_.standby(number(e, "member"));  // (its join changed nothing)
   } else if (name == "member_left") {
     ++leaves_;
-    change();
-  } else if (name == "drain_requested" || name == "scale_requested") {
-    change();
   } else if (name == "steps_rolled_back") {
     ++rollbacks_;
   } else if (name == "checkpoint_written") {

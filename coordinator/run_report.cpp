@@ -44,11 +44,6 @@ const char* mark_kind(const std::string& event) {
   return nullptr;
 }
 
-bool starts_change(const std::string& e) {
-  return e == "member_failed" || e == "worker_failed" || e == "member_joined" ||
-         e == "member_left" || e == "drain_requested" || e == "scale_requested";
-}
-
 // What the events say: the job, its losses, its membership over time and its changes.
 class EventReader {
  public:
@@ -85,11 +80,7 @@ class EventReader {
       r_.failure = text_field(e, "reason");
     }
     if (const char* kind = mark_kind(ev)) r_.marks.push_back({t, kind, describe(ev, e)});
-    // (a take-over: the coordinator was lost, whatever this one committed yet)
-    if (starts_change(ev) || ev == "coordinator_restarted")
-      changes_.sign(t, describe(ev, e), ev == "member_joined" ? number_field(e, "member") : -1,
-                    ev == "coordinator_restarted");
-    if (ev == "member_standby") changes_.standby(number_field(e, "member"));  // (no change)
+    changes_.event(ev, t, number_field(e, "member", -1), describe(ev, e));
   }
 
   void finish() {
