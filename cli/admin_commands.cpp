@@ -351,6 +351,18 @@ std::string take_over_outlook(const std::string& dir) {
                                           std::to_string(record.committed - 1) + " trained again");
 }
 
+// How a run that did not complete goes on: from its run directory (its newest checkpoint there),
+// or from the checkpoint of another run it resumed from, with none of its own.
+std::string resume_command(const std::string& dir, const std::string& resume_from) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const std::string from = fs::path(resume_from).parent_path().string();
+  const std::string own = fs::weakly_canonical(dir, ec).string() + "/";
+  const bool elsewhere =
+      !from.empty() && fs::weakly_canonical(from, ec).string().rfind(own, 0) != 0;
+  return "troupe run " + dir + "/config.toml --resume " + (elsewhere ? from : dir);
+}
+
 // A job no process runs any more (its run directory is not locked): its events say how it
 // ended. nullopt when a job runs there (ask its coordinator).
 std::optional<int> status_from_run_dir(const std::string& dir, bool json) {
@@ -377,7 +389,7 @@ std::optional<int> status_from_run_dir(const std::string& dir, bool json) {
     if (!text_field(last, key).empty()) out[key] = text_field(last, key);
   // (A run that did not end is taken over; a stopped one goes on from its checkpoint, if any.)
   const bool goes_on = (!finished && !failed) || out.contains("resume_from");
-  if (goes_on) out["resume"] = "troupe run " + dir + "/config.toml --resume " + dir;
+  if (goes_on) out["resume"] = resume_command(dir, text_field(last, "resume_from"));
   if (!finished && !failed) out["take_over"] = take_over_outlook(dir);
   if (json) {
     std::printf("%s\n", out.dump().c_str());

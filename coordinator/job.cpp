@@ -1126,11 +1126,11 @@ class Coordinator : public caf::event_based_actor {
     if (stopped) resumable_ = last;
     // Where a resume goes on from: the stop's checkpoint, or the newest before it (the steps after
     // it done again); none for a job that completed (nothing is left to run).
+    const auto newest = newest_to_resume_from();
     const std::string resume_from = !stopped        ? ""
                                     : !last.empty() ? last
-                                    : checkpoints_ && checkpoints_->newest()
-                                        ? checkpoints_->newest()->manifest
-                                        : "";
+                                    : newest        ? newest->manifest
+                                                    : "";
     if (outcome->eval_tokens > 0) {  // (the final parameters': after the last committed step)
       steps_.evaluated(steps_.committed(), outcome->eval_loss, outcome->eval_tokens,
                        gens_.members().size());
@@ -1433,7 +1433,7 @@ class Coordinator : public caf::event_based_actor {
   // written at the step it stops at before they were lost, a resume goes on from the newest
   // checkpoint (the steps after it redone).
   void stop_without_members(const std::string& reason, bool members_lost) {
-    const auto& newest = checkpoints_ ? checkpoints_->newest() : std::nullopt;
+    const auto newest = newest_to_resume_from();
     const std::string from = newest ? newest->manifest : "";
     // (One at the step it stops at, written before the loss: resumable from there, as a stop's.)
     if (newest && newest->step == steps_.committed()) resumable_ = from;
@@ -1457,6 +1457,15 @@ class Coordinator : public caf::event_based_actor {
                    .str("checkpoint", resumable_)
                    .str("resume_from", from));
     finish(0, "", elastic::JobOutcome::stopped);
+  }
+
+  // The checkpoint a resume of this job goes on from when it stops without one where it stops:
+  // the newest of its own, else the one it resumed from (another run's: none of its own yet),
+  // else none (the seed).
+  std::optional<CompletedCheckpoint> newest_to_resume_from() const {
+    if (checkpoints_ && checkpoints_->newest()) return checkpoints_->newest();
+    if (cfg_.resume_dir.empty()) return std::nullopt;
+    return CompletedCheckpoint{cfg_.resume_step, cfg_.resume_dir + "/manifest.json", 0, 0};
   }
 
   // Whether the members of the generation just started may miss a requested checkpoint: one was

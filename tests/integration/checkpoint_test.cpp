@@ -1420,24 +1420,35 @@ TEST(Checkpoints, AStopWithACheckpointBeforeTrainingStartsStopsAfterTheFirstStep
 // hand, none yet (the answer went out before the coordinator's end). (It was acknowledged as a stop
 // "after the current step": the job waited on, and trained a step when its agents came.)
 TEST(Checkpoints, APlainStopBeforeTrainingStartsEndsTheJobNow) {
-  for (bool by_hand : {false, true}) {
+  // By the local launcher with an agent held back; by hand with none joined; the launcher's
+  // again in a run started from another run's checkpoint (none of its own yet).
+  for (int how : {0, 1, 2}) {
     TempDir dir;
+    const bool by_hand = how == 1;
+    std::string other;  // (the other run's checkpoint the third goes on from)
+    if (how == 2) {
+      Job before = start_job(dir, "before", kGpt, 1, {"job.steps=3", "checkpoint.every_steps=3"});
+      ASSERT_TRUE(before.proc->wait(180s));
+      other = before.run_dir + "/checkpoints/step-00000003";
+      ASSERT_TRUE(fs::exists(other + "/manifest.json"));
+    }
     const std::string hold = dir.path() + "/hold-agent-1";
     std::ofstream(hold) << "";
-    Job job =
-        by_hand
-            ? start_job(dir, "early", kGpt, 2, {"cluster.launcher=\"external\""})
-            : start_job(dir, "early", kGpt, 2, {},
-                        {"TROUPE_TEST_JOIN_DELAY_AGENT=agent-1", "TROUPE_TEST_JOIN_DELAY_MS=120000",
-                         "TROUPE_TEST_JOIN_DELAY_FILE=" + hold});
+    const std::vector<std::string> held{"TROUPE_TEST_JOIN_DELAY_AGENT=agent-1",
+                                        "TROUPE_TEST_JOIN_DELAY_MS=120000",
+                                        "TROUPE_TEST_JOIN_DELAY_FILE=" + hold};
+    Job job = by_hand         ? start_job(dir, "early", kGpt, 2, {"cluster.launcher=\"external\""})
+              : other.empty() ? start_job(dir, "early", kGpt, 2, {}, held)
+                              : start_job(dir, "early", kGpt, 2, {}, held, {"--resume", other});
     if (by_hand)
       ASSERT_NE(wait_event(job, is("job_started"), 60s), "");
     else
       ASSERT_NE(wait_event(job, is("member_joined"), 60s), "");
     const std::string said = admin(dir, {"stop", "--run-dir", job.run_dir});
-    EXPECT_NE(said.find("the job stops now, at step 0: no generation of it had formed"),
+    const std::string at = other.empty() ? "0" : "3";
+    EXPECT_NE(said.find("the job stops now, at step " + at + ": no generation of it had formed"),
               std::string::npos)
-        << by_hand << ": " << said;
+        << how << ": " << said;
     auto st = job.proc->wait(60s);  // (agent-1 still held: its join waits on for 120 s)
     fs::remove(hold);
     ASSERT_TRUE(st) << "the job did not end";
@@ -1446,10 +1457,21 @@ TEST(Checkpoints, APlainStopBeforeTrainingStartsEndsTheJobNow) {
     const std::string end = events_of(job).back();
     EXPECT_EQ(json_field(end, "event"), "job_finished") << end;
     EXPECT_EQ(json_field(end, "state"), "stopped") << end;
-    EXPECT_EQ(json_field(end, "steps"), "0") << end;
-    EXPECT_NE(text_of(job.out).find("stopped at step 0 (troupe stop before the job formed a "),
-              std::string::npos)
+    EXPECT_EQ(json_field(end, "steps"), at) << end;
+    EXPECT_NE(
+        text_of(job.out).find("stopped at step " + at + " (troupe stop before the job formed a "),
+        std::string::npos)
         << text_of(job.out);
+    if (other.empty()) continue;
+    // It goes on from the other run's checkpoint, and troupe status says how (it said nothing:
+    // this run has none of its own).
+    EXPECT_EQ(json_field(end, "resume_from"), other + "/manifest.json") << end;
+    EXPECT_EQ(json_field(end, "resumable"), "true") << end;
+    const std::string status = admin(dir, {"status", "--run-dir", job.run_dir});
+    EXPECT_NE(status.find("goes on with: troupe run " + job.run_dir + "/config.toml --resume " +
+                          other + "\n"),
+              std::string::npos)
+        << status;
   }
 }
 
