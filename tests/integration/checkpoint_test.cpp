@@ -716,6 +716,46 @@ TEST(Checkpoints, ARestartedCoordinatorAdoptsTheLiveAgentsAndNothingIsRedone) {
   for (int pid : agents) EXPECT_TRUE(ended(pid)) << "adopted agent " << pid << " lingers";
 }
 
+// A plain stop while a take-over forms (one adopted agent back, the other held): not the end
+// at once that a stop before the first generation is (the adopted agents may hold steps past
+// the newest checkpoint), but a stop after the next step, its state saved there.
+TEST(Checkpoints, APlainStopWhileATakeOverFormsSavesTheAdoptedState) {
+  TempDir dir;
+  const std::string hold = dir.path() + "/hold-agent-1";  // (absent: agent-1 joins at once)
+  const std::vector<std::string> sets{"elastic.rejoin_timeout_ms=60000",
+                                      "elastic.failure_timeout_ms=10000",
+                                      "checkpoint.every_steps=10"};
+  Job job = start_job(dir, "forming", kGpt, 2, sets,
+                      {pace(30000), "TROUPE_TEST_JOIN_DELAY_AGENT=agent-1",
+                       "TROUPE_TEST_JOIN_DELAY_MS=120000", "TROUPE_TEST_JOIN_DELAY_FILE=" + hold});
+  wait_steps(job, 25);
+  std::ofstream(hold) << "";  // (agent-1's rejoin waits while it is there)
+  ASSERT_EQ(::kill(job.proc->pid(), SIGKILL), 0);
+  ASSERT_TRUE(job.proc->wait(10s));
+  const size_t before = committed_losses(job.run_dir).size();
+
+  Job taken = start_job(dir, "forming", kGpt, 2, sets, {}, {"--resume", job.run_dir});
+  ASSERT_NE(wait_event(taken, is("member_joined", "adopted", "true"), 30s), "");
+  const std::string said = admin(dir, {"stop", "--run-dir", taken.run_dir});
+  EXPECT_EQ(said.find("the job stops now"), std::string::npos) << said;
+  std::this_thread::sleep_for(1s);  // (a stop before training ends its job within 0.5 s)
+  EXPECT_FALSE(taken.proc->wait(0s)) << "the take-over ended before its agents came back";
+  fs::remove(hold);
+  auto st = taken.proc->wait(60s);
+  ASSERT_TRUE(st) << "the take-over did not end";
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(taken.out);
+  const std::string end = events_of(taken).back();
+  EXPECT_EQ(json_field(end, "event"), "job_finished") << end;
+  EXPECT_EQ(json_field(end, "state"), "stopped") << end;
+  EXPECT_EQ(json_field(end, "resumable"), "true") << end;
+  const size_t steps = std::stoul(json_field(end, "steps"));
+  EXPECT_GT(steps, before) << end;
+  char there[64];
+  std::snprintf(there, sizeof there, "/checkpoints/step-%08zu/manifest.json", steps);
+  EXPECT_EQ(json_field(end, "checkpoint"), taken.run_dir + there) << end;
+  EXPECT_EQ(count_events(taken, "steps_rolled_back"), 0);
+}
+
 // A preemption's SIGTERM, then its SIGKILL while the stop's checkpoint is being written, and the
 // run taken over: the adopted agents forget the lost coordinator's stop and train to job.steps,
 // the same bits as a run never stopped. (They kept it and ended a step later: the take-over said
@@ -1445,11 +1485,12 @@ TEST(Checkpoints, APlainStopBeforeTrainingStartsEndsTheJobNow) {
     else
       ASSERT_NE(wait_event(job, is("member_joined"), 60s), "");
     const std::string said = admin(dir, {"stop", "--run-dir", job.run_dir});
+    if (!by_hand) fs::remove(hold);  // (agent-1 joins within the half second before the end)
     const std::string at = other.empty() ? "0" : "3";
     EXPECT_NE(said.find("the job stops now, at step " + at + ": no generation of it had formed"),
               std::string::npos)
         << how << ": " << said;
-    auto st = job.proc->wait(60s);  // (agent-1 still held: its join waits on for 120 s)
+    auto st = job.proc->wait(60s);
     fs::remove(hold);
     ASSERT_TRUE(st) << "the job did not end";
     EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
