@@ -104,7 +104,8 @@ struct ShmAllreduce::Header {
   alignas(kLine) std::atomic<uint64_t> announced{0};
   alignas(kLine) std::atomic<uint64_t> gathered{0};
   alignas(kLine) std::atomic<uint64_t> abandoned{0};
-  std::atomic<uint32_t> abandoned_code{0};  // the Errc it gave up with (written first)
+  std::atomic<uint32_t> abandoned_code{0};          // the Errc it gave up with (written first)
+  alignas(kLine) std::atomic<uint64_t> entered{0};  // the allreduce it entered (entered())
   alignas(kLine) Call call{};
   alignas(kLine) uint8_t small[ShmAllreduce::kSmallBytes];  // a small call's whole input
 };
@@ -194,6 +195,29 @@ void ShmAllreduce::wait_all(std::atomic<uint64_t> Header::*counter, uint64_t at_
     cpu_relax();
     if (spins % 32 == 0) idle(spins);
   }
+}
+
+// entered: the collective's number in the top 24 bits, its bytes below (one word: a rank that
+// reads it while it is rewritten sees one call or the next, never a mix).
+constexpr int kEnteredBits = 40;
+constexpr uint64_t kEnteredBytes = (uint64_t(1) << kEnteredBits) - 1;
+
+void ShmAllreduce::entered(uint64_t seq, uint64_t bytes) {
+  header(rank_)->entered.store(seq << kEnteredBits | std::min(bytes, kEnteredBytes),
+                               std::memory_order_release);
+}
+
+std::string ShmAllreduce::split() const {
+  const uint64_t mine = header(rank_)->entered.load(std::memory_order_acquire);
+  for (int q = 0; q < n_; ++q) {
+    const uint64_t theirs = header(q)->entered.load(std::memory_order_acquire);
+    if (q == rank_ || mine == 0 || (theirs ^ mine) >> kEnteredBits || theirs == mine) continue;
+    return "rank " + std::to_string(q) + " called collective " +
+           std::to_string(mine >> kEnteredBits) + " of this generation's communicator as an " +
+           "allreduce of " + std::to_string(theirs & kEnteredBytes) + " bytes, this rank of " +
+           std::to_string(mine & kEnteredBytes) + " bytes";
+  }
+  return "";
 }
 
 // After everyone published this call: "" or how another rank's call differs from this one's.

@@ -21,9 +21,10 @@
 // step (a small call returns without waiting for that), so the call and small area are free;
 // staging slot (t+1)%2 is written only after everyone reduced chunk t-1 (step 4 of t-1, or the
 // start of the call), and result slot t%2 only after everyone staged chunk t.
-// Calls that differ are found by comparing the published calls, on every rank; ranks that chose
-// different algorithms (the communicator picks by size, so only a size mismatch does that) end
-// at the deadline (timed_out) instead.
+// Calls that differ are found by comparing the published calls, on every rank. Ranks that chose
+// different paths (the communicator picks by size, so only a size mismatch does that: one here,
+// another over UCX) never see each other's call: every allreduce, whichever path it takes, says
+// first which call it is and its size (entered), and a wait that stalls compares them (split).
 // Nobody writes into another process's memory or into a caller's buffer but its own, so a
 // member that dies or is aborted half way through cannot corrupt a survivor's buffers.
 //
@@ -117,6 +118,13 @@ class ShmAllreduce {
   // gave a registered call up (the caller must break the communicator: peer_lost).
   std::string run(const uint8_t* in, uint8_t* out, size_t count, DataType t, bool average,
                   const Idle& idle);
+  // This rank entered the communicator's collective number `seq` (every member counts them
+  // alike), an allreduce of `bytes`, by whichever path. One store.
+  void entered(uint64_t seq, uint64_t bytes);
+  // "" or, when another rank entered the same collective as an allreduce of another size (so
+  // possibly on another path, where neither sees the other's call), what differs.
+  std::string split() const;
+
   // The slice this rank reads registered buffers in (peer_lines(), else the staged path's).
   size_t registered_slice() const;
   // How many calls went the registered path so far.

@@ -196,6 +196,20 @@ void UcxCommunicator::allreduce(const void* in, void* out, size_t count, DataTyp
   auto* buf = static_cast<uint8_t*>(out);
   auto to = m.timeout(options);
   const UcxCommOptions& opt = m.link().options();
+  // (Members that pass different sizes may take different paths: said, not timed out.)
+  struct Watch {
+    ucx::Link& link;
+    ~Watch() { link.stall_check = {}; }
+  } watch{m.link()};
+  if (m.shm) {
+    m.shm->entered(s, bytes);
+    m.link().stall_check = {[](const void* shm) {
+                              const std::string why =
+                                  static_cast<const ShmAllreduce*>(shm)->split();
+                              return why.empty() ? why : "allreduce calls differ: " + why;
+                            },
+                            m.shm.get()};
+  }
   Algorithm a = options.algorithm;
   if (a == Algorithm::automatic) {
     // Shared memory for the smallest calls (whole, through the headers) and from shm_min_bytes

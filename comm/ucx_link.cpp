@@ -223,6 +223,9 @@ void Link::give_up_if_idle(Clock::time_point last_progress, std::chrono::millise
           lost_reason_ = "process " + std::to_string(local_pids_[size_t(r)]) + " is gone";
       }
     }
+    if (stall_check.check)
+      if (std::string why = stall_check.check(stall_check.of); !why.empty())
+        fail(Errc::invalid_input, why, reqs);
   }
   if (now - last_progress > idle)
     fail(Errc::timed_out,

@@ -117,6 +117,15 @@ class Link {
   void shm_idle(uint64_t spins, std::chrono::milliseconds idle);
   void set_oversubscribed(bool v) { oversubscribed_ = v; }
 
+  // While a call is under way, what it can tell of members that called it differently (e.g.
+  // ShmAllreduce::split): asked when a wait has made no progress for kDrainTime; a text ends the
+  // wait with invalid_input (it would end in timed_out). Cleared after the call.
+  struct StallCheck {
+    std::string (*check)(const void* of) = nullptr;
+    const void* of = nullptr;
+  };
+  StallCheck stall_check;
+
   // Group contexts: the next free one (every member of the parent agrees on it, split()).
   uint32_t next_context = 1;
 

@@ -301,6 +301,41 @@ TEST(Collectives, CallsOfDifferentSizesOverUcxFailNamingThem) {
   }
 }
 
+// The same with the automatic choice of path on one host: sizes that send one member through
+// shared memory and the other over UCX (recursive doubling), where neither sees the other's
+// call. Each fails with invalid_input within a moment, one naming both sizes: they waited for
+// their deadline (timed_out, and a job re-formed each generation until its reform limit).
+TEST(Collectives, CallsOfDifferentSizesOnDifferentPathsFailNamingThem) {
+  for (auto [mine, theirs] : {std::pair{size_t(50), size_t(100)}, {size_t(4000), size_t(2000)}}) {
+    std::vector<std::string> errors(2);
+    const auto t0 = std::chrono::steady_clock::now();
+    testing::run_world(2, comm::UcxCommOptions{}, [&](comm::UcxCommunicator& c) {
+      ASSERT_TRUE(c.shared_memory_allreduce()) << c.shared_memory_fallback_reason();
+      comm::CollectiveOptions o;
+      o.timeout = std::chrono::seconds(20);
+      std::vector<float> buf(4000, 1.0f);
+      c.allreduce(buf.data(), buf.data(), 7, DataType::f32, ReduceOp::sum, o);  // (in step)
+      try {
+        c.allreduce(buf.data(), buf.data(), c.rank() == 0 ? mine : theirs, DataType::f32,
+                    ReduceOp::sum, o);
+      } catch (const comm::Error& e) {
+        errors[size_t(c.rank())] = e.what();
+        EXPECT_EQ(e.code(), comm::Errc::invalid_input) << e.what();
+      }
+    });
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+    const std::string both = errors[0] + " | " + errors[1];
+    EXPECT_NE(errors[0], "") << both;
+    EXPECT_NE(errors[1], "") << both;
+    const std::string a = std::to_string(mine * 4), b = std::to_string(theirs * 4);
+    EXPECT_TRUE(both.find("allreduce of " + a + " bytes, this rank of " + b + " bytes") !=
+                    std::string::npos ||
+                both.find("allreduce of " + b + " bytes, this rank of " + a + " bytes") !=
+                    std::string::npos)
+        << both;
+  }
+}
+
 TEST(Collectives, SendrecvNeighboursExchangeLargeMessagesWithoutDeadlock) {
   // Every rank sends 4 MiB (rendezvous, not eager) to the next and receives from the previous at
   // the same time, as pipeline stages exchange activations and gradients; then one-sided halves.
