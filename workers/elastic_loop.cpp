@@ -101,7 +101,7 @@ workers::AgentOptions agent_options(const LoopOptions& o) {
 ElasticLoop::Impl::Impl(const LoopOptions& o, LoopState state)
     : session_(agent_options(o)),
       state_(std::move(state)),
-      failure_timeout_ms_(o.failure_timeout_ms),
+      failure_timeout_ms_(session_.spec().failure_timeout_ms),  // (the job's: every member's)
       shared_bytes_(o.shared_bytes) {
   if (!state_.save || !state_.load) throw std::invalid_argument("LoopState needs save and load");
   if (!session_.error().empty()) throw std::runtime_error(session_.error());
@@ -113,7 +113,10 @@ ElasticLoop::Impl::Impl(const LoopOptions& o, LoopState state)
   want_ = s.first_generation;
   has_state_ = s.init_state;  // (a joiner receives it)
   watcher_ = std::thread([this] { session_.watch(nullptr); });
-  spdlog::info("loop {} joined job '{}' as agent {}", session_.name(), s.job_name, s.agent_id);
+  spdlog::info(
+      "loop {} joined job '{}' as agent {} (its data plane waits {} ms for another "
+      "member's progress, elastic.failure_timeout_ms)",
+      session_.name(), s.job_name, s.agent_id, failure_timeout_ms_);
 }
 
 ElasticLoop::Impl::~Impl() {

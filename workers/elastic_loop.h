@@ -58,7 +58,9 @@ struct LoopOptions {
   std::string token_file;  // the job's token file (RUN_DIR/job.token)
   std::string name;        // in the job's events and logs; default host:pid
   int64_t heartbeat_interval_ms = 200;
-  int64_t failure_timeout_ms = 3000;  // a silent coordinator or member is lost after this
+  // A coordinator not heard from for this long is lost (its heartbeats). The data plane waits
+  // the job's elastic.failure_timeout_ms for another member's progress, as every member does.
+  int64_t failure_timeout_ms = 3000;
   // Room for shared_floats() and shared_doubles(): address space only, the memory is taken as it
   // is written.
   size_t shared_bytes = size_t(1) << 30;

@@ -165,6 +165,9 @@ progress = false
     EXPECT_NE(state, "") << text_of(out);
     // (a clean run warns of nothing: the coordinator's exit after the job's end is no loss)
     EXPECT_EQ(text_of(out).find("[warning]"), std::string::npos) << text_of(out);
+    // (its data plane waits the job's elastic.failure_timeout_ms, 3 s, as every member's: not
+    // the 4 s of its own --failure-timeout-ms, its coordinator's heartbeats)
+    EXPECT_NE(text_of(out).find("its data plane waits 3000 ms"), std::string::npos) << text_of(out);
     run.states.push_back(state);
     run.in_place.push_back(in_place);
   }
