@@ -41,6 +41,9 @@ struct Field {
   size_t option_type = 0;  // Kind::option: the OptionValue alternative (integer, number, ...)
 };
 
+const std::vector<std::string> kModelKinds{"mlp", "gpt", "external"};
+const std::vector<std::string> kDataKinds{"synthetic", "text", "tokens", "external"};
+
 // The built-in kinds and the program's, for model.kind and data.kind.
 std::vector<std::string> kind_names(std::vector<std::string> builtin,
                                     const std::map<std::string, std::vector<OptionKey>>& added) {
@@ -85,7 +88,7 @@ std::vector<Field> builtin_fields(JobConfig& c, const ExtensionKinds& kinds) {
       I("job", "seed", &c.seed, 0, 9e18),
       I("job", "steps", &c.steps, 1, 1e12),
       S("job", "run_dir", &c.run_dir),
-      S("model", "kind", &c.model_kind, kind_names({"mlp", "gpt", "external"}, kinds.models)),
+      S("model", "kind", &c.model_kind, kind_names(kModelKinds, kinds.models)),
       Field{"model", "hidden", Kind::int_array, &c.hidden, 1, 1e7, {}},
       I("model", "inputs", &c.inputs, 1, 1e7),
       I("model", "classes", &c.classes, 2, 1e7),
@@ -95,8 +98,7 @@ std::vector<Field> builtin_fields(JobConfig& c, const ExtensionKinds& kinds) {
       I("model", "context", &c.context, 1, 1e6),
       B("model", "tied_head", &c.tied_head),
       S("model", "dtype", &c.dtype, {"f32", "bf16"}),
-      S("data", "kind", &c.data_kind,
-        kind_names({"synthetic", "text", "tokens", "external"}, kinds.datasets)),
+      S("data", "kind", &c.data_kind, kind_names(kDataKinds, kinds.datasets)),
       S("data", "path", &c.data_path),
       Field{"data", "mix", Kind::weights, &c.data_mix, 0, 1e12, {}},
       S("data", "eval_path", &c.eval_path),
@@ -1218,6 +1220,22 @@ std::string value_text(const Field& f) {
   std::ostringstream out;
   t.get(f.key)->visit([&](const auto& node) { out << node; });
   return out.str();
+}
+
+void check_config(const JobConfig& c, const std::string& source) {
+  // (a program's kinds as the config holds them: their keys and defaults, without the ranges
+  // its models::Extensions give)
+  auto added = [](const std::vector<std::string>& builtin, const std::string& kind,
+                  const std::map<std::string, OptionValue>& defaults) {
+    std::map<std::string, std::vector<OptionKey>> kinds;
+    if (std::find(builtin.begin(), builtin.end(), kind) != builtin.end()) return kinds;
+    auto& keys = kinds[kind];
+    for (const auto& [name, value] : defaults) keys.emplace_back(name, value);
+    return kinds;
+  };
+  const ExtensionKinds kinds{added(kModelKinds, c.model_kind, c.model_defaults),
+                             added(kDataKinds, c.data_kind, c.data_defaults)};
+  parse_config(to_toml(c), source, {}, kinds, /*check_data=*/false);
 }
 
 std::string to_toml(const JobConfig& config) {

@@ -199,6 +199,10 @@ std::string override_key(const std::string& override_text);
 JobConfig parse_config(const std::string& text, const std::string& source,
                        const std::vector<std::string>& overrides = {},
                        const ExtensionKinds& kinds = {}, bool check_data = true);
+// A config built or changed in code (an embedding program's) checked as a file is: throws
+// ConfigError naming the key, e.g. "SOURCE: batch.micro (64) exceeds batch.global (32) ...".
+// Its data files are not read again.
+void check_config(const JobConfig& config, const std::string& source);
 // The effective configuration as TOML (written to the run directory).
 std::string to_toml(const JobConfig& config);
 // The config with its paths (data.path, data.eval_path, data.mix's sets, checkpoint.dir) made

@@ -194,7 +194,10 @@ caf::actor spawn_coordinator(caf::actor_system& system, caf::actor bridge, const
 // A job inside a program's own actor system: its coordinator, listening for agents at
 // `address` (config.listen; port 0 picks one) with the job's token. The run directory must
 // exist. observer: as spawn_coordinator's. Agents join with workers::run_agent
-// (workers/agent.h), in this process or others.
+// (workers/agent.h), in this process or others. The config is checked as a file is (it may
+// have been changed after parse_config; throws ConfigError naming the key); its checkpoints go
+// to checkpoint.dir, by default RUN_DIR/checkpoints; RUN_DIR/config.toml gets the effective
+// config unless the directory has one (troupe export and troupe status read it).
 struct EmbeddedJob {
   caf::actor coordinator, bridge;
   std::string address, job_id, token;

@@ -144,11 +144,26 @@ int main() {
       (std::filesystem::temp_directory_path() / ("troupe-embed-" + std::to_string(getpid())))
           .string();
   std::filesystem::create_directories(run_dir);
-  cfg.checkpoint_dir = run_dir + "/checkpoints";
 
   caf::actor_system_config sys_cfg;
   coordinator::configure_job_system(sys_cfg);
   caf::actor_system system{sys_cfg};
+
+  // A config changed in code is checked as a file is: refused here, nothing started.
+  try {
+    coordinator::JobConfig bigger = cfg;
+    bigger.micro_batch = 64;
+    coordinator::start_embedded_job(system, bigger, run_dir, {});
+    std::printf("embedded job FAILED: batch.micro 64 of 48 was taken\n");
+    return 1;
+  } catch (const coordinator::ConfigError& e) {
+    if (std::string(e.what()).find("batch.micro (64) exceeds batch.global (48)") ==
+        std::string::npos) {
+      std::printf("embedded job FAILED: the refusal does not say why: %s\n", e.what());
+      return 1;
+    }
+  }
+
   auto done = std::make_shared<std::promise<Seen>>();
   auto result = done->get_future();
   coordinator::EmbeddedJob job = coordinator::start_embedded_job(system, cfg, run_dir, {});
@@ -173,15 +188,20 @@ int main() {
   }
   const Seen seen = result.get();
   const auto committed = committed_steps(run_dir);
+  // (its checkpoints in RUN_DIR/checkpoints, by default, and its config where troupe export
+  // reads it)
+  const bool files = std::filesystem::exists(run_dir + "/config.toml") &&
+                     !std::filesystem::is_empty(run_dir + "/checkpoints");
   const bool ok = seen.end == "stopped" && seen.lr_changes >= 1 && seen.checkpoints >= 1 &&
                   seen.drains == 1 && seen.refusals == 1 && seen.steps == committed &&
-                  seen.steps.size() >= 260 && seen.steps.size() < 400;
+                  seen.steps.size() >= 260 && seen.steps.size() < 400 && files;
   std::printf(
       "embedded job %s at step %zu (%s): %d learning-rate change(s), %d checkpoint(s), %d "
-      "drain(s), %d refusal(s); the actor saw %zu steps, the job committed %zu%s\n",
+      "drain(s), %d refusal(s); the actor saw %zu steps, the job committed %zu%s%s\n",
       ok ? "stopped" : "FAILED", seen.steps.size(), seen.end.c_str(), seen.lr_changes,
       seen.checkpoints, seen.drains, seen.refusals, seen.steps.size(), committed.size(),
-      seen.steps == committed ? " (the same, each once)" : " (they differ)");
+      seen.steps == committed ? " (the same, each once)" : " (they differ)",
+      files ? "" : "; no config.toml or checkpoints/ in its run directory");
   if (ok)
     std::filesystem::remove_all(run_dir);
   else
