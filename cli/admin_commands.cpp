@@ -351,6 +351,11 @@ std::string take_over_outlook(const std::string& dir) {
                                           std::to_string(record.committed - 1) + " trained again");
 }
 
+// The steps a run that did not end committed (its last event's "step" is an index, or none).
+int64_t committed_steps(const std::string& dir) {
+  return int64_t(coordinator::read_run_record(coordinator::event_lines(dir)).committed);
+}
+
 // How a run that did not complete goes on: from its run directory (its newest checkpoint there),
 // or from the checkpoint of another run it resumed from, with none of its own.
 std::string resume_command(const std::string& dir, const std::string& resume_from) {
@@ -379,7 +384,7 @@ std::optional<int> status_from_run_dir(const std::string& dir, bool json) {
       {"outcome", finished ? text_field(last, "state", "completed")
                   : failed ? "failed"
                            : "unknown"},
-      {"step", last.contains("steps") ? count_field(last, "steps") : count_field(last, "step")}};
+      {"step", last.contains("steps") ? count_field(last, "steps") : committed_steps(dir)}};
   out["steps"] = count_field(started, "steps");  // (job.steps, as its newest run started)
   if (finished) out["loss"] = coordinator::number_field(last, "loss");
   if (failed) out["reason"] = text_field(last, "reason");

@@ -776,6 +776,18 @@ std::string memory_refusal(coordinator::JobConfig& cfg, const Hooks& hooks) {
   return msg;
 }
 
+// Where the value of one of `keys` came from, for a refusal: the file, a --set of it, or
+// --listen (a value from --listen or a --set was named as the file's).
+std::string origin_of(const std::vector<std::string>& keys, const std::string& path,
+                      const std::vector<std::string>& sets, const std::string& listen) {
+  std::string where = path;
+  for (const std::string& key : keys)
+    for (const std::string& s : sets)
+      if (coordinator::override_key(s) == key) where = "--set " + key;
+  if (!listen.empty() && keys[0] == "cluster.listen") where = "--listen " + listen;
+  return where;
+}
+
 // observability.metrics_listen: the job's metrics and their endpoint (its bound address goes
 // to RUN_DIR/metrics.addr). Nothing when the key is not set; throws std::runtime_error naming the
 // address when it cannot listen.
@@ -905,14 +917,9 @@ int configure_job(const std::string& path, const std::vector<std::string>& sets,
     std::fprintf(stderr, "troupe: %s: %s\n", path.c_str(), why.c_str());
     return 2;
   }
-  // (a value from --listen or a --set is named so, not as the file's)
   auto refused = [&](std::vector<std::string> keys, const std::string& why) {
-    std::string where = path;
-    for (const std::string& key : keys)
-      for (const std::string& s : sets)
-        if (coordinator::override_key(s) == key) where = "--set " + key;
-    if (!listen.empty() && keys[0] == "cluster.listen") where = "--listen " + listen;
-    std::fprintf(stderr, "troupe: %s: %s\n", where.c_str(), why.c_str());
+    std::fprintf(stderr, "troupe: %s: %s\n", origin_of(keys, path, sets, listen).c_str(),
+                 why.c_str());
     return 2;
   };
   if (std::string why = address_clash(cfg); !why.empty())
@@ -965,7 +972,8 @@ int run_job(const std::vector<std::string>& words, bool spawn_agents, const Hook
   try {
     metrics = start_metrics(cfg);
   } catch (const std::runtime_error& e) {
-    std::fprintf(stderr, "troupe: %s: %s\n", path.c_str(), e.what());
+    std::fprintf(stderr, "troupe: %s: %s\n",
+                 origin_of({"observability.metrics_listen"}, path, sets, listen).c_str(), e.what());
     return 2;
   }
   RunDir dir;

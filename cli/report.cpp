@@ -22,6 +22,14 @@ int run_report(const std::vector<std::string>& words) {
   app.add_option("RUN_DIR", dir, "the run directory (a running job's too)")->required();
   app.add_option("-o,--output", out, "the HTML file (default RUN_DIR/report.html)");
   if (auto rc = parse(app, words)) return *rc;
+  // (the run first: a missing one was named as -o's missing directory)
+  coordinator::RunReport report;
+  try {
+    report = coordinator::read_run(dir);
+  } catch (const std::runtime_error& e) {
+    std::fprintf(stderr, "troupe report: %s\n", e.what());
+    return 2;
+  }
   if (out.empty()) out = dir + "/report.html";
   if (std::string why = overwrites_run(dir, dir + "/checkpoints", out); !why.empty()) {
     std::fprintf(stderr, "troupe report: -o %s: %s\n", out.c_str(), why.c_str());
@@ -32,13 +40,6 @@ int run_report(const std::vector<std::string>& words) {
   if (!above.empty() && !std::filesystem::is_directory(above, ec)) {
     std::fprintf(stderr, "troupe report: -o %s: %s is not a directory\n", out.c_str(),
                  above.c_str());
-    return 2;
-  }
-  coordinator::RunReport report;
-  try {
-    report = coordinator::read_run(dir);
-  } catch (const std::runtime_error& e) {
-    std::fprintf(stderr, "troupe report: %s\n", e.what());
     return 2;
   }
   // (Its events end without an end while no process runs it: its coordinator was lost. The

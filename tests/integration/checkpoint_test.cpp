@@ -120,6 +120,9 @@ TEST(Checkpoints, TheWholeJobKilledResumesToAnotherNumberOfSteps) {
                       "steps 40.."),
             std::string::npos)
       << said;
+  // Its step is the steps it committed (it was the last event's index: one fewer, or 0).
+  const std::string json = admin(dir, {"status", "--run-dir", job.run_dir, "--json"}, 1);
+  EXPECT_EQ(json_field(json, "step"), std::to_string(committed_losses(job.run_dir).size())) << json;
   // So does its report (it said "running").
   const std::string report = admin(dir, {"report", job.run_dir, "-o", dir.path() + "/dead.html"});
   EXPECT_NE(report.find("(not running, and it did not finish, "), std::string::npos) << report;

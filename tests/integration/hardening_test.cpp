@@ -195,7 +195,10 @@ TEST(RunDirectory, AnExportOrAReportNeverOverwritesTheRunsOwnFiles) {
             "is the run's own events.jsonl"},
            {{"report", done.run_dir, "-o", dir.path()}, "is a directory"},
            {{"report", done.run_dir, "-o", dir.path() + "/absent/r.html"},
-            "-o " + dir.path() + "/absent/r.html: " + dir.path() + "/absent is not a directory"}}) {
+            "-o " + dir.path() + "/absent/r.html: " + dir.path() + "/absent is not a directory"},
+           // (the run first: it was named as -o's directory)
+           {{"report", dir.path() + "/absent"},
+            dir.path() + "/absent/events.jsonl cannot be read: not a run directory"}}) {
     auto [rc, said] = run_for(dir, args);
     EXPECT_EQ(rc, 2) << said;
     EXPECT_NE(said.find(why), std::string::npos) << said;

@@ -328,7 +328,16 @@ TEST(Job, InputsThatCouldHangOrMisleadAreRefusedBeforeAnythingStarts) {
   ASSERT_GE(busy, 0);
   RunResult in_use = troupe_run(dir, write_config(dir, "busy.toml", kMlp),
                                 {"cluster.listen=\"" + taken + "\""}, 30s);
+  // (the metrics endpoint's too: it was named as the file's)
+  RunResult metrics_in_use = troupe_run(dir, write_config(dir, "busy-metrics.toml", kMlp),
+                                        {"observability.metrics_listen=\"" + taken + "\""}, 30s);
   ::close(busy);
+  EXPECT_EQ(metrics_in_use.exit_code, 2) << metrics_in_use.output;
+  EXPECT_NE(metrics_in_use.output.find("--set observability.metrics_listen: "
+                                       "observability.metrics_listen: cannot listen on " +
+                                       taken),
+            std::string::npos)
+      << metrics_in_use.output;
   EXPECT_EQ(in_use.exit_code, 2) << in_use.output;
   EXPECT_NE(in_use.output.find("--set cluster.listen: cluster.listen = \"" + taken +
                                "\": cannot listen there"),
