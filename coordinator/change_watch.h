@@ -2,7 +2,9 @@
 // from the change's first sign after a commit (a member failed, joined or left; a drain or a
 // scale asked for; a take-over) to the first commit of a newer generation. A join that turns out
 // a standby's (above elastic.max_workers) changes nothing: its member_standby takes the sign
-// back, and the change begins at the next sign, if any. Pure: events in, times out.
+// back, and the change begins at the next sign, if any. Also what training lost: from the last
+// commit before the first sign to that commit (a failure's detection, e.g. a hang's cut after
+// elastic.failure_timeout_ms, included). Pure: events in, times out.
 #pragma once
 
 #include <algorithm>
@@ -17,8 +19,16 @@ namespace troupe::coordinator {
 
 struct ChangeSign {
   double t = 0;
-  std::string what;         // the event, described
-  double join_member = -1;  // the member whose join it is (-1: not a join)
+  std::string what;          // the event, described
+  double join_member = -1;   // the member whose join it is (-1: not a join)
+  double last_commit_t = 0;  // the last commit before it (its own t when none is known)
+};
+
+// A change ended by a commit: its first sign; seconds from that sign to the commit, and from the
+// last commit before the sign (the sign's own time when none is known: a take-over's).
+struct ChangeEnded {
+  ChangeSign sign;
+  double seconds = 0, without_commit_seconds = 0;
 };
 
 class ChangeWatch {
@@ -31,7 +41,7 @@ class ChangeWatch {
     const bool settled = std::any_of(signs_.begin(), signs_.end(),
                                      [](const ChangeSign& s) { return s.join_member < 0; });
     if (settled || (join_member >= 0 && signs_.size() >= kMostSigns)) return;
-    signs_.push_back({t, std::move(what), join_member});
+    signs_.push_back({t, std::move(what), join_member, commits_ > 0 ? last_commit_t_ : t});
   }
   // A line of events.jsonl at t: a sign of a change, a standby's word, or nothing. `member` its
   // "member" field (-1: none); `what` how a change it begins is described.
@@ -49,15 +59,16 @@ class ChangeWatch {
                                 [&](const ChangeSign& s) { return s.join_member == member; }),
                  signs_.end());
   }
-  // A commit of generation `generation` at t: the change it ends (its first sign, and t minus
-  // that sign's time), if one was pending and the generation is newer.
-  std::optional<std::pair<ChangeSign, double>> commit(double t, double generation) {
-    std::optional<std::pair<ChangeSign, double>> ended;
+  // A commit of generation `generation` at t: the change it ends, if one was pending and the
+  // generation is newer.
+  std::optional<ChangeEnded> commit(double t, double generation) {
+    std::optional<ChangeEnded> ended;
     if (!signs_.empty() && generation > last_generation_) {
-      ended = std::make_pair(signs_.front(), t - signs_.front().t);
+      ended = ChangeEnded{signs_.front(), t - signs_.front().t, t - signs_.front().last_commit_t};
       signs_.clear();
     }
     ++commits_;
+    last_commit_t_ = t;
     last_generation_ = generation;
     return ended;
   }
@@ -71,6 +82,7 @@ class ChangeWatch {
   std::vector<ChangeSign> signs_;
   uint64_t commits_ = 0;
   double last_generation_ = 0;
+  double last_commit_t_ = 0;  // the newest commit's time
 };
 
 }  // namespace troupe::coordinator

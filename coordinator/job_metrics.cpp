@@ -73,7 +73,10 @@ void JobMetrics::on_event(const std::string& name, const json& e) {
     world_size_ = number(e, "world_size");
     last_commit_ts_ = ts;
     ++commits_;
-    if (const auto ended = changes_.commit(ts, gen)) recovery_seconds_ = ended->second;
+    if (const auto ended = changes_.commit(ts, gen)) {
+      recovery_seconds_ = ended->seconds;
+      without_commit_seconds_ = ended->without_commit_seconds;
+    }
   } else if (name == "generation_started") {
     ++generations_;
     generation_ = number(e, "generation");
@@ -153,7 +156,7 @@ std::string JobMetrics::exposition() const {
   gauge("job_start_time_seconds", "When the job started (unix seconds).", started_ts_);
   gauge("step", "Committed steps: the next step to run.", step_);
   gauge("steps", "The steps the job runs (job.steps).", steps_);
-  gauge("loss", "The loss of the last committed step.", loss_);
+  gauge("loss", "The loss of the last committed step (NaN: none yet).", loss_);
   gauge("epoch",
         "Epochs of the data set the committed steps drew: samples over its samples an epoch (0: "
         "not known).",
@@ -192,8 +195,13 @@ std::string JobMetrics::exposition() const {
       .sample(standbys_, "state=\"standby\"");
   gauge("paused", "1 while the job waits below elastic.min_workers.", paused_);
   gauge("recovery_seconds",
-        "The last membership change: from its first sign to the next committed step.",
+        "The last membership change: from its first sign (a failure once detected) to the next "
+        "committed step.",
         recovery_seconds_);
+  gauge("recovery_without_commit_seconds",
+        "The last membership change: from the last committed step before its first sign to the "
+        "next (what training lost, a failure's detection included).",
+        without_commit_seconds_);
   counter("failures", "Members and workers lost or failed.", failures_);
   counter("joins", "Agents that joined (the first ones included).", joins_);
   counter("leaves", "Agents that left (drained).", leaves_);

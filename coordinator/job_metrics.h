@@ -40,11 +40,13 @@ class JobMetrics {
   mutable std::mutex mu_;
   std::string job_;
   // gauges
-  double step_ = 0, steps_ = 0, loss_ = 0, samples_per_s_ = 0, tokens_per_s_ = 0;
+  double step_ = 0, steps_ = 0, samples_per_s_ = 0, tokens_per_s_ = 0;
+  double loss_ = std::nan("");  // (none yet: not a loss of 0 on a dashboard)
   double model_tflops_ = 0, mfu_ = std::nan("");
   double epoch_ = 0;
   double step_seconds_ = 0, idle_ = 0, world_size_ = 0, generation_ = 0, data_seconds_ = 0;
   double last_commit_ts_ = 0, recovery_seconds_ = 0, checkpoint_step_ = 0;
+  double without_commit_seconds_ = 0;
   double checkpoint_blocking_ = 0, checkpoint_write_ = 0;
   double eval_loss_ = std::nan(""), eval_step_ = 0;
   double members_ = 0, standbys_ = 0, paused_ = 0, started_ts_ = 0;

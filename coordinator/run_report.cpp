@@ -98,12 +98,13 @@ class EventReader {
     loss_[step] = number_field(e, "loss");  // (a step redone after a rollback: its last commit)
     r_.steps = std::max(r_.steps, step + 1);
     if (const auto ended = changes_.commit(t, gen))
-      r_.changes.push_back({ended->first.t, ended->first.what, ended->second});
+      r_.changes.push_back(
+          {ended->sign.t, ended->sign.what, ended->seconds, ended->without_commit_seconds});
   }
 
   // A change pending at the run's end: a row without a recovery.
   void unrecovered() {
-    if (const ChangeSign* s = changes_.pending()) r_.changes.push_back({s->t, s->what, -1});
+    if (const ChangeSign* s = changes_.pending()) r_.changes.push_back({s->t, s->what, -1, -1});
   }
 
   static std::string describe(const std::string& ev, const json& e) {
@@ -336,12 +337,15 @@ std::vector<Series> per_rank(const std::vector<std::vector<Point>>& v) {
 std::string changes_table(const RunReport& r) {
   std::string s =
       "<h2>Membership changes</h2>\n<table id=\"changes\"><tr><th>at (s)</th>"
-      "<th>first sign</th><th>recovery (s)</th></tr>\n";
+      "<th>first sign</th><th>recovery (s)</th><th>without a commit (s)</th></tr>\n";
+  auto seconds = [](double v) { return v < 0 ? std::string("not yet") : fmt(v); };
   for (const auto& c : r.changes)
-    s += "<tr><td>" + fmt(c.t) + "</td><td>" + esc(c.what) + "</td><td>" +
-         (c.recovery_s < 0 ? std::string("not yet") : fmt(c.recovery_s)) + "</td></tr>\n";
-  if (r.changes.empty()) s += "<tr><td colspan=\"3\">none</td></tr>\n";
-  s += "</table>\n<p class=\"legend\">";
+    s += "<tr><td>" + fmt(c.t) + "</td><td>" + esc(c.what) + "</td><td>" + seconds(c.recovery_s) +
+         "</td><td>" + seconds(c.without_commit_s) + "</td></tr>\n";
+  if (r.changes.empty()) s += "<tr><td colspan=\"4\">none</td></tr>\n";
+  s += "</table>\n<p class=\"legend\">recovery: from the change's first sign (a failure once "
+       "detected) to the next committed step; without a commit: from the last committed step "
+       "before it, the detection included.</p>\n<p class=\"legend\">";
   for (const char* k :
        {"failure", "join", "leave", "rollback", "straggler", "checkpoint", "resume"})
     s += std::string("<span style=\"color:") + mark_color(k) + "\">&#9474; " + k + "</span> ";

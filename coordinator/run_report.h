@@ -39,9 +39,10 @@ struct RunReport {
   };
   std::vector<Mark> marks;
   struct Change {
-    double t = 0;            // seconds since start: its first sign
-    std::string what;        // the event that started it
-    double recovery_s = -1;  // to the next commit of a newer generation; -1: none yet
+    double t = 0;                  // seconds since start: its first sign
+    std::string what;              // the event that started it
+    double recovery_s = -1;        // to the next commit of a newer generation; -1: none yet
+    double without_commit_s = -1;  // from the last commit before it to that one; -1: none yet
   };
   std::vector<Change> changes;
 };

@@ -81,6 +81,8 @@ TEST(JobMetrics, StepsChangesAndCheckpointsBecomeGaugesAndCounters) {
 // Joins before the first commit are the job forming, not a change to recover from.
 TEST(JobMetrics, TheFirstMembersAreNotARecovery) {
   JobMetrics m("j");
+  // (no loss before the first commit: NaN, as eval_loss's; it was 0)
+  EXPECT_TRUE(has("\n" + m.exposition(), "troupe_loss NaN")) << m.exposition();
   m.record({{"ts", 1.0}, {"event", "member_joined"}});
   m.record({{"ts", 9.0}, {"event", "step_committed"}, {"step", 0}, {"generation", 1}});
   EXPECT_TRUE(has("\n" + m.exposition(), "troupe_recovery_seconds 0"));
@@ -95,6 +97,8 @@ TEST(JobMetrics, AStandbysJoinIsNoRecovery) {
   m.record({{"ts", 9.0}, {"event", "drain_requested"}, {"member", 1}});
   m.record({{"ts", 9.5}, {"event", "step_committed"}, {"step", 1}, {"generation", 2}});
   EXPECT_TRUE(has("\n" + m.exposition(), "troupe_recovery_seconds 0.5")) << m.exposition();
+  EXPECT_TRUE(has("\n" + m.exposition(), "troupe_recovery_without_commit_seconds 8.5"))
+      << m.exposition();
 }
 
 // Two standbys' joins change nothing; a failure between a join and its standby word is the
@@ -119,8 +123,10 @@ TEST(ChangeWatch, StandbysJoinsAreTakenBackAndTheNextSignIsTheChange) {
   EXPECT_FALSE(w.commit(8, 1)) << "the old generation's commit ends nothing";
   const auto ended = w.commit(9.5, 2);
   ASSERT_TRUE(ended);
-  EXPECT_EQ(ended->first.what, "member_failed");
-  EXPECT_DOUBLE_EQ(ended->second, 3.5);
+  EXPECT_EQ(ended->sign.what, "member_failed");
+  EXPECT_DOUBLE_EQ(ended->seconds, 3.5);
+  // (training lost from the last commit before the failure, at 4: not the join's at 5)
+  EXPECT_DOUBLE_EQ(ended->without_commit_seconds, 5.5);
   // A join that is no standby's is the change.
   w.sign(10, "member_joined", 5);
   ASSERT_TRUE(w.commit(11, 3));
@@ -140,6 +146,9 @@ TEST(JobMetrics, ATakeOverIsARecovery) {
   m.record({{"ts", 1.5}, {"event", "member_joined"}, {"member", 0}});
   m.record({{"ts", 3.0}, {"event", "step_committed"}, {"step", 7}, {"generation", 5}});
   EXPECT_TRUE(has("\n" + m.exposition(), "troupe_recovery_seconds 2")) << m.exposition();
+  // (the lost coordinator's last commit is not this one's to know: from the take-over)
+  EXPECT_TRUE(has("\n" + m.exposition(), "troupe_recovery_without_commit_seconds 2"))
+      << m.exposition();
 }
 
 }  // namespace

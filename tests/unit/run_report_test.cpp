@@ -66,6 +66,8 @@ TEST(RunReport, EventsAndMetricsBecomeSeriesMarksAndRecoveryTimes) {
   ASSERT_EQ(r.eval_loss.size(), 1u);
   ASSERT_EQ(r.changes.size(), 1u);
   EXPECT_DOUBLE_EQ(r.changes[0].recovery_s, 1.25);  // 103 -> 104.25
+  // (from the last commit before the failure: its detection included)
+  EXPECT_DOUBLE_EQ(r.changes[0].without_commit_s, 2.25);  // 102 -> 104.25
   ASSERT_EQ(r.marks.size(), 2u);
   EXPECT_EQ(r.marks[0].kind, "failure");
   EXPECT_EQ(r.marks[1].kind, "checkpoint");
