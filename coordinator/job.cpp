@@ -301,6 +301,7 @@ class Coordinator : public caf::event_based_actor {
     lr_from_ = rec.lr_from;
     if (!lr_from_.empty()) lr_ = lr_from_.rbegin()->second;
     taking_over_ = true;
+    taken_over_at_ = rec.committed;
     log_.event("coordinator_restarted", Json()
                                             .integer("generation", long(rec.generation))
                                             .integer("step", long(rec.committed))
@@ -366,7 +367,7 @@ class Coordinator : public caf::event_based_actor {
       log_.event("members_adopted",
                  Json()
                      .integer("step", long(g.start_step))
-                     .integer("recovered_steps", long(g.recover_to - g.recover_from)));
+                     .integer("recovered_steps", long(g.start_step - taken_over_at_)));
       tell("adopted the agents that came back: on from step " + std::to_string(g.start_step));
       return;
     }
@@ -1909,6 +1910,7 @@ class Coordinator : public caf::event_based_actor {
   std::map<uint64_t, double> lr_from_;   // step -> optimizer.lr from it on (before: the config's)
   std::vector<caf::actor> subscribers_;  // actors that get every event (subscribe_atom)
   bool taking_over_ = false;             // until the first generation after a take-over
+  uint64_t taken_over_at_ = 0;           // the steps the run had logged when taken over
   Clock::time_point t_start_ = Clock::now();
 };
 

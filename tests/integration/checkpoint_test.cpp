@@ -701,6 +701,11 @@ TEST(Checkpoints, ARestartedCoordinatorAdoptsTheLiveAgentsAndNothingIsRedone) {
   const std::string adopted = wait_event(taken, is("members_adopted"), 0s);
   ASSERT_NE(adopted, "") << "the live agents were not adopted";
   EXPECT_GE(std::stoul(json_field(adopted, "step")), before);
+  // (the steps the lost coordinator had not logged, committed from the agents' reports: it said
+  // 0 whenever they came before the generation formed)
+  EXPECT_EQ(std::stoul(json_field(adopted, "recovered_steps")),
+            std::stoul(json_field(adopted, "step")) - before)
+      << adopted;
   EXPECT_EQ(count_events(taken, "steps_rolled_back"), 0);
   EXPECT_EQ(count_events(taken, "resumed_from_checkpoint"), 0);
   int adopted_agents = 0, launched_after = 0;
