@@ -366,16 +366,43 @@ void AgentSession::leave_at_once() {
   refused_.reset();
 }
 
+// Why the coordinator's link went: its loss, or (this agent itself stopped, SIGSTOP, or starved
+// for longer than elastic.failure_timeout_ms within the last 10 s) the coordinator cutting this
+// silent agent off: said at once (it said the coordinator was lost, and only a rejoin's refusal
+// told otherwise).
+std::string AgentSession::link_lost(const std::string& what, Clock::duration stalled,
+                                    Clock::time_point stalled_at) const {
+  const auto timeout = std::chrono::milliseconds(spec_.failure_timeout_ms);
+  if (stalled <= timeout || Clock::now() - stalled_at > std::chrono::seconds(10))
+    return "the coordinator was lost " + what;
+  char seconds[32];
+  std::snprintf(seconds, sizeof seconds, "%.1f", std::chrono::duration<double>(stalled).count());
+  return "the coordinator's link was cut " + what + " after this agent was itself stopped or " +
+         "starved for " + seconds + " s, longer than elastic.failure_timeout_ms = " +
+         std::to_string(spec_.failure_timeout_ms) + ": the coordinator has likely dropped it";
+}
+
 int AgentSession::watch(actors::SignalWatcher* signals) {
   int seen = 0;
+  Clock::time_point turn = Clock::now(), stalled_at{};  // (this thread's own longest gap, when)
+  Clock::duration stalled{};
   while (!board_->shutting_down()) {
     (*self_)->receive(
         [&](actors::NodeDown& d) {
-          if (d.node == coordinator_.load())
-            lost("the coordinator was lost (" + std::string(comm::errc_name(d.code)) + ": " +
-                 d.reason + ")");
+          if (d.node != coordinator_.load()) return;
+          const auto now = Clock::now();  // (a stall of this very wait counts too)
+          const std::string what =
+              "(" + std::string(comm::errc_name(d.code)) + ": " + d.reason + ")";
+          lost(now - turn > stalled ? link_lost(what, now - turn, now)
+                                    : link_lost(what, stalled, stalled_at));
         },
         caf::after(std::chrono::milliseconds(100)) >> [] {});
+    const auto now = Clock::now();
+    if (now - turn > stalled || now - stalled_at > std::chrono::seconds(10)) {
+      stalled = now - turn;
+      stalled_at = now;
+    }
+    turn = now;
     if (lost_since_ && !board_->shutting_down()) try_rejoin();
     if (!lost_since_ && !board_->shutting_down()) ask_leave_again();
     if (refused_) await_stop();

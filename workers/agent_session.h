@@ -69,6 +69,8 @@ class AgentSession {
 
  private:
   using Clock = std::chrono::steady_clock;
+  std::string link_lost(const std::string& what, Clock::duration stalled,
+                        Clock::time_point stalled_at) const;
   static constexpr size_t kKeptReports = 4096;
   static constexpr size_t kKeptShardReports = 64;
   void on_signal(int sig, bool again);
