@@ -1724,13 +1724,22 @@ class Coordinator : public caf::event_based_actor {
   // restarts spent: a crash that recurs): nothing holds the state and nothing of this job's own
   // comes back, so the job fails now rather than at elastic.rejoin_timeout_ms. (An agent joined
   // by hand, or troupe scale, could still come: the pause does not wait for them.)
+  // So does one whose live agents gave every worker up (worker_max_restarts spent: a fault that
+  // recurs, e.g. the program's model throwing): they never train again (it waited
+  // rejoin_timeout_ms).
   void fail_if_none_can_return() {
-    if (!launcher_ || gave_up_.empty() || job_.phase() != JobPhase::paused) return;
+    if (!launcher_ || job_.phase() != JobPhase::paused) return;
     if (job_.stop_requested()) return;  // (the stop ends it, stopped)
     // (a lost agent whose process may live: ended and restarted once its grace is over)
     const bool ending = std::any_of(slot_news_.begin(), slot_news_.end(),
                                     [](const auto& n) { return n.second == "lost"; });
-    if (roster_.alive() > 0 || starting_agents() > 0 || ending) return;
+    if (starting_agents() > 0 || ending) return;
+    const bool workers_given_up = roster_.alive() > 0 && roster_.usable_workers().empty();
+    if (workers_given_up)
+      return fail("no worker is left: every agent alive gave its workers up (" +
+                  std::string("elastic.worker_max_restarts spent)") +
+                  (last_failure_.empty() ? "" : "; last lost: " + last_failure_));
+    if (gave_up_.empty() || roster_.alive() > 0) return;
     std::string lost = last_failure_;  // (without the give-up's detail again: said first)
     if (const size_t at = lost.find("; " + gave_up_); at != std::string::npos)
       lost.erase(at, gave_up_.size() + 2);

@@ -1418,6 +1418,25 @@ TEST(Job, APauseWaitsForALostAgentTheLauncherWillStartAgain) {
   EXPECT_EQ(WEXITSTATUS(*st), 0) << testing::text_of(job.out);
 }
 
+// Its only agent alive gave its worker up (elastic.worker_max_restarts spent: a fault that
+// recurs): the pause fails the job at once, naming the fault (it waited rejoin_timeout_ms,
+// though nothing of the job's own could train again).
+TEST(Job, APauseWhoseAgentsGaveEveryWorkerUpFailsAtOnce) {
+  testing::TempDir dir;
+  testing::Job job = testing::start_job(
+      dir, "given-up", kMlp, 1,
+      {"job.steps=1000000", "elastic.worker_max_restarts=0", "elastic.rejoin_timeout_ms=120000"},
+      {testing::pace(20000), "TROUPE_TEST_THROW_AGENT=agent-0", "TROUPE_TEST_THROW_AT_STEP=5"});
+  auto st = job.proc->wait(60s);
+  ASSERT_TRUE(st) << "the job waited for workers that never come";
+  EXPECT_EQ(WEXITSTATUS(*st), 1) << testing::text_of(job.out);
+  const std::string end = testing::events_of(job).back();
+  EXPECT_EQ(testing::json_field(end, "event"), "job_failed") << end;
+  EXPECT_NE(end.find("no worker is left: every agent alive gave its workers up"), std::string::npos)
+      << end;
+  EXPECT_NE(end.find("injected fault at step 4"), std::string::npos) << end;
+}
+
 TEST(Job, StatusAndStopAgainstARunningJob) {
   testing::TempDir dir;
   std::string config = write_config(dir, "long.toml", kMlp);
