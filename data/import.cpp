@@ -115,8 +115,7 @@ class Documents {
       if (i > from) {
         if (!open_) writer_.begin_document();
         open_ = true;
-        run_.assign(ids.begin() + long(from), ids.begin() + long(i));
-        writer_.append(run_);
+        writer_.append(ids.data() + from, i - from);
       }
       if (i < ids.size() && open_) writer_.end_document(end_);
       if (i < ids.size()) open_ = false;
@@ -132,7 +131,6 @@ class Documents {
   ShardWriter& writer_;
   const uint32_t end_;
   bool open_ = false;
-  std::vector<uint32_t> run_;
 };
 
 // The file's ids into the stream, each checked against the vocabulary.

@@ -137,8 +137,8 @@ void ShardWriter::put(uint32_t id) {
   }
 }
 
-void ShardWriter::append(const std::vector<uint32_t>& ids) {
-  for (uint32_t id : ids) put(id);
+void ShardWriter::append(const uint32_t* ids, size_t n) {
+  for (size_t i = 0; i < n; ++i) put(ids[i]);
 }
 
 void ShardWriter::end_document(uint32_t end_of_document) { put(end_of_document); }

@@ -63,7 +63,8 @@ class ShardWriter {
   }
   // The same in pieces: begin, any number of appends, end.
   void begin_document();
-  void append(const std::vector<uint32_t>& ids);
+  void append(const std::vector<uint32_t>& ids) { append(ids.data(), ids.size()); }
+  void append(const uint32_t* ids, size_t n);
   void end_document(uint32_t end_of_document);
   // Flushes and closes every file; the shards' (file, tokens, checksum).
   struct Shard {
