@@ -44,6 +44,7 @@
 #include "coordinator/run_record.h"
 #include "data/shards.h"
 #include "data/token_data.h"
+#include "elastic/planner.h"
 #include "models/devices.h"
 #include "models/model.h"
 #include "workers/agent.h"
@@ -694,9 +695,8 @@ std::string budget_refusal(const coordinator::JobConfig& cfg, const models::Mode
     return key + ": the model's " + std::to_string(total) +
            " parameters are one stage's (parallel.pipeline_stages = 1); set "
            "parallel.pipeline_stages = \"auto\" (the planner splits the model) or more stages";
-  int64_t stages = 1;  // the fewest contiguous stages within the budget (greedy is the fewest)
-  for (size_t b = 0, in_stage = 0; b < counts.size(); in_stage += counts[b++])
-    if (in_stage + counts[b] > size_t(budget)) stages += 1, in_stage = 0;
+  const int64_t stages =
+      elastic::fewest_stages(std::vector<uint64_t>(counts.begin(), counts.end()), uint64_t(budget));
   const std::string need = key + ": the model's " + std::to_string(total) +
                            " parameters need at least " + std::to_string(stages) +
                            " pipeline stages";

@@ -40,6 +40,7 @@
 #include "elastic/generation.h"
 #include "elastic/job_phase.h"
 #include "elastic/membership.h"
+#include "elastic/planner.h"
 #include "elastic/scaling.h"
 #include "elastic/stragglers.h"
 
@@ -615,8 +616,15 @@ class Coordinator : public caf::event_based_actor {
     // Nor a job whose every step is committed (a member lost while the last checkpoint was
     // written: the survivors write it again, and pausing for more would fail a finished job).
     const bool ending = job_.stop_requested() || steps_.committed() >= uint64_t(cfg_.steps);
+    // So does "auto" under parallel.max_params_per_worker: the fewest stages within it (a
+    // scale or a loss below them formed a generation that could not plan, and rolled back to
+    // the seed).
     const int64_t least = ending ? 1 : cfg_.min_workers;
-    return uint32_t(std::max<int64_t>({1, least, cfg_.pipeline_stages}));
+    const int64_t stages =
+        cfg_.pipeline_stages > 0
+            ? cfg_.pipeline_stages
+            : elastic::fewest_stages(cfg_.block_params, uint64_t(cfg_.max_params_per_worker));
+    return uint32_t(std::max<int64_t>({1, least, stages}));
   }
 
   // What the membership should be now (elastic::decide_membership), and acting on it: a new
@@ -634,6 +642,8 @@ class Coordinator : public caf::event_based_actor {
                                    std::chrono::milliseconds(cfg_.rejoin_timeout_ms)};
     opt.min_is_stages =
         int64_t(opt.min_workers) == cfg_.pipeline_stages && cfg_.pipeline_stages > cfg_.min_workers;
+    opt.min_is_budget_stages =
+        cfg_.pipeline_stages == 0 && opt.min_workers > cfg_.min_workers && !job_.stop_requested();
     auto d = elastic::decide_membership(Clock::now(), st, opt);
     log_standbys(d.standbys);
     using Kind = elastic::MembershipDecision::Kind;

@@ -21,6 +21,9 @@ namespace {
 
 // The least workers, named by what sets it (a pipeline's stages were said to be min_workers).
 std::string least(const MembershipOptions& o) {
+  if (o.min_is_budget_stages)
+    return "the " + std::to_string(o.min_workers) +
+           " pipeline stages parallel.max_params_per_worker needs (a worker each)";
   return o.min_is_stages
              ? "parallel.pipeline_stages = " + std::to_string(o.min_workers) + " (a worker each)"
              : "elastic.min_workers = " + std::to_string(o.min_workers);

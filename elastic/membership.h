@@ -46,6 +46,9 @@ struct MembershipOptions {
   std::chrono::milliseconds rejoin_timeout{30000};
   bool min_is_stages =
       false;  // min_workers is a fixed pipeline's stages (above elastic.min_workers)
+  // min_workers is the fewest stages of pipeline_stages = "auto" within
+  // parallel.max_params_per_worker (above elastic.min_workers)
+  bool min_is_budget_stages = false;
 };
 
 struct MembershipDecision {

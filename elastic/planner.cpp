@@ -126,6 +126,17 @@ bool finite_nonneg(double v) { return std::isfinite(v) && v >= 0; }
 
 }  // namespace
 
+uint32_t fewest_stages(const std::vector<uint64_t>& block_params, uint64_t budget) {
+  if (budget == 0 || block_params.empty()) return 1;
+  uint32_t stages = 1;
+  uint64_t in_stage = 0;
+  for (uint64_t b : block_params) {
+    if (in_stage > 0 && in_stage + b > budget) stages += 1, in_stage = 0;
+    in_stage += b;
+  }
+  return stages;
+}
+
 Partition partition_blocks(const std::vector<double>& cost, const std::vector<uint64_t>& bytes,
                            uint32_t parts, uint64_t max_bytes) {
   if (cost.size() != bytes.size()) return {};

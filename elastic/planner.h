@@ -104,4 +104,9 @@ struct Partition {
 Partition partition_blocks(const std::vector<double>& cost, const std::vector<uint64_t>& bytes,
                            uint32_t parts, uint64_t max_bytes);
 
+// The fewest contiguous stages whose blocks' parameters each stay within `budget` (greedy is
+// the fewest; 0: no budget, 1): the fewest workers a job of pipeline_stages = "auto" trains on.
+// A block above the budget is a stage of its own (config checking refuses that job).
+uint32_t fewest_stages(const std::vector<uint64_t>& block_params, uint64_t budget);
+
 }  // namespace troupe::elastic

@@ -71,7 +71,8 @@ ScaleDecision decide_scale(uint32_t n, const std::vector<LiveAgent>& agents, con
   if (n < lim.min_workers)
     return invalid(std::to_string(n) +
                    " worker(s) is fewer than the job needs: " + std::to_string(lim.min_workers) +
-                   " (elastic.min_workers, parallel.pipeline_stages)");
+                   " (elastic.min_workers, or a pipeline's stages: parallel.pipeline_stages, "
+                   "parallel.max_params_per_worker)");
   if (lim.max_workers > 0 && n > lim.max_workers)
     return invalid(std::to_string(n) + " worker(s) is more than elastic.max_workers = " +
                    std::to_string(lim.max_workers));

@@ -188,7 +188,14 @@ TEST(Pipeline, AutoLayoutSplitsAModelThatDoesNotFitOneWorker) {
   // Blocks of 4160, 4160, 4160 and 650 parameters; a worker may hold 9000: no worker can hold
   // the model, so "auto" must choose stages (with 4 workers: 2 x 2, each stage within budget).
   Job job = start_job(dir, "auto", kMlp, 4,
-                      {"parallel.pipeline_stages=\"auto\"", "parallel.max_params_per_worker=9000"});
+                      {"parallel.pipeline_stages=\"auto\"", "parallel.max_params_per_worker=9000"},
+                      {pace(10000)});
+  // Fewer workers than the fewest stages within the budget: refused (it was taken, and the
+  // lone worker, unable to plan, rolled the job back to its seed until it failed).
+  wait_steps(job, 5);
+  const std::string said =
+      admin(dir, {"scale", "--run-dir", job.run_dir, "--workers", "1"}, /*expect_rc=*/2);
+  EXPECT_NE(said.find("1 worker(s) is fewer than the job needs: 2"), std::string::npos) << said;
   expect_same_function(job, want, 400, 60);
   auto p = plans(job);
   ASSERT_EQ(p.size(), 1u);

@@ -109,6 +109,12 @@ TEST(Membership, BelowMinWorkersPausesThenFailsAfterTheRejoinTimeout) {
             "longer than elastic.rejoin_timeout_ms = 1000");
   EXPECT_EQ(decide_membership(t0, state({{1}, {2, false}}), stages).reason,
             "1 worker(s) available, parallel.pipeline_stages = 2 (a worker each)");
+  // So are the fewest stages "auto" needs within parallel.max_params_per_worker.
+  MembershipOptions budget{2, 0, 1000ms};
+  budget.min_is_budget_stages = true;
+  EXPECT_EQ(decide_membership(t0, state({{1}, {2, false}}), budget).reason,
+            "1 worker(s) available, the 2 pipeline stages parallel.max_params_per_worker needs (a "
+            "worker each)");
   // A member returns in time: resume with a new generation.
   s.waiting = {9};
   auto r = decide_membership(t0 + 500ms, s, {2, 0, 1000ms});

@@ -134,6 +134,17 @@ TEST(PlannerPartition, CanonicalIsTheLexicographicallyEarliestOptimum) {
   EXPECT_EQ(q.begin, (std::vector<uint32_t>{0, 5, 7}));
 }
 
+// The fewest workers of pipeline_stages = "auto" under parallel.max_params_per_worker (a scale
+// or a loss below them formed a generation that could not plan: the job rolled back to its seed).
+TEST(PlannerPartition, FewestStagesWithinABudget) {
+  EXPECT_EQ(fewest_stages({10, 10, 10, 10}, 0), 1u);   // (no budget)
+  EXPECT_EQ(fewest_stages({10, 10, 10, 10}, 40), 1u);  // (all of it)
+  EXPECT_EQ(fewest_stages({10, 10, 10, 10}, 39), 2u);
+  EXPECT_EQ(fewest_stages({10, 10, 10, 10}, 10), 4u);
+  EXPECT_EQ(fewest_stages({25, 10, 10, 25}, 30), 3u);  // 25 | 10 10 | 25
+  EXPECT_EQ(fewest_stages({}, 30), 1u);                // (the blocks not known yet)
+}
+
 TEST(PlannerPartition, ASingleHeavyBlockBoundsTheOptimum) {
   auto p = partition_blocks({1, 1, 10, 1, 1}, std::vector<uint64_t>(5, 0), 3, 0);
   ASSERT_TRUE(p.ok);
