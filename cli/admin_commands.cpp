@@ -356,18 +356,6 @@ int64_t committed_steps(const std::string& dir) {
   return int64_t(coordinator::read_run_record(coordinator::event_lines(dir)).committed);
 }
 
-// How a run that did not complete goes on: from its run directory (its newest checkpoint there),
-// or from the checkpoint of another run it resumed from, with none of its own.
-std::string resume_command(const std::string& dir, const std::string& resume_from) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const std::string from = fs::path(resume_from).parent_path().string();
-  const std::string own = fs::weakly_canonical(dir, ec).string() + "/";
-  const bool elsewhere =
-      !from.empty() && fs::weakly_canonical(from, ec).string().rfind(own, 0) != 0;
-  return "troupe run " + dir + "/config.toml --resume " + (elsewhere ? from : dir);
-}
-
 // A job no process runs any more (its run directory is not locked): its events say how it
 // ended. nullopt when a job runs there (ask its coordinator).
 std::optional<int> status_from_run_dir(const std::string& dir, bool json) {
@@ -384,7 +372,11 @@ std::optional<int> status_from_run_dir(const std::string& dir, bool json) {
       {"outcome", finished ? text_field(last, "state", "completed")
                   : failed ? "failed"
                            : "unknown"},
-      {"step", last.contains("steps") ? count_field(last, "steps") : committed_steps(dir)}};
+      // (the steps committed: job_finished's steps, job_failed's step; a run that did not end,
+      // from its record: its last event's step, where it has one, is an index or job.steps)
+      {"step", finished ? count_field(last, "steps")
+               : failed ? count_field(last, "step")
+                        : committed_steps(dir)}};
   out["steps"] = count_field(started, "steps");  // (job.steps, as its newest run started)
   if (finished) out["loss"] = coordinator::number_field(last, "loss");
   if (failed) out["reason"] = text_field(last, "reason");
@@ -394,7 +386,7 @@ std::optional<int> status_from_run_dir(const std::string& dir, bool json) {
     if (!text_field(last, key).empty()) out[key] = text_field(last, key);
   // (A run that did not end is taken over; a stopped one goes on from its checkpoint, if any.)
   const bool goes_on = (!finished && !failed) || out.contains("resume_from");
-  if (goes_on) out["resume"] = resume_command(dir, text_field(last, "resume_from"));
+  if (goes_on) out["resume"] = "troupe run " + dir + "/config.toml --resume " + dir;
   if (!finished && !failed) out["take_over"] = take_over_outlook(dir);
   if (json) {
     std::printf("%s\n", out.dump().c_str());

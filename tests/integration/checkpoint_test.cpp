@@ -1493,7 +1493,8 @@ TEST(Checkpoints, APlainStopBeforeTrainingStartsEndsTheJobNow) {
     else
       ASSERT_NE(wait_event(job, is("member_joined"), 60s), "");
     const std::string said = admin(dir, {"stop", "--run-dir", job.run_dir});
-    if (!by_hand) fs::remove(hold);  // (agent-1 joins within the half second before the end)
+    // (agent-1 may join within the half second before the end: no generation starts even so)
+    if (!by_hand) fs::remove(hold);
     const std::string at = other.empty() ? "0" : "3";
     EXPECT_NE(said.find("the job stops now, at step " + at + ": no generation of it had formed"),
               std::string::npos)
@@ -1512,15 +1513,25 @@ TEST(Checkpoints, APlainStopBeforeTrainingStartsEndsTheJobNow) {
         std::string::npos)
         << text_of(job.out);
     if (other.empty()) continue;
-    // It goes on from the other run's checkpoint, and troupe status says how (it said nothing:
-    // this run has none of its own).
+    // It goes on from the other run's checkpoint (it said nothing: this run has none of its
+    // own), and the resume troupe status gives does so (--resume RUN_DIR: "no valid checkpoint").
     EXPECT_EQ(json_field(end, "resume_from"), other + "/manifest.json") << end;
     EXPECT_EQ(json_field(end, "resumable"), "true") << end;
     const std::string status = admin(dir, {"status", "--run-dir", job.run_dir});
     EXPECT_NE(status.find("goes on with: troupe run " + job.run_dir + "/config.toml --resume " +
-                          other + "\n"),
+                          job.run_dir + "\n"),
               std::string::npos)
         << status;
+    Job again = start_job(dir, "early", kGpt, 1, {}, {}, {"--resume", job.run_dir});
+    auto done = again.proc->wait(120s);
+    ASSERT_TRUE(done) << "the resume did not end";
+    EXPECT_EQ(WEXITSTATUS(*done), 0) << text_of(again.out);
+    EXPECT_NE(text_of(again.out).find("it has no checkpoint of its own: it goes on from " + other),
+              std::string::npos)
+        << text_of(again.out);
+    const std::string last = events_of(again).back();
+    EXPECT_EQ(json_field(last, "state"), "completed") << last;
+    EXPECT_EQ(json_field(last, "steps"), "120") << last;
   }
 }
 
