@@ -384,9 +384,12 @@ std::string AgentSession::link_lost(const std::string& what, Clock::duration sta
 
 int AgentSession::watch(actors::SignalWatcher* signals) {
   int seen = 0;
-  Clock::time_point turn = Clock::now(), stalled_at{};  // (this thread's own longest gap, when)
+  // (the longest of its own waits below, and when: 100 ms at most unless the process was
+  // stopped or starved; not the joins and drains it asks for, which may take seconds)
+  Clock::time_point stalled_at{};
   Clock::duration stalled{};
   while (!board_->shutting_down()) {
+    const Clock::time_point turn = Clock::now();
     (*self_)->receive(
         [&](actors::NodeDown& d) {
           if (d.node != coordinator_.load()) return;
@@ -402,7 +405,6 @@ int AgentSession::watch(actors::SignalWatcher* signals) {
       stalled = now - turn;
       stalled_at = now;
     }
-    turn = now;
     if (lost_since_ && !board_->shutting_down()) try_rejoin();
     if (!lost_since_ && !board_->shutting_down()) ask_leave_again();
     if (refused_) await_stop();
