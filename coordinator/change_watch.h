@@ -2,9 +2,11 @@
 // from the change's first sign after a commit (a member failed, joined or left; a drain or a
 // scale asked for; a take-over) to the first commit of a newer generation. A join that turns out
 // a standby's (above elastic.max_workers) changes nothing: its member_standby takes the sign
-// back, and the change begins at the next sign, if any. Also what training lost: from the last
-// commit before the first sign to that commit (a failure's detection, e.g. a hang's cut after
-// elastic.failure_timeout_ms, included). Pure: events in, times out.
+// back, and the change begins at the next sign, if any. Also what training lost: the time
+// without a commit that ends there, from the commit before it (the old generation's last; a
+// failure's detection, e.g. a hang's cut after elastic.failure_timeout_ms, included; across a
+// take-over, the lost coordinator's last, where its events are read). Pure: events in, times
+// out.
 #pragma once
 
 #include <algorithm>
@@ -19,13 +21,12 @@ namespace troupe::coordinator {
 
 struct ChangeSign {
   double t = 0;
-  std::string what;          // the event, described
-  double join_member = -1;   // the member whose join it is (-1: not a join)
-  double last_commit_t = 0;  // the last commit before it (its own t when none is known)
+  std::string what;         // the event, described
+  double join_member = -1;  // the member whose join it is (-1: not a join)
 };
 
 // A change ended by a commit: its first sign; seconds from that sign to the commit, and from the
-// last commit before the sign (the sign's own time when none is known: a take-over's).
+// commit before (the sign's own time when none is known: a take-over's, from its own events).
 struct ChangeEnded {
   ChangeSign sign;
   double seconds = 0, without_commit_seconds = 0;
@@ -41,7 +42,7 @@ class ChangeWatch {
     const bool settled = std::any_of(signs_.begin(), signs_.end(),
                                      [](const ChangeSign& s) { return s.join_member < 0; });
     if (settled || (join_member >= 0 && signs_.size() >= kMostSigns)) return;
-    signs_.push_back({t, std::move(what), join_member, commits_ > 0 ? last_commit_t_ : t});
+    signs_.push_back({t, std::move(what), join_member});
   }
   // A line of events.jsonl at t: a sign of a change, a standby's word, or nothing. `member` its
   // "member" field (-1: none); `what` how a change it begins is described.
@@ -64,10 +65,12 @@ class ChangeWatch {
   std::optional<ChangeEnded> commit(double t, double generation) {
     std::optional<ChangeEnded> ended;
     if (!signs_.empty() && generation > last_generation_) {
-      ended = ChangeEnded{signs_.front(), t - signs_.front().t, t - signs_.front().last_commit_t};
+      const double since = committed_ever_ ? last_commit_t_ : signs_.front().t;
+      ended = ChangeEnded{signs_.front(), t - signs_.front().t, t - since};
       signs_.clear();
     }
     ++commits_;
+    committed_ever_ = true;
     last_commit_t_ = t;
     last_generation_ = generation;
     return ended;
@@ -75,14 +78,22 @@ class ChangeWatch {
   // The pending change's first sign; nullptr when none is pending.
   const ChangeSign* pending() const { return signs_.empty() ? nullptr : &signs_.front(); }
   // A resumed run's start: its generations count from 1 again, its first joins are no change.
-  void restart() { *this = ChangeWatch(); }
+  // (The last commit is kept: a take-over's time without one began before it.)
+  void restart() {
+    const double last = last_commit_t_;
+    const bool ever = committed_ever_;
+    *this = ChangeWatch();
+    last_commit_t_ = last;
+    committed_ever_ = ever;
+  }
 
  private:
   static constexpr size_t kMostSigns = 64;  // (joins awaiting their standby word, bounded)
   std::vector<ChangeSign> signs_;
   uint64_t commits_ = 0;
   double last_generation_ = 0;
-  double last_commit_t_ = 0;  // the newest commit's time
+  double last_commit_t_ = 0;     // the newest commit's time
+  bool committed_ever_ = false;  // (before a restart too)
 };
 
 }  // namespace troupe::coordinator

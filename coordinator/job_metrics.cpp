@@ -199,8 +199,8 @@ std::string JobMetrics::exposition() const {
         "committed step.",
         recovery_seconds_);
   gauge("recovery_without_commit_seconds",
-        "The last membership change: from the last committed step before its first sign to the "
-        "next (what training lost, a failure's detection included).",
+        "The last membership change: the time without a committed step that ended with it "
+        "(what training lost, a failure's detection included).",
         without_commit_seconds_);
   counter("failures", "Members and workers lost or failed.", failures_);
   counter("joins", "Agents that joined (the first ones included).", joins_);

@@ -344,8 +344,8 @@ std::string changes_table(const RunReport& r) {
          "</td><td>" + seconds(c.without_commit_s) + "</td></tr>\n";
   if (r.changes.empty()) s += "<tr><td colspan=\"4\">none</td></tr>\n";
   s += "</table>\n<p class=\"legend\">recovery: from the change's first sign (a failure once "
-       "detected) to the next committed step; without a commit: from the last committed step "
-       "before it, the detection included.</p>\n<p class=\"legend\">";
+       "detected) to the next committed step; without a commit: the time without a committed "
+       "step that ended there, the detection included.</p>\n<p class=\"legend\">";
   for (const char* k :
        {"failure", "join", "leave", "rollback", "straggler", "checkpoint", "resume"})
     s += std::string("<span style=\"color:") + mark_color(k) + "\">&#9474; " + k + "</span> ";

@@ -176,6 +176,8 @@ TEST(RunReport, ATakeOverIsAChangeAndAMark) {
   ASSERT_EQ(r.changes.size(), 1u);
   EXPECT_NE(r.changes[0].what.find("coordinator_restarted"), std::string::npos);
   EXPECT_DOUBLE_EQ(r.changes[0].recovery_s, 2.0);  // 110 -> 112
+  // (without a commit from the lost coordinator's last: its downtime included)
+  EXPECT_DOUBLE_EQ(r.changes[0].without_commit_s, 11.0);  // 101 -> 112
   ASSERT_EQ(r.marks.size(), 1u);
   EXPECT_EQ(r.marks[0].kind, "resume");
 }
