@@ -1226,16 +1226,20 @@ void check_config(const JobConfig& c, const std::string& source) {
   // (a program's kinds as the config holds them: their keys and defaults, without the ranges
   // its models::Extensions give)
   auto added = [](const std::vector<std::string>& builtin, const std::string& kind,
-                  const std::map<std::string, OptionValue>& defaults) {
+                  std::map<std::string, OptionValue> keys,
+                  const std::map<std::string, OptionValue>& values) {
     std::map<std::string, std::vector<OptionKey>> kinds;
     if (std::find(builtin.begin(), builtin.end(), kind) != builtin.end()) return kinds;
-    auto& keys = kinds[kind];
-    for (const auto& [name, value] : defaults) keys.emplace_back(name, value);
+    keys.insert(values.begin(), values.end());  // (keys set in code, not parsed: theirs too)
+    auto& out = kinds[kind];
+    for (const auto& [name, value] : keys) out.emplace_back(name, value);
     return kinds;
   };
-  const ExtensionKinds kinds{added(kModelKinds, c.model_kind, c.model_defaults),
-                             added(kDataKinds, c.data_kind, c.data_defaults)};
-  parse_config(to_toml(c), source, {}, kinds, /*check_data=*/false);
+  const ExtensionKinds kinds{added(kModelKinds, c.model_kind, c.model_defaults, c.model_options),
+                             added(kDataKinds, c.data_kind, c.data_defaults, c.data_options)};
+  const JobConfig checked = parse_config(to_toml(c), source, {}, kinds, /*check_data=*/false);
+  // (as troupe run refuses it for a new run; a resume's is its run's config as it was)
+  if (!checked.inert_key.empty() && c.resume_dir.empty()) throw ConfigError(checked.inert_key);
 }
 
 std::string to_toml(const JobConfig& config) {

@@ -1954,14 +1954,14 @@ namespace {
 // An embedding program's config, as `troupe run` takes a file's: checked (it may have been
 // changed after parse_config), its checkpoints in the run directory's checkpoints/ unless
 // checkpoint.dir says otherwise, and its effective config in RUN_DIR/config.toml (what troupe
-// export and troupe status read), unless one is there.
+// export and troupe status read), unless a job ran there (events.jsonl).
 JobConfig embedded_config(JobConfig c, const std::string& run_dir) {
   namespace fs = std::filesystem;
   check_config(c, "start_embedded_job's config (as TOML)");
   std::error_code ec;
   const std::string own = fs::absolute(run_dir + "/checkpoints", ec).lexically_normal().string();
   if (!c.external() && c.checkpoint_dir.empty()) c.checkpoint_dir = own;
-  if (fs::exists(run_dir + "/config.toml", ec)) return c;
+  if (fs::exists(run_dir + "/events.jsonl", ec)) return c;  // (a job ran there: its own)
   JobConfig effective = with_absolute_paths(c);
   if (effective.checkpoint_dir == own) effective.checkpoint_dir.clear();  // (moves with the run)
   std::ofstream(run_dir + "/config.toml") << to_toml(effective);

@@ -197,7 +197,7 @@ caf::actor spawn_coordinator(caf::actor_system& system, caf::actor bridge, const
 // (workers/agent.h), in this process or others. The config is checked as a file is (it may
 // have been changed after parse_config; throws ConfigError naming the key); its checkpoints go
 // to checkpoint.dir, by default RUN_DIR/checkpoints; RUN_DIR/config.toml gets the effective
-// config unless the directory has one (troupe export and troupe status read it).
+// config unless a job ran there (troupe export and troupe status read it).
 struct EmbeddedJob {
   caf::actor coordinator, bridge;
   std::string address, job_id, token;

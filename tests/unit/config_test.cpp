@@ -540,5 +540,33 @@ TEST(RunDirectoryName, StaysUnderRunsWhateverTheJobsName) {
   EXPECT_EQ(default_run_dir("gpt-small_2.1").rfind("runs/gpt-small_2.1-", 0), 0u);
 }
 
+// A config changed in code (an embedding program's) is checked as a file is: what cannot run is
+// refused naming the key; a program's own kind set in code, with its keys, is taken.
+TEST(Config, ACheckedConfigChangedInCodeIsRefusedAsAFileWouldBe) {
+  const JobConfig parsed = parse_config("[batch]\nglobal = 32\nmicro = 8\n", "t");
+  EXPECT_NO_THROW(check_config(parsed, "mine"));
+  JobConfig micro = parsed;
+  micro.micro_batch = 64;
+  try {
+    check_config(micro, "mine");
+    ADD_FAILURE() << "batch.micro 64 of 32 was taken";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("batch.micro (64) exceeds batch.global (32)"),
+              std::string::npos)
+        << e.what();
+  }
+  JobConfig steps = parsed;
+  steps.steps = 0;
+  EXPECT_THROW(check_config(steps, "mine"), ConfigError);
+  JobConfig inert = parsed;  // (a key that would not act: refused, as for troupe run)
+  inert.momentum = 0.5;
+  inert.optimizer = "adamw";
+  EXPECT_THROW(check_config(inert, "mine"), ConfigError);
+  JobConfig own = parsed;  // (a program's kind and key, set in code after parsing)
+  own.model_kind = "mine";
+  own.model_options["width"] = int64_t(64);
+  EXPECT_NO_THROW(check_config(own, "mine"));
+}
+
 }  // namespace
 }  // namespace troupe::coordinator
