@@ -212,10 +212,9 @@ std::string ShmAllreduce::split() const {
   for (int q = 0; q < n_; ++q) {
     const uint64_t theirs = header(q)->entered.load(std::memory_order_acquire);
     if (q == rank_ || mine == 0 || (theirs ^ mine) >> kEnteredBits || theirs == mine) continue;
-    return "rank " + std::to_string(q) + " called collective " +
-           std::to_string(mine >> kEnteredBits) + " of this generation's communicator as an " +
-           "allreduce of " + std::to_string(theirs & kEnteredBytes) + " bytes, this rank of " +
-           std::to_string(mine & kEnteredBytes) + " bytes";
+    return "rank " + std::to_string(q) + " called this allreduce with " +
+           std::to_string(theirs & kEnteredBytes) + " bytes, this rank with " +
+           std::to_string(mine & kEnteredBytes) + " bytes (their sizes sent them different ways)";
   }
   return "";
 }

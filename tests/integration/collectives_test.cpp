@@ -328,9 +328,9 @@ TEST(Collectives, CallsOfDifferentSizesOnDifferentPathsFailNamingThem) {
     EXPECT_NE(errors[0], "") << both;
     EXPECT_NE(errors[1], "") << both;
     const std::string a = std::to_string(mine * 4), b = std::to_string(theirs * 4);
-    EXPECT_TRUE(both.find("allreduce of " + a + " bytes, this rank of " + b + " bytes") !=
+    EXPECT_TRUE(both.find("allreduce with " + a + " bytes, this rank with " + b + " bytes") !=
                     std::string::npos ||
-                both.find("allreduce of " + b + " bytes, this rank of " + a + " bytes") !=
+                both.find("allreduce with " + b + " bytes, this rank with " + a + " bytes") !=
                     std::string::npos)
         << both;
   }
