@@ -429,6 +429,10 @@ using Places = std::map<std::string, std::string>;
 // A built-in kind's key changed from its default while another kind is chosen would not act
 // (data.samples of a token job, model.hidden of a GPT, optimizer.momentum of AdamW): the message
 // naming it, or "". At their defaults they are not: the effective config writes every key.
+constexpr const char* kPipeline =
+    "a pipeline (parallel.pipeline_stages above 1, or \"auto\" with "
+    "parallel.max_params_per_worker)";
+
 std::string inert_key_of(const JobConfig& c, const std::function<std::string(const char*)>& place) {
   const JobConfig d;
   struct Key {
@@ -465,9 +469,9 @@ std::string inert_key_of(const JobConfig& c, const std::function<std::string(con
       {"optimizer.momentum", c.momentum != d.momentum, c.optimizer == "sgd",
        "optimizer.kind = \"sgd\""},
       {"parallel.recompute_activations", c.recompute_activations != d.recompute_activations,
-       c.pipeline_stages != 1, "a pipeline (parallel.pipeline_stages other than 1)"},
+       c.may_pipeline(), kPipeline},
       {"parallel.stage_backup_steps", c.stage_backup_steps != d.stage_backup_steps,
-       c.pipeline_stages != 1, "a pipeline (parallel.pipeline_stages other than 1)"},
+       c.may_pipeline(), kPipeline},
   };
   for (const Key& k : keys)
     if (k.changed && !k.acts)
@@ -808,7 +812,7 @@ void validate(const JobConfig& c, const std::string& source, const Places& at, b
                       ": elastic.failure_timeout_ms (" + std::to_string(c.failure_timeout_ms) +
                       ") must be larger than elastic.heartbeat_interval_ms (" +
                       std::to_string(c.heartbeat_interval_ms) + ")");
-  if (c.pipeline_stages != 1 && c.tied_head)
+  if (c.may_pipeline() && c.tied_head)
     fail("parallel.pipeline_stages = " +
          (c.pipeline_stages ? std::to_string(c.pipeline_stages) : std::string("\"auto\"")) +
          " needs model.tied_head = false (a tied head would span the first and last stages)");

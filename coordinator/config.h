@@ -159,6 +159,11 @@ struct JobConfig {
   // resume warns (a run's checkpoints name the config as it was).
   std::string inert_key;
   bool builtin_model() const { return model_kind == "mlp" || model_kind == "gpt"; }
+  // A pipeline may be planned: stages above 1, or "auto" under a parameter budget (without one,
+  // "auto" is data parallelism alone).
+  bool may_pipeline() const {
+    return pipeline_stages > 1 || (pipeline_stages == 0 && max_params_per_worker > 0);
+  }
   // model.kind = "external": the members run their own training loop (workers/elastic_loop.h);
   // Troupe keeps the membership, the data positions, the state of joiners and the ledger.
   bool external() const { return model_kind == "external"; }

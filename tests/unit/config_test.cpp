@@ -273,6 +273,10 @@ TEST(Config, AKindsKeySetForAnotherKindIsNamedWithItsPlace) {
       {"",
        {"parallel.stage_backup_steps=5"},
        "parallel.stage_backup_steps acts only with a pipeline"},
+      // ("auto" without a parameter budget is data parallelism alone: they were taken)
+      {"[parallel]\npipeline_stages = \"auto\"\nstage_backup_steps = 5\n",
+       {},
+       "parallel.stage_backup_steps acts only with a pipeline"},
   };
   for (const Case& c : cases) {
     const JobConfig j = parse_config(c.text, "job.toml", c.sets);
@@ -280,6 +284,17 @@ TEST(Config, AKindsKeySetForAnotherKindIsNamedWithItsPlace) {
   }
   EXPECT_EQ(parse_config("[model]\nkind = \"gpt\"\n[data]\nkind = \"text\"\n", "ok.toml").inert_key,
             "");
+  // "auto" under a budget may plan a pipeline: its keys act; without one a tied head is taken
+  // (it was refused though "auto" could only plan one stage).
+  EXPECT_EQ(parse_config("[parallel]\npipeline_stages = \"auto\"\nmax_params_per_worker = "
+                         "100000\nstage_backup_steps = 5\n",
+                         "ok.toml")
+                .inert_key,
+            "");
+  EXPECT_NO_THROW(
+      parse_config("[model]\nkind = \"gpt\"\ntied_head = true\n[data]\nkind = "
+                   "\"text\"\n[parallel]\npipeline_stages = \"auto\"\n",
+                   "ok.toml"));
 }
 
 // elastic.min_workers and max_workers that could not act as documented: named with the key's
