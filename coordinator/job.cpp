@@ -642,8 +642,7 @@ class Coordinator : public caf::event_based_actor {
                                    std::chrono::milliseconds(cfg_.rejoin_timeout_ms)};
     opt.min_is_stages =
         int64_t(opt.min_workers) == cfg_.pipeline_stages && cfg_.pipeline_stages > cfg_.min_workers;
-    opt.min_is_budget_stages =
-        cfg_.pipeline_stages == 0 && opt.min_workers > cfg_.min_workers && !job_.stop_requested();
+    opt.min_is_budget_stages = cfg_.pipeline_stages == 0 && opt.min_workers > cfg_.min_workers;
     auto d = elastic::decide_membership(Clock::now(), st, opt);
     log_standbys(d.standbys);
     using Kind = elastic::MembershipDecision::Kind;
