@@ -278,18 +278,13 @@ std::string missing_resume(const std::string& path, const std::error_code& why) 
   return said;
 }
 
-// The checkpoint of another run that the run in `dir` last resumed from ("" none): a run that
-// wrote none of its own goes on from there (its end said resume_from that one).
-std::string resumed_from_elsewhere(const std::string& dir) {
+// The checkpoint of another run that a run last resumed from (its record's, "" none or its
+// own): a run that wrote none of its own goes on from there (its end said resume_from that one).
+std::string resumed_from_elsewhere(const std::string& dir, const coordinator::RunRecord& record) {
   namespace fs = std::filesystem;
-  std::string from;
-  for (const std::string& line : coordinator::event_lines(dir)) {
-    const auto e = nlohmann::json::parse(line, nullptr, false);
-    if (e.is_object() && coordinator::text_field(e, "event") == "resumed_from_checkpoint")
-      from = coordinator::text_field(e, "checkpoint");
-  }
   std::error_code ec;
   const std::string own = fs::weakly_canonical(dir, ec).string() + "/";
+  const std::string& from = record.resumed_from;
   return from.empty() || fs::weakly_canonical(from, ec).string().rfind(own, 0) == 0 ? "" : from;
 }
 
@@ -355,7 +350,7 @@ std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool l
                    "used (a new run there goes on from one of its checkpoints: --resume "
                    "%s/checkpoints/step-NNNNNNNN)\n",
                    path.c_str(), cfg.run_dir.c_str(), asked.c_str(), path.c_str());
-    if (const std::string from = found || cfg.take_over ? "" : resumed_from_elsewhere(path);
+    if (const std::string from = found || cfg.take_over ? "" : resumed_from_elsewhere(path, record);
         !from.empty()) {  // (none of its own: the one it started from, another run's)
       std::string why;
       found = coordinator::valid_checkpoint(from, hash, &why);

@@ -425,14 +425,14 @@ void apply_override(toml::table& root, const std::string& ov) {
 // Where each key was set ("table.key" -> "file:line:col"), for messages about it.
 using Places = std::map<std::string, std::string>;
 
-// Keys this build accepts but cannot act on: refused, never ignored.
-// A built-in kind's key changed from its default while another kind is chosen would not act
-// (data.samples of a token job, model.hidden of a GPT, optimizer.momentum of AdamW): the message
-// naming it, or "". At their defaults they are not: the effective config writes every key.
 constexpr const char* kPipeline =
     "a pipeline (parallel.pipeline_stages above 1, or \"auto\" with "
     "parallel.max_params_per_worker)";
 
+// Keys this build accepts but cannot act on: refused, never ignored.
+// A built-in kind's key changed from its default while another kind is chosen would not act
+// (data.samples of a token job, model.hidden of a GPT, optimizer.momentum of AdamW): the message
+// naming it, or "". At their defaults they are not: the effective config writes every key.
 std::string inert_key_of(const JobConfig& c, const std::function<std::string(const char*)>& place) {
   const JobConfig d;
   struct Key {

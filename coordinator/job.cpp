@@ -1745,8 +1745,8 @@ class Coordinator : public caf::event_based_actor {
     if (starting_agents() > 0 || ending) return;
     const bool workers_given_up = roster_.alive() > 0 && roster_.usable_workers().empty();
     if (workers_given_up)
-      return fail("no worker is left: every agent alive gave its workers up (" +
-                  std::string("elastic.worker_max_restarts spent)") +
+      return fail(std::string("no worker is left: every agent alive gave its workers up ") +
+                  "(elastic.worker_max_restarts spent)" +
                   (last_failure_.empty() ? "" : "; last lost: " + last_failure_));
     if (gave_up_.empty() || roster_.alive() > 0) return;
     std::string lost = last_failure_;  // (without the give-up's detail again: said first)

@@ -29,7 +29,11 @@ RunRecord read_run_record(const std::vector<std::string>& event_lines) {
     }
     if (event == "step_committed") r.committed = std::max(r.committed, number("step") + 1);
     if (event == "steps_rolled_back") r.committed = number("from");
-    if (event == "resumed_from_checkpoint") r.committed = number("step");
+    if (event == "resumed_from_checkpoint") {
+      r.committed = number("step");
+      if (j.contains("checkpoint") && j["checkpoint"].is_string())
+        r.resumed_from = j["checkpoint"].get<std::string>();
+    }
     if (event == "member_joined" && number("pid") > 0) {
       AgentProcess p{j.contains("host_identity") && j["host_identity"].is_string()
                          ? j["host_identity"].get<std::string>()

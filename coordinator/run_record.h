@@ -39,6 +39,7 @@ struct RunRecord {
   uint64_t world_size = 0;             // ... its size
   uint64_t committed = 0;              // steps committed, after rollbacks
   std::map<uint64_t, double> lr_from;  // lr_changed: from this step, this learning rate
+  std::string resumed_from;            // the checkpoint directory it last went on from ("" none)
   std::vector<AgentProcess> agents;    // every agent that joined since the last run ended, once
 };
 
