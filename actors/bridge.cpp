@@ -445,7 +445,7 @@ class Back : public caf::event_based_actor {
   Back(caf::actor_config& cfg, std::shared_ptr<Shared> shared)
       : caf::event_based_actor(cfg),
         shared_(std::move(shared)),
-        detector_(shared_->config.failure_timeout) {}
+        detector_(shared_->config.failure_timeout, shared_->config.heartbeat_interval) {}
 
   caf::behavior make_behavior() override {
     set_down_handler([this](caf::down_msg& dm) { on_down(dm); });

@@ -2,10 +2,14 @@
 // A watched node that has not been heard from for longer than failure_timeout is expired.
 // Endpoint errors bypass this (the transport reports them at once); this catches hangs:
 // a SIGSTOPped process, a livelocked one, a network that drops packets silently.
+// Silence is counted only while the detector itself runs: a check that comes far later than its
+// interval (this very process stopped, a paused VM, a starved scheduler) heard nobody in between
+// either, so that gap is not the others' silence (a pause of the whole machine drops no one).
 //
 // Thread-safety: none; owned by one actor.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <unordered_map>
@@ -17,10 +21,17 @@ class FailureDetector {
  public:
   using Clock = std::chrono::steady_clock;
 
-  explicit FailureDetector(std::chrono::milliseconds failure_timeout) : timeout_(failure_timeout) {}
+  // interval: how often expire() is called (the heartbeat interval); a gap between two checks
+  // longer than the interval plus half the timeout is the detector's own.
+  explicit FailureDetector(std::chrono::milliseconds failure_timeout,
+                           std::chrono::milliseconds interval = std::chrono::milliseconds(0))
+      : timeout_(failure_timeout), blind_after_(interval + failure_timeout / 2) {}
 
   // Starts watching node as if heard at now (a new node gets a full timeout of grace).
-  void watch(uint64_t node, Clock::time_point now) { last_heard_[node] = now; }
+  void watch(uint64_t node, Clock::time_point now) {
+    last_heard_[node] = now;
+    if (checked_ == Clock::time_point{}) checked_ = now;  // (the first gap is measured from here)
+  }
   // Any sign of life. Ignored for nodes not watched (an expired node stays expired).
   void heard(uint64_t node, Clock::time_point now) {
     auto it = last_heard_.find(node);
@@ -35,6 +46,7 @@ class FailureDetector {
   };
   // Nodes silent for longer than the timeout; they are no longer watched afterwards.
   std::vector<Expired> expire(Clock::time_point now) {
+    forgive_own_gap(now);
     std::vector<Expired> out;
     for (auto it = last_heard_.begin(); it != last_heard_.end();) {
       auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - it->second);
@@ -59,7 +71,18 @@ class FailureDetector {
   std::chrono::milliseconds timeout() const { return timeout_; }
 
  private:
+  // Moves every last-heard time on by the gap since the previous check when it is this
+  // detector's own (never past now): what was silent before it stays counted.
+  void forgive_own_gap(Clock::time_point now) {
+    const Clock::time_point before = checked_;
+    checked_ = std::max(checked_, now);
+    if (before == Clock::time_point{} || now - before <= blind_after_) return;
+    for (auto& [node, at] : last_heard_) at = std::min(now, at + (now - before));
+  }
+
   std::chrono::milliseconds timeout_;
+  std::chrono::milliseconds blind_after_;
+  Clock::time_point checked_{};
   std::unordered_map<uint64_t, Clock::time_point> last_heard_;
 };
 

@@ -133,6 +133,7 @@ Request Link::irecv(void* buf, size_t bytes, uint64_t tag) {
 void Link::wait(std::vector<Request>& reqs, size_t from, size_t to,
                 std::chrono::milliseconds idle_timeout) {
   auto last_progress = Clock::now();
+  idle_checked_ = last_progress;
   unsigned idle = 0;
   while (true) {
     bool all = true;
@@ -210,10 +211,16 @@ void Link::give_up_if_failed(std::vector<Request>& reqs) {
 }
 
 // After no progress since last_progress: a co-located member whose process is gone becomes the
-// lost member (give_up_if_failed reports it); past the idle timeout, timed_out.
-void Link::give_up_if_idle(Clock::time_point last_progress, std::chrono::milliseconds idle,
+// lost member (give_up_if_failed reports it); past the idle timeout, timed_out. A gap since the
+// previous check longer than half the timeout is this process's own (stopped, a paused VM,
+// starved): it saw nothing either, so last_progress moves on by it (a pause of the whole machine
+// fails no collective); the others' silence is counted while it runs.
+void Link::give_up_if_idle(Clock::time_point& last_progress, std::chrono::milliseconds idle,
                            std::vector<Request>& reqs) {
   auto now = Clock::now();
+  if (now - idle_checked_ > idle / 2)
+    last_progress = std::min(now, last_progress + (now - idle_checked_));
+  idle_checked_ = now;
   if (now - last_progress > kDrainTime && now - last_liveness_check_ > kDrainTime) {
     last_liveness_check_ = now;
     for (int r = 0; r < int(local_pids_.size()); ++r) {
@@ -237,7 +244,7 @@ void Link::give_up_if_idle(Clock::time_point last_progress, std::chrono::millise
 void Link::shm_idle(uint64_t spins, std::chrono::milliseconds idle) {
   std::vector<Request> none;
   if (aborted_.load()) fail(Errc::aborted, "the communicator was aborted", none);
-  if (spins <= 32) shm_wait_start_ = Clock::now();
+  if (spins <= 32) shm_wait_start_ = idle_checked_ = Clock::now();
   if (spins % 256 == 0) {
     ucp_worker_progress(worker_.get());
     give_up_if_idle(shm_wait_start_, idle, none);

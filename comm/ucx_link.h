@@ -144,7 +144,7 @@ class Link {
   void send_notices(Errc code);
   [[noreturn]] void fail_from_notice(std::vector<Request>& reqs);
   void give_up_if_failed(std::vector<Request>& reqs);
-  void give_up_if_idle(Clock::time_point last_progress, std::chrono::milliseconds idle,
+  void give_up_if_idle(Clock::time_point& last_progress, std::chrono::milliseconds idle,
                        std::vector<Request>& reqs);
 
   uint64_t gen_;
@@ -162,6 +162,7 @@ class Link {
   std::optional<Error> broken_;
   bool oversubscribed_ = false;
   Clock::time_point shm_wait_start_{};
+  Clock::time_point idle_checked_{};  // a wait's last check (give_up_if_idle)
   // A failure notice from another member: the first member that fails tells the others why, so
   // a stopped member shows up as timed_out everywhere, not as the teardown that follows.
   Notice notice_in_{}, notice_out_{};

@@ -166,6 +166,35 @@ TEST(CommProcesses, RingSigstopOfOneOfFourFailsEverySurvivorWithTimedOutThenThre
   failure_scenario(SIGSTOP, "timed_out", 2000ms, "ring");
 }
 
+// A pause of every member (a paused VM, the whole job stopped) is no member's silence: a wait
+// counts the others' silence only while its own process runs. Rank 1 stopped first (rank 0 waits
+// for it 300 ms), then rank 0 too, for 3 s past the 1 s timeout; rank 0 woken 100 ms before rank
+// 1: it saw 400 ms of silence, and nothing fails (it failed with timed_out at once).
+void pause_of_every_member(const char* algorithm) {
+  Ranks ranks(2, {"--mode", "loop", "--count", std::to_string(1 << 20), "--timeout-ms", "1000",
+                  "--algorithm", algorithm});
+  for (auto& p : ranks.procs) ASSERT_TRUE(p->wait_for_line("iter 2", 60s));
+  ASSERT_TRUE(ranks.procs[1]->signal(SIGSTOP));
+  std::this_thread::sleep_for(300ms);
+  ASSERT_TRUE(ranks.procs[0]->signal(SIGSTOP));
+  std::this_thread::sleep_for(3s);
+  ASSERT_TRUE(ranks.procs[0]->signal(SIGCONT));
+  std::this_thread::sleep_for(100ms);
+  ASSERT_TRUE(ranks.procs[1]->signal(SIGCONT));
+  // (both ranks' lines read in turn: a rank whose output is not read blocks in its write)
+  for (int turn = 0; turn < 30; ++turn) {
+    auto error = ranks.procs[turn % 2]->wait_for_line("error", 100ms);
+    ASSERT_FALSE(error) << "rank " << turn % 2 << ": " << *error;
+  }
+  for (auto& p : ranks.procs) EXPECT_TRUE(p->wait_for_line("iter", 10s)) << "it did not go on";
+}
+
+TEST(CommProcesses, APauseOfEveryMemberFailsNoSharedMemoryAllreduce) {
+  pause_of_every_member("shm");
+}
+
+TEST(CommProcesses, APauseOfEveryMemberFailsNoRingAllreduce) { pause_of_every_member("ring"); }
+
 // The other calls fail the same way: broadcast, allgather, sendrecv between neighbours, and the
 // shared-memory allreduce's small path (16 floats: one step through the header's small area).
 struct Call {

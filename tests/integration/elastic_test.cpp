@@ -127,6 +127,30 @@ TEST(Elastic, AStoppedAgentIsEndedAndStartedAgainByItsLauncher) {
   EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
 }
 
+// A pause of the whole job longer than the failure timeout (every process stopped: a paused VM,
+// a swap storm) drops no one: the coordinator, the agents and the workers' collectives count the
+// others' silence only while they run themselves. (The coordinator dropped both agents, and the
+// job rolled back to its checkpoint.)
+TEST(Elastic, APauseOfTheWholeJobDropsNoOne) {
+  TempDir dir;
+  Job job = start(dir, "paused", 2, {"job.steps=100000", "elastic.failure_timeout_ms=1500"},
+                  {pace(20000)});
+  wait_steps(job, 5);
+  std::vector<int> pids = joined_pids(job);
+  ASSERT_EQ(pids.size(), 2u);
+  pids.insert(pids.begin(), job.proc->pid());
+  for (int pid : pids) ASSERT_EQ(::kill(pid, SIGSTOP), 0);
+  std::this_thread::sleep_for(4s);
+  for (int pid : pids) ASSERT_EQ(::kill(pid, SIGCONT), 0);
+  wait_steps(job, committed_losses(job.run_dir).size() + 10);
+  EXPECT_EQ(count_events(job, "member_failed"), 0);
+  EXPECT_EQ(count_events(job, "generation_started"), 1);
+  admin(dir, {"stop", "--run-dir", job.run_dir});
+  auto st = job.proc->wait(60s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
+}
+
 // An agent started by hand (no launcher of its own here), stopped: the job goes on without it;
 // woken, it finds its link cut (the transport fenced the node: ControlPlane's SIGSTOP test shows
 // a rejoin under it refused) and exits, saying so, without disturbing the new generation.

@@ -63,6 +63,40 @@ TEST(FailureDetector, OutOfOrderTimesNeverMoveLastHeardBackwards) {
   EXPECT_TRUE(d.expire(t0 + 800ms).empty());
 }
 
+// The detector's process stopped for 4 s (a paused VM, SIGSTOP, a starved scheduler) heard no
+// one either: the nodes are not expired for that gap; the silence before it stays counted.
+TEST(FailureDetector, ItsOwnGapIsNotTheOthersSilence) {
+  FailureDetector d(1000ms, 100ms);
+  const Clock::time_point t0 = Clock::time_point{} + 1h;
+  d.watch(1, t0);
+  d.watch(2, t0);
+  for (auto t = t0; t <= t0 + 800ms; t += 100ms) {
+    d.heard(1, t);
+    EXPECT_TRUE(d.expire(t).empty());
+  }
+  const auto woken = t0 + 4800ms;
+  EXPECT_TRUE(d.expire(woken).empty()) << "expired for the detector's own gap";
+  EXPECT_TRUE(d.watching(1) && d.watching(2));
+  // Node 2 was silent 800 ms before the gap: 201 ms more and it is gone; node 1 is not.
+  auto gone = d.expire(woken + 201ms);
+  ASSERT_EQ(gone.size(), 1u);
+  EXPECT_EQ(gone[0].node, 2u);
+  EXPECT_EQ(gone[0].silent_for, 1001ms);
+  for (auto t = woken + 300ms; t <= woken + 900ms; t += 100ms) EXPECT_TRUE(d.expire(t).empty());
+  EXPECT_EQ(d.expire(woken + 1001ms).size(), 1u);
+}
+
+// Checks as far apart as the interval (a slow heartbeat) are the detector's own pace, not a gap.
+TEST(FailureDetector, ChecksAtItsIntervalForgiveNothing) {
+  FailureDetector d(1500ms, 1000ms);
+  const Clock::time_point t0 = Clock::time_point{} + 1h;
+  d.watch(1, t0);
+  EXPECT_TRUE(d.expire(t0 + 1000ms).empty());
+  auto gone = d.expire(t0 + 2000ms);
+  ASSERT_EQ(gone.size(), 1u);
+  EXPECT_EQ(gone[0].silent_for, 2000ms);
+}
+
 TEST(FailureDetector, SilencesSayHowLongEachWatchedNodeHasBeenQuiet) {
   FailureDetector d(500ms);
   Clock::time_point t0{};
