@@ -53,6 +53,7 @@ struct Gate::Impl {
 
   void loop();
   void accept_all();
+  SockAddr inner_for(int client) const;
   bool on_client_readable(Relay& r);  // false: cut it
   bool take_client_bytes(Relay& r, const char* data, size_t n);
   bool flush(int fd, std::string& out);
@@ -123,6 +124,23 @@ void Gate::Impl::cut(std::list<Relay>::iterator it) {
   relays.erase(it);
 }
 
+// UCX's listener at the address the client reached (of the interface it came in on): UCX answers
+// with that interface's transport addresses. With a wildcard listen (0.0.0.0) a relay to
+// 0.0.0.0 arrived over loopback, and UCX offered a client on another host loopback's addresses
+// ("failed to connect to remote address on device lo": unreachable).
+SockAddr Gate::Impl::inner_for(int client) const {
+  SockAddr to = inner;
+  sockaddr_in local{};
+  socklen_t len = sizeof local;
+  if (::getsockname(client, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
+      local.sin_family == AF_INET) {
+    local.sin_port = reinterpret_cast<const sockaddr_in*>(&inner.storage)->sin_port;
+    std::memcpy(&to.storage, &local, sizeof local);
+    to.length = sizeof local;
+  }
+  return to;
+}
+
 void Gate::Impl::accept_all() {
   while (true) {
     const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -139,8 +157,9 @@ void Gate::Impl::accept_all() {
     const int one = 1;
     ::setsockopt(r.inner, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    const SockAddr to = inner_for(fd);
     if (r.inner < 0 ||
-        (::connect(r.inner, reinterpret_cast<const sockaddr*>(&inner.storage), inner.length) != 0 &&
+        (::connect(r.inner, reinterpret_cast<const sockaddr*>(&to.storage), to.length) != 0 &&
          errno != EINPROGRESS)) {
       close_fd(r.inner);
       ::close(fd);

@@ -163,7 +163,7 @@ struct Transport::Impl {
       ucp_listener_conn_handler_t conn{&Impl::conn_callback, this};
       listener = std::make_unique<UcxListener>(worker, options.listen_host, 0, conn);
       gate = std::make_unique<Gate>(options.listen_host, options.listen_port, listener->port());
-      address = options.listen_host + ":" + std::to_string(gate->port());
+      address = advertised_host(options.listen_host) + ":" + std::to_string(gate->port());
     }
     ucx_fd = worker.event_fd();
     wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

@@ -1,6 +1,8 @@
 #include "comm/ucx.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 
 #include <cstring>
@@ -97,6 +99,26 @@ SockAddr resolve(const std::string& host, uint16_t port) {
   freeaddrinfo(result);
   reinterpret_cast<sockaddr_in*>(&out.storage)->sin_port = htons(port);
   return out;
+}
+
+std::string advertised_host(const std::string& listen_host) {
+  if (listen_host != "0.0.0.0") return listen_host;
+  ifaddrs* all = nullptr;
+  std::string found = "127.0.0.1";
+  if (::getifaddrs(&all) != 0) return found;
+  for (const ifaddrs* i = all; i; i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP) ||
+        (i->ifa_flags & IFF_LOOPBACK))
+      continue;
+    char text[INET_ADDRSTRLEN] = {};
+    const auto* in = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
+    if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text)) {
+      found = text;
+      break;
+    }
+  }
+  ::freeifaddrs(all);
+  return found;
 }
 
 std::pair<std::string, uint16_t> split_host_port(const std::string& host_port) {

@@ -89,5 +89,8 @@ struct SockAddr {
   socklen_t length = 0;
 };
 SockAddr resolve(const std::string& host, uint16_t port);
+// The host others reach a listener on listen_host by: itself, or for the wildcard 0.0.0.0 the
+// first IPv4 address of an interface that is up and not loopback (127.0.0.1 when there is none).
+std::string advertised_host(const std::string& listen_host);
 
 }  // namespace troupe::comm

@@ -17,6 +17,7 @@ packages=(
   libcpp-httplib-dev   # the coordinator's metrics endpoint (observability.metrics_listen)
   prometheus   # a test scrapes a running job with a real Prometheus; promtool checks the output
   chromium-headless-shell   # a test renders `troupe report`'s HTML in a real browser
+  iproute2   # a test joins a coordinator through a veth pair in a network namespace of its own
 )
 if [[ "${1:-}" == "--peers" ]]; then
   # sentencepiece and linux-source-6.1 (a 170 MB text corpus): bench/compare_data.sh

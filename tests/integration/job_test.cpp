@@ -1287,6 +1287,54 @@ TEST(Job, CoordinatorAndAgentsStartedByHand) {
   EXPECT_NE(said_by(1).find("can be read by others (mode 644)"), std::string::npos) << said_by(1);
 }
 
+// A coordinator listening on every interface (0.0.0.0) is joined through another host's view of
+// it: an interface that is not loopback (a veth pair in a network namespace of the test's own,
+// with its own /sys for UCX to find it). It advertises that address, not 0.0.0.0, and the agent
+// joins. (UCX was handed the connection over loopback and offered the joiner loopback's
+// addresses: "Operation rejected by remote peer", exit 1.)
+TEST(Job, ACoordinatorOnEveryInterfaceIsJoinedThroughOneThatIsNotLoopback) {
+  testing::TempDir dir;
+  const std::string config = write_config(dir, "mlp.toml", kMlp), d = dir.path();
+  const std::string t = testing::troupe_binary(), out = d + "/netns.out";
+  const std::string script =
+      "mount -t sysfs sysfs /sys && ip link set lo up && "
+      "ip link add v0 type veth peer name v1 && ip addr add 10.200.0.1/24 dev v0 && "
+      "ip link set v1 up && ip link set v0 up || exit 77\n"
+      "timeout 120 '" +
+      t + "' coordinator '" + config +
+      "' --listen 0.0.0.0:0 --set "
+      "'job.run_dir=\"" +
+      d + "/run\"' --set cluster.agents=1 > '" + d +
+      "/coord.out' 2>&1 &\n"
+      "c=$!; i=0\n"
+      "while [ ! -s '" +
+      d +
+      "/run/coordinator.addr' ] && [ $i -lt 300 ]; do sleep 0.1; "
+      "i=$((i+1)); done\n"
+      "addr=$(cat '" +
+      d +
+      "/run/coordinator.addr'); echo \"advertised $addr\"\n"
+      "timeout 120 '" +
+      t + "' agent --join \"10.200.0.1:${addr##*:}\" --token-file '" + d + "/run/job.token' > '" +
+      d +
+      "/agent.out' 2>&1\n"
+      "a=$?; echo \"agent $a\"; [ $a -eq 0 ] || kill $c\n"
+      "wait $c; echo \"coordinator $?\"\n";
+  coordinator::ChildProcess p(
+      {{"/usr/bin/unshare", "-n", "-m", "/bin/sh", "-c", script}, out, out, {}});
+  auto st = p.wait(200s);
+  ASSERT_TRUE(st && WIFEXITED(*st)) << "the script did not end";
+  const std::string said = testing::text_of(out);
+  if (WEXITSTATUS(*st) == 77 || said.find("unshare") == 0)
+    GTEST_SKIP() << "no network namespace with a veth pair here (needs CAP_SYS_ADMIN): " << said;
+  EXPECT_NE(said.find("advertised 10.200.0.1:"), std::string::npos) << said;
+  EXPECT_NE(said.find("agent 0\n"), std::string::npos)
+      << said << testing::text_of(d + "/agent.out");
+  EXPECT_NE(said.find("coordinator 0\n"), std::string::npos)
+      << said << testing::text_of(d + "/coord.out");
+  EXPECT_EQ(testing::committed_losses(d + "/run").size(), 30u);
+}
+
 // An agent started by hand and lost before the first generation leaves the job, which goes on
 // waiting for enough workers (elastic.start_timeout_ms): two others join and it trains to the end.
 TEST(Job, AHandStartedAgentLostBeforeTheStartLeavesAndOthersStartTheJob) {
