@@ -445,11 +445,12 @@ class Back : public caf::event_based_actor {
   Back(caf::actor_config& cfg, std::shared_ptr<Shared> shared)
       : caf::event_based_actor(cfg),
         shared_(std::move(shared)),
-        detector_(shared_->config.failure_timeout, shared_->config.heartbeat_interval) {}
+        heartbeat_interval_(shared_->config.heartbeat_interval),
+        detector_(shared_->config.failure_timeout, heartbeat_interval_) {}
 
   caf::behavior make_behavior() override {
     set_down_handler([this](caf::down_msg& dm) { on_down(dm); });
-    delayed_send(this, shared_->config.heartbeat_interval, tick_atom::value);
+    delayed_send(this, heartbeat_interval_, tick_atom::value);
     return {
         [this](info_atom) -> caf::result<uint64_t, std::string> {
           auto t = shared_->transport();
@@ -531,7 +532,11 @@ class Back : public caf::event_based_actor {
         [this](inbound_atom, ControlMessage& msg) { on_inbound(msg); },
         [this](tick_atom) {
           on_tick();
-          delayed_send(this, shared_->config.heartbeat_interval, tick_atom::value);
+          delayed_send(this, heartbeat_interval_, tick_atom::value);
+        },
+        [this](timing_atom, uint32_t heartbeat_ms, uint32_t failure_ms) {
+          heartbeat_interval_ = std::chrono::milliseconds(heartbeat_ms);
+          detector_.retime(std::chrono::milliseconds(failure_ms), heartbeat_interval_);
         },
     };
   }
@@ -577,7 +582,7 @@ class Back : public caf::event_based_actor {
     for (auto& exp : detector_.expire(now)) {
       std::string reason = "missed heartbeats: silent for " +
                            std::to_string(exp.silent_for.count()) + " ms (failure timeout " +
-                           std::to_string(shared_->config.failure_timeout.count()) + " ms)";
+                           std::to_string(detector_.timeout().count()) + " ms)";
       t->disconnect(exp.node, comm::Errc::timed_out, reason, /*fence=*/true);
     }
     shared_->sweep(now);
@@ -634,6 +639,7 @@ class Back : public caf::event_based_actor {
   }
 
   std::shared_ptr<Shared> shared_;
+  std::chrono::milliseconds heartbeat_interval_;
   FailureDetector detector_;
   std::unordered_map<uint64_t, caf::typed_response_promise<uint64_t>> connects_;
   std::unordered_map<uint64_t, std::vector<caf::actor>> watchers_;

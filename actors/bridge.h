@@ -16,6 +16,8 @@
 //     reported lost (timed_out, the reason) as one silent past the failure timeout
 //   - silence:   (silence_atom) -> std::vector<uint64> {node, milliseconds since last heard, ...}
 //                for every node the failure detector watches
+//   - timing:    (timing_atom, uint32 heartbeat_ms, uint32 failure_ms) heartbeats and the
+//                failure timeout from now on (an agent takes its job's once it has joined)
 //
 // A registered actor receives one-way messages as ControlMessage and requests as a CAF request
 // whose reply (a ControlMessage) the bridge sends back. Messages to this node's own actors are

@@ -69,6 +69,11 @@ class FailureDetector {
   }
 
   std::chrono::milliseconds timeout() const { return timeout_; }
+  // Another timeout and interval from now on (the nodes watched stay, with their last-heard times).
+  void retime(std::chrono::milliseconds failure_timeout, std::chrono::milliseconds interval) {
+    timeout_ = failure_timeout;
+    blind_after_ = interval + failure_timeout / 2;
+  }
 
  private:
   // Moves every last-heard time on by the gap since the previous check when it is this

@@ -205,6 +205,7 @@ ControlMessage encode(const JobSpec& m) {
     s.setLogLevel(m.log_level);
     s.setTraceLast(m.trace_last);
     s.setFailureTimeoutMs(m.failure_timeout_ms);
+    s.setHeartbeatIntervalMs(m.heartbeat_interval_ms);
     s.setWorkerMaxRestarts(m.worker_max_restarts);
     s.setWorkerRestartWindowMs(m.worker_restart_window_ms);
     s.setRejoinTimeoutMs(m.rejoin_timeout_ms);
@@ -268,6 +269,7 @@ JobSpec decode(proto::JobSpec::Reader s) {
   m.log_level = s.getLogLevel();
   m.trace_last = s.getTraceLast();
   m.failure_timeout_ms = s.getFailureTimeoutMs();
+  m.heartbeat_interval_ms = s.getHeartbeatIntervalMs();
   m.worker_max_restarts = s.getWorkerMaxRestarts();
   m.worker_restart_window_ms = s.getWorkerRestartWindowMs();
   m.rejoin_timeout_ms = s.getRejoinTimeoutMs();

@@ -109,6 +109,7 @@ struct JobSpec {
   uint64_t resume_step = 0;
   // [elastic]
   int64_t failure_timeout_ms = 3000;
+  int64_t heartbeat_interval_ms = 0;  // (0: the agent's own, from an older coordinator)
   int64_t worker_max_restarts = 3, worker_restart_window_ms = 60000;
   int64_t rejoin_timeout_ms = 0;  // how long its agents wait for a lost coordinator to come back
   // Its workers start from the seed or the checkpoint (the first generation's); else they receive

@@ -55,6 +55,7 @@ using stats_atom = caf::atom_constant<caf::atom("stats")>;
 using generation_atom = caf::atom_constant<caf::atom("gen")>;
 using disconnect_atom = caf::atom_constant<caf::atom("disconn")>;
 using silence_atom = caf::atom_constant<caf::atom("silence")>;
+using timing_atom = caf::atom_constant<caf::atom("timing")>;
 
 // Errors of the control plane: CAF errors of category atom("troupe") whose code is a comm::Errc
 // (the one vocabulary, comm/error.h) and whose context is the message. A request answers one

@@ -1114,9 +1114,13 @@ int run_agent_command(const std::vector<std::string>& words, const Hooks& hooks)
       "the devices it offers, e.g. cpu:0,cpu:1 or cuda:0,cuda:1 (default: one worker per "
       "visible GPU, CUDA_VISIBLE_DEVICES respected, else cpu:0)");
   app.add_option("--name", o.name, "its name in logs and events (default host:pid)");
-  app.add_option("--heartbeat-interval-ms", heartbeat_ms, "control-plane heartbeats")
+  app.add_option("--heartbeat-interval-ms", heartbeat_ms,
+                 "control-plane heartbeats (default: the job's elastic.heartbeat_interval_ms "
+                 "once joined, 200 until then)")
       ->check(number_in(1, 600000));
-  app.add_option("--failure-timeout-ms", failure_ms, "a silent peer is lost after this")
+  app.add_option("--failure-timeout-ms", failure_ms,
+                 "a silent coordinator is lost after this (default: the job's "
+                 "elastic.failure_timeout_ms once joined, 3000 until then)")
       ->check(number_in(1, 3600000));
   if (auto rc = parse(app, words)) return *rc;
   if (!address_to_reach(o.join)) {  // (it was "cannot reach", exit 1, after a start)
@@ -1142,6 +1146,7 @@ int run_agent_command(const std::vector<std::string>& words, const Hooks& hooks)
   o.extensions = hooks.extensions;
   o.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
   o.failure_timeout = std::chrono::milliseconds(failure_ms);
+  o.own_timing = app.count("--heartbeat-interval-ms") + app.count("--failure-timeout-ms") > 0;
   spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [job " + o.job_id + "] [" +
                       (o.name.empty() ? "agent" : o.name) + "] [%l] %v");
   o.own_process = true;  // (a teardown past 10 s is left behind: workers/agent.cpp)

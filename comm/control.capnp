@@ -123,6 +123,7 @@ struct JobSpec {
   reduceDtype @55 :Text;          # parallel.reduce_dtype: f32 | bf16 ("" from an older coordinator: f32)
   blockParams @56 :List(UInt64);  # each block's parameter count in the job's model (empty: not known yet)
   logLevel @57 :Text;             # logging.level: debug | info | warn | error ("" from an older coordinator: info)
+  heartbeatIntervalMs @58 :Int64; # elastic.heartbeat_interval_ms (0 from an older coordinator: the agent's own)
 }
 
 # A value of a program's own config key (models/extension.h).

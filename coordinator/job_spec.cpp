@@ -63,6 +63,7 @@ actors::JobSpec job_spec_of(const JobConfig& c, uint32_t agent_id, uint64_t firs
   s.stage_backup_steps = c.stage_backup_steps;
   s.recompute_activations = c.recompute_activations;
   s.failure_timeout_ms = c.failure_timeout_ms;
+  s.heartbeat_interval_ms = c.heartbeat_interval_ms;
   s.worker_max_restarts = c.worker_max_restarts;
   s.worker_restart_window_ms = c.worker_restart_window_ms;
   s.rejoin_timeout_ms = c.rejoin_timeout_ms;

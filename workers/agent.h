@@ -23,8 +23,11 @@ struct AgentOptions {
   // to the token file); "": it is looked for at `join` only.
   std::string address_file;
   std::string name;  // for logs; default: host:pid
+  // The control plane's heartbeats and failure timeout: until it has joined; then the job's
+  // (elastic.heartbeat_interval_ms, failure_timeout_ms), unless own_timing (given by hand).
   std::chrono::milliseconds heartbeat_interval{200};
   std::chrono::milliseconds failure_timeout{3000};
+  bool own_timing = false;
   // Faults a test injects into the workers (the test build's `troupe_test` only; null here).
   std::shared_ptr<FaultInjector> faults;
   // The program's own model and data kinds (troupe::main); null: the built-in ones only. A job

@@ -185,6 +185,11 @@ AgentSession::AgentSession(const AgentOptions& o)
   spec_ = joined.spec;
   if (error_.empty()) agent_id_->store(spec_.agent_id);
   address_ = o.join;
+  // (the job's heartbeats and failure timeout, as the coordinator's and the launcher's agents';
+  // an agent started by hand kept its command line's defaults)
+  if (error_.empty() && !o.own_timing && spec_.heartbeat_interval_ms > 0)
+    caf::anon_send(bridge_, actors::timing_atom::value, uint32_t(spec_.heartbeat_interval_ms),
+                   uint32_t(spec_.failure_timeout_ms));
 }
 
 AgentSession::~AgentSession() {

@@ -57,10 +57,12 @@ struct LoopOptions {
   std::string join;        // the coordinator's HOST:PORT (RUN_DIR/coordinator.addr)
   std::string token_file;  // the job's token file (RUN_DIR/job.token)
   std::string name;        // in the job's events and logs; default host:pid
-  int64_t heartbeat_interval_ms = 200;
-  // A coordinator not heard from for this long is lost (its heartbeats). The data plane waits
-  // the job's elastic.failure_timeout_ms for another member's progress, as every member does.
-  int64_t failure_timeout_ms = 3000;
+  // The control plane's heartbeats, and how long a coordinator not heard from is lost: 0, the
+  // job's elastic.heartbeat_interval_ms and failure_timeout_ms once joined (200 and 3000 ms
+  // until then); set, these. The data plane waits the job's elastic.failure_timeout_ms for
+  // another member's progress, as every member does.
+  int64_t heartbeat_interval_ms = 0;
+  int64_t failure_timeout_ms = 0;
   // Room for shared_floats() and shared_doubles(): address space only, the memory is taken as it
   // is written.
   size_t shared_bytes = size_t(1) << 30;

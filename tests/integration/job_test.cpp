@@ -1335,6 +1335,41 @@ TEST(Job, ACoordinatorOnEveryInterfaceIsJoinedThroughOneThatIsNotLoopback) {
   EXPECT_EQ(testing::committed_losses(d + "/run").size(), 30u);
 }
 
+// An agent started by hand takes the job's heartbeats and failure timeout once it has joined, as
+// the launcher's do: a coordinator stopped for 4 s, within the job's 10 s, is not lost to it (it
+// kept its command line's 3 s and cut the coordinator off; the job lost it).
+TEST(Job, AnAgentStartedByHandTakesTheJobsFailureTimeout) {
+  ByHand job({"elastic.failure_timeout_ms=10000", "cluster.agents=1", "job.steps=100000"});
+  ASSERT_TRUE(job.coord) << testing::text_of(job.out);
+  const std::string agent_out = job.dir.path() + "/agent.out";
+  coordinator::ChildProcess agent({{testing::troupe_binary(), "agent", "--join", job.addr,
+                                    "--token-file", job.run_dir + "/job.token"},
+                                   agent_out,
+                                   agent_out,
+                                   {testing::pace(20000)}});
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (testing::committed_losses(job.run_dir).size() < 3) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << testing::text_of(agent_out);
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_TRUE(job.coord->signal(SIGSTOP));
+  std::this_thread::sleep_for(4s);
+  ASSERT_TRUE(job.coord->signal(SIGCONT));
+  const size_t before = testing::committed_losses(job.run_dir).size();
+  while (testing::committed_losses(job.run_dir).size() < before + 5) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline + 30s) << testing::text_of(agent_out);
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_EQ(testing::text_of(agent_out).find("coordinator was lost"), std::string::npos)
+      << testing::text_of(agent_out);
+  EXPECT_EQ(testing::text_of(job.run_dir + "/events.jsonl").find("member_failed"),
+            std::string::npos);
+  troupe_says(job.dir, {"stop", "--run-dir", job.run_dir});
+  auto cst = job.coord->wait(60s);
+  ASSERT_TRUE(cst && WIFEXITED(*cst));
+  EXPECT_EQ(WEXITSTATUS(*cst), 0) << testing::text_of(job.out);
+}
+
 // An agent started by hand and lost before the first generation leaves the job, which goes on
 // waiting for enough workers (elastic.start_timeout_ms): two others join and it trains to the end.
 TEST(Job, AHandStartedAgentLostBeforeTheStartLeavesAndOthersStartTheJob) {

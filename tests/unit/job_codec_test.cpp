@@ -140,6 +140,7 @@ TEST(JobCodec, JoinAndJobSpecRoundTrip) {
   s.resume_dir = "/runs/x/checkpoints/step-00000040";
   s.resume_step = 40;
   s.failure_timeout_ms = 4000;
+  s.heartbeat_interval_ms = 250;
   s.worker_max_restarts = 9;
   s.worker_restart_window_ms = 12345;
   s.rejoin_timeout_ms = 2500;
@@ -173,6 +174,7 @@ TEST(JobCodec, JoinAndJobSpecRoundTrip) {
   EXPECT_EQ(t.worker_max_restarts, 9);
   EXPECT_EQ(t.worker_restart_window_ms, 12345);
   EXPECT_EQ(t.failure_timeout_ms, 4000);
+  EXPECT_EQ(t.heartbeat_interval_ms, 250);
 }
 
 TEST(JobCodec, WorkerReadyAndGenerationStartCarryTheWholeHolding) {
