@@ -518,7 +518,7 @@ class Coordinator : public caf::event_based_actor {
         Json().integer("member", a->id).str("name", a->name).str("reason", code + ": " + d.reason));
     std::string why =
         "agent " + std::to_string(a->id) + " (" + a->name + ") was lost: " + code + ": " + d.reason;
-    if (!job_.started()) return lost_before_start(*a, why);
+    if (!job_.started()) return lost_before_start(*a, why, d.code);
     spdlog::warn("{}", why);
     tell(a->name + " was lost (" + code + ")");
     last_failure_ = why;
@@ -541,12 +541,17 @@ class Coordinator : public caf::event_based_actor {
   // Before the first generation: agents started by hand (cluster.launcher = "external") come and
   // go as their operators start them; one lost leaves, and the job goes on waiting for enough
   // workers until elastic.start_timeout_ms. The local launcher's agent lost then is a failure
-  // that would repeat (it fails the job, naming it).
-  void lost_before_start(const Agent& a, const std::string& why) {
-    if (cfg_.launcher != "external") return fail(why + " before training started");
+  // that would repeat (it fails the job, naming it), unless it went silent (timed_out: stopped,
+  // starved on a busy host), which passes: the launcher ends it and starts it again, as after the
+  // start (the job failed, its restarts unused).
+  void lost_before_start(const Agent& a, const std::string& why, comm::Errc code) {
+    const bool launched = cfg_.launcher != "external";
+    if (launched && code != comm::Errc::timed_out) return fail(why + " before training started");
     gens_.forget_agent(a.id);
+    if (launched) end_lost(a, comm::errc_name(code));
     spdlog::warn("{} before training started; waiting for {} workers", why, cfg_.workers());
-    tell(a.name + " was lost before training started; waiting for " +
+    tell(a.name + " was lost before training started" +
+         (launched ? "; its launcher starts it again" : "") + "; waiting for " +
          std::to_string(cfg_.workers()) + " workers (" + std::to_string(gens_.published_count()) +
          " ready)");
   }

@@ -151,6 +151,32 @@ TEST(Elastic, APauseOfTheWholeJobDropsNoOne) {
   EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
 }
 
+// An agent the launcher started that goes silent before training starts (stopped past the
+// failure timeout while the other is still on its way) is ended and started again, and the job
+// starts with both (it failed the job: "... before training started", its restarts unused).
+TEST(Elastic, AnAgentSilentBeforeTheStartIsStartedAgain) {
+  TempDir dir;
+  const std::string hold = dir.path() + "/hold-agent-1";
+  std::ofstream(hold) << "";
+  Job job = start(dir, "silent-start", 2, {"job.steps=100000", "elastic.failure_timeout_ms=1500"},
+                  {pace(20000), "TROUPE_TEST_JOIN_DELAY_AGENT=agent-1",
+                   "TROUPE_TEST_JOIN_DELAY_MS=120000", "TROUPE_TEST_JOIN_DELAY_FILE=" + hold});
+  ASSERT_NE(wait_event(job, is("member_joined", "name", "agent-0"), 60s), "");
+  const int victim = pid_of(job, "agent-0");
+  ASSERT_EQ(::kill(victim, SIGSTOP), 0);
+  ASSERT_NE(wait_event(job, is("member_failed", "name", "agent-0"), 30s), "") << text_of(job.out);
+  ASSERT_EQ(::kill(victim, SIGCONT), 0);
+  ASSERT_NE(wait_event(job, is("agent_restarted", "slot", "0"), 60s), "") << text_of(job.out);
+  std::filesystem::remove(hold);
+  ASSERT_NE(wait_event(job, is("generation_started", "world_size", "2"), 60s), "")
+      << text_of(job.out);
+  wait_steps(job, 3);
+  admin(dir, {"stop", "--run-dir", job.run_dir});
+  auto st = job.proc->wait(60s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(WEXITSTATUS(*st), 0) << text_of(job.out);
+}
+
 // An agent started by hand (no launcher of its own here), stopped: the job goes on without it;
 // woken, it finds its link cut (the transport fenced the node: ControlPlane's SIGSTOP test shows
 // a rejoin under it refused) and exits, saying so, without disturbing the new generation.
