@@ -15,7 +15,7 @@ set(TROUPE_PUBLIC_HEADERS
 
 # The libraries behind them, every one (static), and one target that carries them all.
 set(TROUPE_LIBRARIES troupe_frame troupe_comm troupe_models troupe_data troupe_elastic
-    troupe_job_protocol troupe_actors troupe_config troupe_checkpoints troupe_metrics
+    troupe_job_protocol troupe_actors troupe_config troupe_checkpoints troupe_metrics troupe_roster
     troupe_coordinator troupe_worker troupe_workers troupe_nccl_bench troupe_kernels_bench troupe_bench troupe_cli)
 add_library(troupe_package INTERFACE)
 set_target_properties(troupe_package PROPERTIES EXPORT_NAME troupe)

@@ -426,7 +426,7 @@ class Coordinator : public caf::event_based_actor {
                                     .integer("pid", a.pid)
                                     .str("host_identity", a.host_identity)
                                     .integer("devices", long(a.devices.size()))
-                                    .boolean("adopted", j.rejoin));
+                                    .boolean("adopted", a.adopted));
     spdlog::info("agent {} joined: {} (pid {}, {} device(s))", a.id, a.name, a.pid,
                  a.devices.size());
     if (job_.started()) tell(a.name + " joined (id " + std::to_string(a.id) + ")");

@@ -13,7 +13,15 @@ const Agent& Roster::admit(uint64_t node, const actors::Join& j) {
   a.host_identity = j.host_identity;
   a.pid = j.pid;
   a.devices = j.devices;
-  a.adopted = j.rejoin;
+  // A rejoin is an adoption (an agent of a coordinator that took the run over, no child of this
+  // one's launcher) unless this very agent was here before: then it is what it was (a launcher's
+  // agent whose link was lost and came back was taken for adopted, and one was launched in its
+  // place when it was lost again: a job of one agent more than it asked).
+  const auto before = std::find_if(agents_.begin(), agents_.end(), [&](const Agent& b) {
+    return b.pid == j.pid && b.name == j.agent_name && b.host == j.host &&
+           b.host_identity == j.host_identity;
+  });
+  a.adopted = before != agents_.end() ? before->adopted : j.rejoin;
   agents_.push_back(std::move(a));
   return agents_.back();
 }
