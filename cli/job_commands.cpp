@@ -548,7 +548,9 @@ coordinator::LauncherOptions launcher_options(const coordinator::JobConfig& cfg,
                   "--heartbeat-interval-ms",
                   std::to_string(cfg.heartbeat_interval_ms),
                   "--failure-timeout-ms",
-                  std::to_string(cfg.failure_timeout_ms)};
+                  std::to_string(cfg.failure_timeout_ms),
+                  "--join-timeout-ms",  // (its coordinator listens before it starts: one try)
+                  "0"};
   o.run_dir = dir.path;
   // Taking over a run: the coordinator starts the agents that did not come back, after a while,
   // named past the run's agents (adopted ones may live on under their names, into their logs).
@@ -1114,6 +1116,11 @@ int run_agent_command(const std::vector<std::string>& words, const Hooks& hooks)
       "the devices it offers, e.g. cpu:0,cpu:1 or cuda:0,cuda:1 (default: one worker per "
       "visible GPU, CUDA_VISIBLE_DEVICES respected, else cpu:0)");
   app.add_option("--name", o.name, "its name in logs and events (default host:pid)");
+  int64_t join_timeout_ms = 60000;
+  app.add_option("--join-timeout-ms", join_timeout_ms,
+                 "how long it waits for a coordinator that is not listening yet (default 60000; "
+                 "0: one try)")
+      ->check(number_in(0, 86400000));
   app.add_option("--heartbeat-interval-ms", heartbeat_ms,
                  "control-plane heartbeats (default: the job's elastic.heartbeat_interval_ms "
                  "once joined, 200 until then)")
@@ -1147,6 +1154,7 @@ int run_agent_command(const std::vector<std::string>& words, const Hooks& hooks)
   o.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
   o.failure_timeout = std::chrono::milliseconds(failure_ms);
   o.own_timing = app.count("--heartbeat-interval-ms") + app.count("--failure-timeout-ms") > 0;
+  o.join_timeout = std::chrono::milliseconds(join_timeout_ms);
   spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [job " + o.job_id + "] [" +
                       (o.name.empty() ? "agent" : o.name) + "] [%l] %v");
   o.own_process = true;  // (a teardown past 10 s is left behind: workers/agent.cpp)

@@ -28,6 +28,9 @@ struct AgentOptions {
   std::chrono::milliseconds heartbeat_interval{200};
   std::chrono::milliseconds failure_timeout{3000};
   bool own_timing = false;
+  // How long it waits for a coordinator that does not listen yet at `join` (started after it):
+  // 0, one try.
+  std::chrono::milliseconds join_timeout{0};
   // Faults a test injects into the workers (the test build's `troupe_test` only; null here).
   std::shared_ptr<FaultInjector> faults;
   // The program's own model and data kinds (troupe::main); null: the built-in ones only. A job

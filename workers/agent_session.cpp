@@ -91,8 +91,10 @@ struct Joined {
 Joined join(caf::scoped_actor& watcher, const caf::actor& bridge, const std::string& address,
             const AgentOptions& o, const std::string& name, bool rejoin) {
   Joined j;
+  bool unreachable = false;  // (no coordinator listens there: nothing answered the connect)
   auto render = [&](const caf::error& e) {
     const auto ce = actors::control_error(e);
+    unreachable = ce && ce->code == comm::Errc::peer_lost;
     j.fenced = ce && ce->code == comm::Errc::refused;
     // (another job's token can never join: exit 2, as an admin command's)
     j.invalid =
@@ -100,9 +102,27 @@ Joined join(caf::scoped_actor& watcher, const caf::actor& bridge, const std::str
                (ce->code == comm::Errc::refused && ce->message == actors::kWrongJobOrToken));
     j.error = watcher->system().render(e);
   };
-  caf::scoped_actor(watcher->system())
-      ->request(bridge, std::chrono::seconds(rejoin ? 8 : 30), actors::connect_atom::value, address)
-      .receive([&](uint64_t n) { j.coordinator = n; }, render);
+  // An agent started before its coordinator (hosts started in any order) waits for it for up to
+  // join_timeout, trying every half second; said once.
+  const auto connect_until = std::chrono::steady_clock::now() + o.join_timeout;
+  for (bool said = false;; said = true) {
+    j.error.clear();
+    caf::scoped_actor(watcher->system())
+        ->request(bridge, std::chrono::seconds(rejoin ? 8 : 30), actors::connect_atom::value,
+                  address)
+        .receive([&](uint64_t n) { j.coordinator = n; }, render);
+    if (j.error.empty() || !unreachable || rejoin ||
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(500) > connect_until)
+      break;
+    if (!said)
+      std::fprintf(
+          stderr,
+          "troupe agent: no coordinator at %s yet: trying again for up to %lld s "
+          "(--join-timeout-ms)\n",
+          address.c_str(),
+          (long long)std::chrono::duration_cast<std::chrono::seconds>(o.join_timeout).count());
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
   if (!j.error.empty()) {
     j.error = "cannot reach the coordinator at " + address + ": " + j.error;
     return j;

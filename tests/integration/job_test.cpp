@@ -60,13 +60,15 @@ struct RunResult {
 };
 
 // A socket listening on a loopback port of its own (its "127.0.0.1:PORT" in `at`), or -1.
-int listening_socket(std::string& at) {
+// A loopback port of the test's own, listening (or only bound: connects to it are refused).
+int listening_socket(std::string& at, bool listen = true) {
   const int s = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof a;
-  if (s < 0 || ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(s, 8) != 0 ||
+  if (s < 0 || ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      (listen && ::listen(s, 8) != 0) ||
       ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len) != 0)
     return -1;
   at = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
@@ -1127,6 +1129,29 @@ TEST(Command, AnAddressWhereSomethingElseListensIsAnErrorNotACrash) {
     EXPECT_NE(said.find("troupe: cannot reach the job at " + at), std::string::npos) << said;
     EXPECT_EQ(said.find("Bug"), std::string::npos) << said;
   }
+  ::close(s);
+}
+
+// An agent started before its coordinator listens (hosts started in any order) waits for it, up
+// to --join-timeout-ms, saying so once; then it fails naming the address (it failed at once).
+TEST(Command, AnAgentWaitsForACoordinatorThatDoesNotListenYet) {
+  testing::TempDir dir;
+  std::string at;
+  const int s = listening_socket(at, /*listen=*/false);
+  ASSERT_GE(s, 0);
+  const std::string token = dir.path() + "/job.token";
+  std::ofstream(token) << "job-id secret\n";
+  std::filesystem::permissions(
+      token, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  const auto start = std::chrono::steady_clock::now();
+  auto [rc, said] =
+      troupe_says(dir, {"agent", "--join", at, "--token-file", token, "--join-timeout-ms", "2000"});
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 1500ms) << said;
+  EXPECT_EQ(rc, 1) << said;
+  EXPECT_NE(said.find("no coordinator at " + at + " yet: trying again for up to 2 s"),
+            std::string::npos)
+      << said;
+  EXPECT_NE(said.find("cannot reach the coordinator at " + at), std::string::npos) << said;
   ::close(s);
 }
 
