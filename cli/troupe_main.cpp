@@ -24,6 +24,7 @@
 #include "cli/parse.h"
 #include "comm/cuda_info.h"
 #include "comm/error.h"
+#include "comm/ucx.h"
 #include "models/blas_kernels.h"
 #include "models/devices.h"
 #include "models/model.h"
@@ -257,6 +258,10 @@ int troupe_main(int argc, char** argv, const Hooks& hooks) {
   ::signal(SIGXFSZ, SIG_IGN);
   // Logs go to stderr; stdout is for results and machine-readable lines.
   spdlog::set_default_logger(spdlog::stderr_color_mt("troupe"));
+  // (UCX's own warnings and errors in the log at debug: Troupe says what they mean itself)
+  comm::route_ucx_log([](bool error, const std::string& message) {
+    spdlog::debug("UCX {}: {}", error ? "error" : "warning", message);
+  });
   std::vector<std::string> words(argv + 1, argv + argc);
   if (words.size() > 1 && words[0] == "help") {  // (troupe help run: run's own, as run --help)
     words.erase(words.begin());

@@ -4,10 +4,38 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netdb.h>
+#include <ucs/debug/log_def.h>
 
+#include <atomic>
+#include <cstdarg>
 #include <cstring>
+#include <mutex>
 
 namespace troupe::comm {
+namespace {
+
+std::atomic<UcxLogSink> ucx_log_sink{nullptr};
+
+ucs_log_func_rc_t on_ucx_log(const char* file, unsigned line, const char*, ucs_log_level_t level,
+                             const ucs_log_component_config_t*, const char* format, va_list ap) {
+  const UcxLogSink sink = ucx_log_sink.load();
+  if (!sink || level > UCS_LOG_LEVEL_WARN) return UCS_LOG_FUNC_RC_CONTINUE;
+  char text[512];
+  std::vsnprintf(text, sizeof text, format, ap);
+  const char* base = std::strrchr(file, '/');
+  sink(level <= UCS_LOG_LEVEL_ERROR,
+       std::string(base ? base + 1 : file) + ":" + std::to_string(line) + " " + text);
+  return UCS_LOG_FUNC_RC_STOP;
+}
+
+}  // namespace
+
+void route_ucx_log(UcxLogSink sink) {
+  if (std::getenv("UCX_LOG_LEVEL")) return;
+  ucx_log_sink.store(sink);
+  static std::once_flag pushed;
+  std::call_once(pushed, [] { ucs_log_push_handler(&on_ucx_log); });
+}
 
 UcxContext::UcxContext(const UcxContextOptions& options) {
   ucp_config_t* config = nullptr;

@@ -93,4 +93,10 @@ SockAddr resolve(const std::string& host, uint16_t port);
 // first IPv4 address of an interface that is up and not loopback (127.0.0.1 when there is none).
 std::string advertised_host(const std::string& listen_host);
 
+// UCX's own log lines (its warnings and errors: a refused connect, a device it cannot reach) go
+// to `sink`, not to stderr, where Troupe names what they mean itself; unless UCX_LOG_LEVEL is
+// set, which keeps UCX's own printing. The sink is called from any thread.
+using UcxLogSink = void (*)(bool error, const std::string& message);
+void route_ucx_log(UcxLogSink sink);
+
 }  // namespace troupe::comm
