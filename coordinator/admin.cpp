@@ -87,6 +87,13 @@ actors::JobStatus job_status(const JobConfig& cfg, const elastic::JobLifecycle& 
     s.standbys.push_back({0, a.id, a.pid, a.host, roster.device(w), a.name, -1, 0, 0, -1, 0, -1,
                           full ? "standby" : "joining"});
   }
+  // (and a live agent's worker given up outside it: a joiner whose worker failed for good; the
+  // agent stays until it is drained or the job ends: it was listed nowhere)
+  for (const Agent& a : roster.agents())
+    for (uint32_t d = 0; a.alive && d < a.devices.size(); ++d)
+      if (const actors::WorkerId w{a.id, d}; roster.given_up(w) && !gens.is_member(w))
+        s.standbys.push_back(
+            {0, a.id, a.pid, a.host, roster.device(w), a.name, -1, 0, 0, -1, 0, -1, "given up"});
   return s;
 }
 

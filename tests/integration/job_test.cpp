@@ -804,6 +804,10 @@ TEST(Job, AJoinerThatBuildsAnotherModelIsGivenUpAndTheJobGoesOn) {
   EXPECT_NE(failed.find("it built another model than the job's: block 0 has 4225 parameters"),
             std::string::npos)
       << failed;
+  // (the agent stays, its worker given up: listed so; it was in no row of troupe status)
+  const std::string status = testing::admin(dir, {"status", "--run-dir", job.run_dir, "--json"});
+  EXPECT_NE(status.find("\"name\":\"wide\""), std::string::npos) << status;
+  EXPECT_NE(status.find("\"given up\""), std::string::npos) << status;
   testing::admin(dir, {"stop", "--run-dir", job.run_dir});
   auto st = job.proc->wait(120s);
   ASSERT_TRUE(st && WIFEXITED(*st)) << testing::text_of(job.out);
