@@ -108,13 +108,18 @@ std::vector<elastic::LiveAgent> live_agents(const Roster& roster, const Generati
   return out;
 }
 
-elastic::ScaleLimits scale_limits(const JobConfig& cfg, uint32_t min_workers) {
+elastic::ScaleLimits scale_limits(const JobConfig& cfg, uint32_t min_workers,
+                                  const std::string& run_dir) {
   elastic::ScaleLimits l;
   l.min_workers = min_workers;
   l.max_workers = uint32_t(cfg.max_workers);
   l.can_launch = cfg.launcher == "local";
   l.launcher = cfg.launcher;
-  if (cfg.external()) l.joined_by = "another member of your program (troupe::ElasticLoop)";
+  if (cfg.external())
+    l.joined_by = "another member of your program (troupe::ElasticLoop)";
+  else if (!run_dir.empty())
+    l.joined_by = "`troupe agent --join $(cat " + run_dir + "/coordinator.addr) --token-file " +
+                  run_dir + "/job.token`";
   l.workers_per_agent = uint32_t(std::max<int64_t>(1, cfg.devices_per_agent));
   l.machine_cores = std::max(1u, std::thread::hardware_concurrency());
   l.machine_workers =

@@ -27,6 +27,8 @@ actors::JobStatus job_status(const JobConfig& config, const elastic::JobLifecycl
 std::vector<elastic::LiveAgent> live_agents(const Roster& roster, const Generations& generations);
 
 // The limits scale and drain requests are held to.
-elastic::ScaleLimits scale_limits(const JobConfig& config, uint32_t min_workers);
+// (run_dir: where agents started by hand find the address and token, for the refusal's hint)
+elastic::ScaleLimits scale_limits(const JobConfig& config, uint32_t min_workers,
+                                  const std::string& run_dir = "");
 
 }  // namespace troupe::coordinator

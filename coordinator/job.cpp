@@ -1536,7 +1536,7 @@ class Coordinator : public caf::event_based_actor {
         return actors::make_accepted("agent " + std::to_string(id) + " (" + roster_.at(id).name +
                                      ") was being restarted: it is not started again");
       }
-    auto d = elastic::decide_drain(id, agents_to_count(), scale_limits(cfg_, min_workers()));
+    auto d = elastic::decide_drain(id, agents_to_count(), scale_limits(cfg_, min_workers(), dir_));
     if (job_.stop_requested() && d.kind != elastic::ScaleDecision::Kind::invalid)
       return actors::make_ack();  // (an agent it does not have is refused still)
     if (d.kind == elastic::ScaleDecision::Kind::refuse)  // (by id and name: agent-1 may be 0)
@@ -1552,7 +1552,7 @@ class Coordinator : public caf::event_based_actor {
     if (job_.stop_requested())
       return actors::make_error_reply(Errc::refused, "the job is stopping");
     auto agents = agents_to_count();
-    const auto limits = scale_limits(cfg_, min_workers());
+    const auto limits = scale_limits(cfg_, min_workers(), dir_);
     // Below the job's size, agents whose restart waits (a crash loop's backoff) go first: retired
     // when the scale without them is accepted (a refused one changes nothing).
     const uint32_t per = limits.workers_per_agent;

@@ -95,7 +95,9 @@ RunDirectory::RunDirectory(const std::string& path, const std::string& job_name,
     lock_fd_ = -1;
     throw RunDirError("the run directory " + path +
                       " already holds a job's logs (events.jsonl); choose another job.run_dir "
-                      "(an earlier run's results are never appended to)");
+                      "(an earlier run's results are never appended to), or go on with that run: "
+                      "troupe run " +
+                      path + "/config.toml --resume " + path);
   }
   write_owner(lock_fd_, path + "/run.lock", owner());
 }

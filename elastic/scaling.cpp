@@ -91,7 +91,7 @@ ScaleDecision decide_scale(uint32_t n, const std::vector<LiveAgent>& agents, con
   if (n > have) {
     if (!lim.can_launch)  // (never, not "not now": exit 2, as another size it cannot reach)
       return invalid("cluster.launcher is \"" + lim.launcher + "\": add workers with " +
-                     lim.joined_by + "; the job has " + std::to_string(have));
+                     lim.joined_by + "; the job has " + std::to_string(have) + " worker(s)");
     if (lim.machine_workers > 0 && n > lim.machine_workers)
       return invalid(
           std::to_string(n) + " worker(s) is more than this machine can run: the local " +

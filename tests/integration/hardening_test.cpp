@@ -104,6 +104,11 @@ TEST(RunDirectory, AFinishedJobsDirectoryIsNotAppendedTo) {
   EXPECT_EQ(WEXITSTATUS(*st2), 2);
   EXPECT_NE(text_of(again.out).find("already holds a job's logs"), std::string::npos)
       << text_of(again.out);
+  // (and how that run goes on instead)
+  EXPECT_NE(text_of(again.out).find("or go on with that run: troupe run " + done.run_dir +
+                                    "/config.toml --resume " + done.run_dir),
+            std::string::npos)
+      << text_of(again.out);
   EXPECT_EQ(events_of(done).size(), events) << "the finished run's events changed";
 }
 

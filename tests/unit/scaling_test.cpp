@@ -58,6 +58,7 @@ TEST(Scale, GrowingWithAnExternalLauncherIsRefusedWithWhatToDo) {
   auto d = decide_scale(6, kAgents, limits(1, 0, false));
   EXPECT_EQ(d.kind, Kind::invalid);  // (troupe scale exits 2: it can never be done there)
   EXPECT_NE(d.reason.find("troupe agent --join"), std::string::npos) << d.reason;
+  EXPECT_NE(d.reason.find("; the job has 4 worker(s)"), std::string::npos) << d.reason;
 }
 
 TEST(Scale, ShrinkingDrainsStandbysFirstThenTheNewestMembers) {
