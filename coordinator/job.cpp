@@ -712,7 +712,9 @@ class Coordinator : public caf::event_based_actor {
   // nobody lost, the same members again).
   std::optional<std::vector<actors::WorkerReady>> next_members() {
     if (job_.phase() == JobPhase::forming) {
-      if (int64_t(gens_.published_count()) < cfg_.workers()) return std::nullopt;
+      const size_t ready = gens_.published_count();
+      if (int64_t(ready) < cfg_.workers() && !(start_short_ && ready >= min_workers()))
+        return std::nullopt;
       return gens_.all_published();
     }
     if (gens_.expected().empty() && !reform()) return std::nullopt;
@@ -1680,9 +1682,7 @@ class Coordinator : public caf::event_based_actor {
     if (!job_.expired(epoch, Clock::now())) return;
     switch (job_.phase()) {
       case JobPhase::forming:
-        return fail("only " + std::to_string(gens_.published_count()) + " of " +
-                    std::to_string(cfg_.workers()) + " workers became ready within " +
-                    std::to_string(cfg_.start_timeout_ms) + " ms (elastic.start_timeout_ms)");
+        return start_short_or_fail();
       case JobPhase::changing:
         return fail("generation " + std::to_string(gens_.current() + 1) + " did not form within " +
                     std::to_string(cfg_.change_timeout()) +
@@ -1693,6 +1693,27 @@ class Coordinator : public caf::event_based_actor {
       default:
         return;
     }
+  }
+
+  // elastic.start_timeout_ms passed before every worker of cluster.agents was ready: with at
+  // least elastic.min_workers ready the job starts with them (as torchrun's min:max nodes; the
+  // others join when they come), else it fails naming how many were. (It failed either way.)
+  void start_short_or_fail() {
+    const size_t ready = gens_.published_count();
+    const std::string within =
+        " within " + std::to_string(cfg_.start_timeout_ms) + " ms (elastic.start_timeout_ms)";
+    if (taking_over_ || ready == 0 || ready < min_workers())
+      return fail("only " + std::to_string(ready) + " of " + std::to_string(cfg_.workers()) +
+                  " workers became ready" + within + "; it starts with at least " +
+                  std::to_string(min_workers()) + " (elastic.min_workers)");
+    const std::string said = "starting with " + std::to_string(ready) + " of " +
+                             std::to_string(cfg_.workers()) + " workers, those ready" + within +
+                             " (elastic.min_workers = " + std::to_string(min_workers()) +
+                             "); the others join when they come";
+    spdlog::warn("{}", said);
+    tell(said);
+    start_short_ = true;
+    try_start();
   }
 
   void on_interrupt(int32_t signal) {
@@ -1928,6 +1949,7 @@ class Coordinator : public caf::event_based_actor {
   std::set<uint32_t> members_at_request_;  // the agents of the generation it was asked in
   uint64_t stop_requested_at_ = 0;         // the steps committed at a stop
   bool stop_checkpoint_ = false;           // the stop asked for a checkpoint
+  bool start_short_ = false;               // forming past start_timeout_ms: with the workers ready
   bool ending_before_training_ = false;    // a stop while forming: it ends, no generation starts
   Clock::time_point progress_at_ = Clock::now();  // (and when it was first seen)
   std::map<uint64_t, double> lr_from_;   // step -> optimizer.lr from it on (before: the config's)

@@ -1399,6 +1399,54 @@ TEST(Job, AnAgentStartedByHandTakesTheJobsFailureTimeout) {
   EXPECT_EQ(WEXITSTATUS(*cst), 0) << testing::text_of(job.out);
 }
 
+// Fewer agents than cluster.agents by elastic.start_timeout_ms: with at least
+// elastic.min_workers ready the job starts with them, and the one that comes later joins (it
+// failed: "only 1 of 2 workers became ready"); with fewer, it fails naming the minimum.
+TEST(Job, AJobShortOfAgentsAtItsStartTimeoutStartsWithMinWorkers) {
+  for (const char* min : {"1", "2"}) {
+    ByHand job({"elastic.start_timeout_ms=2000", std::string("elastic.min_workers=") + min,
+                "job.steps=100000"});
+    ASSERT_TRUE(job.coord) << testing::text_of(job.out);
+    auto agent = [&](const std::string& name) {
+      const std::string out = job.dir.path() + "/" + name + ".out";
+      return std::make_unique<coordinator::ChildProcess>(coordinator::ChildProcess::Options{
+          {testing::troupe_binary(), "agent", "--join", job.addr, "--token-file",
+           job.run_dir + "/job.token", "--name", name},
+          out,
+          out,
+          {testing::pace(20000)}});
+    };
+    auto first = agent("first");
+    testing::Job view{job.run_dir, job.out, nullptr};
+    if (std::string(min) == "2") {
+      auto st = job.coord->wait(60s);
+      ASSERT_TRUE(st && WIFEXITED(*st));
+      EXPECT_EQ(WEXITSTATUS(*st), 1);
+      EXPECT_NE(testing::text_of(job.out).find("only 1 of 2 workers became ready within 2000 ms "
+                                               "(elastic.start_timeout_ms); it starts with at "
+                                               "least 2 (elastic.min_workers)"),
+                std::string::npos)
+          << testing::text_of(job.out);
+      continue;
+    }
+    ASSERT_NE(testing::wait_event(view, testing::is("generation_started", "world_size", "1"), 60s),
+              "")
+        << testing::text_of(job.out);
+    EXPECT_NE(testing::text_of(job.out).find("starting with 1 of 2 workers, those ready within "
+                                             "2000 ms"),
+              std::string::npos)
+        << testing::text_of(job.out);
+    auto second = agent("second");
+    EXPECT_NE(testing::wait_event(view, testing::is("generation_started", "world_size", "2"), 60s),
+              "")
+        << testing::text_of(job.out);
+    troupe_says(job.dir, {"stop", "--run-dir", job.run_dir});
+    auto st = job.coord->wait(60s);
+    ASSERT_TRUE(st && WIFEXITED(*st));
+    EXPECT_EQ(WEXITSTATUS(*st), 0) << testing::text_of(job.out);
+  }
+}
+
 // An agent started by hand and lost before the first generation leaves the job, which goes on
 // waiting for enough workers (elastic.start_timeout_ms): two others join and it trains to the end.
 TEST(Job, AHandStartedAgentLostBeforeTheStartLeavesAndOthersStartTheJob) {
