@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -654,9 +655,12 @@ int report_end(const coordinator::JobConfig& cfg, const std::string& dir,
     return first_signal ? 128 + first_signal : end.exit_code;
   }
   const bool stopped = end.state == "stopped";
-  std::printf("troupe: job '%s' %s after %llu of %lld steps, loss %.4f (%s)\n", cfg.name.c_str(),
+  char loss[48] = "";  // (none when it trained no step: it said "loss 0.0000")
+  if (end.steps > cfg.resume_step && !std::isnan(end.loss))
+    std::snprintf(loss, sizeof loss, ", loss %.4f", end.loss);
+  std::printf("troupe: job '%s' %s after %llu of %lld steps%s (%s)\n", cfg.name.c_str(),
               stopped ? "stopped" : "finished", (unsigned long long)end.steps, (long long)cfg.steps,
-              end.loss, dir.c_str());
+              loss, dir.c_str());
   // Stopped with a checkpoint where it stopped (the preemption pattern: SIGTERM, then later the
   // same job again): resumable, and not a failure.
   const bool where_it_stopped =

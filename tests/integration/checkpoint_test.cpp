@@ -1512,6 +1512,10 @@ TEST(Checkpoints, APlainStopBeforeTrainingStartsEndsTheJobNow) {
         text_of(job.out).find("stopped at step " + at + " (troupe stop before the job formed a "),
         std::string::npos)
         << text_of(job.out);
+    // (no step trained: no loss on its last line; it said "loss 0.0000")
+    EXPECT_NE(text_of(job.out).find("stopped after " + at + " of "), std::string::npos)
+        << text_of(job.out);
+    EXPECT_EQ(text_of(job.out).find(", loss "), std::string::npos) << text_of(job.out);
     if (other.empty()) continue;
     // It goes on from the other run's checkpoint (it said nothing: this run has none of its
     // own), and the resume troupe status gives does so (--resume RUN_DIR: "no valid checkpoint").
