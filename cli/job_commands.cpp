@@ -289,6 +289,13 @@ std::string resumed_from_elsewhere(const std::string& dir, const coordinator::Ru
   return from.empty() || fs::weakly_canonical(from, ec).string().rfind(own, 0) == 0 ? "" : from;
 }
 
+// A run's own checkpoints when none can be resumed: none, or those skipped (said above).
+std::string own_checkpoints(const std::vector<std::string>& skipped) {
+  return skipped.empty() ? "it has no checkpoint of its own"
+                         : "none of its " + std::to_string(skipped.size()) +
+                               " checkpoint(s) can be resumed (skipped above)";
+}
+
 std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool lr_set,
                            const Hooks& hooks, bool& into_run) {
   namespace fs = std::filesystem;
@@ -356,12 +363,10 @@ std::string prepare_resume(coordinator::JobConfig& cfg, std::string path, bool l
       std::string why;
       found = coordinator::valid_checkpoint(from, hash, &why);
       if (!found)
-        return "--resume " + path + ": it has no checkpoint of its own, and " + from +
+        return "--resume " + path + ": " + own_checkpoints(refused) + ", and " + from +
                ", which it started from: " + why;
-      std::fprintf(stderr,
-                   "troupe: --resume %s: it has no checkpoint of its own: it goes on from %s, "
-                   "which it started from\n",
-                   path.c_str(), from.c_str());
+      std::fprintf(stderr, "troupe: --resume %s: %s: it goes on from %s, which it started from\n",
+                   path.c_str(), own_checkpoints(refused).c_str(), from.c_str());
     }
     if (!found && cfg.take_over) return "";   // (without adopted agents: from the seed)
     if (!found && !refused.empty() && own &&  // (another config's: the run's own resumes it)

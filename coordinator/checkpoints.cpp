@@ -229,7 +229,8 @@ std::string check(const fs::path& dir, const CheckpointIdentity& job, ValidCheck
     why = "the manifest's format is not " + std::string(kFormat);
   if (why.empty()) why = field(m, "step", "the manifest", says);
   if (why.empty() && c.step != UINT64_MAX && says != c.step)
-    why = "the manifest's step is not the directory's";
+    why = "the manifest's step (" + std::to_string(says) + ") is not the directory's (" +
+          std::to_string(c.step) + ")";
   if (why.empty()) why = field(m, "config_hash", "the manifest", config_hash);
   if (why.empty() && !same_job(m, config_hash, job))
     why = "it belongs to another model, data or seed (" + changes(m, job) + "config hash " +

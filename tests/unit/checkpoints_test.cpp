@@ -456,6 +456,22 @@ TEST(Checkpoints, AReportOfShardsOutsideTheCheckpointIsRefused) {
   EXPECT_TRUE(ck.add(report(d.path, 10, 1, {1}, 2), 1, "", 1e-3));
 }
 
+// A checkpoint copied under another step's name: refused naming both steps (it named neither).
+TEST(Checkpoints, ACheckpointUnderAnotherStepsNameIsRefusedNamingBoth) {
+  Dir d;
+  Checkpoints ck(config(d.path, 10));
+  ASSERT_TRUE(ck.add(report(d.path, 10, 1, {0, 1}, 2), 1, "", 1e-3));
+  fs::copy(step_dir(d.path, 10), step_dir(d.path, 20), fs::copy_options::recursive);
+  std::vector<std::string> refused;
+  auto found = newest_valid_checkpoint(d.path, checkpoint_config_hash(config(d.path)), &refused);
+  ASSERT_TRUE(found);
+  EXPECT_EQ(found->step, 10u);
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_NE(refused[0].find("the manifest's step (10) is not the directory's (20)"),
+            std::string::npos)
+      << refused[0];
+}
+
 // A manifest listing one block's shard twice (the other's file, damaged, never checked): refused.
 TEST(Checkpoints, EveryBlocksOwnShardIsChecked) {
   Dir d;
