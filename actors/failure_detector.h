@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -22,15 +23,17 @@ class FailureDetector {
   using Clock = std::chrono::steady_clock;
 
   // interval: how often expire() is called (the heartbeat interval); a gap between two checks
-  // longer than the interval plus half the timeout is the detector's own.
+  // longer than the interval plus half the timeout is the detector's own (0: none is).
   explicit FailureDetector(std::chrono::milliseconds failure_timeout,
                            std::chrono::milliseconds interval = std::chrono::milliseconds(0))
-      : timeout_(failure_timeout), blind_after_(interval + failure_timeout / 2) {}
+      : timeout_(failure_timeout),
+        interval_(interval),
+        blind_after_(interval + failure_timeout / 2) {}
 
   // Starts watching node as if heard at now (a new node gets a full timeout of grace).
   void watch(uint64_t node, Clock::time_point now) {
     last_heard_[node] = now;
-    if (checked_ == Clock::time_point{}) checked_ = now;  // (the first gap is measured from here)
+    if (!checked_) checked_ = now;  // (the first gap is measured from here)
   }
   // Any sign of life. Ignored for nodes not watched (an expired node stays expired).
   void heard(uint64_t node, Clock::time_point now) {
@@ -72,22 +75,26 @@ class FailureDetector {
   // Another timeout and interval from now on (the nodes watched stay, with their last-heard times).
   void retime(std::chrono::milliseconds failure_timeout, std::chrono::milliseconds interval) {
     timeout_ = failure_timeout;
+    interval_ = interval;
     blind_after_ = interval + failure_timeout / 2;
   }
 
  private:
-  // Moves every last-heard time on by the gap since the previous check when it is this
-  // detector's own (never past now): what was silent before it stays counted.
+  // Moves every last-heard time on by the gap since the previous check, less one interval, when
+  // the gap is this detector's own (never past now): what was silent before it stays counted,
+  // and every check still counts an interval (checks that always come late expire a silent node
+  // all the same, later).
   void forgive_own_gap(Clock::time_point now) {
-    const Clock::time_point before = checked_;
-    checked_ = std::max(checked_, now);
-    if (before == Clock::time_point{} || now - before <= blind_after_) return;
-    for (auto& [node, at] : last_heard_) at = std::min(now, at + (now - before));
+    const std::optional<Clock::time_point> before = checked_;
+    checked_ = std::max(checked_.value_or(now), now);
+    if (!before || interval_.count() == 0 || now - *before <= blind_after_) return;
+    const auto forgiven = now - *before - interval_;
+    for (auto& [node, at] : last_heard_) at = std::min(now, at + forgiven);
   }
 
-  std::chrono::milliseconds timeout_;
+  std::chrono::milliseconds timeout_, interval_;
   std::chrono::milliseconds blind_after_;
-  Clock::time_point checked_{};
+  std::optional<Clock::time_point> checked_;  // the last check (none yet)
   std::unordered_map<uint64_t, Clock::time_point> last_heard_;
 };
 

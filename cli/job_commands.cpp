@@ -1162,7 +1162,8 @@ int run_agent_command(const std::vector<std::string>& words, const Hooks& hooks)
   o.extensions = hooks.extensions;
   o.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
   o.failure_timeout = std::chrono::milliseconds(failure_ms);
-  o.own_timing = app.count("--heartbeat-interval-ms") + app.count("--failure-timeout-ms") > 0;
+  o.own_heartbeat = app.count("--heartbeat-interval-ms") > 0;
+  o.own_failure_timeout = app.count("--failure-timeout-ms") > 0;
   o.join_timeout = std::chrono::milliseconds(join_timeout_ms);
   spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [job " + o.job_id + "] [" +
                       (o.name.empty() ? "agent" : o.name) + "] [%l] %v");

@@ -262,6 +262,8 @@ int troupe_main(int argc, char** argv, const Hooks& hooks) {
   comm::route_ucx_log([](bool error, const std::string& message) {
     spdlog::debug("UCX {}: {}", error ? "error" : "warning", message);
   });
+  // (before spdlog's registry goes, at exit: UCX's own teardown may still log)
+  std::atexit([] { comm::route_ucx_log(nullptr); });
   std::vector<std::string> words(argv + 1, argv + argc);
   if (words.size() > 1 && words[0] == "help") {  // (troupe help run: run's own, as run --help)
     words.erase(words.begin());

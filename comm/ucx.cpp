@@ -4,7 +4,9 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netdb.h>
+#include <sys/socket.h>
 #include <ucs/debug/log_def.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdarg>
@@ -129,14 +131,34 @@ SockAddr resolve(const std::string& host, uint16_t port) {
   return out;
 }
 
+// The source address of the default route: a UDP socket's connect picks the route and sends
+// nothing. "" without one.
+std::string default_route_address() {
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return "";
+  sockaddr_in out{};
+  out.sin_family = AF_INET;
+  out.sin_port = htons(9);
+  ::inet_pton(AF_INET, "203.0.113.1", &out.sin_addr);  // (TEST-NET-3: any address off this host)
+  sockaddr_in local{};
+  socklen_t len = sizeof local;
+  char text[INET_ADDRSTRLEN] = {};
+  const bool ok = ::connect(fd, reinterpret_cast<const sockaddr*>(&out), sizeof out) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
+                  ::inet_ntop(AF_INET, &local.sin_addr, text, sizeof text) != nullptr;
+  ::close(fd);
+  return ok && std::string(text).rfind("127.", 0) != 0 ? text : "";
+}
+
 std::string advertised_host(const std::string& listen_host) {
   if (listen_host != "0.0.0.0") return listen_host;
+  if (std::string routed = default_route_address(); !routed.empty()) return routed;
   ifaddrs* all = nullptr;
   std::string found = "127.0.0.1";
   if (::getifaddrs(&all) != 0) return found;
   for (const ifaddrs* i = all; i; i = i->ifa_next) {
     if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP) ||
-        (i->ifa_flags & IFF_LOOPBACK))
+        !(i->ifa_flags & IFF_RUNNING) || (i->ifa_flags & IFF_LOOPBACK))
       continue;
     char text[INET_ADDRSTRLEN] = {};
     const auto* in = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);

@@ -90,7 +90,8 @@ struct SockAddr {
 };
 SockAddr resolve(const std::string& host, uint16_t port);
 // The host others reach a listener on listen_host by: itself, or for the wildcard 0.0.0.0 the
-// first IPv4 address of an interface that is up and not loopback (127.0.0.1 when there is none).
+// address of the default route's interface, else the first IPv4 address of an interface that is
+// up, running and not loopback (127.0.0.1 when there is none).
 std::string advertised_host(const std::string& listen_host);
 
 // UCX's own log lines (its warnings and errors: a refused connect, a device it cannot reach) go

@@ -213,13 +213,14 @@ void Link::give_up_if_failed(std::vector<Request>& reqs) {
 // After no progress since last_progress: a co-located member whose process is gone becomes the
 // lost member (give_up_if_failed reports it); past the idle timeout, timed_out. A gap since the
 // previous check longer than half the timeout is this process's own (stopped, a paused VM,
-// starved): it saw nothing either, so last_progress moves on by it (a pause of the whole machine
-// fails no collective); the others' silence is counted while it runs.
+// starved): it saw nothing either, so last_progress moves on by it less a quarter of the timeout
+// (a pause of the whole machine fails no collective; checks that always come late still time
+// out, within four of them); the others' silence is counted while it runs.
 void Link::give_up_if_idle(Clock::time_point& last_progress, std::chrono::milliseconds idle,
                            std::vector<Request>& reqs) {
   auto now = Clock::now();
-  if (now - idle_checked_ > idle / 2)
-    last_progress = std::min(now, last_progress + (now - idle_checked_));
+  if (now - idle_checked_ > idle / 2)  // (a quarter of the timeout still counted: bounded)
+    last_progress = std::min(now, last_progress + (now - idle_checked_) - idle / 4);
   idle_checked_ = now;
   if (now - last_progress > kDrainTime && now - last_liveness_check_ > kDrainTime) {
     last_liveness_check_ = now;

@@ -545,7 +545,8 @@ class Coordinator : public caf::event_based_actor {
   // starved on a busy host), which passes: the launcher ends it and starts it again, as after the
   // start (the job failed, its restarts unused).
   void lost_before_start(const Agent& a, const std::string& why, comm::Errc code) {
-    const bool launched = cfg_.launcher != "external";
+    // (one of this launcher's own: an agent started by hand, or adopted, is no slot of it)
+    const bool launched = launcher_ && launched_slot(a) && !a.adopted;
     if (launched && code != comm::Errc::timed_out) return fail(why + " before training started");
     gens_.forget_agent(a.id);
     if (launched) end_lost(a, comm::errc_name(code));
@@ -1193,7 +1194,9 @@ class Coordinator : public caf::event_based_actor {
     const auto live = std::count_if(st.members.begin(), st.members.end(), [](const auto& m) {
       return m.state != "lost" && m.state != "restarting" && m.state != "given up";
     });
-    metrics_->set_members(uint32_t(live), uint32_t(st.standbys.size()));
+    const auto waiting = std::count_if(st.standbys.begin(), st.standbys.end(),
+                                       [](const auto& m) { return m.state != "given up"; });
+    metrics_->set_members(uint32_t(live), uint32_t(waiting));
     request(bridge_, std::chrono::seconds(2), actors::stats_atom::value)
         .then(
             [m = metrics_](ControlMessage& reply) {
@@ -1699,13 +1702,19 @@ class Coordinator : public caf::event_based_actor {
   // least elastic.min_workers ready the job starts with them (as torchrun's min:max nodes; the
   // others join when they come), else it fails naming how many were. (It failed either way.)
   void start_short_or_fail() {
+    if (ending_before_training_) return;
     const size_t ready = gens_.published_count();
+    // (the model's blocks, for the fewest stages a parameter budget allows: try_start sets them)
+    if (cfg_.block_params.empty() && ready > 0)
+      cfg_.block_params = gens_.all_published().front().block_params;
     const std::string within =
         " within " + std::to_string(cfg_.start_timeout_ms) + " ms (elastic.start_timeout_ms)";
     if (taking_over_ || ready == 0 || ready < min_workers())
       return fail("only " + std::to_string(ready) + " of " + std::to_string(cfg_.workers()) +
-                  " workers became ready" + within + "; it starts with at least " +
-                  std::to_string(min_workers()) + " (elastic.min_workers)");
+                  " workers became ready" + within +
+                  (taking_over_ ? std::string()
+                                : "; it starts with at least " + std::to_string(min_workers()) +
+                                      " (elastic.min_workers)"));
     const std::string said = "starting with " + std::to_string(ready) + " of " +
                              std::to_string(cfg_.workers()) + " workers, those ready" + within +
                              " (elastic.min_workers = " + std::to_string(min_workers()) +

@@ -101,13 +101,16 @@ std::pair<std::string, std::string> read_token_file(const std::string& path) {
   return {job, token};
 }
 
-int run_agent(const AgentOptions& o) {
+int run_agent(const AgentOptions& options) {
   actors::SignalWatcher signals;      // (before any thread starts)
   actors::TeardownDeadline deadline;  // (destroyed after the session: disarmed with it)
+  AgentOptions o = options;           // (a signal ends its wait for a coordinator: it went unheard)
+  o.interrupted = [&signals] { return signals.count() > 0; };
   AgentSession session(o);
   ArmedOnReturn arm{deadline, session.board(), o.own_process};
   if (!session.error().empty()) {
     std::fprintf(stderr, "troupe agent: %s\n", session.error().c_str());
+    if (signals.count() > 0) return 128 + signals.first();
     return session.refused() ? 2 : 1;
   }
   const actors::JobSpec& spec = session.spec();

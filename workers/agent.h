@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,13 +25,15 @@ struct AgentOptions {
   std::string address_file;
   std::string name;  // for logs; default: host:pid
   // The control plane's heartbeats and failure timeout: until it has joined; then the job's
-  // (elastic.heartbeat_interval_ms, failure_timeout_ms), unless own_timing (given by hand).
+  // (elastic.heartbeat_interval_ms, failure_timeout_ms), each unless its own_ flag (given by hand).
   std::chrono::milliseconds heartbeat_interval{200};
   std::chrono::milliseconds failure_timeout{3000};
-  bool own_timing = false;
+  bool own_heartbeat = false, own_failure_timeout = false;
   // How long it waits for a coordinator that does not listen yet at `join` (started after it):
   // 0, one try.
   std::chrono::milliseconds join_timeout{0};
+  // Whether a signal asks it to leave (run_agent's watcher): the wait for a coordinator ends.
+  std::function<bool()> interrupted;
   // Faults a test injects into the workers (the test build's `troupe_test` only; null here).
   std::shared_ptr<FaultInjector> faults;
   // The program's own model and data kinds (troupe::main); null: the built-in ones only. A job

@@ -1,9 +1,12 @@
 // The agent session (workers/agent_session.h): the join, the agent's actor and the watch.
 #include "workers/agent_session.h"
 
+#include <poll.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -13,9 +16,35 @@
 #include "actors/bridge.h"
 #include "actors/services.h"
 #include "comm/host_identity.h"
+#include "comm/transport.h"
+#include "comm/ucx.h"
 
 namespace troupe::workers {
 namespace {
+
+// Whether nothing listens at HOST:PORT (a TCP connect is refused): a coordinator not started yet,
+// worth waiting for; something that listens there and failed the connect is another matter.
+bool nothing_listens(const std::string& address) {
+  try {
+    const auto [host, port] = comm::split_host_port(address);
+    const comm::SockAddr a = comm::resolve(host, port);
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return false;
+    int err =
+        ::connect(fd, reinterpret_cast<const sockaddr*>(&a.storage), a.length) == 0 ? 0 : errno;
+    if (err == EINPROGRESS) {  // (a second at most: a host that drops the connect is no answer)
+      pollfd p{fd, POLLOUT, 0};
+      socklen_t len = sizeof err;
+      err = ::poll(&p, 1, 1000) == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0
+                ? err
+                : ETIMEDOUT;
+    }
+    ::close(fd);
+    return err == ECONNREFUSED;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
 
 using actors::ControlMessage;
 
@@ -111,16 +140,18 @@ Joined join(caf::scoped_actor& watcher, const caf::actor& bridge, const std::str
         ->request(bridge, std::chrono::seconds(rejoin ? 8 : 30), actors::connect_atom::value,
                   address)
         .receive([&](uint64_t n) { j.coordinator = n; }, render);
-    if (j.error.empty() || !unreachable || rejoin ||
+    if (j.error.empty() || !unreachable || rejoin || !nothing_listens(address) ||
         std::chrono::steady_clock::now() + std::chrono::milliseconds(500) > connect_until)
       break;
+    if (o.interrupted && o.interrupted()) {
+      j.error = "interrupted while it waited for the coordinator at " + address;
+      return j;
+    }
     if (!said)
-      std::fprintf(
-          stderr,
-          "troupe agent: no coordinator at %s yet: trying again for up to %lld s "
-          "(--join-timeout-ms)\n",
-          address.c_str(),
-          (long long)std::chrono::duration_cast<std::chrono::seconds>(o.join_timeout).count());
+      std::fprintf(stderr,
+                   "troupe agent: no coordinator at %s yet: trying again for up to %.3g s "
+                   "(--join-timeout-ms)\n",
+                   address.c_str(), std::chrono::duration<double>(o.join_timeout).count());
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
   if (!j.error.empty()) {
@@ -207,9 +238,12 @@ AgentSession::AgentSession(const AgentOptions& o)
   address_ = o.join;
   // (the job's heartbeats and failure timeout, as the coordinator's and the launcher's agents';
   // an agent started by hand kept its command line's defaults)
-  if (error_.empty() && !o.own_timing && spec_.heartbeat_interval_ms > 0)
-    caf::anon_send(bridge_, actors::timing_atom::value, uint32_t(spec_.heartbeat_interval_ms),
-                   uint32_t(spec_.failure_timeout_ms));
+  if (error_.empty() && spec_.heartbeat_interval_ms > 0 &&
+      !(o.own_heartbeat && o.own_failure_timeout))
+    caf::anon_send(
+        bridge_, actors::timing_atom::value,
+        uint32_t(o.own_heartbeat ? o.heartbeat_interval.count() : spec_.heartbeat_interval_ms),
+        uint32_t(o.own_failure_timeout ? o.failure_timeout.count() : spec_.failure_timeout_ms));
 }
 
 AgentSession::~AgentSession() {

@@ -91,7 +91,8 @@ workers::AgentOptions agent_options(const LoopOptions& o) {
   a.name = o.name;
   a.devices = {"cpu:0"};
   a.kinds = {"model:external", "data:external"};
-  a.own_timing = o.heartbeat_interval_ms > 0 || o.failure_timeout_ms > 0;
+  a.own_heartbeat = o.heartbeat_interval_ms > 0;
+  a.own_failure_timeout = o.failure_timeout_ms > 0;
   if (o.heartbeat_interval_ms > 0)
     a.heartbeat_interval = std::chrono::milliseconds(o.heartbeat_interval_ms);
   if (o.failure_timeout_ms > 0) a.failure_timeout = std::chrono::milliseconds(o.failure_timeout_ms);

@@ -168,10 +168,11 @@ TEST(CommProcesses, RingSigstopOfOneOfFourFailsEverySurvivorWithTimedOutThenThre
 
 // A pause of every member (a paused VM, the whole job stopped) is no member's silence: a wait
 // counts the others' silence only while its own process runs. Rank 1 stopped first (rank 0 waits
-// for it 300 ms), then rank 0 too, for 3 s past the 1 s timeout; rank 0 woken 100 ms before rank
-// 1: it saw 400 ms of silence, and nothing fails (it failed with timed_out at once).
+// for it 300 ms), then rank 0 too, for 3 s past the 2 s timeout; rank 0 woken 100 ms before rank
+// 1: it saw 400 ms of silence, and the gap counts 500 ms: nothing fails (it failed with timed_out
+// at once).
 void pause_of_every_member(const char* algorithm) {
-  Ranks ranks(2, {"--mode", "loop", "--count", std::to_string(1 << 20), "--timeout-ms", "1000",
+  Ranks ranks(2, {"--mode", "loop", "--count", std::to_string(1 << 20), "--timeout-ms", "2000",
                   "--algorithm", algorithm});
   for (auto& p : ranks.procs) ASSERT_TRUE(p->wait_for_line("iter 2", 60s));
   ASSERT_TRUE(ranks.procs[1]->signal(SIGSTOP));

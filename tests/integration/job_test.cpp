@@ -1156,6 +1156,22 @@ TEST(Command, AnAgentWaitsForACoordinatorThatDoesNotListenYet) {
             std::string::npos)
       << said;
   EXPECT_NE(said.find("cannot reach the coordinator at " + at), std::string::npos) << said;
+  // SIGTERM ends the wait (it went unheard until the wait's end), 128 + 15.
+  const std::string out = dir.path() + "/waiting.out";
+  coordinator::ChildProcess waiting(
+      {{testing::troupe_binary(), "agent", "--join", at, "--token-file", token}, out, out, {}});
+  const auto said_by = std::chrono::steady_clock::now() + 30s;
+  while (testing::text_of(out).find("no coordinator at") == std::string::npos) {
+    ASSERT_LT(std::chrono::steady_clock::now(), said_by) << testing::text_of(out);
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_TRUE(waiting.signal(SIGTERM));
+  auto st = waiting.wait(5s);
+  ASSERT_TRUE(st && WIFEXITED(*st)) << "the waiting agent did not end on SIGTERM";
+  EXPECT_EQ(WEXITSTATUS(*st), 128 + SIGTERM) << testing::text_of(out);
+  EXPECT_NE(testing::text_of(out).find("interrupted while it waited for the coordinator at " + at),
+            std::string::npos)
+      << testing::text_of(out);
   ::close(s);
 }
 
@@ -1404,7 +1420,7 @@ TEST(Job, AnAgentStartedByHandTakesTheJobsFailureTimeout) {
 // failed: "only 1 of 2 workers became ready"); with fewer, it fails naming the minimum.
 TEST(Job, AJobShortOfAgentsAtItsStartTimeoutStartsWithMinWorkers) {
   for (const char* min : {"1", "2"}) {
-    ByHand job({"elastic.start_timeout_ms=2000", std::string("elastic.min_workers=") + min,
+    ByHand job({"elastic.start_timeout_ms=8000", std::string("elastic.min_workers=") + min,
                 "job.steps=100000"});
     ASSERT_TRUE(job.coord) << testing::text_of(job.out);
     auto agent = [&](const std::string& name) {
@@ -1422,7 +1438,7 @@ TEST(Job, AJobShortOfAgentsAtItsStartTimeoutStartsWithMinWorkers) {
       auto st = job.coord->wait(60s);
       ASSERT_TRUE(st && WIFEXITED(*st));
       EXPECT_EQ(WEXITSTATUS(*st), 1);
-      EXPECT_NE(testing::text_of(job.out).find("only 1 of 2 workers became ready within 2000 ms "
+      EXPECT_NE(testing::text_of(job.out).find("only 1 of 2 workers became ready within 8000 ms "
                                                "(elastic.start_timeout_ms); it starts with at "
                                                "least 2 (elastic.min_workers)"),
                 std::string::npos)
@@ -1433,7 +1449,7 @@ TEST(Job, AJobShortOfAgentsAtItsStartTimeoutStartsWithMinWorkers) {
               "")
         << testing::text_of(job.out);
     EXPECT_NE(testing::text_of(job.out).find("starting with 1 of 2 workers, those ready within "
-                                             "2000 ms"),
+                                             "8000 ms"),
               std::string::npos)
         << testing::text_of(job.out);
     auto second = agent("second");

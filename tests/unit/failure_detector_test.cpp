@@ -77,13 +77,26 @@ TEST(FailureDetector, ItsOwnGapIsNotTheOthersSilence) {
   const auto woken = t0 + 4800ms;
   EXPECT_TRUE(d.expire(woken).empty()) << "expired for the detector's own gap";
   EXPECT_TRUE(d.watching(1) && d.watching(2));
-  // Node 2 was silent 800 ms before the gap: 201 ms more and it is gone; node 1 is not.
-  auto gone = d.expire(woken + 201ms);
+  // Node 2 was silent 800 ms before the gap, and the gap counts one interval: 101 ms more and it
+  // is gone; node 1 (heard at 800 ms) 800 ms later.
+  auto gone = d.expire(woken + 101ms);
   ASSERT_EQ(gone.size(), 1u);
   EXPECT_EQ(gone[0].node, 2u);
   EXPECT_EQ(gone[0].silent_for, 1001ms);
-  for (auto t = woken + 300ms; t <= woken + 900ms; t += 100ms) EXPECT_TRUE(d.expire(t).empty());
-  EXPECT_EQ(d.expire(woken + 1001ms).size(), 1u);
+  for (auto t = woken + 200ms; t <= woken + 800ms; t += 100ms) EXPECT_TRUE(d.expire(t).empty());
+  EXPECT_EQ(d.expire(woken + 901ms).size(), 1u);
+}
+
+// Checks that always come late (a tick delayed past the threshold while the process runs) still
+// count an interval each: a silent node expires, later, never not at all.
+TEST(FailureDetector, ChecksThatAlwaysComeLateStillExpireASilentNode) {
+  FailureDetector d(1000ms, 100ms);
+  const Clock::time_point t0 = Clock::time_point{} + 1h;
+  d.watch(1, t0);
+  int checks = 0;
+  for (auto t = t0 + 650ms; d.watching(1) && checks < 20; t += 650ms, ++checks) d.expire(t);
+  EXPECT_FALSE(d.watching(1)) << "never expired";
+  EXPECT_LE(checks, 12);
 }
 
 // Checks as far apart as the interval (a slow heartbeat) are the detector's own pace, not a gap.
