@@ -26,9 +26,7 @@ class FailureDetector {
   // longer than the interval plus half the timeout is the detector's own (0: none is).
   explicit FailureDetector(std::chrono::milliseconds failure_timeout,
                            std::chrono::milliseconds interval = std::chrono::milliseconds(0))
-      : timeout_(failure_timeout),
-        interval_(interval),
-        blind_after_(interval + failure_timeout / 2) {}
+      : timeout_(failure_timeout), interval_(interval) {}
 
   // Starts watching node as if heard at now (a new node gets a full timeout of grace).
   void watch(uint64_t node, Clock::time_point now) {
@@ -76,7 +74,6 @@ class FailureDetector {
   void retime(std::chrono::milliseconds failure_timeout, std::chrono::milliseconds interval) {
     timeout_ = failure_timeout;
     interval_ = interval;
-    blind_after_ = interval + failure_timeout / 2;
   }
 
  private:
@@ -87,13 +84,12 @@ class FailureDetector {
   void forgive_own_gap(Clock::time_point now) {
     const std::optional<Clock::time_point> before = checked_;
     checked_ = std::max(checked_.value_or(now), now);
-    if (!before || interval_.count() == 0 || now - *before <= blind_after_) return;
+    if (!before || interval_.count() == 0 || now - *before <= interval_ + timeout_ / 2) return;
     const auto forgiven = now - *before - interval_;
     for (auto& [node, at] : last_heard_) at = std::min(now, at + forgiven);
   }
 
   std::chrono::milliseconds timeout_, interval_;
-  std::chrono::milliseconds blind_after_;
   std::optional<Clock::time_point> checked_;  // the last check (none yet)
   std::unordered_map<uint64_t, Clock::time_point> last_heard_;
 };
